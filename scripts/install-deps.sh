@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Installs what opserver needs to build, test and benchmark, from Debian's
+# archive and the npm registry only. Idempotent: prints nothing and changes
+# nothing when everything is already present.
+#
+#   scripts/install-deps.sh          build + test dependencies
+#   scripts/install-deps.sh --bench  also PyTorch, the benchmarks' peer
+set -euo pipefail
+
+packages=(
+  bazel-bootstrap        # Bazel 4.2.3, the build system
+  g++                    # compiler
+  libgrpc++-dev          # gRPC C++ (server, client, reflection)
+  protobuf-compiler-grpc # grpc_cpp_plugin for the generated stubs
+  libprotobuf-dev protobuf-compiler
+  libabsl-dev            # Abseil: Status, flags, strings, synchronization
+  libgtest-dev libgmock-dev  # GoogleTest / GoogleMock
+  libbenchmark-dev       # Google Benchmark
+  libhwy-dev             # Google Highway: SIMD kernels with runtime dispatch
+  libeigen3-dev          # Eigen: half / bfloat16 scalar types
+  grpc-proto             # grpc/health/v1/health.proto, compiled for reflection
+  python3-numpy          # .npy handling in tests/scripts
+)
+if [[ "${1:-}" == "--bench" ]]; then
+  packages+=(python3-torch)  # the peer the kernel benchmarks compare with
+fi
+
+missing=()
+# Node.js + npm run buf (the reflection client the tests use). Some images
+# ship Node.js from elsewhere with npm inside; only install Debian's when
+# there is none.
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}" >&2
+  sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+# buf (npm @bufbuild/buf) is a reflection client like grpcurl; the tests use
+# `buf curl` to list, describe and call the server the way a person would.
+tools="${OPSERVER_TOOLS:-$HOME/.cache/opserver/tools}"
+buf_version="1.75.0"
+if [[ ! -x "$tools/node_modules/.bin/buf" ]] ||
+   ! "$tools/node_modules/.bin/buf" --version 2>/dev/null | grep -qx "$buf_version"; then
+  echo "install-deps: installing @bufbuild/buf@$buf_version into $tools" >&2
+  mkdir -p "$tools"
+  npm install --silent --no-audit --no-fund --prefix "$tools" \
+    "@bufbuild/buf@$buf_version" >/dev/null
+fi

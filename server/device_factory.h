@@ -1,0 +1,20 @@
+#ifndef OPSERVER_SERVER_DEVICE_FACTORY_H_
+#define OPSERVER_SERVER_DEVICE_FACTORY_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "server/device.h"
+
+namespace opserver {
+
+// Creates the device named by --device. `threads` is the number of compute
+// threads (0 = one per hardware thread). Unknown kinds are INVALID_ARGUMENT
+// naming the kinds this build supports.
+absl::StatusOr<std::unique_ptr<Device>> CreateDevice(absl::string_view kind,
+                                                     int threads);
+
+}  // namespace opserver
+
+#endif  // OPSERVER_SERVER_DEVICE_FACTORY_H_

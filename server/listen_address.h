@@ -1,0 +1,33 @@
+#ifndef OPSERVER_SERVER_LISTEN_ADDRESS_H_
+#define OPSERVER_SERVER_LISTEN_ADDRESS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace opserver {
+
+// A TCP address to listen on, split into its parts.
+struct ListenAddress {
+  std::string host;  // "127.0.0.1", "localhost", "::1" (no brackets), ...
+  int port = 0;      // 0 asks the kernel for a free port.
+
+  // "host:port" with IPv6 hosts in brackets, as gRPC expects it.
+  std::string ToString() const;
+};
+
+// Parses "HOST:PORT" or "[IPV6]:PORT". HOST is a name or address literal
+// (letters, digits, '.', '-', '_'); PORT is 0..65535 in decimal. Returns
+// INVALID_ARGUMENT with a message saying what is wrong.
+absl::StatusOr<ListenAddress> ParseListenAddress(absl::string_view text);
+
+// Binds (and closes again) a TCP socket on every address `address` resolves
+// to, so that a port already in use is reported with the OS's reason before
+// gRPC is involved. Returns UNAVAILABLE ("... Address already in use") or
+// INVALID_ARGUMENT for a host that does not resolve.
+absl::Status ProbeBind(const ListenAddress& address);
+
+}  // namespace opserver
+
+#endif  // OPSERVER_SERVER_LISTEN_ADDRESS_H_

@@ -1,0 +1,66 @@
+// opserver: serves the backward operators of the aclnn API over gRPC.
+// This file only parses flags and runs a Server built from them.
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "server/log.h"
+#include "server/server.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "HOST:PORT or [IPV6]:PORT to listen on; port 0 picks a free port "
+          "(the chosen one is printed as 'listening on HOST:PORT').");
+ABSL_FLAG(int, threads, 0,
+          "Compute threads of the device (0 = one per hardware thread).");
+ABSL_FLAG(std::string, device, "cpu", "Device to serve: cpu.");
+ABSL_FLAG(int, shutdown_grace_ms, 5000,
+          "On SIGINT/SIGTERM, how long in-flight calls may finish before "
+          "they are cancelled.");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Serves aclnn backward operators over gRPC.\n"
+      "Usage: opserver [--listen=127.0.0.1:50051] [--device=cpu] "
+      "[--threads=N]");
+  absl::ParseCommandLine(argc, argv);
+
+  // Block the shutdown signals before any thread starts so every thread
+  // inherits the mask and sigwait() below is the only receiver.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  opserver::Options options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  options.device = absl::GetFlag(FLAGS_device);
+  options.shutdown_grace =
+      absl::Milliseconds(std::max(0, absl::GetFlag(FLAGS_shutdown_grace_ms)));
+
+  auto server = opserver::Server::Start(options);
+  if (!server.ok()) {
+    opserver::LogLine(absl::StrCat("error: ", server.status().message()));
+    return 2;
+  }
+  std::printf("listening on %s\n", (*server)->address().c_str());
+  std::fflush(stdout);
+  opserver::LogLine(absl::StrCat("started: listening on ", (*server)->address(),
+                                 ", device ", options.device));
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  opserver::LogLine(
+      absl::StrCat("received ", strsignal(signal_number), ", shutting down"));
+  (*server)->Shutdown();
+  opserver::LogLine("stopped");
+  return 0;
+}

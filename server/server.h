@@ -1,0 +1,72 @@
+#ifndef OPSERVER_SERVER_SERVER_H_
+#define OPSERVER_SERVER_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "server/device.h"
+#include "server/health_service.h"
+#include "server/runtime_service.h"
+
+namespace opserver {
+
+// Everything main() turns flags into. Defaults are the production defaults.
+struct Options {
+  // HOST:PORT or [IPV6]:PORT; port 0 picks a free port (see Server::port()).
+  std::string listen = "127.0.0.1:50051";
+  // Compute threads of the device; 0 = one per hardware thread.
+  int threads = 0;
+  // Device kind; "cpu" is built in.
+  std::string device = "cpu";
+  // How long Shutdown() lets in-flight calls finish before cancelling them.
+  absl::Duration shutdown_grace = absl::Seconds(5);
+};
+
+// A running opserver: the device plus the gRPC server with the opserver
+// services, grpc.health.v1 and server reflection.
+//
+//   auto server = Server::Start(options);   // listening when this returns
+//   ... server->port() ...
+//   server->Shutdown();                      // or from a signal-handling
+//   thread
+class Server {
+ public:
+  // Validates `options`, creates the device and starts listening.
+  // INVALID_ARGUMENT for a bad option (message names the flag), UNAVAILABLE
+  // when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(const Options& options);
+
+  ~Server();  // Shuts down if still running.
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // The port actually bound (the chosen one when Options::listen asked for 0).
+  int port() const { return port_; }
+  // Host and bound port, ready for a client to dial.
+  const std::string& address() const { return address_; }
+
+  // Stops accepting calls, reports NOT_SERVING, lets in-flight calls finish
+  // for up to Options::shutdown_grace and cancels the rest. Idempotent and
+  // thread-safe; returns when the server has stopped.
+  void Shutdown();
+
+ private:
+  Server() = default;
+
+  Options options_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<RuntimeService> runtime_service_;
+  std::unique_ptr<HealthService> health_service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  int port_ = 0;
+  std::string address_;
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+}  // namespace opserver
+
+#endif  // OPSERVER_SERVER_SERVER_H_

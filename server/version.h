@@ -1,0 +1,13 @@
+#ifndef OPSERVER_SERVER_VERSION_H_
+#define OPSERVER_SERVER_VERSION_H_
+
+namespace opserver {
+
+// Release of this build, reported by GetDeviceInfo and `opctl info`.
+inline constexpr char kServerVersion[] = "0.1.0";
+// API package the server speaks.
+inline constexpr char kApiVersion[] = "opserver.v1";
+
+}  // namespace opserver
+
+#endif  // OPSERVER_SERVER_VERSION_H_

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The opserver and opctl binaries as a person runs them: flags, the
+# "listening on" line, `opctl info`, and graceful exit on SIGTERM/SIGINT.
+set -uo pipefail
+opserver="$1"
+opctl="$2"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+# Starts the server on a free port; sets pid and port.
+start_server() {
+  "$opserver" --listen=127.0.0.1:0 "$@" >"$tmp/out" 2>"$tmp/err" &
+  pid=$!
+  port=""
+  for _ in $(seq 100); do
+    port=$(sed -n 's/^listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p' "$tmp/out")
+    [[ -n "$port" ]] && return 0
+    sleep 0.1
+  done
+  fail "no 'listening on' line; stderr: $(cat "$tmp/err")"
+  return 1
+}
+
+# Sends a signal and expects exit 0 within 5 s.
+stop_server() {
+  local signal=$1
+  kill "-$signal" "$pid"
+  for _ in $(seq 50); do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      wait "$pid"
+      local rc=$?
+      [[ $rc -eq 0 ]] || fail "exit status $rc after SIG$signal"
+      grep -q "stopped" "$tmp/err" || fail "no 'stopped' log line after SIG$signal"
+      return
+    fi
+    sleep 0.1
+  done
+  fail "still running 5 s after SIG$signal"
+  kill -KILL "$pid"
+}
+
+# A bad flag: non-zero exit, exactly one line naming the flag.
+expect_flag_error() {
+  local flag=$1
+  shift
+  "$opserver" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  [[ $rc -ne 0 ]] || fail "$*: exit status 0"
+  [[ $rc -lt 128 ]] || fail "$*: died of a signal ($rc)"
+  [[ $(wc -l <"$tmp/err") -eq 1 ]] || fail "$*: want one line, got: $(cat "$tmp/err")"
+  grep -q -- "$flag" "$tmp/err" || fail "$*: message does not name $flag: $(cat "$tmp/err")"
+}
+
+expect_flag_error --listen --listen=nonsense
+expect_flag_error --listen --listen=127.0.0.1:70000
+expect_flag_error --device --listen=127.0.0.1:0 --device=quantum
+expect_flag_error --threads --listen=127.0.0.1:0 --threads=-4
+
+if start_server; then
+  # opctl against it.
+  "$opctl" --server="127.0.0.1:$port" info >"$tmp/info" 2>&1 || fail "opctl info: $(cat "$tmp/info")"
+  grep -q "^device: *cpu" "$tmp/info" || fail "opctl info lacks the device: $(cat "$tmp/info")"
+  grep -q "^health: *SERVING" "$tmp/info" || fail "opctl info lacks health: $(cat "$tmp/info")"
+  # A second server on the same port: one-line error naming --listen.
+  expect_flag_error --listen --listen="127.0.0.1:$port"
+  grep -q "Address already in use" "$tmp/err" || fail "port in use: $(cat "$tmp/err")"
+  stop_server TERM
+fi
+if start_server --threads=1; then
+  stop_server INT
+fi
+
+# opctl's own errors are one line and non-zero.
+"$opctl" --server=127.0.0.1:1 --timeout_ms=300 info >"$tmp/out" 2>"$tmp/err"
+[[ $? -ne 0 ]] || fail "opctl info against nothing exited 0"
+grep -q "cannot reach opserver at 127.0.0.1:1" "$tmp/err" || fail "opctl unreachable: $(cat "$tmp/err")"
+"$opctl" frobnicate >"$tmp/out" 2>"$tmp/err"
+[[ $? -ne 0 ]] || fail "opctl unknown command exited 0"
+grep -q "unknown command 'frobnicate'" "$tmp/err" || fail "opctl unknown command: $(cat "$tmp/err")"
+
+if ((failures)); then
+  echo "$failures failure(s)" >&2
+  exit 1
+fi
+echo "all opserver binary checks passed"

@@ -1,0 +1,154 @@
+// End-to-end: a real Server on a free loopback port, called through a real
+// channel by the thin client and by raw stubs.
+
+#include <memory>
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "server/server.h"
+
+namespace opserver {
+namespace {
+
+using ::grpc::health::v1::HealthCheckRequest;
+using ::grpc::health::v1::HealthCheckResponse;
+using ::testing::HasSubstr;
+
+std::unique_ptr<Server> StartServer() {
+  Options options;
+  options.listen = "127.0.0.1:0";
+  options.threads = 2;
+  auto server = Server::Start(options);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+TEST(ServerE2ETest, PicksAFreePortAndReportsIt) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  EXPECT_GT(server->port(), 0);
+  EXPECT_EQ(server->address(), "127.0.0.1:" + std::to_string(server->port()));
+}
+
+TEST(ServerE2ETest, DeviceInfoDescribesTheCpuDeviceAndBuild) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto client = Client::Connect(server->address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto info = (*client)->GetDeviceInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->kind(), "cpu");
+  EXPECT_FALSE(info->name().empty());
+  EXPECT_GT(info->memory_bytes(), 0u);
+  EXPECT_EQ(info->threads(), 2u);
+  EXPECT_EQ(info->server_version(), "0.1.0");
+  EXPECT_EQ(info->api_version(), "opserver.v1");
+  EXPECT_EQ(info->grpc_version(), grpc::Version());
+}
+
+TEST(ServerE2ETest, HealthIsServingForServerAndRuntimeService) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto client = Client::Connect(server->address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ(*(*client)->CheckHealth(""), "SERVING");
+  EXPECT_EQ(*(*client)->CheckHealth("opserver.v1.Runtime"), "SERVING");
+  auto unknown = (*client)->CheckHealth("no.such.Service");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("no.such.Service"));
+}
+
+TEST(ServerE2ETest, HealthWatchSeesNotServingAndEndsOnShutdown) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto channel = grpc::CreateChannel(server->address(),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+  auto reader = stub->Watch(&context, HealthCheckRequest());
+  HealthCheckResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  EXPECT_EQ(response.status(), HealthCheckResponse::SERVING);
+
+  absl::Time start = absl::Now();
+  std::thread stopper([&] { server->Shutdown(); });
+  ASSERT_TRUE(reader->Read(&response));
+  EXPECT_EQ(response.status(), HealthCheckResponse::NOT_SERVING);
+  EXPECT_FALSE(reader->Read(&response));
+  EXPECT_TRUE(reader->Finish().ok());
+  stopper.join();
+  // The watch must not hold shutdown for the whole grace period.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+}
+
+TEST(ServerE2ETest, HealthWatchOfUnknownServiceSaysServiceUnknown) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto channel = grpc::CreateChannel(server->address(),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext context;
+  HealthCheckRequest request;
+  request.set_service("no.such.Service");
+  auto reader = stub->Watch(&context, request);
+  HealthCheckResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  EXPECT_EQ(response.status(), HealthCheckResponse::SERVICE_UNKNOWN);
+  context.TryCancel();
+  while (reader->Read(&response)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+TEST(ServerE2ETest, ShutdownIsIdempotentAndRefusesNewCalls) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  std::string address = server->address();
+  server->Shutdown();
+  server->Shutdown();
+  ConnectOptions options;
+  options.connect_timeout = absl::Milliseconds(300);
+  auto client = Client::Connect(address, options);
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(client.status().message(), HasSubstr(address));
+}
+
+TEST(ServerStartTest, RejectsBadOptionsNamingTheFlag) {
+  Options options;
+  options.listen = "127.0.0.1:notaport";
+  auto server = Server::Start(options);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(server.status().message(), HasSubstr("--listen"));
+
+  options.listen = "127.0.0.1:0";
+  options.device = "tpu";
+  server = Server::Start(options);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(server.status().message(), HasSubstr("--device"));
+  EXPECT_THAT(server.status().message(), HasSubstr("tpu"));
+
+  options.device = "cpu";
+  options.threads = -1;
+  server = Server::Start(options);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(server.status().message(), HasSubstr("--threads"));
+}
+
+TEST(ServerStartTest, PortInUseByAnotherServerIsUnavailable) {
+  auto first = StartServer();
+  ASSERT_NE(first, nullptr);
+  Options options;
+  options.listen = first->address();
+  auto second = Server::Start(options);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(second.status().message(), HasSubstr("--listen"));
+  EXPECT_THAT(second.status().message(), HasSubstr("Address already in use"));
+}
+
+}  // namespace
+}  // namespace opserver
