@@ -1,0 +1,141 @@
+// The five backward operators: their table, argument checks, planning and
+// launch. This is the kernels library's entry point for the server.
+//
+//   OpCall call{OpKind::kThresholdBackward, grad, self, out, params};
+//   absl::StatusOr<Plan> plan = PrepareOp(call);    // GetWorkspaceSize
+//   if (!plan.ok()) return GetAclnnStatus(plan.status());
+//   ... allocate plan->workspace_size() bytes ...
+//   absl::Status s = RunPlan(*plan, ws, ws_size, &pool);  // the launch
+#ifndef OPSERVER_KERNELS_OPS_H_
+#define OPSERVER_KERNELS_OPS_H_
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/dtype.h"
+#include "kernels/elementwise_simd.h"
+#include "kernels/kernel_table.h"
+#include "kernels/op_kind.h"
+#include "kernels/scalar.h"
+#include "kernels/tensor.h"
+#include "kernels/thread_pool.h"
+
+namespace opserver::kernels {
+
+// One tensor argument of an operator, in call order.
+struct TensorArgInfo {
+  absl::string_view name;     // "gradOutput", "self", "mask", "out", ...
+  bool is_output = false;
+  std::vector<DType> dtypes;  // Every dtype the argument may have.
+};
+
+// One non-tensor argument, in call order.
+struct ScalarArgInfo {
+  absl::string_view name;  // "threshold", "negativeSlope", "scale", ...
+  // "float" (an aclScalar of dtype FLOAT), "scalar" (an aclScalar of any
+  // dtype in `dtypes`), "bool" or "double" (plain host values).
+  absl::string_view type;
+  std::vector<DType> dtypes;  // Only for type "scalar".
+};
+
+struct OpInfo {
+  OpKind kind;
+  absl::string_view name;        // "ThresholdBackward"
+  absl::string_view aclnn_name;  // "aclnnThresholdBackward"
+  std::vector<TensorArgInfo> tensors;
+  std::vector<ScalarArgInfo> scalars;
+  absl::string_view description;  // One line of semantics.
+};
+
+// All operators, in OpKind order.
+const std::vector<OpInfo>& OpRegistry();
+// By name ("ThresholdBackward") or aclnn name ("aclnnThresholdBackward");
+// nullptr when unknown.
+const OpInfo* FindOp(absl::string_view name);
+const OpInfo& GetOpInfo(OpKind kind);
+
+struct OpParams {
+  double threshold = 0;      // ThresholdBackward (used as FLOAT).
+  double lambd = 0.5;        // SoftshrinkBackward (used as FLOAT).
+  Scalar negative_slope;     // LeakyReluBackward.
+  bool self_is_result = false;  // LeakyReluBackward.
+  double scale = 1;          // DropoutBackward.
+};
+
+// One operator call. `self` holds the mask for DropoutBackward and `out`
+// is gradInput for SoftshrinkBackward. A missing tensor is 161001.
+struct OpCall {
+  OpKind op = OpKind::kThresholdBackward;
+  std::optional<TensorView> grad_output;
+  std::optional<TensorView> self;
+  std::optional<TensorView> out;
+  OpParams params;
+};
+
+// A checked call with its iteration plan (aclnn's executor). Holds the
+// call's data pointers and uses them as they are at RunPlan time.
+class Plan {
+ public:
+  Plan(Plan&&) = default;
+  Plan& operator=(Plan&&) = default;
+
+  // Bytes of workspace RunPlan needs (0 unless the dropout mask is not
+  // contiguous: it is then gathered into the workspace).
+  uint64_t workspace_size() const { return workspace_size_; }
+  const OpCall& call() const { return call_; }
+  // Shape of the output (the broadcast shape of the inputs).
+  const std::vector<int64_t>& out_shape() const { return out_shape_; }
+  int64_t numel() const { return numel_; }
+
+ private:
+  friend absl::StatusOr<Plan> PrepareOp(const OpCall& call);
+  friend absl::Status RunPlan(const Plan& plan, void* workspace,
+                              uint64_t workspace_size, ThreadPool* pool);
+  Plan() = default;
+
+  void RunRange(const char* s_base, int64_t begin, int64_t end,
+                bool stream) const;
+
+  OpCall call_;
+  std::vector<int64_t> out_shape_;
+  uint64_t workspace_size_ = 0;
+  int64_t numel_ = 0;
+  const Kernel* kernel_ = nullptr;
+  KernelParams params_;
+  // The iteration space after dropping size-1 dims and merging dims that
+  // are contiguous in every operand; strides in bytes; at least 1 dim.
+  int ndim_ = 0;
+  std::array<int64_t, kMaxRank> dims_{};
+  std::array<int64_t, kMaxRank> g_strides_{};
+  std::array<int64_t, kMaxRank> s_strides_{};
+  std::array<int64_t, kMaxRank> o_strides_{};
+  const char* g_base_ = nullptr;
+  const char* s_base_ = nullptr;
+  char* o_base_ = nullptr;
+  bool unit_inner_ = false;   // Innermost dim is unit-stride everywhere.
+  bool stream_ = false;       // Output larger than the caches.
+  bool serial_ = false;       // Output elements overlap: one thread only.
+  bool gather_mask_ = false;  // Dropout mask not contiguous.
+};
+
+// aclnnXxxGetWorkspaceSize: checks every argument (161001 for a missing
+// tensor or data pointer, 161002 for any other violation, with a message
+// naming the argument and the rule) and plans the launch. Empty tensors
+// give a plan with workspace 0 that computes nothing.
+absl::StatusOr<Plan> PrepareOp(const OpCall& call);
+
+// The launch: computes the plan's output synchronously, splitting large
+// tensors over `pool` (null = the calling thread only). 161002 when
+// `workspace_size` is below plan.workspace_size(), 161001 when a needed
+// workspace is null. `out` may alias an input with the identical layout.
+absl::Status RunPlan(const Plan& plan, void* workspace,
+                     uint64_t workspace_size, ThreadPool* pool);
+
+}  // namespace opserver::kernels
+
+#endif  // OPSERVER_KERNELS_OPS_H_
