@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -29,12 +30,21 @@ std::string CpuModelName() {
 
 }  // namespace
 
-CpuDevice::CpuDevice(int threads) {
+namespace {
+
+int ResolveThreads(int threads) {
+  if (threads > 0) return threads;
   int hw = static_cast<int>(std::thread::hardware_concurrency());
+  return hw > 0 ? hw : 1;
+}
+
+}  // namespace
+
+CpuDevice::CpuDevice(int threads, uint64_t pool_cache_bytes)
+    : memory_(pool_cache_bytes), compute_(ResolveThreads(threads)) {
   description_.kind = "cpu";
   description_.name = CpuModelName();
-  description_.threads =
-      static_cast<uint32_t>(threads > 0 ? threads : (hw > 0 ? hw : 1));
+  description_.threads = static_cast<uint32_t>(compute_.num_threads());
   long pages = sysconf(_SC_PHYS_PAGES);
   long page_size = sysconf(_SC_PAGESIZE);
   description_.memory_bytes =
@@ -44,5 +54,28 @@ CpuDevice::CpuDevice(int threads) {
 }
 
 DeviceDescription CpuDevice::Describe() const { return description_; }
+
+absl::StatusOr<void*> CpuDevice::Allocate(uint64_t bytes) {
+  return memory_.Allocate(bytes);
+}
+
+void CpuDevice::Deallocate(void* block, uint64_t bytes) {
+  memory_.Deallocate(block, bytes);
+}
+
+void CpuDevice::CopyToDevice(void* device_dst, const void* host_src,
+                             uint64_t bytes) {
+  if (bytes != 0) std::memcpy(device_dst, host_src, bytes);
+}
+
+void CpuDevice::CopyFromDevice(void* host_dst, const void* device_src,
+                               uint64_t bytes) {
+  if (bytes != 0) std::memcpy(host_dst, device_src, bytes);
+}
+
+absl::Status CpuDevice::Launch(const kernels::Plan& plan, void* workspace,
+                               uint64_t workspace_size) {
+  return kernels::RunPlan(plan, workspace, workspace_size, &compute_);
+}
 
 }  // namespace opserver

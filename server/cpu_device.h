@@ -1,22 +1,37 @@
 #ifndef OPSERVER_SERVER_CPU_DEVICE_H_
 #define OPSERVER_SERVER_CPU_DEVICE_H_
 
-#include <memory>
+#include <cstdint>
 
+#include "kernels/thread_pool.h"
 #include "server/device.h"
+#include "server/memory_pool.h"
 
 namespace opserver {
 
-// The embedded default device: host memory and a pool of compute threads.
-// Needs nothing installed.
+// The embedded default device: host memory from a page-reusing pool and a
+// pool of compute threads shared by all streams. Needs nothing installed.
 class CpuDevice : public Device {
  public:
-  // `threads` <= 0 means one per hardware thread.
-  explicit CpuDevice(int threads);
+  // `threads` <= 0 means one per hardware thread. `pool_cache_bytes` caps the
+  // freed memory kept for reuse.
+  CpuDevice(int threads, uint64_t pool_cache_bytes);
+
   DeviceDescription Describe() const override;
+  absl::StatusOr<void*> Allocate(uint64_t bytes) override;
+  void Deallocate(void* block, uint64_t bytes) override;
+  void CopyToDevice(void* device_dst, const void* host_src,
+                    uint64_t bytes) override;
+  void CopyFromDevice(void* host_dst, const void* device_src,
+                      uint64_t bytes) override;
+  void* HostAddress(void* device_ptr) override { return device_ptr; }
+  absl::Status Launch(const kernels::Plan& plan, void* workspace,
+                      uint64_t workspace_size) override;
 
  private:
   DeviceDescription description_;
+  MemoryPool memory_;
+  kernels::ThreadPool compute_;
 };
 
 }  // namespace opserver

@@ -4,6 +4,10 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/ops.h"
+
 namespace opserver {
 
 // What a device reports about itself (GetDeviceInfo).
@@ -17,10 +21,36 @@ struct DeviceDescription {
 // One accelerator owned by the server. The RPC layer talks only to this
 // interface, so further devices (CUDA, Ascend through CANN) slot in without
 // touching it. Implementations are thread-safe.
+//
+// Device memory is addressed by the pointers Allocate returns; the RPC layer
+// never dereferences them itself but goes through CopyToDevice /
+// CopyFromDevice, and Launch receives plans whose tensor data pointers are
+// device pointers.
 class Device {
  public:
   virtual ~Device() = default;
   virtual DeviceDescription Describe() const = 0;
+
+  // At least `bytes` of device memory (0 is allowed). RESOURCE_EXHAUSTED
+  // when the device is out of memory.
+  virtual absl::StatusOr<void*> Allocate(uint64_t bytes) = 0;
+  virtual void Deallocate(void* block, uint64_t bytes) = 0;
+
+  // Synchronous copies between host memory and device memory.
+  virtual void CopyToDevice(void* device_dst, const void* host_src,
+                            uint64_t bytes) = 0;
+  virtual void CopyFromDevice(void* host_dst, const void* device_src,
+                              uint64_t bytes) = 0;
+
+  // For devices whose memory the host can address directly (the CPU
+  // device): the host address of `device_ptr`, so transfers can read and
+  // write it in place without a staging copy. nullptr otherwise.
+  virtual void* HostAddress(void* device_ptr) { return nullptr; }
+
+  // Runs a validated operator plan to completion on the calling (stream)
+  // thread, using the device's compute resources.
+  virtual absl::Status Launch(const kernels::Plan& plan, void* workspace,
+                              uint64_t workspace_size) = 0;
 };
 
 }  // namespace opserver

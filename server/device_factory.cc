@@ -6,13 +6,14 @@
 
 namespace opserver {
 
-absl::StatusOr<std::unique_ptr<Device>> CreateDevice(absl::string_view kind,
-                                                     int threads) {
+absl::StatusOr<std::unique_ptr<Device>> CreateDevice(
+    absl::string_view kind, int threads, uint64_t memory_cache_bytes) {
   if (threads < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("threads must be >= 0 (0 = one per core), got ", threads));
   }
-  if (kind == "cpu") return std::make_unique<CpuDevice>(threads);
+  if (kind == "cpu")
+    return std::make_unique<CpuDevice>(threads, memory_cache_bytes);
   return absl::InvalidArgumentError(
       absl::StrCat("unknown device '", kind, "'; this build supports: cpu"));
 }

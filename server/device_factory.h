@@ -1,6 +1,7 @@
 #ifndef OPSERVER_SERVER_DEVICE_FACTORY_H_
 #define OPSERVER_SERVER_DEVICE_FACTORY_H_
 
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -10,10 +11,11 @@
 namespace opserver {
 
 // Creates the device named by --device. `threads` is the number of compute
-// threads (0 = one per hardware thread). Unknown kinds are INVALID_ARGUMENT
-// naming the kinds this build supports.
-absl::StatusOr<std::unique_ptr<Device>> CreateDevice(absl::string_view kind,
-                                                     int threads);
+// threads (0 = one per hardware thread); `memory_cache_bytes` caps freed
+// device memory kept for reuse. Unknown kinds are INVALID_ARGUMENT naming the
+// kinds this build supports.
+absl::StatusOr<std::unique_ptr<Device>> CreateDevice(
+    absl::string_view kind, int threads, uint64_t memory_cache_bytes);
 
 }  // namespace opserver
 

@@ -6,10 +6,18 @@
 
 namespace opserver {
 
+// Trailing-metadata key holding the aclnn status (decimal) of a failed call.
+inline constexpr char kAclnnStatusMetadataKey[] = "opserver-aclnn-status";
+
 // The one place where absl::Status becomes grpc::Status. Every RPC handler
 // finishes through this, so codes and messages are converted identically
-// everywhere. The canonical codes have the same numbering in both libraries.
-grpc::Status ToGrpcStatus(const absl::Status& status);
+// everywhere (the canonical codes have the same numbering in both
+// libraries). For a non-OK status it also adds the aclnn status to
+// `context`'s trailing metadata under kAclnnStatusMetadataKey (the kernels'
+// code when the status carries one, else derived from the canonical code),
+// so clients return the exact aclnn code, and logs one line for it.
+grpc::Status ToGrpcStatus(const absl::Status& status,
+                          grpc::ServerContextBase* context);
 
 }  // namespace opserver
 

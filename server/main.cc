@@ -20,6 +20,26 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
 ABSL_FLAG(int, threads, 0,
           "Compute threads of the device (0 = one per hardware thread).");
 ABSL_FLAG(std::string, device, "cpu", "Device to serve: cpu.");
+ABSL_FLAG(uint64_t, max_message_bytes, 64ull << 20,
+          "Largest gRPC message accepted or sent, in bytes.");
+ABSL_FLAG(uint64_t, chunk_bytes, 4ull << 20,
+          "Download chunk size in bytes (must fit in a message).");
+ABSL_FLAG(uint64_t, session_memory_bytes, 16ull << 30,
+          "Device memory one session may hold, in bytes.");
+ABSL_FLAG(uint32_t, max_sessions, 64, "Sessions open at once.");
+ABSL_FLAG(uint32_t, max_handles_per_session, 65536,
+          "Buffers + streams + executors one session may hold.");
+ABSL_FLAG(uint32_t, max_streams_per_session, 16,
+          "Streams one session may create (each runs on its own thread).");
+ABSL_FLAG(int, idle_timeout_s, 300,
+          "A session no call has named for this long is closed (sessions "
+          "bound to an Attach stream end with it instead).");
+ABSL_FLAG(uint32_t, max_values, 1u << 20,
+          "Most typed values one WriteValues/ReadValues/Evaluate tensor may "
+          "carry.");
+ABSL_FLAG(uint64_t, memory_cache_bytes, 4ull << 30,
+          "Freed device memory kept for reuse (first touch of fresh pages is "
+          "slow), in bytes.");
 ABSL_FLAG(int, shutdown_grace_ms, 5000,
           "On SIGINT/SIGTERM, how long in-flight calls may finish before "
           "they are cancelled.");
@@ -43,6 +63,20 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.device = absl::GetFlag(FLAGS_device);
+  options.memory_cache_bytes = absl::GetFlag(FLAGS_memory_cache_bytes);
+  options.session_limits.session_memory_bytes =
+      absl::GetFlag(FLAGS_session_memory_bytes);
+  options.session_limits.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.session_limits.max_handles_per_session =
+      absl::GetFlag(FLAGS_max_handles_per_session);
+  options.session_limits.max_streams_per_session =
+      absl::GetFlag(FLAGS_max_streams_per_session);
+  options.session_limits.idle_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_idle_timeout_s));
+  options.transfer_limits.max_message_bytes =
+      absl::GetFlag(FLAGS_max_message_bytes);
+  options.transfer_limits.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  options.transfer_limits.max_values = absl::GetFlag(FLAGS_max_values);
   options.shutdown_grace =
       absl::Milliseconds(std::max(0, absl::GetFlag(FLAGS_shutdown_grace_ms)));
 

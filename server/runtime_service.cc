@@ -1,12 +1,462 @@
 #include "server/runtime_service.h"
 
+#include <algorithm>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "kernels/dtype.h"
 #include "server/grpc_status_util.h"
+#include "server/log.h"
+#include "server/values.h"
 #include "server/version.h"
 
 namespace opserver {
+namespace {
 
-RuntimeService::RuntimeService(Device* device) : device_(device) {}
+// Finishes a unary call with `status`, converted in the one place.
+grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context,
+                                const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status, context));
+  return reactor;
+}
+
+absl::StatusOr<kernels::DType> CheckDType(int32_t value) {
+  if (!kernels::IsKnownDType(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype ", value, " is not an aclDataType"));
+  }
+  return static_cast<kernels::DType>(value);
+}
+
+}  // namespace
+
+absl::Status CheckRange(uint64_t offset, uint64_t size, uint64_t buffer_size,
+                        absl::string_view what) {
+  if (offset > buffer_size || size > buffer_size - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " [", offset, ", ", offset, " + ", size,
+        ") reaches outside the buffer of ", buffer_size, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+// An Attach stream: binds its session's life to the call.
+class RuntimeService::Attacher final
+    : public grpc::ServerWriteReactor<v1::AttachEvent> {
+ public:
+  Attacher(RuntimeService* service, std::shared_ptr<Session> session)
+      : service_(service), session_(std::move(session)) {
+    session_->set_attached(true);
+    absl::MutexLock lock(&mu_);
+    event_.set_event("attached");
+    writing_ = true;
+    StartWrite(&event_);
+  }
+
+  // Server shutdown: tell the client and end the call; the session stays
+  // until the server's sessions are torn down.
+  void Stop() {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    if (finished_ || writing_) return;
+    event_.set_event("server shutting down");
+    StartWriteAndFinish(&event_, grpc::WriteOptions(), grpc::Status::OK);
+    finished_ = true;
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (finished_) return;
+    if (!ok || cancelled_) {
+      FinishLocked(grpc::Status::CANCELLED);
+    } else if (stopping_) {
+      event_.set_event("server shutting down");
+      StartWriteAndFinish(&event_, grpc::WriteOptions(), grpc::Status::OK);
+      finished_ = true;
+    }
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    if (!writing_) FinishLocked(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override {
+    bool stopping;
+    {
+      absl::MutexLock lock(&mu_);
+      stopping = stopping_;
+    }
+    session_->set_attached(false);
+    if (!stopping) {
+      // The client went away (or cancelled): free everything it owned.
+      service_->sessions_->Close(session_->id(), "attached client went away")
+          .IgnoreError();
+    }
+    service_->RemoveAttacher(this);
+    delete this;
+  }
+
+ private:
+  void FinishLocked(const grpc::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+  RuntimeService* const service_;
+  const std::shared_ptr<Session> session_;
+  absl::Mutex mu_;
+  v1::AttachEvent event_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+namespace {
+
+// UploadRequest fields, as the wire format numbers them.
+constexpr int kUploadSession = 1;
+constexpr int kUploadBuffer = 2;
+constexpr int kUploadOffset = 3;
+constexpr int kUploadSize = 4;
+constexpr int kUploadStream = 5;
+constexpr int kUploadData = 6;
+
+using WireFormat = google::protobuf::internal::WireFormatLite;
+
+// Walks the fields of one serialized UploadRequest. For the data field it
+// calls `on_data(stream, length)`, which must consume exactly `length`
+// bytes; every other field is stored into `header` (when not null) or
+// skipped. INVALID_ARGUMENT for bytes that are not an UploadRequest.
+template <typename OnData>
+absl::Status ParseUploadRequest(grpc::ByteBuffer* message,
+                                v1::UploadRequest* header, OnData on_data) {
+  grpc::ProtoBufferReader reader(message);
+  google::protobuf::io::CodedInputStream input(&reader);
+  input.SetTotalBytesLimit(std::numeric_limits<int>::max());
+  const absl::Status malformed =
+      absl::InvalidArgumentError("malformed UploadRequest message");
+  while (uint32_t tag = input.ReadTag()) {
+    const int field = WireFormat::GetTagFieldNumber(tag);
+    const auto wire = WireFormat::GetTagWireType(tag);
+    if (field == kUploadData && wire == WireFormat::WIRETYPE_LENGTH_DELIMITED) {
+      uint32_t length;
+      if (!input.ReadVarint32(&length)) return malformed;
+      if (absl::Status s = on_data(input, length); !s.ok()) return s;
+      continue;
+    }
+    if (header != nullptr && wire == WireFormat::WIRETYPE_VARINT &&
+        field >= kUploadBuffer && field <= kUploadStream) {
+      uint64_t value;
+      if (!input.ReadVarint64(&value)) return malformed;
+      if (field == kUploadBuffer) header->set_buffer(value);
+      if (field == kUploadOffset) header->set_offset(value);
+      if (field == kUploadSize) header->set_size(value);
+      if (field == kUploadStream) header->set_stream(value);
+      continue;
+    }
+    if (header != nullptr && field == kUploadSession &&
+        wire == WireFormat::WIRETYPE_LENGTH_DELIMITED) {
+      if (!WireFormat::ReadString(&input, header->mutable_session())) {
+        return malformed;
+      }
+      continue;
+    }
+    if (!WireFormat::SkipField(&input, tag)) return malformed;
+  }
+  if (!input.ConsumedEntireMessage()) return malformed;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// Upload: the header is taken from the first message; data is copied from
+// the received wire slices straight into the buffer, message by message,
+// after the work queued on the stream before the upload.
+class RuntimeService::Uploader final
+    : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  Uploader(RuntimeService* service, grpc::CallbackServerContext* context,
+           grpc::ByteBuffer* response)
+      : service_(service), context_(context), response_(response) {
+    StartRead(&message_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      FinishWith(EndOfInput());
+      return;
+    }
+    if (buffer_ == nullptr) {
+      // On success the stream callback writes this message's data and reads
+      // on; it may already be running, so nothing here touches members now.
+      absl::Status header = StartFromHeader();
+      if (!header.ok()) FinishWith(header);
+      return;
+    }
+    WriteAndReadOn();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void FinishWith(const absl::Status& status) {
+    if (status.ok()) {
+      v1::UploadResponse response;
+      response.set_bytes_written(written_);
+      bool own_buffer;
+      grpc::Status serialized =
+          grpc::SerializationTraits<v1::UploadResponse>::Serialize(
+              response, response_, &own_buffer);
+      Finish(serialized);
+      return;
+    }
+    Finish(ToGrpcStatus(status, context_));
+  }
+
+  void WriteAndReadOn() {
+    absl::Status status = Write();
+    if (!status.ok()) {
+      FinishWith(status);
+    } else {
+      message_.Clear();
+      StartRead(&message_);
+    }
+  }
+
+  absl::Status StartFromHeader() {
+    v1::UploadRequest header;
+    absl::Status parsed = ParseUploadRequest(
+        &message_, &header,
+        [](google::protobuf::io::CodedInputStream& input, uint32_t length) {
+          return input.Skip(static_cast<int>(length))
+                     ? absl::OkStatus()
+                     : absl::InvalidArgumentError(
+                           "malformed UploadRequest message");
+        });
+    if (!parsed.ok()) return parsed;
+    absl::StatusOr<std::shared_ptr<Session>> session =
+        service_->sessions_->Get(header.session());
+    if (!session.ok()) return session.status();
+    session_ = *session;
+    absl::StatusOr<std::shared_ptr<Buffer>> buffer =
+        session_->GetBuffer(header.buffer());
+    if (!buffer.ok()) return buffer.status();
+    if (absl::Status s = CheckRange(header.offset(), header.size(),
+                                    (*buffer)->size(), "upload range");
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<std::shared_ptr<Stream>> stream =
+        session_->GetStream(header.stream());
+    if (!stream.ok()) return stream.status();
+    buffer_ = *buffer;
+    offset_ = header.offset();
+    size_ = header.size();
+    // Order after the stream's queued work. The call cannot finish before
+    // the callback runs (no read is pending), so `this` stays alive.
+    (*stream)->WhenReached([this] { WriteAndReadOn(); });
+    return absl::OkStatus();
+  }
+
+  // Copies the data of `message_` into the buffer.
+  absl::Status Write() {
+    Device* device = service_->device_;
+    absl::Status status = ParseUploadRequest(
+        &message_, nullptr,
+        [&](google::protobuf::io::CodedInputStream& input,
+            uint32_t length) -> absl::Status {
+          if (length > size_ - written_) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("upload sent more than the ", size_,
+                             " bytes its header announced"));
+          }
+          char* target =
+              static_cast<char*>(buffer_->data()) + offset_ + written_;
+          bool read;
+          if (void* host = device->HostAddress(target); host != nullptr) {
+            read = input.ReadRaw(host, static_cast<int>(length));
+          } else {
+            staging_.resize(length);
+            read = input.ReadRaw(staging_.data(), static_cast<int>(length));
+            if (read) device->CopyToDevice(target, staging_.data(), length);
+          }
+          if (!read) {
+            return absl::InvalidArgumentError(
+                "malformed UploadRequest message");
+          }
+          written_ += length;
+          return absl::OkStatus();
+        });
+    session_->Touch();
+    return status;
+  }
+
+  absl::Status EndOfInput() {
+    if (context_->IsCancelled()) {
+      return absl::CancelledError("upload cancelled by the client");
+    }
+    if (buffer_ == nullptr) {
+      return absl::InvalidArgumentError(
+          "upload ended before its first message (the header)");
+    }
+    if (written_ != size_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("upload ended after ", written_, " of the ", size_,
+                       " bytes its header announced"));
+    }
+    return absl::OkStatus();
+  }
+
+  RuntimeService* const service_;
+  grpc::CallbackServerContext* const context_;
+  grpc::ByteBuffer* const response_;
+  grpc::ByteBuffer message_;
+  std::string staging_;  // Only for devices the host cannot address.
+  std::shared_ptr<Session> session_;
+  std::shared_ptr<Buffer> buffer_;
+  uint64_t offset_ = 0;
+  uint64_t size_ = 0;
+  uint64_t written_ = 0;
+};
+
+// Download: after the work queued on the stream before it, streams the
+// range in chunks. Each DownloadResponse is built by hand on the wire: a
+// few header bytes followed by a slice that points into the device buffer
+// itself (kept alive by the slice), so no copy of the data is made before
+// the socket write.
+class RuntimeService::Downloader final
+    : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  Downloader(RuntimeService* service, grpc::CallbackServerContext* context,
+             const grpc::ByteBuffer* request)
+      : service_(service), context_(context) {
+    absl::Status status = Start(request);
+    if (!status.ok()) Finish(ToGrpcStatus(status, context_));
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                          "download cancelled by the client"));
+      return;
+    }
+    WriteNext();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Start(const grpc::ByteBuffer* raw) {
+    v1::DownloadRequest request;
+    grpc::ByteBuffer copy(*raw);  // Shares the slices.
+    if (!grpc::SerializationTraits<v1::DownloadRequest>::Deserialize(&copy,
+                                                                     &request)
+             .ok()) {
+      return absl::InvalidArgumentError("malformed DownloadRequest message");
+    }
+    absl::StatusOr<std::shared_ptr<Session>> session =
+        service_->sessions_->Get(request.session());
+    if (!session.ok()) return session.status();
+    session_ = *session;
+    absl::StatusOr<std::shared_ptr<Buffer>> buffer =
+        session_->GetBuffer(request.buffer());
+    if (!buffer.ok()) return buffer.status();
+    if (absl::Status s = CheckRange(request.offset(), request.size(),
+                                    (*buffer)->size(), "download range");
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<std::shared_ptr<Stream>> stream =
+        session_->GetStream(request.stream());
+    if (!stream.ok()) return stream.status();
+    buffer_ = *buffer;
+    next_ = request.offset();
+    end_ = request.offset() + request.size();
+    // No write is pending until the callback runs, so the call cannot
+    // finish (and `this` cannot go away) before it.
+    (*stream)->WhenReached([this] { WriteNext(); });
+    return absl::OkStatus();
+  }
+
+  // The slice owns a reference to the buffer until gRPC is done with it.
+  static void ReleaseBuffer(void* holder) {
+    delete static_cast<std::shared_ptr<Buffer>*>(holder);
+  }
+
+  void WriteNext() {
+    if (next_ == end_) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    if (context_->IsCancelled()) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                          "download cancelled by the client"));
+      return;
+    }
+    const uint64_t n = std::min(end_ - next_, service_->limits_.chunk_bytes);
+    // Field 1 (data), length-delimited, then its varint length.
+    uint8_t header[1 + 10];
+    header[0] = WireFormat::MakeTag(1, WireFormat::WIRETYPE_LENGTH_DELIMITED);
+    uint8_t* end =
+        google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(
+            n, header + 1);
+    char* source = static_cast<char*>(buffer_->data()) + next_;
+    grpc::Slice data_slice;
+    if (void* host = service_->device_->HostAddress(source); host != nullptr) {
+      data_slice = grpc::Slice(host, n, &Downloader::ReleaseBuffer,
+                               new std::shared_ptr<Buffer>(buffer_));
+    } else {
+      std::string staging(n, '\0');
+      service_->device_->CopyFromDevice(staging.data(), source, n);
+      data_slice = grpc::Slice(staging);
+    }
+    grpc::Slice slices[] = {grpc::Slice(header, end - header),
+                            std::move(data_slice)};
+    message_ = grpc::ByteBuffer(slices, 2);
+    next_ += n;
+    session_->Touch();
+    StartWrite(&message_);
+  }
+
+  RuntimeService* const service_;
+  grpc::CallbackServerContext* const context_;
+  std::shared_ptr<Session> session_;
+  std::shared_ptr<Buffer> buffer_;
+  uint64_t next_ = 0;
+  uint64_t end_ = 0;
+  grpc::ByteBuffer message_;
+};
+
+RuntimeService::RuntimeService(Device* device, SessionManager* sessions,
+                               TransferLimits limits)
+    : device_(device), sessions_(sessions), limits_(limits) {}
+
+RuntimeService::~RuntimeService() = default;
+
+void RuntimeService::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutting_down_ = true;
+  for (Attacher* attacher : attachers_) attacher->Stop();
+}
+
+void RuntimeService::RemoveAttacher(Attacher* attacher) {
+  absl::MutexLock lock(&mu_);
+  attachers_.erase(attacher);
+}
 
 grpc::ServerUnaryReactor* RuntimeService::GetDeviceInfo(
     grpc::CallbackServerContext* context,
@@ -20,8 +470,243 @@ grpc::ServerUnaryReactor* RuntimeService::GetDeviceInfo(
   response->set_server_version(kServerVersion);
   response->set_grpc_version(grpc::Version());
   response->set_api_version(kApiVersion);
+  const SessionLimits& session_limits = sessions_->limits();
+  v1::Limits* limits = response->mutable_limits();
+  limits->set_max_message_bytes(limits_.max_message_bytes);
+  limits->set_session_memory_bytes(session_limits.session_memory_bytes);
+  limits->set_max_sessions(session_limits.max_sessions);
+  limits->set_max_handles_per_session(session_limits.max_handles_per_session);
+  limits->set_chunk_bytes(limits_.chunk_bytes);
+  limits->set_idle_timeout_seconds(
+      static_cast<uint32_t>(absl::ToInt64Seconds(session_limits.idle_timeout)));
+  limits->set_max_values(limits_.max_values);
+  return Reply(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* RuntimeService::CreateSession(
+    grpc::CallbackServerContext* context,
+    const v1::CreateSessionRequest* request,
+    v1::CreateSessionResponse* response) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      sessions_->Create(request->client_name());
+  if (session.ok()) {
+    response->set_session((*session)->id());
+    response->set_idle_timeout_seconds(static_cast<uint32_t>(
+        absl::ToInt64Seconds(sessions_->limits().idle_timeout)));
+  }
+  return Reply(context, session.status());
+}
+
+grpc::ServerUnaryReactor* RuntimeService::CloseSession(
+    grpc::CallbackServerContext* context,
+    const v1::CloseSessionRequest* request,
+    v1::CloseSessionResponse* /*response*/) {
+  return Reply(context,
+               sessions_->Close(request->session(), "closed by the client"));
+}
+
+grpc::ServerWriteReactor<v1::AttachEvent>* RuntimeService::Attach(
+    grpc::CallbackServerContext* context, const v1::AttachRequest* request) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      sessions_->Get(request->session());
+  if (!session.ok()) {
+    // A reactor that only finishes with the error.
+    class Failed final : public grpc::ServerWriteReactor<v1::AttachEvent> {
+     public:
+      explicit Failed(grpc::Status status) { Finish(std::move(status)); }
+      void OnDone() override { delete this; }
+    };
+    return new Failed(ToGrpcStatus(session.status(), context));
+  }
+  absl::MutexLock lock(&mu_);
+  auto* attacher = new Attacher(this, *std::move(session));
+  attachers_.insert(attacher);
+  if (shutting_down_) attacher->Stop();
+  return attacher;
+}
+
+grpc::ServerUnaryReactor* RuntimeService::GetSessionStats(
+    grpc::CallbackServerContext* context,
+    const v1::GetSessionStatsRequest* request, v1::SessionStats* response) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      sessions_->Get(request->session());
+  if (session.ok()) {
+    SessionStatsSnapshot stats = (*session)->Stats();
+    response->set_buffers(stats.buffers);
+    response->set_buffer_bytes(stats.buffer_bytes);
+    response->set_streams(stats.streams);
+    response->set_executors(stats.executors);
+  }
+  return Reply(context, session.status());
+}
+
+grpc::ServerUnaryReactor* RuntimeService::GetServerStats(
+    grpc::CallbackServerContext* context,
+    const v1::GetServerStatsRequest* /*request*/, v1::ServerStats* response) {
+  response->set_sessions(sessions_->session_count());
+  response->set_buffer_bytes(sessions_->accounting().bytes.load());
+  response->set_buffers(sessions_->accounting().buffers.load());
+  return Reply(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* RuntimeService::CreateStream(
+    grpc::CallbackServerContext* context,
+    const v1::CreateStreamRequest* request,
+    v1::CreateStreamResponse* response) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      sessions_->Get(request->session());
+  if (!session.ok()) return Reply(context, session.status());
+  absl::StatusOr<uint64_t> stream = (*session)->CreateStream();
+  if (stream.ok()) response->set_stream(*stream);
+  return Reply(context, stream.status());
+}
+
+grpc::ServerUnaryReactor* RuntimeService::DestroyStream(
+    grpc::CallbackServerContext* context,
+    const v1::DestroyStreamRequest* request,
+    v1::DestroyStreamResponse* /*response*/) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      sessions_->Get(request->session());
+  if (!session.ok()) return Reply(context, session.status());
+  absl::StatusOr<std::shared_ptr<Stream>> stream =
+      (*session)->TakeStream(request->stream());
+  if (!stream.ok()) return Reply(context, stream.status());
+  // The call returns once the stream's queued work ran; the thread itself
+  // is joined off the RPC threads.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(absl::OkStatus()));
+  std::shared_ptr<Stream> doomed = *stream;
+  (*stream)->WhenReached([reactor] { reactor->Finish(grpc::Status::OK); });
+  sessions_->DestroyLater(std::move(doomed));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RuntimeService::SynchronizeStream(
+    grpc::CallbackServerContext* context,
+    const v1::SynchronizeStreamRequest* request,
+    v1::SynchronizeStreamResponse* /*response*/) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      sessions_->Get(request->session());
+  if (!session.ok()) return Reply(context, session.status());
+  absl::StatusOr<std::shared_ptr<Stream>> stream =
+      (*session)->GetStream(request->stream());
+  if (!stream.ok()) return Reply(context, stream.status());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  (*stream)->Synchronize([reactor, context](absl::Status status) {
+    reactor->Finish(ToGrpcStatus(status, context));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RuntimeService::Malloc(
+    grpc::CallbackServerContext* context, const v1::MallocRequest* request,
+    v1::MallocResponse* response) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      sessions_->Get(request->session());
+  if (!session.ok()) return Reply(context, session.status());
+  absl::StatusOr<uint64_t> buffer = (*session)->Malloc(request->size());
+  if (buffer.ok()) response->set_buffer(*buffer);
+  return Reply(context, buffer.status());
+}
+
+grpc::ServerUnaryReactor* RuntimeService::Free(
+    grpc::CallbackServerContext* context, const v1::FreeRequest* request,
+    v1::FreeResponse* /*response*/) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      sessions_->Get(request->session());
+  if (!session.ok()) return Reply(context, session.status());
+  return Reply(context, (*session)->Free(request->buffer()));
+}
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* RuntimeService::Upload(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  return new Uploader(this, context, response);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* RuntimeService::Download(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  return new Downloader(this, context, request);
+}
+
+grpc::ServerUnaryReactor* RuntimeService::WriteValues(
+    grpc::CallbackServerContext* context, const v1::WriteValuesRequest* request,
+    v1::WriteValuesResponse* /*response*/) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      sessions_->Get(request->session());
+  if (!session.ok()) return Reply(context, session.status());
+  absl::StatusOr<kernels::DType> dtype = CheckDType(request->dtype());
+  if (!dtype.ok()) return Reply(context, dtype.status());
+  if (static_cast<uint64_t>(request->values_size()) > limits_.max_values) {
+    return Reply(context, absl::ResourceExhaustedError(absl::StrCat(
+                              request->values_size(), " values exceed the ",
+                              limits_.max_values,
+                              " one call may carry (--max_values); use "
+                              "Upload for large tensors")));
+  }
+  absl::StatusOr<std::string> bytes = EncodeValues(
+      *dtype,
+      absl::MakeConstSpan(request->values().data(), request->values_size()));
+  if (!bytes.ok()) return Reply(context, bytes.status());
+  absl::StatusOr<std::shared_ptr<Buffer>> buffer =
+      (*session)->GetBuffer(request->buffer());
+  if (!buffer.ok()) return Reply(context, buffer.status());
+  if (absl::Status s = CheckRange(request->offset(), bytes->size(),
+                                  (*buffer)->size(), "values");
+      !s.ok()) {
+    return Reply(context, s);
+  }
+  absl::StatusOr<std::shared_ptr<Stream>> stream =
+      (*session)->GetStream(request->stream());
+  if (!stream.ok()) return Reply(context, stream.status());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  (*stream)->WhenReached([this, reactor, buffer = *buffer,
+                          offset = request->offset(),
+                          bytes = *std::move(bytes)] {
+    device_->CopyToDevice(static_cast<char*>(buffer->data()) + offset,
+                          bytes.data(), bytes.size());
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RuntimeService::ReadValues(
+    grpc::CallbackServerContext* context, const v1::ReadValuesRequest* request,
+    v1::ReadValuesResponse* response) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      sessions_->Get(request->session());
+  if (!session.ok()) return Reply(context, session.status());
+  absl::StatusOr<kernels::DType> dtype = CheckDType(request->dtype());
+  if (!dtype.ok()) return Reply(context, dtype.status());
+  if (request->count() > limits_.max_values) {
+    return Reply(context, absl::ResourceExhaustedError(absl::StrCat(
+                              request->count(), " values exceed the ",
+                              limits_.max_values,
+                              " one call may carry (--max_values); use "
+                              "Download for large tensors")));
+  }
+  absl::StatusOr<std::shared_ptr<Buffer>> buffer =
+      (*session)->GetBuffer(request->buffer());
+  if (!buffer.ok()) return Reply(context, buffer.status());
+  const uint64_t bytes = request->count() * kernels::DTypeSize(*dtype);
+  if (absl::Status s =
+          CheckRange(request->offset(), bytes, (*buffer)->size(), "values");
+      !s.ok()) {
+    return Reply(context, s);
+  }
+  absl::StatusOr<std::shared_ptr<Stream>> stream =
+      (*session)->GetStream(request->stream());
+  if (!stream.ok()) return Reply(context, stream.status());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  (*stream)->WhenReached([this, reactor, response, buffer = *buffer,
+                          offset = request->offset(), bytes,
+                          count = request->count(), dtype = *dtype] {
+    std::string host(bytes, '\0');
+    device_->CopyFromDevice(
+        host.data(), static_cast<const char*>(buffer->data()) + offset, bytes);
+    std::vector<double> values =
+        DecodeValues(dtype, host.data(), static_cast<int64_t>(count));
+    response->mutable_values()->Add(values.begin(), values.end());
+    reactor->Finish(grpc::Status::OK);
+  });
   return reactor;
 }
 

@@ -1,24 +1,124 @@
 #ifndef OPSERVER_SERVER_RUNTIME_SERVICE_H_
 #define OPSERVER_SERVER_RUNTIME_SERVICE_H_
 
+#include <cstdint>
+#include <set>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/opserver.grpc.pb.h"
 #include "server/device.h"
+#include "server/session.h"
 
 namespace opserver {
 
-// opserver.v1.Runtime over one Device. The device must outlive the service.
-class RuntimeService final : public v1::Runtime::CallbackService {
+// Transfer and value limits of the Runtime service (server flags).
+struct TransferLimits {
+  // Download chunk size; uploads may use any chunk up to the message limit.
+  uint64_t chunk_bytes = 4ull << 20;
+  uint64_t max_message_bytes = 64ull << 20;
+  // Most values one WriteValues/ReadValues/Evaluate tensor may carry.
+  uint32_t max_values = 1u << 20;
+};
+
+// Upload and Download are served on raw gRPC byte buffers: the data field
+// is copied straight between the wire slices and device memory (and sent
+// from host-addressable device memory without any copy), which is what gets
+// transfers close to the socket's speed. Every other method uses the
+// generated message types.
+using RuntimeServiceBase = v1::Runtime::WithRawCallbackMethod_Upload<
+    v1::Runtime::WithRawCallbackMethod_Download<v1::Runtime::CallbackService>>;
+
+// opserver.v1.Runtime: device info, sessions, streams, memory, transfers.
+// `device` and `sessions` must outlive the service.
+class RuntimeService final : public RuntimeServiceBase {
  public:
-  explicit RuntimeService(Device* device);
+  RuntimeService(Device* device, SessionManager* sessions,
+                 TransferLimits limits);
+  ~RuntimeService() override;
+
+  // Ends every Attach stream (without closing its session) so the server's
+  // shutdown does not wait on them. Idempotent.
+  void Shutdown();
 
   grpc::ServerUnaryReactor* GetDeviceInfo(
       grpc::CallbackServerContext* context,
       const v1::GetDeviceInfoRequest* request,
       v1::GetDeviceInfoResponse* response) override;
+  grpc::ServerUnaryReactor* CreateSession(
+      grpc::CallbackServerContext* context,
+      const v1::CreateSessionRequest* request,
+      v1::CreateSessionResponse* response) override;
+  grpc::ServerUnaryReactor* CloseSession(
+      grpc::CallbackServerContext* context,
+      const v1::CloseSessionRequest* request,
+      v1::CloseSessionResponse* response) override;
+  grpc::ServerWriteReactor<v1::AttachEvent>* Attach(
+      grpc::CallbackServerContext* context,
+      const v1::AttachRequest* request) override;
+  grpc::ServerUnaryReactor* GetSessionStats(
+      grpc::CallbackServerContext* context,
+      const v1::GetSessionStatsRequest* request,
+      v1::SessionStats* response) override;
+  grpc::ServerUnaryReactor* GetServerStats(
+      grpc::CallbackServerContext* context,
+      const v1::GetServerStatsRequest* request,
+      v1::ServerStats* response) override;
+  grpc::ServerUnaryReactor* CreateStream(
+      grpc::CallbackServerContext* context,
+      const v1::CreateStreamRequest* request,
+      v1::CreateStreamResponse* response) override;
+  grpc::ServerUnaryReactor* DestroyStream(
+      grpc::CallbackServerContext* context,
+      const v1::DestroyStreamRequest* request,
+      v1::DestroyStreamResponse* response) override;
+  grpc::ServerUnaryReactor* SynchronizeStream(
+      grpc::CallbackServerContext* context,
+      const v1::SynchronizeStreamRequest* request,
+      v1::SynchronizeStreamResponse* response) override;
+  grpc::ServerUnaryReactor* Malloc(grpc::CallbackServerContext* context,
+                                   const v1::MallocRequest* request,
+                                   v1::MallocResponse* response) override;
+  grpc::ServerUnaryReactor* Free(grpc::CallbackServerContext* context,
+                                 const v1::FreeRequest* request,
+                                 v1::FreeResponse* response) override;
+  // Raw forms of Upload(stream UploadRequest) -> UploadResponse and
+  // Download(DownloadRequest) -> stream DownloadResponse.
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Upload(
+      grpc::CallbackServerContext* context,
+      grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Download(
+      grpc::CallbackServerContext* context,
+      const grpc::ByteBuffer* request) override;
+  grpc::ServerUnaryReactor* WriteValues(
+      grpc::CallbackServerContext* context,
+      const v1::WriteValuesRequest* request,
+      v1::WriteValuesResponse* response) override;
+  grpc::ServerUnaryReactor* ReadValues(
+      grpc::CallbackServerContext* context,
+      const v1::ReadValuesRequest* request,
+      v1::ReadValuesResponse* response) override;
 
  private:
+  class Attacher;
+  class Uploader;
+  class Downloader;
+
+  void RemoveAttacher(Attacher* attacher);
+
   Device* const device_;
+  SessionManager* const sessions_;
+  const TransferLimits limits_;
+
+  absl::Mutex mu_;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<Attacher*> attachers_ ABSL_GUARDED_BY(mu_);
 };
+
+// Checks that [offset, offset + size) lies inside `buffer_size` bytes without
+// overflow; INVALID_ARGUMENT naming `what` otherwise.
+absl::Status CheckRange(uint64_t offset, uint64_t size, uint64_t buffer_size,
+                        absl::string_view what);
 
 }  // namespace opserver
 

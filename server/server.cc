@@ -10,6 +10,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "server/device_factory.h"
 #include "server/listen_address.h"
+#include "server/malloc_tuning.h"
 
 namespace opserver {
 
@@ -19,8 +20,27 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--listen: ", listen.status().message()));
   }
+  const TransferLimits& transfer = options.transfer_limits;
+  if (transfer.chunk_bytes == 0 ||
+      transfer.chunk_bytes + 1024 > transfer.max_message_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--chunk_bytes: must be > 0 and leave room for the message header "
+        "below --max_message_bytes (",
+        transfer.max_message_bytes, ")"));
+  }
+  if (transfer.max_message_bytes > (1ull << 31) - 1) {
+    return absl::InvalidArgumentError(
+        "--max_message_bytes: gRPC messages are limited to 2 GiB - 1");
+  }
+  if (options.session_limits.max_sessions == 0 ||
+      options.session_limits.max_handles_per_session == 0 ||
+      options.session_limits.idle_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "--max_sessions, --max_handles_per_session and --idle_timeout_s must "
+        "be positive");
+  }
   absl::StatusOr<std::unique_ptr<Device>> device =
-      CreateDevice(options.device, options.threads);
+      CreateDevice(options.device, options.threads, options.memory_cache_bytes);
   if (!device.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(options.threads < 0 ? "--threads: " : "--device: ",
@@ -32,13 +52,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
                         absl::StrCat("--listen: ", probe.message()));
   }
 
+  TuneMallocForStreaming();
   std::unique_ptr<Server> server(new Server());
   server->options_ = options;
   server->device_ = *std::move(device);
-  server->runtime_service_ =
-      std::make_unique<RuntimeService>(server->device_.get());
+  server->sessions_ = std::make_unique<SessionManager>(server->device_.get(),
+                                                       options.session_limits);
+  server->runtime_service_ = std::make_unique<RuntimeService>(
+      server->device_.get(), server->sessions_.get(), transfer);
+  server->operator_service_ = std::make_unique<OperatorService>(
+      server->device_.get(), server->sessions_.get(), transfer);
   server->health_service_ = std::make_unique<HealthService>(
-      std::set<std::string>{v1::Runtime::service_full_name()});
+      std::set<std::string>{v1::Runtime::service_full_name(),
+                            v1::Operators::service_full_name()});
 
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -47,7 +73,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(listen->ToString(),
                            grpc::InsecureServerCredentials(), &server->port_);
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(transfer.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(transfer.max_message_bytes));
   builder.RegisterService(server->runtime_service_.get());
+  builder.RegisterService(server->operator_service_.get());
   builder.RegisterService(server->health_service_.get());
   server->grpc_server_ = builder.BuildAndStart();
   if (server->grpc_server_ == nullptr || server->port_ == 0) {
@@ -60,13 +90,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
   return server;
 }
 
-Server::~Server() { Shutdown(); }
+Server::~Server() {
+  Shutdown();
+  // Services are gone from gRPC now; end the sessions (their streams finish
+  // queued work) before the device they allocate from.
+  sessions_.reset();
+}
 
 void Server::Shutdown() {
   absl::MutexLock lock(&shutdown_mu_);
   if (shut_down_ || grpc_server_ == nullptr) return;
   shut_down_ = true;
   health_service_->Shutdown();
+  runtime_service_->Shutdown();
   grpc_server_->Shutdown(
       absl::ToChronoTime(absl::Now() + options_.shutdown_grace));
   grpc_server_->Wait();

@@ -9,7 +9,9 @@
 #include "grpcpp/grpcpp.h"
 #include "server/device.h"
 #include "server/health_service.h"
+#include "server/operator_service.h"
 #include "server/runtime_service.h"
+#include "server/session.h"
 
 namespace opserver {
 
@@ -23,6 +25,12 @@ struct Options {
   std::string device = "cpu";
   // How long Shutdown() lets in-flight calls finish before cancelling them.
   absl::Duration shutdown_grace = absl::Seconds(5);
+  // Freed device memory the CPU device keeps for reuse.
+  uint64_t memory_cache_bytes = 4ull << 30;
+  // Sessions, handles, memory and idle timeout.
+  SessionLimits session_limits;
+  // Chunk and message sizes, typed-value counts.
+  TransferLimits transfer_limits;
 };
 
 // A running opserver: the device plus the gRPC server with the opserver
@@ -43,6 +51,9 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
+  // Sessions and accounting, for tests and operations.
+  SessionManager& sessions() { return *sessions_; }
+
   // The port actually bound (the chosen one when Options::listen asked for 0).
   int port() const { return port_; }
   // Host and bound port, ready for a client to dial.
@@ -58,7 +69,9 @@ class Server {
 
   Options options_;
   std::unique_ptr<Device> device_;
+  std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<RuntimeService> runtime_service_;
+  std::unique_ptr<OperatorService> operator_service_;
   std::unique_ptr<HealthService> health_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;

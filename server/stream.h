@@ -20,8 +20,11 @@ namespace opserver {
 // and handed to the next Synchronize, then cleared, so no failure is lost
 // and none is reported twice. Later tasks still run.
 //
-// Callbacks given to Synchronize/WhenReached run on the stream's thread and
-// must not block for long; gRPC reactors finish from there.
+// Callbacks given to Synchronize/WhenReached run on the stream's thread, or
+// at once on the caller's when the stream is idle (nothing queued or
+// running): a tiny launch or a synchronize of an idle stream then pays no
+// thread hand-off. They must not block for long; gRPC reactors finish from
+// there.
 class Stream {
  public:
   using Task = std::function<absl::Status()>;
@@ -33,8 +36,10 @@ class Stream {
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
 
-  // Queues `task`; returns at once.
-  void Enqueue(Task task);
+  // Queues `task`; returns at once. With `inline_if_idle`, an idle stream
+  // runs it on the calling thread instead (for tasks too small to be worth
+  // a hand-off).
+  void Enqueue(Task task, bool inline_if_idle = false);
 
   // Calls `done` once everything queued before this call has run, with the
   // first error since the previous Synchronize (OK if none).
@@ -49,11 +54,18 @@ class Stream {
 
  private:
   void Loop();
+  // Claims the stream for the caller when idle; then the caller runs work
+  // inline and calls Release().
+  bool TryClaimIdle();
+  void Release();
+  void Record(absl::Status status);
 
   absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // Touched only by the stream's thread.
+  // An item (queued or inline) is running; the thread waits for it.
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  // Touched only by whoever holds busy_.
   absl::Status first_error_;
   std::thread thread_;
 };

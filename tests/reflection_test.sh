@@ -35,7 +35,9 @@ done
 # --list-methods resolves every listed service's descriptor through
 # reflection: it fails if any service (health included) is not describable.
 methods=$(bufcurl --list-methods "$url" 2>&1) || fail "list-methods: $methods"
-for m in grpc.health.v1.Health/Check grpc.health.v1.Health/Watch opserver.v1.Runtime/GetDeviceInfo; do
+for m in grpc.health.v1.Health/Check grpc.health.v1.Health/Watch opserver.v1.Runtime/GetDeviceInfo \
+         opserver.v1.Runtime/CreateSession opserver.v1.Runtime/Upload opserver.v1.Runtime/Download \
+         opserver.v1.Operators/GetWorkspaceSize opserver.v1.Operators/Execute opserver.v1.Operators/Evaluate; do
   grep -qx "$m" <<<"$methods" || fail "method $m not listed: $methods"
 done
 
@@ -45,6 +47,39 @@ grep -q '"status": "SERVING"' <<<"$health" || fail "health not SERVING: $health"
 info=$(bufcurl -d '{}' "$url/opserver.v1.Runtime/GetDeviceInfo" 2>&1) || fail "info: $info"
 grep -q '"kind": "cpu"' <<<"$info" || fail "device info: $info"
 grep -q '"apiVersion": "opserver.v1"' <<<"$info" || fail "device info: $info"
+
+# The README's walk-through: an operator on literal numbers, by hand.
+call() { bufcurl -d "$2" "$url/opserver.v1.$1" 2>&1; }
+json() { python3 -c "import json,sys; print(json.load(sys.stdin)$1)"; }
+ops=$(call Operators/ListOperators '{}') || fail "ListOperators: $ops"
+for op in ThresholdBackward SoftshrinkBackward HardswishBackward LeakyReluBackward DropoutBackward; do
+  grep -q "\"name\": \"$op\"" <<<"$ops" || fail "ListOperators lacks $op"
+done
+session=$(call Runtime/CreateSession '{"clientName": "grpcurl"}' | json '["session"]') || fail "CreateSession"
+s="\"session\": \"$session\""
+for b in 1 2 3; do
+  got=$(call Runtime/Malloc "{$s, \"size\": 16}" | json '["buffer"]')
+  [[ "$got" == "$b" ]] || fail "Malloc returned buffer '$got', expected $b"
+done
+call Runtime/WriteValues "{$s, \"buffer\": 1, \"dtype\": \"FLOAT\", \"values\": [4.5, 4.4, 4.3, 4.2]}" >/dev/null || fail "WriteValues"
+call Runtime/WriteValues "{$s, \"buffer\": 2, \"dtype\": \"FLOAT\", \"values\": [0.2, 1.2, 2.2, 3.2]}" >/dev/null || fail "WriteValues"
+planned=$(call Operators/GetWorkspaceSize "{$s, \"op\": \"ThresholdBackward\", \"params\": {\"threshold\": 1.0},
+  \"tensors\": {\"gradOutput\": {\"buffer\": 1, \"dtype\": \"FLOAT\", \"shape\": [4]},
+              \"self\": {\"buffer\": 2, \"dtype\": \"FLOAT\", \"shape\": [4]},
+              \"out\": {\"buffer\": 3, \"dtype\": \"FLOAT\", \"shape\": [4]}}}") || fail "GetWorkspaceSize: $planned"
+executor=$(json '["executor"]' <<<"$planned")
+call Operators/Execute "{$s, \"executor\": $executor}" >/dev/null || fail "Execute"
+values=$(call Runtime/ReadValues "{$s, \"buffer\": 3, \"dtype\": \"FLOAT\", \"count\": 4}" | json '["values"]')
+[[ "$values" == "[0, 4.400000095367432, 4.300000190734863, 4.199999809265137]" ]] || fail "ReadValues: $values"
+again=$(call Operators/Execute "{$s, \"executor\": $executor}")
+grep -q "already consumed" <<<"$again" || fail "second Execute of a single-use executor: $again"
+
+evaluated=$(call Operators/Evaluate '{"op": "DropoutBackward", "params": {"scale": 2},
+  "inputs": {"gradOutput": {"dtype": "FLOAT", "shape": [4, 2], "values": [0, 1, 2, 3, 4, 5, 6, 7]},
+             "mask": {"dtype": "UINT8", "shape": [16], "values": [42, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]}},
+  "output": {"dtype": "FLOAT", "shape": [4, 2]}}' | json '["output"]["values"]')
+[[ "$evaluated" == "[0, 2, 0, 6, 0, 10, 0, 0]" ]] || fail "Evaluate: $evaluated"
+call Runtime/CloseSession "{$s}" >/dev/null || fail "CloseSession"
 
 if ((failures)); then
   echo "$failures failure(s)" >&2

@@ -1,0 +1,596 @@
+// Remote-execution benchmarks: opserver's transfers and per-operator
+// overhead next to the machine's transport limits, measured in the same run.
+//
+//   bazel run -c opt //bench:remote_bench
+//
+// Before any gRPC use, main() forks two server processes (so client and
+// server do not share a process, as in production): an opserver and a
+// baseline process serving a raw TCP sink and a bare gRPC Echo service.
+// Reported: GB/s for 256 MiB transfers (raw TCP one-way, bare gRPC client
+// stream, opserver Upload and Download), and calls/s for a bare unary round
+// trip, a tiny operator (GetWorkspaceSize + Execute + SynchronizeStream),
+// sequential and pipelined launches. Then, with a fresh opserver process,
+// the server's peak RSS while a 1 GiB tensor goes up and down.
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "bench/echo.grpc.pb.h"
+#include "benchmark/benchmark.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/opserver.grpc.pb.h"
+#include "server/malloc_tuning.h"
+#include "server/server.h"
+
+namespace opserver {
+namespace {
+
+constexpr size_t kTransferBytes = 256ull << 20;
+constexpr size_t kChunk = 4ull << 20;
+
+int opserver_port = 0;
+int tcp_port = 0;
+int echo_port = 0;
+std::vector<pid_t> children;
+
+// ---- Child processes -------------------------------------------------------
+
+void SendPort(int fd, int port) {
+  if (write(fd, &port, sizeof(port)) != sizeof(port)) _exit(1);
+  close(fd);
+}
+
+// Runs `body(report_port)` in a child; returns the port it reports.
+template <typename Body>
+int Fork(Body body) {
+  int fds[2];
+  if (pipe(fds) != 0) std::abort();
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    body(fds[1]);
+    _exit(0);
+  }
+  close(fds[1]);
+  int port = 0;
+  if (read(fds[0], &port, sizeof(port)) != sizeof(port)) std::abort();
+  close(fds[0]);
+  children.push_back(pid);
+  return port;
+}
+
+void RunOpserver(int report) {
+  Options options;
+  options.listen = "127.0.0.1:0";
+  options.transfer_limits.chunk_bytes = kChunk;
+  auto server = Server::Start(options);
+  if (!server.ok()) _exit(1);
+  SendPort(report, (*server)->port());
+  pause();  // Until killed.
+}
+
+class EchoService final : public bench::Echo::CallbackService {
+  grpc::ServerReadReactor<bench::Chunk>* Sink(
+      grpc::CallbackServerContext* /*context*/, bench::Ack* ack) override {
+    class Reader : public grpc::ServerReadReactor<bench::Chunk> {
+     public:
+      explicit Reader(bench::Ack* ack) : ack_(ack) { StartRead(&chunk_); }
+      void OnReadDone(bool ok) override {
+        if (!ok) {
+          ack_->set_bytes(bytes_);
+          Finish(grpc::Status::OK);
+          return;
+        }
+        bytes_ += chunk_.data().size();
+        StartRead(&chunk_);
+      }
+      void OnDone() override { delete this; }
+
+     private:
+      bench::Ack* ack_;
+      bench::Chunk chunk_;
+      uint64_t bytes_ = 0;
+    };
+    return new Reader(ack);
+  }
+  grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* context,
+                                 const bench::Chunk* request,
+                                 bench::Chunk* response) override {
+    *response = *request;
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+};
+
+// Raw TCP sink: reads each connection to its end, then answers one byte.
+void RunTcpSink(int report) {
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(listener, 16) != 0) {
+    _exit(1);
+  }
+  socklen_t len = sizeof(addr);
+  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  SendPort(report, ntohs(addr.sin_port));
+  std::vector<char> sink(kChunk);
+  for (;;) {
+    int fd = accept(listener, nullptr, nullptr);
+    if (fd < 0) continue;
+    while (read(fd, sink.data(), sink.size()) > 0) {
+    }
+    char ack = 1;
+    if (write(fd, &ack, 1) != 1) {
+      // The client went away; nothing to report to.
+    }
+    close(fd);
+  }
+}
+
+void RunEcho(int report) {
+  EchoService echo;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.RegisterService(&echo);
+  auto server = builder.BuildAndStart();
+  if (server == nullptr) _exit(1);
+  SendPort(report, port);
+  pause();
+}
+
+// ---- Benchmarks ------------------------------------------------------------
+
+std::shared_ptr<grpc::Channel> Channel(int port) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  return grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port),
+                                   grpc::InsecureChannelCredentials(), args);
+}
+
+void BM_RawTcpOneWay(benchmark::State& state) {
+  std::vector<char> data(kChunk, 'x');
+  for (auto _ : state) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(tcp_port);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      state.SkipWithError("connect failed");
+      return;
+    }
+    for (size_t sent = 0; sent < kTransferBytes;) {
+      ssize_t n =
+          write(fd, data.data(), std::min(data.size(), kTransferBytes - sent));
+      if (n <= 0) break;
+      sent += n;
+    }
+    shutdown(fd, SHUT_WR);
+    char ack;
+    if (read(fd, &ack, 1) != 1) state.SkipWithError("no ack");
+    close(fd);
+  }
+  state.SetBytesProcessed(state.iterations() * kTransferBytes);
+}
+
+void BM_GrpcClientStream(benchmark::State& state) {
+  auto stub = bench::Echo::NewStub(Channel(echo_port));
+  bench::Chunk chunk;
+  chunk.set_data(std::string(kChunk, 'x'));
+  for (auto _ : state) {
+    grpc::ClientContext context;
+    bench::Ack ack;
+    auto writer = stub->Sink(&context, &ack);
+    for (size_t sent = 0; sent < kTransferBytes; sent += kChunk) {
+      writer->Write(chunk);
+    }
+    writer->WritesDone();
+    if (!writer->Finish().ok()) state.SkipWithError("sink failed");
+  }
+  state.SetBytesProcessed(state.iterations() * kTransferBytes);
+}
+
+struct Remote {
+  std::unique_ptr<v1::Runtime::Stub> runtime;
+  std::unique_ptr<v1::Operators::Stub> ops;
+  std::string session;
+
+  explicit Remote(int port) {
+    auto channel = Channel(port);
+    runtime = v1::Runtime::NewStub(channel);
+    ops = v1::Operators::NewStub(channel);
+    grpc::ClientContext context;
+    v1::CreateSessionResponse response;
+    runtime->CreateSession(&context, v1::CreateSessionRequest(), &response);
+    session = response.session();
+  }
+  ~Remote() {
+    grpc::ClientContext context;
+    v1::CloseSessionRequest request;
+    request.set_session(session);
+    v1::CloseSessionResponse response;
+    runtime->CloseSession(&context, request, &response);
+  }
+  uint64_t Malloc(uint64_t size) {
+    grpc::ClientContext context;
+    v1::MallocRequest request;
+    request.set_session(session);
+    request.set_size(size);
+    v1::MallocResponse response;
+    runtime->Malloc(&context, request, &response);
+    return response.buffer();
+  }
+  // Streams `size` bytes of `data` (repeated) into the buffer.
+  bool Upload(uint64_t buffer, const char* data, size_t size) {
+    grpc::ClientContext context;
+    v1::UploadResponse response;
+    auto writer = runtime->Upload(&context, &response);
+    v1::UploadRequest chunk;
+    chunk.set_session(session);
+    chunk.set_buffer(buffer);
+    chunk.set_size(size);
+    for (size_t at = 0; at < size; at += kChunk) {
+      chunk.set_data(data + at, std::min(kChunk, size - at));
+      if (!writer->Write(chunk)) break;
+      chunk.clear_session();
+    }
+    writer->WritesDone();
+    return writer->Finish().ok();
+  }
+  // The same upload, serialized by hand: each message is a few header bytes
+  // plus a slice that points into the caller's memory, so the client copies
+  // nothing before the socket write (what the stub's set_data cannot do).
+  bool UploadZeroCopy(grpc::Channel* channel, uint64_t buffer, const char* data,
+                      size_t size) {
+    grpc::ClientContext context;
+    grpc::ByteBuffer response;
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+            channel,
+            grpc::internal::RpcMethod(
+                "/opserver.v1.Runtime/Upload",
+                grpc::internal::RpcMethod::CLIENT_STREAMING),
+            &context, &response));
+    v1::UploadRequest header;
+    header.set_session(session);
+    header.set_buffer(buffer);
+    header.set_size(size);
+    std::string prefix = header.SerializeAsString();
+    for (size_t at = 0; at < size; at += kChunk) {
+      const size_t n = std::min(kChunk, size - at);
+      uint8_t tag[11];
+      tag[0] = (6 << 3) | 2;  // Field 6 (data), length-delimited.
+      uint8_t* end =
+          google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(
+              n, tag + 1);
+      prefix.append(reinterpret_cast<char*>(tag), end - tag);
+      grpc::Slice slices[] = {grpc::Slice(prefix),
+                              grpc::Slice(const_cast<char*>(data + at), n,
+                                          grpc::Slice::STATIC_SLICE)};
+      grpc::ByteBuffer message(slices, 2);
+      if (!writer->Write(message)) break;
+      prefix.clear();
+    }
+    writer->WritesDone();
+    return writer->Finish().ok();
+  }
+
+  bool Download(uint64_t buffer, char* out, size_t size) {
+    grpc::ClientContext context;
+    v1::DownloadRequest request;
+    request.set_session(session);
+    request.set_buffer(buffer);
+    request.set_size(size);
+    auto reader = runtime->Download(&context, request);
+    v1::DownloadResponse chunk;
+    size_t at = 0;
+    while (reader->Read(&chunk)) {
+      std::memcpy(out + at, chunk.data().data(), chunk.data().size());
+      at += chunk.data().size();
+    }
+    return reader->Finish().ok() && at == size;
+  }
+  v1::GetWorkspaceSizeRequest TinyThreshold(uint64_t grad, uint64_t self,
+                                            uint64_t out) {
+    v1::GetWorkspaceSizeRequest request;
+    request.set_session(session);
+    request.set_op("ThresholdBackward");
+    for (auto [name, buffer] :
+         {std::pair{"gradOutput", grad}, std::pair{"self", self},
+          std::pair{"out", out}}) {
+      v1::TensorDesc& desc = (*request.mutable_tensors())[name];
+      desc.set_buffer(buffer);
+      desc.set_dtype(v1::FLOAT);
+      desc.add_shape(16);
+    }
+    return request;
+  }
+};
+
+void BM_OpserverUpload(benchmark::State& state) {
+  Remote remote(opserver_port);
+  std::vector<char> data(kTransferBytes, 'x');
+  uint64_t buffer = remote.Malloc(kTransferBytes);
+  for (auto _ : state) {
+    if (!remote.Upload(buffer, data.data(), kTransferBytes)) {
+      state.SkipWithError("upload failed");
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * kTransferBytes);
+}
+
+void BM_OpserverUploadZeroCopy(benchmark::State& state) {
+  Remote remote(opserver_port);
+  auto channel = Channel(opserver_port);
+  std::vector<char> data(kTransferBytes, 'x');
+  uint64_t buffer = remote.Malloc(kTransferBytes);
+  for (auto _ : state) {
+    if (!remote.UploadZeroCopy(channel.get(), buffer, data.data(),
+                               kTransferBytes)) {
+      state.SkipWithError("upload failed");
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * kTransferBytes);
+}
+
+void BM_OpserverDownload(benchmark::State& state) {
+  Remote remote(opserver_port);
+  std::vector<char> data(kTransferBytes, 'x');
+  uint64_t buffer = remote.Malloc(kTransferBytes);
+  remote.Upload(buffer, data.data(), kTransferBytes);
+  for (auto _ : state) {
+    if (!remote.Download(buffer, data.data(), kTransferBytes)) {
+      state.SkipWithError("download failed");
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * kTransferBytes);
+}
+
+void BM_GrpcUnaryRoundTrip(benchmark::State& state) {
+  auto stub = bench::Echo::NewStub(Channel(echo_port));
+  bench::Chunk request;
+  request.set_data(std::string(64, 'x'));
+  for (auto _ : state) {
+    grpc::ClientContext context;
+    bench::Chunk response;
+    if (!stub->Ping(&context, request, &response).ok()) {
+      state.SkipWithError("ping failed");
+    }
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+// GetWorkspaceSize + Execute + SynchronizeStream on resident 16-element
+// buffers: the remote cost of one aclnn operator call.
+void BM_TinyOperator(benchmark::State& state) {
+  Remote remote(opserver_port);
+  uint64_t grad = remote.Malloc(64), self = remote.Malloc(64),
+           out = remote.Malloc(64);
+  v1::GetWorkspaceSizeRequest plan = remote.TinyThreshold(grad, self, out);
+  v1::ExecuteRequest execute;
+  execute.set_session(remote.session);
+  v1::SynchronizeStreamRequest sync;
+  sync.set_session(remote.session);
+  for (auto _ : state) {
+    grpc::ClientContext c1, c2, c3;
+    v1::GetWorkspaceSizeResponse planned;
+    v1::ExecuteResponse executed;
+    v1::SynchronizeStreamResponse synced;
+    bool ok = remote.ops->GetWorkspaceSize(&c1, plan, &planned).ok();
+    execute.set_executor(planned.executor());
+    ok = ok && remote.ops->Execute(&c2, execute, &executed).ok();
+    ok = ok && remote.runtime->SynchronizeStream(&c3, sync, &synced).ok();
+    if (!ok) state.SkipWithError("tiny operator failed");
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+// Launches of one repeatable executor: sequential (each Execute waits for
+// its reply) vs pipelined (`in_flight` Executes outstanding on the one
+// connection, then one synchronize).
+void BM_Launches(benchmark::State& state) {
+  const int in_flight = static_cast<int>(state.range(0));
+  const int per_iteration = 256;
+  Remote remote(opserver_port);
+  uint64_t grad = remote.Malloc(64), self = remote.Malloc(64),
+           out = remote.Malloc(64);
+  uint64_t executor;
+  {
+    grpc::ClientContext context;
+    v1::GetWorkspaceSizeResponse planned;
+    remote.ops->GetWorkspaceSize(
+        &context, remote.TinyThreshold(grad, self, out), &planned);
+    executor = planned.executor();
+    grpc::ClientContext c2;
+    v1::SetExecutorRepeatableRequest request;
+    request.set_session(remote.session);
+    request.set_executor(executor);
+    v1::SetExecutorRepeatableResponse response;
+    remote.ops->SetExecutorRepeatable(&c2, request, &response);
+  }
+  v1::ExecuteRequest execute;
+  execute.set_session(remote.session);
+  execute.set_executor(executor);
+  for (auto _ : state) {
+    absl::Mutex mu;
+    int outstanding = 0, failures = 0;
+    struct Call {
+      grpc::ClientContext context;
+      v1::ExecuteResponse response;
+    };
+    std::vector<std::unique_ptr<Call>> calls(per_iteration);
+    for (int i = 0; i < per_iteration; ++i) {
+      {
+        struct Room {
+          int* outstanding;
+          int limit;
+        } room{&outstanding, in_flight};
+        absl::MutexLock lock(&mu);
+        mu.Await(absl::Condition(
+            +[](Room* r) { return *r->outstanding < r->limit; }, &room));
+        ++outstanding;
+      }
+      calls[i] = std::make_unique<Call>();
+      remote.ops->async()->Execute(&calls[i]->context, &execute,
+                                   &calls[i]->response,
+                                   [&](grpc::Status status) {
+                                     absl::MutexLock lock(&mu);
+                                     --outstanding;
+                                     if (!status.ok()) ++failures;
+                                   });
+    }
+    {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(
+          +[](int* n) { return *n == 0; }, &outstanding));
+    }
+    grpc::ClientContext context;
+    v1::SynchronizeStreamRequest sync;
+    sync.set_session(remote.session);
+    v1::SynchronizeStreamResponse synced;
+    if (failures > 0 ||
+        !remote.runtime->SynchronizeStream(&context, sync, &synced).ok()) {
+      state.SkipWithError("launch failed");
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * per_iteration);
+}
+
+// The same launches on one ExecuteStream call: requests written back to
+// back, responses read by a second thread.
+void BM_LaunchStream(benchmark::State& state) {
+  const int per_iteration = 256;
+  Remote remote(opserver_port);
+  uint64_t grad = remote.Malloc(64), self = remote.Malloc(64),
+           out = remote.Malloc(64);
+  uint64_t executor;
+  {
+    grpc::ClientContext context;
+    v1::GetWorkspaceSizeResponse planned;
+    remote.ops->GetWorkspaceSize(
+        &context, remote.TinyThreshold(grad, self, out), &planned);
+    executor = planned.executor();
+    grpc::ClientContext c2;
+    v1::SetExecutorRepeatableRequest request;
+    request.set_session(remote.session);
+    request.set_executor(executor);
+    v1::SetExecutorRepeatableResponse response;
+    remote.ops->SetExecutorRepeatable(&c2, request, &response);
+  }
+  v1::ExecuteRequest execute;
+  execute.set_session(remote.session);
+  execute.set_executor(executor);
+  for (auto _ : state) {
+    grpc::ClientContext context;
+    auto stream = remote.ops->ExecuteStream(&context);
+    int failures = 0;
+    std::thread reader([&] {
+      v1::ExecuteResponse response;
+      while (stream->Read(&response)) failures += response.code() != 0;
+    });
+    for (int i = 0; i < per_iteration; ++i) stream->Write(execute);
+    stream->WritesDone();
+    reader.join();
+    grpc::ClientContext sync_context;
+    v1::SynchronizeStreamRequest sync;
+    sync.set_session(remote.session);
+    v1::SynchronizeStreamResponse synced;
+    if (!stream->Finish().ok() || failures > 0 ||
+        !remote.runtime->SynchronizeStream(&sync_context, sync, &synced).ok()) {
+      state.SkipWithError("launch stream failed");
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * per_iteration);
+}
+
+BENCHMARK(BM_RawTcpOneWay)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GrpcClientStream)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_OpserverUpload)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_OpserverUploadZeroCopy)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_OpserverDownload)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GrpcUnaryRoundTrip)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_TinyOperator)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_Launches)
+    ->Arg(1)
+    ->Arg(64)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_LaunchStream)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Peak RSS (VmHWM) of a fresh opserver process before and after a 1 GiB
+// tensor is uploaded and downloaded.
+uint64_t PeakRssKiB(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6));
+  }
+  return 0;
+}
+
+void MeasureServerRss(pid_t pid, int port) {
+  const size_t size = 1ull << 30;
+  uint64_t before = PeakRssKiB(pid);
+  {
+    Remote remote(port);
+    std::vector<char> data(size, 'y');
+    uint64_t buffer = remote.Malloc(size);
+    bool ok = remote.Upload(buffer, data.data(), size) &&
+              remote.Download(buffer, data.data(), size);
+    if (!ok) std::printf("rss: transfer failed\n");
+  }
+  uint64_t after = PeakRssKiB(pid);
+  std::printf(
+      "server peak RSS: %.1f MiB before, %.1f MiB after moving 1 GiB up and "
+      "down: +%.1f MiB (buffer 1024 MiB + %.1f MiB, chunk %zu MiB)\n",
+      before / 1024.0, after / 1024.0, (after - before) / 1024.0,
+      (after - before) / 1024.0 - 1024.0, kChunk >> 20);
+}
+
+}  // namespace
+}  // namespace opserver
+
+int main(int argc, char** argv) {
+  using namespace opserver;
+  // The client side gets the same malloc tuning the server applies.
+  TuneMallocForStreaming();
+  // Fork the servers before this process touches gRPC.
+  opserver_port = Fork(RunOpserver);
+  pid_t rss_pid = 0;
+  int rss_port = Fork(RunOpserver);
+  rss_pid = children.back();
+  tcp_port = Fork(RunTcpSink);
+  echo_port = Fork(RunEcho);
+
+  MeasureServerRss(rss_pid, rss_port);
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  for (pid_t pid : children) kill(pid, SIGKILL);
+  for (pid_t pid : children) waitpid(pid, nullptr, 0);
+  return 0;
+}

@@ -1,0 +1,59 @@
+#ifndef OPSERVER_SERVER_OPERATOR_SERVICE_H_
+#define OPSERVER_SERVER_OPERATOR_SERVICE_H_
+
+#include "absl/status/status.h"
+#include "proto/opserver.grpc.pb.h"
+#include "server/device.h"
+#include "server/runtime_service.h"
+#include "server/session.h"
+
+namespace opserver {
+
+// opserver.v1.Operators: the operator table and the aclnn two-phase call
+// (GetWorkspaceSize -> executor, Execute on a stream), plus Evaluate for
+// literal numbers. `device` and `sessions` must outlive the service.
+class OperatorService final : public v1::Operators::CallbackService {
+ public:
+  OperatorService(Device* device, SessionManager* sessions,
+                  TransferLimits limits);
+
+  grpc::ServerUnaryReactor* ListOperators(
+      grpc::CallbackServerContext* context,
+      const v1::ListOperatorsRequest* request,
+      v1::ListOperatorsResponse* response) override;
+  grpc::ServerUnaryReactor* GetWorkspaceSize(
+      grpc::CallbackServerContext* context,
+      const v1::GetWorkspaceSizeRequest* request,
+      v1::GetWorkspaceSizeResponse* response) override;
+  grpc::ServerUnaryReactor* Execute(grpc::CallbackServerContext* context,
+                                    const v1::ExecuteRequest* request,
+                                    v1::ExecuteResponse* response) override;
+  grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteResponse>*
+  ExecuteStream(grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* SetExecutorRepeatable(
+      grpc::CallbackServerContext* context,
+      const v1::SetExecutorRepeatableRequest* request,
+      v1::SetExecutorRepeatableResponse* response) override;
+  grpc::ServerUnaryReactor* DestroyExecutor(
+      grpc::CallbackServerContext* context,
+      const v1::DestroyExecutorRequest* request,
+      v1::DestroyExecutorResponse* response) override;
+  grpc::ServerUnaryReactor* Evaluate(grpc::CallbackServerContext* context,
+                                     const v1::EvaluateRequest* request,
+                                     v1::EvaluateResponse* response) override;
+
+ private:
+  class Launcher;
+
+  // Execute's work, shared by the unary and the streaming form: checks the
+  // request, consumes a single-use executor and queues the launch.
+  absl::Status Launch(const v1::ExecuteRequest& request);
+
+  Device* const device_;
+  SessionManager* const sessions_;
+  const TransferLimits limits_;
+};
+
+}  // namespace opserver
+
+#endif  // OPSERVER_SERVER_OPERATOR_SERVICE_H_

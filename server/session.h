@@ -1,0 +1,192 @@
+#ifndef OPSERVER_SERVER_SESSION_H_
+#define OPSERVER_SERVER_SESSION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kernels/ops.h"
+#include "server/device.h"
+#include "server/stream.h"
+
+namespace opserver {
+
+// Limits on what clients may hold; each is a server flag.
+struct SessionLimits {
+  uint64_t session_memory_bytes = 16ull << 30;
+  uint32_t max_sessions = 64;
+  uint32_t max_handles_per_session = 65536;
+  // Each stream owns a thread, hence a much smaller limit than for handles.
+  uint32_t max_streams_per_session = 16;
+  absl::Duration idle_timeout = absl::Minutes(5);
+};
+
+// Server-wide accounting of device memory held by buffers.
+struct MemoryAccounting {
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> buffers{0};
+};
+
+// A block of device memory. Shared by the session's handle table and by any
+// queued work that uses it, so freeing a buffer that queued work still needs
+// releases the memory only after that work ran.
+class Buffer {
+ public:
+  Buffer(Device* device, void* data, uint64_t size, MemoryAccounting* account);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  Device* const device_;
+  void* const data_;
+  const uint64_t size_;
+  MemoryAccounting* const account_;
+};
+
+// A planned operator (aclOpExecutor): the validated plan and the buffers its
+// tensors live in, kept alive for as long as the executor or a launch of it.
+struct Executor {
+  kernels::Plan plan;
+  std::vector<std::shared_ptr<Buffer>> buffers;
+};
+
+// Handles are session-local, unique across kinds, never reused.
+struct SessionStatsSnapshot {
+  uint64_t buffers = 0;
+  uint64_t buffer_bytes = 0;
+  uint64_t streams = 0;  // Besides the default stream.
+  uint64_t executors = 0;
+};
+
+// Everything one client owns. Thread-safe. Lookups of another session's
+// handle fail exactly like unknown handles: sessions cannot see each other.
+class Session {
+ public:
+  Session(std::string id, std::string client_name, Device* device,
+          const SessionLimits* limits, MemoryAccounting* account);
+  ~Session();  // Drains and stops the streams, then drops the buffers.
+
+  const std::string& id() const { return id_; }
+  const std::string& client_name() const { return client_name_; }
+
+  // RESOURCE_EXHAUSTED past the session's memory or handle limit.
+  absl::StatusOr<uint64_t> Malloc(uint64_t size);
+  absl::Status Free(uint64_t buffer);
+  absl::StatusOr<std::shared_ptr<Buffer>> GetBuffer(uint64_t buffer) const;
+
+  absl::StatusOr<uint64_t> CreateStream();
+  // Removes the stream; the caller destroys it (which drains it) off the RPC
+  // thread. Stream 0 cannot be destroyed.
+  absl::StatusOr<std::shared_ptr<Stream>> TakeStream(uint64_t stream);
+  // 0 is the default stream.
+  absl::StatusOr<std::shared_ptr<Stream>> GetStream(uint64_t stream) const;
+  // The default stream and every created one.
+  std::vector<std::shared_ptr<Stream>> AllStreams() const;
+
+  absl::StatusOr<uint64_t> AddExecutor(std::shared_ptr<Executor> executor);
+  // For a launch: with `consume`, a single-use executor is removed (a
+  // repeatable one stays); without, it is only looked up. Unknown or consumed
+  // executors fail with aclnn 561103.
+  absl::StatusOr<std::shared_ptr<Executor>> ExecutorForLaunch(uint64_t executor,
+                                                              bool consume);
+  absl::Status SetExecutorRepeatable(uint64_t executor);
+  absl::Status DestroyExecutor(uint64_t executor);
+
+  SessionStatsSnapshot Stats() const;
+
+  // Idle bookkeeping for the manager.
+  void Touch();
+  absl::Time last_used() const;
+  void set_attached(bool attached);
+  bool attached() const;
+
+ private:
+  uint64_t HandleCountLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckHandleLimitLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status UnknownHandle(absl::string_view kind, uint64_t handle) const;
+
+  const std::string id_;
+  const std::string client_name_;
+  Device* const device_;
+  const SessionLimits* const limits_;
+  MemoryAccounting* const account_;
+
+  mutable absl::Mutex mu_;
+  uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t buffer_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Buffer>> buffers_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Stream>> streams_
+      ABSL_GUARDED_BY(mu_);
+  struct ExecutorEntry {
+    std::shared_ptr<Executor> executor;
+    bool repeatable = false;
+  };
+  absl::flat_hash_map<uint64_t, ExecutorEntry> executors_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_used_ ABSL_GUARDED_BY(mu_);
+  bool attached_ ABSL_GUARDED_BY(mu_) = false;
+  // Declared last: destroyed first, so queued work finishes while the
+  // buffers it may use are still registered.
+  std::shared_ptr<Stream> default_stream_;
+};
+
+// Owns all sessions: creation under the limits, lookup by id, closing, the
+// idle timeout, and tearing sessions down off the RPC threads (a session's
+// streams finish their queued work first).
+class SessionManager {
+ public:
+  SessionManager(Device* device, SessionLimits limits);
+  ~SessionManager();  // Closes every session and waits for the teardown.
+
+  const SessionLimits& limits() const { return limits_; }
+
+  absl::StatusOr<std::shared_ptr<Session>> Create(std::string client_name);
+  // NOT_FOUND for unknown, closed or timed-out sessions. Marks it used.
+  absl::StatusOr<std::shared_ptr<Session>> Get(absl::string_view id);
+  absl::Status Close(absl::string_view id, absl::string_view why);
+
+  // Destroys `stream` (draining it) on the teardown thread.
+  void DestroyLater(std::shared_ptr<Stream> stream);
+
+  uint64_t session_count() const;
+  const MemoryAccounting& accounting() const { return account_; }
+
+  // Blocks until everything handed to the teardown thread so far is gone.
+  // For tests and shutdown.
+  void WaitForTeardown();
+
+ private:
+  void ReaperLoop();
+
+  Device* const device_;
+  const SessionLimits limits_;
+  MemoryAccounting account_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_
+      ABSL_GUARDED_BY(mu_);
+  // Sessions and streams waiting to be destroyed by the reaper thread.
+  std::deque<std::shared_ptr<void>> graveyard_ ABSL_GUARDED_BY(mu_);
+  uint64_t buried_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t destroyed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread reaper_;
+};
+
+}  // namespace opserver
+
+#endif  // OPSERVER_SERVER_SESSION_H_
