@@ -559,8 +559,9 @@ void MeasureServerRss(pid_t pid, int port) {
     Remote remote(port);
     std::vector<char> data(size, 'y');
     uint64_t buffer = remote.Malloc(size);
-    bool ok = remote.Upload(buffer, data.data(), size) &&
-              remote.Download(buffer, data.data(), size);
+    bool ok = remote.Upload(buffer, data.data(), size);
+    std::printf("after upload: %.1f MiB\n", PeakRssKiB(pid) / 1024.0);
+    ok = ok && remote.Download(buffer, data.data(), size);
     if (!ok) std::printf("rss: transfer failed\n");
   }
   uint64_t after = PeakRssKiB(pid);
