@@ -312,6 +312,21 @@ struct Remote {
     }
     return reader->Finish().ok() && at == size;
   }
+  // A repeatable ThresholdBackward executor over fresh 16-element buffers.
+  uint64_t RepeatableTinyExecutor() {
+    uint64_t grad = Malloc(64), self = Malloc(64), out = Malloc(64);
+    grpc::ClientContext context;
+    v1::GetWorkspaceSizeResponse planned;
+    ops->GetWorkspaceSize(&context, TinyThreshold(grad, self, out), &planned);
+    grpc::ClientContext repeatable_context;
+    v1::SetExecutorRepeatableRequest request;
+    request.set_session(session);
+    request.set_executor(planned.executor());
+    v1::SetExecutorRepeatableResponse response;
+    ops->SetExecutorRepeatable(&repeatable_context, request, &response);
+    return planned.executor();
+  }
+
   v1::GetWorkspaceSizeRequest TinyThreshold(uint64_t grad, uint64_t self,
                                             uint64_t out) {
     v1::GetWorkspaceSizeRequest request;
@@ -414,22 +429,7 @@ void BM_Launches(benchmark::State& state) {
   const int in_flight = static_cast<int>(state.range(0));
   const int per_iteration = 256;
   Remote remote(opserver_port);
-  uint64_t grad = remote.Malloc(64), self = remote.Malloc(64),
-           out = remote.Malloc(64);
-  uint64_t executor;
-  {
-    grpc::ClientContext context;
-    v1::GetWorkspaceSizeResponse planned;
-    remote.ops->GetWorkspaceSize(
-        &context, remote.TinyThreshold(grad, self, out), &planned);
-    executor = planned.executor();
-    grpc::ClientContext c2;
-    v1::SetExecutorRepeatableRequest request;
-    request.set_session(remote.session);
-    request.set_executor(executor);
-    v1::SetExecutorRepeatableResponse response;
-    remote.ops->SetExecutorRepeatable(&c2, request, &response);
-  }
+  const uint64_t executor = remote.RepeatableTinyExecutor();
   v1::ExecuteRequest execute;
   execute.set_session(remote.session);
   execute.set_executor(executor);
@@ -483,22 +483,7 @@ void BM_Launches(benchmark::State& state) {
 void BM_LaunchStream(benchmark::State& state) {
   const int per_iteration = 256;
   Remote remote(opserver_port);
-  uint64_t grad = remote.Malloc(64), self = remote.Malloc(64),
-           out = remote.Malloc(64);
-  uint64_t executor;
-  {
-    grpc::ClientContext context;
-    v1::GetWorkspaceSizeResponse planned;
-    remote.ops->GetWorkspaceSize(
-        &context, remote.TinyThreshold(grad, self, out), &planned);
-    executor = planned.executor();
-    grpc::ClientContext c2;
-    v1::SetExecutorRepeatableRequest request;
-    request.set_session(remote.session);
-    request.set_executor(executor);
-    v1::SetExecutorRepeatableResponse response;
-    remote.ops->SetExecutorRepeatable(&c2, request, &response);
-  }
+  const uint64_t executor = remote.RepeatableTinyExecutor();
   v1::ExecuteRequest execute;
   execute.set_session(remote.session);
   execute.set_executor(executor);

@@ -248,27 +248,17 @@ class RuntimeService::Uploader final
                            "malformed UploadRequest message");
         });
     if (!parsed.ok()) return parsed;
-    absl::StatusOr<std::shared_ptr<Session>> session =
-        service_->sessions_->Get(header.session());
-    if (!session.ok()) return session.status();
-    session_ = *session;
-    absl::StatusOr<std::shared_ptr<Buffer>> buffer =
-        session_->GetBuffer(header.buffer());
-    if (!buffer.ok()) return buffer.status();
-    if (absl::Status s = CheckRange(header.offset(), header.size(),
-                                    (*buffer)->size(), "upload range");
-        !s.ok()) {
-      return s;
-    }
-    absl::StatusOr<std::shared_ptr<Stream>> stream =
-        session_->GetStream(header.stream());
-    if (!stream.ok()) return stream.status();
-    buffer_ = *buffer;
+    absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
+        header.session(), header.buffer(), header.offset(), header.size(),
+        header.stream(), "upload range");
+    if (!target.ok()) return target.status();
+    session_ = target->session;
+    buffer_ = target->buffer;
     offset_ = header.offset();
     size_ = header.size();
     // Order after the stream's queued work. The call cannot finish before
     // the callback runs (no read is pending), so `this` stays alive.
-    (*stream)->WhenReached([this] { WriteAndReadOn(); });
+    target->stream->WhenReached([this] { WriteAndReadOn(); });
     return absl::OkStatus();
   }
 
@@ -368,27 +358,17 @@ class RuntimeService::Downloader final
              .ok()) {
       return absl::InvalidArgumentError("malformed DownloadRequest message");
     }
-    absl::StatusOr<std::shared_ptr<Session>> session =
-        service_->sessions_->Get(request.session());
-    if (!session.ok()) return session.status();
-    session_ = *session;
-    absl::StatusOr<std::shared_ptr<Buffer>> buffer =
-        session_->GetBuffer(request.buffer());
-    if (!buffer.ok()) return buffer.status();
-    if (absl::Status s = CheckRange(request.offset(), request.size(),
-                                    (*buffer)->size(), "download range");
-        !s.ok()) {
-      return s;
-    }
-    absl::StatusOr<std::shared_ptr<Stream>> stream =
-        session_->GetStream(request.stream());
-    if (!stream.ok()) return stream.status();
-    buffer_ = *buffer;
+    absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
+        request.session(), request.buffer(), request.offset(), request.size(),
+        request.stream(), "download range");
+    if (!target.ok()) return target.status();
+    session_ = target->session;
+    buffer_ = target->buffer;
     next_ = request.offset();
     end_ = request.offset() + request.size();
     // No write is pending until the callback runs, so the call cannot
     // finish (and `this` cannot go away) before it.
-    (*stream)->WhenReached([this] { WriteNext(); });
+    target->stream->WhenReached([this] { WriteNext(); });
     return absl::OkStatus();
   }
 
@@ -451,6 +431,28 @@ void RuntimeService::Shutdown() {
   absl::MutexLock lock(&mu_);
   shutting_down_ = true;
   for (Attacher* attacher : attachers_) attacher->Stop();
+}
+
+absl::StatusOr<RuntimeService::TransferTarget> RuntimeService::ResolveTransfer(
+    absl::string_view session, uint64_t buffer, uint64_t offset, uint64_t size,
+    uint64_t stream, absl::string_view what) {
+  TransferTarget target;
+  absl::StatusOr<std::shared_ptr<Session>> owner = sessions_->Get(session);
+  if (!owner.ok()) return owner.status();
+  target.session = *std::move(owner);
+  absl::StatusOr<std::shared_ptr<Buffer>> found =
+      target.session->GetBuffer(buffer);
+  if (!found.ok()) return found.status();
+  target.buffer = *std::move(found);
+  if (absl::Status s = CheckRange(offset, size, target.buffer->size(), what);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::shared_ptr<Stream>> queue =
+      target.session->GetStream(stream);
+  if (!queue.ok()) return queue.status();
+  target.stream = *std::move(queue);
+  return target;
 }
 
 void RuntimeService::RemoveAttacher(Attacher* attacher) {
@@ -630,9 +632,6 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RuntimeService::Download(
 grpc::ServerUnaryReactor* RuntimeService::WriteValues(
     grpc::CallbackServerContext* context, const v1::WriteValuesRequest* request,
     v1::WriteValuesResponse* /*response*/) {
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session());
-  if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<kernels::DType> dtype = CheckDType(request->dtype());
   if (!dtype.ok()) return Reply(context, dtype.status());
   if (static_cast<uint64_t>(request->values_size()) > limits_.max_values) {
@@ -646,21 +645,14 @@ grpc::ServerUnaryReactor* RuntimeService::WriteValues(
       *dtype,
       absl::MakeConstSpan(request->values().data(), request->values_size()));
   if (!bytes.ok()) return Reply(context, bytes.status());
-  absl::StatusOr<std::shared_ptr<Buffer>> buffer =
-      (*session)->GetBuffer(request->buffer());
-  if (!buffer.ok()) return Reply(context, buffer.status());
-  if (absl::Status s = CheckRange(request->offset(), bytes->size(),
-                                  (*buffer)->size(), "values");
-      !s.ok()) {
-    return Reply(context, s);
-  }
-  absl::StatusOr<std::shared_ptr<Stream>> stream =
-      (*session)->GetStream(request->stream());
-  if (!stream.ok()) return Reply(context, stream.status());
+  absl::StatusOr<TransferTarget> target =
+      ResolveTransfer(request->session(), request->buffer(), request->offset(),
+                      bytes->size(), request->stream(), "values");
+  if (!target.ok()) return Reply(context, target.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  (*stream)->WhenReached([this, reactor, buffer = *buffer,
-                          offset = request->offset(),
-                          bytes = *std::move(bytes)] {
+  target->stream->WhenReached([this, reactor, buffer = target->buffer,
+                               offset = request->offset(),
+                               bytes = *std::move(bytes)] {
     device_->CopyToDevice(static_cast<char*>(buffer->data()) + offset,
                           bytes.data(), bytes.size());
     reactor->Finish(grpc::Status::OK);
@@ -671,9 +663,6 @@ grpc::ServerUnaryReactor* RuntimeService::WriteValues(
 grpc::ServerUnaryReactor* RuntimeService::ReadValues(
     grpc::CallbackServerContext* context, const v1::ReadValuesRequest* request,
     v1::ReadValuesResponse* response) {
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session());
-  if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<kernels::DType> dtype = CheckDType(request->dtype());
   if (!dtype.ok()) return Reply(context, dtype.status());
   if (request->count() > limits_.max_values) {
@@ -683,22 +672,15 @@ grpc::ServerUnaryReactor* RuntimeService::ReadValues(
                               " one call may carry (--max_values); use "
                               "Download for large tensors")));
   }
-  absl::StatusOr<std::shared_ptr<Buffer>> buffer =
-      (*session)->GetBuffer(request->buffer());
-  if (!buffer.ok()) return Reply(context, buffer.status());
   const uint64_t bytes = request->count() * kernels::DTypeSize(*dtype);
-  if (absl::Status s =
-          CheckRange(request->offset(), bytes, (*buffer)->size(), "values");
-      !s.ok()) {
-    return Reply(context, s);
-  }
-  absl::StatusOr<std::shared_ptr<Stream>> stream =
-      (*session)->GetStream(request->stream());
-  if (!stream.ok()) return Reply(context, stream.status());
+  absl::StatusOr<TransferTarget> target =
+      ResolveTransfer(request->session(), request->buffer(), request->offset(),
+                      bytes, request->stream(), "values");
+  if (!target.ok()) return Reply(context, target.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  (*stream)->WhenReached([this, reactor, response, buffer = *buffer,
-                          offset = request->offset(), bytes,
-                          count = request->count(), dtype = *dtype] {
+  target->stream->WhenReached([this, reactor, response, buffer = target->buffer,
+                               offset = request->offset(), bytes,
+                               count = request->count(), dtype = *dtype] {
     std::string host(bytes, '\0');
     device_->CopyFromDevice(
         host.data(), static_cast<const char*>(buffer->data()) + offset, bytes);

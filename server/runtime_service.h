@@ -104,6 +104,19 @@ class RuntimeService final : public RuntimeServiceBase {
   class Uploader;
   class Downloader;
 
+  // What a transfer touches, resolved and checked: the session, the buffer
+  // holding [offset, offset + size), and the stream it is ordered on.
+  struct TransferTarget {
+    std::shared_ptr<Session> session;
+    std::shared_ptr<Buffer> buffer;
+    std::shared_ptr<Stream> stream;
+  };
+  absl::StatusOr<TransferTarget> ResolveTransfer(absl::string_view session,
+                                                 uint64_t buffer,
+                                                 uint64_t offset, uint64_t size,
+                                                 uint64_t stream,
+                                                 absl::string_view what);
+
   void RemoveAttacher(Attacher* attacher);
 
   Device* const device_;
