@@ -1,32 +1,64 @@
 #include "client/client.h"
 
+#include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
+#include "kernels/aclnn_status.h"
+#include "server/malloc_tuning.h"
 
 namespace opserver {
 namespace {
 
-// The client-side mirror of the server's ToGrpcStatus.
-absl::Status FromGrpcStatus(const grpc::Status& status,
-                            absl::string_view what) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat(what, ": ", status.error_message()));
+constexpr char kAclnnStatusKey[] = "opserver-aclnn-status";
+
+v1::DataType ToProtoDType(kernels::DType dtype) {
+  return static_cast<v1::DataType>(static_cast<int32_t>(dtype));
 }
 
 }  // namespace
 
+absl::Status FromGrpcStatus(const grpc::Status& status,
+                            const grpc::ClientContext& context,
+                            absl::string_view what) {
+  if (status.ok()) return absl::OkStatus();
+  const auto code = static_cast<absl::StatusCode>(status.error_code());
+  const std::string message = absl::StrCat(what, ": ", status.error_message());
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto it = trailers.find(kAclnnStatusKey);
+  int32_t aclnn = 0;
+  if (it != trailers.end() &&
+      absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()),
+                       &aclnn) &&
+      aclnn != 0) {
+    return kernels::AclnnError(aclnn, code, message);
+  }
+  // No server verdict (the call never reached it, or timed out): derive it.
+  absl::Status plain(code, message);
+  return kernels::AclnnError(kernels::GetAclnnStatus(plain), code, message);
+}
+
+// ---------------------------------------------------------------- Client
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     const std::string& address, const ConnectOptions& options) {
-  auto channel =
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  TuneMallocForStreaming();
+  grpc::ChannelArguments args;
+  // Download chunks are up to the server's --chunk_bytes (4 MiB by default)
+  // plus framing, over gRPC's 4 MiB receive default.
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  auto channel = grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(
           absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
-    return absl::UnavailableError(
+    return kernels::AclnnError(
+        kernels::kAclnnErrRuntimeError, absl::StatusCode::kUnavailable,
         absl::StrCat("cannot reach opserver at ", address, " within ",
                      absl::FormatDuration(options.connect_timeout)));
   }
@@ -40,11 +72,17 @@ Client::Client(std::string address, std::shared_ptr<grpc::Channel> channel,
       options_(options),
       channel_(std::move(channel)),
       runtime_(v1::Runtime::NewStub(channel_)),
+      operators_(v1::Operators::NewStub(channel_)),
       health_(grpc::health::v1::Health::NewStub(channel_)) {}
 
 void Client::SetDeadline(grpc::ClientContext* context) const {
   context->set_deadline(
       absl::ToChronoTime(absl::Now() + options_.call_timeout));
+}
+
+void Client::SetWaitDeadline(grpc::ClientContext* context) const {
+  context->set_deadline(
+      absl::ToChronoTime(absl::Now() + options_.wait_timeout));
 }
 
 absl::StatusOr<v1::GetDeviceInfoResponse> Client::GetDeviceInfo() {
@@ -53,7 +91,7 @@ absl::StatusOr<v1::GetDeviceInfoResponse> Client::GetDeviceInfo() {
   v1::GetDeviceInfoResponse response;
   absl::Status status = FromGrpcStatus(
       runtime_->GetDeviceInfo(&context, v1::GetDeviceInfoRequest(), &response),
-      "GetDeviceInfo");
+      context, "GetDeviceInfo");
   if (!status.ok()) return status;
   return response;
 }
@@ -65,10 +103,519 @@ absl::StatusOr<std::string> Client::CheckHealth(const std::string& service) {
   request.set_service(service);
   grpc::health::v1::HealthCheckResponse response;
   absl::Status status = FromGrpcStatus(
-      health_->Check(&context, request, &response), "Health.Check");
+      health_->Check(&context, request, &response), context, "Health.Check");
   if (!status.ok()) return status;
   return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
       response.status());
+}
+
+absl::StatusOr<v1::ListOperatorsResponse> Client::ListOperators() {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  v1::ListOperatorsResponse response;
+  absl::Status status =
+      FromGrpcStatus(operators_->ListOperators(
+                         &context, v1::ListOperatorsRequest(), &response),
+                     context, "ListOperators");
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<std::unique_ptr<Session>> Client::CreateSession(
+    const std::string& client_name, bool attach) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  v1::CreateSessionRequest request;
+  request.set_client_name(client_name);
+  v1::CreateSessionResponse response;
+  absl::Status status =
+      FromGrpcStatus(runtime_->CreateSession(&context, request, &response),
+                     context, "CreateSession");
+  if (!status.ok()) return status;
+  std::unique_ptr<Session> session(new Session(this, response.session()));
+  if (attach) session->StartAttach();
+  return session;
+}
+
+// ---------------------------------------------------------------- TensorDesc
+
+TensorDesc TensorDesc::Contiguous(uint64_t buffer, kernels::DType dtype,
+                                  std::vector<int64_t> shape) {
+  TensorDesc desc;
+  desc.buffer = buffer;
+  desc.dtype = dtype;
+  desc.shape = std::move(shape);
+  return desc;
+}
+
+v1::TensorDesc TensorDesc::ToProto() const {
+  v1::TensorDesc desc;
+  desc.set_buffer(buffer);
+  desc.set_buffer_offset(buffer_offset);
+  desc.set_dtype(ToProtoDType(dtype));
+  for (int64_t d : shape) desc.add_shape(d);
+  for (int64_t s : strides) desc.add_strides(s);
+  desc.set_offset(offset);
+  for (int64_t d : storage_shape) desc.add_storage_shape(d);
+  return desc;
+}
+
+// ---------------------------------------------------------------- handles
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    Free().IgnoreError();
+    session_ = std::exchange(other.session_, nullptr);
+    handle_ = std::exchange(other.handle_, 0);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+DeviceBuffer::~DeviceBuffer() { Free().IgnoreError(); }
+
+absl::Status DeviceBuffer::Free() {
+  if (session_ == nullptr) return absl::OkStatus();
+  Session* session = std::exchange(session_, nullptr);
+  return session->FreeBuffer(std::exchange(handle_, 0));
+}
+
+uint64_t DeviceBuffer::Release() {
+  session_ = nullptr;
+  return std::exchange(handle_, 0);
+}
+
+Stream& Stream::operator=(Stream&& other) noexcept {
+  if (this != &other) {
+    Destroy().IgnoreError();
+    session_ = std::exchange(other.session_, nullptr);
+    handle_ = std::exchange(other.handle_, 0);
+  }
+  return *this;
+}
+
+Stream::~Stream() { Destroy().IgnoreError(); }
+
+absl::Status Stream::Synchronize() {
+  if (session_ == nullptr) {
+    return absl::FailedPreconditionError("stream was destroyed");
+  }
+  return session_->Synchronize(handle_);
+}
+
+uint64_t Stream::Release() {
+  session_ = nullptr;
+  return std::exchange(handle_, 0);
+}
+
+absl::Status Stream::Destroy() {
+  if (session_ == nullptr) return absl::OkStatus();
+  Session* session = std::exchange(session_, nullptr);
+  return session->DestroyStream(std::exchange(handle_, 0));
+}
+
+Executor& Executor::operator=(Executor&& other) noexcept {
+  if (this != &other) {
+    Destroy().IgnoreError();
+    session_ = std::exchange(other.session_, nullptr);
+    handle_ = std::exchange(other.handle_, 0);
+    workspace_size_ = std::exchange(other.workspace_size_, 0);
+    repeatable_ = std::exchange(other.repeatable_, false);
+  }
+  return *this;
+}
+
+Executor::~Executor() { Destroy().IgnoreError(); }
+
+absl::Status Executor::SetRepeatable() {
+  if (session_ == nullptr) {
+    return kernels::AclnnError(kernels::kAclnnErrInnerNullptr,
+                               absl::StatusCode::kFailedPrecondition,
+                               "executor was already consumed or destroyed");
+  }
+  absl::Status status = session_->SetExecutorRepeatable(handle_);
+  if (status.ok()) repeatable_ = true;
+  return status;
+}
+
+absl::Status Executor::Execute(uint64_t stream, uint64_t workspace,
+                               uint64_t workspace_offset) {
+  return Execute(stream, workspace, workspace_offset, workspace_size_);
+}
+
+absl::Status Executor::Execute(uint64_t stream, uint64_t workspace,
+                               uint64_t workspace_offset,
+                               uint64_t workspace_size) {
+  if (session_ == nullptr) {
+    return kernels::AclnnError(kernels::kAclnnErrInnerNullptr,
+                               absl::StatusCode::kFailedPrecondition,
+                               "executor was already consumed or destroyed");
+  }
+  absl::Status status = session_->ExecuteHandle(
+      handle_, stream, workspace, workspace_offset, workspace_size);
+  // A launched single-use executor is consumed by the server.
+  if (status.ok() && !repeatable_) session_ = nullptr;
+  return status;
+}
+
+uint64_t Executor::Release() {
+  session_ = nullptr;
+  return std::exchange(handle_, 0);
+}
+
+absl::Status Executor::Destroy() {
+  if (session_ == nullptr) return absl::OkStatus();
+  Session* session = std::exchange(session_, nullptr);
+  return session->DestroyExecutor(std::exchange(handle_, 0));
+}
+
+// ---------------------------------------------------------------- Session
+
+Session::Session(Client* client, std::string token)
+    : client_(client), token_(std::move(token)) {}
+
+Session::~Session() { Close().IgnoreError(); }
+
+void Session::StartAttach() {
+  attach_context_ = std::make_unique<grpc::ClientContext>();
+  v1::AttachRequest request;
+  request.set_session(token_);
+  // Read on a background thread until the server ends the call or Close()
+  // cancels it; nothing else is ever sent.
+  attach_thread_ = std::thread([this, request,
+                                reader = client_->runtime().Attach(
+                                    attach_context_.get(), request)]() mutable {
+    v1::AttachEvent event;
+    while (reader->Read(&event)) {
+    }
+    reader->Finish().IgnoreError();
+  });
+}
+
+absl::Status Session::Close() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return absl::OkStatus();
+    closed_ = true;
+  }
+  grpc::ClientContext context;
+  client_->SetDeadline(&context);
+  v1::CloseSessionRequest request;
+  request.set_session(token_);
+  v1::CloseSessionResponse response;
+  absl::Status status = FromGrpcStatus(
+      client_->runtime().CloseSession(&context, request, &response), context,
+      "CloseSession");
+  if (attach_context_ != nullptr) {
+    attach_context_->TryCancel();
+    attach_thread_.join();
+  }
+  return status;
+}
+
+absl::StatusOr<v1::SessionStats> Session::Stats() {
+  grpc::ClientContext context;
+  client_->SetDeadline(&context);
+  v1::GetSessionStatsRequest request;
+  request.set_session(token_);
+  v1::SessionStats response;
+  absl::Status status = FromGrpcStatus(
+      client_->runtime().GetSessionStats(&context, request, &response), context,
+      "GetSessionStats");
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<DeviceBuffer> Session::Malloc(uint64_t size) {
+  grpc::ClientContext context;
+  client_->SetDeadline(&context);
+  v1::MallocRequest request;
+  request.set_session(token_);
+  request.set_size(size);
+  v1::MallocResponse response;
+  absl::Status status =
+      FromGrpcStatus(client_->runtime().Malloc(&context, request, &response),
+                     context, "Malloc");
+  if (!status.ok()) return status;
+  return DeviceBuffer(this, response.buffer(), size);
+}
+
+absl::Status Session::FreeBuffer(uint64_t buffer) {
+  grpc::ClientContext context;
+  client_->SetDeadline(&context);
+  v1::FreeRequest request;
+  request.set_session(token_);
+  request.set_buffer(buffer);
+  v1::FreeResponse response;
+  return FromGrpcStatus(client_->runtime().Free(&context, request, &response),
+                        context, "Free");
+}
+
+absl::StatusOr<Stream> Session::CreateStream() {
+  grpc::ClientContext context;
+  client_->SetDeadline(&context);
+  v1::CreateStreamRequest request;
+  request.set_session(token_);
+  v1::CreateStreamResponse response;
+  absl::Status status = FromGrpcStatus(
+      client_->runtime().CreateStream(&context, request, &response), context,
+      "CreateStream");
+  if (!status.ok()) return status;
+  return Stream(this, response.stream());
+}
+
+absl::Status Session::DestroyStream(uint64_t stream) {
+  grpc::ClientContext context;
+  client_->SetWaitDeadline(&context);
+  v1::DestroyStreamRequest request;
+  request.set_session(token_);
+  request.set_stream(stream);
+  v1::DestroyStreamResponse response;
+  return FromGrpcStatus(
+      client_->runtime().DestroyStream(&context, request, &response), context,
+      "DestroyStream");
+}
+
+absl::Status Session::Synchronize(uint64_t stream) {
+  grpc::ClientContext context;
+  client_->SetWaitDeadline(&context);
+  v1::SynchronizeStreamRequest request;
+  request.set_session(token_);
+  request.set_stream(stream);
+  v1::SynchronizeStreamResponse response;
+  return FromGrpcStatus(
+      client_->runtime().SynchronizeStream(&context, request, &response),
+      context, "SynchronizeStream");
+}
+
+absl::Status Session::Upload(uint64_t buffer, uint64_t offset, const void* data,
+                             uint64_t size, uint64_t stream) {
+  grpc::ClientContext context;
+  client_->SetWaitDeadline(&context);
+  v1::UploadResponse response;
+  auto writer = client_->runtime().Upload(&context, &response);
+  const char* bytes = static_cast<const char*>(data);
+  const uint64_t chunk =
+      std::max<uint64_t>(1, client_->options().upload_chunk_bytes);
+  v1::UploadRequest message;
+  message.set_session(token_);
+  message.set_buffer(buffer);
+  message.set_offset(offset);
+  message.set_size(size);
+  message.set_stream(stream);
+  uint64_t at = 0;
+  bool first = true;
+  while (first || at < size) {
+    const uint64_t n = std::min(chunk, size - at);
+    message.set_data(bytes + at, n);
+    // The last message may go out with the end-of-stream flag.
+    grpc::WriteOptions options;
+    if (at + n == size) options.set_last_message();
+    if (!writer->Write(message, options)) break;  // Finish() says why.
+    at += n;
+    if (first) {
+      message.clear_session();
+      first = false;
+    }
+  }
+  if (at < size) writer->WritesDone();
+  return FromGrpcStatus(writer->Finish(), context, "Upload");
+}
+
+absl::Status Session::Download(uint64_t buffer, uint64_t offset, void* data,
+                               uint64_t size, uint64_t stream) {
+  grpc::ClientContext context;
+  client_->SetWaitDeadline(&context);
+  v1::DownloadRequest request;
+  request.set_session(token_);
+  request.set_buffer(buffer);
+  request.set_offset(offset);
+  request.set_size(size);
+  request.set_stream(stream);
+  auto reader = client_->runtime().Download(&context, request);
+  char* bytes = static_cast<char*>(data);
+  uint64_t at = 0;
+  v1::DownloadResponse chunk;
+  bool overflow = false;
+  while (reader->Read(&chunk)) {
+    const std::string& piece = chunk.data();
+    if (piece.size() > size - at) {
+      overflow = true;
+      context.TryCancel();
+      break;
+    }
+    std::memcpy(bytes + at, piece.data(), piece.size());
+    at += piece.size();
+  }
+  absl::Status status = FromGrpcStatus(reader->Finish(), context, "Download");
+  if (overflow) {
+    return absl::InternalError(absl::StrCat(
+        "Download: server sent more than the ", size, " bytes asked for"));
+  }
+  if (!status.ok()) return status;
+  if (at != size) {
+    return absl::InternalError(
+        absl::StrCat("Download: server sent ", at, " of the ", size, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::WriteValues(uint64_t buffer, uint64_t offset,
+                                  kernels::DType dtype,
+                                  const std::vector<double>& values,
+                                  uint64_t stream) {
+  grpc::ClientContext context;
+  client_->SetDeadline(&context);
+  v1::WriteValuesRequest request;
+  request.set_session(token_);
+  request.set_buffer(buffer);
+  request.set_offset(offset);
+  request.set_dtype(ToProtoDType(dtype));
+  request.set_stream(stream);
+  request.mutable_values()->Add(values.begin(), values.end());
+  v1::WriteValuesResponse response;
+  return FromGrpcStatus(
+      client_->runtime().WriteValues(&context, request, &response), context,
+      "WriteValues");
+}
+
+absl::StatusOr<std::vector<double>> Session::ReadValues(uint64_t buffer,
+                                                        uint64_t offset,
+                                                        kernels::DType dtype,
+                                                        uint64_t count,
+                                                        uint64_t stream) {
+  grpc::ClientContext context;
+  client_->SetDeadline(&context);
+  v1::ReadValuesRequest request;
+  request.set_session(token_);
+  request.set_buffer(buffer);
+  request.set_offset(offset);
+  request.set_dtype(ToProtoDType(dtype));
+  request.set_count(count);
+  request.set_stream(stream);
+  v1::ReadValuesResponse response;
+  absl::Status status = FromGrpcStatus(
+      client_->runtime().ReadValues(&context, request, &response), context,
+      "ReadValues");
+  if (!status.ok()) return status;
+  return std::vector<double>(response.values().begin(),
+                             response.values().end());
+}
+
+absl::StatusOr<Executor> Session::GetWorkspaceSize(
+    const std::string& op, const v1::OpParams& params,
+    const std::map<std::string, TensorDesc>& tensors) {
+  grpc::ClientContext context;
+  client_->SetDeadline(&context);
+  v1::GetWorkspaceSizeRequest request;
+  request.set_session(token_);
+  request.set_op(op);
+  *request.mutable_params() = params;
+  for (const auto& [name, desc] : tensors) {
+    (*request.mutable_tensors())[name] = desc.ToProto();
+  }
+  v1::GetWorkspaceSizeResponse response;
+  absl::Status status = FromGrpcStatus(
+      client_->operators().GetWorkspaceSize(&context, request, &response),
+      context, absl::StrCat(op, " GetWorkspaceSize"));
+  if (!status.ok()) return status;
+  return Executor(this, response.executor(), response.workspace_size());
+}
+
+absl::StatusOr<Executor> Session::ThresholdBackward(
+    const TensorDesc& grad_output, const TensorDesc& self, double threshold,
+    const TensorDesc& out) {
+  v1::OpParams params;
+  params.set_threshold(threshold);
+  return GetWorkspaceSize(
+      "ThresholdBackward", params,
+      {{"gradOutput", grad_output}, {"self", self}, {"out", out}});
+}
+
+absl::StatusOr<Executor> Session::SoftshrinkBackward(
+    const TensorDesc& grad_output, const TensorDesc& self, double lambd,
+    const TensorDesc& grad_input) {
+  v1::OpParams params;
+  params.set_lambd(lambd);
+  return GetWorkspaceSize(
+      "SoftshrinkBackward", params,
+      {{"gradOutput", grad_output}, {"self", self}, {"gradInput", grad_input}});
+}
+
+absl::StatusOr<Executor> Session::HardswishBackward(
+    const TensorDesc& grad_output, const TensorDesc& self,
+    const TensorDesc& out) {
+  return GetWorkspaceSize(
+      "HardswishBackward", v1::OpParams(),
+      {{"gradOutput", grad_output}, {"self", self}, {"out", out}});
+}
+
+absl::StatusOr<Executor> Session::LeakyReluBackward(
+    const TensorDesc& grad_output, const TensorDesc& self,
+    const ScalarValue& negative_slope, bool self_is_result,
+    const TensorDesc& out) {
+  v1::OpParams params;
+  params.mutable_negative_slope()->set_dtype(
+      ToProtoDType(negative_slope.dtype));
+  params.mutable_negative_slope()->set_value(negative_slope.value);
+  params.set_self_is_result(self_is_result);
+  return GetWorkspaceSize(
+      "LeakyReluBackward", params,
+      {{"gradOutput", grad_output}, {"self", self}, {"out", out}});
+}
+
+absl::StatusOr<Executor> Session::DropoutBackward(const TensorDesc& grad_output,
+                                                  const TensorDesc& mask,
+                                                  double scale,
+                                                  const TensorDesc& out) {
+  v1::OpParams params;
+  params.set_scale(scale);
+  return GetWorkspaceSize(
+      "DropoutBackward", params,
+      {{"gradOutput", grad_output}, {"mask", mask}, {"out", out}});
+}
+
+absl::Status Session::ExecuteHandle(uint64_t executor, uint64_t stream,
+                                    uint64_t workspace,
+                                    uint64_t workspace_offset,
+                                    uint64_t workspace_size) {
+  grpc::ClientContext context;
+  client_->SetDeadline(&context);
+  v1::ExecuteRequest request;
+  request.set_session(token_);
+  request.set_executor(executor);
+  request.set_workspace_buffer(workspace);
+  request.set_workspace_offset(workspace_offset);
+  request.set_workspace_size(workspace_size);
+  request.set_stream(stream);
+  v1::ExecuteResponse response;
+  return FromGrpcStatus(
+      client_->operators().Execute(&context, request, &response), context,
+      "Execute");
+}
+
+absl::Status Session::SetExecutorRepeatable(uint64_t executor) {
+  grpc::ClientContext context;
+  client_->SetDeadline(&context);
+  v1::SetExecutorRepeatableRequest request;
+  request.set_session(token_);
+  request.set_executor(executor);
+  v1::SetExecutorRepeatableResponse response;
+  return FromGrpcStatus(
+      client_->operators().SetExecutorRepeatable(&context, request, &response),
+      context, "SetExecutorRepeatable");
+}
+
+absl::Status Session::DestroyExecutor(uint64_t executor) {
+  grpc::ClientContext context;
+  client_->SetDeadline(&context);
+  v1::DestroyExecutorRequest request;
+  request.set_session(token_);
+  request.set_executor(executor);
+  v1::DestroyExecutorResponse response;
+  return FromGrpcStatus(
+      client_->operators().DestroyExecutor(&context, request, &response),
+      context, "DestroyExecutor");
 }
 
 }  // namespace opserver

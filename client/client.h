@@ -1,12 +1,19 @@
 #ifndef OPSERVER_CLIENT_CLIENT_H_
 #define OPSERVER_CLIENT_CLIENT_H_
 
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "kernels/dtype.h"
 #include "proto/opserver.grpc.pb.h"
 
 namespace opserver {
@@ -15,15 +22,32 @@ namespace opserver {
 struct ConnectOptions {
   // Deadline for establishing the connection in Connect().
   absl::Duration connect_timeout = absl::Seconds(5);
-  // Deadline applied to each RPC.
+  // Deadline applied to each call that does not wait for device work.
   absl::Duration call_timeout = absl::Seconds(30);
+  // Deadline of calls that wait for device work or move data: each whole
+  // Upload/Download, SynchronizeStream and DestroyStream.
+  absl::Duration wait_timeout = absl::Minutes(10);
+  // Bytes per Upload message.
+  uint64_t upload_chunk_bytes = 1 << 20;
 };
+
+// The one place where a grpc::Status becomes an absl::Status: same canonical
+// code, the message prefixed with `what`, and the aclnn status from the
+// trailing metadata key "opserver-aclnn-status" as the kernels' payload (so
+// kernels::GetAclnnStatus() returns the server's exact code; without the key
+// it is derived from the canonical code).
+absl::Status FromGrpcStatus(const grpc::Status& status,
+                            const grpc::ClientContext& context,
+                            absl::string_view what);
+
+class Session;
 
 // The C++ thin client of an opserver. Thread-safe.
 //
 //   auto client = Client::Connect("127.0.0.1:50051");
 //   if (!client.ok()) ...;
 //   auto info = (*client)->GetDeviceInfo();
+//   auto session = (*client)->CreateSession("trainer-3");
 class Client {
  public:
   // Dials `address` (HOST:PORT) and waits until the channel is ready.
@@ -32,6 +56,7 @@ class Client {
       const std::string& address, const ConnectOptions& options = {});
 
   const std::string& address() const { return address_; }
+  const ConnectOptions& options() const { return options_; }
 
   absl::StatusOr<v1::GetDeviceInfoResponse> GetDeviceInfo();
 
@@ -39,16 +64,234 @@ class Client {
   // "SERVING".
   absl::StatusOr<std::string> CheckHealth(const std::string& service = "");
 
+  absl::StatusOr<v1::ListOperatorsResponse> ListOperators();
+
+  // Opens a session. With `attach`, its life is also bound to an Attach call
+  // held open on a background thread, so the server frees everything the
+  // session owns when this process dies or loses the connection.
+  absl::StatusOr<std::unique_ptr<Session>> CreateSession(
+      const std::string& client_name, bool attach = true);
+
+  // The stubs, for calls this class does not wrap.
+  v1::Runtime::Stub& runtime() { return *runtime_; }
+  v1::Operators::Stub& operators() { return *operators_; }
+
+  // Sets the per-call deadline (ConnectOptions::call_timeout) on `context`.
+  void SetDeadline(grpc::ClientContext* context) const;
+  // Sets ConnectOptions::wait_timeout on `context`.
+  void SetWaitDeadline(grpc::ClientContext* context) const;
+
  private:
   Client(std::string address, std::shared_ptr<grpc::Channel> channel,
          const ConnectOptions& options);
-  void SetDeadline(grpc::ClientContext* context) const;
 
   const std::string address_;
   const ConnectOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Runtime::Stub> runtime_;
+  std::unique_ptr<v1::Operators::Stub> operators_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+};
+
+// aclCreateTensor's description of a tensor in a device buffer.
+struct TensorDesc {
+  uint64_t buffer = 0;
+  // Byte offset of the storage base within the buffer.
+  uint64_t buffer_offset = 0;
+  kernels::DType dtype = kernels::DType::kFloat;
+  std::vector<int64_t> shape;
+  // In elements; empty = contiguous row-major.
+  std::vector<int64_t> strides;
+  // View offset from the storage base, in elements.
+  int64_t offset = 0;
+  std::vector<int64_t> storage_shape;
+
+  // A contiguous tensor at the start of `buffer`.
+  static TensorDesc Contiguous(uint64_t buffer, kernels::DType dtype,
+                               std::vector<int64_t> shape);
+  v1::TensorDesc ToProto() const;
+};
+
+// aclCreateScalar: a typed scalar (LeakyReluBackward's negativeSlope).
+struct ScalarValue {
+  kernels::DType dtype = kernels::DType::kFloat;
+  double value = 0;
+};
+
+// A device buffer (Malloc). Freed when destroyed unless released.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Session* session, uint64_t handle, uint64_t size)
+      : session_(session), handle_(handle), size_(size) {}
+  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  ~DeviceBuffer();
+
+  uint64_t handle() const { return handle_; }
+  uint64_t size() const { return size_; }
+  bool valid() const { return session_ != nullptr; }
+
+  // Frees now and reports the outcome.
+  absl::Status Free();
+  // Gives up ownership; returns the handle.
+  uint64_t Release();
+
+ private:
+  Session* session_ = nullptr;
+  uint64_t handle_ = 0;
+  uint64_t size_ = 0;
+};
+
+// A device stream besides the default stream 0. Destroyed (after its queued
+// work) when this object goes away.
+class Stream {
+ public:
+  Stream() = default;
+  Stream(Session* session, uint64_t handle)
+      : session_(session), handle_(handle) {}
+  Stream(Stream&& other) noexcept { *this = std::move(other); }
+  Stream& operator=(Stream&& other) noexcept;
+  ~Stream();
+
+  uint64_t handle() const { return handle_; }
+  absl::Status Synchronize();
+  absl::Status Destroy();
+  // Gives up ownership; returns the handle.
+  uint64_t Release();
+
+ private:
+  Session* session_ = nullptr;
+  uint64_t handle_ = 0;
+};
+
+// The plan GetWorkspaceSize returned. Single-use unless SetRepeatable(); an
+// executor that was never launched, or a repeatable one, is destroyed on the
+// server when this object goes away.
+class Executor {
+ public:
+  Executor() = default;
+  Executor(Session* session, uint64_t handle, uint64_t workspace_size)
+      : session_(session), handle_(handle), workspace_size_(workspace_size) {}
+  Executor(Executor&& other) noexcept { *this = std::move(other); }
+  Executor& operator=(Executor&& other) noexcept;
+  ~Executor();
+
+  uint64_t handle() const { return handle_; }
+  uint64_t workspace_size() const { return workspace_size_; }
+  bool repeatable() const { return repeatable_; }
+
+  absl::Status SetRepeatable();
+  // Queues the plan on `stream` (0 = default). `workspace` must hold at least
+  // workspace_size() bytes from `workspace_offset` when that is non-zero.
+  absl::Status Execute(uint64_t stream = 0, uint64_t workspace = 0,
+                       uint64_t workspace_offset = 0);
+  // Same with an explicit workspace size (as aclnnXxx passes it).
+  absl::Status Execute(uint64_t stream, uint64_t workspace,
+                       uint64_t workspace_offset, uint64_t workspace_size);
+  absl::Status Destroy();
+  // Gives up ownership; returns the handle.
+  uint64_t Release();
+
+ private:
+  Session* session_ = nullptr;
+  uint64_t handle_ = 0;
+  uint64_t workspace_size_ = 0;
+  bool repeatable_ = false;
+};
+
+// A session on the server: owns every buffer, stream and executor made
+// through it. Destroying it closes the session (freeing all of them on the
+// server). It must not outlive its Client, and the RAII handles made through
+// it must not outlive it. Thread-safe.
+class Session {
+ public:
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  const std::string& token() const { return token_; }
+  Client& client() { return *client_; }
+
+  // Closes the session now (idempotent).
+  absl::Status Close();
+
+  absl::StatusOr<v1::SessionStats> Stats();
+
+  // Device memory.
+  absl::StatusOr<DeviceBuffer> Malloc(uint64_t size);
+  absl::Status FreeBuffer(uint64_t buffer);
+
+  // Streams.
+  absl::StatusOr<Stream> CreateStream();
+  absl::Status DestroyStream(uint64_t stream);
+  absl::Status Synchronize(uint64_t stream = 0);
+
+  // Streams `size` bytes from `data` into buffer[offset, offset + size) in
+  // chunks of ConnectOptions::upload_chunk_bytes, after the work queued on
+  // `stream`.
+  absl::Status Upload(uint64_t buffer, uint64_t offset, const void* data,
+                      uint64_t size, uint64_t stream = 0);
+  // Streams buffer[offset, offset + size) into `data`, each chunk copied
+  // straight to its place, after the work queued on `stream`.
+  absl::Status Download(uint64_t buffer, uint64_t offset, void* data,
+                        uint64_t size, uint64_t stream = 0);
+
+  // Typed values (converted by the server).
+  absl::Status WriteValues(uint64_t buffer, uint64_t offset,
+                           kernels::DType dtype,
+                           const std::vector<double>& values,
+                           uint64_t stream = 0);
+  absl::StatusOr<std::vector<double>> ReadValues(uint64_t buffer,
+                                                 uint64_t offset,
+                                                 kernels::DType dtype,
+                                                 uint64_t count,
+                                                 uint64_t stream = 0);
+
+  // Phase one of each operator: checks the arguments and returns the plan.
+  // Failures carry the aclnn status (kernels::GetAclnnStatus).
+  absl::StatusOr<Executor> ThresholdBackward(const TensorDesc& grad_output,
+                                             const TensorDesc& self,
+                                             double threshold,
+                                             const TensorDesc& out);
+  absl::StatusOr<Executor> SoftshrinkBackward(const TensorDesc& grad_output,
+                                              const TensorDesc& self,
+                                              double lambd,
+                                              const TensorDesc& grad_input);
+  absl::StatusOr<Executor> HardswishBackward(const TensorDesc& grad_output,
+                                             const TensorDesc& self,
+                                             const TensorDesc& out);
+  absl::StatusOr<Executor> LeakyReluBackward(const TensorDesc& grad_output,
+                                             const TensorDesc& self,
+                                             const ScalarValue& negative_slope,
+                                             bool self_is_result,
+                                             const TensorDesc& out);
+  absl::StatusOr<Executor> DropoutBackward(const TensorDesc& grad_output,
+                                           const TensorDesc& mask, double scale,
+                                           const TensorDesc& out);
+  // Any operator by name, tensors by argument name (as ListOperators gives).
+  absl::StatusOr<Executor> GetWorkspaceSize(
+      const std::string& op, const v1::OpParams& params,
+      const std::map<std::string, TensorDesc>& tensors);
+
+  // Handle-level executor calls (the RAII Executor uses these).
+  absl::Status ExecuteHandle(uint64_t executor, uint64_t stream,
+                             uint64_t workspace, uint64_t workspace_offset,
+                             uint64_t workspace_size);
+  absl::Status SetExecutorRepeatable(uint64_t executor);
+  absl::Status DestroyExecutor(uint64_t executor);
+
+ private:
+  friend class Client;
+  Session(Client* client, std::string token);
+  void StartAttach();
+
+  Client* const client_;
+  const std::string token_;
+  absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<grpc::ClientContext> attach_context_;
+  std::thread attach_thread_;
 };
 
 }  // namespace opserver

@@ -1,0 +1,846 @@
+// The aclnn-compatible C API (client/include/): every call is forwarded to
+// the opserver named by OPSERVER_ADDRESS through the C++ client.
+//
+// Device pointers: each aclrtMalloc reserves a range of a fake address space
+// (never dereferenced) and remembers the server buffer behind it, so a
+// pointer anywhere inside an allocation resolves to (buffer, byte offset).
+// Streams and executors are likewise opaque numbers that are never reused,
+// so a stale or consumed handle is recognised instead of dereferenced.
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "acl/acl.h"
+#include "aclnn/acl_meta.h"
+#include "aclnnop/aclnn_dropout_backward.h"
+#include "aclnnop/aclnn_hardswish_backward.h"
+#include "aclnnop/aclnn_leaky_relu_backward.h"
+#include "aclnnop/aclnn_softshrink_backward.h"
+#include "aclnnop/aclnn_threshold_backward.h"
+#include "client/client.h"
+#include "kernels/aclnn_status.h"
+#include "kernels/dtype.h"
+#include "kernels/half.h"
+
+struct aclTensor {
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  std::vector<int64_t> storage_shape;
+  aclDataType dtype;
+  int64_t offset;
+  uintptr_t data;
+};
+
+struct aclScalar {
+  aclDataType dtype;
+  double value;
+};
+
+namespace opserver {
+namespace {
+
+using kernels::DType;
+
+// Where fake device addresses start, and the gap left after each allocation
+// so that one allocation's end never touches the next one's start.
+constexpr uintptr_t kDeviceBase = uintptr_t{0x10} << 40;
+constexpr uintptr_t kAllocationAlign = 4096;
+constexpr uintptr_t kStreamBase = uintptr_t{0x20} << 40;
+constexpr uintptr_t kExecutorBase = uintptr_t{0x30} << 40;
+
+thread_local std::string last_error;
+
+struct Allocation {
+  uint64_t size;
+  DeviceBuffer buffer;
+};
+
+struct ExecutorEntry {
+  Executor executor;
+};
+
+// Everything between aclInit and aclFinalize.
+struct State {
+  absl::Mutex mu;
+  bool initialized = false;
+  std::string address;
+  absl::Duration timeout = absl::Seconds(5);
+  absl::Duration sync_timeout = absl::Seconds(600);
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Session> session;
+  uintptr_t next_address = kDeviceBase;
+  std::map<uintptr_t, Allocation> allocations;  // By base address.
+  uint64_t next_stream = 1;
+  std::map<uintptr_t, Stream> streams;
+  uint64_t next_executor = 1;
+  std::map<uintptr_t, ExecutorEntry> executors;
+
+  void DropSession() {
+    // Handles die with the session on the server; forget them here without
+    // a call each.
+    for (auto& [address, allocation] : allocations) allocation.buffer.Release();
+    for (auto& [id, stream] : streams) stream.Release();
+    for (auto& [id, entry] : executors) entry.executor.Release();
+    allocations.clear();
+    streams.clear();
+    executors.clear();
+    session.reset();  // Closes the session.
+  }
+};
+
+State& GetState() {
+  // Never destroyed: a program that exits without aclFinalize must not make
+  // calls from static destructors.
+  static State* const state = new State;
+  return *state;
+}
+
+// Records `message` as the thread's last error and returns `code`.
+template <typename Code>
+Code Fail(Code code, absl::string_view message) {
+  last_error = std::string(message);
+  return code;
+}
+
+aclError AclErrorOf(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return ACL_SUCCESS;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return ACL_ERROR_INVALID_PARAM;
+    case absl::StatusCode::kNotFound:
+      return ACL_ERROR_INVALID_RESOURCE_HANDLE;
+    case absl::StatusCode::kResourceExhausted:
+      return ACL_ERROR_BAD_ALLOC;
+    default:
+      return ACL_ERROR_RT_FAILURE;
+  }
+}
+
+aclError FailAcl(const absl::Status& status) {
+  return Fail(AclErrorOf(status), status.message());
+}
+
+aclnnStatus FailAclnn(const absl::Status& status) {
+  return Fail(kernels::GetAclnnStatus(status), status.message());
+}
+
+absl::Duration DurationFromEnv(const char* name, absl::Duration fallback) {
+  const char* value = std::getenv(name);
+  int64_t ms;
+  if (value == nullptr || !absl::SimpleAtoi(value, &ms) || ms <= 0) {
+    return fallback;
+  }
+  return absl::Milliseconds(ms);
+}
+
+// The session, or an error saying which call was missing.
+absl::StatusOr<Session*> SessionOf(State& state) {
+  if (!state.initialized) {
+    return absl::FailedPreconditionError("aclInit was not called");
+  }
+  if (state.session == nullptr) {
+    return absl::FailedPreconditionError(
+        "no device is set: call aclrtSetDevice(0) first");
+  }
+  return state.session.get();
+}
+
+aclError SessionError(const absl::Status& status) {
+  if (!GetState().initialized) {
+    return Fail(ACL_ERROR_UNINITIALIZE, status.message());
+  }
+  return Fail(ACL_ERROR_RT_FAILURE, status.message());
+}
+
+// A device pointer resolved to its buffer.
+struct DeviceRange {
+  uint64_t buffer;
+  uint64_t offset;     // Bytes from the allocation's start.
+  uint64_t available;  // Bytes from `offset` to the allocation's end.
+};
+
+absl::StatusOr<DeviceRange> Resolve(State& state, const void* pointer,
+                                    absl::string_view what) {
+  const auto address = reinterpret_cast<uintptr_t>(pointer);
+  auto it = state.allocations.upper_bound(address);
+  if (it != state.allocations.begin()) {
+    --it;
+    const uintptr_t base = it->first;
+    if (address - base < it->second.size ||
+        (address == base && it->second.size == 0)) {
+      return DeviceRange{it->second.buffer.handle(), address - base,
+                         it->second.size - (address - base)};
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " (", absl::Hex(address),
+                   ") is not inside any live aclrtMalloc allocation"));
+}
+
+absl::StatusOr<uint64_t> StreamHandle(State& state, aclrtStream stream) {
+  if (stream == nullptr) return 0;  // The default stream.
+  auto it = state.streams.find(reinterpret_cast<uintptr_t>(stream));
+  if (it == state.streams.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stream ", absl::Hex(reinterpret_cast<uintptr_t>(stream)),
+                     " is not a live aclrtCreateStream stream"));
+  }
+  return it->second.handle();
+}
+
+absl::StatusOr<TensorDesc> ToDesc(State& state, const aclTensor* tensor,
+                                  absl::string_view name) {
+  if (tensor == nullptr) {
+    return kernels::ParamNullptr(absl::StrCat(name, " is nullptr"));
+  }
+  TensorDesc desc;
+  if (!kernels::IsKnownDType(tensor->dtype)) {
+    return kernels::ParamInvalid(absl::StrCat(name,
+                                              " has unsupported aclDataType ",
+                                              static_cast<int>(tensor->dtype)));
+  }
+  auto range = Resolve(state, reinterpret_cast<const void*>(tensor->data),
+                       absl::StrCat(name, "'s data"));
+  if (!range.ok()) return kernels::ParamInvalid(range.status().message());
+  desc.buffer = range->buffer;
+  desc.buffer_offset = range->offset;
+  desc.dtype = static_cast<DType>(tensor->dtype);
+  desc.shape = tensor->shape;
+  desc.strides = tensor->strides;
+  desc.offset = tensor->offset;
+  desc.storage_shape = tensor->storage_shape;
+  return desc;
+}
+
+aclOpExecutor* AddExecutor(State& state, Executor executor) {
+  const uintptr_t id = kExecutorBase + 16 * state.next_executor++;
+  state.executors.emplace(id, ExecutorEntry{std::move(executor)});
+  return reinterpret_cast<aclOpExecutor*>(id);
+}
+
+// Phase one of every operator: nullptr checks, descriptors, the call.
+aclnnStatus Plan(const char* function, const std::string& op,
+                 const v1::OpParams& params,
+                 std::vector<std::pair<const char*, const aclTensor*>> tensors,
+                 uint64_t* workspace_size, aclOpExecutor** executor) {
+  State& state = GetState();
+  absl::MutexLock lock(&state.mu);
+  auto session = SessionOf(state);
+  if (!session.ok()) {
+    return Fail(ACLNN_ERR_RUNTIME_ERROR,
+                absl::StrCat(function, ": ", session.status().message()));
+  }
+  if (workspace_size == nullptr || executor == nullptr) {
+    return Fail(
+        ACLNN_ERR_PARAM_NULLPTR,
+        absl::StrCat(function, ": ",
+                     workspace_size == nullptr ? "workspaceSize" : "executor",
+                     " is nullptr"));
+  }
+  std::map<std::string, TensorDesc> descs;
+  for (const auto& [name, tensor] : tensors) {
+    auto desc = ToDesc(state, tensor, name);
+    if (!desc.ok()) {
+      return FailAclnn(
+          absl::Status(desc.status().code(),
+                       absl::StrCat(function, ": ", desc.status().message())));
+    }
+    descs.emplace(name, *std::move(desc));
+  }
+  auto planned = (*session)->GetWorkspaceSize(op, params, descs);
+  if (!planned.ok()) return FailAclnn(planned.status());
+  *workspace_size = planned->workspace_size();
+  *executor = AddExecutor(state, *std::move(planned));
+  return ACLNN_SUCCESS;
+}
+
+// Phase two of every operator.
+aclnnStatus Launch(const char* function, void* workspace,
+                   uint64_t workspace_size, aclOpExecutor* executor,
+                   aclrtStream stream) {
+  State& state = GetState();
+  absl::MutexLock lock(&state.mu);
+  auto session = SessionOf(state);
+  if (!session.ok()) {
+    return Fail(ACLNN_ERR_RUNTIME_ERROR,
+                absl::StrCat(function, ": ", session.status().message()));
+  }
+  auto it = state.executors.find(reinterpret_cast<uintptr_t>(executor));
+  if (it == state.executors.end()) {
+    return Fail(ACLNN_ERR_INNER_NULLPTR,
+                absl::StrCat(function, ": executor ",
+                             absl::Hex(reinterpret_cast<uintptr_t>(executor)),
+                             " is unknown, destroyed or already consumed by "
+                             "an earlier launch (only executors made "
+                             "repeatable can be launched again)"));
+  }
+  auto stream_handle = StreamHandle(state, stream);
+  if (!stream_handle.ok()) {
+    return Fail(ACLNN_ERR_PARAM_INVALID,
+                absl::StrCat(function, ": ", stream_handle.status().message()));
+  }
+  uint64_t buffer = 0, offset = 0;
+  if (workspace_size > 0) {
+    if (workspace == nullptr) {
+      return Fail(ACLNN_ERR_PARAM_NULLPTR,
+                  absl::StrCat(function,
+                               ": workspace is nullptr but "
+                               "workspaceSize is ",
+                               workspace_size));
+    }
+    auto range = Resolve(state, workspace, "workspace");
+    if (!range.ok()) {
+      return Fail(ACLNN_ERR_PARAM_INVALID,
+                  absl::StrCat(function, ": ", range.status().message()));
+    }
+    if (range->available < workspace_size) {
+      return Fail(ACLNN_ERR_PARAM_INVALID,
+                  absl::StrCat(function, ": workspaceSize ", workspace_size,
+                               " runs past the end of its allocation (",
+                               range->available, " bytes left)"));
+    }
+    buffer = range->buffer;
+    offset = range->offset;
+  }
+  Executor& plan = it->second.executor;
+  absl::Status status =
+      plan.Execute(*stream_handle, buffer, offset, workspace_size);
+  if (!status.ok()) return FailAclnn(status);
+  if (!plan.repeatable()) state.executors.erase(it);  // Consumed.
+  return ACLNN_SUCCESS;
+}
+
+double ScalarFromHost(const void* value, aclDataType dtype, bool* ok) {
+  *ok = true;
+  switch (dtype) {
+    case ACL_FLOAT: {
+      float v;
+      std::memcpy(&v, value, sizeof(v));
+      return v;
+    }
+    case ACL_DOUBLE: {
+      double v;
+      std::memcpy(&v, value, sizeof(v));
+      return v;
+    }
+    case ACL_FLOAT16: {
+      uint16_t v;
+      std::memcpy(&v, value, sizeof(v));
+      return kernels::HalfToFloat(v);
+    }
+    case ACL_BF16: {
+      uint16_t v;
+      std::memcpy(&v, value, sizeof(v));
+      return kernels::BFloat16ToFloat(v);
+    }
+    case ACL_INT8:
+      return *static_cast<const int8_t*>(value);
+    case ACL_UINT8:
+      return *static_cast<const uint8_t*>(value);
+    case ACL_BOOL:
+      return *static_cast<const bool*>(value) ? 1 : 0;
+    case ACL_INT16: {
+      int16_t v;
+      std::memcpy(&v, value, sizeof(v));
+      return v;
+    }
+    case ACL_UINT16: {
+      uint16_t v;
+      std::memcpy(&v, value, sizeof(v));
+      return v;
+    }
+    case ACL_INT32: {
+      int32_t v;
+      std::memcpy(&v, value, sizeof(v));
+      return v;
+    }
+    case ACL_UINT32: {
+      uint32_t v;
+      std::memcpy(&v, value, sizeof(v));
+      return v;
+    }
+    case ACL_INT64: {
+      int64_t v;
+      std::memcpy(&v, value, sizeof(v));
+      return static_cast<double>(v);
+    }
+    case ACL_UINT64: {
+      uint64_t v;
+      std::memcpy(&v, value, sizeof(v));
+      return static_cast<double>(v);
+    }
+    default:
+      *ok = false;
+      return 0;
+  }
+}
+
+}  // namespace
+}  // namespace opserver
+
+using opserver::Fail;
+using opserver::FailAcl;
+using opserver::GetState;
+using opserver::State;
+
+extern "C" {
+
+const char* aclGetRecentErrMsg(void) { return opserver::last_error.c_str(); }
+
+aclError aclInit(const char* /*configPath*/) {
+  State& state = GetState();
+  absl::MutexLock lock(&state.mu);
+  if (state.initialized) {
+    return Fail(ACL_ERROR_REPEAT_INITIALIZE, "aclInit was already called");
+  }
+  const char* address = std::getenv("OPSERVER_ADDRESS");
+  state.address =
+      address != nullptr && *address != '\0' ? address : "127.0.0.1:50051";
+  state.timeout =
+      opserver::DurationFromEnv("OPSERVER_TIMEOUT_MS", absl::Seconds(5));
+  state.sync_timeout =
+      opserver::DurationFromEnv("OPSERVER_SYNC_TIMEOUT_MS", absl::Seconds(600));
+  state.initialized = true;
+  return ACL_SUCCESS;
+}
+
+aclError aclFinalize(void) {
+  State& state = GetState();
+  absl::MutexLock lock(&state.mu);
+  if (!state.initialized) {
+    return Fail(ACL_ERROR_REPEAT_FINALIZE,
+                "aclFinalize without a matching aclInit");
+  }
+  state.DropSession();
+  state.client.reset();
+  state.next_address = opserver::kDeviceBase;
+  state.initialized = false;
+  return ACL_SUCCESS;
+}
+
+aclError aclrtSetDevice(int32_t deviceId) {
+  State& state = GetState();
+  absl::MutexLock lock(&state.mu);
+  if (!state.initialized) {
+    return Fail(ACL_ERROR_UNINITIALIZE,
+                "aclrtSetDevice: aclInit was not called");
+  }
+  if (deviceId != 0) {
+    return Fail(ACL_ERROR_INVALID_DEVICE,
+                absl::StrCat("aclrtSetDevice: device ", deviceId,
+                             " does not exist; the opserver at ", state.address,
+                             " is device 0"));
+  }
+  if (state.session != nullptr) return ACL_SUCCESS;
+  if (state.client == nullptr) {
+    opserver::ConnectOptions options;
+    options.connect_timeout = options.call_timeout = state.timeout;
+    options.wait_timeout = state.sync_timeout;
+    auto client = opserver::Client::Connect(state.address, options);
+    if (!client.ok()) {
+      return Fail(ACL_ERROR_RT_FAILURE,
+                  absl::StrCat("aclrtSetDevice: ", client.status().message(),
+                               " (set OPSERVER_ADDRESS=HOST:PORT)"));
+    }
+    state.client = *std::move(client);
+  }
+  auto session = state.client->CreateSession("aclnn_remote", /*attach=*/true);
+  if (!session.ok()) return FailAcl(session.status());
+  state.session = *std::move(session);
+  return ACL_SUCCESS;
+}
+
+aclError aclrtResetDevice(int32_t deviceId) {
+  State& state = GetState();
+  absl::MutexLock lock(&state.mu);
+  if (!state.initialized) {
+    return Fail(ACL_ERROR_UNINITIALIZE,
+                "aclrtResetDevice: aclInit was not called");
+  }
+  if (deviceId != 0) {
+    return Fail(
+        ACL_ERROR_INVALID_DEVICE,
+        absl::StrCat("aclrtResetDevice: device ", deviceId, " does not exist"));
+  }
+  state.DropSession();
+  return ACL_SUCCESS;
+}
+
+aclError aclrtCreateStream(aclrtStream* stream) {
+  State& state = GetState();
+  absl::MutexLock lock(&state.mu);
+  auto session = opserver::SessionOf(state);
+  if (!session.ok()) return opserver::SessionError(session.status());
+  if (stream == nullptr) {
+    return Fail(ACL_ERROR_INVALID_PARAM, "aclrtCreateStream: stream is NULL");
+  }
+  auto created = (*session)->CreateStream();
+  if (!created.ok()) return FailAcl(created.status());
+  const uintptr_t id = opserver::kStreamBase + 16 * state.next_stream++;
+  state.streams.emplace(id, *std::move(created));
+  *stream = reinterpret_cast<aclrtStream>(id);
+  return ACL_SUCCESS;
+}
+
+aclError aclrtDestroyStream(aclrtStream stream) {
+  State& state = GetState();
+  absl::MutexLock lock(&state.mu);
+  auto session = opserver::SessionOf(state);
+  if (!session.ok()) return opserver::SessionError(session.status());
+  auto it = state.streams.find(reinterpret_cast<uintptr_t>(stream));
+  if (it == state.streams.end()) {
+    return Fail(ACL_ERROR_INVALID_PARAM,
+                "aclrtDestroyStream: not a live aclrtCreateStream stream");
+  }
+  absl::Status status = it->second.Destroy();
+  state.streams.erase(it);
+  if (!status.ok()) return FailAcl(status);
+  return ACL_SUCCESS;
+}
+
+aclError aclrtSynchronizeStream(aclrtStream stream) {
+  State& state = GetState();
+  absl::MutexLock lock(&state.mu);
+  auto session = opserver::SessionOf(state);
+  if (!session.ok()) return opserver::SessionError(session.status());
+  auto handle = opserver::StreamHandle(state, stream);
+  if (!handle.ok()) {
+    return Fail(
+        ACL_ERROR_INVALID_PARAM,
+        absl::StrCat("aclrtSynchronizeStream: ", handle.status().message()));
+  }
+  absl::Status status = (*session)->Synchronize(*handle);
+  if (!status.ok()) return FailAcl(status);
+  return ACL_SUCCESS;
+}
+
+aclError aclrtMalloc(void** devPtr, size_t size,
+                     aclrtMemMallocPolicy /*policy*/) {
+  State& state = GetState();
+  absl::MutexLock lock(&state.mu);
+  auto session = opserver::SessionOf(state);
+  if (!session.ok()) return opserver::SessionError(session.status());
+  if (devPtr == nullptr) {
+    return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMalloc: devPtr is NULL");
+  }
+  if (size == 0) {
+    return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMalloc: size is 0");
+  }
+  auto buffer = (*session)->Malloc(size);
+  if (!buffer.ok()) return FailAcl(buffer.status());
+  const uintptr_t base = state.next_address;
+  const uintptr_t span = (size + opserver::kAllocationAlign - 1) /
+                             opserver::kAllocationAlign *
+                             opserver::kAllocationAlign +
+                         opserver::kAllocationAlign;
+  state.next_address += span;
+  state.allocations.emplace(base,
+                            opserver::Allocation{size, *std::move(buffer)});
+  *devPtr = reinterpret_cast<void*>(base);
+  return ACL_SUCCESS;
+}
+
+aclError aclrtFree(void* devPtr) {
+  State& state = GetState();
+  absl::MutexLock lock(&state.mu);
+  auto session = opserver::SessionOf(state);
+  if (!session.ok()) return opserver::SessionError(session.status());
+  auto it = state.allocations.find(reinterpret_cast<uintptr_t>(devPtr));
+  if (it == state.allocations.end()) {
+    return Fail(ACL_ERROR_INVALID_PARAM,
+                absl::StrCat("aclrtFree: ",
+                             absl::Hex(reinterpret_cast<uintptr_t>(devPtr)),
+                             " is not the start of a live aclrtMalloc "
+                             "allocation"));
+  }
+  absl::Status status = it->second.buffer.Free();
+  state.allocations.erase(it);
+  if (!status.ok()) return FailAcl(status);
+  return ACL_SUCCESS;
+}
+
+aclError aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count,
+                     aclrtMemcpyKind kind) {
+  State& state = GetState();
+  absl::MutexLock lock(&state.mu);
+  if (dst == nullptr || src == nullptr) {
+    return Fail(ACL_ERROR_INVALID_PARAM,
+                absl::StrCat("aclrtMemcpy: ", dst == nullptr ? "dst" : "src",
+                             " is NULL"));
+  }
+  if (count > destMax) {
+    return Fail(ACL_ERROR_INVALID_PARAM,
+                absl::StrCat("aclrtMemcpy: count ", count,
+                             " is larger than destMax ", destMax));
+  }
+  if (kind == ACL_MEMCPY_HOST_TO_HOST) {
+    std::memmove(dst, src, count);
+    return ACL_SUCCESS;
+  }
+  auto session = opserver::SessionOf(state);
+  if (!session.ok()) return opserver::SessionError(session.status());
+  auto check = [&](const void* pointer,
+                   const char* what) -> absl::StatusOr<opserver::DeviceRange> {
+    auto range =
+        opserver::Resolve(state, pointer, absl::StrCat("aclrtMemcpy: ", what));
+    if (!range.ok()) return range.status();
+    if (range->available < count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("aclrtMemcpy: ", count, " bytes at ", what,
+                       " run past the end of "
+                       "its allocation (",
+                       range->available, " bytes left)"));
+    }
+    return range;
+  };
+  absl::Status status;
+  switch (kind) {
+    case ACL_MEMCPY_HOST_TO_DEVICE: {
+      auto to = check(dst, "dst");
+      if (!to.ok()) return FailAcl(to.status());
+      status = (*session)->Upload(to->buffer, to->offset, src, count);
+      break;
+    }
+    case ACL_MEMCPY_DEVICE_TO_HOST: {
+      auto from = check(src, "src");
+      if (!from.ok()) return FailAcl(from.status());
+      status = (*session)->Download(from->buffer, from->offset, dst, count);
+      break;
+    }
+    case ACL_MEMCPY_DEVICE_TO_DEVICE: {
+      auto from = check(src, "src");
+      if (!from.ok()) return FailAcl(from.status());
+      auto to = check(dst, "dst");
+      if (!to.ok()) return FailAcl(to.status());
+      // Through the host: the API has no device-side copy.
+      std::vector<char> bounce(count);
+      status = (*session)->Download(from->buffer, from->offset, bounce.data(),
+                                    count);
+      if (status.ok()) {
+        status =
+            (*session)->Upload(to->buffer, to->offset, bounce.data(), count);
+      }
+      break;
+    }
+    default:
+      return Fail(ACL_ERROR_INVALID_PARAM,
+                  absl::StrCat("aclrtMemcpy: unknown aclrtMemcpyKind ",
+                               static_cast<int>(kind)));
+  }
+  if (!status.ok()) return FailAcl(status);
+  return ACL_SUCCESS;
+}
+
+aclTensor* aclCreateTensor(const int64_t* viewDims, uint64_t viewDimsNum,
+                           aclDataType dataType, const int64_t* stride,
+                           int64_t offset, aclFormat /*format*/,
+                           const int64_t* storageDims, uint64_t storageDimsNum,
+                           void* tensorData) {
+  if (viewDimsNum > 0 && viewDims == nullptr) {
+    Fail(0, "aclCreateTensor: viewDims is NULL");
+    return nullptr;
+  }
+  if (viewDimsNum > 8 || storageDimsNum > 8) {
+    Fail(0, "aclCreateTensor: more than 8 dimensions");
+    return nullptr;
+  }
+  if (storageDimsNum > 0 && storageDims == nullptr) {
+    Fail(0, "aclCreateTensor: storageDims is NULL");
+    return nullptr;
+  }
+  auto* tensor = new aclTensor;
+  tensor->shape.assign(viewDims, viewDims + viewDimsNum);
+  if (stride != nullptr) tensor->strides.assign(stride, stride + viewDimsNum);
+  if (storageDimsNum > 0) {
+    tensor->storage_shape.assign(storageDims, storageDims + storageDimsNum);
+  }
+  tensor->dtype = dataType;
+  tensor->offset = offset;
+  tensor->data = reinterpret_cast<uintptr_t>(tensorData);
+  return tensor;
+}
+
+aclScalar* aclCreateScalar(void* value, aclDataType dataType) {
+  if (value == nullptr) {
+    Fail(0, "aclCreateScalar: value is NULL");
+    return nullptr;
+  }
+  bool ok;
+  double v = opserver::ScalarFromHost(value, dataType, &ok);
+  if (!ok) {
+    Fail(0, absl::StrCat("aclCreateScalar: unsupported aclDataType ",
+                         static_cast<int>(dataType)));
+    return nullptr;
+  }
+  return new aclScalar{dataType, v};
+}
+
+aclnnStatus aclDestroyTensor(const aclTensor* tensor) {
+  delete tensor;
+  return ACLNN_SUCCESS;
+}
+
+aclnnStatus aclDestroyScalar(const aclScalar* scalar) {
+  delete scalar;
+  return ACLNN_SUCCESS;
+}
+
+aclnnStatus aclSetAclOpExecutorRepeatable(aclOpExecutor* executor) {
+  State& state = GetState();
+  absl::MutexLock lock(&state.mu);
+  auto it = state.executors.find(reinterpret_cast<uintptr_t>(executor));
+  if (it == state.executors.end()) {
+    return Fail(ACLNN_ERR_INNER_NULLPTR,
+                "aclSetAclOpExecutorRepeatable: executor is unknown, "
+                "destroyed or already consumed");
+  }
+  absl::Status status = it->second.executor.SetRepeatable();
+  if (!status.ok()) return opserver::FailAclnn(status);
+  return ACLNN_SUCCESS;
+}
+
+aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor* executor) {
+  State& state = GetState();
+  absl::MutexLock lock(&state.mu);
+  auto it = state.executors.find(reinterpret_cast<uintptr_t>(executor));
+  if (it == state.executors.end()) {
+    return Fail(ACLNN_ERR_INNER_NULLPTR,
+                "aclDestroyAclOpExecutor: executor is unknown, destroyed or "
+                "already consumed");
+  }
+  absl::Status status = it->second.executor.Destroy();
+  state.executors.erase(it);
+  if (!status.ok()) return opserver::FailAclnn(status);
+  return ACLNN_SUCCESS;
+}
+
+// ---------------------------------------------------------------- operators
+
+aclnnStatus aclnnThresholdBackwardGetWorkspaceSize(const aclTensor* gradOutput,
+                                                   const aclTensor* self,
+                                                   const aclScalar* threshold,
+                                                   aclTensor* out,
+                                                   uint64_t* workspaceSize,
+                                                   aclOpExecutor** executor) {
+  constexpr char kFunction[] = "aclnnThresholdBackwardGetWorkspaceSize";
+  if (threshold == nullptr) {
+    return Fail(ACLNN_ERR_PARAM_NULLPTR,
+                absl::StrCat(kFunction, ": threshold is nullptr"));
+  }
+  opserver::v1::OpParams params;
+  params.set_threshold(threshold->value);
+  return opserver::Plan(
+      kFunction, "ThresholdBackward", params,
+      {{"gradOutput", gradOutput}, {"self", self}, {"out", out}}, workspaceSize,
+      executor);
+}
+
+aclnnStatus aclnnThresholdBackward(void* workspace, uint64_t workspaceSize,
+                                   aclOpExecutor* executor,
+                                   const aclrtStream stream) {
+  return opserver::Launch("aclnnThresholdBackward", workspace, workspaceSize,
+                          executor, stream);
+}
+
+aclnnStatus aclnnSoftshrinkBackwardGetWorkspaceSize(
+    const aclTensor* gradOutput, const aclTensor* self, const aclScalar* lambd,
+    aclTensor* gradInput, uint64_t* workspaceSize, aclOpExecutor** executor) {
+  constexpr char kFunction[] = "aclnnSoftshrinkBackwardGetWorkspaceSize";
+  if (lambd == nullptr) {
+    return Fail(ACLNN_ERR_PARAM_NULLPTR,
+                absl::StrCat(kFunction, ": lambd is nullptr"));
+  }
+  opserver::v1::OpParams params;
+  params.set_lambd(lambd->value);
+  return opserver::Plan(
+      kFunction, "SoftshrinkBackward", params,
+      {{"gradOutput", gradOutput}, {"self", self}, {"gradInput", gradInput}},
+      workspaceSize, executor);
+}
+
+aclnnStatus aclnnSoftshrinkBackward(void* workspace, uint64_t workspaceSize,
+                                    aclOpExecutor* executor,
+                                    const aclrtStream stream) {
+  return opserver::Launch("aclnnSoftshrinkBackward", workspace, workspaceSize,
+                          executor, stream);
+}
+
+aclnnStatus aclnnHardswishBackwardGetWorkspaceSize(const aclTensor* gradOutput,
+                                                   const aclTensor* self,
+                                                   aclTensor* out,
+                                                   uint64_t* workspaceSize,
+                                                   aclOpExecutor** executor) {
+  return opserver::Plan(
+      "aclnnHardswishBackwardGetWorkspaceSize", "HardswishBackward",
+      opserver::v1::OpParams(),
+      {{"gradOutput", gradOutput}, {"self", self}, {"out", out}}, workspaceSize,
+      executor);
+}
+
+aclnnStatus aclnnHardswishBackward(void* workspace, uint64_t workspaceSize,
+                                   aclOpExecutor* executor,
+                                   const aclrtStream stream) {
+  return opserver::Launch("aclnnHardswishBackward", workspace, workspaceSize,
+                          executor, stream);
+}
+
+aclnnStatus aclnnLeakyReluBackwardGetWorkspaceSize(
+    const aclTensor* gradOutput, const aclTensor* self,
+    const aclScalar* negativeSlope, bool selfIsResult, aclTensor* out,
+    uint64_t* workspaceSize, aclOpExecutor** executor) {
+  constexpr char kFunction[] = "aclnnLeakyReluBackwardGetWorkspaceSize";
+  if (negativeSlope == nullptr) {
+    return Fail(ACLNN_ERR_PARAM_NULLPTR,
+                absl::StrCat(kFunction, ": negativeSlope is nullptr"));
+  }
+  opserver::v1::OpParams params;
+  params.mutable_negative_slope()->set_dtype(
+      static_cast<opserver::v1::DataType>(negativeSlope->dtype));
+  params.mutable_negative_slope()->set_value(negativeSlope->value);
+  params.set_self_is_result(selfIsResult);
+  return opserver::Plan(
+      kFunction, "LeakyReluBackward", params,
+      {{"gradOutput", gradOutput}, {"self", self}, {"out", out}}, workspaceSize,
+      executor);
+}
+
+aclnnStatus aclnnLeakyReluBackward(void* workspace, uint64_t workspaceSize,
+                                   aclOpExecutor* executor,
+                                   aclrtStream stream) {
+  return opserver::Launch("aclnnLeakyReluBackward", workspace, workspaceSize,
+                          executor, stream);
+}
+
+aclnnStatus aclnnDropoutBackwardGetWorkspaceSize(const aclTensor* gradOutput,
+                                                 const aclTensor* mask,
+                                                 double scale, aclTensor* out,
+                                                 uint64_t* workspaceSize,
+                                                 aclOpExecutor** executor) {
+  opserver::v1::OpParams params;
+  params.set_scale(scale);
+  return opserver::Plan(
+      "aclnnDropoutBackwardGetWorkspaceSize", "DropoutBackward", params,
+      {{"gradOutput", gradOutput}, {"mask", mask}, {"out", out}}, workspaceSize,
+      executor);
+}
+
+aclnnStatus aclnnDropoutBackward(void* workspace, uint64_t workspaceSize,
+                                 aclOpExecutor* executor, aclrtStream stream) {
+  return opserver::Launch("aclnnDropoutBackward", workspace, workspaceSize,
+                          executor, stream);
+}
+
+}  // extern "C"

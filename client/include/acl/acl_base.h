@@ -1,0 +1,75 @@
+// aclnn-compatible C API of opserver: the base types and status codes of
+// CANN's acl/acl_base.h that programs written for aclnn use. Values are
+// CANN's; the implementation (libaclnn_remote.so) forwards every call to the
+// opserver named by the environment variable OPSERVER_ADDRESS.
+#ifndef OPSERVER_CLIENT_INCLUDE_ACL_ACL_BASE_H_
+#define OPSERVER_CLIENT_INCLUDE_ACL_ACL_BASE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ACL_FUNC_VISIBILITY __attribute__((visibility("default")))
+
+typedef int aclError;
+typedef void *aclrtStream;
+
+static const int ACL_SUCCESS = 0;
+static const int ACL_ERROR_NONE = 0;
+static const int ACL_ERROR_INVALID_PARAM = 100000;
+static const int ACL_ERROR_UNINITIALIZE = 100001;
+static const int ACL_ERROR_REPEAT_INITIALIZE = 100002;
+static const int ACL_ERROR_REPEAT_FINALIZE = 100037;
+static const int ACL_ERROR_BAD_ALLOC = 200000;
+static const int ACL_ERROR_API_NOT_SUPPORT = 200001;
+static const int ACL_ERROR_INVALID_DEVICE = 200002;
+static const int ACL_ERROR_RESOURCE_NOT_MATCH = 200004;
+static const int ACL_ERROR_INVALID_RESOURCE_HANDLE = 200005;
+static const int ACL_ERROR_FEATURE_UNSUPPORTED = 200006;
+static const int ACL_ERROR_STORAGE_OVER_LIMIT = 300000;
+static const int ACL_ERROR_INTERNAL_ERROR = 500000;
+static const int ACL_ERROR_FAILURE = 500001;
+static const int ACL_ERROR_RT_FAILURE = 500003;
+
+typedef enum {
+  ACL_DT_UNDEFINED = -1,
+  ACL_FLOAT = 0,
+  ACL_FLOAT16 = 1,
+  ACL_INT8 = 2,
+  ACL_INT32 = 3,
+  ACL_UINT8 = 4,
+  ACL_INT16 = 6,
+  ACL_UINT16 = 7,
+  ACL_UINT32 = 8,
+  ACL_INT64 = 9,
+  ACL_UINT64 = 10,
+  ACL_DOUBLE = 11,
+  ACL_BOOL = 12,
+  ACL_STRING = 13,
+  ACL_COMPLEX64 = 16,
+  ACL_COMPLEX128 = 17,
+  ACL_BF16 = 27
+} aclDataType;
+
+typedef enum {
+  ACL_FORMAT_UNDEFINED = -1,
+  ACL_FORMAT_NCHW = 0,
+  ACL_FORMAT_NHWC = 1,
+  ACL_FORMAT_ND = 2,
+  ACL_FORMAT_NC1HWC0 = 3,
+  ACL_FORMAT_FRACTAL_Z = 4,
+  ACL_FORMAT_NCDHW = 30,
+  ACL_FORMAT_NDHWC = 27
+} aclFormat;
+
+// The message of the last failed call on this thread ("" when none).
+ACL_FUNC_VISIBILITY const char *aclGetRecentErrMsg(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif  // OPSERVER_CLIENT_INCLUDE_ACL_ACL_BASE_H_

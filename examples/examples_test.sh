@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The example programs against a live opserver: each prints the numbers the
+# spec's worked examples give. Then the same sources are compiled outside
+# Bazel with exactly the README's command (g++ prog.cpp -I<include>
+# -L<dir> -laclnn_remote) and must print the same.
+set -uo pipefail
+opserver="$1"
+library="$2"
+acl_h="$3"
+shift 3
+examples=("$@")
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+"$opserver" --listen=127.0.0.1:0 --threads=2 >"$tmp/server.out" 2>"$tmp/server.err" &
+pid=$!
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
+port=""
+for _ in $(seq 100); do
+  port=$(sed -n 's/^listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p' "$tmp/server.out")
+  [[ -n "$port" ]] && break
+  sleep 0.1
+done
+[[ -n "$port" ]] || { echo "FAIL: server did not start: $(cat "$tmp/server.err")" >&2; exit 1; }
+export OPSERVER_ADDRESS="127.0.0.1:$port"
+
+expected() {
+  case "$1" in
+    threshold_backward) echo "0.000000 4.400000 4.300000 4.200000" ;;
+    softshrink_backward) echo "0.000000 2.000000 0.000000 4.000000" ;;
+    hardswish_backward) echo "0.000000 -1.000000 1.000000 3.000000" ;;
+    leaky_relu_backward) echo "0.010000 0.020000 3.000000 4.000000" ;;
+    dropout_backward) echo "0.000000 2.000000 0.000000 6.000000 0.000000 10.000000 0.000000 0.000000" ;;
+  esac
+}
+
+# Runs one program; checks exit status and the result lines.
+check() {
+  local name=$1 program=$2
+  "$program" >"$tmp/$name.out" 2>&1
+  local rc=$?
+  [[ $rc -eq 0 ]] || { fail "$program exited $rc: $(cat "$tmp/$name.out")"; return; }
+  local got
+  got=$(sed -n 's/^result\[[0-9]*\] is: \(.*\)$/\1/p' "$tmp/$name.out" | tr '\n' ' ' | sed 's/ $//')
+  [[ "$got" == "$(expected "$name")" ]] || fail "$name printed '$got', want '$(expected "$name")'"
+}
+
+for program in "${examples[@]}"; do
+  check "$(basename "$program")" "$program"
+done
+
+# Outside Bazel: the README's command. An ASan build of the library needs the
+# program built with the same sanitizers.
+include_dir=$(cd "$(dirname "$acl_h")/.." && pwd)
+lib_dir=$(cd "$(dirname "$library")" && pwd)
+sanitize=()
+if readelf -d "$library" | grep -q libasan; then
+  sanitize=(-fsanitize=address,undefined)
+fi
+here=$(dirname "${examples[0]}")
+for program in "${examples[@]}"; do
+  name=$(basename "$program")
+  g++ "${sanitize[@]}" "$here/$name.cpp" -I"$include_dir" -L"$lib_dir" -laclnn_remote \
+    -o "$tmp/$name" 2>"$tmp/$name.gcc" || { fail "g++ $name.cpp: $(cat "$tmp/$name.gcc")"; continue; }
+  LD_LIBRARY_PATH="$lib_dir" check "$name" "$tmp/$name"
+done
+
+# The server must still be healthy and every session closed by the programs.
+kill -0 $pid 2>/dev/null || fail "server died: $(cat "$tmp/server.err")"
+[[ $failures -eq 0 ]] || exit 1
+echo PASS
