@@ -51,6 +51,11 @@ namespace opserver {
 namespace {
 
 using kernels::DType;
+using remote::DeviceBuffer;
+using remote::Executor;
+using remote::Session;
+using remote::Stream;
+using remote::TensorDesc;
 
 // Where fake device addresses start, and the gap left after each allocation
 // so that one allocation's end never touches the next one's start.

@@ -13,6 +13,7 @@
 #include "server/malloc_tuning.h"
 
 namespace opserver {
+namespace remote {
 namespace {
 
 constexpr char kAclnnStatusKey[] = "opserver-aclnn-status";
@@ -618,4 +619,5 @@ absl::Status Session::DestroyExecutor(uint64_t executor) {
       context, "DestroyExecutor");
 }
 
+}  // namespace remote
 }  // namespace opserver

@@ -16,7 +16,11 @@
 #include "kernels/dtype.h"
 #include "proto/opserver.grpc.pb.h"
 
+// Everything lives in opserver::remote (the server has its own Session,
+// Stream and Executor in opserver); Client and ConnectOptions are also
+// reachable as opserver::Client and opserver::ConnectOptions.
 namespace opserver {
+namespace remote {
 
 // How a Client reaches its server.
 struct ConnectOptions {
@@ -293,6 +297,11 @@ class Session {
   std::unique_ptr<grpc::ClientContext> attach_context_;
   std::thread attach_thread_;
 };
+
+}  // namespace remote
+
+using remote::Client;
+using remote::ConnectOptions;
 
 }  // namespace opserver
 

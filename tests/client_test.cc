@@ -1,0 +1,396 @@
+// The C++ thin client against a real Server on a free loopback port: every
+// operator through the typed calls, streamed transfers, RAII ownership, and
+// each client-visible error path with its aclnn status.
+
+#include "client/client.h"
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/aclnn_status.h"
+#include "server/server.h"
+
+namespace opserver {
+namespace remote {
+namespace {
+
+using kernels::DType;
+using kernels::GetAclnnStatus;
+using ::testing::ElementsAre;
+using ::testing::FloatNear;
+using ::testing::HasSubstr;
+
+class ClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    StartServer("127.0.0.1:0");
+    auto client = Client::Connect(server_->address());
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+    auto session = client_->CreateSession("client_test");
+    ASSERT_TRUE(session.ok()) << session.status();
+    session_ = *std::move(session);
+  }
+
+  void StartServer(const std::string& listen) {
+    opserver::Options options;
+    options.listen = listen;
+    options.threads = 2;
+    auto server = opserver::Server::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+
+  DeviceBuffer Floats(const std::vector<float>& values) {
+    auto buffer = session_->Malloc(values.size() * sizeof(float));
+    EXPECT_TRUE(buffer.ok()) << buffer.status();
+    EXPECT_TRUE(session_
+                    ->Upload(buffer->handle(), 0, values.data(),
+                             values.size() * sizeof(float))
+                    .ok());
+    return *std::move(buffer);
+  }
+
+  std::vector<float> ReadFloats(const DeviceBuffer& buffer, size_t n) {
+    std::vector<float> out(n);
+    absl::Status status =
+        session_->Download(buffer.handle(), 0, out.data(), n * sizeof(float));
+    EXPECT_TRUE(status.ok()) << status;
+    return out;
+  }
+
+  static TensorDesc F32(const DeviceBuffer& buffer,
+                        std::vector<int64_t> shape) {
+    return TensorDesc::Contiguous(buffer.handle(), DType::kFloat,
+                                  std::move(shape));
+  }
+
+  uint64_t ServerBufferBytes() {
+    grpc::ClientContext context;
+    v1::ServerStats stats;
+    EXPECT_TRUE(
+        client_->runtime()
+            .GetServerStats(&context, v1::GetServerStatsRequest(), &stats)
+            .ok());
+    return stats.buffer_bytes();
+  }
+
+  std::unique_ptr<opserver::Server> server_;
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<Session> session_;
+};
+
+TEST_F(ClientTest, ThresholdBackwardWorkedExampleOnAStream) {
+  DeviceBuffer grad = Floats({4.5, 4.4, 4.3, 4.2});
+  DeviceBuffer self = Floats({0.2, 1.2, 2.2, 3.2});
+  DeviceBuffer out = Floats({-1, -1, -1, -1});
+  auto stream = session_->CreateStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  auto executor = session_->ThresholdBackward(F32(grad, {4}), F32(self, {4}),
+                                              1.0, F32(out, {4}));
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  EXPECT_EQ(executor->workspace_size(), 0u);
+  ASSERT_TRUE(executor->Execute(stream->handle()).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  std::vector<float> result(4);
+  ASSERT_TRUE(
+      session_->Download(out.handle(), 0, result.data(), 16, stream->handle())
+          .ok());
+  EXPECT_THAT(result, ElementsAre(0, 4.4f, 4.3f, 4.2f));
+}
+
+TEST_F(ClientTest, EveryOperatorThroughItsTypedCall) {
+  DeviceBuffer grad = Floats({1, 2, 3, 4});
+  DeviceBuffer self = Floats({0.5, -0.6, 0.1, -2});
+  DeviceBuffer out = Floats({0, 0, 0, 0});
+
+  auto softshrink = session_->SoftshrinkBackward(F32(grad, {4}), F32(self, {4}),
+                                                 0.5, F32(out, {4}));
+  ASSERT_TRUE(softshrink.ok()) << softshrink.status();
+  ASSERT_TRUE(softshrink->Execute().ok());
+  EXPECT_THAT(ReadFloats(out, 4), ElementsAre(0, 2, 0, 4));
+
+  auto hardswish = session_->HardswishBackward(F32(grad, {4}), F32(self, {4}),
+                                               F32(out, {4}));
+  ASSERT_TRUE(hardswish.ok()) << hardswish.status();
+  ASSERT_TRUE(hardswish->Execute().ok());
+  EXPECT_THAT(ReadFloats(out, 4),
+              ElementsAre(FloatNear(1 * (0.5 / 3 + 0.5), 1e-6),
+                          FloatNear(2 * (-0.6 / 3 + 0.5), 1e-6),
+                          FloatNear(3 * (0.1 / 3 + 0.5), 1e-6),
+                          FloatNear(4 * (-2.0 / 3 + 0.5), 1e-6)));
+
+  auto leaky =
+      session_->LeakyReluBackward(F32(grad, {4}), F32(self, {4}),
+                                  {DType::kFloat, 0.25}, false, F32(out, {4}));
+  ASSERT_TRUE(leaky.ok()) << leaky.status();
+  ASSERT_TRUE(leaky->Execute().ok());
+  EXPECT_THAT(ReadFloats(out, 4), ElementsAre(1, 0.5, 3, 1));
+
+  // DropoutBackward, the spec's worked example; the mask as UINT8 values.
+  DeviceBuffer grad8 = Floats({0, 1, 2, 3, 4, 5, 6, 7});
+  DeviceBuffer out8 = Floats(std::vector<float>(8, -1));
+  auto mask = session_->Malloc(16);
+  ASSERT_TRUE(mask.ok());
+  std::vector<double> bits(16, 0);
+  bits[0] = 42;
+  ASSERT_TRUE(
+      session_->WriteValues(mask->handle(), 0, DType::kUint8, bits).ok());
+  auto dropout = session_->DropoutBackward(
+      F32(grad8, {4, 2}),
+      TensorDesc::Contiguous(mask->handle(), DType::kUint8, {16}), 2.0,
+      F32(out8, {4, 2}));
+  ASSERT_TRUE(dropout.ok()) << dropout.status();
+  ASSERT_TRUE(dropout->Execute().ok());
+  auto values = session_->ReadValues(out8.handle(), 0, DType::kFloat, 8);
+  ASSERT_TRUE(values.ok());
+  EXPECT_THAT(*values, ElementsAre(0, 2, 0, 6, 0, 10, 0, 0));
+}
+
+TEST_F(ClientTest, BroadcastStridedAndOffsetViews) {
+  // gradOutput: transposed view of a 3x2 buffer; self: [2,1] column at byte
+  // offset 8 of its buffer; out: every other element of rows of 8.
+  DeviceBuffer grad = Floats({1, 2, 3, 4, 5, 6});
+  DeviceBuffer self = Floats({99, 99, 0, 5});
+  DeviceBuffer out = Floats(std::vector<float>(16, -1));
+  TensorDesc grad_desc = F32(grad, {2, 3});
+  grad_desc.strides = {1, 2};
+  TensorDesc self_desc = F32(self, {2, 1});
+  self_desc.buffer_offset = 8;
+  TensorDesc out_desc = F32(out, {2, 3});
+  out_desc.strides = {8, 2};
+  auto executor =
+      session_->ThresholdBackward(grad_desc, self_desc, 1.0, out_desc);
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  ASSERT_TRUE(executor->Execute().ok());
+  EXPECT_THAT(ReadFloats(out, 16), ElementsAre(0, -1, 0, -1, 0, -1, -1, -1,  //
+                                               2, -1, 4, -1, 6, -1, -1, -1));
+}
+
+TEST_F(ClientTest, LargeTransfersAreByteExactAcrossChunks) {
+  const size_t size = (9 << 20) + 123;  // Several chunks each way.
+  std::vector<char> data(size);
+  std::mt19937 rng(11);
+  for (char& c : data) c = static_cast<char>(rng());
+  auto buffer = session_->Malloc(size + 100);
+  ASSERT_TRUE(buffer.ok());
+  ASSERT_TRUE(session_->Upload(buffer->handle(), 100, data.data(), size).ok());
+  std::vector<char> back(size);
+  ASSERT_TRUE(
+      session_->Download(buffer->handle(), 100, back.data(), size).ok());
+  EXPECT_TRUE(back == data) << "downloaded bytes differ";
+
+  absl::Status past =
+      session_->Upload(buffer->handle(), 200, data.data(), size);
+  EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument) << past;
+}
+
+TEST_F(ClientTest, HandlesAreFreedByRaiiAndByClosingTheSession) {
+  {
+    auto buffer = session_->Malloc(1 << 20);
+    ASSERT_TRUE(buffer.ok());
+    EXPECT_EQ(ServerBufferBytes(), 1u << 20);
+  }
+  EXPECT_EQ(ServerBufferBytes(), 0u);
+  auto kept = session_->Malloc(4096);
+  ASSERT_TRUE(kept.ok());
+  kept->Release();  // The session still owns it on the server.
+  auto stats = session_->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->buffers(), 1u);
+  session_.reset();  // CloseSession; the server frees in the background.
+  uint64_t bytes = 1;
+  for (int i = 0; i < 200 && bytes != 0; ++i) {
+    bytes = ServerBufferBytes();
+    if (bytes != 0) absl::SleepFor(absl::Milliseconds(25));
+  }
+  EXPECT_EQ(bytes, 0u);
+}
+
+TEST_F(ClientTest, UnreachableServerIsAnErrorWithinTheDeadline) {
+  ConnectOptions options;
+  options.connect_timeout = absl::Milliseconds(300);
+  const absl::Time start = absl::Now();
+  auto client = Client::Connect("127.0.0.1:1", options);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(client.status().message(),
+              HasSubstr("cannot reach opserver at 127.0.0.1:1"));
+  EXPECT_EQ(GetAclnnStatus(client.status()), kernels::kAclnnErrRuntimeError);
+}
+
+TEST_F(ClientTest, DeadlineExceededIsReported) {
+  // Synchronize waits for ~200 MB of fresh device memory to be computed; a
+  // 1 ms wait deadline cannot cover that.
+  ConnectOptions options;
+  options.wait_timeout = absl::Milliseconds(1);
+  auto client = Client::Connect(server_->address(), options);
+  ASSERT_TRUE(client.ok());
+  auto session = (*client)->CreateSession("deadline");
+  ASSERT_TRUE(session.ok());
+  const int64_t n = 16 << 20;
+  auto a = (*session)->Malloc(n * 4);
+  auto b = (*session)->Malloc(n * 4);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto executor = (*session)->ThresholdBackward(F32(*a, {n}), F32(*a, {n}), 0,
+                                                F32(*b, {n}));
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  ASSERT_TRUE(executor->Execute().ok());
+  absl::Status status = (*session)->Synchronize();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_THAT(status.message(), HasSubstr("SynchronizeStream"));
+  EXPECT_EQ(GetAclnnStatus(status), kernels::kAclnnErrRuntimeError);
+}
+
+TEST_F(ClientTest, InvalidArgumentsCarryTheExactAclnnStatusPerOperator) {
+  DeviceBuffer a = Floats(std::vector<float>(16, 1));
+  DeviceBuffer b = Floats(std::vector<float>(16, 1));
+  DeviceBuffer c = Floats(std::vector<float>(16, 1));
+  TensorDesc int8 = TensorDesc::Contiguous(b.handle(), DType::kInt8, {4});
+  struct Case {
+    std::string name;
+    absl::StatusOr<Executor> result;
+    int32_t aclnn;
+    std::string message;
+  };
+  std::vector<Case> cases;
+  cases.push_back(
+      {"threshold dtype mismatch",
+       session_->ThresholdBackward(F32(a, {4}), int8, 1, F32(c, {4})), 161002,
+       "dtype"});
+  cases.push_back(
+      {"softshrink negative lambd",
+       session_->SoftshrinkBackward(F32(a, {4}), F32(b, {4}), -1, F32(c, {4})),
+       161002, "lambd"});
+  cases.push_back(
+      {"hardswish shape mismatch",
+       session_->HardswishBackward(F32(a, {4}), F32(b, {2, 2}), F32(c, {4})),
+       161002, "shape"});
+  cases.push_back(
+      {"leaky negative slope on the result",
+       session_->LeakyReluBackward(F32(a, {4}), F32(b, {4}),
+                                   {DType::kFloat, -0.5}, true, F32(c, {4})),
+       161002, "negativeSlope"});
+  cases.push_back(
+      {"dropout mask size",
+       session_->DropoutBackward(
+           F32(a, {8}), TensorDesc::Contiguous(b.handle(), DType::kUint8, {8}),
+           2, F32(c, {8})),
+       161002, "mask"});
+  cases.push_back(
+      {"dropout scale",
+       session_->DropoutBackward(
+           F32(a, {8}), TensorDesc::Contiguous(b.handle(), DType::kUint8, {16}),
+           0.5, F32(c, {8})),
+       161002, "scale"});
+  cases.push_back({"missing self",
+                   session_->GetWorkspaceSize(
+                       "ThresholdBackward", v1::OpParams(),
+                       {{"gradOutput", F32(a, {4})}, {"out", F32(c, {4})}}),
+                   161001, "self"});
+  for (const Case& c : cases) {
+    ASSERT_FALSE(c.result.ok()) << c.name;
+    EXPECT_EQ(c.result.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.name << ": " << c.result.status();
+    EXPECT_EQ(GetAclnnStatus(c.result.status()), c.aclnn)
+        << c.name << ": " << c.result.status();
+    EXPECT_THAT(c.result.status().message(), HasSubstr(c.message)) << c.name;
+  }
+}
+
+TEST_F(ClientTest, UnknownAndConsumedExecutorsAre561103) {
+  DeviceBuffer a = Floats({1, 2, 3, 4});
+  auto executor =
+      session_->ThresholdBackward(F32(a, {4}), F32(a, {4}), 2, F32(a, {4}));
+  ASSERT_TRUE(executor.ok());
+  const uint64_t handle = executor->handle();
+  ASSERT_TRUE(executor->Execute().ok());
+  // The RAII object knows it is consumed...
+  absl::Status again = executor->Execute();
+  EXPECT_EQ(GetAclnnStatus(again), 561103) << again;
+  // ...and so does the server.
+  absl::Status server_again = session_->ExecuteHandle(handle, 0, 0, 0, 0);
+  EXPECT_EQ(server_again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(GetAclnnStatus(server_again), 561103) << server_again;
+  EXPECT_THAT(server_again.message(), HasSubstr("already consumed"));
+
+  absl::Status unknown = session_->ExecuteHandle(987654, 0, 0, 0, 0);
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(GetAclnnStatus(unknown), 561103) << unknown;
+
+  auto repeatable =
+      session_->ThresholdBackward(F32(a, {4}), F32(a, {4}), 2, F32(a, {4}));
+  ASSERT_TRUE(repeatable.ok());
+  ASSERT_TRUE(repeatable->SetRepeatable().ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(repeatable->Execute().ok());
+  const uint64_t repeatable_handle = repeatable->handle();
+  ASSERT_TRUE(repeatable->Destroy().ok());
+  EXPECT_EQ(
+      GetAclnnStatus(session_->ExecuteHandle(repeatable_handle, 0, 0, 0, 0)),
+      561103);
+}
+
+TEST_F(ClientTest, WorkspaceTooSmallIs161002AndKeepsTheExecutor) {
+  // A strided dropout mask is gathered into the workspace.
+  DeviceBuffer grad = Floats(std::vector<float>(8, 1));
+  DeviceBuffer out = Floats(std::vector<float>(8, 0));
+  auto mask = session_->Malloc(32);
+  ASSERT_TRUE(mask.ok());
+  std::vector<double> bits(32, 0);
+  bits[0] = 0xFF;
+  ASSERT_TRUE(
+      session_->WriteValues(mask->handle(), 0, DType::kUint8, bits).ok());
+  TensorDesc mask_desc =
+      TensorDesc::Contiguous(mask->handle(), DType::kUint8, {16});
+  mask_desc.strides = {2};
+  auto executor =
+      session_->DropoutBackward(F32(grad, {8}), mask_desc, 2, F32(out, {8}));
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  const uint64_t needed = executor->workspace_size();
+  ASSERT_GT(needed, 0u);
+  auto workspace = session_->Malloc(needed);
+  ASSERT_TRUE(workspace.ok());
+  absl::Status small = executor->Execute(0, workspace->handle(), 0, needed - 1);
+  EXPECT_EQ(small.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GetAclnnStatus(small), 161002) << small;
+  absl::Status none = executor->Execute(0, 0, 0, 0);
+  EXPECT_EQ(GetAclnnStatus(none), 161002) << none;
+  ASSERT_TRUE(executor->Execute(0, workspace->handle()).ok());
+  EXPECT_THAT(ReadFloats(out, 8), ElementsAre(2, 2, 2, 2, 2, 2, 2, 2));
+}
+
+TEST_F(ClientTest, ServerRestartedUnderTheClientIsACleanError) {
+  auto buffer = session_->Malloc(64);
+  ASSERT_TRUE(buffer.ok());
+  const std::string address = server_->address();
+  server_.reset();  // Shuts down; the session is gone with it.
+  StartServer(address);
+  // The channel reconnects; the old session is unknown to the new server.
+  absl::Status status;
+  for (int i = 0; i < 50; ++i) {
+    status = session_->Malloc(64).status();
+    if (status.code() != absl::StatusCode::kUnavailable) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  EXPECT_THAT(status.message(), HasSubstr("no session"));
+  buffer->Release();
+  // A new session on the same client works.
+  auto fresh = client_->CreateSession("after restart");
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_TRUE((*fresh)->Malloc(64).ok());
+  session_.reset();  // Closing the lost session fails quietly.
+}
+
+}  // namespace
+}  // namespace remote
+}  // namespace opserver
