@@ -259,9 +259,8 @@ aclnnStatus Plan(const char* function, const std::string& op,
   for (const auto& [name, tensor] : tensors) {
     auto desc = ToDesc(state, tensor, name);
     if (!desc.ok()) {
-      return FailAclnn(
-          absl::Status(desc.status().code(),
-                       absl::StrCat(function, ": ", desc.status().message())));
+      return Fail(kernels::GetAclnnStatus(desc.status()),
+                  absl::StrCat(function, ": ", desc.status().message()));
     }
     descs.emplace(name, *std::move(desc));
   }
