@@ -1,0 +1,85 @@
+#include "client/host_tensor.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace opserver::remote {
+namespace {
+
+using kernels::DType;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(HostTensorTest, EncodeDecodeRoundTripsEveryDtype) {
+  const std::vector<double> values = {0, 1, 2, 100};
+  for (DType dtype :
+       {DType::kFloat, DType::kFloat16, DType::kBFloat16, DType::kDouble,
+        DType::kInt8, DType::kUint8, DType::kInt16, DType::kUint16,
+        DType::kInt32, DType::kUint32, DType::kInt64, DType::kUint64}) {
+    auto bytes = EncodeValues(dtype, values);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    EXPECT_EQ(bytes->size(), values.size() * kernels::DTypeSize(dtype));
+    EXPECT_EQ(DecodeValues(dtype, *bytes), values);
+  }
+}
+
+TEST(HostTensorTest, HalfRoundsAndIntegersMustBeExact) {
+  auto half = EncodeValues(DType::kFloat16, {0.1});
+  ASSERT_TRUE(half.ok());
+  EXPECT_THAT(DecodeValues(DType::kFloat16, *half),
+              ElementsAre(0.0999755859375));
+  auto bad = EncodeValues(DType::kInt8, {1.5});
+  EXPECT_THAT(bad.status().message(), HasSubstr("not representable as INT8"));
+  EXPECT_FALSE(EncodeValues(DType::kUint8, {256}).ok());
+  EXPECT_FALSE(EncodeValues(DType::kBool, {2}).ok());
+}
+
+TEST(HostTensorTest, ParsesNumbersShapesAndDtypes) {
+  auto values = ParseNumberList("1.5, -2,nan");
+  ASSERT_TRUE(values.ok());
+  EXPECT_EQ((*values)[0], 1.5);
+  EXPECT_TRUE(std::isnan((*values)[2]));
+  EXPECT_THAT(ParseNumberList("1,x").status().message(),
+              HasSubstr("'x' is not a number"));
+  EXPECT_THAT(*ParseShape("2,3"), ElementsAre(2, 3));
+  EXPECT_TRUE(ParseShape("")->empty());
+  EXPECT_FALSE(ParseShape("2,-1").ok());
+  EXPECT_EQ(*ParseDType("bf16"), DType::kBFloat16);
+  EXPECT_EQ(*ParseDType("ACL_FLOAT16"), DType::kFloat16);
+  EXPECT_THAT(ParseDType("FLOAT128").status().message(),
+              HasSubstr("unknown dtype 'FLOAT128'"));
+}
+
+TEST(HostTensorTest, NpyRoundTripAndErrors) {
+  const std::string dir = ::testing::TempDir();
+  HostTensor tensor;
+  tensor.dtype = DType::kFloat;
+  tensor.shape = {2, 3};
+  tensor.bytes = *EncodeValues(DType::kFloat, {1, 2, 3, 4, 5, 6});
+  ASSERT_TRUE(WriteNpy(dir + "/a.npy", tensor).ok());
+  auto back = ReadNpy(dir + "/a.npy");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->dtype, DType::kFloat);
+  EXPECT_THAT(back->shape, ElementsAre(2, 3));
+  EXPECT_EQ(back->bytes, tensor.bytes);
+
+  tensor.shape = {6};
+  tensor.dtype = DType::kInt32;
+  ASSERT_TRUE(WriteNpy(dir + "/b.npy", tensor).ok());
+  EXPECT_THAT(ReadNpy(dir + "/b.npy")->shape, ElementsAre(6));
+
+  tensor.dtype = DType::kBFloat16;
+  EXPECT_FALSE(WriteNpy(dir + "/c.npy", tensor).ok());
+  EXPECT_EQ(ReadNpy(dir + "/missing.npy").status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(
+      WriteNpy(dir + "/d.npy", HostTensor{DType::kUint8, {0}, ""}).ok());
+  EXPECT_EQ(ReadNpy(dir + "/d.npy")->numel(), 0);
+}
+
+}  // namespace
+}  // namespace opserver::remote

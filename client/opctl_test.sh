@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# opctl against a live opserver on a free port: info, ops, run (values and
+# .npy in and out, every operator, broadcast, dtypes), bench, and a one-line
+# error for each bad input.
+set -uo pipefail
+opserver="$1"
+opctl="$2"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+"$opserver" --listen=127.0.0.1:0 --threads=2 >"$tmp/server.out" 2>"$tmp/server.err" &
+pid=$!
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
+port=""
+for _ in $(seq 100); do
+  port=$(sed -n 's/^listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p' "$tmp/server.out")
+  [[ -n "$port" ]] && break
+  sleep 0.1
+done
+[[ -n "$port" ]] || { echo "FAIL: server did not start" >&2; exit 1; }
+ctl() { "$opctl" --server="127.0.0.1:$port" "$@"; }
+
+# Runs opctl and expects success with `want` somewhere in stdout.
+expect_out() {
+  local want=$1
+  shift
+  ctl "$@" >"$tmp/out" 2>"$tmp/err" || { fail "opctl $*: $(cat "$tmp/err")"; return; }
+  grep -qF -- "$want" "$tmp/out" || fail "opctl $*: want '$want', got: $(cat "$tmp/out")"
+}
+# Runs opctl and expects exit 1 with exactly one stderr line containing `want`.
+expect_err() {
+  local want=$1
+  shift
+  ctl "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  [[ $rc -eq 1 ]] || fail "opctl $*: exit $rc, want 1"
+  [[ $(wc -l <"$tmp/err") -eq 1 ]] || fail "opctl $*: want one line, got: $(cat "$tmp/err")"
+  grep -qF -- "$want" "$tmp/err" || fail "opctl $*: want '$want', got: $(cat "$tmp/err")"
+}
+
+expect_out "health:   SERVING" info
+expect_out "ThresholdBackward (aclnnThresholdBackward)" ops
+expect_out "tensor mask" ops
+expect_out "negativeSlope" ops
+expect_out "BFLOAT16" ops
+
+# The spec's worked examples and each operator.
+expect_out "out = [0, 4.4, 4.3, 4.2]" \
+  run ThresholdBackward --threshold=1 --gradOutput=4.5,4.4,4.3,4.2 --self=0.2,1.2,2.2,3.2 --dtype=FLOAT
+expect_out "out = [0, 2, 0, 6, 0, 10, 0, 0]  (FLOAT, shape [4,2])" \
+  run DropoutBackward --scale=2 --gradOutput=0,1,2,3,4,5,6,7 --gradOutput_shape=4,2 \
+  --mask=42,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0
+expect_out "gradInput = [0, 2, 0, 4]" \
+  run SoftshrinkBackward --lambd=0.5 --gradOutput=1,2,3,4 --self=0.5,-0.6,0.1,-2
+expect_out "out = [0, -1, 1, 3]  (FLOAT16" \
+  run HardswishBackward --dtype=FLOAT16 --gradOutput=2,2,2,2 --self=-4,-3,0,3
+expect_out "out = [0.01, 0.02, 3, 4]" \
+  run aclnnLeakyReluBackward --negativeSlope=0.01 --selfIsResult --gradOutput=1,2,3,4 --self=-1,0,1,2
+# Broadcast: self [2,1] against gradOutput [2,2]; integer and mixed dtypes.
+expect_out "out = [0, 0, 3, 4]  (INT32, shape [2,2])" \
+  run ThresholdBackward --dtype=INT32 --threshold=0.5 --gradOutput=1,2,3,4 --gradOutput_shape=2,2 \
+  --self=0,1 --self_shape=2,1
+expect_out "out = [4, 1, 1]  (DOUBLE" \
+  run LeakyReluBackward --gradOutput=4,4,4 --self=1,0,-1 --gradOutput_dtype=BF16 --self_dtype=BF16 \
+  --out_dtype=DOUBLE --negativeSlope=0.25
+
+# .npy out, then in again.
+expect_out "written to $tmp/t.npy" \
+  run ThresholdBackward --threshold=1 --gradOutput=4.5,4.4,4.3,4.2 --gradOutput_shape=2,2 \
+  --self=0.2,1.2,2.2,3.2 --self_shape=2,2 --output="$tmp/t.npy"
+expect_out "out = [0, 4.4, 4.3, 4.2]  (FLOAT, shape [2,2])" \
+  run ThresholdBackward --threshold=-1 --gradOutput=@"$tmp/t.npy" --self=1 --self_shape=1,1
+if python3 -c "import numpy" 2>/dev/null; then
+  python3 -c "
+import numpy as np
+a = np.load('$tmp/t.npy')
+assert a.dtype == np.float32 and a.shape == (2, 2), (a.dtype, a.shape)
+assert np.allclose(a.ravel(), [0, 4.4, 4.3, 4.2]), a
+np.save('$tmp/g.npy', np.arange(6, dtype=np.float64).reshape(2, 3))
+" || fail "numpy cannot read opctl's .npy"
+  expect_out "out = [0, 0, 0, 3, 4, 5]  (DOUBLE, shape [2,3])" \
+    run ThresholdBackward --threshold=2 --gradOutput=@"$tmp/g.npy" --self=@"$tmp/g.npy" --dtype=DOUBLE
+fi
+
+expect_out "upload:" bench --bytes=1048576 --iterations=3 --elements=256
+expect_out "DropoutBackward" bench --bytes=1048576 --iterations=3 --elements=256
+expect_out "Usage: opctl [--server=..] run OP" run --help
+expect_out "--iterations" bench --help
+
+# Bad input: one line each, exit 1.
+expect_err "unknown command 'frobnicate'" frobnicate
+expect_err "missing COMMAND" 
+expect_err "run: missing OP" run
+expect_err "run: unknown operator 'Relu'" run Relu --gradOutput=1
+expect_err "run: ThresholdBackward needs --self" run ThresholdBackward --gradOutput=1
+expect_err "run: --self: 'x' is not a number" run ThresholdBackward --gradOutput=1 --self=x
+expect_err "unknown dtype 'FLOAT128'" run ThresholdBackward --gradOutput=1 --self=1 --dtype=FLOAT128
+expect_err "has 3 values but shape [2,2] holds 4" run ThresholdBackward --gradOutput=1,2,3 --gradOutput_shape=2,2 --self=1
+expect_err "do not broadcast" run ThresholdBackward --gradOutput=1,2,3 --self=1,2
+expect_err "--threshold=abc is not a number" run ThresholdBackward --gradOutput=1 --self=1 --threshold=abc
+expect_err "unknown argument --lamda" run SoftshrinkBackward --gradOutput=1 --self=1 --lamda=1
+expect_err "not representable as INT8" run ThresholdBackward --gradOutput=1.5 --self=1 --dtype=INT8
+expect_err "cannot open '$tmp/none.npy'" run ThresholdBackward --gradOutput=@"$tmp/none.npy" --self=1
+echo "not numpy" >"$tmp/bad.npy"
+expect_err "is not a usable .npy file" run ThresholdBackward --gradOutput=@"$tmp/bad.npy" --self=1
+# The server's verdicts, with the aclnn status.
+expect_err "lambd must be >= 0, got -1 (aclnn 161002)" \
+  run SoftshrinkBackward --lambd=-1 --gradOutput=1 --self=1
+expect_err "(aclnn 161002)" run ThresholdBackward --gradOutput=1,2 --self=1,2 --self_dtype=INT8
+expect_err "bench: --bytes=0 must be a positive integer" bench --bytes=0
+expect_err "bench: unknown argument --size" bench --size=1
+"$opctl" --server=127.0.0.1:1 --timeout_ms=300 run ThresholdBackward --gradOutput=1 --self=1 \
+  >"$tmp/out" 2>"$tmp/err"
+grep -q "cannot reach opserver at 127.0.0.1:1" "$tmp/err" || fail "unreachable run: $(cat "$tmp/err")"
+
+kill -0 $pid 2>/dev/null || fail "server died: $(cat "$tmp/server.err")"
+[[ $failures -eq 0 ]] || exit 1
+echo PASS
