@@ -7,7 +7,8 @@ set -uo pipefail
 opserver="$1"
 library="$2"
 acl_h="$3"
-shift 3
+cpp_client="$4"
+shift 4
 examples=("$@")
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 failures=0
@@ -49,6 +50,10 @@ check() {
 for program in "${examples[@]}"; do
   check "$(basename "$program")" "$program"
 done
+# The C++ client example takes the address as its argument.
+"$cpp_client" "$OPSERVER_ADDRESS" >"$tmp/cpp.out" 2>&1 || fail "cpp_client: $(cat "$tmp/cpp.out")"
+got=$(sed -n 's/^result\[[0-9]*\] is: \(.*\)$/\1/p' "$tmp/cpp.out" | tr '\n' ' ' | sed 's/ $//')
+[[ "$got" == "$(expected threshold_backward)" ]] || fail "cpp_client printed '$got'"
 
 # Outside Bazel: the README's command. An ASan build of the library needs the
 # program built with the same sanitizers.
