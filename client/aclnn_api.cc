@@ -82,8 +82,10 @@ struct State {
   std::string address;
   absl::Duration timeout = absl::Seconds(5);
   absl::Duration sync_timeout = absl::Seconds(600);
-  std::unique_ptr<Client> client;
-  std::unique_ptr<Session> session;
+  // Shared so that a long call (synchronize, a transfer) can run without
+  // holding `mu`, keeping both alive even if another thread resets them.
+  std::shared_ptr<Client> client;
+  std::shared_ptr<opserver::remote::Session> session;
   uintptr_t next_address = kDeviceBase;
   std::map<uintptr_t, Allocation> allocations;  // By base address.
   uint64_t next_stream = 1;
@@ -517,16 +519,25 @@ aclError aclrtDestroyStream(aclrtStream stream) {
 
 aclError aclrtSynchronizeStream(aclrtStream stream) {
   State& state = GetState();
-  absl::MutexLock lock(&state.mu);
-  auto session = opserver::SessionOf(state);
-  if (!session.ok()) return opserver::SessionError(session.status());
-  auto handle = opserver::StreamHandle(state, stream);
-  if (!handle.ok()) {
-    return Fail(
-        ACL_ERROR_INVALID_PARAM,
-        absl::StrCat("aclrtSynchronizeStream: ", handle.status().message()));
+  std::shared_ptr<opserver::Client> client;  // Outlives `session`.
+  std::shared_ptr<opserver::remote::Session> session;
+  uint64_t handle;
+  {
+    absl::MutexLock lock(&state.mu);
+    auto current = opserver::SessionOf(state);
+    if (!current.ok()) return opserver::SessionError(current.status());
+    auto stream_handle = opserver::StreamHandle(state, stream);
+    if (!stream_handle.ok()) {
+      return Fail(ACL_ERROR_INVALID_PARAM,
+                  absl::StrCat("aclrtSynchronizeStream: ",
+                               stream_handle.status().message()));
+    }
+    client = state.client;
+    session = state.session;
+    handle = *stream_handle;
   }
-  absl::Status status = (*session)->Synchronize(*handle);
+  // Other threads may use the API while this one waits.
+  absl::Status status = session->Synchronize(handle);
   if (!status.ok()) return FailAcl(status);
   return ACL_SUCCESS;
 }
@@ -578,8 +589,6 @@ aclError aclrtFree(void* devPtr) {
 
 aclError aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count,
                      aclrtMemcpyKind kind) {
-  State& state = GetState();
-  absl::MutexLock lock(&state.mu);
   if (dst == nullptr || src == nullptr) {
     return Fail(ACL_ERROR_INVALID_PARAM,
                 absl::StrCat("aclrtMemcpy: ", dst == nullptr ? "dst" : "src",
@@ -594,55 +603,56 @@ aclError aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count,
     std::memmove(dst, src, count);
     return ACL_SUCCESS;
   }
-  auto session = opserver::SessionOf(state);
-  if (!session.ok()) return opserver::SessionError(session.status());
-  auto check = [&](const void* pointer,
-                   const char* what) -> absl::StatusOr<opserver::DeviceRange> {
-    auto range =
-        opserver::Resolve(state, pointer, absl::StrCat("aclrtMemcpy: ", what));
-    if (!range.ok()) return range.status();
-    if (range->available < count) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("aclrtMemcpy: ", count, " bytes at ", what,
-                       " run past the end of "
-                       "its allocation (",
-                       range->available, " bytes left)"));
-    }
-    return range;
-  };
-  absl::Status status;
-  switch (kind) {
-    case ACL_MEMCPY_HOST_TO_DEVICE: {
-      auto to = check(dst, "dst");
-      if (!to.ok()) return FailAcl(to.status());
-      status = (*session)->Upload(to->buffer, to->offset, src, count);
-      break;
-    }
-    case ACL_MEMCPY_DEVICE_TO_HOST: {
-      auto from = check(src, "src");
-      if (!from.ok()) return FailAcl(from.status());
-      status = (*session)->Download(from->buffer, from->offset, dst, count);
-      break;
-    }
-    case ACL_MEMCPY_DEVICE_TO_DEVICE: {
-      auto from = check(src, "src");
-      if (!from.ok()) return FailAcl(from.status());
-      auto to = check(dst, "dst");
-      if (!to.ok()) return FailAcl(to.status());
-      // Through the host: the API has no device-side copy.
-      std::vector<char> bounce(count);
-      status = (*session)->Download(from->buffer, from->offset, bounce.data(),
-                                    count);
-      if (status.ok()) {
-        status =
-            (*session)->Upload(to->buffer, to->offset, bounce.data(), count);
+  if (kind != ACL_MEMCPY_HOST_TO_DEVICE && kind != ACL_MEMCPY_DEVICE_TO_HOST &&
+      kind != ACL_MEMCPY_DEVICE_TO_DEVICE) {
+    return Fail(ACL_ERROR_INVALID_PARAM,
+                absl::StrCat("aclrtMemcpy: unknown aclrtMemcpyKind ",
+                             static_cast<int>(kind)));
+  }
+  State& state = GetState();
+  std::shared_ptr<opserver::Client> client;  // Outlives `session`.
+  std::shared_ptr<opserver::remote::Session> session;
+  opserver::DeviceRange from{}, to{};
+  {
+    absl::MutexLock lock(&state.mu);
+    auto current = opserver::SessionOf(state);
+    if (!current.ok()) return opserver::SessionError(current.status());
+    auto check = [&](const void* pointer, const char* what,
+                     opserver::DeviceRange* range) -> absl::Status {
+      auto resolved = opserver::Resolve(state, pointer,
+                                        absl::StrCat("aclrtMemcpy: ", what));
+      if (!resolved.ok()) return resolved.status();
+      if (resolved->available < count) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("aclrtMemcpy: ", count, " bytes at ", what,
+                         " run past the end of its allocation (",
+                         resolved->available, " bytes left)"));
       }
-      break;
+      *range = *resolved;
+      return absl::OkStatus();
+    };
+    if (kind != ACL_MEMCPY_HOST_TO_DEVICE) {
+      if (absl::Status s = check(src, "src", &from); !s.ok()) return FailAcl(s);
     }
-    default:
-      return Fail(ACL_ERROR_INVALID_PARAM,
-                  absl::StrCat("aclrtMemcpy: unknown aclrtMemcpyKind ",
-                               static_cast<int>(kind)));
+    if (kind != ACL_MEMCPY_DEVICE_TO_HOST) {
+      if (absl::Status s = check(dst, "dst", &to); !s.ok()) return FailAcl(s);
+    }
+    client = state.client;
+    session = state.session;
+  }
+  // The transfer runs without the lock: other threads may use the API.
+  absl::Status status;
+  if (kind == ACL_MEMCPY_HOST_TO_DEVICE) {
+    status = session->Upload(to.buffer, to.offset, src, count);
+  } else if (kind == ACL_MEMCPY_DEVICE_TO_HOST) {
+    status = session->Download(from.buffer, from.offset, dst, count);
+  } else {
+    // Through the host: the API has no device-side copy.
+    std::vector<char> bounce(count);
+    status = session->Download(from.buffer, from.offset, bounce.data(), count);
+    if (status.ok()) {
+      status = session->Upload(to.buffer, to.offset, bounce.data(), count);
+    }
   }
   if (!status.ok()) return FailAcl(status);
   return ACL_SUCCESS;

@@ -65,6 +65,24 @@ expect_out "out = [4, 1, 1]  (DOUBLE" \
   run LeakyReluBackward --gradOutput=4,4,4 --self=1,0,-1 --gradOutput_dtype=BF16 --self_dtype=BF16 \
   --out_dtype=DOUBLE --negativeSlope=0.25
 
+# Every operator in every dtype it supports (values exact in FLOAT16/BF16).
+for dtype in FLOAT FLOAT16 BF16 INT32 INT8 UINT8; do
+  expect_out "out = [0, 0, 3, 4]" \
+    run ThresholdBackward --dtype=$dtype --threshold=1.5 --gradOutput=1,2,3,4 --self=0,1,2,3
+done
+for dtype in FLOAT FLOAT16 BF16; do
+  expect_out "gradInput = [1, 0, 0, 4]" \
+    run SoftshrinkBackward --dtype=$dtype --lambd=0.5 --gradOutput=1,2,3,4 --self=-4,-0.5,0.5,4
+  expect_out "out = [0, -1, 4.5, 4]" \
+    run HardswishBackward --dtype=$dtype --gradOutput=1,2,3,4 --self=-4,-3,3,4
+  expect_out "out = [0, 4, 0, 8]" \
+    run DropoutBackward --dtype=$dtype --scale=2 --gradOutput=1,2,3,4 --mask=10,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0
+done
+for dtype in FLOAT FLOAT16 BF16 DOUBLE; do
+  expect_out "out = [0.5, 1, 3, 4]" \
+    run LeakyReluBackward --dtype=$dtype --negativeSlope=0.5 --gradOutput=1,2,3,4 --self=-4,-0.5,0.5,4
+done
+
 # .npy out, then in again.
 expect_out "written to $tmp/t.npy" \
   run ThresholdBackward --threshold=1 --gradOutput=4.5,4.4,4.3,4.2 --gradOutput_shape=2,2 \

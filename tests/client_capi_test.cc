@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -395,6 +396,58 @@ TEST_F(CApiTest, WorkspaceTooSmallIs161002) {
       << LastError();
   ASSERT_EQ(aclrtSynchronizeStream(stream_), ACL_SUCCESS);
   EXPECT_THAT(Host<float>(out, 8), ElementsAre(2, 2, 2, 2, 2, 2, 2, 2));
+}
+
+TEST_F(CApiTest, ThreadsWithTheirOwnStreamsRunConcurrently) {
+  std::vector<std::thread> threads;
+  std::vector<std::vector<float>> results(4);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      aclrtStream stream;
+      ASSERT_EQ(aclrtCreateStream(&stream), ACL_SUCCESS) << LastError();
+      std::vector<float> host = {4.5f + t, 4.4, 4.3, 4.2, 0.2, 1.2,
+                                 2.2,      3.2, 0,   0,   0,   0};
+      void* dev = nullptr;
+      ASSERT_EQ(aclrtMalloc(&dev, 48, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+      ASSERT_EQ(
+          aclrtMemcpy(dev, 48, host.data(), 48, ACL_MEMCPY_HOST_TO_DEVICE),
+          ACL_SUCCESS);
+      char* base = static_cast<char*>(dev);
+      int64_t shape[] = {4};
+      aclTensor* g = aclCreateTensor(shape, 1, ACL_FLOAT, nullptr, 0,
+                                     ACL_FORMAT_ND, shape, 1, base);
+      aclTensor* s = aclCreateTensor(shape, 1, ACL_FLOAT, nullptr, 0,
+                                     ACL_FORMAT_ND, shape, 1, base + 16);
+      aclTensor* o = aclCreateTensor(shape, 1, ACL_FLOAT, nullptr, 0,
+                                     ACL_FORMAT_ND, shape, 1, base + 32);
+      float one = 1;
+      aclScalar* threshold = aclCreateScalar(&one, ACL_FLOAT);
+      uint64_t ws = 0;
+      aclOpExecutor* executor = nullptr;
+      for (int i = 0; i < 10; ++i) {
+        ASSERT_EQ(aclnnThresholdBackwardGetWorkspaceSize(g, s, threshold, o,
+                                                         &ws, &executor),
+                  ACLNN_SUCCESS);
+        ASSERT_EQ(aclnnThresholdBackward(nullptr, 0, executor, stream),
+                  ACLNN_SUCCESS);
+        ASSERT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS);
+      }
+      results[t].resize(4);
+      ASSERT_EQ(aclrtMemcpy(results[t].data(), 16, base + 32, 16,
+                            ACL_MEMCPY_DEVICE_TO_HOST),
+                ACL_SUCCESS);
+      aclDestroyTensor(g);
+      aclDestroyTensor(s);
+      aclDestroyTensor(o);
+      aclDestroyScalar(threshold);
+      aclrtFree(dev);
+      aclrtDestroyStream(stream);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < 4; ++t) {
+    EXPECT_THAT(results[t], ElementsAre(0, 4.4f, 4.3f, 4.2f)) << t;
+  }
 }
 
 TEST_F(CApiTest, CallsOutOfOrderAreErrorsNotCrashes) {

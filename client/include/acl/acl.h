@@ -3,7 +3,9 @@
 // Environment: OPSERVER_ADDRESS (HOST:PORT, default 127.0.0.1:50051) names
 // the server; OPSERVER_TIMEOUT_MS (default 5000) bounds connecting and each
 // call except aclrtSynchronizeStream, which waits up to
-// OPSERVER_SYNC_TIMEOUT_MS (default 600000).
+// OPSERVER_SYNC_TIMEOUT_MS (default 600000), as do transfers and
+// aclrtDestroyStream. Thread-safe; a thread waiting in aclrtSynchronizeStream
+// or aclrtMemcpy does not hold up other threads' calls.
 #ifndef OPSERVER_CLIENT_INCLUDE_ACL_ACL_H_
 #define OPSERVER_CLIENT_INCLUDE_ACL_ACL_H_
 
