@@ -2,6 +2,7 @@
 //
 //   opctl [--server=HOST:PORT] [--timeout_ms=N] info
 //   opctl [...] ops
+//   opctl [...] stats
 //   opctl [...] run OP --ARG=v1,v2,... [--ARG_shape=..] [--dtype=..] ...
 //   opctl [...] bench [--bytes=N] [--iterations=N] [--elements=N]
 //
@@ -52,6 +53,7 @@ constexpr char kUsage[] =
     "  ops     operators with their tensor arguments, dtypes and parameters\n"
     "  run     one operator on values from the command line or .npy files\n"
     "          (opctl run --help for the details)\n"
+    "  stats   sessions and device memory in use on the server\n"
     "  bench   transfer throughput and per-operator latency\n"
     "          (opctl bench --help for the details)";
 
@@ -123,6 +125,24 @@ int Info(Client& client) {
               info->server_version().c_str(), info->api_version().c_str(),
               info->grpc_version().c_str());
   std::printf("health:   %s\n", health->c_str());
+  return 0;
+}
+
+int Stats(Client& client) {
+  grpc::ClientContext context;
+  client.SetDeadline(&context);
+  v1::ServerStats stats;
+  absl::Status status =
+      FromGrpcStatus(client.runtime().GetServerStats(
+                         &context, v1::GetServerStatsRequest(), &stats),
+                     context, "GetServerStats");
+  if (!status.ok()) return Fail(status.message());
+  std::printf("sessions:     %llu\n",
+              static_cast<unsigned long long>(stats.sessions()));
+  std::printf("buffers:      %llu\n",
+              static_cast<unsigned long long>(stats.buffers()));
+  std::printf("buffer_bytes: %llu\n",
+              static_cast<unsigned long long>(stats.buffer_bytes()));
   return 0;
 }
 
@@ -607,11 +627,12 @@ int Main(int argc, char** argv) {
   if (command_at >= argc) return Fail("missing COMMAND (try --help)");
   const std::string command = argv[command_at];
   std::vector<std::string> rest(argv + command_at + 1, argv + argc);
-  if (command != "info" && command != "ops" && command != "run" &&
-      command != "bench") {
+  if (command != "info" && command != "ops" && command != "stats" &&
+      command != "run" && command != "bench") {
     return Fail(absl::StrCat("unknown command '", command, "' (try --help)"));
   }
-  if ((command == "info" || command == "ops") && !rest.empty()) {
+  if ((command == "info" || command == "ops" || command == "stats") &&
+      !rest.empty()) {
     return Fail(absl::StrCat("unexpected arguments after '", command,
                              "' (try --help)"));
   }
@@ -639,6 +660,7 @@ int Main(int argc, char** argv) {
   auto client = connect();
   if (!client.ok()) return Fail(client.status().message());
   if (command == "info") return Info(**client);
+  if (command == "stats") return Stats(**client);
   return Ops(**client);
 }
 

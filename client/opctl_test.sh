@@ -44,6 +44,8 @@ expect_out "ThresholdBackward (aclnnThresholdBackward)" ops
 expect_out "tensor mask" ops
 expect_out "negativeSlope" ops
 expect_out "BFLOAT16" ops
+expect_out "sessions:" stats
+expect_err "unexpected arguments after 'stats'" stats now
 
 # The spec's worked examples and each operator.
 expect_out "out = [0, 4.4, 4.3, 4.2]" \

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# A program using the C API dies (SIGKILL) holding 8 MiB of device memory;
+# its session is bound to an Attach call, so the server frees everything.
+set -uo pipefail
+opserver="$1"
+opctl="$2"
+helper="$3"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+
+"$opserver" --listen=127.0.0.1:0 --threads=2 >"$tmp/server.out" 2>"$tmp/server.err" &
+pid=$!
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
+port=""
+for _ in $(seq 100); do
+  port=$(sed -n 's/^listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p' "$tmp/server.out")
+  [[ -n "$port" ]] && break
+  sleep 0.1
+done
+[[ -n "$port" ]] || { echo "FAIL: server did not start" >&2; exit 1; }
+stats() { "$opctl" --server="127.0.0.1:$port" stats; }
+
+OPSERVER_ADDRESS="127.0.0.1:$port" "$helper" >"$tmp/helper.out" 2>&1 &
+helper_pid=$!
+for _ in $(seq 100); do
+  grep -q allocated "$tmp/helper.out" && break
+  sleep 0.1
+done
+grep -q allocated "$tmp/helper.out" || { echo "FAIL: helper: $(cat "$tmp/helper.out")" >&2; exit 1; }
+stats | grep -q "^buffer_bytes: 8388608$" || { echo "FAIL: before: $(stats)" >&2; exit 1; }
+kill -KILL $helper_pid
+wait $helper_pid 2>/dev/null
+for _ in $(seq 100); do
+  if stats | grep -q "^sessions: *0$" && stats | grep -q "^buffer_bytes: 0$"; then
+    echo PASS
+    exit 0
+  fi
+  sleep 0.1
+done
+echo "FAIL: the killed program's session or memory is still there: $(stats)" >&2
+exit 1
