@@ -35,13 +35,13 @@ int32_t GetAclnnStatus(const absl::Status& status) {
 }
 
 absl::Status ParamInvalid(absl::string_view message) {
-  return AclnnError(kAclnnErrParamInvalid,
-                    absl::StatusCode::kInvalidArgument, message);
+  return AclnnError(kAclnnErrParamInvalid, absl::StatusCode::kInvalidArgument,
+                    message);
 }
 
 absl::Status ParamNullptr(absl::string_view message) {
-  return AclnnError(kAclnnErrParamNullptr,
-                    absl::StatusCode::kInvalidArgument, message);
+  return AclnnError(kAclnnErrParamNullptr, absl::StatusCode::kInvalidArgument,
+                    message);
 }
 
 }  // namespace opserver::kernels

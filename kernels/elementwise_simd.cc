@@ -247,8 +247,7 @@ struct HardswishOp {
     return hn::Mul(g, deriv);
   }
   HWY_INLINE float operator()(float g, float x) const {
-    const float deriv =
-        x < -3.0f ? 0.0f : (x <= 3.0f ? x / 3.0f + 0.5f : 1.0f);
+    const float deriv = x < -3.0f ? 0.0f : (x <= 3.0f ? x / 3.0f + 0.5f : 1.0f);
     return g * deriv;
   }
 };
@@ -273,8 +272,8 @@ void ThresholdFloat(const KernelParams& p, const void* g, const void* s,
 }
 
 template <class TI>
-void ThresholdInt(const KernelParams& p, const void* g, const void* s,
-                  void* o, int64_t n, int64_t, bool stream) {
+void ThresholdInt(const KernelParams& p, const void* g, const void* s, void* o,
+                  int64_t n, int64_t, bool stream) {
   // For integer x, x > t exactly iff x > floor(t).
   const double t = p.threshold_d;
   const double c = std::floor(t);
@@ -372,18 +371,18 @@ void Dropout(const KernelParams& p, const void* gv, const void* sv, void* ov,
   const auto vscale = hn::Set(d, scale);
   for (; i + N <= n; i += N) {
     // A select, not a multiply by 0/1: dropped NaN/Inf become exactly 0.
-    const auto r = hn::IfThenElseZero(mask_at(i), hn::Mul(LoadV(d, g + i),
-                                                          vscale));
+    const auto r =
+        hn::IfThenElseZero(mask_at(i), hn::Mul(LoadV(d, g + i), vscale));
     StoreV(d, r, o + i, stream);
   }
   for (; i < n; ++i) scalar(i);
   StreamFence(stream);
 }
 
-#define OPSERVER_CONTIG(NAME, FN)                                          \
+#define OPSERVER_CONTIG(NAME, FN)                                         \
   void NAME(const KernelParams& p, const void* g, const void* s, void* o, \
-            int64_t n, int64_t bit0, bool stream) {                        \
-    FN(p, g, s, o, n, bit0, stream);                                       \
+            int64_t n, int64_t bit0, bool stream) {                       \
+    FN(p, g, s, o, n, bit0, stream);                                      \
   }
 OPSERVER_CONTIG(ThresholdF32, ThresholdFloat<float>)
 OPSERVER_CONTIG(ThresholdF16, ThresholdFloat<F16>)
@@ -416,11 +415,11 @@ HWY_AFTER_NAMESPACE();
 namespace opserver {
 namespace kernels {
 
-#define OPSERVER_EXPORT(NAME)                                               \
-  HWY_EXPORT(NAME);                                                         \
+#define OPSERVER_EXPORT(NAME)                                              \
+  HWY_EXPORT(NAME);                                                        \
   void Dispatch##NAME(const KernelParams& p, const void* g, const void* s, \
-                      void* o, int64_t n, int64_t bit0, bool stream) {      \
-    HWY_DYNAMIC_DISPATCH(NAME)(p, g, s, o, n, bit0, stream);                \
+                      void* o, int64_t n, int64_t bit0, bool stream) {     \
+    HWY_DYNAMIC_DISPATCH(NAME)(p, g, s, o, n, bit0, stream);               \
   }
 OPSERVER_EXPORT(ThresholdF32)
 OPSERVER_EXPORT(ThresholdF16)

@@ -15,12 +15,12 @@ enum class DropoutMode { kScale, kZero, kCopy };
 
 // Operator scalars, already converted to the types the kernels compute in.
 struct KernelParams {
-  float threshold = 0;       // ThresholdBackward, float self.
-  double threshold_d = 0;    // Same value, compared exactly with int self.
-  float lambd = 0;           // SoftshrinkBackward.
-  float slope_f = 0;         // LeakyReluBackward computed in float.
-  double slope_d = 0;        // LeakyReluBackward computed in double.
-  float scale = 1;           // DropoutBackward, kScale mode.
+  float threshold = 0;     // ThresholdBackward, float self.
+  double threshold_d = 0;  // Same value, compared exactly with int self.
+  float lambd = 0;         // SoftshrinkBackward.
+  float slope_f = 0;       // LeakyReluBackward computed in float.
+  double slope_d = 0;      // LeakyReluBackward computed in double.
+  float scale = 1;         // DropoutBackward, kScale mode.
   DropoutMode dropout_mode = DropoutMode::kScale;
 };
 

@@ -29,12 +29,10 @@ inline float HalfToFloat(uint16_t h) {
   const uint32_t sign = w & 0x80000000u;
   const uint32_t two_w = w + w;
   const uint32_t exp_offset = 0xE0u << 23;
-  const float normalized =
-      BitsToFloat((two_w >> 4) + exp_offset) * 0x1.0p-112f;
+  const float normalized = BitsToFloat((two_w >> 4) + exp_offset) * 0x1.0p-112f;
   const float denormalized = BitsToFloat((two_w >> 17) | (126u << 23)) - 0.5f;
-  const uint32_t result =
-      sign | (two_w < (1u << 27) ? FloatBits(denormalized)
-                                 : FloatBits(normalized));
+  const uint32_t result = sign | (two_w < (1u << 27) ? FloatBits(denormalized)
+                                                     : FloatBits(normalized));
   return BitsToFloat(result);
 }
 

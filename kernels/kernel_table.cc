@@ -139,12 +139,11 @@ void SoftshrinkStrided(const KernelParams& p, const char* g, int64_t gs,
 
 template <DType DT>
 void HardswishStrided(const KernelParams&, const char* g, int64_t gs,
-                      const char* s, int64_t ss, char* o, int64_t os,
-                      int64_t n, int64_t) {
+                      const char* s, int64_t ss, char* o, int64_t os, int64_t n,
+                      int64_t) {
   for (int64_t i = 0; i < n; ++i, g += gs, s += ss, o += os) {
     const float x = Load<float, DT>(s);
-    const float deriv =
-        x < -3.0f ? 0.0f : (x <= 3.0f ? x / 3.0f + 0.5f : 1.0f);
+    const float deriv = x < -3.0f ? 0.0f : (x <= 3.0f ? x / 3.0f + 0.5f : 1.0f);
     Store<DT>(o, Load<float, DT>(g) * deriv);
   }
 }
@@ -185,7 +184,7 @@ void DropoutStrided(const KernelParams& p, const char* g, int64_t gs,
       default: {
         const uint64_t pos = static_cast<uint64_t>(bit0 + i);
         r = ((bits[pos >> 3] >> (pos & 7)) & 1) ? Load<float, G>(g) * scale
-                                                 : 0.0f;
+                                                : 0.0f;
       }
     }
     Store<O>(o, r);
@@ -225,8 +224,7 @@ void AddSoftshrink(Table& t) {
 
 template <DType G, DType S, DType... Os>
 void AddLeakyOuts(Table& t) {
-  (Add(t, OpKind::kLeakyReluBackward, G, S, Os, &LeakyStrided<G, S, Os>),
-   ...);
+  (Add(t, OpKind::kLeakyReluBackward, G, S, Os, &LeakyStrided<G, S, Os>), ...);
 }
 
 template <DType G, DType... Ss>

@@ -29,36 +29,43 @@ constexpr int64_t kTaskAlign = 1024;
 constexpr int64_t kTasksPerThread = 4;
 constexpr int64_t kStreamMinBytes = 4 * 1024 * 1024;
 
-const std::vector<DType> kThresholdDTypes = {kF, kH, kB, DType::kInt32,
-                                             DType::kInt8, DType::kUint8};
+const std::vector<DType> kThresholdDTypes = {
+    kF, kH, kB, DType::kInt32, DType::kInt8, DType::kUint8};
 const std::vector<DType> kHalfFloatDTypes = {kF, kH, kB};
 const std::vector<DType> kFloatDTypes = {kF, kH, kB, kD};
-const std::vector<DType> kSlopeDTypes = {
-    kF, kH, kB, kD, DType::kInt32, DType::kInt64, DType::kInt16,
-    DType::kInt8, DType::kUint8, DType::kBool};
+const std::vector<DType> kSlopeDTypes = {kF,
+                                         kH,
+                                         kB,
+                                         kD,
+                                         DType::kInt32,
+                                         DType::kInt64,
+                                         DType::kInt16,
+                                         DType::kInt8,
+                                         DType::kUint8,
+                                         DType::kBool};
 
 std::vector<OpInfo> BuildRegistry() {
   std::vector<OpInfo> ops;
-  ops.push_back(OpInfo{
-      OpKind::kThresholdBackward,
-      "ThresholdBackward",
-      "aclnnThresholdBackward",
-      {{"gradOutput", false, kThresholdDTypes},
-       {"self", false, kThresholdDTypes},
-       {"out", true, kThresholdDTypes}},
-      {{"threshold", "float", {}}},
-      "out = self > threshold ? gradOutput : 0 (NaN self passes); "
-      "gradOutput, self, out same dtype; gradOutput/self broadcast"});
-  ops.push_back(OpInfo{
-      OpKind::kSoftshrinkBackward,
-      "SoftshrinkBackward",
-      "aclnnSoftshrinkBackward",
-      {{"gradOutput", false, kHalfFloatDTypes},
-       {"self", false, kHalfFloatDTypes},
-       {"gradInput", true, kHalfFloatDTypes}},
-      {{"lambd", "float", {}}},
-      "gradInput = |self| > lambd ? gradOutput : 0 (NaN self passes); "
-      "lambd >= 0; gradInput has the promoted dtype; broadcast"});
+  ops.push_back(
+      OpInfo{OpKind::kThresholdBackward,
+             "ThresholdBackward",
+             "aclnnThresholdBackward",
+             {{"gradOutput", false, kThresholdDTypes},
+              {"self", false, kThresholdDTypes},
+              {"out", true, kThresholdDTypes}},
+             {{"threshold", "float", {}}},
+             "out = self > threshold ? gradOutput : 0 (NaN self passes); "
+             "gradOutput, self, out same dtype; gradOutput/self broadcast"});
+  ops.push_back(
+      OpInfo{OpKind::kSoftshrinkBackward,
+             "SoftshrinkBackward",
+             "aclnnSoftshrinkBackward",
+             {{"gradOutput", false, kHalfFloatDTypes},
+              {"self", false, kHalfFloatDTypes},
+              {"gradInput", true, kHalfFloatDTypes}},
+             {{"lambd", "float", {}}},
+             "gradInput = |self| > lambd ? gradOutput : 0 (NaN self passes); "
+             "lambd >= 0; gradInput has the promoted dtype; broadcast"});
   ops.push_back(OpInfo{
       OpKind::kHardswishBackward,
       "HardswishBackward",
@@ -76,8 +83,7 @@ std::vector<OpInfo> BuildRegistry() {
       {{"gradOutput", false, kFloatDTypes},
        {"self", false, kFloatDTypes},
        {"out", true, kFloatDTypes}},
-      {{"negativeSlope", "scalar", kSlopeDTypes},
-       {"selfIsResult", "bool", {}}},
+      {{"negativeSlope", "scalar", kSlopeDTypes}, {"selfIsResult", "bool", {}}},
       "out = self > 0 ? gradOutput : gradOutput * negativeSlope; dtypes "
       "promoted, cast to out; negativeSlope >= 0 if selfIsResult; broadcast"});
   ops.push_back(OpInfo{
@@ -123,8 +129,7 @@ absl::Status CheckDType(const OpInfo& info, const TensorView& t,
 }
 
 absl::Status CheckSameDType(const TensorView& t, absl::string_view name,
-                            const TensorView& ref,
-                            absl::string_view ref_name) {
+                            const TensorView& ref, absl::string_view ref_name) {
   if (t.dtype == ref.dtype) return absl::OkStatus();
   return ParamInvalid(absl::StrCat(name, " has dtype ", DTypeName(t.dtype),
                                    " but ", ref_name, " has ",
@@ -140,17 +145,15 @@ absl::Status CheckTensor(const TensorView& t, absl::string_view name) {
   if (max_element < 0) return absl::OkStatus();  // Empty: nothing to touch.
   if (!t.storage_shape.empty()) {
     if (t.storage_shape.size() > static_cast<size_t>(kMaxRank)) {
-      return ParamInvalid(absl::StrCat(name, " storage shape has ",
-                                       t.storage_shape.size(),
-                                       " dimensions; at most ", kMaxRank,
-                                       " are supported"));
+      return ParamInvalid(
+          absl::StrCat(name, " storage shape has ", t.storage_shape.size(),
+                       " dimensions; at most ", kMaxRank, " are supported"));
     }
     int64_t storage = 1;
     for (int64_t d : t.storage_shape) {
       if (d < 0 || __builtin_mul_overflow(storage, d, &storage)) {
-        return ParamInvalid(absl::StrCat(name, " storage shape ",
-                                         ShapeStr(t.storage_shape),
-                                         " is invalid"));
+        return ParamInvalid(absl::StrCat(
+            name, " storage shape ", ShapeStr(t.storage_shape), " is invalid"));
       }
     }
     if (max_element >= storage) {
@@ -172,12 +175,10 @@ absl::Status Broadcast(const TensorView& a, absl::string_view a_name,
   const size_t rank = std::max(a.shape.size(), b.shape.size());
   out->assign(rank, 1);
   for (size_t k = 0; k < rank; ++k) {
-    const int64_t da = k < rank - a.shape.size()
-                           ? 1
-                           : a.shape[k - (rank - a.shape.size())];
-    const int64_t db = k < rank - b.shape.size()
-                           ? 1
-                           : b.shape[k - (rank - b.shape.size())];
+    const int64_t da =
+        k < rank - a.shape.size() ? 1 : a.shape[k - (rank - a.shape.size())];
+    const int64_t db =
+        k < rank - b.shape.size() ? 1 : b.shape[k - (rank - b.shape.size())];
     if (da != db && da != 1 && db != 1) {
       return ParamInvalid(absl::StrCat(
           a_name, " shape ", ShapeStr(a.shape), " and ", b_name, " shape ",
@@ -239,10 +240,10 @@ absl::Status CheckOp(const OpInfo& info, const OpCall& call,
             absl::StrCat("the broadcast shape of ", g_name, " and ", s_name));
       }
       if (s.shape != g.shape) {
-        return ParamInvalid(absl::StrCat(
-            s_name, " shape ", ShapeStr(s.shape), " must equal ", g_name,
-            " shape ", ShapeStr(g.shape), "; ", info.name,
-            " does not broadcast"));
+        return ParamInvalid(absl::StrCat(s_name, " shape ", ShapeStr(s.shape),
+                                         " must equal ", g_name, " shape ",
+                                         ShapeStr(g.shape), "; ", info.name,
+                                         " does not broadcast"));
       }
       *out_shape = g.shape;
       return CheckOutShape(o, o_name, *out_shape,
@@ -253,15 +254,16 @@ absl::Status CheckOp(const OpInfo& info, const OpCall& call,
       if (!(st = CheckDType(info, s, s_name, kHalfFloatDTypes)).ok()) return st;
       const DType promoted = Promote(g.dtype, s.dtype);
       if (o.dtype != promoted) {
-        return ParamInvalid(absl::StrCat(
-            o_name, " has dtype ", DTypeName(o.dtype), " but the promoted "
-            "dtype of ", g_name, " (", DTypeName(g.dtype), ") and ", s_name,
-            " (", DTypeName(s.dtype), ") is ", DTypeName(promoted),
-            "; they must match"));
+        return ParamInvalid(
+            absl::StrCat(o_name, " has dtype ", DTypeName(o.dtype),
+                         " but the promoted "
+                         "dtype of ",
+                         g_name, " (", DTypeName(g.dtype), ") and ", s_name,
+                         " (", DTypeName(s.dtype), ") is ", DTypeName(promoted),
+                         "; they must match"));
       }
       if (std::isnan(p.lambd) || p.lambd < 0) {
-        return ParamInvalid(
-            absl::StrCat("lambd must be >= 0, got ", p.lambd));
+        return ParamInvalid(absl::StrCat("lambd must be >= 0, got ", p.lambd));
       }
       kp->lambd = static_cast<float>(p.lambd);
       if (!(st = Broadcast(g, g_name, s, s_name, out_shape)).ok()) return st;
@@ -281,8 +283,8 @@ absl::Status CheckOp(const OpInfo& info, const OpCall& call,
       const Scalar& slope = p.negative_slope;
       if (!Contains(kSlopeDTypes, slope.dtype)) {
         return ParamInvalid(absl::StrCat(
-            "negativeSlope has dtype ", DTypeName(slope.dtype), "; ",
-            info.name, " supports ", DTypeList(kSlopeDTypes)));
+            "negativeSlope has dtype ", DTypeName(slope.dtype), "; ", info.name,
+            " supports ", DTypeList(kSlopeDTypes)));
       }
       const double v = slope.AsDouble();
       if (p.self_is_result && v < 0) {
@@ -299,15 +301,14 @@ absl::Status CheckOp(const OpInfo& info, const OpCall& call,
     case OpKind::kDropoutBackward: {
       if (!(st = CheckDType(info, g, g_name, kHalfFloatDTypes)).ok()) return st;
       if (s.dtype != DType::kUint8) {
-        return ParamInvalid(absl::StrCat(s_name, " has dtype ",
-                                         DTypeName(s.dtype),
-                                         "; it must be UINT8"));
+        return ParamInvalid(absl::StrCat(
+            s_name, " has dtype ", DTypeName(s.dtype), "; it must be UINT8"));
       }
       if (!IsFloating(o.dtype)) {
-        return ParamInvalid(absl::StrCat(
-            o_name, " has dtype ", DTypeName(o.dtype), "; ", g_name, " (",
-            DTypeName(g.dtype), ") can only be cast to ",
-            DTypeList(kFloatDTypes)));
+        return ParamInvalid(
+            absl::StrCat(o_name, " has dtype ", DTypeName(o.dtype), "; ",
+                         g_name, " (", DTypeName(g.dtype),
+                         ") can only be cast to ", DTypeList(kFloatDTypes)));
       }
       if (std::isnan(p.scale) || (p.scale != 0 && p.scale < 1)) {
         return ParamInvalid(absl::StrCat(
@@ -535,13 +536,12 @@ void GatherBytes(const TensorView& t, uint8_t* dst) {
 
 }  // namespace
 
-absl::Status RunPlan(const Plan& plan, void* workspace,
-                     uint64_t workspace_size, ThreadPool* pool) {
+absl::Status RunPlan(const Plan& plan, void* workspace, uint64_t workspace_size,
+                     ThreadPool* pool) {
   if (workspace_size < plan.workspace_size_) {
-    return ParamInvalid(absl::StrCat("workspaceSize ", workspace_size,
-                                     " is smaller than the ",
-                                     plan.workspace_size_,
-                                     " bytes the plan needs"));
+    return ParamInvalid(
+        absl::StrCat("workspaceSize ", workspace_size, " is smaller than the ",
+                     plan.workspace_size_, " bytes the plan needs"));
   }
   if (plan.workspace_size_ > 0 && workspace == nullptr) {
     return ParamNullptr(absl::StrCat("workspace is null but the plan needs ",
@@ -559,8 +559,8 @@ absl::Status RunPlan(const Plan& plan, void* workspace,
     plan.RunRange(s_base, 0, numel, plan.stream_);
     return absl::OkStatus();
   }
-  int64_t tasks = std::min<int64_t>(threads * kTasksPerThread,
-                                    numel / kMinTaskElements);
+  int64_t tasks =
+      std::min<int64_t>(threads * kTasksPerThread, numel / kMinTaskElements);
   tasks = std::max<int64_t>(tasks, 1);
   int64_t chunk = (numel + tasks - 1) / tasks;
   chunk = (chunk + kTaskAlign - 1) / kTaskAlign * kTaskAlign;

@@ -29,7 +29,7 @@ namespace opserver::kernels {
 
 // One tensor argument of an operator, in call order.
 struct TensorArgInfo {
-  absl::string_view name;     // "gradOutput", "self", "mask", "out", ...
+  absl::string_view name;  // "gradOutput", "self", "mask", "out", ...
   bool is_output = false;
   std::vector<DType> dtypes;  // Every dtype the argument may have.
 };
@@ -60,11 +60,11 @@ const OpInfo* FindOp(absl::string_view name);
 const OpInfo& GetOpInfo(OpKind kind);
 
 struct OpParams {
-  double threshold = 0;      // ThresholdBackward (used as FLOAT).
-  double lambd = 0.5;        // SoftshrinkBackward (used as FLOAT).
-  Scalar negative_slope;     // LeakyReluBackward.
+  double threshold = 0;         // ThresholdBackward (used as FLOAT).
+  double lambd = 0.5;           // SoftshrinkBackward (used as FLOAT).
+  Scalar negative_slope;        // LeakyReluBackward.
   bool self_is_result = false;  // LeakyReluBackward.
-  double scale = 1;          // DropoutBackward.
+  double scale = 1;             // DropoutBackward.
 };
 
 // One operator call. `self` holds the mask for DropoutBackward and `out`
@@ -133,8 +133,8 @@ absl::StatusOr<Plan> PrepareOp(const OpCall& call);
 // tensors over `pool` (null = the calling thread only). 161002 when
 // `workspace_size` is below plan.workspace_size(), 161001 when a needed
 // workspace is null. `out` may alias an input with the identical layout.
-absl::Status RunPlan(const Plan& plan, void* workspace,
-                     uint64_t workspace_size, ThreadPool* pool);
+absl::Status RunPlan(const Plan& plan, void* workspace, uint64_t workspace_size,
+                     ThreadPool* pool);
 
 }  // namespace opserver::kernels
 

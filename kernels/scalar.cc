@@ -21,8 +21,8 @@ T Read(const void* bytes) {
 absl::StatusOr<Scalar> Scalar::FromBytes(DType dtype, const void* bytes,
                                          size_t size) {
   if (!IsKnownDType(static_cast<int32_t>(dtype))) {
-    return ParamInvalid(absl::StrCat("scalar has unknown dtype ",
-                                     static_cast<int32_t>(dtype)));
+    return ParamInvalid(
+        absl::StrCat("scalar has unknown dtype ", static_cast<int32_t>(dtype)));
   }
   if (bytes == nullptr) return ParamNullptr("scalar value is null");
   if (static_cast<int64_t>(size) != DTypeSize(dtype)) {

@@ -76,9 +76,9 @@ absl::Status CheckTensorLayout(const TensorView& view, absl::string_view name,
                                        "] overflows int64"));
     }
     if (!view.strides.empty() && view.strides[k] < 0) {
-      return ParamInvalid(absl::StrCat(
-          name, " has negative stride ", view.strides[k], " at index ", k,
-          "; strides must be non-negative"));
+      return ParamInvalid(absl::StrCat(name, " has negative stride ",
+                                       view.strides[k], " at index ", k,
+                                       "; strides must be non-negative"));
     }
   }
   if (empty) {
@@ -93,8 +93,8 @@ absl::Status CheckTensorLayout(const TensorView& view, absl::string_view name,
     int64_t step;
     if (__builtin_mul_overflow(view.shape[k] - 1, strides[k], &step) ||
         __builtin_add_overflow(furthest, step, &furthest)) {
-      return ParamInvalid(absl::StrCat(name,
-                                       " strides and offset overflow int64"));
+      return ParamInvalid(
+          absl::StrCat(name, " strides and offset overflow int64"));
     }
   }
   int64_t end_bytes;
@@ -116,9 +116,9 @@ absl::Status CheckTensorBounds(const TensorView& view,
   if (max_element < 0) return absl::OkStatus();
   const int64_t needed = (max_element + 1) * DTypeSize(view.dtype);
   if (needed > storage_bytes_available) {
-    return ParamInvalid(absl::StrCat(
-        name, " view reaches byte ", needed, " but its storage holds only ",
-        storage_bytes_available, " bytes"));
+    return ParamInvalid(absl::StrCat(name, " view reaches byte ", needed,
+                                     " but its storage holds only ",
+                                     storage_bytes_available, " bytes"));
   }
   return absl::OkStatus();
 }
