@@ -503,8 +503,13 @@ grpc::ServerUnaryReactor* RuntimeService::CloseSession(
     grpc::CallbackServerContext* context,
     const v1::CloseSessionRequest* request,
     v1::CloseSessionResponse* /*response*/) {
-  return Reply(context,
-               sessions_->Close(request->session(), "closed by the client"));
+  // Answer once the session's memory is released, not merely scheduled.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status status =
+      sessions_->Close(request->session(), "closed by the client",
+                       [reactor] { reactor->Finish(grpc::Status::OK); });
+  if (!status.ok()) reactor->Finish(ToGrpcStatus(status, context));
+  return reactor;
 }
 
 grpc::ServerWriteReactor<v1::AttachEvent>* RuntimeService::Attach(

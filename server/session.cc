@@ -259,10 +259,7 @@ SessionManager::SessionManager(Device* device, SessionLimits limits)
 SessionManager::~SessionManager() {
   {
     absl::MutexLock lock(&mu_);
-    for (auto& [id, session] : sessions_) {
-      graveyard_.push_back(std::move(session));
-      ++buried_;
-    }
+    for (auto& [id, session] : sessions_) BuryLocked(std::move(session));
     sessions_.clear();
     stopping_ = true;
   }
@@ -309,8 +306,14 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Get(
   return it->second;
 }
 
-absl::Status SessionManager::Close(absl::string_view id,
-                                   absl::string_view why) {
+void SessionManager::BuryLocked(std::shared_ptr<void> object,
+                                std::function<void()> on_freed) {
+  graveyard_.push_back(Doomed{std::move(object), std::move(on_freed)});
+  ++buried_;
+}
+
+absl::Status SessionManager::Close(absl::string_view id, absl::string_view why,
+                                   std::function<void()> on_freed) {
   std::shared_ptr<Session> session;
   {
     absl::MutexLock lock(&mu_);
@@ -321,8 +324,7 @@ absl::Status SessionManager::Close(absl::string_view id,
     }
     session = std::move(it->second);
     sessions_.erase(it);
-    graveyard_.push_back(session);
-    ++buried_;
+    BuryLocked(session, std::move(on_freed));
   }
   LogLine(absl::StrCat("session ", id, " (", session->client_name(),
                        ") closed: ", why));
@@ -331,8 +333,7 @@ absl::Status SessionManager::Close(absl::string_view id,
 
 void SessionManager::DestroyLater(std::shared_ptr<Stream> stream) {
   absl::MutexLock lock(&mu_);
-  graveyard_.push_back(std::move(stream));
-  ++buried_;
+  BuryLocked(std::move(stream));
 }
 
 uint64_t SessionManager::session_count() const {
@@ -366,10 +367,12 @@ void SessionManager::ReaperLoop() {
             this),
         tick);
     while (!graveyard_.empty()) {
-      std::shared_ptr<void> doomed = std::move(graveyard_.front());
+      Doomed doomed = std::move(graveyard_.front());
       graveyard_.pop_front();
       mu_.Unlock();
-      doomed.reset();  // Drains streams: may take as long as queued work.
+      doomed.object
+          .reset();  // Drains streams: may take as long as queued work.
+      if (doomed.on_freed) doomed.on_freed();
       mu_.Lock();
       ++destroyed_;
     }
@@ -383,9 +386,8 @@ void SessionManager::ReaperLoop() {
       }
     }
     for (const std::string& id : idle) {
-      graveyard_.push_back(std::move(sessions_[id]));
+      BuryLocked(std::move(sessions_[id]));
       sessions_.erase(id);
-      ++buried_;
       LogLine(absl::StrCat("session ", id, " closed: idle for ",
                            absl::FormatDuration(limits_.idle_timeout)));
     }

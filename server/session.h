@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -157,7 +158,11 @@ class SessionManager {
   absl::StatusOr<std::shared_ptr<Session>> Create(std::string client_name);
   // NOT_FOUND for unknown, closed or timed-out sessions. Marks it used.
   absl::StatusOr<std::shared_ptr<Session>> Get(absl::string_view id);
-  absl::Status Close(absl::string_view id, absl::string_view why);
+  // Ends the session; `on_freed` (if given) runs on the teardown thread once
+  // its streams have drained and its memory is released, so a caller can
+  // report completion only when everything is gone.
+  absl::Status Close(absl::string_view id, absl::string_view why,
+                     std::function<void()> on_freed = nullptr);
 
   // Destroys `stream` (draining it) on the teardown thread.
   void DestroyLater(std::shared_ptr<Stream> stream);
@@ -179,8 +184,16 @@ class SessionManager {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_
       ABSL_GUARDED_BY(mu_);
-  // Sessions and streams waiting to be destroyed by the reaper thread.
-  std::deque<std::shared_ptr<void>> graveyard_ ABSL_GUARDED_BY(mu_);
+  // Sessions and streams waiting to be destroyed by the reaper thread, each
+  // with what to run once it is gone.
+  struct Doomed {
+    std::shared_ptr<void> object;
+    std::function<void()> on_freed;
+  };
+  void BuryLocked(std::shared_ptr<void> object,
+                  std::function<void()> on_freed = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::deque<Doomed> graveyard_ ABSL_GUARDED_BY(mu_);
   uint64_t buried_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t destroyed_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
