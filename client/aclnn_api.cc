@@ -32,6 +32,7 @@
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
 #include "kernels/half.h"
+#include "kernels/scalar.h"
 
 struct aclTensor {
   std::vector<int64_t> shape;
@@ -327,71 +328,6 @@ aclnnStatus Launch(const char* function, void* workspace,
   if (!status.ok()) return FailAclnn(status);
   if (!plan.repeatable()) state.executors.erase(it);  // Consumed.
   return ACLNN_SUCCESS;
-}
-
-double ScalarFromHost(const void* value, aclDataType dtype, bool* ok) {
-  *ok = true;
-  switch (dtype) {
-    case ACL_FLOAT: {
-      float v;
-      std::memcpy(&v, value, sizeof(v));
-      return v;
-    }
-    case ACL_DOUBLE: {
-      double v;
-      std::memcpy(&v, value, sizeof(v));
-      return v;
-    }
-    case ACL_FLOAT16: {
-      uint16_t v;
-      std::memcpy(&v, value, sizeof(v));
-      return kernels::HalfToFloat(v);
-    }
-    case ACL_BF16: {
-      uint16_t v;
-      std::memcpy(&v, value, sizeof(v));
-      return kernels::BFloat16ToFloat(v);
-    }
-    case ACL_INT8:
-      return *static_cast<const int8_t*>(value);
-    case ACL_UINT8:
-      return *static_cast<const uint8_t*>(value);
-    case ACL_BOOL:
-      return *static_cast<const bool*>(value) ? 1 : 0;
-    case ACL_INT16: {
-      int16_t v;
-      std::memcpy(&v, value, sizeof(v));
-      return v;
-    }
-    case ACL_UINT16: {
-      uint16_t v;
-      std::memcpy(&v, value, sizeof(v));
-      return v;
-    }
-    case ACL_INT32: {
-      int32_t v;
-      std::memcpy(&v, value, sizeof(v));
-      return v;
-    }
-    case ACL_UINT32: {
-      uint32_t v;
-      std::memcpy(&v, value, sizeof(v));
-      return v;
-    }
-    case ACL_INT64: {
-      int64_t v;
-      std::memcpy(&v, value, sizeof(v));
-      return static_cast<double>(v);
-    }
-    case ACL_UINT64: {
-      uint64_t v;
-      std::memcpy(&v, value, sizeof(v));
-      return static_cast<double>(v);
-    }
-    default:
-      *ok = false;
-      return 0;
-  }
 }
 
 }  // namespace
@@ -692,14 +628,18 @@ aclScalar* aclCreateScalar(void* value, aclDataType dataType) {
     Fail(0, "aclCreateScalar: value is NULL");
     return nullptr;
   }
-  bool ok;
-  double v = opserver::ScalarFromHost(value, dataType, &ok);
-  if (!ok) {
+  // aclCreateScalar copies one element of `dataType` from `value`.
+  const auto dtype = static_cast<opserver::kernels::DType>(dataType);
+  const int64_t size = opserver::kernels::DTypeSize(dtype);
+  absl::StatusOr<opserver::kernels::Scalar> scalar =
+      size == 0 ? absl::InvalidArgumentError("unknown dtype")
+                : opserver::kernels::Scalar::FromBytes(dtype, value, size);
+  if (!scalar.ok()) {
     Fail(0, absl::StrCat("aclCreateScalar: unsupported aclDataType ",
                          static_cast<int>(dataType)));
     return nullptr;
   }
-  return new aclScalar{dataType, v};
+  return new aclScalar{dataType, scalar->AsDouble()};
 }
 
 aclnnStatus aclDestroyTensor(const aclTensor* tensor) {
