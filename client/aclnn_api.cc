@@ -31,7 +31,6 @@
 #include "client/client.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
-#include "kernels/half.h"
 #include "kernels/scalar.h"
 
 struct aclTensor {
