@@ -60,7 +60,9 @@ got=$(sed -n 's/^result\[[0-9]*\] is: \(.*\)$/\1/p' "$tmp/cpp.out" | tr '\n' ' '
 include_dir=$(cd "$(dirname "$acl_h")/.." && pwd)
 lib_dir=$(cd "$(dirname "$library")" && pwd)
 sanitize=()
-if readelf -d "$library" | grep -q libasan; then
+# (grep without -q reads all of readelf's output: with pipefail, -q could
+# exit first and fail the pipeline through readelf's SIGPIPE.)
+if readelf -d "$library" | grep libasan >/dev/null; then
   sanitize=(-fsanitize=address,undefined)
 fi
 here=$(dirname "${examples[0]}")

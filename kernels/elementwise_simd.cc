@@ -54,7 +54,10 @@ HWY_INLINE CT LoadS(const T* p) {
     std::memcpy(&b, p, 2);
     return BFloat16ToFloat(b);
   } else {
-    return static_cast<CT>(*p);
+    // Through memcpy: aclnn tensors may start at any byte address.
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    return static_cast<CT>(v);
   }
 }
 
@@ -67,7 +70,8 @@ HWY_INLINE void StoreS(CT v, T* p) {
     const uint16_t b = FloatToBFloat16(v);
     std::memcpy(p, &b, 2);
   } else {
-    *p = static_cast<T>(v);
+    const T t = static_cast<T>(v);
+    std::memcpy(p, &t, sizeof(T));
   }
 }
 
