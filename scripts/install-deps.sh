@@ -17,7 +17,6 @@ packages=(
   libgtest-dev libgmock-dev  # GoogleTest / GoogleMock
   libbenchmark-dev       # Google Benchmark
   libhwy-dev             # Google Highway: SIMD kernels with runtime dispatch
-  libeigen3-dev          # Eigen: half / bfloat16 scalar types
   grpc-proto             # grpc/health/v1/health.proto, compiled for reflection
   python3-numpy          # .npy handling in tests/scripts
 )
@@ -45,12 +44,21 @@ fi
 
 # buf (npm @bufbuild/buf) is a reflection client like grpcurl; the tests use
 # `buf curl` to list, describe and call the server the way a person would.
-tools="${OPSERVER_TOOLS:-$HOME/.cache/opserver/tools}"
+# It goes to a system path, like the packages above, not under $HOME: tests
+# run with HOME=$TEST_TMPDIR and must find it all the same
+# (tests/reflection_test.sh names the same path).
+tools="${OPSERVER_TOOLS:-/opt/opserver/tools}"
 buf_version="1.75.0"
 if [[ ! -x "$tools/node_modules/.bin/buf" ]] ||
    ! "$tools/node_modules/.bin/buf" --version 2>/dev/null | grep -qx "$buf_version"; then
   echo "install-deps: installing @bufbuild/buf@$buf_version into $tools" >&2
-  mkdir -p "$tools"
-  npm install --silent --no-audit --no-fund --prefix "$tools" \
-    "@bufbuild/buf@$buf_version" >/dev/null
+  sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  $sudo mkdir -p "$tools"
+  # npm's own cache goes to a throwaway directory: nothing of this install
+  # is left under $HOME.
+  npm_cache=$(mktemp -d)
+  $sudo npm install --silent --no-audit --no-fund --cache "$npm_cache" \
+    --prefix "$tools" "@bufbuild/buf@$buf_version" >/dev/null
+  $sudo rm -rf "$npm_cache"
 fi

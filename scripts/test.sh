@@ -7,5 +7,9 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 targets=("$@")
 ((${#targets[@]})) || targets=(//...)
-bazel test "${targets[@]}"
-bazel test --config=asan "${targets[@]}"
+# Both configurations run even when the first fails, so one run shows
+# everything that is wrong; the exit status is non-zero if either failed.
+status=0
+bazel test "${targets[@]}" || status=1
+bazel test --config=asan "${targets[@]}" || status=1
+exit "$status"

@@ -5,7 +5,7 @@
 # grpcurl's part on these machines.
 set -uo pipefail
 opserver="$1"
-buf="${OPSERVER_TOOLS:-$HOME/.cache/opserver/tools}/node_modules/.bin/buf"
+buf="${OPSERVER_TOOLS:-/opt/opserver/tools}/node_modules/.bin/buf"
 if [[ ! -x "$buf" ]]; then
   echo "FAIL: buf not found at $buf; run scripts/install-deps.sh" >&2
   exit 1
@@ -13,6 +13,15 @@ fi
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 failures=0
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+# buf keeps a cache under $HOME/.cache (read-only inside Bazel's sandbox).
+# Give it a home and a cache of its own under $TEST_TMPDIR, empty at start,
+# so this test passes on a machine where buf never ran, and prove below that
+# it really used that empty cache and nothing the real $HOME holds.
+export HOME="$tmp/home" XDG_CACHE_HOME="$tmp/home/.cache" BUF_CACHE_DIR="$tmp/buf-cache"
+rm -rf "$HOME" "$BUF_CACHE_DIR"
+mkdir -p "$HOME" "$BUF_CACHE_DIR"
+[[ -z "$(ls -A "$BUF_CACHE_DIR")" ]] || fail "buf's cache directory is not empty at start"
 
 "$opserver" --listen=127.0.0.1:0 >"$tmp/out" 2>"$tmp/err" &
 pid=$!
@@ -28,6 +37,8 @@ url="http://127.0.0.1:$port"
 bufcurl() { "$buf" curl --protocol grpc --http2-prior-knowledge "$@"; }
 
 services=$(bufcurl --list-services "$url" 2>&1) || fail "list-services: $services"
+[[ -n "$(ls -A "$BUF_CACHE_DIR")" ]] ||
+  fail "buf did not write to BUF_CACHE_DIR=$BUF_CACHE_DIR: it may be using a cache elsewhere"
 for s in grpc.health.v1.Health grpc.reflection.v1alpha.ServerReflection opserver.v1.Runtime; do
   grep -qx "$s" <<<"$services" || fail "service $s not listed: $services"
 done
