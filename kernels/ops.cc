@@ -315,7 +315,8 @@ absl::Status CheckOp(const OpInfo& info, const OpCall& call,
             "scale must be 0 or >= 1 (it is 1/(1-p)), got ", p.scale));
       }
       const int64_t numel = NumElements(g);
-      const int64_t need = (numel + 127) / 128 * 128 / 8;
+      // align(numel, 128) / 8 without overflowing for numel near 2^63.
+      const int64_t need = numel / 128 * 16 + (numel % 128 != 0 ? 16 : 0);
       const int64_t have = NumElements(s);
       if (have != need) {
         return ParamInvalid(absl::StrCat(
@@ -378,6 +379,14 @@ absl::StatusOr<Plan> PrepareOp(const OpCall& call) {
   }
   Plan plan;
   if (absl::Status st = CheckOp(info, call, &plan.out_shape_, &plan.params_);
+      !st.ok()) {
+    return st;
+  }
+  // Every output element gets its own address. Besides ruling out racing
+  // writes, this bounds the work of a launch by the bytes behind `out`
+  // (inputs may still broadcast with stride 0).
+  if (absl::Status st =
+          CheckNoInternalOverlap(*call.out, info.tensors[2].name);
       !st.ok()) {
     return st;
   }
@@ -444,11 +453,9 @@ absl::StatusOr<Plan> PrepareOp(const OpCall& call) {
                      plan.g_strides_[in] == g_size &&
                      plan.o_strides_[in] == o_size &&
                      (dropout || plan.s_strides_[in] == s_size);
-  for (int k = 0; k < nd; ++k) {
-    if (plan.o_strides_[k] == 0) plan.serial_ = true;
-  }
-  plan.stream_ = plan.unit_inner_ && !plan.serial_ &&
-                 plan.numel_ * o_size >= kStreamMinBytes;
+  // numel * o_size cannot overflow: `out` does not overlap itself, so its
+  // numel elements lie inside an extent CheckTensor found to fit int64.
+  plan.stream_ = plan.unit_inner_ && plan.numel_ * o_size >= kStreamMinBytes;
   plan.g_base_ = static_cast<const char*>(g.data) + g.offset * g_size;
   plan.s_base_ = static_cast<const char*>(s.data) + s.offset * s_size;
   plan.o_base_ = static_cast<char*>(o.data) + o.offset * o_size;
@@ -555,7 +562,7 @@ absl::Status RunPlan(const Plan& plan, void* workspace, uint64_t workspace_size,
   }
   const int64_t numel = plan.numel_;
   const int threads = pool == nullptr ? 1 : pool->num_threads();
-  if (threads <= 1 || plan.serial_ || numel < kMinParallelElements) {
+  if (threads <= 1 || numel < kMinParallelElements) {
     plan.RunRange(s_base, 0, numel, plan.stream_);
     return absl::OkStatus();
   }

@@ -119,7 +119,6 @@ class Plan {
   char* o_base_ = nullptr;
   bool unit_inner_ = false;   // Innermost dim is unit-stride everywhere.
   bool stream_ = false;       // Output larger than the caches.
-  bool serial_ = false;       // Output elements overlap: one thread only.
   bool gather_mask_ = false;  // Dropout mask not contiguous.
 };
 

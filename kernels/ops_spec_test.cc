@@ -815,7 +815,52 @@ std::vector<ErrorCase> CommonErrors(absl::string_view out_name) {
          c.out->shape = {2, 2};
        },
        kAclnnErrParamInvalid, out},
+      // Security review finding 2: an output may not overlap itself, so a
+      // few bytes cannot describe ~2^62 elements of work.
+      {"out with a stride-0 dimension",
+       [](OpCall& c) { c.out->strides = {0}; }, kAclnnErrParamInvalid,
+       "overlap in memory"},
+      {"out with interleaved strides",
+       [](OpCall& c) {
+         c.out->shape = {2, 2};
+         c.out->strides = {1, 1};
+         c.grad_output->shape = {2, 2};
+         // self, unless it is DropoutBackward's mask.
+         if (c.self->shape == std::vector<int64_t>{4}) c.self->shape = {2, 2};
+       },
+       kAclnnErrParamInvalid,
+       out + " (shape [2,2], strides [1,1]) has elements that overlap in "
+             "memory"},
   };
+}
+
+// Security review finding 2's reproduction: 4 bytes describing 2^62 INT8
+// elements through stride 0 everywhere are refused at planning time.
+TEST(Checks, HugeViewsOverFewBytesAreRefused) {
+  for (int64_t n : {int64_t{1} << 62, int64_t{17179869184},
+                    std::numeric_limits<int64_t>::max()}) {
+    Tensor t = Make(DType::kInt8, {4});
+    t.shape = {n};
+    t.strides = {0};
+    absl::StatusOr<Plan> plan =
+        PrepareOp(Call(OpKind::kThresholdBackward, t, t, t, Threshold(0)));
+    EXPECT_EQ(GetAclnnStatus(plan.status()), kAclnnErrParamInvalid) << n;
+    EXPECT_THAT(plan.status().message(), HasSubstr("overlap")) << n;
+  }
+  // Inputs may broadcast through stride 0; only the output is constrained.
+  Tensor g = Make(DType::kFloat, {1});
+  g.shape = {64};
+  g.strides = {0};
+  Tensor self = Make(DType::kFloat, {64}), out = Make(DType::kFloat, {64});
+  EXPECT_TRUE(
+      PrepareOp(Call(OpKind::kThresholdBackward, g, self, out, Threshold(0)))
+          .ok());
+  // A permuted, padded output is fine: its elements are distinct.
+  Tensor po = Make(DType::kFloat, {3, 4}, {1, 5});
+  Tensor pg = Make(DType::kFloat, {3, 4}), ps = Make(DType::kFloat, {3, 4});
+  EXPECT_TRUE(
+      PrepareOp(Call(OpKind::kThresholdBackward, pg, ps, po, Threshold(0)))
+          .ok());
 }
 
 TEST(Checks, ThresholdBackward) {
@@ -926,6 +971,15 @@ TEST(Checks, DropoutBackward) {
   cases.push_back({"integer out",
                    [](OpCall& c) { c.out->dtype = DType::kInt32; },
                    kAclnnErrParamInvalid, "out"});
+  // Finding 14: the mask size rule once computed numel + 127 and overflowed
+  // (UB, fatal under --config=asan) for a gradOutput of 2^63-1 elements.
+  cases.push_back({"gradOutput of 2^63-1 elements",
+                   [](OpCall& c) {
+                     c.grad_output->shape = c.out->shape = {
+                         std::numeric_limits<int64_t>::max()};
+                     c.grad_output->strides = c.out->strides = {0};
+                   },
+                   kAclnnErrParamInvalid, "align(9223372036854775807, 128)"});
   ExpectErrors(OpKind::kDropoutBackward, grad, mask, out, Scale(2), cases);
   // The size rule: numel 1111 needs exactly 144 bytes, in any shape.
   Tensor g = Make(DType::kFloat, {11, 101});

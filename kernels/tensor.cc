@@ -1,5 +1,8 @@
 #include "kernels/tensor.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/aclnn_status.h"
@@ -119,6 +122,31 @@ absl::Status CheckTensorBounds(const TensorView& view,
     return ParamInvalid(absl::StrCat(name, " view reaches byte ", needed,
                                      " but its storage holds only ",
                                      storage_bytes_available, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNoInternalOverlap(const TensorView& view,
+                                    absl::string_view name) {
+  if (view.strides.empty()) return absl::OkStatus();  // Row-major.
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size), size > 1.
+  for (size_t k = 0; k < view.shape.size(); ++k) {
+    if (view.shape[k] == 0) return absl::OkStatus();  // No elements at all.
+    if (view.shape[k] > 1) dims.emplace_back(view.strides[k], view.shape[k]);
+  }
+  std::sort(dims.begin(), dims.end());
+  // `extent`: the furthest element offset reachable with the dims so far.
+  // It is bounded by the layout check's furthest element, so no overflow.
+  int64_t extent = 0;
+  for (const auto& [stride, size] : dims) {
+    if (stride <= extent) {
+      return ParamInvalid(absl::StrCat(
+          name, " (shape [", absl::StrJoin(view.shape, ","), "], strides [",
+          absl::StrJoin(view.strides, ","),
+          "]) has elements that overlap in memory; an output must address "
+          "every element separately"));
+    }
+    extent += stride * (size - 1);
   }
   return absl::OkStatus();
 }

@@ -63,6 +63,16 @@ absl::Status CheckTensorBounds(const TensorView& view,
 absl::Status CheckTensorLayout(const TensorView& view, absl::string_view name,
                                int64_t* max_element);
 
+// For a view that passed CheckTensorLayout: 161002 (INVALID_ARGUMENT) when
+// two of its elements share an address (a stride of 0 on a dimension > 1,
+// or strides that interleave), OK otherwise. Outputs must pass it: writes
+// through an overlapping view race, and a few bytes of storage could
+// otherwise describe ~2^62 elements of work. The test is PyTorch's
+// sufficient condition (dims sorted by stride, each stride past the extent
+// of the smaller ones), so a few exotic non-overlapping views are refused.
+absl::Status CheckNoInternalOverlap(const TensorView& view,
+                                    absl::string_view name = "tensor");
+
 }  // namespace opserver::kernels
 
 #endif  // OPSERVER_KERNELS_TENSOR_H_
