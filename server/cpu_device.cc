@@ -40,23 +40,28 @@ int ResolveThreads(int threads) {
 
 }  // namespace
 
-CpuDevice::CpuDevice(int threads, uint64_t pool_cache_bytes)
-    : memory_(pool_cache_bytes), compute_(ResolveThreads(threads)) {
+uint64_t CpuDevice::DefaultMemoryBytes() {
+  long pages = sysconf(_SC_PHYS_PAGES);
+  long page_size = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return 4ull << 30;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) / 2;
+}
+
+CpuDevice::CpuDevice(int threads, uint64_t pool_cache_bytes,
+                     uint64_t memory_bytes)
+    : memory_(pool_cache_bytes,
+              memory_bytes != 0 ? memory_bytes : DefaultMemoryBytes()),
+      compute_(ResolveThreads(threads)) {
   description_.kind = "cpu";
   description_.name = CpuModelName();
   description_.threads = static_cast<uint32_t>(compute_.num_threads());
-  long pages = sysconf(_SC_PHYS_PAGES);
-  long page_size = sysconf(_SC_PAGESIZE);
-  description_.memory_bytes =
-      pages > 0 && page_size > 0
-          ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size)
-          : 0;
+  description_.memory_bytes = memory_.capacity_bytes();
 }
 
 DeviceDescription CpuDevice::Describe() const { return description_; }
 
-absl::StatusOr<void*> CpuDevice::Allocate(uint64_t bytes) {
-  return memory_.Allocate(bytes);
+absl::StatusOr<void*> CpuDevice::Allocate(uint64_t bytes, uint64_t owner) {
+  return memory_.Allocate(bytes, owner);
 }
 
 void CpuDevice::Deallocate(void* block, uint64_t bytes) {

@@ -14,11 +14,17 @@ namespace opserver {
 class CpuDevice : public Device {
  public:
   // `threads` <= 0 means one per hardware thread. `pool_cache_bytes` caps the
-  // freed memory kept for reuse.
-  CpuDevice(int threads, uint64_t pool_cache_bytes);
+  // freed memory kept for reuse. `memory_bytes` bounds everything allocated
+  // plus that cache; 0 = DefaultMemoryBytes().
+  CpuDevice(int threads, uint64_t pool_cache_bytes, uint64_t memory_bytes = 0);
+
+  // Half of physical memory: room for the server's own heap, gRPC's buffers
+  // and the host's other processes, so a full device is an allocation
+  // error, never an OOM kill.
+  static uint64_t DefaultMemoryBytes();
 
   DeviceDescription Describe() const override;
-  absl::StatusOr<void*> Allocate(uint64_t bytes) override;
+  absl::StatusOr<void*> Allocate(uint64_t bytes, uint64_t owner) override;
   void Deallocate(void* block, uint64_t bytes) override;
   void CopyToDevice(void* device_dst, const void* host_src,
                     uint64_t bytes) override;

@@ -14,6 +14,7 @@ namespace opserver {
 struct DeviceDescription {
   std::string kind;  // The --device value that created it, e.g. "cpu".
   std::string name;  // Human-readable, e.g. the CPU model.
+  // The capacity Allocate enforces (--device_memory_bytes).
   uint64_t memory_bytes = 0;
   uint32_t threads = 0;
 };
@@ -31,9 +32,12 @@ class Device {
   virtual ~Device() = default;
   virtual DeviceDescription Describe() const = 0;
 
-  // At least `bytes` of device memory (0 is allowed). RESOURCE_EXHAUSTED
-  // when the device is out of memory.
-  virtual absl::StatusOr<void*> Allocate(uint64_t bytes) = 0;
+  // At least `bytes` of device memory (0 is allowed) for `owner` (a session
+  // serial; 0 = nobody in particular). RESOURCE_EXHAUSTED when the device's
+  // capacity (DeviceDescription::memory_bytes) is used up. The memory never
+  // shows bytes another owner wrote: it is zero unless `owner` (non-zero)
+  // wrote it last.
+  virtual absl::StatusOr<void*> Allocate(uint64_t bytes, uint64_t owner) = 0;
   virtual void Deallocate(void* block, uint64_t bytes) = 0;
 
   // Synchronous copies between host memory and device memory.

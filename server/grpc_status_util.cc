@@ -16,11 +16,15 @@ grpc::Status ToGrpcStatus(const absl::Status& status,
     context->AddTrailingMetadata(kAclnnStatusMetadataKey,
                                  std::to_string(aclnn));
   }
+  // Messages may quote what the client sent (names, tokens): bounded here,
+  // in the one place every error leaves through, so no reply or log line
+  // echoes megabytes back.
+  std::string message = Truncated(status.message(), kMaxErrorMessageBytes);
   // The server's one log line per failed call.
   LogLine(absl::StrCat("call failed: ", absl::StatusCodeToString(status.code()),
-                       " (aclnn ", aclnn, "): ", status.message()));
+                       " (aclnn ", aclnn, "): ", message));
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+                      std::move(message));
 }
 
 }  // namespace opserver

@@ -1,6 +1,8 @@
 #ifndef OPSERVER_SERVER_GRPC_STATUS_UTIL_H_
 #define OPSERVER_SERVER_GRPC_STATUS_UTIL_H_
 
+#include <cstddef>
+
 #include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
 
@@ -8,6 +10,9 @@ namespace opserver {
 
 // Trailing-metadata key holding the aclnn status (decimal) of a failed call.
 inline constexpr char kAclnnStatusMetadataKey[] = "opserver-aclnn-status";
+
+// Error messages sent to clients are cut to this many bytes.
+inline constexpr size_t kMaxErrorMessageBytes = 4096;
 
 // The one place where absl::Status becomes grpc::Status. Every RPC handler
 // finishes through this, so codes and messages are converted identically

@@ -40,6 +40,22 @@ ABSL_FLAG(uint32_t, max_values, 1u << 20,
 ABSL_FLAG(uint64_t, memory_cache_bytes, 4ull << 30,
           "Freed device memory kept for reuse (first touch of fresh pages is "
           "slow), in bytes.");
+ABSL_FLAG(uint64_t, device_memory_bytes, 0,
+          "Device memory capacity in bytes: every session's buffers, "
+          "workspaces, Evaluate scratch and the reuse cache together; Malloc "
+          "beyond it is RESOURCE_EXHAUSTED (0 = half of physical memory for "
+          "the CPU device).");
+ABSL_FLAG(uint32_t, max_queued_per_stream, 16384,
+          "Launches that may wait on one stream; more are "
+          "RESOURCE_EXHAUSTED until it drains.");
+ABSL_FLAG(uint64_t, max_launch_elements, 1ull << 31,
+          "Most elements one launch may compute (bounds how long one launch "
+          "holds a stream).");
+ABSL_FLAG(uint32_t, max_pending_replies, 1024,
+          "ExecuteStream replies that may wait for a client that does not "
+          "read them; the server stops reading launches at this many.");
+ABSL_FLAG(uint32_t, max_concurrent_evaluates, 4,
+          "Evaluate calls that may compute at once.");
 ABSL_FLAG(int, shutdown_grace_ms, 5000,
           "On SIGINT/SIGTERM, how long in-flight calls may finish before "
           "they are cancelled.");
@@ -64,6 +80,15 @@ int main(int argc, char** argv) {
   options.threads = absl::GetFlag(FLAGS_threads);
   options.device = absl::GetFlag(FLAGS_device);
   options.memory_cache_bytes = absl::GetFlag(FLAGS_memory_cache_bytes);
+  options.device_memory_bytes = absl::GetFlag(FLAGS_device_memory_bytes);
+  options.session_limits.max_queued_per_stream =
+      absl::GetFlag(FLAGS_max_queued_per_stream);
+  options.session_limits.max_launch_elements =
+      absl::GetFlag(FLAGS_max_launch_elements);
+  options.session_limits.max_pending_replies =
+      absl::GetFlag(FLAGS_max_pending_replies);
+  options.session_limits.max_concurrent_evaluates =
+      absl::GetFlag(FLAGS_max_concurrent_evaluates);
   options.session_limits.session_memory_bytes =
       absl::GetFlag(FLAGS_session_memory_bytes);
   options.session_limits.max_sessions = absl::GetFlag(FLAGS_max_sessions);

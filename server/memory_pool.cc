@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -17,8 +18,8 @@ constexpr uint64_t kHugePageThreshold = 2ull << 20;
 
 }  // namespace
 
-MemoryPool::MemoryPool(uint64_t max_cached_bytes)
-    : max_cached_bytes_(max_cached_bytes) {}
+MemoryPool::MemoryPool(uint64_t max_cached_bytes, uint64_t capacity_bytes)
+    : max_cached_bytes_(max_cached_bytes), capacity_bytes_(capacity_bytes) {}
 
 MemoryPool::~MemoryPool() {
   absl::MutexLock lock(&mu_);
@@ -30,50 +31,79 @@ uint64_t MemoryPool::RoundUp(uint64_t bytes) {
   return (bytes + kPage - 1) / kPage * kPage;
 }
 
-absl::StatusOr<void*> MemoryPool::Allocate(uint64_t bytes) {
+absl::StatusOr<void*> MemoryPool::Allocate(uint64_t bytes, uint64_t owner) {
   if (bytes > (1ull << 62)) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate ", bytes, " bytes"));
   }
   const uint64_t size = RoundUp(bytes);
+  void* reused = nullptr;
+  uint64_t reused_size = 0;
+  bool zero = false;
   {
     absl::MutexLock lock(&mu_);
+    if (size > capacity_bytes_ - std::min(capacity_bytes_, in_use_bytes_)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot allocate ", bytes, " bytes: the device has ",
+          capacity_bytes_ - std::min(capacity_bytes_, in_use_bytes_),
+          " of its ", capacity_bytes_,
+          " bytes free (--device_memory_bytes)"));
+    }
     auto it = free_.lower_bound(size);
-    if (it != free_.end() && it->first <= 2 * size) {
-      void* block = it->second;
+    if (it != free_.end() && it->first <= 2 * size &&
+        it->first <= capacity_bytes_ - in_use_bytes_) {
+      reused = it->second;
+      reused_size = it->first;
       cached_bytes_ -= it->first;
       free_.erase(it);
-      return block;
+      BlockInfo& info = blocks_[reused];
+      zero = owner == 0 || info.owner != owner;
+      info.owner = owner;
+      in_use_bytes_ += reused_size;
+    } else {
+      // Fresh pages: make room for them in the capacity by shrinking the
+      // cache, and claim them before mapping outside the lock.
+      TrimLocked(std::min(capacity_bytes_ - in_use_bytes_ - size,
+                          max_cached_bytes_));
+      in_use_bytes_ += size;
     }
   }
+  if (reused != nullptr) {
+    // Another tenant's bytes: clear them (at memory speed, and only on a
+    // change of owner).
+    if (zero) std::memset(reused, 0, reused_size);
+    return reused;
+  }
   void* block = mmap(nullptr, size, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  absl::MutexLock lock(&mu_);
   if (block == MAP_FAILED) {
+    in_use_bytes_ -= size;
     return absl::ResourceExhaustedError(absl::StrCat(
         "cannot allocate ", bytes, " bytes: ", std::strerror(errno)));
   }
   if (size >= kHugePageThreshold) madvise(block, size, MADV_HUGEPAGE);
-  absl::MutexLock lock(&mu_);
-  block_size_[block] = size;
+  blocks_[block] = BlockInfo{size, owner};
   return block;
 }
 
 void MemoryPool::Deallocate(void* block, uint64_t /*bytes*/) {
   if (block == nullptr) return;
   absl::MutexLock lock(&mu_);
-  auto it = block_size_.find(block);
-  if (it == block_size_.end()) return;  // Not ours: never happens.
-  free_.emplace(it->second, block);
-  cached_bytes_ += it->second;
-  TrimLocked();
+  auto it = blocks_.find(block);
+  if (it == blocks_.end()) return;  // Not ours: never happens.
+  in_use_bytes_ -= it->second.size;
+  free_.emplace(it->second.size, block);
+  cached_bytes_ += it->second.size;
+  TrimLocked(std::min(max_cached_bytes_, capacity_bytes_ - in_use_bytes_));
 }
 
-void MemoryPool::TrimLocked() {
-  while (cached_bytes_ > max_cached_bytes_ && !free_.empty()) {
+void MemoryPool::TrimLocked(uint64_t limit) {
+  while (cached_bytes_ > limit && !free_.empty()) {
     auto largest = std::prev(free_.end());
     munmap(largest->second, largest->first);
     cached_bytes_ -= largest->first;
-    block_size_.erase(largest->second);
+    blocks_.erase(largest->second);
     free_.erase(largest);
   }
 }
@@ -81,6 +111,11 @@ void MemoryPool::TrimLocked() {
 uint64_t MemoryPool::cached_bytes() const {
   absl::MutexLock lock(&mu_);
   return cached_bytes_;
+}
+
+uint64_t MemoryPool::in_use_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return in_use_bytes_;
 }
 
 }  // namespace opserver

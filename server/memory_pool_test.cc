@@ -60,5 +60,54 @@ TEST(MemoryPoolTest, AbsurdSizeIsResourceExhausted) {
   EXPECT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted);
 }
 
+// Review finding 3: a block handed to another owner never shows the bytes
+// the previous owner wrote; the same owner gets its block back as it left it
+// (no zeroing cost in the steady state).
+TEST(MemoryPoolTest, ReuseAcrossOwnersIsZeroed) {
+  MemoryPool pool(64 << 20);
+  auto a = pool.Allocate(3 << 20, /*owner=*/1);
+  ASSERT_TRUE(a.ok());
+  std::memset(*a, 0x5A, 3 << 20);
+  pool.Deallocate(*a, 3 << 20);
+  auto same = pool.Allocate(3 << 20, /*owner=*/1);
+  ASSERT_TRUE(same.ok());
+  ASSERT_EQ(*same, *a);
+  EXPECT_EQ(static_cast<unsigned char*>(*same)[12345], 0x5A);
+  pool.Deallocate(*same, 3 << 20);
+  for (uint64_t owner : {uint64_t{2}, uint64_t{0}}) {
+    auto other = pool.Allocate(3 << 20, owner);
+    ASSERT_TRUE(other.ok());
+    ASSERT_EQ(*other, *a);  // Reused, so it had to be cleared.
+    const unsigned char* bytes = static_cast<unsigned char*>(*other);
+    for (size_t i = 0; i < (3u << 20); ++i) {
+      ASSERT_EQ(bytes[i], 0) << "byte " << i << " for owner " << owner;
+    }
+    std::memset(*other, 0x77, 3 << 20);
+    pool.Deallocate(*other, 3 << 20);
+  }
+}
+
+// Review finding 5: blocks in use plus the cache stay within the capacity.
+TEST(MemoryPoolTest, CapacityBoundsUseAndTheCacheGivesWay) {
+  MemoryPool pool(/*max_cached_bytes=*/64 << 20, /*capacity_bytes=*/8 << 20);
+  EXPECT_EQ(pool.capacity_bytes(), 8u << 20);
+  auto a = pool.Allocate(6 << 20, 1);
+  ASSERT_TRUE(a.ok());
+  auto refused = pool.Allocate(3 << 20, 2);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(pool.in_use_bytes(), 6u << 20);
+  pool.Deallocate(*a, 6 << 20);
+  EXPECT_EQ(pool.in_use_bytes(), 0u);
+  EXPECT_EQ(pool.cached_bytes(), 6u << 20);
+  // The cached 6 MiB block is more than twice 2.5 MiB, so fresh pages are
+  // mapped, and 2.5 + 6 MiB would pass the capacity: the cache gives way.
+  auto b = pool.Allocate(5 << 19, 2);
+  ASSERT_TRUE(b.ok());
+  EXPECT_NE(*b, *a);
+  EXPECT_EQ(pool.cached_bytes(), 0u);
+  EXPECT_EQ(pool.in_use_bytes(), 5u << 19);
+  pool.Deallocate(*b, 5 << 19);
+}
+
 }  // namespace
 }  // namespace opserver

@@ -1,5 +1,7 @@
 #include "server/operator_service.h"
 
+#include <algorithm>
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <string>
@@ -14,6 +16,7 @@
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
 #include "server/grpc_status_util.h"
+#include "server/log.h"
 #include "server/values.h"
 
 namespace opserver {
@@ -84,6 +87,21 @@ absl::Status SetParams(const OpInfo& op, const v1::OpParams& in,
   return absl::OkStatus();
 }
 
+// The work one launch may ask for is bounded (review finding 2): 161002
+// with RESOURCE_EXHAUSTED past --max_launch_elements.
+absl::Status CheckLaunchSize(const kernels::Plan& plan,
+                             const SessionLimits& limits) {
+  if (static_cast<uint64_t>(plan.numel()) <= limits.max_launch_elements) {
+    return absl::OkStatus();
+  }
+  return kernels::AclnnError(
+      kernels::kAclnnErrParamInvalid, absl::StatusCode::kResourceExhausted,
+      absl::StrCat("the launch computes ", plan.numel(),
+                   " elements; one launch may compute at most ",
+                   limits.max_launch_elements,
+                   " (--max_launch_elements): split the tensor"));
+}
+
 // Puts `view` into the slot of argument `name`: the table lists arguments
 // as (gradOutput, self or mask, out or gradInput).
 absl::Status PlaceTensor(const OpInfo& op, const std::string& name,
@@ -139,6 +157,19 @@ void Describe(const OpInfo& op, v1::OperatorInfo* out) {
   }
 }
 
+// Holds one of `max` slots of `counter` while alive, if one was free.
+class EvaluateSlot {
+ public:
+  EvaluateSlot(std::atomic<uint32_t>* counter, uint32_t max)
+      : counter_(counter), ok_(counter->fetch_add(1) < max) {}
+  ~EvaluateSlot() { counter_->fetch_sub(1); }
+  bool ok() const { return ok_; }
+
+ private:
+  std::atomic<uint32_t>* const counter_;
+  const bool ok_;
+};
+
 // Device memory owned by one Evaluate call.
 class ScratchBuffer {
  public:
@@ -147,7 +178,8 @@ class ScratchBuffer {
     if (data_ != nullptr) device_->Deallocate(data_, size_);
   }
   absl::Status Allocate(uint64_t size) {
-    absl::StatusOr<void*> data = device_->Allocate(size);
+    // Owner 0: never another caller's bytes.
+    absl::StatusOr<void*> data = device_->Allocate(size, /*owner=*/0);
     if (!data.ok()) return data.status();
     data_ = *data;
     size_ = size;
@@ -261,6 +293,9 @@ grpc::ServerUnaryReactor* OperatorService::GetWorkspaceSize(
   }
   absl::StatusOr<kernels::Plan> plan = kernels::PrepareOp(call);
   if (!plan.ok()) return Reply(context, plan.status());
+  if (absl::Status s = CheckLaunchSize(*plan, sessions_->limits()); !s.ok()) {
+    return Reply(context, s);
+  }
   const uint64_t workspace_size = plan->workspace_size();
   auto executor = std::make_shared<Executor>(
       Executor{*std::move(plan), std::move(buffers)});
@@ -311,20 +346,22 @@ absl::Status OperatorService::Launch(const v1::ExecuteRequest& request) {
     workspace_data =
         static_cast<char*>(workspace->data()) + request.workspace_offset();
   }
+  // A full or destroyed stream refuses the launch before the executor is
+  // consumed.
+  if (absl::Status room = (*stream)->CheckRoom(); !room.ok()) return room;
   executor = (*session)->ExecutorForLaunch(request.executor(),
                                            /*consume=*/true);
   if (!executor.ok()) return executor.status();
   // A tiny launch on an idle stream runs right here: a thread hand-off
   // would cost more than the kernel.
   const bool tiny = (*executor)->plan.numel() <= kInlineLaunchElements;
-  (*stream)->Enqueue(
+  return (*stream)->Enqueue(
       [device = device_, executor = *std::move(executor),
        workspace = std::move(workspace), workspace_data,
        size = request.workspace_size()] {
         return device->Launch(executor->plan, workspace_data, size);
       },
       /*inline_if_idle=*/tiny);
-  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* OperatorService::Execute(
@@ -343,7 +380,10 @@ grpc::ServerUnaryReactor* OperatorService::Execute(
 class OperatorService::Launcher final
     : public grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteResponse> {
  public:
-  explicit Launcher(OperatorService* service) : service_(service) {
+  explicit Launcher(OperatorService* service)
+      : service_(service),
+        max_pending_(std::max<size_t>(
+            1, service->sessions_->limits().max_pending_replies)) {
     StartRead(&request_);
   }
 
@@ -360,14 +400,20 @@ class OperatorService::Launcher final
     response.set_aclnn_status(kernels::GetAclnnStatus(status));
     if (!status.ok()) {
       response.set_code(static_cast<int32_t>(status.code()));
-      response.set_message(std::string(status.message()));
+      response.set_message(
+          Truncated(status.message(), kMaxErrorMessageBytes));
     }
-    {
-      absl::MutexLock lock(&mu_);
-      pending_.push_back(std::move(response));
-      if (!writing_) WriteFrontLocked();
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;  // Never act on the call after Finish.
+    pending_.push_back(std::move(response));
+    if (!writing_) WriteFrontLocked();
+    // A client that does not read its replies stops being read from: the
+    // replies waiting for it stay bounded (review finding 6).
+    if (pending_.size() < max_pending_) {
+      ReadNextLocked();
+    } else {
+      read_paused_ = true;
     }
-    StartRead(&request_);
   }
 
   void OnWriteDone(bool ok) override {
@@ -378,6 +424,10 @@ class OperatorService::Launcher final
       failed_ = true;
       MaybeFinishLocked();
       return;
+    }
+    if (read_paused_ && !finished_ && pending_.size() < max_pending_) {
+      read_paused_ = false;
+      ReadNextLocked();
     }
     if (!pending_.empty()) {
       WriteFrontLocked();
@@ -394,8 +444,19 @@ class OperatorService::Launcher final
     StartWrite(&pending_.front());
   }
 
+  // Starts the next read outside the lock (its reaction may run inline),
+  // keeping Finish from running before StartRead returns.
+  void ReadNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    starting_read_ = true;
+    mu_.Unlock();
+    StartRead(&request_);
+    mu_.Lock();
+    starting_read_ = false;
+    MaybeFinishLocked();
+  }
+
   void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_ || writing_) return;
+    if (finished_ || writing_ || starting_read_) return;
     if (failed_ || (reads_done_ && pending_.empty())) {
       finished_ = true;
       Finish(failed_ ? grpc::Status::CANCELLED : grpc::Status::OK);
@@ -403,10 +464,13 @@ class OperatorService::Launcher final
   }
 
   OperatorService* const service_;
+  const size_t max_pending_;
   v1::ExecuteRequest request_;  // Touched only by the read chain.
   absl::Mutex mu_;
   std::deque<v1::ExecuteResponse> pending_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool starting_read_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
@@ -440,6 +504,17 @@ grpc::ServerUnaryReactor* OperatorService::DestroyExecutor(
 grpc::ServerUnaryReactor* OperatorService::Evaluate(
     grpc::CallbackServerContext* context, const v1::EvaluateRequest* request,
     v1::EvaluateResponse* response) {
+  // Evaluate computes on this RPC thread and needs no session: bound how
+  // many run at once (review finding 11).
+  EvaluateSlot slot(&evaluating_, sessions_->limits().max_concurrent_evaluates);
+  if (!slot.ok()) {
+    return Reply(context,
+                 absl::ResourceExhaustedError(absl::StrCat(
+                     "the server already runs ",
+                     sessions_->limits().max_concurrent_evaluates,
+                     " Evaluate calls (--max_concurrent_evaluates); retry, or "
+                     "use a session with GetWorkspaceSize/Execute")));
+  }
   absl::StatusOr<const OpInfo*> op = FindOperator(request->op());
   if (!op.ok()) return Reply(context, op.status());
   kernels::OpCall call;

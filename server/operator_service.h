@@ -1,6 +1,8 @@
 #ifndef OPSERVER_SERVER_OPERATOR_SERVICE_H_
 #define OPSERVER_SERVER_OPERATOR_SERVICE_H_
 
+#include <atomic>
+
 #include "absl/status/status.h"
 #include "proto/opserver.grpc.pb.h"
 #include "server/device.h"
@@ -52,6 +54,8 @@ class OperatorService final : public v1::Operators::CallbackService {
   Device* const device_;
   SessionManager* const sessions_;
   const TransferLimits limits_;
+  // Evaluate calls running now.
+  std::atomic<uint32_t> evaluating_{0};
 };
 
 }  // namespace opserver

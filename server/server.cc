@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <utility>
@@ -20,9 +21,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--listen: ", listen.status().message()));
   }
-  const TransferLimits& transfer = options.transfer_limits;
-  if (transfer.chunk_bytes == 0 ||
-      transfer.chunk_bytes + 1024 > transfer.max_message_bytes) {
+  TransferLimits transfer = options.transfer_limits;
+  // Written so that no sum can wrap (review finding 17).
+  if (transfer.chunk_bytes == 0 || transfer.max_message_bytes < 1024 ||
+      transfer.chunk_bytes > transfer.max_message_bytes - 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--chunk_bytes: must be > 0 and leave room for the message header "
         "below --max_message_bytes (",
@@ -32,6 +34,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
     return absl::InvalidArgumentError(
         "--max_message_bytes: gRPC messages are limited to 2 GiB - 1");
   }
+  // A WriteValues/ReadValues/Evaluate tensor of max_values doubles (8 bytes
+  // each, packed) must fit in one message: the limit in force (and reported
+  // by GetDeviceInfo) is the smaller one (review finding 17).
+  transfer.max_values = static_cast<uint32_t>(std::min<uint64_t>(
+      transfer.max_values, (transfer.max_message_bytes - 1024) / 8));
+  if (options.session_limits.max_launch_elements == 0 ||
+      options.session_limits.max_queued_per_stream == 0 ||
+      options.session_limits.max_pending_replies == 0) {
+    return absl::InvalidArgumentError(
+        "--max_launch_elements, --max_queued_per_stream and "
+        "--max_pending_replies must be positive");
+  }
   if (options.session_limits.max_sessions == 0 ||
       options.session_limits.max_handles_per_session == 0 ||
       options.session_limits.idle_timeout <= absl::ZeroDuration()) {
@@ -40,7 +54,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
         "be positive");
   }
   absl::StatusOr<std::unique_ptr<Device>> device =
-      CreateDevice(options.device, options.threads, options.memory_cache_bytes);
+      CreateDevice(options.device, options.threads, options.memory_cache_bytes,
+                   options.device_memory_bytes);
   if (!device.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(options.threads < 0 ? "--threads: " : "--device: ",
@@ -71,6 +86,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
   // Without this, a second server could bind the same port through
   // SO_REUSEPORT and silently take half the connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // A peer that vanished without closing its connection (host down, cable
+  // out) is noticed within about a minute, so the sessions bound to its
+  // Attach call are freed then, not after TCP's two hours (finding 10).
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddListeningPort(listen->ToString(),
                            grpc::InsecureServerCredentials(), &server->port_);
   builder.SetMaxReceiveMessageSize(

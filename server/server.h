@@ -27,6 +27,10 @@ struct Options {
   absl::Duration shutdown_grace = absl::Seconds(5);
   // Freed device memory the CPU device keeps for reuse.
   uint64_t memory_cache_bytes = 4ull << 30;
+  // The device's capacity: all sessions' buffers, workspaces, Evaluate
+  // scratch and the reuse cache together. 0 = the device's safe default
+  // (half of physical memory for the CPU device).
+  uint64_t device_memory_bytes = 0;
   // Sessions, handles, memory and idle timeout.
   SessionLimits session_limits;
   // Chunk and message sizes, typed-value counts.

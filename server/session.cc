@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <random>
+#include <system_error>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -12,9 +13,37 @@
 
 namespace opserver {
 
+namespace {
+
+// Devices hand out memory in pages at least; a session is charged for what
+// it really holds, so 64K Malloc(0) calls cannot hide 256 MiB.
+constexpr uint64_t kChargeGranularity = 4096;
+
+uint64_t Charge(uint64_t size) {
+  if (size == 0) return kChargeGranularity;
+  return (size + kChargeGranularity - 1) / kChargeGranularity *
+         kChargeGranularity;
+}
+
+// A client string quoted in an error message: short ones as they are (the
+// reply and log path escape and bound them), long ones by their length.
+std::string Quoted(absl::string_view text) {
+  if (text.size() <= 64) return absl::StrCat("'", text, "'");
+  return absl::StrCat("of ", text.size(), " bytes");
+}
+
+}  // namespace
+
 Buffer::Buffer(Device* device, void* data, uint64_t size,
-               MemoryAccounting* account)
-    : device_(device), data_(data), size_(size), account_(account) {
+               MemoryAccounting* account,
+               std::shared_ptr<std::atomic<uint64_t>> session_bytes,
+               uint64_t charged)
+    : device_(device),
+      data_(data),
+      size_(size),
+      account_(account),
+      session_bytes_(std::move(session_bytes)),
+      charged_(charged) {
   account_->bytes += size_;
   account_->buffers += 1;
 }
@@ -23,21 +52,48 @@ Buffer::~Buffer() {
   device_->Deallocate(data_, size_);
   account_->bytes -= size_;
   account_->buffers -= 1;
+  if (session_bytes_ != nullptr) *session_bytes_ -= charged_;
 }
 
-Session::Session(std::string id, std::string client_name, Device* device,
-                 const SessionLimits* limits, MemoryAccounting* account)
+Session::Session(std::string id, uint64_t serial, std::string client_name,
+                 Device* device, const SessionLimits* limits,
+                 MemoryAccounting* account,
+                 std::shared_ptr<StreamThreads> manager_threads)
     : id_(std::move(id)),
+      serial_(serial),
       client_name_(std::move(client_name)),
       device_(device),
       limits_(limits),
       account_(account),
+      threads_(std::make_shared<StreamThreads>(std::move(manager_threads))),
       last_used_(absl::Now()),
-      default_stream_(std::make_shared<Stream>()) {}
+      default_stream_(std::make_shared<Stream>(limits->max_queued_per_stream,
+                                               threads_)) {}
+
+absl::StatusOr<std::shared_ptr<Stream>> Session::NewStream() {
+  try {
+    return std::make_shared<Stream>(limits_->max_queued_per_stream, threads_);
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot start a stream thread: ", e.what()));
+  }
+}
+
+void Session::CancelWork() {
+  for (const std::shared_ptr<Stream>& stream : AllStreams()) stream->Cancel();
+}
+
+bool Session::Busy() const {
+  for (const std::shared_ptr<Stream>& stream : AllStreams()) {
+    if (stream->busy()) return true;
+  }
+  return false;
+}
 
 Session::~Session() {
-  // Streams first (they drain queued work that holds buffer references),
-  // then the tables.
+  // Queued work holds buffer references: drop it first (running work ends
+  // on its own), then the tables.
+  CancelWork();
   std::vector<std::shared_ptr<Stream>> streams;
   {
     absl::MutexLock lock(&mu_);
@@ -70,26 +126,34 @@ absl::Status Session::UnknownHandle(absl::string_view kind,
 }
 
 absl::StatusOr<uint64_t> Session::Malloc(uint64_t size) {
+  const uint64_t limit = limits_->session_memory_bytes;
+  const uint64_t charge = size > limit ? size : Charge(size);
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckHandleLimitLocked(); !s.ok()) return s;
-    if (size > limits_->session_memory_bytes - buffer_bytes_) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot allocate ", size, " bytes: the session holds ",
-                       buffer_bytes_, " of its ", limits_->session_memory_bytes,
-                       " bytes (--session_memory_bytes)"));
+    // held_bytes_ only shrinks outside the lock, so the check is safe.
+    const uint64_t held = held_bytes_->load();
+    if (charge > limit - std::min(limit, held)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot allocate ", size, " bytes: the session holds ", held,
+          " of its ", limit,
+          " bytes (--session_memory_bytes; freed buffers count until queued "
+          "work and executors using them are gone)"));
     }
     // Reserve before allocating outside the lock.
-    buffer_bytes_ += size;
+    *held_bytes_ += charge;
   }
-  absl::StatusOr<void*> data = device_->Allocate(size);
-  absl::MutexLock lock(&mu_);
+  absl::StatusOr<void*> data = device_->Allocate(size, serial_);
   if (!data.ok()) {
-    buffer_bytes_ -= size;
+    *held_bytes_ -= charge;
     return data.status();
   }
+  auto buffer = std::make_shared<Buffer>(device_, *data, size, account_,
+                                         held_bytes_, charge);
+  absl::MutexLock lock(&mu_);
+  buffer_bytes_ += size;
   uint64_t handle = next_handle_++;
-  buffers_[handle] = std::make_shared<Buffer>(device_, *data, size, account_);
+  buffers_[handle] = std::move(buffer);
   return handle;
 }
 
@@ -115,13 +179,18 @@ absl::StatusOr<std::shared_ptr<Buffer>> Session::GetBuffer(
 absl::StatusOr<uint64_t> Session::CreateStream() {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckHandleLimitLocked(); !s.ok()) return s;
-  if (streams_.size() >= limits_->max_streams_per_session) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("session already has ", streams_.size(),
-                     " streams, the limit (--max_streams_per_session)"));
+  // Every thread but the default stream's.
+  const int streams = threads_->count() - 1;
+  if (streams >= static_cast<int>(limits_->max_streams_per_session)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session already has ", streams,
+        " streams (destroyed ones count until their running work ends), the "
+        "limit (--max_streams_per_session)"));
   }
+  absl::StatusOr<std::shared_ptr<Stream>> stream = NewStream();
+  if (!stream.ok()) return stream.status();
   uint64_t handle = next_handle_++;
-  streams_[handle] = std::make_shared<Stream>();
+  streams_[handle] = *std::move(stream);
   return handle;
 }
 
@@ -264,10 +333,21 @@ SessionManager::~SessionManager() {
     stopping_ = true;
   }
   reaper_.join();
+  // Stream threads finish the task they run (bounded by
+  // --max_launch_elements) after their streams are gone; what those tasks
+  // use (the device) must outlive them.
+  if (!stream_threads_->WaitForZero(absl::Seconds(60))) {
+    LogLine("stream threads still running 60s after the sessions ended");
+  }
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
     std::string client_name) {
+  if (client_name.size() > kMaxClientNameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("client_name has ", client_name.size(),
+                     " bytes; at most ", kMaxClientNameBytes, " allowed"));
+  }
   // 128 random bits: another client cannot guess a session's name.
   std::string id;
   {
@@ -283,8 +363,15 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
         "the server already has ", sessions_.size(),
         " sessions, the limit (--max_sessions); close unused ones"));
   }
-  auto session = std::make_shared<Session>(id, std::move(client_name), device_,
-                                           &limits_, &account_);
+  std::shared_ptr<Session> session;
+  try {
+    session = std::make_shared<Session>(id, next_serial_++,
+                                        std::move(client_name), device_,
+                                        &limits_, &account_, stream_threads_);
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot start the session's stream thread: ", e.what()));
+  }
   sessions_[id] = session;
   return session;
 }
@@ -299,8 +386,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Get(
   auto it = sessions_.find(id);
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat(
-        "no session '", id,
-        "' (closed, timed out after inactivity, or never opened)"));
+        "no session ", Quoted(id),
+        " (closed, timed out after inactivity, or never opened)"));
   }
   it->second->Touch();
   return it->second;
@@ -320,10 +407,16 @@ absl::Status SessionManager::Close(absl::string_view id, absl::string_view why,
     auto it = sessions_.find(id);
     if (it == sessions_.end()) {
       return absl::NotFoundError(
-          absl::StrCat("no session '", id, "' (already closed?)"));
+          absl::StrCat("no session ", Quoted(id), " (already closed?)"));
     }
     session = std::move(it->second);
     sessions_.erase(it);
+  }
+  // Its queued work is dropped now, not when the reaper gets to it, so a
+  // closing session never waits on its own (or anyone's) queue.
+  session->CancelWork();
+  {
+    absl::MutexLock lock(&mu_);
     BuryLocked(session, std::move(on_freed));
   }
   LogLine(absl::StrCat("session ", id, " (", session->client_name(),
@@ -377,19 +470,31 @@ void SessionManager::ReaperLoop() {
       ++destroyed_;
     }
     if (stopping_) return;
-    // Idle timeout: sessions bound to an Attach stream end with it instead.
+    // Idle timeout: sessions bound to an Attach stream end with it instead,
+    // and a session whose streams still have work is in use.
     absl::Time cutoff = absl::Now() - limits_.idle_timeout;
     std::vector<std::string> idle;
     for (const auto& [id, session] : sessions_) {
       if (!session->attached() && session->last_used() < cutoff) {
-        idle.push_back(id);
+        if (session->Busy()) {
+          session->Touch();
+        } else {
+          idle.push_back(id);
+        }
       }
     }
     for (const std::string& id : idle) {
       BuryLocked(std::move(sessions_[id]));
       sessions_.erase(id);
-      LogLine(absl::StrCat("session ", id, " closed: idle for ",
-                           absl::FormatDuration(limits_.idle_timeout)));
+    }
+    if (!idle.empty()) {
+      // Logged outside the lock: a stalled stderr must not stall lookups.
+      mu_.Unlock();
+      for (const std::string& id : idle) {
+        LogLine(absl::StrCat("session ", id, " closed: idle for ",
+                             absl::FormatDuration(limits_.idle_timeout)));
+      }
+      mu_.Lock();
     }
   }
 }

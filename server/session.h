@@ -27,9 +27,24 @@ struct SessionLimits {
   uint32_t max_sessions = 64;
   uint32_t max_handles_per_session = 65536;
   // Each stream owns a thread, hence a much smaller limit than for handles.
+  // Destroyed streams count until their thread is gone.
   uint32_t max_streams_per_session = 16;
+  // Launches waiting on one stream (each holds its executor's buffers).
+  uint32_t max_queued_per_stream = 16384;
+  // Elements one launch may compute: bounds the time one launch holds a
+  // stream (and teardown or shutdown waiting for it); ~1-2 s at 2^31.
+  uint64_t max_launch_elements = 1ull << 31;
+  // ExecuteStream replies waiting for a client that does not read them;
+  // reading stops at this many.
+  uint32_t max_pending_replies = 1024;
+  // Evaluate calls computing at once (they run on RPC threads and need no
+  // session); more are RESOURCE_EXHAUSTED.
+  uint32_t max_concurrent_evaluates = 4;
   absl::Duration idle_timeout = absl::Minutes(5);
 };
+
+// CreateSession's client_name is for logs and stats: at most this long.
+inline constexpr size_t kMaxClientNameBytes = 256;
 
 // Server-wide accounting of device memory held by buffers.
 struct MemoryAccounting {
@@ -39,10 +54,14 @@ struct MemoryAccounting {
 
 // A block of device memory. Shared by the session's handle table and by any
 // queued work that uses it, so freeing a buffer that queued work still needs
-// releases the memory only after that work ran.
+// releases the memory only after that work ran. `charged` bytes are taken
+// from `session_bytes` until then: a session's memory is refunded only when
+// it is really released, not when its handle is freed.
 class Buffer {
  public:
-  Buffer(Device* device, void* data, uint64_t size, MemoryAccounting* account);
+  Buffer(Device* device, void* data, uint64_t size, MemoryAccounting* account,
+         std::shared_ptr<std::atomic<uint64_t>> session_bytes = nullptr,
+         uint64_t charged = 0);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -55,6 +74,8 @@ class Buffer {
   void* const data_;
   const uint64_t size_;
   MemoryAccounting* const account_;
+  const std::shared_ptr<std::atomic<uint64_t>> session_bytes_;
+  const uint64_t charged_;
 };
 
 // A planned operator (aclOpExecutor): the validated plan and the buffers its
@@ -76,14 +97,26 @@ struct SessionStatsSnapshot {
 // handle fail exactly like unknown handles: sessions cannot see each other.
 class Session {
  public:
-  Session(std::string id, std::string client_name, Device* device,
-          const SessionLimits* limits, MemoryAccounting* account);
-  ~Session();  // Drains and stops the streams, then drops the buffers.
+  // `serial` tags the session's device memory (Device::Allocate's owner).
+  Session(std::string id, uint64_t serial, std::string client_name,
+          Device* device, const SessionLimits* limits,
+          MemoryAccounting* account,
+          std::shared_ptr<StreamThreads> manager_threads);
+  // Cancels the streams' queued work (it does not wait for running work),
+  // then drops the handles.
+  ~Session();
 
   const std::string& id() const { return id_; }
   const std::string& client_name() const { return client_name_; }
 
-  // RESOURCE_EXHAUSTED past the session's memory or handle limit.
+  // Drops the work queued on every stream; later launches fail. For Close.
+  void CancelWork();
+  // True while any stream has work queued or running: such a session is
+  // in use even when no call names it.
+  bool Busy() const;
+
+  // RESOURCE_EXHAUSTED past the session's memory or handle limit (memory
+  // of freed buffers that queued work or executors still hold counts).
   absl::StatusOr<uint64_t> Malloc(uint64_t size);
   absl::Status Free(uint64_t buffer);
   absl::StatusOr<std::shared_ptr<Buffer>> GetBuffer(uint64_t buffer) const;
@@ -120,14 +153,27 @@ class Session {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UnknownHandle(absl::string_view kind, uint64_t handle) const;
 
+  // A new stream whose thread is counted in live_streams_ until it exits.
+  absl::StatusOr<std::shared_ptr<Stream>> NewStream();
+
   const std::string id_;
+  const uint64_t serial_;
   const std::string client_name_;
   Device* const device_;
   const SessionLimits* const limits_;
   MemoryAccounting* const account_;
+  // This session's stream threads (a child of the manager's group): a
+  // destroyed stream counts toward --max_streams_per_session until its
+  // thread has finished its running launch.
+  const std::shared_ptr<StreamThreads> threads_;
+  // Bytes of this session's buffers still allocated (page-rounded), freed
+  // handles included until the memory is released.
+  const std::shared_ptr<std::atomic<uint64_t>> held_bytes_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
 
   mutable absl::Mutex mu_;
   uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
+  // Requested bytes of the buffers with live handles (for stats).
   uint64_t buffer_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Buffer>> buffers_
       ABSL_GUARDED_BY(mu_);
@@ -180,10 +226,14 @@ class SessionManager {
   Device* const device_;
   const SessionLimits limits_;
   MemoryAccounting account_;
+  // Every session's stream threads (see the destructor).
+  const std::shared_ptr<StreamThreads> stream_threads_ =
+      std::make_shared<StreamThreads>();
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_
       ABSL_GUARDED_BY(mu_);
+  uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 1;
   // Sessions and streams waiting to be destroyed by the reaper thread, each
   // with what to run once it is gone.
   struct Doomed {

@@ -1,14 +1,15 @@
 #ifndef OPSERVER_SERVER_STREAM_H_
 #define OPSERVER_SERVER_STREAM_H_
 
-#include <cstdint>
+#include <cstddef>
 #include <deque>
 #include <functional>
-#include <thread>
+#include <memory>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace opserver {
 
@@ -25,12 +26,46 @@ namespace opserver {
 // running): a tiny launch or a synchronize of an idle stream then pays no
 // thread hand-off. They must not block for long; gRPC reactors finish from
 // there.
+//
+// Counts the threads of a group of streams, which may outlive their Stream
+// objects: a session limits its streams by their threads (a destroyed
+// stream still finishing a launch counts), and whoever owns what their tasks
+// use (the device) waits for the last one. Groups nest: a thread counts in
+// its group and every parent. Thread-safe.
+class StreamThreads {
+ public:
+  explicit StreamThreads(std::shared_ptr<StreamThreads> parent = nullptr)
+      : parent_(std::move(parent)) {}
+  void Add();
+  void Done();
+  int count() const;
+  // Waits up to `timeout` for the count to reach zero; true if it did.
+  bool WaitForZero(absl::Duration timeout);
+  // A process-wide group, for streams created without one.
+  static std::shared_ptr<StreamThreads> Default();
+
+ private:
+  const std::shared_ptr<StreamThreads> parent_;
+  mutable absl::Mutex mu_;
+  int count_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Work is bounded and cancellable, because clients choose it: at most
+// `max_queued` tasks wait at once, and destroying the stream (or Cancel)
+// drops every task that has not started. Destruction never waits for the
+// running task: the thread finishes it, runs the callbacks still queued and
+// exits on its own, then leaves its StreamThreads group.
 class Stream {
  public:
   using Task = std::function<absl::Status()>;
 
-  Stream();
-  // Runs the work already queued, then stops the thread.
+  // `max_queued` = 0: unbounded (for tests and in-process users).
+  // `threads` (null = StreamThreads::Default()) counts this stream's thread
+  // until it exits. Throws std::system_error when no thread can be started.
+  explicit Stream(size_t max_queued = 0,
+                  std::shared_ptr<StreamThreads> threads = nullptr);
+  // Cancels the work not yet started and returns without waiting for the
+  // running task.
   ~Stream();
 
   Stream(const Stream&) = delete;
@@ -38,11 +73,13 @@ class Stream {
 
   // Queues `task`; returns at once. With `inline_if_idle`, an idle stream
   // runs it on the calling thread instead (for tasks too small to be worth
-  // a hand-off).
-  void Enqueue(Task task, bool inline_if_idle = false);
+  // a hand-off). RESOURCE_EXHAUSTED when `max_queued` tasks already wait,
+  // CANCELLED after Cancel(); the task is not run then.
+  absl::Status Enqueue(Task task, bool inline_if_idle = false);
 
-  // Calls `done` once everything queued before this call has run, with the
-  // first error since the previous Synchronize (OK if none).
+  // Calls `done` once everything queued before this call has run (or was
+  // cancelled), with the first error since the previous Synchronize (OK if
+  // none; CANCELLED if queued work was dropped).
   void Synchronize(std::function<void(absl::Status)> done);
 
   // Calls `reached` once everything queued before this call has run; does
@@ -52,22 +89,25 @@ class Stream {
   // Blocking form of Synchronize, for callers off the RPC threads.
   absl::Status SynchronizeAndWait();
 
- private:
-  void Loop();
-  // Claims the stream for the caller when idle; then the caller runs work
-  // inline and calls Release().
-  bool TryClaimIdle();
-  void Release();
-  void Record(absl::Status status);
+  // Drops every task that has not started (their captures, e.g. buffers,
+  // are released now); later Enqueue calls fail. Callbacks still run.
+  void Cancel();
 
-  absl::Mutex mu_;
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // An item (queued or inline) is running; the thread waits for it.
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;
-  // Touched only by whoever holds busy_.
-  absl::Status first_error_;
-  std::thread thread_;
+  // The error Enqueue would return now (OK if it would accept a task), for
+  // callers that must not consume anything for a task the stream refuses.
+  absl::Status CheckRoom() const;
+
+  // Tasks waiting to run (not counting the running one).
+  size_t queued() const;
+  // True while a task or callback runs or waits.
+  bool busy() const;
+
+ private:
+  struct State;
+  static void Loop(std::shared_ptr<State> state);
+
+  // Shared with the thread, which may outlive the Stream object.
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace opserver

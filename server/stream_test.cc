@@ -1,21 +1,29 @@
 #include "server/stream.h"
 
 #include <atomic>
+#include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace opserver {
 namespace {
 
+// Enqueue that must succeed (the stream is unbounded and not cancelled).
+void Enq(Stream& stream, Stream::Task task, bool inline_if_idle = false) {
+  ASSERT_TRUE(stream.Enqueue(std::move(task), inline_if_idle).ok());
+}
+
 TEST(StreamTest, RunsInIssueOrder) {
   Stream stream;
   std::vector<int> order;
   for (int i = 0; i < 100; ++i) {
-    stream.Enqueue([&order, i] {
+    Enq(stream, [&order, i] {
       order.push_back(i);
       return absl::OkStatus();
     });
@@ -28,11 +36,11 @@ TEST(StreamTest, RunsInIssueOrder) {
 TEST(StreamTest, FirstErrorIsReportedOnceByTheNextSynchronize) {
   Stream stream;
   std::atomic<int> ran{0};
-  stream.Enqueue([&] {
+  Enq(stream, [&] {
     ++ran;
     return absl::InvalidArgumentError("first");
   });
-  stream.Enqueue([&] {
+  Enq(stream, [&] {
     ++ran;
     return absl::InternalError("second");
   });
@@ -45,7 +53,7 @@ TEST(StreamTest, FirstErrorIsReportedOnceByTheNextSynchronize) {
 
 TEST(StreamTest, WhenReachedDoesNotConsumeTheError) {
   Stream stream;
-  stream.Enqueue([] { return absl::InternalError("boom"); });
+  Enq(stream, [] { return absl::InternalError("boom"); });
   absl::Notification reached;
   stream.WhenReached([&] { reached.Notify(); });
   reached.WaitForNotification();
@@ -56,13 +64,13 @@ TEST(StreamTest, DifferentStreamsRunConcurrently) {
   // Each stream's task waits for the other's: only concurrent streams finish.
   Stream a, b;
   absl::Notification a_started, b_started;
-  a.Enqueue([&] {
+  Enq(a, [&] {
     a_started.Notify();
     return b_started.WaitForNotificationWithTimeout(absl::Seconds(10))
                ? absl::OkStatus()
                : absl::DeadlineExceededError("b never ran");
   });
-  b.Enqueue([&] {
+  Enq(b, [&] {
     b_started.Notify();
     return a_started.WaitForNotificationWithTimeout(absl::Seconds(10))
                ? absl::OkStatus()
@@ -75,7 +83,7 @@ TEST(StreamTest, DifferentStreamsRunConcurrently) {
 TEST(StreamTest, IdleStreamRunsInlineWorkOnTheCaller) {
   Stream stream;
   std::thread::id ran_on;
-  stream.Enqueue(
+  Enq(stream, 
       [&] {
         ran_on = std::this_thread::get_id();
         return absl::InternalError("inline failure");
@@ -90,13 +98,13 @@ TEST(StreamTest, BusyStreamQueuesInlineWorkBehindEarlierWork) {
   Stream stream;
   absl::Notification release;
   std::vector<int> order;
-  stream.Enqueue([&] {
+  Enq(stream, [&] {
     release.WaitForNotification();
     order.push_back(1);
     return absl::OkStatus();
   });
   std::thread::id ran_on;
-  stream.Enqueue(
+  Enq(stream, 
       [&] {
         ran_on = std::this_thread::get_id();
         order.push_back(2);
@@ -109,19 +117,101 @@ TEST(StreamTest, BusyStreamQueuesInlineWorkBehindEarlierWork) {
   EXPECT_NE(ran_on, std::this_thread::get_id());
 }
 
-TEST(StreamTest, DestructorRunsQueuedWork) {
+// Security review findings 2 and 7: destroying a stream (or closing its
+// session) must not wait for the work a client queued on it.
+TEST(StreamTest, DestructorDropsQueuedWorkAndDoesNotWaitForTheRunningTask) {
   std::atomic<int> ran{0};
+  absl::Notification started, release;
+  auto buffer = std::make_shared<int>(0);  // Stands for a device buffer.
+  auto group = std::make_shared<StreamThreads>();
+  auto threads = std::make_shared<StreamThreads>(group);
   {
-    Stream stream;
-    for (int i = 0; i < 10; ++i) {
-      stream.Enqueue([&] {
-        absl::SleepFor(absl::Milliseconds(1));
-        ++ran;
-        return absl::OkStatus();
-      });
+    Stream stream(/*max_queued=*/0, threads);
+    ASSERT_TRUE(stream
+                    .Enqueue([&] {
+                      started.Notify();
+                      release.WaitForNotification();
+                      ++ran;
+                      return absl::OkStatus();
+                    })
+                    .ok());
+    for (int i = 0; i < 1000; ++i) {
+      ASSERT_TRUE(stream
+                      .Enqueue([&ran, buffer] {
+                        ++ran;
+                        return absl::OkStatus();
+                      })
+                      .ok());
     }
+    started.WaitForNotification();
+    EXPECT_EQ(stream.queued(), 1000u);
+  }  // Returns although the first task still runs.
+  // The dropped tasks released what they held.
+  EXPECT_EQ(buffer.use_count(), 1);
+  // The thread still counts, in its group and the parent group.
+  EXPECT_EQ(threads->count(), 1);
+  EXPECT_FALSE(group->WaitForZero(absl::Milliseconds(50)));
+  release.Notify();
+  EXPECT_TRUE(group->WaitForZero(absl::Seconds(30)));
+  EXPECT_EQ(threads->count(), 0);
+  EXPECT_EQ(ran.load(), 1);
+}
+
+TEST(StreamTest, CancelDropsQueuedWorkAndSynchronizeReportsIt) {
+  Stream stream;
+  absl::Notification release;
+  ASSERT_TRUE(stream
+                  .Enqueue([&] {
+                    release.WaitForNotification();
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  std::atomic<int> ran{0};
+  ASSERT_TRUE(stream
+                  .Enqueue([&] {
+                    ++ran;
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  absl::Notification synced;
+  absl::Status sync_status;
+  stream.Synchronize([&](absl::Status status) {
+    sync_status = status;
+    synced.Notify();
+  });
+  stream.Cancel();
+  absl::Status late = stream.Enqueue([] { return absl::OkStatus(); });
+  EXPECT_EQ(late.code(), absl::StatusCode::kCancelled);
+  release.Notify();
+  synced.WaitForNotification();
+  EXPECT_EQ(sync_status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(ran.load(), 0);
+  // Reported once.
+  EXPECT_TRUE(stream.SynchronizeAndWait().ok());
+}
+
+// Finding 6: a client cannot grow a stream's queue without bound.
+TEST(StreamTest, QueueIsBounded) {
+  Stream stream(/*max_queued=*/3);
+  absl::Notification release;
+  ASSERT_TRUE(stream
+                  .Enqueue([&] {
+                    release.WaitForNotification();
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  // The first task may still be queued or already running.
+  while (stream.queued() != 0) absl::SleepFor(absl::Milliseconds(1));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(stream.Enqueue([] { return absl::OkStatus(); }).ok());
   }
-  EXPECT_EQ(ran.load(), 10);
+  absl::Status full = stream.Enqueue([] { return absl::OkStatus(); });
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(full.message()),
+              ::testing::HasSubstr("--max_queued_per_stream"));
+  release.Notify();
+  EXPECT_TRUE(stream.SynchronizeAndWait().ok());
+  EXPECT_TRUE(stream.Enqueue([] { return absl::OkStatus(); }).ok());
 }
 
 }  // namespace

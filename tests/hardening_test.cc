@@ -1,0 +1,492 @@
+// Hostile and greedy clients against a real Server: each test reproduces a
+// finding of ../shared/reviews/security-review.md (numbers in the names)
+// and checks that it is refused cleanly and costs other sessions nothing.
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/opserver.grpc.pb.h"
+#include "server/server.h"
+
+namespace opserver {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+struct Result {
+  grpc::Status status;
+  int aclnn = -1;  // From the trailing metadata; -1 when absent.
+};
+
+class HardeningTest : public ::testing::Test {
+ protected:
+  void Start(Options options) {
+    options.listen = "127.0.0.1:0";
+    options.threads = 2;
+    auto server = Server::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    auto channel = grpc::CreateChannel(server_->address(),
+                                       grpc::InsecureChannelCredentials());
+    runtime_ = v1::Runtime::NewStub(channel);
+    ops_ = v1::Operators::NewStub(channel);
+  }
+
+  // Runs one call with a deadline, collecting the aclnn status.
+  Result Rpc(const std::function<grpc::Status(grpc::ClientContext*)>& call,
+             absl::Duration deadline = absl::Seconds(30)) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    Result result;
+    result.status = call(&context);
+    const auto& trailers = context.GetServerTrailingMetadata();
+    auto it = trailers.find("opserver-aclnn-status");
+    if (it != trailers.end()) {
+      result.aclnn = std::stoi(std::string(it->second.data(), it->second.size()));
+    }
+    return result;
+  }
+
+  std::string NewSession() {
+    v1::CreateSessionRequest request;
+    request.set_client_name("hardening_test");
+    v1::CreateSessionResponse response;
+    Result r = Rpc([&](auto* c) {
+      return runtime_->CreateSession(c, request, &response);
+    });
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    return response.session();
+  }
+
+  Result Malloc(const std::string& session, uint64_t size,
+                uint64_t* buffer = nullptr) {
+    v1::MallocRequest request;
+    request.set_session(session);
+    request.set_size(size);
+    v1::MallocResponse response;
+    Result r = Rpc([&](auto* c) { return runtime_->Malloc(c, request, &response); });
+    if (buffer != nullptr) *buffer = response.buffer();
+    return r;
+  }
+
+  uint64_t MustMalloc(const std::string& session, uint64_t size) {
+    uint64_t buffer = 0;
+    Result r = Malloc(session, size, &buffer);
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    return buffer;
+  }
+
+  Result Free(const std::string& session, uint64_t buffer) {
+    v1::FreeRequest request;
+    request.set_session(session);
+    request.set_buffer(buffer);
+    v1::FreeResponse response;
+    return Rpc([&](auto* c) { return runtime_->Free(c, request, &response); });
+  }
+
+  void WriteValues(const std::string& session, uint64_t buffer,
+                   const std::vector<double>& values) {
+    v1::WriteValuesRequest request;
+    request.set_session(session);
+    request.set_buffer(buffer);
+    request.set_dtype(v1::FLOAT);
+    for (double v : values) request.add_values(v);
+    v1::WriteValuesResponse response;
+    Result r = Rpc(
+        [&](auto* c) { return runtime_->WriteValues(c, request, &response); });
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  }
+
+  std::vector<double> ReadValues(const std::string& session, uint64_t buffer,
+                                 uint64_t count) {
+    v1::ReadValuesRequest request;
+    request.set_session(session);
+    request.set_buffer(buffer);
+    request.set_dtype(v1::FLOAT);
+    request.set_count(count);
+    v1::ReadValuesResponse response;
+    Result r = Rpc(
+        [&](auto* c) { return runtime_->ReadValues(c, request, &response); });
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    return {response.values().begin(), response.values().end()};
+  }
+
+  static v1::TensorDesc Desc(uint64_t buffer, v1::DataType dtype,
+                             std::vector<int64_t> shape,
+                             std::vector<int64_t> strides = {}) {
+    v1::TensorDesc desc;
+    desc.set_buffer(buffer);
+    desc.set_dtype(dtype);
+    for (int64_t d : shape) desc.add_shape(d);
+    for (int64_t s : strides) desc.add_strides(s);
+    return desc;
+  }
+
+  // ThresholdBackward with the same descriptor for all three tensors.
+  Result PlanThreshold(const std::string& session, const v1::TensorDesc& desc,
+                       uint64_t* executor = nullptr) {
+    v1::GetWorkspaceSizeRequest request;
+    request.set_session(session);
+    request.set_op("ThresholdBackward");
+    for (const char* name : {"gradOutput", "self", "out"}) {
+      (*request.mutable_tensors())[name] = desc;
+    }
+    v1::GetWorkspaceSizeResponse response;
+    Result r = Rpc(
+        [&](auto* c) { return ops_->GetWorkspaceSize(c, request, &response); });
+    if (executor != nullptr) *executor = response.executor();
+    return r;
+  }
+
+  uint64_t MustPlanThreshold(const std::string& session,
+                             const v1::TensorDesc& desc) {
+    uint64_t executor = 0;
+    Result r = PlanThreshold(session, desc, &executor);
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    return executor;
+  }
+
+  Result SetRepeatable(const std::string& session, uint64_t executor) {
+    v1::SetExecutorRepeatableRequest request;
+    request.set_session(session);
+    request.set_executor(executor);
+    v1::SetExecutorRepeatableResponse response;
+    return Rpc([&](auto* c) {
+      return ops_->SetExecutorRepeatable(c, request, &response);
+    });
+  }
+
+  Result DestroyExecutor(const std::string& session, uint64_t executor) {
+    v1::DestroyExecutorRequest request;
+    request.set_session(session);
+    request.set_executor(executor);
+    v1::DestroyExecutorResponse response;
+    return Rpc(
+        [&](auto* c) { return ops_->DestroyExecutor(c, request, &response); });
+  }
+
+  Result Execute(const std::string& session, uint64_t executor,
+                 uint64_t stream = 0) {
+    v1::ExecuteRequest request;
+    request.set_session(session);
+    request.set_executor(executor);
+    request.set_stream(stream);
+    v1::ExecuteResponse response;
+    return Rpc([&](auto* c) { return ops_->Execute(c, request, &response); });
+  }
+
+  Result Synchronize(const std::string& session, uint64_t stream = 0) {
+    v1::SynchronizeStreamRequest request;
+    request.set_session(session);
+    request.set_stream(stream);
+    v1::SynchronizeStreamResponse response;
+    return Rpc([&](auto* c) {
+      return runtime_->SynchronizeStream(c, request, &response);
+    });
+  }
+
+  Result CreateStream(const std::string& session, uint64_t* stream) {
+    v1::CreateStreamRequest request;
+    request.set_session(session);
+    v1::CreateStreamResponse response;
+    Result r = Rpc(
+        [&](auto* c) { return runtime_->CreateStream(c, request, &response); });
+    *stream = response.stream();
+    return r;
+  }
+
+  Result DestroyStream(const std::string& session, uint64_t stream,
+                       absl::Duration deadline = absl::Seconds(30)) {
+    v1::DestroyStreamRequest request;
+    request.set_session(session);
+    request.set_stream(stream);
+    v1::DestroyStreamResponse response;
+    return Rpc(
+        [&](auto* c) {
+          return runtime_->DestroyStream(c, request, &response);
+        },
+        deadline);
+  }
+
+  Result CloseSession(const std::string& session,
+                      absl::Duration deadline = absl::Seconds(30)) {
+    v1::CloseSessionRequest request;
+    request.set_session(session);
+    v1::CloseSessionResponse response;
+    return Rpc(
+        [&](auto* c) { return runtime_->CloseSession(c, request, &response); },
+        deadline);
+  }
+
+  // Queues `count` launches of a repeatable ThresholdBackward over `elements`
+  // floats (tens of milliseconds each at 2^24) on `stream`.
+  void QueueSlowWork(const std::string& session, int64_t elements, int count,
+                     uint64_t stream = 0) {
+    uint64_t buffer = MustMalloc(session, elements * 4);
+    uint64_t executor =
+        MustPlanThreshold(session, Desc(buffer, v1::FLOAT, {elements}));
+    ASSERT_TRUE(SetRepeatable(session, executor).status.ok());
+    for (int i = 0; i < count; ++i) {
+      Result r = Execute(session, executor, stream);
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    }
+  }
+
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<v1::Runtime::Stub> runtime_;
+  std::unique_ptr<v1::Operators::Stub> ops_;
+};
+
+// Finding 3: a freed buffer's bytes never reach another session.
+TEST_F(HardeningTest, Finding3_ReusedMemoryShowsAnotherSessionZeros) {
+  Start(Options());
+  std::string a = NewSession(), b = NewSession();
+  uint64_t secret = MustMalloc(a, 65536);
+  WriteValues(a, secret, {1234.5, 6789.25, 42, 42});
+  ASSERT_TRUE(Free(a, secret).status.ok());
+  uint64_t snoop = MustMalloc(b, 65536);
+  EXPECT_THAT(ReadValues(b, snoop, 4), ElementsAre(0, 0, 0, 0));
+  // Same through a closed session's memory.
+  uint64_t again = MustMalloc(a, 1 << 20);
+  WriteValues(a, again, {7, 8, 9});
+  ASSERT_TRUE(CloseSession(a).status.ok());
+  uint64_t snoop2 = MustMalloc(b, 1 << 20);
+  EXPECT_THAT(ReadValues(b, snoop2, 3), ElementsAre(0, 0, 0));
+}
+
+// Finding 5: --device_memory_bytes bounds the sum over all sessions;
+// beyond it Malloc is RESOURCE_EXHAUSTED and other sessions keep working.
+TEST_F(HardeningTest, Finding5_DeviceMemoryIsARealCapacity) {
+  Options options;
+  options.device_memory_bytes = 64 << 20;
+  Start(options);
+  std::string a = NewSession(), b = NewSession();
+  uint64_t big = MustMalloc(a, 48 << 20);
+  Result refused = Malloc(b, 32 << 20);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.status.error_message(),
+              HasSubstr("--device_memory_bytes"));
+  uint64_t small = MustMalloc(b, 1 << 20);
+  WriteValues(b, small, {1, 2});
+  EXPECT_THAT(ReadValues(b, small, 2), ElementsAre(1, 2));
+  ASSERT_TRUE(Free(a, big).status.ok());
+  EXPECT_TRUE(Malloc(b, 32 << 20).status.ok());
+  // GetDeviceInfo reports the capacity.
+  v1::GetDeviceInfoResponse info;
+  ASSERT_TRUE(Rpc([&](auto* c) {
+                return runtime_->GetDeviceInfo(c, v1::GetDeviceInfoRequest(),
+                                               &info);
+              }).status.ok());
+  EXPECT_EQ(info.memory_bytes(), uint64_t{64} << 20);
+}
+
+// Finding 5(b): freeing a handle that an executor still uses does not give
+// the session its memory back until the executor is gone.
+TEST_F(HardeningTest, Finding5_FreedButReferencedMemoryStillCounts) {
+  Options options;
+  options.session_limits.session_memory_bytes = 1 << 20;
+  Start(options);
+  std::string s = NewSession();
+  uint64_t buffer = MustMalloc(s, 1 << 20);
+  uint64_t executor =
+      MustPlanThreshold(s, Desc(buffer, v1::FLOAT, {(1 << 20) / 4}));
+  ASSERT_TRUE(Free(s, buffer).status.ok());
+  Result refused = Malloc(s, 1 << 20);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  ASSERT_TRUE(DestroyExecutor(s, executor).status.ok());
+  EXPECT_TRUE(Malloc(s, 1 << 20).status.ok());
+}
+
+// Finding 13: Malloc(0) holds a page and is charged one.
+TEST_F(HardeningTest, Finding13_TinyBuffersAreChargedWhatTheyHold) {
+  Options options;
+  options.session_limits.session_memory_bytes = 16 * 4096;
+  Start(options);
+  std::string s = NewSession();
+  for (int i = 0; i < 16; ++i) ASSERT_TRUE(Malloc(s, i % 2).status.ok()) << i;
+  EXPECT_EQ(Malloc(s, 0).status.error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+}
+
+// Finding 2: a few bytes may not describe 2^34..2^62 elements of output.
+TEST_F(HardeningTest, Finding2_HugeStrideZeroViewsAreRefused) {
+  Start(Options());
+  std::string s = NewSession();
+  uint64_t buffer = MustMalloc(s, 4096);
+  for (int64_t n : {int64_t{17179869184}, int64_t{1099511627776},
+                    int64_t{4611686018427387904}}) {
+    Result r = PlanThreshold(s, Desc(buffer, v1::INT8, {n}, {0}));
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << n;
+    EXPECT_EQ(r.aclnn, 161002) << n;
+    EXPECT_THAT(r.status.error_message(), HasSubstr("overlap")) << n;
+  }
+}
+
+// Finding 2: --max_launch_elements caps one launch's work.
+TEST_F(HardeningTest, Finding2_LaunchesAreCappedByMaxLaunchElements) {
+  Options options;
+  options.session_limits.max_launch_elements = 1000;
+  Start(options);
+  std::string s = NewSession();
+  uint64_t buffer = MustMalloc(s, 8192);
+  EXPECT_TRUE(PlanThreshold(s, Desc(buffer, v1::FLOAT, {1000})).status.ok());
+  Result r = PlanThreshold(s, Desc(buffer, v1::FLOAT, {1001}));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(r.aclnn, 161002);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("--max_launch_elements"));
+}
+
+// Findings 2 and 7: closing a session drops its queued work, so neither its
+// own CloseSession nor another session's waits for that queue.
+TEST_F(HardeningTest, Finding2_ClosingASessionCancelsItsQueuedWork) {
+  Start(Options());
+  std::string busy = NewSession(), other = NewSession();
+  // 400 launches of 2^24 floats: several seconds of queued work.
+  QueueSlowWork(busy, int64_t{1} << 24, 400);
+  Result closed = CloseSession(busy, absl::Seconds(3));
+  EXPECT_TRUE(closed.status.ok()) << closed.status.error_message();
+  Result other_closed = CloseSession(other, absl::Seconds(3));
+  EXPECT_TRUE(other_closed.status.ok()) << other_closed.status.error_message();
+}
+
+// Finding 2: SIGTERM's path (Server::Shutdown and destruction) ends in time
+// whatever is queued.
+TEST_F(HardeningTest, Finding2_ShutdownDoesNotRunQueuedWork) {
+  Start(Options());
+  std::string s = NewSession();
+  // 1000 launches of 2^24 floats: 10 s or more of queued work.
+  QueueSlowWork(s, int64_t{1} << 24, 1000);
+  const absl::Time start = absl::Now();
+  server_.reset();
+  // Within the default shutdown grace, not after the queue.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+// Findings 6 and 7: a stream's queue is bounded, a refused launch does not
+// consume its executor, and destroyed streams count until their thread ends.
+TEST_F(HardeningTest, Finding6_StreamQueuesAreBounded) {
+  Options options;
+  options.session_limits.max_queued_per_stream = 4;
+  Start(options);
+  std::string s = NewSession();
+  uint64_t buffer = MustMalloc(s, (1 << 24) * 4);
+  uint64_t slow =
+      MustPlanThreshold(s, Desc(buffer, v1::FLOAT, {int64_t{1} << 24}));
+  ASSERT_TRUE(SetRepeatable(s, slow).status.ok());
+  int refused = 0;
+  for (int i = 0; i < 12; ++i) {
+    Result r = Execute(s, slow);
+    if (!r.status.ok()) {
+      EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+      EXPECT_THAT(r.status.error_message(), HasSubstr("--max_queued_per_stream"));
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 0);
+  // A single-use executor refused for a full queue is still there.
+  uint64_t tiny = MustMalloc(s, 16);
+  uint64_t once = MustPlanThreshold(s, Desc(tiny, v1::FLOAT, {4}));
+  Result full = Execute(s, once);
+  ASSERT_TRUE(Synchronize(s).status.ok());
+  if (!full.status.ok()) {
+    EXPECT_TRUE(Execute(s, once).status.ok());
+  }
+}
+
+TEST_F(HardeningTest, Finding7_DestroyedStreamsCountUntilTheirWorkEnds) {
+  Options options;
+  options.session_limits.max_streams_per_session = 1;
+  Start(options);
+  std::string s = NewSession();
+  uint64_t stream = 0;
+  ASSERT_TRUE(CreateStream(s, &stream).status.ok());
+  QueueSlowWork(s, int64_t{1} << 24, 20, stream);
+  // The client gives up at once; the stream's queued work is dropped, and
+  // its running launch still holds a thread that counts.
+  DestroyStream(s, stream, absl::Milliseconds(1));
+  uint64_t next = 0;
+  int refused = 0;
+  for (int i = 0; i < 200; ++i) {
+    Result r = CreateStream(s, &next);
+    if (r.status.ok()) break;
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    ++refused;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_NE(next, 0u) << "the destroyed stream's thread never ended";
+  // Never more than the limit at once.
+  uint64_t third = 0;
+  EXPECT_EQ(CreateStream(s, &third).status.error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+}
+
+// Finding 9: what a client sends is bounded and escaped in replies and logs.
+TEST_F(HardeningTest, Finding9_EchoedClientStringsAreBounded) {
+  Start(Options());
+  Result r = Malloc(std::string(8 << 20, 'x'), 16);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_LT(r.status.error_message().size(), 512u);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("of 8388608 bytes"));
+  v1::CreateSessionRequest request;
+  request.set_client_name(std::string(300, 'n'));
+  v1::CreateSessionResponse response;
+  Result named = Rpc(
+      [&](auto* c) { return runtime_->CreateSession(c, request, &response); });
+  EXPECT_EQ(named.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(named.status.error_message(), HasSubstr("at most 256"));
+}
+
+// Finding 11: Evaluate (no session needed) cannot occupy every RPC thread.
+TEST_F(HardeningTest, Finding11_ConcurrentEvaluatesAreBounded) {
+  Options options;
+  options.session_limits.max_concurrent_evaluates = 1;
+  Start(options);
+  // 32 concurrent calls of 2^20 elements: some are refused, none crash, and
+  // the ones admitted are right.
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0}, refused{0};
+  v1::EvaluateRequest request;
+  request.set_op("HardswishBackward");
+  for (const char* name : {"gradOutput", "self"}) {
+    v1::ValueTensor& t = (*request.mutable_inputs())[name];
+    t.set_dtype(v1::FLOAT);
+    t.add_shape(1 << 18);
+    for (int i = 0; i < (1 << 18); ++i) t.add_values(1);
+  }
+  request.mutable_output()->set_dtype(v1::FLOAT);
+  request.mutable_output()->add_shape(1 << 18);
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&] {
+      for (int j = 0; j < 4; ++j) {
+        v1::EvaluateResponse response;
+        Result r = Rpc(
+            [&](auto* c) { return ops_->Evaluate(c, request, &response); });
+        if (r.status.ok()) {
+          ++ok;
+          EXPECT_FLOAT_EQ(response.output().values(7), 1.0f / 3 + 0.5f);
+        } else {
+          EXPECT_EQ(r.status.error_code(),
+                    grpc::StatusCode::RESOURCE_EXHAUSTED);
+          ++refused;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_EQ(ok.load() + refused.load(), 32);
+}
+
+}  // namespace
+}  // namespace opserver
