@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <deque>
 #include <memory>
 #include <string>
@@ -75,7 +76,9 @@ absl::Status SetParams(const OpInfo& op, const v1::OpParams& in,
     } else if (*dtype == DType::kBool) {
       out->negative_slope = kernels::Scalar::Bool(v != 0);
     } else {
-      if (v != static_cast<double>(static_cast<int64_t>(v))) {
+      // Range first: casting NaN or 1e300 to int64 is undefined (finding 14).
+      if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0) ||
+          v != std::trunc(v)) {
         return kernels::ParamInvalid(absl::StrCat(
             "negativeSlope has integer dtype ", kernels::DTypeName(*dtype),
             " but value ", v, " is not an integer"));

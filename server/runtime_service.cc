@@ -61,16 +61,20 @@ class RuntimeService::Attacher final
     StartWrite(&event_);
   }
 
-  // Server shutdown: tell the client and end the call; the session stays
-  // until the server's sessions are torn down.
-  void Stop() {
+  // Server shutdown or the session closed by CloseSession: tell the client
+  // why and end the call (which drops its hold on the session, so a closed
+  // session's memory is not kept alive by its Attach call; finding 8).
+  void Stop(absl::string_view why = "server shutting down") {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    stop_reason_ = std::string(why);
     if (finished_ || writing_) return;
-    event_.set_event("server shutting down");
+    event_.set_event(stop_reason_);
     StartWriteAndFinish(&event_, grpc::WriteOptions(), grpc::Status::OK);
     finished_ = true;
   }
+
+  const std::string& session_id() const { return session_->id(); }
 
   void OnWriteDone(bool ok) override {
     absl::MutexLock lock(&mu_);
@@ -79,7 +83,7 @@ class RuntimeService::Attacher final
     if (!ok || cancelled_) {
       FinishLocked(grpc::Status::CANCELLED);
     } else if (stopping_) {
-      event_.set_event("server shutting down");
+      event_.set_event(stop_reason_);
       StartWriteAndFinish(&event_, grpc::WriteOptions(), grpc::Status::OK);
       finished_ = true;
     }
@@ -121,6 +125,7 @@ class RuntimeService::Attacher final
   v1::AttachEvent event_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -508,7 +513,16 @@ grpc::ServerUnaryReactor* RuntimeService::CloseSession(
   absl::Status status =
       sessions_->Close(request->session(), "closed by the client",
                        [reactor] { reactor->Finish(grpc::Status::OK); });
-  if (!status.ok()) reactor->Finish(ToGrpcStatus(status, context));
+  if (!status.ok()) {
+    reactor->Finish(ToGrpcStatus(status, context));
+    return reactor;
+  }
+  absl::MutexLock lock(&mu_);
+  for (Attacher* attacher : attachers_) {
+    if (attacher->session_id() == request->session()) {
+      attacher->Stop("session closed by CloseSession");
+    }
+  }
   return reactor;
 }
 

@@ -3,6 +3,7 @@
 // and checks that it is refused cleanly and costs other sessions nothing.
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -230,7 +231,7 @@ class HardeningTest : public ::testing::Test {
   }
 
   // Queues `count` launches of a repeatable ThresholdBackward over `elements`
-  // floats (tens of milliseconds each at 2^24) on `stream`.
+  // floats in place (5-10 ms each at 2^26 on 2 cores) on `stream`.
   void QueueSlowWork(const std::string& session, int64_t elements, int count,
                      uint64_t stream = 0) {
     uint64_t buffer = MustMalloc(session, elements * 4);
@@ -352,8 +353,8 @@ TEST_F(HardeningTest, Finding2_LaunchesAreCappedByMaxLaunchElements) {
 TEST_F(HardeningTest, Finding2_ClosingASessionCancelsItsQueuedWork) {
   Start(Options());
   std::string busy = NewSession(), other = NewSession();
-  // 400 launches of 2^24 floats: several seconds of queued work.
-  QueueSlowWork(busy, int64_t{1} << 24, 400);
+  // 2000 launches over 256 MiB: 10 s or more of queued work.
+  QueueSlowWork(busy, int64_t{1} << 26, 2000);
   Result closed = CloseSession(busy, absl::Seconds(3));
   EXPECT_TRUE(closed.status.ok()) << closed.status.error_message();
   Result other_closed = CloseSession(other, absl::Seconds(3));
@@ -365,8 +366,8 @@ TEST_F(HardeningTest, Finding2_ClosingASessionCancelsItsQueuedWork) {
 TEST_F(HardeningTest, Finding2_ShutdownDoesNotRunQueuedWork) {
   Start(Options());
   std::string s = NewSession();
-  // 1000 launches of 2^24 floats: 10 s or more of queued work.
-  QueueSlowWork(s, int64_t{1} << 24, 1000);
+  // 3000 launches over 256 MiB: 15 s or more of queued work.
+  QueueSlowWork(s, int64_t{1} << 26, 3000);
   const absl::Time start = absl::Now();
   server_.reset();
   // Within the default shutdown grace, not after the queue.
@@ -486,6 +487,103 @@ TEST_F(HardeningTest, Finding11_ConcurrentEvaluatesAreBounded) {
   for (std::thread& t : threads) t.join();
   EXPECT_GT(ok.load(), 0);
   EXPECT_EQ(ok.load() + refused.load(), 32);
+}
+
+// Finding 8: CloseSession ends the session's Attach calls, so they do not
+// keep its memory alive after it was closed.
+TEST_F(HardeningTest, Finding8_CloseSessionEndsItsAttachCalls) {
+  Start(Options());
+  std::string s = NewSession();
+  grpc::ClientContext attach_context;
+  v1::AttachRequest attach_request;
+  attach_request.set_session(s);
+  auto attach = runtime_->Attach(&attach_context, attach_request);
+  v1::AttachEvent event;
+  ASSERT_TRUE(attach->Read(&event));
+  EXPECT_EQ(event.event(), "attached");
+  MustMalloc(s, 1 << 20);
+  ASSERT_TRUE(CloseSession(s).status.ok());
+  // The Attach call is told and ends...
+  bool closed_event = false;
+  while (attach->Read(&event)) {
+    closed_event |= event.event() == "session closed by CloseSession";
+  }
+  EXPECT_TRUE(closed_event);
+  EXPECT_TRUE(attach->Finish().ok());
+  // ...and the memory goes.
+  uint64_t bytes = 1;
+  for (int i = 0; i < 200 && bytes != 0; ++i) {
+    v1::ServerStats stats;
+    ASSERT_TRUE(Rpc([&](auto* c) {
+                  return runtime_->GetServerStats(
+                      c, v1::GetServerStatsRequest(), &stats);
+                }).status.ok());
+    bytes = stats.buffer_bytes();
+    if (bytes != 0) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(bytes, 0u);
+}
+
+// Finding 10: a session whose stream still works is not reaped as idle.
+TEST_F(HardeningTest, Finding10_BusySessionsAreNotIdle) {
+  Options options;
+  options.session_limits.idle_timeout = absl::Seconds(1);
+  Start(options);
+  std::string s = NewSession();
+  // Seconds of work, longer than the idle timeout.
+  QueueSlowWork(s, int64_t{1} << 26, 1000);
+  Result synced = Synchronize(s);
+  EXPECT_TRUE(synced.status.ok()) << synced.status.error_message();
+  uint64_t buffer = 0;
+  Result after = Malloc(s, 16, &buffer);
+  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
+}
+
+// Finding 14: an integer-typed negativeSlope of NaN or 1e300 is refused
+// (it was cast to int64: undefined behaviour).
+TEST_F(HardeningTest, Finding14_NonIntegralIntegerSlopeIsRefused) {
+  Start(Options());
+  std::string s = NewSession();
+  uint64_t buffer = MustMalloc(s, 64);
+  for (double slope : {std::nan(""), 1e300, -1e300, 9223372036854775808.0}) {
+    v1::GetWorkspaceSizeRequest request;
+    request.set_session(s);
+    request.set_op("LeakyReluBackward");
+    request.mutable_params()->mutable_negative_slope()->set_dtype(v1::INT64);
+    request.mutable_params()->mutable_negative_slope()->set_value(slope);
+    for (const char* name : {"gradOutput", "self", "out"}) {
+      (*request.mutable_tensors())[name] = Desc(buffer, v1::FLOAT, {4});
+    }
+    v1::GetWorkspaceSizeResponse response;
+    Result r = Rpc(
+        [&](auto* c) { return ops_->GetWorkspaceSize(c, request, &response); });
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << slope;
+    EXPECT_EQ(r.aclnn, 161002) << slope;
+  }
+}
+
+// Finding 17: limits whose sums could wrap are refused at start, and
+// --max_values is held to what fits in a message.
+TEST_F(HardeningTest, Finding17_ConfigurationCannotWrap) {
+  Options options;
+  options.listen = "127.0.0.1:0";
+  options.transfer_limits.chunk_bytes = ~uint64_t{0} - 100;
+  auto refused = Server::Start(options);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("--chunk_bytes"));
+  options = Options();
+  options.transfer_limits.max_message_bytes = 1 << 20;
+  options.transfer_limits.chunk_bytes = 1 << 19;
+  options.transfer_limits.max_values = 1 << 30;
+  Start(options);
+  v1::GetDeviceInfoResponse info;
+  ASSERT_TRUE(Rpc([&](auto* c) {
+                return runtime_->GetDeviceInfo(c, v1::GetDeviceInfoRequest(),
+                                               &info);
+              }).status.ok());
+  EXPECT_EQ(info.limits().max_values(), ((1u << 20) - 1024) / 8);
 }
 
 }  // namespace
