@@ -592,10 +592,11 @@ grpc::ServerUnaryReactor* RuntimeService::DestroyStream(
   absl::StatusOr<std::shared_ptr<Stream>> stream =
       (*session)->TakeStream(request->stream());
   if (!stream.ok()) return Reply(context, stream.status());
-  // The call returns once the stream's queued work ran; the thread itself
-  // is joined off the RPC threads.
+  // Queued work is dropped (a client cannot make teardown wait for it); the
+  // call returns once the running launch, if any, has finished.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   std::shared_ptr<Stream> doomed = *stream;
+  (*stream)->Cancel();
   (*stream)->WhenReached([reactor] { reactor->Finish(grpc::Status::OK); });
   sessions_->DestroyLater(std::move(doomed));
   return reactor;
