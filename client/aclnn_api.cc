@@ -367,7 +367,8 @@ aclError aclFinalize(void) {
   }
   state.DropSession();
   state.client.reset();
-  state.next_address = opserver::kDeviceBase;
+  // next_address is kept: a pointer from before aclFinalize must never name
+  // an allocation made after the next aclInit (review finding 16).
   state.initialized = false;
   return ACL_SUCCESS;
 }
@@ -438,17 +439,38 @@ aclError aclrtCreateStream(aclrtStream* stream) {
 
 aclError aclrtDestroyStream(aclrtStream stream) {
   State& state = GetState();
-  absl::MutexLock lock(&state.mu);
-  auto session = opserver::SessionOf(state);
-  if (!session.ok()) return opserver::SessionError(session.status());
-  auto it = state.streams.find(reinterpret_cast<uintptr_t>(stream));
-  if (it == state.streams.end()) {
-    return Fail(ACL_ERROR_INVALID_PARAM,
-                "aclrtDestroyStream: not a live aclrtCreateStream stream");
+  std::shared_ptr<opserver::Client> client;  // Outlives `session`.
+  std::shared_ptr<opserver::remote::Session> session;
+  opserver::remote::Stream doomed;
+  const uintptr_t key = reinterpret_cast<uintptr_t>(stream);
+  {
+    absl::MutexLock lock(&state.mu);
+    auto current = opserver::SessionOf(state);
+    if (!current.ok()) return opserver::SessionError(current.status());
+    auto it = state.streams.find(key);
+    if (it == state.streams.end()) {
+      return Fail(ACL_ERROR_INVALID_PARAM,
+                  "aclrtDestroyStream: not a live aclrtCreateStream stream");
+    }
+    client = state.client;
+    session = state.session;
+    doomed = std::move(it->second);
+    state.streams.erase(it);
   }
-  absl::Status status = it->second.Destroy();
-  state.streams.erase(it);
-  if (!status.ok()) return FailAcl(status);
+  // The call waits for the stream's running launch: not under the lock, so
+  // other threads' calls go on meanwhile (review finding 16).
+  const uint64_t handle = doomed.handle();
+  absl::Status status = doomed.Destroy();
+  if (!status.ok()) {
+    // Not destroyed (e.g. the deadline passed): the stream stays usable and
+    // can be destroyed again, unless the session changed meanwhile.
+    absl::MutexLock lock(&state.mu);
+    if (state.session == session && status.code() != absl::StatusCode::kNotFound) {
+      state.streams.emplace(key,
+                            opserver::remote::Stream(session.get(), handle));
+    }
+    return FailAcl(status);
+  }
   return ACL_SUCCESS;
 }
 

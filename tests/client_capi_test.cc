@@ -544,5 +544,25 @@ TEST_F(CApiTest, ServerRestartedUnderTheProgram) {
   EXPECT_THAT(Host<float>(r, 4), ElementsAre(1, 2, 3, 4));
 }
 
+// Review finding 16: a pointer from before aclFinalize never names an
+// allocation made after the next aclInit (it is unknown instead).
+TEST_F(CApiTest, StalePointersDoNotAliasAfterReinit) {
+  void* before = nullptr;
+  ASSERT_EQ(aclrtMalloc(&before, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  aclrtDestroyStream(stream_);
+  stream_ = nullptr;
+  ASSERT_EQ(aclrtResetDevice(0), ACL_SUCCESS);
+  ASSERT_EQ(aclFinalize(), ACL_SUCCESS);
+  ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS) << LastError();
+  void* after = nullptr;
+  ASSERT_EQ(aclrtMalloc(&after, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  EXPECT_NE(after, before);
+  float host[16] = {};
+  EXPECT_EQ(aclrtMemcpy(host, 64, before, 64, ACL_MEMCPY_DEVICE_TO_HOST),
+            ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtFree(after), ACL_SUCCESS);
+}
+
 }  // namespace
 }  // namespace opserver
