@@ -337,8 +337,14 @@ absl::StatusOr<HostTensor> ReadNpy(const std::string& path) {
     }
     tensor.shape.push_back(d);
   }
-  const size_t want =
-      static_cast<size_t>(tensor.numel()) * kernels::DTypeSize(tensor.dtype);
+  // The shape comes from the file: multiply with overflow checks before
+  // trusting numel() (review finding 16).
+  uint64_t want = kernels::DTypeSize(tensor.dtype);
+  for (int64_t d : tensor.shape) {
+    if (__builtin_mul_overflow(want, static_cast<uint64_t>(d), &want)) {
+      return bad(absl::StrCat("shape (", *shape_text, ") is too large"));
+    }
+  }
   const size_t at = header_at + header_len;
   if (data.size() - at != want) {
     return bad(absl::StrCat("holds ", data.size() - at, " data bytes, shape (",

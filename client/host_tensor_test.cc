@@ -1,9 +1,11 @@
 #include "client/host_tensor.h"
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -79,6 +81,34 @@ TEST(HostTensorTest, NpyRoundTripAndErrors) {
   ASSERT_TRUE(
       WriteNpy(dir + "/d.npy", HostTensor{DType::kUint8, {0}, ""}).ok());
   EXPECT_EQ(ReadNpy(dir + "/d.npy")->numel(), 0);
+}
+
+// Review finding 16: a .npy header's shape is hostile input; its size is
+// computed with overflow checks (once UB, fatal under --config=asan).
+TEST(HostTensorTest, NpyShapesThatOverflowAreRefused) {
+  const std::string dir = ::testing::TempDir();
+  for (const char* shape : {"(4294967296, 4294967296)",
+                            "(4611686018427387904, 4)",
+                            "(9223372036854775807, 9223372036854775807)"}) {
+    std::string header = absl::StrCat("{'descr': '<f4', 'fortran_order': False, 'shape': ",
+                                      shape, ", }");
+    while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+    header += '\n';
+    std::string file = std::string("\x93NUMPY\x01\x00", 8);
+    file += static_cast<char>(header.size() & 0xff);
+    file += static_cast<char>(header.size() >> 8);
+    file += header;
+    const std::string path = dir + "/huge.npy";
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(file.data(), 1, file.size(), f);
+    std::fclose(f);
+    absl::StatusOr<HostTensor> read = ReadNpy(path);
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument)
+        << shape;
+    EXPECT_THAT(std::string(read.status().message()), HasSubstr("too large"))
+        << shape;
+  }
 }
 
 }  // namespace
