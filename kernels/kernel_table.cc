@@ -96,6 +96,23 @@ constexpr DType Promote(DType a, DType b) {
   return DType::kFloat;
 }
 
+// Stores a result computed for compute dtype C into an `out` of dtype O:
+// rounded to C first, then cast to O, as aclnn's Cast after the kernel and
+// PyTorch's out= do (../shared/spec/operators.md, common rules). FLOAT16
+// 65504 * 2.5 is inf in a FLOAT `out` too, not 163760. Same-dtype stores
+// (every SIMD path) round once, as before.
+template <DType C, DType O, class CT>
+void StoreVia(char* p, CT v) {
+  if constexpr (C == O || C == DType::kDouble ||
+                (C == DType::kFloat && std::is_same_v<CT, float>)) {
+    Store<O>(p, v);  // Nothing to round: C holds every CT value exactly.
+  } else {
+    char rounded[sizeof(typename St<C>::Raw)];
+    Store<C>(rounded, v);
+    Store<O>(p, Load<CT, C>(rounded));
+  }
+}
+
 // ------------------------------------------------------- strided kernels
 // The formulas match elementwise_simd.cc operation for operation, so the
 // SIMD and strided paths give bit-identical results.
@@ -133,7 +150,7 @@ void SoftshrinkStrided(const KernelParams& p, const char* g, int64_t gs,
   const float l = p.lambd;
   for (int64_t i = 0; i < n; ++i, g += gs, s += ss, o += os) {
     const float x = Load<float, S>(s);
-    Store<O>(o, std::fabs(x) <= l ? 0.0f : Load<float, G>(g));
+    StoreVia<Promote(G, S), O>(o, std::fabs(x) <= l ? 0.0f : Load<float, G>(g));
   }
 }
 
@@ -162,7 +179,7 @@ void LeakyStrided(const KernelParams& p, const char* g, int64_t gs,
   for (int64_t i = 0; i < n; ++i, g += gs, s += ss, o += os) {
     const CT x = Load<CT, S>(s);
     const CT gv = Load<CT, G>(g);
-    Store<O>(o, x > 0 ? gv : gv * slope);
+    StoreVia<Promote(G, S), O>(o, x > 0 ? gv : gv * slope);
   }
 }
 
@@ -187,7 +204,7 @@ void DropoutStrided(const KernelParams& p, const char* g, int64_t gs,
                                                 : 0.0f;
       }
     }
-    Store<O>(o, r);
+    StoreVia<G, O>(o, r);
   }
 }
 

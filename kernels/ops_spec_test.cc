@@ -267,6 +267,8 @@ std::vector<double> Reference(const OpCall& call, const Tensor& grad,
                     : static_cast<double>(static_cast<float>(g) *
                                           static_cast<float>(slope));
         }
+        // Rounded to the compute dtype before the cast to `out` (spec).
+        r = RoundTo(ct, r);
         break;
       }
       case OpKind::kDropoutBackward: {
@@ -279,6 +281,8 @@ std::vector<double> Reference(const OpCall& call, const Tensor& grad,
                                          static_cast<float>(p.scale))
                    : 0.0;
         }
+        // The compute dtype is gradOutput's: rounded to it before the cast.
+        r = RoundTo(grad.dtype, r);
         break;
       }
     }
@@ -614,6 +618,86 @@ TEST(EveryDType, AboveTheParallelAndStreamingThresholds) {
 }
 
 // ---- Layouts ----------------------------------------------------------------
+
+// A result is rounded to its compute dtype before the cast to a wider
+// `out` (spec, common rules): the spec's two examples, then every compute
+// dtype x wider out dtype, contiguous and strided.
+TEST(MixedDTypes, ResultIsRoundedToTheComputeDTypeBeforeTheCast) {
+  // LeakyRelu, FLOAT16 gradOutput and self, slope 2.5, FLOAT out.
+  {
+    Tensor g = Make(DType::kFloat16, {2}), s = Make(DType::kFloat16, {2});
+    Tensor o = Make(DType::kFloat, {2});
+    g.Set(0, 65504);
+    g.Set(1, 0.1);
+    s.Set(0, -1);
+    s.Set(1, -1);
+    ASSERT_TRUE(
+        Launch(Call(OpKind::kLeakyReluBackward, g, s, o, Slope(2.5))).ok());
+    EXPECT_EQ(o.Get(0), kInf);
+    EXPECT_EQ(o.Get(1), 0.25);
+  }
+  // Dropout, FLOAT16 gradOutput 65504, scale 2, FLOAT out.
+  {
+    Tensor g = Make(DType::kFloat16, {1}), o = Make(DType::kFloat, {1});
+    g.Set(0, 65504);
+    Tensor mask = MaskFor(1, {0});
+    ASSERT_TRUE(
+        Launch(Call(OpKind::kDropoutBackward, g, mask, o, Scale(2))).ok());
+    EXPECT_EQ(o.Get(0), kInf);
+  }
+  // Every compute dtype with every wider out, in a contiguous and a strided
+  // layout: FLOAT16 overflows at 65504 * 2.5, BFLOAT16 keeps 8 bits (255 *
+  // 1.5 = 382.5 -> 382), FLOAT rounds 0.1 * 3 to float before a DOUBLE out.
+  struct Case {
+    DType compute;
+    double grad, factor, expected;
+  };
+  const Case cases[] = {
+      {DType::kFloat16, 65504, 2.5, kInf},
+      {DType::kBFloat16, 255, 1.5, 382},
+      {DType::kFloat, 0.1, 3, static_cast<double>(
+                                  static_cast<float>(0.1f) * 3.0f)},
+  };
+  for (const Case& c : cases) {
+    for (DType out : {DType::kFloat, DType::kDouble}) {
+      if (DTypeSize(out) <= DTypeSize(c.compute)) continue;
+      for (bool strided : {false, true}) {
+        const std::vector<int64_t> strides =
+            strided ? std::vector<int64_t>{3} : std::vector<int64_t>{};
+        const std::string what = std::string(DTypeName(c.compute)) + " -> " +
+                                 std::string(DTypeName(out)) +
+                                 (strided ? " strided" : "");
+        Tensor g = Make(c.compute, {4}, strides);
+        Tensor s = Make(c.compute, {4});
+        Tensor o = Make(out, {4}, strides);
+        for (int64_t i = 0; i < 4; ++i) {
+          g.Set(i, c.grad);
+          s.Set(i, -1);
+        }
+        ASSERT_TRUE(Launch(Call(OpKind::kLeakyReluBackward, g, s, o,
+                                Slope(c.factor)))
+                        .ok())
+            << what;
+        for (int64_t i = 0; i < 4; ++i) {
+          EXPECT_EQ(o.Get(i), c.expected) << "LeakyRelu " << what;
+        }
+        // Dropout scales by at least 1: use the factor as the scale.
+        if (c.factor < 1) continue;
+        Tensor dg = Make(c.compute, {4}, strides);
+        Tensor dout = Make(out, {4}, strides);
+        for (int64_t i = 0; i < 4; ++i) dg.Set(i, c.grad);
+        Tensor mask = MaskFor(4, {0, 1, 2, 3});
+        ASSERT_TRUE(Launch(Call(OpKind::kDropoutBackward, dg, mask, dout,
+                                Scale(c.factor)))
+                        .ok())
+            << what;
+        for (int64_t i = 0; i < 4; ++i) {
+          EXPECT_EQ(dout.Get(i), c.expected) << "Dropout " << what;
+        }
+      }
+    }
+  }
+}
 
 TEST(Layouts, InPlaceOutAliasesGradOutput) {
   for (OpKind op : {OpKind::kThresholdBackward, OpKind::kSoftshrinkBackward,
