@@ -149,6 +149,15 @@ using WireFormat = google::protobuf::internal::WireFormatLite;
 template <typename OnData>
 absl::Status ParseUploadRequest(grpc::ByteBuffer* message,
                                 v1::UploadRequest* header, OnData on_data) {
+  // The wire's length prefixes are hostile: gRPC never compares them with
+  // the message (Upload is served on raw bytes), and protobuf's ReadRaw
+  // takes an int and does not refuse a negative one (review finding 1: a
+  // length of 2^31 became a memcpy of 2^64 - 2^31 bytes). So every length is
+  // checked against the bytes really left in this message first.
+  const size_t message_size = message->Length();
+  if (message_size > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    return absl::InvalidArgumentError("UploadRequest message over 2 GiB");
+  }
   grpc::ProtoBufferReader reader(message);
   google::protobuf::io::CodedInputStream input(&reader);
   input.SetTotalBytesLimit(std::numeric_limits<int>::max());
@@ -160,6 +169,12 @@ absl::Status ParseUploadRequest(grpc::ByteBuffer* message,
     if (field == kUploadData && wire == WireFormat::WIRETYPE_LENGTH_DELIMITED) {
       uint32_t length;
       if (!input.ReadVarint32(&length)) return malformed;
+      const size_t left = message_size - input.CurrentPosition();
+      if (length > left) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "malformed UploadRequest message: data field of ", length,
+            " bytes, but only ", left, " left in the message"));
+      }
       if (absl::Status s = on_data(input, length); !s.ok()) return s;
       continue;
     }

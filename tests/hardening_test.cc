@@ -14,9 +14,11 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/opserver.grpc.pb.h"
+#include "proto/opserver.pb.h"
 #include "server/server.h"
 
 namespace opserver {
@@ -248,6 +250,88 @@ class HardeningTest : public ::testing::Test {
   std::unique_ptr<v1::Runtime::Stub> runtime_;
   std::unique_ptr<v1::Operators::Stub> ops_;
 };
+
+// Sends `messages` as they are (raw bytes, no protobuf encoding on this side)
+// on one Upload call and returns how the server ended it.
+grpc::Status RawUpload(const std::shared_ptr<grpc::Channel>& channel,
+                       const std::vector<std::string>& messages) {
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  auto call = stub.PrepareCall(&context, "/opserver.v1.Runtime/Upload", &cq);
+  void* tag;
+  bool ok;
+  call->StartCall(reinterpret_cast<void*>(1));
+  bool writable = cq.Next(&tag, &ok) && ok;
+  for (const std::string& bytes : messages) {
+    if (!writable) break;
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer buffer(&slice, 1);
+    call->Write(buffer, reinterpret_cast<void*>(2));
+    writable = cq.Next(&tag, &ok) && ok;
+  }
+  if (writable) {
+    call->WritesDone(reinterpret_cast<void*>(3));
+    cq.Next(&tag, &ok);
+  }
+  grpc::ByteBuffer reply;
+  call->Read(&reply, reinterpret_cast<void*>(4));
+  cq.Next(&tag, &ok);
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+// Finding 1: a data length of 2^31 in an Upload's second message crashed the
+// server (a negative int reached protobuf's ReadRaw). Lengths longer than
+// what is left in the message are refused, whatever their size.
+TEST_F(HardeningTest, Finding1_UploadLengthsBeyondTheMessageAreRefused) {
+  Options options;
+  options.device_memory_bytes = uint64_t{3} << 30;
+  Start(options);
+  const std::string session = NewSession();
+  const uint64_t size = (uint64_t{1} << 31) + 16;
+  const uint64_t buffer = MustMalloc(session, size);
+  v1::UploadRequest header;
+  header.set_session(session);
+  header.set_buffer(buffer);
+  header.set_size(size);
+  auto channel = grpc::CreateChannel(server_->address(),
+                                     grpc::InsecureChannelCredentials());
+  // Field 6 (data), length-delimited, length 2^31, then 1 byte.
+  const std::string two_gib("\x32\x80\x80\x80\x80\x08\x78", 7);
+  // Field 6, length 100, then 1 byte: short, and small enough for an int.
+  const std::string short_by_99("\x32\x64\x78", 3);
+  // Field 6, length 2^32 - 1 (the largest varint32).
+  const std::string max_u32("\x32\xff\xff\xff\xff\x0f\x78", 7);
+  for (const std::string& data : {two_gib, short_by_99, max_u32}) {
+    grpc::Status status =
+        RawUpload(channel, {header.SerializeAsString(), data});
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr("malformed UploadRequest"));
+  }
+  // The same lengths in the first message (the header pass) too.
+  grpc::Status status =
+      RawUpload(channel, {header.SerializeAsString() + two_gib});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << status.error_message();
+  // A well-formed raw upload still works, and the server serves others.
+  v1::UploadRequest small = header;
+  small.set_size(4);
+  v1::UploadRequest data;
+  data.set_data(std::string("\x00\x00\x80\x3f", 4));  // 1.0f
+  status = RawUpload(channel,
+                     {small.SerializeAsString(), data.SerializeAsString()});
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_THAT(ReadValues(session, buffer, 1), ElementsAre(1.0));
+  EXPECT_FALSE(NewSession().empty());
+}
 
 // Finding 3: a freed buffer's bytes never reach another session.
 TEST_F(HardeningTest, Finding3_ReusedMemoryShowsAnotherSessionZeros) {
