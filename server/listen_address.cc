@@ -1,5 +1,6 @@
 #include "server/listen_address.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -27,6 +29,20 @@ std::string ListenAddress::ToString() const {
     return absl::StrCat("[", host, "]:", port);
   }
   return absl::StrCat(host, ":", port);
+}
+
+bool IsLoopback(const ListenAddress& address) {
+  if (absl::EqualsIgnoreCase(address.host, "localhost")) return true;
+  in_addr v4;
+  if (inet_pton(AF_INET, address.host.c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
+  in6_addr v6;
+  if (inet_pton(AF_INET6, address.host.c_str(), &v6) == 1) {
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+  }
+  return false;
 }
 
 absl::StatusOr<ListenAddress> ParseListenAddress(absl::string_view text) {

@@ -22,6 +22,11 @@ struct ListenAddress {
 // INVALID_ARGUMENT with a message saying what is wrong.
 absl::StatusOr<ListenAddress> ParseListenAddress(absl::string_view text);
 
+// Whether `address` only accepts connections from this machine: an IPv4
+// address in 127.0.0.0/8, ::1 (or an IPv4-mapped loopback), or "localhost".
+// Any other name counts as non-loopback: what it resolves to may change.
+bool IsLoopback(const ListenAddress& address);
+
 // Binds (and closes again) a TCP socket on every address `address` resolves
 // to, so that a port already in use is reported with the OS's reason before
 // gRPC is involved. Returns UNAVAILABLE ("... Address already in use") or

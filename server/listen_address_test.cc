@@ -90,5 +90,21 @@ TEST(ProbeBindTest, UnresolvableHostIsInvalidArgument) {
   EXPECT_THAT(status.message(), HasSubstr("cannot resolve host"));
 }
 
+TEST(IsLoopbackTest, LoopbackAddressesAndNames) {
+  for (const char* host : {"127.0.0.1", "127.1.2.3", "::1", "::ffff:127.0.0.1",
+                           "localhost", "LocalHost"}) {
+    EXPECT_TRUE(IsLoopback({host, 0})) << host;
+  }
+}
+
+TEST(IsLoopbackTest, EverythingElseIsNot) {
+  // Wildcards listen on every interface; other names may resolve anywhere.
+  for (const char* host :
+       {"0.0.0.0", "::", "10.0.0.1", "128.0.0.1", "::ffff:10.0.0.1",
+        "example.com", "localhost.com", "fe80::1"}) {
+    EXPECT_FALSE(IsLoopback({host, 0})) << host;
+  }
+}
+
 }  // namespace
 }  // namespace opserver

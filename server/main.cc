@@ -56,6 +56,31 @@ ABSL_FLAG(uint32_t, max_pending_replies, 1024,
           "read them; the server stops reading launches at this many.");
 ABSL_FLAG(uint32_t, max_concurrent_evaluates, 4,
           "Evaluate calls that may compute at once.");
+ABSL_FLAG(uint32_t, max_sessions_per_tenant, 0,
+          "Sessions one client identity (token tenant or certificate) may "
+          "hold at once; 0 = only --max_sessions.");
+ABSL_FLAG(uint64_t, tenant_memory_bytes, 0,
+          "Device memory one client identity may hold across its sessions, "
+          "in bytes; 0 = only --session_memory_bytes per session.");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate chain of the server; serves TLS (with "
+          "--tls_key_file).");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of the server.");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA certificates: clients must present a certificate signed "
+          "by one (mTLS).");
+ABSL_FLAG(int, tls_refresh_interval_s, 60,
+          "How often the --tls_* files are re-read, so rotated certificates "
+          "take effect without a restart.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File of 'TENANT TOKEN' lines ('#' comments); every call but "
+          "grpc.health.v1 then needs 'authorization: Bearer TOKEN'. SIGHUP "
+          "re-reads it.");
+ABSL_FLAG(bool, reflection_without_auth, false,
+          "Let server reflection answer calls without a token.");
+ABSL_FLAG(bool, allow_insecure, false,
+          "Serve a non-loopback --listen address without TLS and "
+          "authentication anyway.");
 ABSL_FLAG(int, shutdown_grace_ms, 5000,
           "On SIGINT/SIGTERM, how long in-flight calls may finish before "
           "they are cancelled.");
@@ -67,12 +92,13 @@ int main(int argc, char** argv) {
       "[--threads=N]");
   absl::ParseCommandLine(argc, argv);
 
-  // Block the shutdown signals before any thread starts so every thread
-  // inherits the mask and sigwait() below is the only receiver.
+  // Block the shutdown and reload signals before any thread starts so every
+  // thread inherits the mask and sigwait() below is the only receiver.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   opserver::Options options;
@@ -102,6 +128,18 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_message_bytes);
   options.transfer_limits.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.transfer_limits.max_values = absl::GetFlag(FLAGS_max_values);
+  options.session_limits.max_sessions_per_tenant =
+      absl::GetFlag(FLAGS_max_sessions_per_tenant);
+  options.session_limits.tenant_memory_bytes =
+      absl::GetFlag(FLAGS_tenant_memory_bytes);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  options.tls_refresh_interval_s = absl::GetFlag(FLAGS_tls_refresh_interval_s);
+  options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  options.reflection_without_auth =
+      absl::GetFlag(FLAGS_reflection_without_auth);
+  options.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
   options.shutdown_grace =
       absl::Milliseconds(std::max(0, absl::GetFlag(FLAGS_shutdown_grace_ms)));
 
@@ -116,7 +154,15 @@ int main(int argc, char** argv) {
                                  ", device ", options.device));
 
   int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  for (;;) {
+    sigwait(&signals, &signal_number);
+    if (signal_number != SIGHUP) break;
+    // Certificates are re-read on their own (--tls_refresh_interval_s);
+    // tokens are swapped now. A bad file keeps the old tokens.
+    if (absl::Status status = (*server)->ReloadTokens(); !status.ok()) {
+      opserver::LogLine(absl::StrCat("SIGHUP: ", status.message()));
+    }
+  }
   opserver::LogLine(
       absl::StrCat("received ", strsignal(signal_number), ", shutting down"));
   (*server)->Shutdown();

@@ -16,6 +16,7 @@
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
+#include "server/auth.h"
 #include "server/grpc_status_util.h"
 #include "server/log.h"
 #include "server/values.h"
@@ -242,7 +243,7 @@ grpc::ServerUnaryReactor* OperatorService::GetWorkspaceSize(
     const v1::GetWorkspaceSizeRequest* request,
     v1::GetWorkspaceSizeResponse* response) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session());
+      sessions_->Get(request->session(), CallerIdentity(context));
   if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<const OpInfo*> op = FindOperator(request->op());
   if (!op.ok()) return Reply(context, op.status());
@@ -311,9 +312,10 @@ grpc::ServerUnaryReactor* OperatorService::GetWorkspaceSize(
   return Reply(context, absl::OkStatus());
 }
 
-absl::Status OperatorService::Launch(const v1::ExecuteRequest& request) {
+absl::Status OperatorService::Launch(const v1::ExecuteRequest& request,
+                                     absl::string_view caller) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request.session());
+      sessions_->Get(request.session(), caller);
   if (!session.ok()) return session.status();
   absl::StatusOr<std::shared_ptr<Stream>> stream =
       (*session)->GetStream(request.stream());
@@ -370,7 +372,7 @@ absl::Status OperatorService::Launch(const v1::ExecuteRequest& request) {
 grpc::ServerUnaryReactor* OperatorService::Execute(
     grpc::CallbackServerContext* context, const v1::ExecuteRequest* request,
     v1::ExecuteResponse* response) {
-  absl::Status status = Launch(*request);
+  absl::Status status = Launch(*request, CallerIdentity(context));
   if (status.ok()) response->set_aclnn_status(kernels::kAclnnSuccess);
   return Reply(context, status);
 }
@@ -383,8 +385,9 @@ grpc::ServerUnaryReactor* OperatorService::Execute(
 class OperatorService::Launcher final
     : public grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteResponse> {
  public:
-  explicit Launcher(OperatorService* service)
+  Launcher(OperatorService* service, std::string caller)
       : service_(service),
+        caller_(std::move(caller)),
         max_pending_(std::max<size_t>(
             1, service->sessions_->limits().max_pending_replies)) {
     StartRead(&request_);
@@ -397,7 +400,7 @@ class OperatorService::Launcher final
       MaybeFinishLocked();
       return;
     }
-    absl::Status status = service_->Launch(request_);
+    absl::Status status = service_->Launch(request_, caller_);
     v1::ExecuteResponse response;
     response.set_executor(request_.executor());
     response.set_aclnn_status(kernels::GetAclnnStatus(status));
@@ -467,6 +470,7 @@ class OperatorService::Launcher final
   }
 
   OperatorService* const service_;
+  const std::string caller_;  // Whose sessions the launches may name.
   const size_t max_pending_;
   v1::ExecuteRequest request_;  // Touched only by the read chain.
   absl::Mutex mu_;
@@ -480,8 +484,8 @@ class OperatorService::Launcher final
 };
 
 grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteResponse>*
-OperatorService::ExecuteStream(grpc::CallbackServerContext* /*context*/) {
-  return new Launcher(this);
+OperatorService::ExecuteStream(grpc::CallbackServerContext* context) {
+  return new Launcher(this, CallerIdentity(context));
 }
 
 grpc::ServerUnaryReactor* OperatorService::SetExecutorRepeatable(
@@ -489,7 +493,7 @@ grpc::ServerUnaryReactor* OperatorService::SetExecutorRepeatable(
     const v1::SetExecutorRepeatableRequest* request,
     v1::SetExecutorRepeatableResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session());
+      sessions_->Get(request->session(), CallerIdentity(context));
   if (!session.ok()) return Reply(context, session.status());
   return Reply(context, (*session)->SetExecutorRepeatable(request->executor()));
 }
@@ -499,7 +503,7 @@ grpc::ServerUnaryReactor* OperatorService::DestroyExecutor(
     const v1::DestroyExecutorRequest* request,
     v1::DestroyExecutorResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session());
+      sessions_->Get(request->session(), CallerIdentity(context));
   if (!session.ok()) return Reply(context, session.status());
   return Reply(context, (*session)->DestroyExecutor(request->executor()));
 }

@@ -49,7 +49,9 @@ class OperatorService final : public v1::Operators::CallbackService {
 
   // Execute's work, shared by the unary and the streaming form: checks the
   // request, consumes a single-use executor and queues the launch.
-  absl::Status Launch(const v1::ExecuteRequest& request);
+  // `caller` is the identity the session must belong to.
+  absl::Status Launch(const v1::ExecuteRequest& request,
+                      absl::string_view caller);
 
   Device* const device_;
   SessionManager* const sessions_;

@@ -12,6 +12,7 @@
 #include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "kernels/dtype.h"
+#include "server/auth.h"
 #include "server/grpc_status_util.h"
 #include "server/log.h"
 #include "server/values.h"
@@ -104,7 +105,9 @@ class RuntimeService::Attacher final
     session_->set_attached(false);
     if (!stopping) {
       // The client went away (or cancelled): free everything it owned.
-      service_->sessions_->Close(session_->id(), "attached client went away")
+      service_->sessions_
+          ->Close(session_->id(), session_->owner(),
+                  "attached client went away")
           .IgnoreError();
     }
     service_->RemoveAttacher(this);
@@ -270,7 +273,7 @@ class RuntimeService::Uploader final
     if (!parsed.ok()) return parsed;
     absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
         header.session(), header.buffer(), header.offset(), header.size(),
-        header.stream(), "upload range");
+        header.stream(), "upload range", CallerIdentity(context_));
     if (!target.ok()) return target.status();
     session_ = target->session;
     buffer_ = target->buffer;
@@ -380,7 +383,7 @@ class RuntimeService::Downloader final
     }
     absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
         request.session(), request.buffer(), request.offset(), request.size(),
-        request.stream(), "download range");
+        request.stream(), "download range", CallerIdentity(context_));
     if (!target.ok()) return target.status();
     session_ = target->session;
     buffer_ = target->buffer;
@@ -455,9 +458,10 @@ void RuntimeService::Shutdown() {
 
 absl::StatusOr<RuntimeService::TransferTarget> RuntimeService::ResolveTransfer(
     absl::string_view session, uint64_t buffer, uint64_t offset, uint64_t size,
-    uint64_t stream, absl::string_view what) {
+    uint64_t stream, absl::string_view what, absl::string_view caller) {
   TransferTarget target;
-  absl::StatusOr<std::shared_ptr<Session>> owner = sessions_->Get(session);
+  absl::StatusOr<std::shared_ptr<Session>> owner =
+      sessions_->Get(session, caller);
   if (!owner.ok()) return owner.status();
   target.session = *std::move(owner);
   absl::StatusOr<std::shared_ptr<Buffer>> found =
@@ -510,7 +514,7 @@ grpc::ServerUnaryReactor* RuntimeService::CreateSession(
     const v1::CreateSessionRequest* request,
     v1::CreateSessionResponse* response) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Create(request->client_name());
+      sessions_->Create(request->client_name(), CallerIdentity(context));
   if (session.ok()) {
     response->set_session((*session)->id());
     response->set_idle_timeout_seconds(static_cast<uint32_t>(
@@ -525,9 +529,9 @@ grpc::ServerUnaryReactor* RuntimeService::CloseSession(
     v1::CloseSessionResponse* /*response*/) {
   // Answer once the session's memory is released, not merely scheduled.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status status =
-      sessions_->Close(request->session(), "closed by the client",
-                       [reactor] { reactor->Finish(grpc::Status::OK); });
+  absl::Status status = sessions_->Close(
+      request->session(), CallerIdentity(context), "closed by the client",
+      [reactor] { reactor->Finish(grpc::Status::OK); });
   if (!status.ok()) {
     reactor->Finish(ToGrpcStatus(status, context));
     return reactor;
@@ -544,7 +548,7 @@ grpc::ServerUnaryReactor* RuntimeService::CloseSession(
 grpc::ServerWriteReactor<v1::AttachEvent>* RuntimeService::Attach(
     grpc::CallbackServerContext* context, const v1::AttachRequest* request) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session());
+      sessions_->Get(request->session(), CallerIdentity(context));
   if (!session.ok()) {
     // A reactor that only finishes with the error.
     class Failed final : public grpc::ServerWriteReactor<v1::AttachEvent> {
@@ -565,7 +569,7 @@ grpc::ServerUnaryReactor* RuntimeService::GetSessionStats(
     grpc::CallbackServerContext* context,
     const v1::GetSessionStatsRequest* request, v1::SessionStats* response) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session());
+      sessions_->Get(request->session(), CallerIdentity(context));
   if (session.ok()) {
     SessionStatsSnapshot stats = (*session)->Stats();
     response->set_buffers(stats.buffers);
@@ -590,7 +594,7 @@ grpc::ServerUnaryReactor* RuntimeService::CreateStream(
     const v1::CreateStreamRequest* request,
     v1::CreateStreamResponse* response) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session());
+      sessions_->Get(request->session(), CallerIdentity(context));
   if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<uint64_t> stream = (*session)->CreateStream();
   if (stream.ok()) response->set_stream(*stream);
@@ -602,7 +606,7 @@ grpc::ServerUnaryReactor* RuntimeService::DestroyStream(
     const v1::DestroyStreamRequest* request,
     v1::DestroyStreamResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session());
+      sessions_->Get(request->session(), CallerIdentity(context));
   if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<std::shared_ptr<Stream>> stream =
       (*session)->TakeStream(request->stream());
@@ -622,7 +626,7 @@ grpc::ServerUnaryReactor* RuntimeService::SynchronizeStream(
     const v1::SynchronizeStreamRequest* request,
     v1::SynchronizeStreamResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session());
+      sessions_->Get(request->session(), CallerIdentity(context));
   if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<std::shared_ptr<Stream>> stream =
       (*session)->GetStream(request->stream());
@@ -638,7 +642,7 @@ grpc::ServerUnaryReactor* RuntimeService::Malloc(
     grpc::CallbackServerContext* context, const v1::MallocRequest* request,
     v1::MallocResponse* response) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session());
+      sessions_->Get(request->session(), CallerIdentity(context));
   if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<uint64_t> buffer = (*session)->Malloc(request->size());
   if (buffer.ok()) response->set_buffer(*buffer);
@@ -649,7 +653,7 @@ grpc::ServerUnaryReactor* RuntimeService::Free(
     grpc::CallbackServerContext* context, const v1::FreeRequest* request,
     v1::FreeResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session());
+      sessions_->Get(request->session(), CallerIdentity(context));
   if (!session.ok()) return Reply(context, session.status());
   return Reply(context, (*session)->Free(request->buffer()));
 }
@@ -680,9 +684,9 @@ grpc::ServerUnaryReactor* RuntimeService::WriteValues(
       *dtype,
       absl::MakeConstSpan(request->values().data(), request->values_size()));
   if (!bytes.ok()) return Reply(context, bytes.status());
-  absl::StatusOr<TransferTarget> target =
-      ResolveTransfer(request->session(), request->buffer(), request->offset(),
-                      bytes->size(), request->stream(), "values");
+  absl::StatusOr<TransferTarget> target = ResolveTransfer(
+      request->session(), request->buffer(), request->offset(), bytes->size(),
+      request->stream(), "values", CallerIdentity(context));
   if (!target.ok()) return Reply(context, target.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   target->stream->WhenReached([this, reactor, buffer = target->buffer,
@@ -708,9 +712,9 @@ grpc::ServerUnaryReactor* RuntimeService::ReadValues(
                               "Download for large tensors")));
   }
   const uint64_t bytes = request->count() * kernels::DTypeSize(*dtype);
-  absl::StatusOr<TransferTarget> target =
-      ResolveTransfer(request->session(), request->buffer(), request->offset(),
-                      bytes, request->stream(), "values");
+  absl::StatusOr<TransferTarget> target = ResolveTransfer(
+      request->session(), request->buffer(), request->offset(), bytes,
+      request->stream(), "values", CallerIdentity(context));
   if (!target.ok()) return Reply(context, target.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   target->stream->WhenReached([this, reactor, response, buffer = target->buffer,

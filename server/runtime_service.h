@@ -115,7 +115,8 @@ class RuntimeService final : public RuntimeServiceBase {
                                                  uint64_t buffer,
                                                  uint64_t offset, uint64_t size,
                                                  uint64_t stream,
-                                                 absl::string_view what);
+                                                 absl::string_view what,
+                                                 absl::string_view caller);
 
   void RemoveAttacher(Attacher* attacher);
 

@@ -11,6 +11,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "server/device_factory.h"
 #include "server/listen_address.h"
+#include "server/log.h"
 #include "server/malloc_tuning.h"
 
 namespace opserver {
@@ -53,6 +54,55 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
         "--max_sessions, --max_handles_per_session and --idle_timeout_s must "
         "be positive");
   }
+  // Security before anything is allocated: a server that would expose the
+  // device to the network unprotected must not start at all.
+  const bool tls = !options.tls_cert_file.empty();
+  if (tls != !options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_cert_file and --tls_key_file: give both or neither");
+  }
+  if (!tls && !options.tls_client_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_client_ca_file: client certificates need TLS: give "
+        "--tls_cert_file and --tls_key_file too");
+  }
+  if (options.tls_refresh_interval_s <= 0) {
+    return absl::InvalidArgumentError(
+        "--tls_refresh_interval_s: must be positive");
+  }
+  const bool authenticated =
+      !options.auth_token_file.empty() || !options.tls_client_ca_file.empty();
+  if (!IsLoopback(*listen) && !(tls && authenticated)) {
+    if (!options.allow_insecure) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--listen: ", listen->host,
+                       " is reachable from other machines: serve it with TLS "
+                       "(--tls_cert_file, --tls_key_file) and authentication "
+                       "(--auth_token_file or --tls_client_ca_file), or pass "
+                       "--allow_insecure to expose it anyway"));
+    }
+    LogLine(absl::StrCat("warning: --allow_insecure: serving ", listen->host,
+                         ", reachable from other machines, without ",
+                         !tls && !authenticated
+                             ? "TLS or authentication"
+                             : (tls ? "authentication" : "TLS")));
+  }
+  std::shared_ptr<Authenticator> authenticator;
+  if (!options.auth_token_file.empty()) {
+    absl::StatusOr<TokenTable> tokens =
+        TokenTable::Load(options.auth_token_file);
+    if (!tokens.ok()) return tokens.status();
+    authenticator = std::make_shared<Authenticator>(
+        *std::move(tokens), options.reflection_without_auth);
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(
+          TlsFiles{options.tls_cert_file, options.tls_key_file,
+                   options.tls_client_ca_file,
+                   static_cast<unsigned int>(options.tls_refresh_interval_s)},
+          authenticator);
+  if (!credentials.ok()) return credentials.status();
+
   absl::StatusOr<std::unique_ptr<Device>> device =
       CreateDevice(options.device, options.threads, options.memory_cache_bytes,
                    options.device_memory_bytes);
@@ -70,6 +120,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
   TuneMallocForStreaming();
   std::unique_ptr<Server> server(new Server());
   server->options_ = options;
+  server->authenticator_ = std::move(authenticator);
   server->device_ = *std::move(device);
   server->sessions_ = std::make_unique<SessionManager>(server->device_.get(),
                                                        options.session_limits);
@@ -92,8 +143,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddListeningPort(listen->ToString(),
-                           grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(listen->ToString(), *credentials, &server->port_);
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(transfer.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(transfer.max_message_bytes));
@@ -109,6 +159,21 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
   bound.port = server->port_;
   server->address_ = bound.ToString();
   return server;
+}
+
+absl::Status Server::ReloadTokens() {
+  if (authenticator_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "--auth_token_file was not given: no tokens to reload");
+  }
+  absl::StatusOr<TokenTable> tokens =
+      TokenTable::Load(options_.auth_token_file);
+  if (!tokens.ok()) return tokens.status();
+  const size_t count = tokens->size();
+  authenticator_->SetTokens(*std::move(tokens));
+  LogLine(absl::StrCat("reloaded ", count, " tokens from ",
+                       options_.auth_token_file));
+  return absl::OkStatus();
 }
 
 Server::~Server() {

@@ -7,6 +7,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "server/auth.h"
 #include "server/device.h"
 #include "server/health_service.h"
 #include "server/operator_service.h"
@@ -35,6 +36,23 @@ struct Options {
   SessionLimits session_limits;
   // Chunk and message sizes, typed-value counts.
   TransferLimits transfer_limits;
+
+  // TLS: the server's PEM certificate chain and private key (both or
+  // neither). With a client CA, clients must present a certificate it signed
+  // (mTLS). The files are re-read every tls_refresh_interval_s seconds, so
+  // rotated certificates take effect without a restart.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  int tls_refresh_interval_s = 60;
+  // "TENANT TOKEN" lines (see TokenTable::Load). When set, every call but
+  // grpc.health.v1 needs "authorization: Bearer TOKEN" metadata.
+  std::string auth_token_file;
+  // Lets server reflection answer without a token.
+  bool reflection_without_auth = false;
+  // Serve a non-loopback address without TLS plus authentication (tokens or
+  // client certificates) anyway; otherwise Start refuses.
+  bool allow_insecure = false;
 };
 
 // A running opserver: the device plus the gRPC server with the opserver
@@ -63,6 +81,10 @@ class Server {
   // Host and bound port, ready for a client to dial.
   const std::string& address() const { return address_; }
 
+  // Re-reads Options::auth_token_file (SIGHUP): calls made afterwards are
+  // checked against the new tokens. On error the old tokens stay in force.
+  absl::Status ReloadTokens();
+
   // Stops accepting calls, reports NOT_SERVING, lets in-flight calls finish
   // for up to Options::shutdown_grace and cancels the rest. Idempotent and
   // thread-safe; returns when the server has stopped.
@@ -77,6 +99,7 @@ class Server {
   std::unique_ptr<RuntimeService> runtime_service_;
   std::unique_ptr<OperatorService> operator_service_;
   std::unique_ptr<HealthService> health_service_;
+  std::shared_ptr<Authenticator> authenticator_;  // Null without tokens.
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;
   std::string address_;

@@ -37,13 +37,15 @@ std::string Quoted(absl::string_view text) {
 Buffer::Buffer(Device* device, void* data, uint64_t size,
                MemoryAccounting* account,
                std::shared_ptr<std::atomic<uint64_t>> session_bytes,
-               uint64_t charged)
+               uint64_t charged,
+               std::shared_ptr<std::atomic<uint64_t>> tenant_bytes)
     : device_(device),
       data_(data),
       size_(size),
       account_(account),
       session_bytes_(std::move(session_bytes)),
-      charged_(charged) {
+      charged_(charged),
+      tenant_bytes_(std::move(tenant_bytes)) {
   account_->bytes += size_;
   account_->buffers += 1;
 }
@@ -53,15 +55,20 @@ Buffer::~Buffer() {
   account_->bytes -= size_;
   account_->buffers -= 1;
   if (session_bytes_ != nullptr) *session_bytes_ -= charged_;
+  if (tenant_bytes_ != nullptr) *tenant_bytes_ -= charged_;
 }
 
 Session::Session(std::string id, uint64_t serial, std::string client_name,
                  Device* device, const SessionLimits* limits,
                  MemoryAccounting* account,
-                 std::shared_ptr<StreamThreads> manager_threads)
+                 std::shared_ptr<StreamThreads> manager_threads,
+                 std::string owner, std::shared_ptr<TenantUsage> tenant)
     : id_(std::move(id)),
       serial_(serial),
       client_name_(std::move(client_name)),
+      owner_(std::move(owner)),
+      tenant_(tenant != nullptr ? std::move(tenant)
+                                : std::make_shared<TenantUsage>()),
       device_(device),
       limits_(limits),
       account_(account),
@@ -140,16 +147,32 @@ absl::StatusOr<uint64_t> Session::Malloc(uint64_t size) {
           " bytes (--session_memory_bytes; freed buffers count until queued "
           "work and executors using them are gone)"));
     }
+    // The owner's budget is shared with its other sessions: reserve with a
+    // compare-and-swap so concurrent Mallocs cannot overshoot it together.
+    const uint64_t tenant_limit = limits_->tenant_memory_bytes;
+    uint64_t tenant_held = tenant_->bytes.load();
+    do {
+      if (tenant_limit != 0 &&
+          charge > tenant_limit - std::min(tenant_held, tenant_limit)) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "cannot allocate ", size, " bytes: this client's sessions hold ",
+            tenant_held, " of its ", tenant_limit,
+            " bytes (--tenant_memory_bytes)"));
+      }
+    } while (
+        !tenant_->bytes.compare_exchange_weak(tenant_held, tenant_held + charge));
     // Reserve before allocating outside the lock.
     *held_bytes_ += charge;
   }
   absl::StatusOr<void*> data = device_->Allocate(size, serial_);
   if (!data.ok()) {
     *held_bytes_ -= charge;
+    tenant_->bytes -= charge;
     return data.status();
   }
-  auto buffer = std::make_shared<Buffer>(device_, *data, size, account_,
-                                         held_bytes_, charge);
+  auto buffer = std::make_shared<Buffer>(
+      device_, *data, size, account_, held_bytes_, charge,
+      std::shared_ptr<std::atomic<uint64_t>>(tenant_, &tenant_->bytes));
   absl::MutexLock lock(&mu_);
   buffer_bytes_ += size;
   uint64_t handle = next_handle_++;
@@ -342,7 +365,7 @@ SessionManager::~SessionManager() {
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
-    std::string client_name) {
+    std::string client_name, std::string owner) {
   if (client_name.size() > kMaxClientNameBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("client_name has ", client_name.size(),
@@ -363,28 +386,37 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
         "the server already has ", sessions_.size(),
         " sessions, the limit (--max_sessions); close unused ones"));
   }
+  std::shared_ptr<TenantUsage>& tenant = tenants_[owner];
+  if (tenant == nullptr) tenant = std::make_shared<TenantUsage>();
+  if (limits_.max_sessions_per_tenant != 0 &&
+      tenant->sessions >= limits_.max_sessions_per_tenant) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this client already has ", tenant->sessions,
+        " sessions, the limit (--max_sessions_per_tenant); close unused ones"));
+  }
   std::shared_ptr<Session> session;
   try {
-    session = std::make_shared<Session>(id, next_serial_++,
-                                        std::move(client_name), device_,
-                                        &limits_, &account_, stream_threads_);
+    session = std::make_shared<Session>(
+        id, next_serial_++, std::move(client_name), device_, &limits_,
+        &account_, stream_threads_, std::move(owner), tenant);
   } catch (const std::system_error& e) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot start the session's stream thread: ", e.what()));
   }
+  ++tenant->sessions;
   sessions_[id] = session;
   return session;
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Get(
-    absl::string_view id) {
+    absl::string_view id, absl::string_view caller) {
   if (id.empty()) {
     return absl::InvalidArgumentError(
         "session is empty; open one with Runtime/CreateSession");
   }
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
-  if (it == sessions_.end()) {
+  if (it == sessions_.end() || it->second->owner() != caller) {
     return absl::NotFoundError(absl::StrCat(
         "no session ", Quoted(id),
         " (closed, timed out after inactivity, or never opened)"));
@@ -399,18 +431,28 @@ void SessionManager::BuryLocked(std::shared_ptr<void> object,
   ++buried_;
 }
 
-absl::Status SessionManager::Close(absl::string_view id, absl::string_view why,
+std::shared_ptr<Session> SessionManager::UnlistLocked(
+    absl::flat_hash_map<std::string, std::shared_ptr<Session>>::iterator it) {
+  auto tenant = tenants_.find(it->second->owner());
+  if (tenant != tenants_.end()) --tenant->second->sessions;
+  std::shared_ptr<Session> session = std::move(it->second);
+  sessions_.erase(it);
+  return session;
+}
+
+absl::Status SessionManager::Close(absl::string_view id,
+                                   absl::string_view caller,
+                                   absl::string_view why,
                                    std::function<void()> on_freed) {
   std::shared_ptr<Session> session;
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(id);
-    if (it == sessions_.end()) {
+    if (it == sessions_.end() || it->second->owner() != caller) {
       return absl::NotFoundError(
           absl::StrCat("no session ", Quoted(id), " (already closed?)"));
     }
-    session = std::move(it->second);
-    sessions_.erase(it);
+    session = UnlistLocked(it);
   }
   // Its queued work is dropped now, not when the reaper gets to it, so a
   // closing session never waits on its own (or anyone's) queue.
@@ -484,8 +526,7 @@ void SessionManager::ReaperLoop() {
       }
     }
     for (const std::string& id : idle) {
-      BuryLocked(std::move(sessions_[id]));
-      sessions_.erase(id);
+      BuryLocked(UnlistLocked(sessions_.find(id)));
     }
     if (!idle.empty()) {
       // Logged outside the lock: a stalled stderr must not stall lookups.

@@ -41,6 +41,18 @@ struct SessionLimits {
   // session); more are RESOURCE_EXHAUSTED.
   uint32_t max_concurrent_evaluates = 4;
   absl::Duration idle_timeout = absl::Minutes(5);
+  // Per owner identity (a token's tenant, a client certificate), so one
+  // tenant cannot starve the others; 0 = no limit beyond the ones above.
+  uint32_t max_sessions_per_tenant = 0;
+  uint64_t tenant_memory_bytes = 0;
+};
+
+// What one owner identity holds across its sessions.
+struct TenantUsage {
+  // Device memory reserved by its sessions' buffers.
+  std::atomic<uint64_t> bytes{0};
+  // Open sessions; guarded by the SessionManager's mutex.
+  uint32_t sessions = 0;
 };
 
 // CreateSession's client_name is for logs and stats: at most this long.
@@ -55,13 +67,15 @@ struct MemoryAccounting {
 // A block of device memory. Shared by the session's handle table and by any
 // queued work that uses it, so freeing a buffer that queued work still needs
 // releases the memory only after that work ran. `charged` bytes are taken
-// from `session_bytes` until then: a session's memory is refunded only when
-// it is really released, not when its handle is freed.
+// from `session_bytes` and `tenant_bytes` until then: a session's (and its
+// owner's) memory is refunded only when it is really released, not when its
+// handle is freed.
 class Buffer {
  public:
   Buffer(Device* device, void* data, uint64_t size, MemoryAccounting* account,
          std::shared_ptr<std::atomic<uint64_t>> session_bytes = nullptr,
-         uint64_t charged = 0);
+         uint64_t charged = 0,
+         std::shared_ptr<std::atomic<uint64_t>> tenant_bytes = nullptr);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -76,6 +90,7 @@ class Buffer {
   MemoryAccounting* const account_;
   const std::shared_ptr<std::atomic<uint64_t>> session_bytes_;
   const uint64_t charged_;
+  const std::shared_ptr<std::atomic<uint64_t>> tenant_bytes_;
 };
 
 // A planned operator (aclOpExecutor): the validated plan and the buffers its
@@ -98,16 +113,21 @@ struct SessionStatsSnapshot {
 class Session {
  public:
   // `serial` tags the session's device memory (Device::Allocate's owner).
+  // `owner` is the identity that created it (see CallerIdentity); `tenant`
+  // accounts its memory against --tenant_memory_bytes.
   Session(std::string id, uint64_t serial, std::string client_name,
           Device* device, const SessionLimits* limits,
           MemoryAccounting* account,
-          std::shared_ptr<StreamThreads> manager_threads);
+          std::shared_ptr<StreamThreads> manager_threads,
+          std::string owner = "anonymous",
+          std::shared_ptr<TenantUsage> tenant = nullptr);
   // Cancels the streams' queued work (it does not wait for running work),
   // then drops the handles.
   ~Session();
 
   const std::string& id() const { return id_; }
   const std::string& client_name() const { return client_name_; }
+  const std::string& owner() const { return owner_; }
 
   // Drops the work queued on every stream; later launches fail. For Close.
   void CancelWork();
@@ -115,8 +135,9 @@ class Session {
   // in use even when no call names it.
   bool Busy() const;
 
-  // RESOURCE_EXHAUSTED past the session's memory or handle limit (memory
-  // of freed buffers that queued work or executors still hold counts).
+  // RESOURCE_EXHAUSTED past the session's memory or handle limit, or its
+  // owner's memory limit (memory of freed buffers that queued work or
+  // executors still hold counts against both).
   absl::StatusOr<uint64_t> Malloc(uint64_t size);
   absl::Status Free(uint64_t buffer);
   absl::StatusOr<std::shared_ptr<Buffer>> GetBuffer(uint64_t buffer) const;
@@ -159,6 +180,8 @@ class Session {
   const std::string id_;
   const uint64_t serial_;
   const std::string client_name_;
+  const std::string owner_;
+  const std::shared_ptr<TenantUsage> tenant_;
   Device* const device_;
   const SessionLimits* const limits_;
   MemoryAccounting* const account_;
@@ -201,13 +224,21 @@ class SessionManager {
 
   const SessionLimits& limits() const { return limits_; }
 
-  absl::StatusOr<std::shared_ptr<Session>> Create(std::string client_name);
-  // NOT_FOUND for unknown, closed or timed-out sessions. Marks it used.
-  absl::StatusOr<std::shared_ptr<Session>> Get(absl::string_view id);
-  // Ends the session; `on_freed` (if given) runs on the teardown thread once
-  // its streams have drained and its memory is released, so a caller can
-  // report completion only when everything is gone.
-  absl::Status Close(absl::string_view id, absl::string_view why,
+  // A session owned by `owner` (the caller's identity). RESOURCE_EXHAUSTED
+  // past --max_sessions or the owner's --max_sessions_per_tenant.
+  absl::StatusOr<std::shared_ptr<Session>> Create(std::string client_name,
+                                                  std::string owner);
+  // NOT_FOUND for unknown, closed or timed-out sessions, and for another
+  // owner's, with the same message: a stolen session name is useless to a
+  // different identity, and probing reveals nothing. Marks it used.
+  absl::StatusOr<std::shared_ptr<Session>> Get(absl::string_view id,
+                                               absl::string_view caller);
+  // Ends the session if `caller` owns it (else NOT_FOUND as for an unknown
+  // one); `on_freed` (if given) runs on the teardown thread once its streams
+  // have drained and its memory is released, so a caller can report
+  // completion only when everything is gone.
+  absl::Status Close(absl::string_view id, absl::string_view caller,
+                     absl::string_view why,
                      std::function<void()> on_freed = nullptr);
 
   // Destroys `stream` (draining it) on the teardown thread.
@@ -222,6 +253,11 @@ class SessionManager {
 
  private:
   void ReaperLoop();
+  // Removes the session from the table and from its owner's session count;
+  // the caller hands it to the reaper.
+  std::shared_ptr<Session> UnlistLocked(
+      absl::flat_hash_map<std::string, std::shared_ptr<Session>>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Device* const device_;
   const SessionLimits limits_;
@@ -234,6 +270,8 @@ class SessionManager {
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_
       ABSL_GUARDED_BY(mu_);
   uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<std::string, std::shared_ptr<TenantUsage>> tenants_
+      ABSL_GUARDED_BY(mu_);
   // Sessions and streams waiting to be destroyed by the reaper thread, each
   // with what to run once it is gone.
   struct Doomed {

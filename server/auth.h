@@ -1,0 +1,97 @@
+#ifndef OPSERVER_SERVER_AUTH_H_
+#define OPSERVER_SERVER_AUTH_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+
+namespace opserver {
+
+// Bearer tokens and the tenant each one stands for (--auth_token_file).
+class TokenTable {
+ public:
+  struct Entry {
+    std::string tenant;
+    std::string token;
+  };
+
+  // Parses an --auth_token_file: one "TENANT TOKEN" pair per line, separated
+  // by whitespace; '#' starts a comment; blank lines are ignored. Tokens must
+  // be unique and at least kMinTokenLength characters. INVALID_ARGUMENT
+  // "--auth_token_file: PATH:LINE: reason" for the first bad line; the
+  // message never contains a token, since it is logged.
+  static absl::StatusOr<TokenTable> Load(const std::string &path);
+  static constexpr size_t kMinTokenLength = 16;
+
+  explicit TokenTable(std::vector<Entry> entries)
+      : entries_(std::move(entries)) {}
+
+  // The tenant `token` belongs to. Compares against every entry in time that
+  // does not depend on where (or whether) the token matches, so response
+  // times do not reveal how much of a guess was right.
+  std::optional<std::string> Lookup(absl::string_view token) const;
+
+  size_t size() const { return entries_.size(); }
+
+ private:
+  std::vector<Entry> entries_;
+};
+
+// Which calls need a token, and the tokens. Thread-safe; the table can be
+// swapped while calls are checked (SIGHUP reloads the token file).
+class Authenticator {
+ public:
+  Authenticator(TokenTable tokens, bool reflection_without_auth);
+
+  void SetTokens(TokenTable tokens);
+
+  // The tenant for a call to `path` ("/package.Service/Method") with the
+  // `authorization` metadata value (empty when absent); nullopt-free error
+  // when it may not proceed. grpc.health.v1 never needs a token, server
+  // reflection only when reflection_without_auth is false. A call that may
+  // proceed without a token yields an empty tenant.
+  absl::StatusOr<std::string> Check(absl::string_view path,
+                                    absl::string_view authorization) const;
+
+ private:
+  const bool reflection_without_auth_;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const TokenTable> tokens_ ABSL_GUARDED_BY(mu_);
+};
+
+// What the server's port needs to be secured (the --tls_* flags).
+struct TlsFiles {
+  std::string cert_file;
+  std::string key_file;
+  // When set, clients must present a certificate signed by this CA.
+  std::string client_ca_file;
+  // How often the files are re-read so rotated certificates take effect.
+  unsigned int refresh_interval_s = 60;
+};
+
+// Server credentials: TLS (mTLS with a client CA) when `tls` has a
+// certificate, plaintext otherwise; with `authenticator`, every call goes
+// through it first and the tenant it names is attached to the call (see
+// CallerIdentity). INVALID_ARGUMENT naming the flag for an unreadable or
+// malformed file.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const TlsFiles &tls, std::shared_ptr<Authenticator> authenticator);
+
+// Checks that `path` is a readable PEM file; the error names `flag`.
+absl::Status CheckPemFile(absl::string_view flag, const std::string &path);
+
+// The identity sessions are owned by: "tenant:NAME" for a call
+// authenticated with a token, else "cert:SUBJECT" for a verified client
+// certificate, else "anonymous" (shared by every such caller, which is what
+// a server without authentication means).
+std::string CallerIdentity(const grpc::ServerContextBase *context);
+
+}  // namespace opserver
+
+#endif  // OPSERVER_SERVER_AUTH_H_
