@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -82,6 +83,8 @@ struct State {
   std::string address;
   absl::Duration timeout = absl::Seconds(5);
   absl::Duration sync_timeout = absl::Seconds(600);
+  // TLS files and token from the environment (timeouts are set on use).
+  opserver::ConnectOptions security;
   // Shared so that a long call (synchronize, a transfer) can run without
   // holding `mu`, keeping both alive even if another thread resets them.
   std::shared_ptr<Client> client;
@@ -151,6 +154,44 @@ absl::Duration DurationFromEnv(const char* name, absl::Duration fallback) {
     return fallback;
   }
   return absl::Milliseconds(ms);
+}
+
+// TLS files and token named by OPSERVER_TLS_CA_FILE, OPSERVER_TLS_CERT_FILE,
+// OPSERVER_TLS_KEY_FILE and OPSERVER_TOKEN (or OPSERVER_TOKEN_FILE). Files
+// are checked now so a typo fails aclInit, not the first call.
+absl::StatusOr<ConnectOptions> SecurityFromEnv() {
+  auto env = [](const char* name) -> std::string {
+    const char* value = std::getenv(name);
+    return value != nullptr ? value : "";
+  };
+  ConnectOptions options;
+  for (auto [name, field] :
+       {std::pair<const char*, std::string*>{"OPSERVER_TLS_CA_FILE",
+                                             &options.tls_ca_file},
+        {"OPSERVER_TLS_CERT_FILE", &options.tls_cert_file},
+        {"OPSERVER_TLS_KEY_FILE", &options.tls_key_file}}) {
+    *field = env(name);
+    if (!field->empty() && !std::ifstream(*field)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": cannot read ", *field));
+    }
+  }
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "OPSERVER_TLS_CERT_FILE and OPSERVER_TLS_KEY_FILE: set both or "
+        "neither");
+  }
+  options.token = env("OPSERVER_TOKEN");
+  if (options.token.empty() && !env("OPSERVER_TOKEN_FILE").empty()) {
+    absl::StatusOr<std::string> token =
+        opserver::remote::ReadTokenFile(env("OPSERVER_TOKEN_FILE"));
+    if (!token.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("OPSERVER_TOKEN_FILE: ", token.status().message()));
+    }
+    options.token = *std::move(token);
+  }
+  return options;
 }
 
 // The session, or an error saying which call was missing.
@@ -354,6 +395,13 @@ aclError aclInit(const char* /*configPath*/) {
       opserver::DurationFromEnv("OPSERVER_TIMEOUT_MS", absl::Seconds(5));
   state.sync_timeout =
       opserver::DurationFromEnv("OPSERVER_SYNC_TIMEOUT_MS", absl::Seconds(600));
+  absl::StatusOr<opserver::ConnectOptions> security =
+      opserver::SecurityFromEnv();
+  if (!security.ok()) {
+    return Fail(ACL_ERROR_INVALID_PARAM,
+                absl::StrCat("aclInit: ", security.status().message()));
+  }
+  state.security = *std::move(security);
   state.initialized = true;
   return ACL_SUCCESS;
 }
@@ -388,7 +436,7 @@ aclError aclrtSetDevice(int32_t deviceId) {
   }
   if (state.session != nullptr) return ACL_SUCCESS;
   if (state.client == nullptr) {
-    opserver::ConnectOptions options;
+    opserver::ConnectOptions options = state.security;
     options.connect_timeout = options.call_timeout = state.timeout;
     options.wait_timeout = state.sync_timeout;
     auto client = opserver::Client::Connect(state.address, options);
@@ -400,6 +448,11 @@ aclError aclrtSetDevice(int32_t deviceId) {
     state.client = *std::move(client);
   }
   auto session = state.client->CreateSession("aclnn_remote", /*attach=*/true);
+  if (session.status().code() == absl::StatusCode::kUnauthenticated) {
+    return Fail(ACL_ERROR_RT_FAILURE,
+                absl::StrCat("aclrtSetDevice: ", session.status().message(),
+                             " (set OPSERVER_TOKEN or OPSERVER_TOKEN_FILE)"));
+  }
   if (!session.ok()) return FailAcl(session.status());
   state.session = *std::move(session);
   return ACL_SUCCESS;

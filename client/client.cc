@@ -2,11 +2,16 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <tuple>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/aclnn_status.h"
@@ -22,7 +27,30 @@ v1::DataType ToProtoDType(kernels::DType dtype) {
   return static_cast<v1::DataType>(static_cast<int32_t>(dtype));
 }
 
+absl::StatusOr<std::string> ReadFile(absl::string_view what,
+                                     const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": cannot read ", path));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 }  // namespace
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile("token file", path);
+  if (!text.ok()) return text.status();
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (!line.empty()) return std::string(line);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("token file: ", path, " holds no token"));
+}
 
 absl::Status FromGrpcStatus(const grpc::Status& status,
                             const grpc::ClientContext& context,
@@ -54,14 +82,39 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   // plus framing, over gRPC's 4 MiB receive default.
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
-  auto channel = grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), args);
+  const bool tls = !options.tls_ca_file.empty() ||
+                   !options.tls_cert_file.empty() ||
+                   !options.tls_key_file.empty();
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      grpc::InsecureChannelCredentials();
+  if (tls) {
+    grpc::SslCredentialsOptions ssl;
+    for (auto [what, path, pem] :
+         {std::tuple<absl::string_view, const std::string&, std::string*>{
+              "tls_ca_file", options.tls_ca_file, &ssl.pem_root_certs},
+          {"tls_cert_file", options.tls_cert_file, &ssl.pem_cert_chain},
+          {"tls_key_file", options.tls_key_file, &ssl.pem_private_key}}) {
+      if (path.empty()) continue;
+      absl::StatusOr<std::string> text = ReadFile(what, path);
+      if (!text.ok()) return text.status();
+      *pem = *std::move(text);
+    }
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) {
+      args.SetSslTargetNameOverride(options.tls_server_name);
+    }
+  }
+  auto channel = grpc::CreateCustomChannel(address, credentials, args);
   if (!channel->WaitForConnected(
           absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
     return kernels::AclnnError(
         kernels::kAclnnErrRuntimeError, absl::StatusCode::kUnavailable,
         absl::StrCat("cannot reach opserver at ", address, " within ",
-                     absl::FormatDuration(options.connect_timeout)));
+                     absl::FormatDuration(options.connect_timeout),
+                     tls ? " (over TLS: is the server's certificate signed by "
+                           "tls_ca_file, and does it want a client "
+                           "certificate?)"
+                         : ""));
   }
   return std::unique_ptr<Client>(
       new Client(address, std::move(channel), options));
@@ -79,11 +132,20 @@ Client::Client(std::string address, std::shared_ptr<grpc::Channel> channel,
 void Client::SetDeadline(grpc::ClientContext* context) const {
   context->set_deadline(
       absl::ToChronoTime(absl::Now() + options_.call_timeout));
+  Authorize(context);
 }
 
 void Client::SetWaitDeadline(grpc::ClientContext* context) const {
   context->set_deadline(
       absl::ToChronoTime(absl::Now() + options_.wait_timeout));
+  Authorize(context);
+}
+
+void Client::Authorize(grpc::ClientContext* context) const {
+  if (!options_.token.empty()) {
+    context->AddMetadata("authorization",
+                         absl::StrCat("Bearer ", options_.token));
+  }
 }
 
 absl::StatusOr<v1::GetDeviceInfoResponse> Client::GetDeviceInfo() {
@@ -279,6 +341,7 @@ Session::~Session() { Close().IgnoreError(); }
 
 void Session::StartAttach() {
   attach_context_ = std::make_unique<grpc::ClientContext>();
+  client_->Authorize(attach_context_.get());  // No deadline: it lasts.
   v1::AttachRequest request;
   request.set_session(token_);
   // Read on a background thread until the server ends the call or Close()

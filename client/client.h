@@ -33,7 +33,26 @@ struct ConnectOptions {
   absl::Duration wait_timeout = absl::Minutes(10);
   // Bytes per Upload message.
   uint64_t upload_chunk_bytes = 1 << 20;
+
+  // TLS is used when any of the three files is set. PEM files: the CA that
+  // signed the server's certificate (empty = the system's roots) and, for a
+  // server that requires client certificates (mTLS), this client's
+  // certificate chain and private key.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // The name the server's certificate must carry, when it is not the host
+  // in the address (e.g. dialing an IP address that is not in the SAN).
+  std::string tls_server_name;
+  // Sent as "authorization: Bearer TOKEN" with every call when set (a server
+  // with --auth_token_file requires it).
+  std::string token;
 };
+
+// A client token file: the token on its first non-blank line, surrounding
+// whitespace removed. INVALID_ARGUMENT naming the path when it cannot be
+// read or holds no token.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
 // The one place where a grpc::Status becomes an absl::Status: same canonical
 // code, the message prefixed with `what`, and the aclnn status from the
@@ -55,7 +74,8 @@ class Session;
 class Client {
  public:
   // Dials `address` (HOST:PORT) and waits until the channel is ready.
-  // UNAVAILABLE (naming the address) when no server answers in time.
+  // UNAVAILABLE (naming the address) when no server answers in time or the
+  // TLS handshake fails; INVALID_ARGUMENT when a TLS file cannot be read.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const std::string& address, const ConnectOptions& options = {});
 
@@ -80,10 +100,16 @@ class Client {
   v1::Runtime::Stub& runtime() { return *runtime_; }
   v1::Operators::Stub& operators() { return *operators_; }
 
-  // Sets the per-call deadline (ConnectOptions::call_timeout) on `context`.
+  // Sets the per-call deadline (ConnectOptions::call_timeout) on `context`,
+  // and the token (see Authorize).
   void SetDeadline(grpc::ClientContext* context) const;
-  // Sets ConnectOptions::wait_timeout on `context`.
+  // Sets ConnectOptions::wait_timeout on `context`, and the token.
   void SetWaitDeadline(grpc::ClientContext* context) const;
+  // Adds the "authorization: Bearer TOKEN" metadata when
+  // ConnectOptions::token is set. Per call rather than as channel call
+  // credentials because gRPC refuses call credentials on plaintext channels,
+  // and loopback servers may require tokens too.
+  void Authorize(grpc::ClientContext* context) const;
 
  private:
   Client(std::string address, std::shared_ptr<grpc::Channel> channel,

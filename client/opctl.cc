@@ -39,6 +39,14 @@
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "opserver to talk to.");
 ABSL_FLAG(int, timeout_ms, 5000,
           "Deadline for connecting and for each call, in milliseconds.");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "Use TLS, trusting the server certificate this PEM CA signed.");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM client certificate, for a server that requires one (mTLS).");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding the bearer token to send (the server's "
+          "--auth_token_file names it).");
 
 namespace opserver::remote {
 namespace {
@@ -47,7 +55,9 @@ using kernels::DType;
 
 constexpr char kUsage[] =
     "Command-line client of an opserver.\n"
-    "Usage: opctl [--server=HOST:PORT] [--timeout_ms=N] COMMAND [ARGS]\n"
+    "Usage: opctl [--server=HOST:PORT] [--timeout_ms=N] [--tls_ca_file=PEM\n"
+    "             [--tls_cert_file=PEM --tls_key_file=PEM]] [--token_file=F]\n"
+    "             COMMAND [ARGS]\n"
     "Commands:\n"
     "  info    device, server version and health\n"
     "  ops     operators with their tensor arguments, dtypes and parameters\n"
@@ -652,6 +662,19 @@ int Main(int argc, char** argv) {
   ConnectOptions options;
   options.connect_timeout = options.call_timeout =
       absl::Milliseconds(timeout_ms);
+  options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca_file);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return Fail("--tls_cert_file and --tls_key_file: give both or neither");
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_token_file); !path.empty()) {
+    absl::StatusOr<std::string> token = ReadTokenFile(path);
+    if (!token.ok()) {
+      return Fail(absl::StrCat("--token_file: ", token.status().message()));
+    }
+    options.token = *std::move(token);
+  }
   const Connector connect = [options] {
     return Client::Connect(absl::GetFlag(FLAGS_server), options);
   };

@@ -19,9 +19,6 @@
 namespace opserver {
 namespace {
 
-// The auth-context property carrying the tenant a token names. Only the
-// server sets properties, so a client cannot forge it.
-constexpr char kTenantProperty[] = "opserver_tenant";
 constexpr absl::string_view kBearer = "Bearer ";
 constexpr absl::string_view kHealthPrefix = "/grpc.health.v1.Health/";
 // v1alpha and v1: reflection clients try both.
@@ -49,7 +46,7 @@ bool IsTenantName(absl::string_view name) {
 }
 
 absl::StatusOr<std::string> ReadFile(absl::string_view flag,
-                                     const std::string &path) {
+                                     const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::InvalidArgumentError(
@@ -60,31 +57,29 @@ absl::StatusOr<std::string> ReadFile(absl::string_view flag,
   return text.str();
 }
 
-absl::string_view SliceView(const grpc_slice &slice) {
+absl::string_view SliceView(const grpc_slice& slice) {
   return absl::string_view(
-      reinterpret_cast<const char *>(GRPC_SLICE_START_PTR(slice)),
+      reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(slice)),
       GRPC_SLICE_LENGTH(slice));
 }
 
 // gRPC core's metadata processor hook, wrapping an Authenticator. The core
 // API is used because grpc::InsecureServerCredentials() refuses processors
 // (it asserts), and plaintext loopback servers need authentication too.
-void ProcessAuthMetadata(void *state, grpc_auth_context *context,
-                         const grpc_metadata *md, size_t num_md,
+void ProcessAuthMetadata(void* state, grpc_auth_context* /*context*/,
+                         const grpc_metadata* md, size_t num_md,
                          grpc_process_auth_metadata_done_cb done,
-                         void *user_data) {
-  const auto *authenticator =
-      static_cast<std::shared_ptr<Authenticator> *>(state)->get();
+                         void* user_data) {
+  const auto* authenticator =
+      static_cast<std::shared_ptr<Authenticator>*>(state)->get();
   absl::string_view path;
   absl::string_view authorization;
-  const grpc_metadata *consumed = nullptr;
   for (size_t i = 0; i < num_md; ++i) {
     absl::string_view key = SliceView(md[i].key);
     if (key == ":path") {
       path = SliceView(md[i].value);
     } else if (key == "authorization") {
       authorization = SliceView(md[i].value);
-      consumed = &md[i];
     }
   }
   absl::StatusOr<std::string> tenant =
@@ -98,17 +93,14 @@ void ProcessAuthMetadata(void *state, grpc_auth_context *context,
          message.c_str());
     return;
   }
-  if (!tenant->empty()) {
-    grpc_auth_context_add_cstring_property(context, kTenantProperty,
-                                           tenant->c_str());
-  }
-  // Consumed: handlers never see the token, so nothing can log it.
-  done(user_data, consumed, consumed != nullptr ? 1 : 0, nullptr, 0,
-       GRPC_STATUS_OK, nullptr);
+  // The token stays in the call's metadata: handlers resolve the tenant
+  // from it (CallerIdentity). The auth context here is the connection's,
+  // shared by all its calls, so nothing per call may be written to it.
+  done(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_OK, nullptr);
 }
 
-void DestroyAuthState(void *state) {
-  delete static_cast<std::shared_ptr<Authenticator> *>(state);
+void DestroyAuthState(void* state) {
+  delete static_cast<std::shared_ptr<Authenticator>*>(state);
 }
 
 // grpc::ServerCredentials over credentials made with gRPC core's API, which
@@ -119,11 +111,11 @@ class CoreServerCredentials final : public grpc::ServerCredentials {
   ~CoreServerCredentials() override {
     if (creds_ != nullptr) grpc_server_credentials_release(creds_);
   }
-  void Adopt(grpc_server_credentials *creds) { creds_ = creds; }
-  grpc_server_credentials *get() { return creds_; }
+  void Adopt(grpc_server_credentials* creds) { creds_ = creds; }
+  grpc_server_credentials* get() { return creds_; }
 
   void SetAuthMetadataProcessor(
-      const std::shared_ptr<grpc::AuthMetadataProcessor> & /*processor*/)
+      const std::shared_ptr<grpc::AuthMetadataProcessor>& /*processor*/)
       override {
     // The processor is installed through the core API (MakeServerCredentials);
     // silently dropping a second one would disable a security check.
@@ -131,16 +123,16 @@ class CoreServerCredentials final : public grpc::ServerCredentials {
   }
 
  private:
-  int AddPortToServer(const std::string &addr, grpc_server *server) override {
+  int AddPortToServer(const std::string& addr, grpc_server* server) override {
     return grpc_server_add_http2_port(server, addr.c_str(), creds_);
   }
 
-  grpc_server_credentials *creds_ = nullptr;
+  grpc_server_credentials* creds_ = nullptr;
 };
 
 }  // namespace
 
-absl::StatusOr<TokenTable> TokenTable::Load(const std::string &path) {
+absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
   constexpr absl::string_view kFlag = "--auth_token_file";
   absl::StatusOr<std::string> text = ReadFile(kFlag, path);
   if (!text.ok()) return text.status();
@@ -187,8 +179,8 @@ absl::StatusOr<TokenTable> TokenTable::Load(const std::string &path) {
 
 std::optional<std::string> TokenTable::Lookup(absl::string_view token) const {
   // No early exit: every entry is compared whatever matched.
-  const Entry *found = nullptr;
-  for (const Entry &entry : entries_) {
+  const Entry* found = nullptr;
+  for (const Entry& entry : entries_) {
     if (ConstantTimeEquals(token, entry.token)) found = &entry;
   }
   if (found == nullptr) return std::nullopt;
@@ -219,20 +211,25 @@ absl::StatusOr<std::string> Authenticator::Check(
     return absl::UnauthenticatedError(
         "the authorization metadata must be 'Bearer TOKEN'");
   }
-  std::shared_ptr<const TokenTable> tokens;
-  {
-    absl::MutexLock lock(&mu_);
-    tokens = tokens_;
-  }
-  std::optional<std::string> tenant =
-      tokens->Lookup(authorization.substr(kBearer.size()));
+  std::optional<std::string> tenant = TenantOf(authorization);
   if (!tenant.has_value()) {
     return absl::UnauthenticatedError("unknown bearer token");
   }
   return *std::move(tenant);
 }
 
-absl::Status CheckPemFile(absl::string_view flag, const std::string &path) {
+std::optional<std::string> Authenticator::TenantOf(
+    absl::string_view authorization) const {
+  if (!absl::ConsumePrefix(&authorization, kBearer)) return std::nullopt;
+  std::shared_ptr<const TokenTable> tokens;
+  {
+    absl::MutexLock lock(&mu_);
+    tokens = tokens_;
+  }
+  return tokens->Lookup(authorization);
+}
+
+absl::Status CheckPemFile(absl::string_view flag, const std::string& path) {
   absl::StatusOr<std::string> text = ReadFile(flag, path);
   if (!text.ok()) return text.status();
   if (!absl::StrContains(*text, "-----BEGIN ")) {
@@ -243,14 +240,14 @@ absl::Status CheckPemFile(absl::string_view flag, const std::string &path) {
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const TlsFiles &tls, std::shared_ptr<Authenticator> authenticator) {
+    const TlsFiles& tls, std::shared_ptr<Authenticator> authenticator) {
   auto credentials = std::make_shared<CoreServerCredentials>();
   if (tls.cert_file.empty()) {
     credentials->Adopt(grpc_insecure_server_credentials_create());
   } else {
-    for (const auto &[flag, path] :
-         {std::pair<absl::string_view, const std::string &>{"--tls_cert_file",
-                                                            tls.cert_file},
+    for (const auto& [flag, path] :
+         {std::pair<absl::string_view, const std::string&>{"--tls_cert_file",
+                                                           tls.cert_file},
           {"--tls_key_file", tls.key_file}}) {
       if (absl::Status s = CheckPemFile(flag, path); !s.ok()) return s;
     }
@@ -264,12 +261,12 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     }
     // The provider re-reads the files every refresh interval, so rotated
     // certificates take effect without a restart.
-    grpc_tls_certificate_provider *provider =
+    grpc_tls_certificate_provider* provider =
         grpc_tls_certificate_provider_file_watcher_create(
             tls.key_file.c_str(), tls.cert_file.c_str(),
             mtls ? tls.client_ca_file.c_str() : nullptr,
             tls.refresh_interval_s);
-    grpc_tls_credentials_options *options =
+    grpc_tls_credentials_options* options =
         grpc_tls_credentials_options_create();
     grpc_tls_credentials_options_set_certificate_provider(options, provider);
     grpc_tls_certificate_provider_release(provider);  // options hold a ref
@@ -300,15 +297,23 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   return std::shared_ptr<grpc::ServerCredentials>(std::move(credentials));
 }
 
-std::string CallerIdentity(const grpc::ServerContextBase *context) {
+std::string CallerIdentity(const grpc::ServerContextBase* context,
+                           const Authenticator* authenticator) {
+  if (authenticator != nullptr) {
+    const auto& metadata = context->client_metadata();
+    auto it = metadata.find("authorization");
+    std::optional<std::string> tenant;
+    if (it != metadata.end()) {
+      tenant = authenticator->TenantOf(
+          absl::string_view(it->second.data(), it->second.size()));
+    }
+    // No tenant: a call the processor lets through without a token (health,
+    // reflection), or a token revoked since: an identity that owns nothing.
+    return tenant.has_value() ? absl::StrCat("tenant:", *tenant)
+                              : "unauthenticated";
+  }
   std::shared_ptr<const grpc::AuthContext> auth = context->auth_context();
   if (auth != nullptr) {
-    std::vector<grpc::string_ref> tenant =
-        auth->FindPropertyValues(kTenantProperty);
-    if (!tenant.empty()) {
-      return absl::StrCat(
-          "tenant:", absl::string_view(tenant[0].data(), tenant[0].size()));
-    }
     std::vector<grpc::string_ref> subject =
         auth->FindPropertyValues(GRPC_X509_SUBJECT_PROPERTY_NAME);
     if (!subject.empty()) {

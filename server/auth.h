@@ -26,7 +26,7 @@ class TokenTable {
   // be unique and at least kMinTokenLength characters. INVALID_ARGUMENT
   // "--auth_token_file: PATH:LINE: reason" for the first bad line; the
   // message never contains a token, since it is logged.
-  static absl::StatusOr<TokenTable> Load(const std::string &path);
+  static absl::StatusOr<TokenTable> Load(const std::string& path);
   static constexpr size_t kMinTokenLength = 16;
 
   explicit TokenTable(std::vector<Entry> entries)
@@ -52,12 +52,15 @@ class Authenticator {
   void SetTokens(TokenTable tokens);
 
   // The tenant for a call to `path` ("/package.Service/Method") with the
-  // `authorization` metadata value (empty when absent); nullopt-free error
+  // `authorization` metadata value (empty when absent), or UNAUTHENTICATED
   // when it may not proceed. grpc.health.v1 never needs a token, server
   // reflection only when reflection_without_auth is false. A call that may
   // proceed without a token yields an empty tenant.
   absl::StatusOr<std::string> Check(absl::string_view path,
                                     absl::string_view authorization) const;
+
+  // The tenant named by an "authorization: Bearer TOKEN" value, if any.
+  std::optional<std::string> TenantOf(absl::string_view authorization) const;
 
  private:
   const bool reflection_without_auth_;
@@ -77,20 +80,24 @@ struct TlsFiles {
 
 // Server credentials: TLS (mTLS with a client CA) when `tls` has a
 // certificate, plaintext otherwise; with `authenticator`, every call goes
-// through it first and the tenant it names is attached to the call (see
-// CallerIdentity). INVALID_ARGUMENT naming the flag for an unreadable or
+// through it first. INVALID_ARGUMENT naming the flag for an unreadable or
 // malformed file.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const TlsFiles &tls, std::shared_ptr<Authenticator> authenticator);
+    const TlsFiles& tls, std::shared_ptr<Authenticator> authenticator);
 
 // Checks that `path` is a readable PEM file; the error names `flag`.
-absl::Status CheckPemFile(absl::string_view flag, const std::string &path);
+absl::Status CheckPemFile(absl::string_view flag, const std::string& path);
 
-// The identity sessions are owned by: "tenant:NAME" for a call
-// authenticated with a token, else "cert:SUBJECT" for a verified client
-// certificate, else "anonymous" (shared by every such caller, which is what
-// a server without authentication means).
-std::string CallerIdentity(const grpc::ServerContextBase *context);
+// The identity sessions are owned by: with `authenticator` (tokens
+// configured), "tenant:NAME" for the call's bearer token; else
+// "cert:SUBJECT" for a verified client certificate; else "anonymous" (shared
+// by every such caller, which is what a server without authentication
+// means). The tenant is looked up per call rather than stored in the auth
+// context: gRPC 1.51 hands the metadata processor the connection's auth
+// context, shared by every call on the connection, so a property set there
+// would leak one call's tenant to the next.
+std::string CallerIdentity(const grpc::ServerContextBase* context,
+                           const Authenticator* authenticator);
 
 }  // namespace opserver
 

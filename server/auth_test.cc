@@ -14,7 +14,7 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string WriteFile(const std::string &name, const std::string &text) {
+std::string WriteFile(const std::string& name, const std::string& text) {
   std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
   std::ofstream(path) << text;
   return path;
@@ -50,7 +50,7 @@ TEST(TokenTableTest, MalformedLinesNameFileAndLineButNeverTheToken) {
       {"alice alice-secret-0123456789\nbob alice-secret-0123456789\n", 2,
        "already used on line 1"},
   };
-  for (const Case &c : cases) {
+  for (const Case& c : cases) {
     std::string path = WriteFile("bad_tokens", c.text);
     absl::StatusOr<TokenTable> table = TokenTable::Load(path);
     ASSERT_FALSE(table.ok()) << c.text;
@@ -76,7 +76,7 @@ TEST(AuthenticatorTest, HealthIsOpenEverythingElseNeedsAToken) {
       TokenTable({TokenTable::Entry{"alice", "alice-secret-0123456789"}}),
       /*reflection_without_auth=*/false);
   EXPECT_EQ(*auth.Check("/grpc.health.v1.Health/Check", ""), "");
-  for (const char *path :
+  for (const char* path :
        {"/opserver.v1.Runtime/GetDeviceInfo", "/opserver.v1.Operators/Evaluate",
         "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"}) {
     EXPECT_EQ(auth.Check(path, "").status().code(),
@@ -109,7 +109,7 @@ TEST(AuthenticatorTest, SetTokensReplacesTheTable) {
       false);
   auth.SetTokens(
       TokenTable({TokenTable::Entry{"bob", "bob-secret-0123456789xyz"}}));
-  const char *path = "/opserver.v1.Runtime/GetDeviceInfo";
+  const char* path = "/opserver.v1.Runtime/GetDeviceInfo";
   EXPECT_FALSE(auth.Check(path, "Bearer alice-secret-0123456789").ok());
   EXPECT_EQ(*auth.Check(path, "Bearer bob-secret-0123456789xyz"), "bob");
 }

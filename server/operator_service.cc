@@ -225,8 +225,12 @@ absl::StatusOr<int64_t> CheckValueShape(const v1::ValueTensor& t,
 }  // namespace
 
 OperatorService::OperatorService(Device* device, SessionManager* sessions,
-                                 TransferLimits limits)
-    : device_(device), sessions_(sessions), limits_(limits) {}
+                                 TransferLimits limits,
+                                 const Authenticator* authenticator)
+    : device_(device),
+      sessions_(sessions),
+      limits_(limits),
+      authenticator_(authenticator) {}
 
 grpc::ServerUnaryReactor* OperatorService::ListOperators(
     grpc::CallbackServerContext* context,
@@ -243,7 +247,7 @@ grpc::ServerUnaryReactor* OperatorService::GetWorkspaceSize(
     const v1::GetWorkspaceSizeRequest* request,
     v1::GetWorkspaceSizeResponse* response) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), CallerIdentity(context));
+      sessions_->Get(request->session(), Caller(context));
   if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<const OpInfo*> op = FindOperator(request->op());
   if (!op.ok()) return Reply(context, op.status());
@@ -372,7 +376,7 @@ absl::Status OperatorService::Launch(const v1::ExecuteRequest& request,
 grpc::ServerUnaryReactor* OperatorService::Execute(
     grpc::CallbackServerContext* context, const v1::ExecuteRequest* request,
     v1::ExecuteResponse* response) {
-  absl::Status status = Launch(*request, CallerIdentity(context));
+  absl::Status status = Launch(*request, Caller(context));
   if (status.ok()) response->set_aclnn_status(kernels::kAclnnSuccess);
   return Reply(context, status);
 }
@@ -485,7 +489,7 @@ class OperatorService::Launcher final
 
 grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteResponse>*
 OperatorService::ExecuteStream(grpc::CallbackServerContext* context) {
-  return new Launcher(this, CallerIdentity(context));
+  return new Launcher(this, Caller(context));
 }
 
 grpc::ServerUnaryReactor* OperatorService::SetExecutorRepeatable(
@@ -493,7 +497,7 @@ grpc::ServerUnaryReactor* OperatorService::SetExecutorRepeatable(
     const v1::SetExecutorRepeatableRequest* request,
     v1::SetExecutorRepeatableResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), CallerIdentity(context));
+      sessions_->Get(request->session(), Caller(context));
   if (!session.ok()) return Reply(context, session.status());
   return Reply(context, (*session)->SetExecutorRepeatable(request->executor()));
 }
@@ -503,7 +507,7 @@ grpc::ServerUnaryReactor* OperatorService::DestroyExecutor(
     const v1::DestroyExecutorRequest* request,
     v1::DestroyExecutorResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), CallerIdentity(context));
+      sessions_->Get(request->session(), Caller(context));
   if (!session.ok()) return Reply(context, session.status());
   return Reply(context, (*session)->DestroyExecutor(request->executor()));
 }

@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "proto/opserver.grpc.pb.h"
+#include "server/auth.h"
 #include "server/device.h"
 #include "server/runtime_service.h"
 #include "server/session.h"
@@ -16,8 +17,10 @@ namespace opserver {
 // literal numbers. `device` and `sessions` must outlive the service.
 class OperatorService final : public v1::Operators::CallbackService {
  public:
+  // `authenticator` (null without tokens) resolves callers' identities.
   OperatorService(Device* device, SessionManager* sessions,
-                  TransferLimits limits);
+                  TransferLimits limits,
+                  const Authenticator* authenticator = nullptr);
 
   grpc::ServerUnaryReactor* ListOperators(
       grpc::CallbackServerContext* context,
@@ -53,9 +56,15 @@ class OperatorService final : public v1::Operators::CallbackService {
   absl::Status Launch(const v1::ExecuteRequest& request,
                       absl::string_view caller);
 
+  // The identity whose sessions the call may name (CallerIdentity).
+  std::string Caller(const grpc::ServerContextBase* context) const {
+    return CallerIdentity(context, authenticator_);
+  }
+
   Device* const device_;
   SessionManager* const sessions_;
   const TransferLimits limits_;
+  const Authenticator* const authenticator_;
   // Evaluate calls running now.
   std::atomic<uint32_t> evaluating_{0};
 };

@@ -273,7 +273,7 @@ class RuntimeService::Uploader final
     if (!parsed.ok()) return parsed;
     absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
         header.session(), header.buffer(), header.offset(), header.size(),
-        header.stream(), "upload range", CallerIdentity(context_));
+        header.stream(), "upload range", service_->Caller(context_));
     if (!target.ok()) return target.status();
     session_ = target->session;
     buffer_ = target->buffer;
@@ -383,7 +383,7 @@ class RuntimeService::Downloader final
     }
     absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
         request.session(), request.buffer(), request.offset(), request.size(),
-        request.stream(), "download range", CallerIdentity(context_));
+        request.stream(), "download range", service_->Caller(context_));
     if (!target.ok()) return target.status();
     session_ = target->session;
     buffer_ = target->buffer;
@@ -445,8 +445,12 @@ class RuntimeService::Downloader final
 };
 
 RuntimeService::RuntimeService(Device* device, SessionManager* sessions,
-                               TransferLimits limits)
-    : device_(device), sessions_(sessions), limits_(limits) {}
+                               TransferLimits limits,
+                               const Authenticator* authenticator)
+    : device_(device),
+      sessions_(sessions),
+      limits_(limits),
+      authenticator_(authenticator) {}
 
 RuntimeService::~RuntimeService() = default;
 
@@ -514,7 +518,7 @@ grpc::ServerUnaryReactor* RuntimeService::CreateSession(
     const v1::CreateSessionRequest* request,
     v1::CreateSessionResponse* response) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Create(request->client_name(), CallerIdentity(context));
+      sessions_->Create(request->client_name(), Caller(context));
   if (session.ok()) {
     response->set_session((*session)->id());
     response->set_idle_timeout_seconds(static_cast<uint32_t>(
@@ -530,7 +534,7 @@ grpc::ServerUnaryReactor* RuntimeService::CloseSession(
   // Answer once the session's memory is released, not merely scheduled.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Status status = sessions_->Close(
-      request->session(), CallerIdentity(context), "closed by the client",
+      request->session(), Caller(context), "closed by the client",
       [reactor] { reactor->Finish(grpc::Status::OK); });
   if (!status.ok()) {
     reactor->Finish(ToGrpcStatus(status, context));
@@ -548,7 +552,7 @@ grpc::ServerUnaryReactor* RuntimeService::CloseSession(
 grpc::ServerWriteReactor<v1::AttachEvent>* RuntimeService::Attach(
     grpc::CallbackServerContext* context, const v1::AttachRequest* request) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), CallerIdentity(context));
+      sessions_->Get(request->session(), Caller(context));
   if (!session.ok()) {
     // A reactor that only finishes with the error.
     class Failed final : public grpc::ServerWriteReactor<v1::AttachEvent> {
@@ -569,7 +573,7 @@ grpc::ServerUnaryReactor* RuntimeService::GetSessionStats(
     grpc::CallbackServerContext* context,
     const v1::GetSessionStatsRequest* request, v1::SessionStats* response) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), CallerIdentity(context));
+      sessions_->Get(request->session(), Caller(context));
   if (session.ok()) {
     SessionStatsSnapshot stats = (*session)->Stats();
     response->set_buffers(stats.buffers);
@@ -594,7 +598,7 @@ grpc::ServerUnaryReactor* RuntimeService::CreateStream(
     const v1::CreateStreamRequest* request,
     v1::CreateStreamResponse* response) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), CallerIdentity(context));
+      sessions_->Get(request->session(), Caller(context));
   if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<uint64_t> stream = (*session)->CreateStream();
   if (stream.ok()) response->set_stream(*stream);
@@ -606,7 +610,7 @@ grpc::ServerUnaryReactor* RuntimeService::DestroyStream(
     const v1::DestroyStreamRequest* request,
     v1::DestroyStreamResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), CallerIdentity(context));
+      sessions_->Get(request->session(), Caller(context));
   if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<std::shared_ptr<Stream>> stream =
       (*session)->TakeStream(request->stream());
@@ -626,7 +630,7 @@ grpc::ServerUnaryReactor* RuntimeService::SynchronizeStream(
     const v1::SynchronizeStreamRequest* request,
     v1::SynchronizeStreamResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), CallerIdentity(context));
+      sessions_->Get(request->session(), Caller(context));
   if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<std::shared_ptr<Stream>> stream =
       (*session)->GetStream(request->stream());
@@ -642,7 +646,7 @@ grpc::ServerUnaryReactor* RuntimeService::Malloc(
     grpc::CallbackServerContext* context, const v1::MallocRequest* request,
     v1::MallocResponse* response) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), CallerIdentity(context));
+      sessions_->Get(request->session(), Caller(context));
   if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<uint64_t> buffer = (*session)->Malloc(request->size());
   if (buffer.ok()) response->set_buffer(*buffer);
@@ -653,7 +657,7 @@ grpc::ServerUnaryReactor* RuntimeService::Free(
     grpc::CallbackServerContext* context, const v1::FreeRequest* request,
     v1::FreeResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), CallerIdentity(context));
+      sessions_->Get(request->session(), Caller(context));
   if (!session.ok()) return Reply(context, session.status());
   return Reply(context, (*session)->Free(request->buffer()));
 }
@@ -686,7 +690,7 @@ grpc::ServerUnaryReactor* RuntimeService::WriteValues(
   if (!bytes.ok()) return Reply(context, bytes.status());
   absl::StatusOr<TransferTarget> target = ResolveTransfer(
       request->session(), request->buffer(), request->offset(), bytes->size(),
-      request->stream(), "values", CallerIdentity(context));
+      request->stream(), "values", Caller(context));
   if (!target.ok()) return Reply(context, target.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   target->stream->WhenReached([this, reactor, buffer = target->buffer,
@@ -712,9 +716,9 @@ grpc::ServerUnaryReactor* RuntimeService::ReadValues(
                               "Download for large tensors")));
   }
   const uint64_t bytes = request->count() * kernels::DTypeSize(*dtype);
-  absl::StatusOr<TransferTarget> target = ResolveTransfer(
-      request->session(), request->buffer(), request->offset(), bytes,
-      request->stream(), "values", CallerIdentity(context));
+  absl::StatusOr<TransferTarget> target =
+      ResolveTransfer(request->session(), request->buffer(), request->offset(),
+                      bytes, request->stream(), "values", Caller(context));
   if (!target.ok()) return Reply(context, target.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   target->stream->WhenReached([this, reactor, response, buffer = target->buffer,

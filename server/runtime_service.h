@@ -7,6 +7,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/opserver.grpc.pb.h"
+#include "server/auth.h"
 #include "server/device.h"
 #include "server/session.h"
 
@@ -33,8 +34,10 @@ using RuntimeServiceBase = v1::Runtime::WithRawCallbackMethod_Upload<
 // `device` and `sessions` must outlive the service.
 class RuntimeService final : public RuntimeServiceBase {
  public:
+  // `authenticator` (null without tokens) resolves callers' identities.
   RuntimeService(Device* device, SessionManager* sessions,
-                 TransferLimits limits);
+                 TransferLimits limits,
+                 const Authenticator* authenticator = nullptr);
   ~RuntimeService() override;
 
   // Ends every Attach stream (without closing its session) so the server's
@@ -120,9 +123,15 @@ class RuntimeService final : public RuntimeServiceBase {
 
   void RemoveAttacher(Attacher* attacher);
 
+  // The identity whose sessions the call may name (CallerIdentity).
+  std::string Caller(const grpc::ServerContextBase* context) const {
+    return CallerIdentity(context, authenticator_);
+  }
+
   Device* const device_;
   SessionManager* const sessions_;
   const TransferLimits limits_;
+  const Authenticator* const authenticator_;
 
   absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;

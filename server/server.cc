@@ -125,9 +125,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
   server->sessions_ = std::make_unique<SessionManager>(server->device_.get(),
                                                        options.session_limits);
   server->runtime_service_ = std::make_unique<RuntimeService>(
-      server->device_.get(), server->sessions_.get(), transfer);
+      server->device_.get(), server->sessions_.get(), transfer,
+      server->authenticator_.get());
   server->operator_service_ = std::make_unique<OperatorService>(
-      server->device_.get(), server->sessions_.get(), transfer);
+      server->device_.get(), server->sessions_.get(), transfer,
+      server->authenticator_.get());
   server->health_service_ = std::make_unique<HealthService>(
       std::set<std::string>{v1::Runtime::service_full_name(),
                             v1::Operators::service_full_name()});

@@ -1,0 +1,502 @@
+// A server put on a network: TLS and mTLS handshakes with certificates made
+// at test time, bearer tokens on every service (health excepted) through the
+// C++ client, raw gRPC and the C API, sessions invisible to other
+// identities, per-tenant limits, and the refusal to listen insecurely.
+
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "acl/acl.h"
+#include "client/client.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/descriptor.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "gtest/gtest.h"
+#include "server/server.h"
+
+namespace opserver {
+namespace {
+
+using remote::Client;
+using remote::ConnectOptions;
+using ::testing::HasSubstr;
+
+constexpr char kAliceToken[] = "alice-token-0123456789abcdef";
+constexpr char kBobToken[] = "bob-token-0123456789abcdef";
+
+std::string TmpDir() { return std::getenv("TEST_TMPDIR"); }
+std::string CertDir() { return TmpDir() + "/certs"; }
+std::string Cert(const std::string& name) {
+  return CertDir() + "/" + name + ".pem";
+}
+std::string Key(const std::string& name) {
+  return CertDir() + "/" + name + ".key";
+}
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  std::string path = TmpDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+class SecurityTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    // A CA, a server certificate for 127.0.0.1/localhost, client
+    // certificates, and an unrelated CA with a client of its own.
+    std::string command = "tests/gen_certs.sh " + CertDir();
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  }
+
+  static std::string TokenFile() {
+    return WriteFile("tokens",
+                     absl::StrCat("# test tenants\nalice ", kAliceToken,
+                                  "\n\nbob ", kBobToken, "\n"));
+  }
+
+  void Start(Options options) {
+    options.listen = "127.0.0.1:0";
+    options.threads = 1;
+    auto server = Server::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+
+  void StartWithTokens() {
+    Options options;
+    options.auth_token_file = TokenFile();
+    Start(options);
+  }
+
+  absl::StatusOr<std::unique_ptr<Client>> Connect(ConnectOptions options) {
+    options.connect_timeout = absl::Seconds(2);
+    return Client::Connect(server_->address(), options);
+  }
+
+  std::unique_ptr<Client> MustConnect(ConnectOptions options) {
+    auto client = Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  static ConnectOptions WithToken(const std::string& token) {
+    ConnectOptions options;
+    options.token = token;
+    return options;
+  }
+
+  std::unique_ptr<Server> server_;
+};
+
+// Calls `method` ("/pkg.Service/Method") with an empty message; for a
+// streaming method that is one message and a half-close, which is all the
+// authentication check (it runs on the headers) needs.
+grpc::Status RawCall(grpc::Channel* channel, const std::string& method,
+                     const std::string& authorization) {
+  grpc::GenericStub stub(std::shared_ptr<grpc::Channel>(channel, [](auto*) {}));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  if (!authorization.empty()) {
+    context.AddMetadata("authorization", authorization);
+  }
+  grpc::CompletionQueue cq;
+  grpc::ByteBuffer request;
+  grpc::ByteBuffer response;
+  grpc::Slice empty("");
+  request = grpc::ByteBuffer(&empty, 1);
+  auto call = stub.PrepareUnaryCall(&context, method, request, &cq);
+  call->StartCall();
+  grpc::Status status;
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag;
+  bool ok;
+  EXPECT_TRUE(cq.Next(&tag, &ok));
+  return status;
+}
+
+std::vector<std::string> AllOpserverMethods() {
+  std::vector<std::string> methods;
+  for (const char* service : {"opserver.v1.Runtime", "opserver.v1.Operators"}) {
+    const google::protobuf::ServiceDescriptor* descriptor =
+        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+            service);
+    EXPECT_NE(descriptor, nullptr) << service;
+    if (descriptor == nullptr) continue;
+    for (int i = 0; i < descriptor->method_count(); ++i) {
+      methods.push_back(
+          absl::StrCat("/", service, "/", descriptor->method(i)->name()));
+    }
+  }
+  return methods;
+}
+
+TEST_F(SecurityTest, EveryServiceButHealthRejectsAMissingOrWrongToken) {
+  StartWithTokens();
+  auto channel = grpc::CreateChannel(server_->address(),
+                                     grpc::InsecureChannelCredentials());
+  std::vector<std::string> methods = AllOpserverMethods();
+  ASSERT_GE(methods.size(), 20u);
+  methods.push_back(
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo");
+  for (const std::string& method : methods) {
+    grpc::Status missing = RawCall(channel.get(), method, "");
+    EXPECT_EQ(missing.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << method;
+    EXPECT_THAT(missing.error_message(), HasSubstr("authorization: Bearer"));
+    grpc::Status wrong =
+        RawCall(channel.get(), method, "Bearer not-a-token-0123456789abcdef");
+    EXPECT_EQ(wrong.error_code(), grpc::StatusCode::UNAUTHENTICATED) << method;
+    grpc::Status not_bearer = RawCall(channel.get(), method, kAliceToken);
+    EXPECT_EQ(not_bearer.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << method;
+    // The right token gets past authentication (the empty request may still
+    // be rejected by the method itself).
+    grpc::Status right =
+        RawCall(channel.get(), method, absl::StrCat("Bearer ", kAliceToken));
+    EXPECT_NE(right.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << method << ": " << right.error_message();
+  }
+  EXPECT_TRUE(RawCall(channel.get(), "/grpc.health.v1.Health/Check", "").ok());
+}
+
+TEST_F(SecurityTest, ReflectionWithoutAuthOpensOnlyReflection) {
+  Options options;
+  options.auth_token_file = TokenFile();
+  options.reflection_without_auth = true;
+  Start(options);
+  auto channel = grpc::CreateChannel(server_->address(),
+                                     grpc::InsecureChannelCredentials());
+  EXPECT_TRUE(RawCall(channel.get(),
+                      "/grpc.reflection.v1alpha.ServerReflection/"
+                      "ServerReflectionInfo",
+                      "")
+                  .ok());
+  EXPECT_EQ(RawCall(channel.get(), "/opserver.v1.Runtime/GetDeviceInfo", "")
+                .error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST_F(SecurityTest, ClientWithTheRightTokenWorksWithoutOneOnlyHealth) {
+  StartWithTokens();
+  auto alice = MustConnect(WithToken(kAliceToken));
+  ASSERT_NE(alice, nullptr);
+  ASSERT_TRUE(alice->GetDeviceInfo().ok());
+  auto session = alice->CreateSession("alice-job");
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto buffer = (*session)->Malloc(16);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  float in[4] = {1, 2, 3, 4}, out[4] = {};
+  ASSERT_TRUE((*session)->Upload(buffer->handle(), 0, in, 16).ok());
+  ASSERT_TRUE((*session)->Download(buffer->handle(), 0, out, 16).ok());
+  EXPECT_EQ(out[3], 4);
+
+  auto anonymous = MustConnect(ConnectOptions());
+  ASSERT_NE(anonymous, nullptr);
+  EXPECT_EQ(*anonymous->CheckHealth(), "SERVING");
+  absl::Status info = anonymous->GetDeviceInfo().status();
+  EXPECT_EQ(info.code(), absl::StatusCode::kUnauthenticated) << info;
+  EXPECT_EQ(anonymous->CreateSession("nobody").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  auto wrong = MustConnect(WithToken("guessed-token-0123456789abcdef"));
+  ASSERT_NE(wrong, nullptr);
+  EXPECT_EQ(wrong->ListOperators().status().code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
+// What another identity sees of a session: exactly what it would see of a
+// session that never existed.
+void ExpectForeignLooksUnknown(Client& owner, Client& other,
+                               const std::string& session) {
+  const std::string never = "00000000000000000000000000000000";
+  auto stats = [](Client& client, const std::string& id) {
+    grpc::ClientContext context;
+    client.SetDeadline(&context);
+    v1::GetSessionStatsRequest request;
+    request.set_session(id);
+    v1::SessionStats response;
+    return client.runtime().GetSessionStats(&context, request, &response);
+  };
+  auto close = [](Client& client, const std::string& id) {
+    grpc::ClientContext context;
+    client.SetDeadline(&context);
+    v1::CloseSessionRequest request;
+    request.set_session(id);
+    v1::CloseSessionResponse response;
+    return client.runtime().CloseSession(&context, request, &response);
+  };
+  auto malloc = [](Client& client, const std::string& id) {
+    grpc::ClientContext context;
+    client.SetDeadline(&context);
+    v1::MallocRequest request;
+    request.set_session(id);
+    request.set_size(16);
+    v1::MallocResponse response;
+    return client.runtime().Malloc(&context, request, &response);
+  };
+  for (auto call : {+stats, +close, +malloc}) {
+    grpc::Status foreign = call(other, session);
+    grpc::Status unknown = call(owner, never);
+    EXPECT_EQ(foreign.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(foreign.error_message(),
+              absl::StrReplaceAll(unknown.error_message(), {{never, session}}));
+  }
+  // The owner still has it: the foreign CloseSession did nothing.
+  EXPECT_TRUE(stats(owner, session).ok());
+}
+
+TEST_F(SecurityTest, ASessionIsNotFoundForAnotherTenant) {
+  StartWithTokens();
+  auto alice = MustConnect(WithToken(kAliceToken));
+  auto bob = MustConnect(WithToken(kBobToken));
+  ASSERT_TRUE(alice && bob);
+  auto session = alice->CreateSession("alice-job", /*attach=*/false);
+  ASSERT_TRUE(session.ok());
+  ExpectForeignLooksUnknown(*alice, *bob, (*session)->token());
+}
+
+TEST_F(SecurityTest, PerTenantSessionAndMemoryLimits) {
+  Options options;
+  options.auth_token_file = TokenFile();
+  options.session_limits.max_sessions_per_tenant = 2;
+  options.session_limits.tenant_memory_bytes = 1 << 20;
+  Start(options);
+  auto alice = MustConnect(WithToken(kAliceToken));
+  auto bob = MustConnect(WithToken(kBobToken));
+  ASSERT_TRUE(alice && bob);
+  auto a1 = alice->CreateSession("a1");
+  auto a2 = alice->CreateSession("a2");
+  ASSERT_TRUE(a1.ok() && a2.ok());
+  absl::Status third = alice->CreateSession("a3").status();
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(third.message(), HasSubstr("--max_sessions_per_tenant"));
+  auto b1 = bob->CreateSession("b1");
+  ASSERT_TRUE(b1.ok()) << b1.status();
+
+  // The memory budget spans alice's sessions, and bob has his own.
+  auto big = (*a1)->Malloc(768 << 10);
+  ASSERT_TRUE(big.ok()) << big.status();
+  absl::Status over = (*a2)->Malloc(512 << 10).status();
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.message(), HasSubstr("--tenant_memory_bytes"));
+  EXPECT_TRUE((*b1)->Malloc(768 << 10).ok());
+  ASSERT_TRUE(big->Free().ok());
+  EXPECT_TRUE((*a2)->Malloc(512 << 10).ok());
+
+  // A closed session gives its slot back.
+  ASSERT_TRUE((*a1)->Close().ok());
+  EXPECT_TRUE(alice->CreateSession("a3").ok());
+}
+
+TEST_F(SecurityTest, TlsHandshakeNeedsTheRightCa) {
+  Options options;
+  options.tls_cert_file = Cert("server");
+  options.tls_key_file = Key("server");
+  options.auth_token_file = TokenFile();
+  Start(options);
+  ConnectOptions good = WithToken(kAliceToken);
+  good.tls_ca_file = Cert("ca");
+  auto client = MustConnect(good);
+  ASSERT_NE(client, nullptr);
+  EXPECT_TRUE(client->GetDeviceInfo().ok());
+  EXPECT_TRUE(client->CreateSession("over-tls").ok());
+
+  ConnectOptions wrong_ca = good;
+  wrong_ca.tls_ca_file = Cert("other_ca");
+  absl::Status status = Connect(wrong_ca).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(status.message(), HasSubstr("over TLS"));
+  // Plaintext against a TLS port never connects either.
+  EXPECT_EQ(Connect(WithToken(kAliceToken)).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+TEST_F(SecurityTest, MutualTlsNeedsAClientCertificateFromTheClientCa) {
+  Options options;
+  options.tls_cert_file = Cert("server");
+  options.tls_key_file = Key("server");
+  options.tls_client_ca_file = Cert("ca");
+  Start(options);
+  auto with_cert = [](const std::string& name) {
+    ConnectOptions options;
+    options.tls_ca_file = Cert("ca");
+    options.tls_cert_file = Cert(name);
+    options.tls_key_file = Key(name);
+    return options;
+  };
+  auto trainer1 = MustConnect(with_cert("client"));
+  ASSERT_NE(trainer1, nullptr);
+  EXPECT_TRUE(trainer1->GetDeviceInfo().ok());
+
+  ConnectOptions no_cert;
+  no_cert.tls_ca_file = Cert("ca");
+  EXPECT_EQ(Connect(no_cert).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Connect(with_cert("other_client")).status().code(),
+            absl::StatusCode::kUnavailable);
+
+  // Certificates are identities: trainer-2 cannot use trainer-1's session.
+  auto trainer2 = MustConnect(with_cert("client2"));
+  ASSERT_NE(trainer2, nullptr);
+  auto session = trainer1->CreateSession("trainer-1", /*attach=*/false);
+  ASSERT_TRUE(session.ok()) << session.status();
+  ExpectForeignLooksUnknown(*trainer1, *trainer2, (*session)->token());
+}
+
+TEST_F(SecurityTest, NonLoopbackListenNeedsTlsAndAuthOrAllowInsecure) {
+  Options options;
+  options.listen = "0.0.0.0:0";
+  absl::Status refused = Server::Start(options).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  for (const char* flag : {"--listen", "--tls_cert_file", "--auth_token_file",
+                           "--allow_insecure"}) {
+    EXPECT_THAT(refused.message(), HasSubstr(flag));
+  }
+  // TLS alone is not enough, nor tokens alone.
+  options.tls_cert_file = Cert("server");
+  options.tls_key_file = Key("server");
+  EXPECT_FALSE(Server::Start(options).ok());
+  options.tls_cert_file = options.tls_key_file = "";
+  options.auth_token_file = TokenFile();
+  EXPECT_FALSE(Server::Start(options).ok());
+  options.tls_cert_file = Cert("server");
+  options.tls_key_file = Key("server");
+  EXPECT_TRUE(Server::Start(options).ok());
+
+  Options insecure;
+  insecure.listen = "0.0.0.0:0";
+  insecure.allow_insecure = true;
+  EXPECT_TRUE(Server::Start(insecure).ok());
+}
+
+TEST_F(SecurityTest, BadSecurityOptionsNameTheFlag) {
+  Options options;
+  options.tls_cert_file = Cert("server");
+  EXPECT_THAT(Server::Start(options).status().message(),
+              HasSubstr("--tls_key_file"));
+  options.tls_key_file = TmpDir() + "/missing.key";
+  EXPECT_THAT(Server::Start(options).status().message(),
+              HasSubstr("--tls_key_file: cannot read"));
+  Options ca_only;
+  ca_only.tls_client_ca_file = Cert("ca");
+  EXPECT_THAT(Server::Start(ca_only).status().message(),
+              HasSubstr("--tls_client_ca_file"));
+  Options bad_tokens;
+  bad_tokens.auth_token_file = WriteFile("bad_tokens", "alice\n");
+  EXPECT_THAT(
+      Server::Start(bad_tokens).status().message(),
+      HasSubstr("--auth_token_file: " + bad_tokens.auth_token_file + ":1: "));
+}
+
+TEST_F(SecurityTest, ReloadedTokensApplyToNewCalls) {
+  Options options;
+  options.auth_token_file =
+      WriteFile("reload_tokens", absl::StrCat("alice ", kAliceToken, "\n"));
+  Start(options);
+  auto bob = MustConnect(WithToken(kBobToken));
+  ASSERT_NE(bob, nullptr);
+  EXPECT_EQ(bob->GetDeviceInfo().status().code(),
+            absl::StatusCode::kUnauthenticated);
+  WriteFile("reload_tokens", absl::StrCat("bob ", kBobToken, "\n"));
+  ASSERT_TRUE(server_->ReloadTokens().ok());
+  EXPECT_TRUE(bob->GetDeviceInfo().ok());
+  // A broken file keeps the tokens in force.
+  WriteFile("reload_tokens", "bob\n");
+  EXPECT_FALSE(server_->ReloadTokens().ok());
+  EXPECT_TRUE(bob->GetDeviceInfo().ok());
+}
+
+// The C API takes its settings from the environment at aclInit.
+class CApiSecurityTest : public SecurityTest {
+ protected:
+  void SetUp() override {
+    for (const char* name :
+         {"OPSERVER_TOKEN", "OPSERVER_TOKEN_FILE", "OPSERVER_TLS_CA_FILE",
+          "OPSERVER_TLS_CERT_FILE", "OPSERVER_TLS_KEY_FILE"}) {
+      unsetenv(name);
+    }
+    setenv("OPSERVER_TIMEOUT_MS", "2000", 1);
+  }
+  void TearDown() override {
+    aclrtResetDevice(0);
+    aclFinalize();
+  }
+  aclError InitAndSetDevice() {
+    setenv("OPSERVER_ADDRESS", server_->address().c_str(), 1);
+    aclError init = aclInit(nullptr);
+    if (init != ACL_SUCCESS) return init;
+    return aclrtSetDevice(0);
+  }
+};
+
+TEST_F(CApiSecurityTest, MissingTokenIsRtFailureWithAHint) {
+  StartWithTokens();
+  EXPECT_EQ(InitAndSetDevice(), ACL_ERROR_RT_FAILURE);
+  EXPECT_THAT(aclGetRecentErrMsg(), HasSubstr("authorization: Bearer"));
+  EXPECT_THAT(aclGetRecentErrMsg(), HasSubstr("OPSERVER_TOKEN"));
+}
+
+TEST_F(CApiSecurityTest, WrongTokenIsRtFailure) {
+  StartWithTokens();
+  setenv("OPSERVER_TOKEN", "guessed-token-0123456789abcdef", 1);
+  EXPECT_EQ(InitAndSetDevice(), ACL_ERROR_RT_FAILURE);
+  EXPECT_THAT(aclGetRecentErrMsg(), HasSubstr("unknown bearer token"));
+}
+
+TEST_F(CApiSecurityTest, TokenFromEnvironmentOrFileWorks) {
+  StartWithTokens();
+  setenv("OPSERVER_TOKEN", kAliceToken, 1);
+  ASSERT_EQ(InitAndSetDevice(), ACL_SUCCESS) << aclGetRecentErrMsg();
+  void* device = nullptr;
+  EXPECT_EQ(aclrtMalloc(&device, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS)
+      << aclGetRecentErrMsg();
+  aclrtResetDevice(0);
+  aclFinalize();
+
+  unsetenv("OPSERVER_TOKEN");
+  setenv("OPSERVER_TOKEN_FILE",
+         WriteFile("bob_token", absl::StrCat("  ", kBobToken, "\n")).c_str(),
+         1);
+  ASSERT_EQ(InitAndSetDevice(), ACL_SUCCESS) << aclGetRecentErrMsg();
+  EXPECT_EQ(aclrtMalloc(&device, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS)
+      << aclGetRecentErrMsg();
+}
+
+TEST_F(CApiSecurityTest, UnreadableFilesFailAclInit) {
+  StartWithTokens();
+  setenv("OPSERVER_TOKEN_FILE", "/nonexistent/token", 1);
+  EXPECT_EQ(InitAndSetDevice(), ACL_ERROR_INVALID_PARAM);
+  EXPECT_THAT(aclGetRecentErrMsg(), HasSubstr("OPSERVER_TOKEN_FILE"));
+  unsetenv("OPSERVER_TOKEN_FILE");
+  setenv("OPSERVER_TLS_CA_FILE", "/nonexistent/ca.pem", 1);
+  EXPECT_EQ(InitAndSetDevice(), ACL_ERROR_INVALID_PARAM);
+  EXPECT_THAT(aclGetRecentErrMsg(), HasSubstr("OPSERVER_TLS_CA_FILE"));
+}
+
+TEST_F(CApiSecurityTest, MutualTlsFromTheEnvironment) {
+  Options options;
+  options.tls_cert_file = Cert("server");
+  options.tls_key_file = Key("server");
+  options.tls_client_ca_file = Cert("ca");
+  options.auth_token_file = TokenFile();
+  Start(options);
+  setenv("OPSERVER_TOKEN", kAliceToken, 1);
+  setenv("OPSERVER_TLS_CA_FILE", Cert("ca").c_str(), 1);
+  setenv("OPSERVER_TLS_CERT_FILE", Cert("client").c_str(), 1);
+  setenv("OPSERVER_TLS_KEY_FILE", Key("client").c_str(), 1);
+  ASSERT_EQ(InitAndSetDevice(), ACL_SUCCESS) << aclGetRecentErrMsg();
+  aclrtResetDevice(0);
+  aclFinalize();
+
+  setenv("OPSERVER_TLS_CA_FILE", Cert("other_ca").c_str(), 1);
+  EXPECT_EQ(InitAndSetDevice(), ACL_ERROR_RT_FAILURE);
+  EXPECT_THAT(aclGetRecentErrMsg(), HasSubstr("cannot reach opserver"));
+}
+
+}  // namespace
+}  // namespace opserver
