@@ -71,6 +71,26 @@ if start_server --threads=1; then
   stop_server INT
 fi
 
+# Secure by default: a non-loopback address without TLS and authentication
+# is refused (one line naming the flags) unless --allow_insecure says so.
+expect_flag_error --allow_insecure --listen=0.0.0.0:0
+grep -q -- "--tls_cert_file" "$tmp/err" || fail "insecure refusal does not name --tls_cert_file: $(cat "$tmp/err")"
+grep -q -- "--auth_token_file" "$tmp/err" || fail "insecure refusal does not name --auth_token_file: $(cat "$tmp/err")"
+"$opserver" --listen=0.0.0.0:0 --allow_insecure >"$tmp/out" 2>"$tmp/err" &
+pid=$!
+for _ in $(seq 100); do
+  grep -q "^listening on 0\.0\.0\.0:[0-9]" "$tmp/out" && break
+  sleep 0.1
+done
+if grep -q "^listening on 0\.0\.0\.0:[0-9]" "$tmp/out"; then
+  [[ $(grep -c "warning: --allow_insecure" "$tmp/err") -eq 1 ]] ||
+    fail "--allow_insecure: want one warning line, got: $(cat "$tmp/err")"
+  stop_server TERM
+else
+  fail "--allow_insecure did not start: $(cat "$tmp/err")"
+  kill -KILL "$pid" 2>/dev/null
+fi
+
 # opctl's own errors are one line and non-zero.
 "$opctl" --server=127.0.0.1:1 --timeout_ms=300 info >"$tmp/out" 2>"$tmp/err"
 [[ $? -ne 0 ]] || fail "opctl info against nothing exited 0"
