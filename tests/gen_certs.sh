@@ -6,6 +6,8 @@
 #   client2.pem/client2.key     signed by ca, CN=trainer-2
 #   other_ca.pem/other_ca.key   an unrelated CA
 #   other_client.pem/.key      signed by other_ca, CN=intruder
+#   other_server.pem/.key      signed by other_ca, same SAN as server (for
+#                               rotation tests)
 # Usage: gen_certs.sh DIR
 set -euo pipefail
 dir="$1"
@@ -35,3 +37,6 @@ extendedKeyUsage=serverAuth"
 leaf client trainer-1 ca "extendedKeyUsage=clientAuth"
 leaf client2 trainer-2 ca "extendedKeyUsage=clientAuth"
 leaf other_client intruder other_ca "extendedKeyUsage=clientAuth"
+leaf other_server localhost other_ca \
+  "subjectAltName=IP:127.0.0.1,IP:::1,DNS:localhost
+extendedKeyUsage=serverAuth"

@@ -289,9 +289,13 @@ TEST_F(SecurityTest, PerTenantSessionAndMemoryLimits) {
   ASSERT_TRUE(big->Free().ok());
   EXPECT_TRUE((*a2)->Malloc(512 << 10).ok());
 
-  // A closed session gives its slot back.
+  // A closed session gives its slot and its memory back.
   ASSERT_TRUE((*a1)->Close().ok());
   EXPECT_TRUE(alice->CreateSession("a3").ok());
+  ASSERT_TRUE((*a2)->Close().ok());
+  auto a4 = alice->CreateSession("a4");
+  ASSERT_TRUE(a4.ok()) << a4.status();
+  EXPECT_TRUE((*a4)->Malloc(1 << 20).ok());
 }
 
 TEST_F(SecurityTest, TlsHandshakeNeedsTheRightCa) {
@@ -315,6 +319,38 @@ TEST_F(SecurityTest, TlsHandshakeNeedsTheRightCa) {
   // Plaintext against a TLS port never connects either.
   EXPECT_EQ(Connect(WithToken(kAliceToken)).status().code(),
             absl::StatusCode::kUnavailable);
+}
+
+TEST_F(SecurityTest, RotatedCertificatesTakeEffectWithoutRestart) {
+  // The server's files start as copies of the ca-signed pair; replacing them
+  // with the other_ca-signed pair must switch what clients see.
+  const std::string cert = TmpDir() + "/rotating.pem";
+  const std::string key = TmpDir() + "/rotating.key";
+  auto install = [&](const std::string& name) {
+    std::string command = absl::StrCat(
+        "cp ", Cert(name), " ", cert, ".new && cp ", Key(name), " ", key,
+        ".new && mv ", key, ".new ", key, " && mv ", cert, ".new ", cert);
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  };
+  install("server");
+  Options options;
+  options.tls_cert_file = cert;
+  options.tls_key_file = key;
+  options.tls_refresh_interval_s = 1;
+  Start(options);
+  ConnectOptions trusts_other;
+  trusts_other.tls_ca_file = Cert("other_ca");
+  trusts_other.connect_timeout = absl::Seconds(1);
+  EXPECT_FALSE(Client::Connect(server_->address(), trusts_other).ok());
+
+  install("other_server");
+  // Bounded polling, not a timing assertion: the watcher re-reads the files
+  // every second; a fresh channel each try gets a new handshake.
+  bool rotated = false;
+  for (int attempt = 0; attempt < 30 && !rotated; ++attempt) {
+    rotated = Client::Connect(server_->address(), trusts_other).ok();
+  }
+  EXPECT_TRUE(rotated) << "the server still presents the old certificate";
 }
 
 TEST_F(SecurityTest, MutualTlsNeedsAClientCertificateFromTheClientCa) {
