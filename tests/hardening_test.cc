@@ -189,14 +189,17 @@ class HardeningTest : public ::testing::Test {
     return Rpc([&](auto* c) { return ops_->Execute(c, request, &response); });
   }
 
-  Result Synchronize(const std::string& session, uint64_t stream = 0) {
+  Result Synchronize(const std::string& session, uint64_t stream = 0,
+                     absl::Duration deadline = absl::Seconds(30)) {
     v1::SynchronizeStreamRequest request;
     request.set_session(session);
     request.set_stream(stream);
     v1::SynchronizeStreamResponse response;
-    return Rpc([&](auto* c) {
-      return runtime_->SynchronizeStream(c, request, &response);
-    });
+    return Rpc(
+        [&](auto* c) {
+          return runtime_->SynchronizeStream(c, request, &response);
+        },
+        deadline);
   }
 
   Result CreateStream(const std::string& session, uint64_t* stream) {
@@ -611,12 +614,13 @@ TEST_F(HardeningTest, Finding8_CloseSessionEndsItsAttachCalls) {
 // Finding 10: a session whose stream still works is not reaped as idle.
 TEST_F(HardeningTest, Finding10_BusySessionsAreNotIdle) {
   Options options;
-  options.session_limits.idle_timeout = absl::Seconds(1);
+  options.session_limits.idle_timeout = absl::Milliseconds(250);
   Start(options);
   std::string s = NewSession();
-  // Seconds of work, longer than the idle timeout.
-  QueueSlowWork(s, int64_t{1} << 26, 1000);
-  Result synced = Synchronize(s);
+  // Work for several idle timeouts however fast the machine (>= 1.5 s at
+  // 5 ms a launch), yet short enough under ASan on a loaded machine.
+  QueueSlowWork(s, int64_t{1} << 26, 300);
+  Result synced = Synchronize(s, 0, absl::Minutes(3));
   EXPECT_TRUE(synced.status.ok()) << synced.status.error_message();
   uint64_t buffer = 0;
   Result after = Malloc(s, 16, &buffer);
