@@ -29,8 +29,10 @@ constexpr DType kAllDTypes[] = {DType::kFloat,   DType::kFloat16, DType::kInt8,
 
 template <typename T>
 absl::Status PutInteger(double v, DType dtype, std::string* out) {
-  if (!(v >= static_cast<double>(std::numeric_limits<T>::lowest()) &&
-        v <= static_cast<double>(std::numeric_limits<T>::max())) ||
+  // The range is [min, 2^digits): both bounds are exact in double, unlike
+  // max() of a 64-bit type, which rounds up to one past the range.
+  if (!(v >= static_cast<double>(std::numeric_limits<T>::min()) &&
+        v < std::ldexp(1.0, std::numeric_limits<T>::digits)) ||
       v != std::trunc(v)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "value ", v, " is not representable as ", kernels::DTypeName(dtype)));

@@ -40,6 +40,28 @@ TEST(HostTensorTest, HalfRoundsAndIntegersMustBeExact) {
   EXPECT_FALSE(EncodeValues(DType::kBool, {2}).ok());
 }
 
+// The largest 64-bit values round to 2^63 / 2^64 in double, one past the
+// range: casting those is undefined behaviour (issue 10), so they are
+// refused, while the exact bounds below them are kept.
+TEST(HostTensorTest, IntegerBoundsAreExactFor64BitTypes) {
+  const double two63 = std::ldexp(1.0, 63);
+  const double two64 = std::ldexp(1.0, 64);
+  EXPECT_FALSE(EncodeValues(DType::kInt64, {two63}).ok());
+  EXPECT_FALSE(EncodeValues(DType::kUint64, {two64}).ok());
+  EXPECT_FALSE(EncodeValues(DType::kInt64, {-two63 * 2}).ok());
+  EXPECT_FALSE(EncodeValues(DType::kUint64, {-1}).ok());
+  EXPECT_FALSE(EncodeValues(DType::kInt32, {2147483648.0}).ok());
+  auto low = EncodeValues(DType::kInt64, {-two63});
+  ASSERT_TRUE(low.ok()) << low.status();
+  EXPECT_THAT(DecodeValues(DType::kInt64, *low), ElementsAre(-two63));
+  // 2^64 - 2048 is the largest double below 2^64.
+  const double top = two64 - 2048;
+  auto high = EncodeValues(DType::kUint64, {top});
+  ASSERT_TRUE(high.ok()) << high.status();
+  EXPECT_THAT(DecodeValues(DType::kUint64, *high), ElementsAre(top));
+  EXPECT_TRUE(EncodeValues(DType::kInt32, {2147483647.0, -2147483648.0}).ok());
+}
+
 TEST(HostTensorTest, ParsesNumbersShapesAndDtypes) {
   auto values = ParseNumberList("1.5, -2,nan");
   ASSERT_TRUE(values.ok());
