@@ -14,7 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "kernels/half.h"
+#include "common/values.h"
 
 namespace opserver::remote {
 namespace {
@@ -26,33 +26,6 @@ constexpr DType kAllDTypes[] = {DType::kFloat,   DType::kFloat16, DType::kInt8,
                                 DType::kUint16,  DType::kUint32,  DType::kInt64,
                                 DType::kUint64,  DType::kDouble,  DType::kBool,
                                 DType::kBFloat16};
-
-template <typename T>
-absl::Status PutInteger(double v, DType dtype, std::string* out) {
-  // The range is [min, 2^digits): both bounds are exact in double, unlike
-  // max() of a 64-bit type, which rounds up to one past the range.
-  if (!(v >= static_cast<double>(std::numeric_limits<T>::min()) &&
-        v < std::ldexp(1.0, std::numeric_limits<T>::digits)) ||
-      v != std::trunc(v)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "value ", v, " is not representable as ", kernels::DTypeName(dtype)));
-  }
-  T t = static_cast<T>(v);
-  out->append(reinterpret_cast<const char*>(&t), sizeof(t));
-  return absl::OkStatus();
-}
-
-template <typename T>
-void Put(T t, std::string* out) {
-  out->append(reinterpret_cast<const char*>(&t), sizeof(t));
-}
-
-template <typename T>
-double Get(const char* p) {
-  T t;
-  std::memcpy(&t, p, sizeof(t));
-  return static_cast<double>(t);
-}
 
 // NumPy's descr for each dtype ("" = none).
 std::string NpyDescr(DType dtype) {
@@ -122,114 +95,14 @@ int64_t HostTensor::numel() const {
 
 absl::StatusOr<std::string> EncodeValues(DType dtype,
                                          const std::vector<double>& values) {
-  std::string out;
-  out.reserve(values.size() * kernels::DTypeSize(dtype));
-  for (double v : values) {
-    absl::Status status;
-    switch (dtype) {
-      case DType::kFloat:
-        Put(static_cast<float>(v), &out);
-        break;
-      case DType::kDouble:
-        Put(v, &out);
-        break;
-      case DType::kFloat16:
-        Put(kernels::FloatToHalf(kernels::DoubleToFloatRoundOdd(v)), &out);
-        break;
-      case DType::kBFloat16:
-        Put(kernels::FloatToBFloat16(kernels::DoubleToFloatRoundOdd(v)), &out);
-        break;
-      case DType::kInt8:
-        status = PutInteger<int8_t>(v, dtype, &out);
-        break;
-      case DType::kUint8:
-        status = PutInteger<uint8_t>(v, dtype, &out);
-        break;
-      case DType::kInt16:
-        status = PutInteger<int16_t>(v, dtype, &out);
-        break;
-      case DType::kUint16:
-        status = PutInteger<uint16_t>(v, dtype, &out);
-        break;
-      case DType::kInt32:
-        status = PutInteger<int32_t>(v, dtype, &out);
-        break;
-      case DType::kUint32:
-        status = PutInteger<uint32_t>(v, dtype, &out);
-        break;
-      case DType::kInt64:
-        status = PutInteger<int64_t>(v, dtype, &out);
-        break;
-      case DType::kUint64:
-        status = PutInteger<uint64_t>(v, dtype, &out);
-        break;
-      case DType::kBool:
-        if (v != 0 && v != 1) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("value ", v, " is not a BOOL (0 or 1)"));
-        }
-        Put(static_cast<uint8_t>(v), &out);
-        break;
-    }
-    if (!status.ok()) return status;
-  }
-  return out;
+  return opserver::EncodeValues(dtype, values);
 }
 
 std::vector<double> DecodeValues(DType dtype, absl::string_view bytes) {
   const int64_t size = kernels::DTypeSize(dtype);
-  std::vector<double> out;
-  if (size == 0) return out;
-  out.reserve(bytes.size() / size);
-  for (size_t at = 0; at + size <= bytes.size(); at += size) {
-    const char* p = bytes.data() + at;
-    switch (dtype) {
-      case DType::kFloat:
-        out.push_back(Get<float>(p));
-        break;
-      case DType::kDouble:
-        out.push_back(Get<double>(p));
-        break;
-      case DType::kFloat16: {
-        uint16_t h;
-        std::memcpy(&h, p, 2);
-        out.push_back(kernels::HalfToFloat(h));
-        break;
-      }
-      case DType::kBFloat16: {
-        uint16_t h;
-        std::memcpy(&h, p, 2);
-        out.push_back(kernels::BFloat16ToFloat(h));
-        break;
-      }
-      case DType::kInt8:
-        out.push_back(Get<int8_t>(p));
-        break;
-      case DType::kUint8:
-      case DType::kBool:
-        out.push_back(Get<uint8_t>(p));
-        break;
-      case DType::kInt16:
-        out.push_back(Get<int16_t>(p));
-        break;
-      case DType::kUint16:
-        out.push_back(Get<uint16_t>(p));
-        break;
-      case DType::kInt32:
-        out.push_back(Get<int32_t>(p));
-        break;
-      case DType::kUint32:
-        out.push_back(Get<uint32_t>(p));
-        break;
-      case DType::kInt64:
-        out.push_back(Get<int64_t>(p));
-        break;
-      case DType::kUint64:
-        out.push_back(Get<uint64_t>(p));
-        break;
-    }
-  }
-  return out;
+  if (size == 0) return {};
+  return opserver::DecodeValues(dtype, bytes.data(),
+                                static_cast<int64_t>(bytes.size()) / size);
 }
 
 absl::StatusOr<std::vector<double>> ParseNumberList(absl::string_view text) {

@@ -19,7 +19,7 @@
 #include "server/auth.h"
 #include "server/grpc_status_util.h"
 #include "server/log.h"
-#include "server/values.h"
+#include "common/values.h"
 
 namespace opserver {
 namespace {

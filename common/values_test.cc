@@ -1,4 +1,4 @@
-#include "server/values.h"
+#include "common/values.h"
 
 #include <cmath>
 #include <cstring>

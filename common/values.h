@@ -1,5 +1,5 @@
-#ifndef OPSERVER_SERVER_VALUES_H_
-#define OPSERVER_SERVER_VALUES_H_
+#ifndef OPSERVER_COMMON_VALUES_H_
+#define OPSERVER_COMMON_VALUES_H_
 
 #include <cstdint>
 #include <string>
@@ -26,4 +26,4 @@ std::vector<double> DecodeValues(kernels::DType dtype, const void* bytes,
 
 }  // namespace opserver
 
-#endif  // OPSERVER_SERVER_VALUES_H_
+#endif  // OPSERVER_COMMON_VALUES_H_

@@ -1,4 +1,4 @@
-#include "server/values.h"
+#include "common/values.h"
 
 #include <cmath>
 #include <cstring>
@@ -14,14 +14,15 @@ namespace {
 using kernels::DType;
 
 template <typename T>
-absl::Status PutInteger(double v, size_t i, char* out) {
+absl::Status PutInteger(double v, size_t i, DType dtype, char* out) {
   // Compare in double against the type's range; the bounds of 64-bit types
   // are powers of two and so exact in double.
   const double lo = static_cast<double>(std::numeric_limits<T>::min());
   const double hi = std::ldexp(1.0, std::numeric_limits<T>::digits);
   if (!(v == std::trunc(v)) || v < lo || v >= hi) {
     return absl::InvalidArgumentError(
-        absl::StrCat("values[", i, "] = ", v, " is not an integer in range"));
+        absl::StrCat("values[", i, "] = ", v, " is not representable as ",
+                     kernels::DTypeName(dtype), " (not an integer in range)"));
   }
   T t = static_cast<T>(v);
   std::memcpy(out + i * sizeof(T), &t, sizeof(T));
@@ -69,28 +70,28 @@ absl::StatusOr<std::string> EncodeValues(DType dtype,
         break;
       }
       case DType::kInt8:
-        s = PutInteger<int8_t>(v, i, p);
+        s = PutInteger<int8_t>(v, i, dtype, p);
         break;
       case DType::kUint8:
-        s = PutInteger<uint8_t>(v, i, p);
+        s = PutInteger<uint8_t>(v, i, dtype, p);
         break;
       case DType::kInt16:
-        s = PutInteger<int16_t>(v, i, p);
+        s = PutInteger<int16_t>(v, i, dtype, p);
         break;
       case DType::kUint16:
-        s = PutInteger<uint16_t>(v, i, p);
+        s = PutInteger<uint16_t>(v, i, dtype, p);
         break;
       case DType::kInt32:
-        s = PutInteger<int32_t>(v, i, p);
+        s = PutInteger<int32_t>(v, i, dtype, p);
         break;
       case DType::kUint32:
-        s = PutInteger<uint32_t>(v, i, p);
+        s = PutInteger<uint32_t>(v, i, dtype, p);
         break;
       case DType::kInt64:
-        s = PutInteger<int64_t>(v, i, p);
+        s = PutInteger<int64_t>(v, i, dtype, p);
         break;
       case DType::kUint64:
-        s = PutInteger<uint64_t>(v, i, p);
+        s = PutInteger<uint64_t>(v, i, dtype, p);
         break;
       case DType::kBool:
         if (v != 0 && v != 1) {
