@@ -34,7 +34,7 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/opserver.grpc.pb.h"
-#include "server/malloc_tuning.h"
+#include "common/malloc_tuning.h"
 #include "server/server.h"
 
 namespace opserver {

@@ -15,7 +15,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/aclnn_status.h"
-#include "server/malloc_tuning.h"
+#include "common/malloc_tuning.h"
 
 namespace opserver {
 namespace remote {

@@ -12,7 +12,7 @@
 #include "server/device_factory.h"
 #include "server/listen_address.h"
 #include "server/log.h"
-#include "server/malloc_tuning.h"
+#include "common/malloc_tuning.h"
 
 namespace opserver {
 

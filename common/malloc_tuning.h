@@ -1,5 +1,5 @@
-#ifndef OPSERVER_SERVER_MALLOC_TUNING_H_
-#define OPSERVER_SERVER_MALLOC_TUNING_H_
+#ifndef OPSERVER_COMMON_MALLOC_TUNING_H_
+#define OPSERVER_COMMON_MALLOC_TUNING_H_
 
 namespace opserver {
 
@@ -15,4 +15,4 @@ void TuneMallocForStreaming();
 
 }  // namespace opserver
 
-#endif  // OPSERVER_SERVER_MALLOC_TUNING_H_
+#endif  // OPSERVER_COMMON_MALLOC_TUNING_H_
