@@ -13,6 +13,7 @@
 // foreach_target.h must come first.
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
+#include "kernels/formulas.h"
 #include "kernels/half.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -205,66 +206,59 @@ HWY_INLINE void BinaryLoop(D d, const T* g, const T* s, T* o, size_t n,
   StreamFence(stream);
 }
 
-struct ThresholdOp {
-  float t;
+// Each operator's vector form beside its scalar form (kernels/formulas.h,
+// used for head and tail elements).
+
+struct ThresholdOp : ThresholdFormula {
+  using ThresholdFormula::ThresholdFormula;
+  using ThresholdFormula::operator();
   template <class D, class V>
   HWY_INLINE V operator()(D d, V g, V x) const {
-    // `x <= t` is false for NaN x: NaN self passes the gradient.
     return hn::IfThenZeroElse(hn::Le(x, hn::Set(d, t)), g);
-  }
-  HWY_INLINE float operator()(float g, float x) const {
-    return x <= t ? 0.0f : g;
   }
 };
 
 template <class TI>
-struct IntThresholdOp {
-  TI c;  // Passes when x > c.
+struct IntThresholdOp : IntThresholdFormula<TI> {
+  using IntThresholdFormula<TI>::IntThresholdFormula;
+  using IntThresholdFormula<TI>::operator();
   template <class D, class V>
   HWY_INLINE V operator()(D d, V g, V x) const {
-    return hn::IfThenElseZero(hn::Gt(x, hn::Set(d, c)), g);
-  }
-  HWY_INLINE TI operator()(TI g, TI x) const {
-    return x > c ? g : static_cast<TI>(0);
+    return hn::IfThenElseZero(hn::Gt(x, hn::Set(d, this->bound)), g);
   }
 };
 
-struct SoftshrinkOp {
-  float l;
+struct SoftshrinkOp : SoftshrinkFormula {
+  using SoftshrinkFormula::SoftshrinkFormula;
+  using SoftshrinkFormula::operator();
   template <class D, class V>
   HWY_INLINE V operator()(D d, V g, V x) const {
     return hn::IfThenZeroElse(hn::Le(hn::Abs(x), hn::Set(d, l)), g);
   }
-  HWY_INLINE float operator()(float g, float x) const {
-    return std::fabs(x) <= l ? 0.0f : g;
-  }
 };
 
-struct HardswishOp {
+struct HardswishOp : HardswishFormula {
+  using HardswishFormula::HardswishFormula;
+  using HardswishFormula::operator();
   template <class D, class V>
   HWY_INLINE V operator()(D d, V g, V x) const {
     const V three = hn::Set(d, 3.0f);
     const V mid = hn::Add(hn::Div(x, three), hn::Set(d, 0.5f));
-    // NaN fails both comparisons and keeps the derivative 1.
     V deriv = hn::IfThenElse(hn::Le(x, three), mid, hn::Set(d, 1.0f));
     deriv = hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -3.0f)), deriv);
     return hn::Mul(g, deriv);
   }
-  HWY_INLINE float operator()(float g, float x) const {
-    const float deriv = x < -3.0f ? 0.0f : (x <= 3.0f ? x / 3.0f + 0.5f : 1.0f);
-    return g * deriv;
-  }
 };
 
 template <class CT>
-struct LeakyOp {
-  CT slope;
+struct LeakyOp : LeakyFormula<CT> {
+  using LeakyFormula<CT>::LeakyFormula;
+  using LeakyFormula<CT>::operator();
   template <class D, class V>
   HWY_INLINE V operator()(D d, V g, V x) const {
     return hn::IfThenElse(hn::Gt(x, hn::Zero(d)), g,
-                          hn::Mul(g, hn::Set(d, slope)));
+                          hn::Mul(g, hn::Set(d, this->slope)));
   }
-  HWY_INLINE CT operator()(CT g, CT x) const { return x > 0 ? g : g * slope; }
 };
 
 template <class T>
@@ -272,29 +266,26 @@ void ThresholdFloat(const KernelParams& p, const void* g, const void* s,
                     void* o, int64_t n, int64_t, bool stream) {
   BinaryLoop(hn::ScalableTag<float>(), static_cast<const T*>(g),
              static_cast<const T*>(s), static_cast<T*>(o),
-             static_cast<size_t>(n), ThresholdOp{p.threshold}, stream);
+             static_cast<size_t>(n), ThresholdOp(p), stream);
 }
 
 template <class TI>
 void ThresholdInt(const KernelParams& p, const void* g, const void* s, void* o,
                   int64_t n, int64_t, bool stream) {
-  // For integer x, x > t exactly iff x > floor(t).
-  const double t = p.threshold_d;
-  const double c = std::floor(t);
+  const IntThresholdOp<TI> op(p);
   const size_t bytes = static_cast<size_t>(n) * sizeof(TI);
-  if (std::isnan(t) ||
-      c >= static_cast<double>(std::numeric_limits<TI>::max())) {
-    std::memset(o, 0, bytes);  // Nothing is greater.
+  using Whole = typename IntThresholdOp<TI>::Whole;
+  if (op.whole == Whole::kAllZero) {
+    std::memset(o, 0, bytes);
     return;
   }
-  if (c < static_cast<double>(std::numeric_limits<TI>::min())) {
-    if (o != g) std::memmove(o, g, bytes);  // Everything is greater.
+  if (op.whole == Whole::kAllPass) {
+    if (o != g) std::memmove(o, g, bytes);
     return;
   }
   BinaryLoop(hn::ScalableTag<TI>(), static_cast<const TI*>(g),
              static_cast<const TI*>(s), static_cast<TI*>(o),
-             static_cast<size_t>(n), IntThresholdOp<TI>{static_cast<TI>(c)},
-             stream);
+             static_cast<size_t>(n), op, stream);
 }
 
 template <class T>
@@ -302,15 +293,15 @@ void Softshrink(const KernelParams& p, const void* g, const void* s, void* o,
                 int64_t n, int64_t, bool stream) {
   BinaryLoop(hn::ScalableTag<float>(), static_cast<const T*>(g),
              static_cast<const T*>(s), static_cast<T*>(o),
-             static_cast<size_t>(n), SoftshrinkOp{p.lambd}, stream);
+             static_cast<size_t>(n), SoftshrinkOp(p), stream);
 }
 
 template <class T>
-void Hardswish(const KernelParams&, const void* g, const void* s, void* o,
+void Hardswish(const KernelParams& p, const void* g, const void* s, void* o,
                int64_t n, int64_t, bool stream) {
   BinaryLoop(hn::ScalableTag<float>(), static_cast<const T*>(g),
              static_cast<const T*>(s), static_cast<T*>(o),
-             static_cast<size_t>(n), HardswishOp{}, stream);
+             static_cast<size_t>(n), HardswishOp(p), stream);
 }
 
 template <class T>
@@ -319,11 +310,11 @@ void Leaky(const KernelParams& p, const void* g, const void* s, void* o,
   if constexpr (std::is_same_v<T, double>) {
     BinaryLoop(hn::ScalableTag<double>(), static_cast<const T*>(g),
                static_cast<const T*>(s), static_cast<T*>(o),
-               static_cast<size_t>(n), LeakyOp<double>{p.slope_d}, stream);
+               static_cast<size_t>(n), LeakyOp<double>(p), stream);
   } else {
     BinaryLoop(hn::ScalableTag<float>(), static_cast<const T*>(g),
                static_cast<const T*>(s), static_cast<T*>(o),
-               static_cast<size_t>(n), LeakyOp<float>{p.slope_f}, stream);
+               static_cast<size_t>(n), LeakyOp<float>(p), stream);
   }
 }
 
@@ -345,11 +336,7 @@ void Dropout(const KernelParams& p, const void* gv, const void* sv, void* ov,
   const uint64_t bit0 = static_cast<uint64_t>(bit0_signed);
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
-  const float scale = p.scale;
-  auto kept = [bits, bit0](size_t i) {
-    const uint64_t pos = bit0 + i;
-    return (bits[pos >> 3] >> (pos & 7)) & 1;
-  };
+  const DropoutFormula formula(p);
   // Bits of N elements starting at element i as a mask. Whole bytes are
   // read directly; otherwise the (at most 3) bytes covering them are shifted
   // into place, never reading past the last byte holding one of the bits.
@@ -366,13 +353,13 @@ void Dropout(const KernelParams& p, const void* gv, const void* sv, void* ov,
     return hn::LoadMaskBits(d, tmp);
   };
   auto scalar = [&](size_t i) {
-    StoreS(kept(i) ? LoadS<float>(g + i) * scale : 0.0f, o + i);
+    StoreS(formula(LoadS<float>(g + i), MaskBit(bits, bit0 + i)), o + i);
   };
   static_assert(HWY_MAX_BYTES / sizeof(float) <= 16, "mask_at reads 3 bytes");
   size_t i = 0;
   const size_t head = StreamHead(d, o, n, &stream);
   for (; i < head; ++i) scalar(i);
-  const auto vscale = hn::Set(d, scale);
+  const auto vscale = hn::Set(d, formula.scale);
   for (; i + N <= n; i += N) {
     // A select, not a multiply by 0/1: dropped NaN/Inf become exactly 0.
     const auto r =

@@ -7,22 +7,10 @@
 #include <cstdint>
 
 #include "kernels/dtype.h"
+#include "kernels/formulas.h"
 #include "kernels/op_kind.h"
 
 namespace opserver::kernels {
-
-enum class DropoutMode { kScale, kZero, kCopy };
-
-// Operator scalars, already converted to the types the kernels compute in.
-struct KernelParams {
-  float threshold = 0;     // ThresholdBackward, float self.
-  double threshold_d = 0;  // Same value, compared exactly with int self.
-  float lambd = 0;         // SoftshrinkBackward.
-  float slope_f = 0;       // LeakyReluBackward computed in float.
-  double slope_d = 0;      // LeakyReluBackward computed in double.
-  float scale = 1;         // DropoutBackward, kScale mode.
-  DropoutMode dropout_mode = DropoutMode::kScale;
-};
 
 // Computes n elements of unit-stride operands. `g` is gradOutput, `s` is
 // self (or, for DropoutBackward, the mask bytes, element i using bit

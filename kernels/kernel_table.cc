@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <unordered_map>
 
+#include "kernels/formulas.h"
 #include "kernels/half.h"
 
 namespace opserver::kernels {
@@ -114,19 +115,20 @@ void StoreVia(char* p, CT v) {
 }
 
 // ------------------------------------------------------- strided kernels
-// The formulas match elementwise_simd.cc operation for operation, so the
-// SIMD and strided paths give bit-identical results.
+// One loop for every binary operator: the element formula is the scalar
+// form in formulas.h, the same the SIMD kernels use for their tails, so
+// the SIMD and strided paths give bit-identical results.
 
-template <DType DT>
-void ThresholdFloatStrided(const KernelParams& p, const char* g, int64_t gs,
-                           const char* s, int64_t ss, char* o, int64_t os,
-                           int64_t n, int64_t) {
-  const float t = p.threshold;
+// out = F(gradOutput, self) computed in CT (the formula's type), rounded to
+// the compute dtype Promote(G, S), stored as O.
+template <class F, class CT, DType G, DType S, DType O>
+void BinaryStrided(const KernelParams& p, const char* g, int64_t gs,
+                   const char* s, int64_t ss, char* o, int64_t os, int64_t n,
+                   int64_t) {
+  const F f(p);
   for (int64_t i = 0; i < n; ++i, g += gs, s += ss, o += os) {
-    const float x = Load<float, DT>(s);
-    // Every FLOAT16/BFLOAT16 value round-trips through float exactly, as in
-    // the SIMD path.
-    Store<DT>(o, x <= t ? 0.0f : Load<float, DT>(g));
+    // Every FLOAT16/BFLOAT16 value round-trips through float exactly.
+    StoreVia<Promote(G, S), O>(o, f(Load<CT, G>(g), Load<CT, S>(s)));
   }
 }
 
@@ -135,51 +137,16 @@ void ThresholdIntStrided(const KernelParams& p, const char* g, int64_t gs,
                          const char* s, int64_t ss, char* o, int64_t os,
                          int64_t n, int64_t) {
   using T = typename St<DT>::Raw;
-  const double t = p.threshold_d;
+  const IntThresholdFormula<T> f(p);
+  using Whole = typename IntThresholdFormula<T>::Whole;
   for (int64_t i = 0; i < n; ++i, g += gs, s += ss, o += os) {
-    // Every int8/uint8/int32 value is exact as a double.
-    const bool pass = static_cast<double>(Raw<DT>(s)) > t;
-    PutRaw<DT>(o, pass ? Raw<DT>(g) : static_cast<T>(0));
-  }
-}
-
-template <DType G, DType S, DType O>
-void SoftshrinkStrided(const KernelParams& p, const char* g, int64_t gs,
-                       const char* s, int64_t ss, char* o, int64_t os,
-                       int64_t n, int64_t) {
-  const float l = p.lambd;
-  for (int64_t i = 0; i < n; ++i, g += gs, s += ss, o += os) {
-    const float x = Load<float, S>(s);
-    StoreVia<Promote(G, S), O>(o, std::fabs(x) <= l ? 0.0f : Load<float, G>(g));
-  }
-}
-
-template <DType DT>
-void HardswishStrided(const KernelParams&, const char* g, int64_t gs,
-                      const char* s, int64_t ss, char* o, int64_t os, int64_t n,
-                      int64_t) {
-  for (int64_t i = 0; i < n; ++i, g += gs, s += ss, o += os) {
-    const float x = Load<float, DT>(s);
-    const float deriv = x < -3.0f ? 0.0f : (x <= 3.0f ? x / 3.0f + 0.5f : 1.0f);
-    Store<DT>(o, Load<float, DT>(g) * deriv);
-  }
-}
-
-template <DType G, DType S, DType O>
-void LeakyStrided(const KernelParams& p, const char* g, int64_t gs,
-                  const char* s, int64_t ss, char* o, int64_t os, int64_t n,
-                  int64_t) {
-  using CT = std::conditional_t<Promote(G, S) == DType::kDouble, double, float>;
-  CT slope;
-  if constexpr (std::is_same_v<CT, double>) {
-    slope = p.slope_d;
-  } else {
-    slope = p.slope_f;
-  }
-  for (int64_t i = 0; i < n; ++i, g += gs, s += ss, o += os) {
-    const CT x = Load<CT, S>(s);
-    const CT gv = Load<CT, G>(g);
-    StoreVia<Promote(G, S), O>(o, x > 0 ? gv : gv * slope);
+    T r = 0;
+    if (f.whole == Whole::kAllPass) {
+      r = Raw<DT>(g);
+    } else if (f.whole == Whole::kNone) {
+      r = f(Raw<DT>(g), Raw<DT>(s));
+    }
+    PutRaw<DT>(o, r);
   }
 }
 
@@ -188,7 +155,7 @@ void DropoutStrided(const KernelParams& p, const char* g, int64_t gs,
                     const char* s, int64_t, char* o, int64_t os, int64_t n,
                     int64_t bit0) {
   const uint8_t* bits = reinterpret_cast<const uint8_t*>(s);
-  const float scale = p.scale;
+  const DropoutFormula f(p);
   for (int64_t i = 0; i < n; ++i, g += gs, o += os) {
     float r;
     switch (p.dropout_mode) {
@@ -198,15 +165,18 @@ void DropoutStrided(const KernelParams& p, const char* g, int64_t gs,
       case DropoutMode::kCopy:
         r = Load<float, G>(g);
         break;
-      default: {
-        const uint64_t pos = static_cast<uint64_t>(bit0 + i);
-        r = ((bits[pos >> 3] >> (pos & 7)) & 1) ? Load<float, G>(g) * scale
-                                                : 0.0f;
-      }
+      default:
+        r = f(Load<float, G>(g),
+              MaskBit(bits, static_cast<uint64_t>(bit0 + i)));
     }
     StoreVia<G, O>(o, r);
   }
 }
+
+// The compute type of LeakyReluBackward for gradOutput G and self S.
+template <DType G, DType S>
+using LeakyCT =
+    std::conditional_t<Promote(G, S) == DType::kDouble, double, float>;
 
 // ------------------------------------------------------------ the table
 
@@ -236,12 +206,15 @@ constexpr DType kD = DType::kDouble;
 template <DType G, DType S>
 void AddSoftshrink(Table& t) {
   constexpr DType O = Promote(G, S);
-  Add(t, OpKind::kSoftshrinkBackward, G, S, O, &SoftshrinkStrided<G, S, O>);
+  Add(t, OpKind::kSoftshrinkBackward, G, S, O,
+      &BinaryStrided<SoftshrinkFormula, float, G, S, O>);
 }
 
 template <DType G, DType S, DType... Os>
 void AddLeakyOuts(Table& t) {
-  (Add(t, OpKind::kLeakyReluBackward, G, S, Os, &LeakyStrided<G, S, Os>), ...);
+  (Add(t, OpKind::kLeakyReluBackward, G, S, Os,
+       &BinaryStrided<LeakyFormula<LeakyCT<G, S>>, LeakyCT<G, S>, G, S, Os>),
+   ...);
 }
 
 template <DType G, DType... Ss>
@@ -259,9 +232,9 @@ void AddDropout(Table& t) {
 Table BuildTable() {
   Table t;
   constexpr OpKind kThr = OpKind::kThresholdBackward;
-  Add(t, kThr, kF, kF, kF, &ThresholdFloatStrided<kF>);
-  Add(t, kThr, kH, kH, kH, &ThresholdFloatStrided<kH>);
-  Add(t, kThr, kB, kB, kB, &ThresholdFloatStrided<kB>);
+  Add(t, kThr, kF, kF, kF, &BinaryStrided<ThresholdFormula, float, kF, kF, kF>);
+  Add(t, kThr, kH, kH, kH, &BinaryStrided<ThresholdFormula, float, kH, kH, kH>);
+  Add(t, kThr, kB, kB, kB, &BinaryStrided<ThresholdFormula, float, kB, kB, kB>);
   Add(t, kThr, DType::kInt32, DType::kInt32, DType::kInt32,
       &ThresholdIntStrided<DType::kInt32>);
   Add(t, kThr, DType::kInt8, DType::kInt8, DType::kInt8,
@@ -280,9 +253,9 @@ Table BuildTable() {
   AddSoftshrink<kB, kB>(t);
 
   constexpr OpKind kHs = OpKind::kHardswishBackward;
-  Add(t, kHs, kF, kF, kF, &HardswishStrided<kF>);
-  Add(t, kHs, kH, kH, kH, &HardswishStrided<kH>);
-  Add(t, kHs, kB, kB, kB, &HardswishStrided<kB>);
+  Add(t, kHs, kF, kF, kF, &BinaryStrided<HardswishFormula, float, kF, kF, kF>);
+  Add(t, kHs, kH, kH, kH, &BinaryStrided<HardswishFormula, float, kH, kH, kH>);
+  Add(t, kHs, kB, kB, kB, &BinaryStrided<HardswishFormula, float, kB, kB, kB>);
 
   AddLeakySelves<kF, kF, kH, kB, kD>(t);
   AddLeakySelves<kH, kF, kH, kB, kD>(t);

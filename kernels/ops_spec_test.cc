@@ -423,6 +423,60 @@ TEST(SpecBoundaries, ThresholdIntegerSelfComparesExactly) {
   }
 }
 
+// Thresholds whose floor lies outside the integer dtype resolve the whole
+// tensor at once (everything passes, or nothing does), in the SIMD and the
+// strided kernels alike; NaN lets nothing pass (x > NaN is false).
+TEST(SpecBoundaries, ThresholdIntegerSelfWithThresholdsOutsideTheDType) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (DType d : {DType::kInt32, DType::kInt8, DType::kUint8}) {
+    const double lo = d == DType::kUint8  ? 0
+                      : d == DType::kInt8 ? -128
+                                          : -2147483648.0;
+    const double hi = d == DType::kUint8  ? 255
+                      : d == DType::kInt8 ? 127
+                                          : 2147483647.0;
+    const std::vector<double> selves = {lo, 1, 2, hi};
+    const std::vector<double> grads = {5, 6, 7, 8};
+    struct Case {
+      double threshold;
+      std::vector<double> want;
+    };
+    std::vector<Case> cases = {{-inf, grads},          {-1e300, grads},
+                               {-3e9, grads},          {lo, {0, 6, 7, 8}},
+                               {3e9, {0, 0, 0, 0}},    {1e300, {0, 0, 0, 0}},
+                               {inf, {0, 0, 0, 0}},    {nan, {0, 0, 0, 0}}};
+    if (d != DType::kInt32) {
+      // Just outside and at the ends of the range (exact as FLOAT, the
+      // threshold's dtype; INT32's ends are not).
+      cases.insert(cases.end(), {{lo - 0.5, grads},
+                                 {lo - 1, grads},
+                                 {hi - 0.5, {0, 0, 0, 8}},
+                                 {hi, {0, 0, 0, 0}},
+                                 {hi + 0.5, {0, 0, 0, 0}}});
+    }
+    for (const Case& c : cases) {
+      for (bool strided : {false, true}) {
+        const std::vector<int64_t> strides =
+            strided ? std::vector<int64_t>{3} : std::vector<int64_t>{};
+        Tensor self = Make(d, {4}, strides);
+        Tensor grad = Make(d, {4}, strides);
+        for (int64_t i = 0; i < 4; ++i) {
+          self.Set(i, selves[i]);
+          grad.Set(i, grads[i]);
+        }
+        Tensor out = Make(d, {4}, strides);
+        ASSERT_TRUE(Launch(Call(OpKind::kThresholdBackward, grad, self, out,
+                                Threshold(c.threshold)))
+                        .ok());
+        EXPECT_THAT(Values(out), ElementsAreArray(c.want))
+            << DTypeName(d) << " threshold " << c.threshold
+            << (strided ? " strided" : "");
+      }
+    }
+  }
+}
+
 TEST(SpecBoundaries, SoftshrinkAbsEqualToLambdIsZero) {
   Tensor self =
       FromValues(DType::kFloat, {6}, {0.5, -0.5, 0.75, -0.75, kNaN, 0});
