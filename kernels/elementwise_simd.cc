@@ -42,6 +42,32 @@ using BF16 = hwy::bfloat16_t;
 #define OPSERVER_STREAM 0
 #endif
 
+// The SIMD kernels, one line each: operator, dtype (every operand), the
+// per-target function's name and what it runs. Drives the per-target
+// definitions, their dynamic-dispatch exports and SimdContigKernel.
+#ifndef OPSERVER_SIMD_KERNELS
+#define OPSERVER_SIMD_KERNELS(X)                                      \
+  X(ThresholdBackward, Float, ThresholdF32, ThresholdFloat<float>)    \
+  X(ThresholdBackward, Float16, ThresholdF16, ThresholdFloat<F16>)    \
+  X(ThresholdBackward, BFloat16, ThresholdBF16, ThresholdFloat<BF16>) \
+  X(ThresholdBackward, Int32, ThresholdI32, ThresholdInt<int32_t>)    \
+  X(ThresholdBackward, Int8, ThresholdI8, ThresholdInt<int8_t>)       \
+  X(ThresholdBackward, Uint8, ThresholdU8, ThresholdInt<uint8_t>)     \
+  X(SoftshrinkBackward, Float, SoftshrinkF32, Softshrink<float>)      \
+  X(SoftshrinkBackward, Float16, SoftshrinkF16, Softshrink<F16>)      \
+  X(SoftshrinkBackward, BFloat16, SoftshrinkBF16, Softshrink<BF16>)   \
+  X(HardswishBackward, Float, HardswishF32, Hardswish<float>)         \
+  X(HardswishBackward, Float16, HardswishF16, Hardswish<F16>)         \
+  X(HardswishBackward, BFloat16, HardswishBF16, Hardswish<BF16>)      \
+  X(LeakyReluBackward, Float, LeakyF32, Leaky<float>)                 \
+  X(LeakyReluBackward, Float16, LeakyF16, Leaky<F16>)                 \
+  X(LeakyReluBackward, BFloat16, LeakyBF16, Leaky<BF16>)              \
+  X(LeakyReluBackward, Double, LeakyF64, Leaky<double>)               \
+  X(DropoutBackward, Float, DropoutF32, Dropout<float>)               \
+  X(DropoutBackward, Float16, DropoutF16, Dropout<F16>)               \
+  X(DropoutBackward, BFloat16, DropoutBF16, Dropout<BF16>)
+#endif
+
 // ---------------------------------------------------------------- scalar IO
 
 template <class CT, class T>
@@ -370,30 +396,12 @@ void Dropout(const KernelParams& p, const void* gv, const void* sv, void* ov,
   StreamFence(stream);
 }
 
-#define OPSERVER_CONTIG(NAME, FN)                                         \
+#define OPSERVER_CONTIG(OP, DT, NAME, FN)                                 \
   void NAME(const KernelParams& p, const void* g, const void* s, void* o, \
             int64_t n, int64_t bit0, bool stream) {                       \
     FN(p, g, s, o, n, bit0, stream);                                      \
   }
-OPSERVER_CONTIG(ThresholdF32, ThresholdFloat<float>)
-OPSERVER_CONTIG(ThresholdF16, ThresholdFloat<F16>)
-OPSERVER_CONTIG(ThresholdBF16, ThresholdFloat<BF16>)
-OPSERVER_CONTIG(ThresholdI32, ThresholdInt<int32_t>)
-OPSERVER_CONTIG(ThresholdI8, ThresholdInt<int8_t>)
-OPSERVER_CONTIG(ThresholdU8, ThresholdInt<uint8_t>)
-OPSERVER_CONTIG(SoftshrinkF32, Softshrink<float>)
-OPSERVER_CONTIG(SoftshrinkF16, Softshrink<F16>)
-OPSERVER_CONTIG(SoftshrinkBF16, Softshrink<BF16>)
-OPSERVER_CONTIG(HardswishF32, Hardswish<float>)
-OPSERVER_CONTIG(HardswishF16, Hardswish<F16>)
-OPSERVER_CONTIG(HardswishBF16, Hardswish<BF16>)
-OPSERVER_CONTIG(LeakyF32, Leaky<float>)
-OPSERVER_CONTIG(LeakyF16, Leaky<F16>)
-OPSERVER_CONTIG(LeakyBF16, Leaky<BF16>)
-OPSERVER_CONTIG(LeakyF64, Leaky<double>)
-OPSERVER_CONTIG(DropoutF32, Dropout<float>)
-OPSERVER_CONTIG(DropoutF16, Dropout<F16>)
-OPSERVER_CONTIG(DropoutBF16, Dropout<BF16>)
+OPSERVER_SIMD_KERNELS(OPSERVER_CONTIG)
 #undef OPSERVER_CONTIG
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
@@ -406,99 +414,22 @@ HWY_AFTER_NAMESPACE();
 namespace opserver {
 namespace kernels {
 
-#define OPSERVER_EXPORT(NAME)                                              \
+#define OPSERVER_EXPORT(OP, DT, NAME, FN)                                  \
   HWY_EXPORT(NAME);                                                        \
   void Dispatch##NAME(const KernelParams& p, const void* g, const void* s, \
                       void* o, int64_t n, int64_t bit0, bool stream) {     \
     HWY_DYNAMIC_DISPATCH(NAME)(p, g, s, o, n, bit0, stream);               \
   }
-OPSERVER_EXPORT(ThresholdF32)
-OPSERVER_EXPORT(ThresholdF16)
-OPSERVER_EXPORT(ThresholdBF16)
-OPSERVER_EXPORT(ThresholdI32)
-OPSERVER_EXPORT(ThresholdI8)
-OPSERVER_EXPORT(ThresholdU8)
-OPSERVER_EXPORT(SoftshrinkF32)
-OPSERVER_EXPORT(SoftshrinkF16)
-OPSERVER_EXPORT(SoftshrinkBF16)
-OPSERVER_EXPORT(HardswishF32)
-OPSERVER_EXPORT(HardswishF16)
-OPSERVER_EXPORT(HardswishBF16)
-OPSERVER_EXPORT(LeakyF32)
-OPSERVER_EXPORT(LeakyF16)
-OPSERVER_EXPORT(LeakyBF16)
-OPSERVER_EXPORT(LeakyF64)
-OPSERVER_EXPORT(DropoutF32)
-OPSERVER_EXPORT(DropoutF16)
-OPSERVER_EXPORT(DropoutBF16)
+OPSERVER_SIMD_KERNELS(OPSERVER_EXPORT)
 #undef OPSERVER_EXPORT
 
 ContigFn SimdContigKernel(OpKind op, DType dtype) {
-  switch (op) {
-    case OpKind::kThresholdBackward:
-      switch (dtype) {
-        case DType::kFloat:
-          return &DispatchThresholdF32;
-        case DType::kFloat16:
-          return &DispatchThresholdF16;
-        case DType::kBFloat16:
-          return &DispatchThresholdBF16;
-        case DType::kInt32:
-          return &DispatchThresholdI32;
-        case DType::kInt8:
-          return &DispatchThresholdI8;
-        case DType::kUint8:
-          return &DispatchThresholdU8;
-        default:
-          return nullptr;
-      }
-    case OpKind::kSoftshrinkBackward:
-      switch (dtype) {
-        case DType::kFloat:
-          return &DispatchSoftshrinkF32;
-        case DType::kFloat16:
-          return &DispatchSoftshrinkF16;
-        case DType::kBFloat16:
-          return &DispatchSoftshrinkBF16;
-        default:
-          return nullptr;
-      }
-    case OpKind::kHardswishBackward:
-      switch (dtype) {
-        case DType::kFloat:
-          return &DispatchHardswishF32;
-        case DType::kFloat16:
-          return &DispatchHardswishF16;
-        case DType::kBFloat16:
-          return &DispatchHardswishBF16;
-        default:
-          return nullptr;
-      }
-    case OpKind::kLeakyReluBackward:
-      switch (dtype) {
-        case DType::kFloat:
-          return &DispatchLeakyF32;
-        case DType::kFloat16:
-          return &DispatchLeakyF16;
-        case DType::kBFloat16:
-          return &DispatchLeakyBF16;
-        case DType::kDouble:
-          return &DispatchLeakyF64;
-        default:
-          return nullptr;
-      }
-    case OpKind::kDropoutBackward:
-      switch (dtype) {
-        case DType::kFloat:
-          return &DispatchDropoutF32;
-        case DType::kFloat16:
-          return &DispatchDropoutF16;
-        case DType::kBFloat16:
-          return &DispatchDropoutBF16;
-        default:
-          return nullptr;
-      }
+#define OPSERVER_MATCH(OP, DT, NAME, FN)                     \
+  if (op == OpKind::k##OP && dtype == DType::k##DT) {       \
+    return &Dispatch##NAME;                                  \
   }
+  OPSERVER_SIMD_KERNELS(OPSERVER_MATCH)
+#undef OPSERVER_MATCH
   return nullptr;
 }
 
