@@ -44,61 +44,6 @@ const std::vector<DType> kSlopeDTypes = {kF,
                                          DType::kUint8,
                                          DType::kBool};
 
-std::vector<OpInfo> BuildRegistry() {
-  std::vector<OpInfo> ops;
-  ops.push_back(
-      OpInfo{OpKind::kThresholdBackward,
-             "ThresholdBackward",
-             "aclnnThresholdBackward",
-             {{"gradOutput", false, kThresholdDTypes},
-              {"self", false, kThresholdDTypes},
-              {"out", true, kThresholdDTypes}},
-             {{"threshold", "float", {}}},
-             "out = self > threshold ? gradOutput : 0 (NaN self passes); "
-             "gradOutput, self, out same dtype; gradOutput/self broadcast"});
-  ops.push_back(
-      OpInfo{OpKind::kSoftshrinkBackward,
-             "SoftshrinkBackward",
-             "aclnnSoftshrinkBackward",
-             {{"gradOutput", false, kHalfFloatDTypes},
-              {"self", false, kHalfFloatDTypes},
-              {"gradInput", true, kHalfFloatDTypes}},
-             {{"lambd", "float", {}}},
-             "gradInput = |self| > lambd ? gradOutput : 0 (NaN self passes); "
-             "lambd >= 0; gradInput has the promoted dtype; broadcast"});
-  ops.push_back(OpInfo{
-      OpKind::kHardswishBackward,
-      "HardswishBackward",
-      "aclnnHardswishBackward",
-      {{"gradOutput", false, kHalfFloatDTypes},
-       {"self", false, kHalfFloatDTypes},
-       {"out", true, kHalfFloatDTypes}},
-      {},
-      "out = gradOutput * (self < -3 ? 0 : self <= 3 ? self/3 + 0.5 : 1); "
-      "same dtype and shape, no broadcast"});
-  ops.push_back(OpInfo{
-      OpKind::kLeakyReluBackward,
-      "LeakyReluBackward",
-      "aclnnLeakyReluBackward",
-      {{"gradOutput", false, kFloatDTypes},
-       {"self", false, kFloatDTypes},
-       {"out", true, kFloatDTypes}},
-      {{"negativeSlope", "scalar", kSlopeDTypes}, {"selfIsResult", "bool", {}}},
-      "out = self > 0 ? gradOutput : gradOutput * negativeSlope; dtypes "
-      "promoted, cast to out; negativeSlope >= 0 if selfIsResult; broadcast"});
-  ops.push_back(OpInfo{
-      OpKind::kDropoutBackward,
-      "DropoutBackward",
-      "aclnnDropoutBackward",
-      {{"gradOutput", false, kHalfFloatDTypes},
-       {"mask", false, {DType::kUint8}},
-       {"out", true, kFloatDTypes}},
-      {{"scale", "double", {}}},
-      "out = bit i of mask (LSB first) ? gradOutput * scale : 0; mask holds "
-      "align(numel,128)/8 bytes; scale 0 or >= 1 (1 copies)"});
-  return ops;
-}
-
 std::string ShapeStr(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
 }
@@ -212,139 +157,255 @@ std::vector<int64_t> BroadcastByteStrides(const TensorView& t,
   return strides;
 }
 
-// Op-specific argument checks; fill `out_shape`, `params` and the kernel
-// dtypes (g, s, o).
-absl::Status CheckOp(const OpInfo& info, const OpCall& call,
-                     std::vector<int64_t>* out_shape, KernelParams* kp) {
+// ---- Each operator's own checks ----------------------------------------
+// Run after every tensor passed CheckTensor: the op-specific dtype, shape
+// and scalar rules, in the order the exact aclnn status depends on. Each
+// fills the output shape and the kernel's params. Reached through the
+// operator's registry entry (kEntries), never a switch.
+
+using CheckFn = absl::Status (*)(const OpInfo& info, const OpCall& call,
+                                 std::vector<int64_t>* out_shape,
+                                 KernelParams* kp);
+
+// The argument names, in the registry's order.
+struct Names {
+  explicit Names(const OpInfo& info)
+      : g(info.tensors[0].name),
+        s(info.tensors[1].name),
+        o(info.tensors[2].name) {}
+  absl::string_view g, s, o;
+};
+
+// gradOutput in the operator's dtypes, self and out the same dtype.
+absl::Status CheckOneDType(const OpInfo& info, const OpCall& call) {
+  const Names n(info);
+  const TensorView& g = *call.grad_output;
+  absl::Status st = CheckDType(info, g, n.g, info.tensors[0].dtypes);
+  if (st.ok()) st = CheckSameDType(*call.self, n.s, g, n.g);
+  if (st.ok()) st = CheckSameDType(*call.out, n.o, g, n.g);
+  return st;
+}
+
+// out's shape is gradOutput's and self's broadcast shape.
+absl::Status CheckBroadcastOut(const OpInfo& info, const OpCall& call,
+                               std::vector<int64_t>* out_shape) {
+  const Names n(info);
+  absl::Status st =
+      Broadcast(*call.grad_output, n.g, *call.self, n.s, out_shape);
+  if (!st.ok()) return st;
+  return CheckOutShape(
+      *call.out, n.o, *out_shape,
+      absl::StrCat("the broadcast shape of ", n.g, " and ", n.s));
+}
+
+absl::Status CheckThreshold(const OpInfo& info, const OpCall& call,
+                            std::vector<int64_t>* out_shape, KernelParams* kp) {
+  if (absl::Status st = CheckOneDType(info, call); !st.ok()) return st;
+  kp->threshold = static_cast<float>(call.params.threshold);
+  kp->threshold_d = kp->threshold;
+  return CheckBroadcastOut(info, call, out_shape);
+}
+
+absl::Status CheckHardswish(const OpInfo& info, const OpCall& call,
+                            std::vector<int64_t>* out_shape, KernelParams*) {
+  if (absl::Status st = CheckOneDType(info, call); !st.ok()) return st;
+  const Names n(info);
+  const TensorView& g = *call.grad_output;
+  const TensorView& s = *call.self;
+  if (s.shape != g.shape) {
+    return ParamInvalid(absl::StrCat(
+        n.s, " shape ", ShapeStr(s.shape), " must equal ", n.g, " shape ",
+        ShapeStr(g.shape), "; ", info.name, " does not broadcast"));
+  }
+  *out_shape = g.shape;
+  return CheckOutShape(*call.out, n.o, *out_shape, absl::StrCat(n.g, " shape"));
+}
+
+absl::Status CheckSoftshrink(const OpInfo& info, const OpCall& call,
+                             std::vector<int64_t>* out_shape,
+                             KernelParams* kp) {
+  const Names n(info);
   const TensorView& g = *call.grad_output;
   const TensorView& s = *call.self;
   const TensorView& o = *call.out;
-  const absl::string_view g_name = info.tensors[0].name;
-  const absl::string_view s_name = info.tensors[1].name;
-  const absl::string_view o_name = info.tensors[2].name;
-  const OpParams& p = call.params;
-  absl::Status st;
-  switch (call.op) {
-    case OpKind::kThresholdBackward:
-    case OpKind::kHardswishBackward: {
-      const std::vector<DType>& allowed = info.tensors[0].dtypes;
-      if (!(st = CheckDType(info, g, g_name, allowed)).ok()) return st;
-      if (!(st = CheckSameDType(s, s_name, g, g_name)).ok()) return st;
-      if (!(st = CheckSameDType(o, o_name, g, g_name)).ok()) return st;
-      if (call.op == OpKind::kThresholdBackward) {
-        kp->threshold = static_cast<float>(p.threshold);
-        kp->threshold_d = kp->threshold;
-        if (!(st = Broadcast(g, g_name, s, s_name, out_shape)).ok()) return st;
-        return CheckOutShape(
-            o, o_name, *out_shape,
-            absl::StrCat("the broadcast shape of ", g_name, " and ", s_name));
-      }
-      if (s.shape != g.shape) {
-        return ParamInvalid(absl::StrCat(s_name, " shape ", ShapeStr(s.shape),
-                                         " must equal ", g_name, " shape ",
-                                         ShapeStr(g.shape), "; ", info.name,
-                                         " does not broadcast"));
-      }
-      *out_shape = g.shape;
-      return CheckOutShape(o, o_name, *out_shape,
-                           absl::StrCat(g_name, " shape"));
-    }
-    case OpKind::kSoftshrinkBackward: {
-      if (!(st = CheckDType(info, g, g_name, kHalfFloatDTypes)).ok()) return st;
-      if (!(st = CheckDType(info, s, s_name, kHalfFloatDTypes)).ok()) return st;
-      const DType promoted = Promote(g.dtype, s.dtype);
-      if (o.dtype != promoted) {
-        return ParamInvalid(
-            absl::StrCat(o_name, " has dtype ", DTypeName(o.dtype),
-                         " but the promoted "
-                         "dtype of ",
-                         g_name, " (", DTypeName(g.dtype), ") and ", s_name,
-                         " (", DTypeName(s.dtype), ") is ", DTypeName(promoted),
-                         "; they must match"));
-      }
-      if (std::isnan(p.lambd) || p.lambd < 0) {
-        return ParamInvalid(absl::StrCat("lambd must be >= 0, got ", p.lambd));
-      }
-      kp->lambd = static_cast<float>(p.lambd);
-      if (!(st = Broadcast(g, g_name, s, s_name, out_shape)).ok()) return st;
-      return CheckOutShape(
-          o, o_name, *out_shape,
-          absl::StrCat("the broadcast shape of ", g_name, " and ", s_name));
-    }
-    case OpKind::kLeakyReluBackward: {
-      if (!(st = CheckDType(info, g, g_name, kFloatDTypes)).ok()) return st;
-      if (!(st = CheckDType(info, s, s_name, kFloatDTypes)).ok()) return st;
-      if (!IsFloating(o.dtype)) {
-        return ParamInvalid(absl::StrCat(
-            o_name, " has dtype ", DTypeName(o.dtype),
-            "; the promoted result (", DTypeName(Promote(g.dtype, s.dtype)),
-            ") can only be cast to ", DTypeList(kFloatDTypes)));
-      }
-      const Scalar& slope = p.negative_slope;
-      if (!Contains(kSlopeDTypes, slope.dtype)) {
-        return ParamInvalid(absl::StrCat(
-            "negativeSlope has dtype ", DTypeName(slope.dtype), "; ", info.name,
-            " supports ", DTypeList(kSlopeDTypes)));
-      }
-      const double v = slope.AsDouble();
-      if (p.self_is_result && v < 0) {
-        return ParamInvalid(absl::StrCat(
-            "negativeSlope must be >= 0 when selfIsResult is true, got ", v));
-      }
-      kp->slope_d = v;
-      kp->slope_f = static_cast<float>(v);
-      if (!(st = Broadcast(g, g_name, s, s_name, out_shape)).ok()) return st;
-      return CheckOutShape(
-          o, o_name, *out_shape,
-          absl::StrCat("the broadcast shape of ", g_name, " and ", s_name));
-    }
-    case OpKind::kDropoutBackward: {
-      if (!(st = CheckDType(info, g, g_name, kHalfFloatDTypes)).ok()) return st;
-      if (s.dtype != DType::kUint8) {
-        return ParamInvalid(absl::StrCat(
-            s_name, " has dtype ", DTypeName(s.dtype), "; it must be UINT8"));
-      }
-      if (!IsFloating(o.dtype)) {
-        return ParamInvalid(
-            absl::StrCat(o_name, " has dtype ", DTypeName(o.dtype), "; ",
-                         g_name, " (", DTypeName(g.dtype),
-                         ") can only be cast to ", DTypeList(kFloatDTypes)));
-      }
-      if (std::isnan(p.scale) || (p.scale != 0 && p.scale < 1)) {
-        return ParamInvalid(absl::StrCat(
-            "scale must be 0 or >= 1 (it is 1/(1-p)), got ", p.scale));
-      }
-      const int64_t numel = NumElements(g);
-      // align(numel, 128) / 8 without overflowing for numel near 2^63.
-      const int64_t need = numel / 128 * 16 + (numel % 128 != 0 ? 16 : 0);
-      const int64_t have = NumElements(s);
-      if (have != need) {
-        return ParamInvalid(absl::StrCat(
-            s_name, " has ", have, " elements; a ", g_name, " of ", numel,
-            " elements needs align(", numel, ", 128) / 8 = ", need));
-      }
-      if (p.scale == 0) {
-        kp->dropout_mode = DropoutMode::kZero;
-      } else if (p.scale == 1) {
-        kp->dropout_mode = DropoutMode::kCopy;
-      } else {
-        kp->dropout_mode = DropoutMode::kScale;
-        kp->scale = static_cast<float>(p.scale);
-      }
-      *out_shape = g.shape;
-      return CheckOutShape(o, o_name, *out_shape,
-                           absl::StrCat(g_name, " shape"));
-    }
+  absl::Status st = CheckDType(info, g, n.g, kHalfFloatDTypes);
+  if (st.ok()) st = CheckDType(info, s, n.s, kHalfFloatDTypes);
+  if (!st.ok()) return st;
+  const DType promoted = Promote(g.dtype, s.dtype);
+  if (o.dtype != promoted) {
+    return ParamInvalid(absl::StrCat(
+        n.o, " has dtype ", DTypeName(o.dtype), " but the promoted dtype of ",
+        n.g, " (", DTypeName(g.dtype), ") and ", n.s, " (", DTypeName(s.dtype),
+        ") is ", DTypeName(promoted), "; they must match"));
   }
-  return AclnnError(kAclnnErrInner, absl::StatusCode::kInternal,
-                    "unknown operator");
+  const double lambd = call.params.lambd;
+  if (std::isnan(lambd) || lambd < 0) {
+    return ParamInvalid(absl::StrCat("lambd must be >= 0, got ", lambd));
+  }
+  kp->lambd = static_cast<float>(lambd);
+  return CheckBroadcastOut(info, call, out_shape);
+}
+
+absl::Status CheckLeakyRelu(const OpInfo& info, const OpCall& call,
+                            std::vector<int64_t>* out_shape, KernelParams* kp) {
+  const Names n(info);
+  const TensorView& g = *call.grad_output;
+  const TensorView& s = *call.self;
+  const TensorView& o = *call.out;
+  absl::Status st = CheckDType(info, g, n.g, kFloatDTypes);
+  if (st.ok()) st = CheckDType(info, s, n.s, kFloatDTypes);
+  if (!st.ok()) return st;
+  if (!IsFloating(o.dtype)) {
+    return ParamInvalid(absl::StrCat(
+        n.o, " has dtype ", DTypeName(o.dtype), "; the promoted result (",
+        DTypeName(Promote(g.dtype, s.dtype)), ") can only be cast to ",
+        DTypeList(kFloatDTypes)));
+  }
+  const Scalar& slope = call.params.negative_slope;
+  if (!Contains(kSlopeDTypes, slope.dtype)) {
+    return ParamInvalid(absl::StrCat("negativeSlope has dtype ",
+                                     DTypeName(slope.dtype), "; ", info.name,
+                                     " supports ", DTypeList(kSlopeDTypes)));
+  }
+  const double v = slope.AsDouble();
+  if (call.params.self_is_result && v < 0) {
+    return ParamInvalid(absl::StrCat(
+        "negativeSlope must be >= 0 when selfIsResult is true, got ", v));
+  }
+  kp->slope_d = v;
+  kp->slope_f = static_cast<float>(v);
+  return CheckBroadcastOut(info, call, out_shape);
+}
+
+absl::Status CheckDropout(const OpInfo& info, const OpCall& call,
+                          std::vector<int64_t>* out_shape, KernelParams* kp) {
+  const Names n(info);
+  const TensorView& g = *call.grad_output;
+  const TensorView& s = *call.self;
+  const TensorView& o = *call.out;
+  const double scale = call.params.scale;
+  if (absl::Status st = CheckDType(info, g, n.g, kHalfFloatDTypes); !st.ok()) {
+    return st;
+  }
+  if (s.dtype != DType::kUint8) {
+    return ParamInvalid(absl::StrCat(n.s, " has dtype ", DTypeName(s.dtype),
+                                     "; it must be UINT8"));
+  }
+  if (!IsFloating(o.dtype)) {
+    return ParamInvalid(absl::StrCat(
+        n.o, " has dtype ", DTypeName(o.dtype), "; ", n.g, " (",
+        DTypeName(g.dtype), ") can only be cast to ", DTypeList(kFloatDTypes)));
+  }
+  if (std::isnan(scale) || (scale != 0 && scale < 1)) {
+    return ParamInvalid(
+        absl::StrCat("scale must be 0 or >= 1 (it is 1/(1-p)), got ", scale));
+  }
+  const int64_t numel = NumElements(g);
+  // align(numel, 128) / 8 without overflowing for numel near 2^63.
+  const int64_t need = numel / 128 * 16 + (numel % 128 != 0 ? 16 : 0);
+  const int64_t have = NumElements(s);
+  if (have != need) {
+    return ParamInvalid(absl::StrCat(n.s, " has ", have, " elements; a ", n.g,
+                                     " of ", numel, " elements needs align(",
+                                     numel, ", 128) / 8 = ", need));
+  }
+  if (scale == 0) {
+    kp->dropout_mode = DropoutMode::kZero;
+  } else if (scale == 1) {
+    kp->dropout_mode = DropoutMode::kCopy;
+  } else {
+    kp->dropout_mode = DropoutMode::kScale;
+    kp->scale = static_cast<float>(scale);
+  }
+  *out_shape = g.shape;
+  return CheckOutShape(o, n.o, *out_shape, absl::StrCat(n.g, " shape"));
+}
+
+// ---- The registry: one entry per operator, in OpKind order --------------
+
+struct OpEntry {
+  OpInfo info;
+  CheckFn check;
+};
+
+std::vector<OpEntry> BuildEntries() {
+  std::vector<OpEntry> ops;
+  ops.push_back(OpEntry{
+      OpInfo{OpKind::kThresholdBackward,
+             "ThresholdBackward",
+             "aclnnThresholdBackward",
+             {{"gradOutput", false, kThresholdDTypes},
+              {"self", false, kThresholdDTypes},
+              {"out", true, kThresholdDTypes}},
+             {{"threshold", "float", {}}},
+             "out = self > threshold ? gradOutput : 0 (NaN self passes); "
+             "gradOutput, self, out same dtype; gradOutput/self broadcast"},
+      &CheckThreshold});
+  ops.push_back(OpEntry{
+      OpInfo{OpKind::kSoftshrinkBackward,
+             "SoftshrinkBackward",
+             "aclnnSoftshrinkBackward",
+             {{"gradOutput", false, kHalfFloatDTypes},
+              {"self", false, kHalfFloatDTypes},
+              {"gradInput", true, kHalfFloatDTypes}},
+             {{"lambd", "float", {}}},
+             "gradInput = |self| > lambd ? gradOutput : 0 (NaN self passes); "
+             "lambd >= 0; gradInput has the promoted dtype; broadcast"},
+      &CheckSoftshrink});
+  ops.push_back(OpEntry{
+      OpInfo{
+          OpKind::kHardswishBackward,
+          "HardswishBackward",
+          "aclnnHardswishBackward",
+          {{"gradOutput", false, kHalfFloatDTypes},
+           {"self", false, kHalfFloatDTypes},
+           {"out", true, kHalfFloatDTypes}},
+          {},
+          "out = gradOutput * (self < -3 ? 0 : self <= 3 ? self/3 + 0.5 : 1); "
+          "same dtype and shape, no broadcast"},
+      &CheckHardswish});
+  ops.push_back(OpEntry{
+      OpInfo{OpKind::kLeakyReluBackward,
+             "LeakyReluBackward",
+             "aclnnLeakyReluBackward",
+             {{"gradOutput", false, kFloatDTypes},
+              {"self", false, kFloatDTypes},
+              {"out", true, kFloatDTypes}},
+             {{"negativeSlope", "scalar", kSlopeDTypes},
+              {"selfIsResult", "bool", {}}},
+             "out = self > 0 ? gradOutput : gradOutput * negativeSlope; dtypes "
+             "promoted, cast to out; negativeSlope >= 0 if selfIsResult; "
+             "broadcast"},
+      &CheckLeakyRelu});
+  ops.push_back(
+      OpEntry{OpInfo{OpKind::kDropoutBackward,
+                     "DropoutBackward",
+                     "aclnnDropoutBackward",
+                     {{"gradOutput", false, kHalfFloatDTypes},
+                      {"mask", false, {DType::kUint8}},
+                      {"out", true, kFloatDTypes}},
+                     {{"scale", "double", {}}},
+                     "out = bit i of mask (LSB first) ? gradOutput * scale : "
+                     "0; mask holds "
+                     "align(numel,128)/8 bytes; scale 0 or >= 1 (1 copies)"},
+              &CheckDropout});
+  return ops;
+}
+
+const std::vector<OpEntry>& Entries() {
+  static const std::vector<OpEntry>* const entries =
+      new std::vector<OpEntry>(BuildEntries());
+  return *entries;
 }
 
 }  // namespace
 
 const std::vector<OpInfo>& OpRegistry() {
-  static const std::vector<OpInfo>* const registry =
-      new std::vector<OpInfo>(BuildRegistry());
+  static const std::vector<OpInfo>* const registry = [] {
+    auto* infos = new std::vector<OpInfo>;
+    for (const OpEntry& entry : Entries()) infos->push_back(entry.info);
+    return infos;
+  }();
   return *registry;
 }
 
@@ -378,7 +439,8 @@ absl::StatusOr<Plan> PrepareOp(const OpCall& call) {
     if (!st.ok()) return st;
   }
   Plan plan;
-  if (absl::Status st = CheckOp(info, call, &plan.out_shape_, &plan.params_);
+  if (absl::Status st = Entries()[op_index].check(info, call, &plan.out_shape_,
+                                                  &plan.params_);
       !st.ok()) {
     return st;
   }
