@@ -7,16 +7,9 @@ opctl="$2"
 helper="$3"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 
-"$opserver" --listen=127.0.0.1:0 --threads=2 >"$tmp/server.out" 2>"$tmp/server.err" &
-pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
-port=""
-for _ in $(seq 100); do
-  port=$(sed -n 's/^listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p' "$tmp/server.out")
-  [[ -n "$port" ]] && break
-  sleep 0.1
-done
-[[ -n "$port" ]] || { echo "FAIL: server did not start" >&2; exit 1; }
+source tests/server_lib.sh
+trap stop_opserver EXIT
+start_opserver "$tmp/server.out" "$tmp/server.err" "$opserver" --threads=2 || exit 1
 stats() { "$opctl" --server="127.0.0.1:$port" stats; }
 
 OPSERVER_ADDRESS="127.0.0.1:$port" "$helper" >"$tmp/helper.out" 2>&1 &

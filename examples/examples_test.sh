@@ -14,16 +14,9 @@ tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 failures=0
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
 
-"$opserver" --listen=127.0.0.1:0 --threads=2 >"$tmp/server.out" 2>"$tmp/server.err" &
-pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
-port=""
-for _ in $(seq 100); do
-  port=$(sed -n 's/^listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p' "$tmp/server.out")
-  [[ -n "$port" ]] && break
-  sleep 0.1
-done
-[[ -n "$port" ]] || { echo "FAIL: server did not start: $(cat "$tmp/server.err")" >&2; exit 1; }
+source tests/server_lib.sh
+trap stop_opserver EXIT
+start_opserver "$tmp/server.out" "$tmp/server.err" "$opserver" --threads=2 || exit 1
 export OPSERVER_ADDRESS="127.0.0.1:$port"
 
 expected() {

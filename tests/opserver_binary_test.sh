@@ -8,17 +8,12 @@ tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 failures=0
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
 
+source tests/server_lib.sh
+
 # Starts the server on a free port; sets pid and port.
 start_server() {
-  "$opserver" --listen=127.0.0.1:0 "$@" >"$tmp/out" 2>"$tmp/err" &
-  pid=$!
-  port=""
-  for _ in $(seq 100); do
-    port=$(sed -n 's/^listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p' "$tmp/out")
-    [[ -n "$port" ]] && return 0
-    sleep 0.1
-  done
-  fail "no 'listening on' line; stderr: $(cat "$tmp/err")"
+  start_opserver "$tmp/out" "$tmp/err" "$opserver" "$@" && return 0
+  failures=$((failures + 1))
   return 1
 }
 

@@ -23,16 +23,9 @@ rm -rf "$HOME" "$BUF_CACHE_DIR"
 mkdir -p "$HOME" "$BUF_CACHE_DIR"
 [[ -z "$(ls -A "$BUF_CACHE_DIR")" ]] || fail "buf's cache directory is not empty at start"
 
-"$opserver" --listen=127.0.0.1:0 >"$tmp/out" 2>"$tmp/err" &
-pid=$!
-trap 'kill $pid 2>/dev/null' EXIT
-port=""
-for _ in $(seq 100); do
-  port=$(sed -n 's/^listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p' "$tmp/out")
-  [[ -n "$port" ]] && break
-  sleep 0.1
-done
-[[ -n "$port" ]] || { echo "FAIL: server did not start: $(cat "$tmp/err")" >&2; exit 1; }
+source tests/server_lib.sh
+trap stop_opserver EXIT
+start_opserver "$tmp/out" "$tmp/err" "$opserver" || exit 1
 url="http://127.0.0.1:$port"
 bufcurl() { "$buf" curl --protocol grpc --http2-prior-knowledge "$@"; }
 

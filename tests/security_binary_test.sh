@@ -29,18 +29,11 @@ echo "$alice" >"$tmp/alice.token"
 echo "$wrong" >"$tmp/wrong.token"
 echo "$carol" >"$tmp/carol.token"
 
-"$opserver" --listen=127.0.0.1:0 --tls_cert_file="$certs/server.pem" \
+source tests/server_lib.sh
+trap stop_opserver EXIT
+start_opserver "$tmp/out" "$tmp/err" "$opserver" --tls_cert_file="$certs/server.pem" \
   --tls_key_file="$certs/server.key" --tls_client_ca_file="$certs/ca.pem" \
-  --auth_token_file="$tmp/tokens" >"$tmp/out" 2>"$tmp/err" &
-pid=$!
-trap 'kill $pid 2>/dev/null' EXIT
-port=""
-for _ in $(seq 100); do
-  port=$(sed -n 's/^listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p' "$tmp/out")
-  [[ -n "$port" ]] && break
-  sleep 0.1
-done
-[[ -n "$port" ]] || { echo "FAIL: server did not start: $(cat "$tmp/err")" >&2; exit 1; }
+  --auth_token_file="$tmp/tokens" || exit 1
 
 # opctl: TLS flags plus --token_file.
 tls=(--tls_ca_file="$certs/ca.pem" --tls_cert_file="$certs/client.pem" --tls_key_file="$certs/client.key")
