@@ -1,5 +1,6 @@
-// The five backward operators: their table, argument checks, planning and
-// launch. This is the kernels library's entry point for the server.
+// The five backward operators on the CPU: planning (after Validate, see
+// validate.h) and launch. This is the kernels library's entry point for
+// the server.
 //
 //   OpCall call{OpKind::kThresholdBackward, grad, self, out, params};
 //   absl::StatusOr<Plan> plan = PrepareOp(call);    // GetWorkspaceSize
@@ -24,58 +25,9 @@
 #include "kernels/scalar.h"
 #include "kernels/tensor.h"
 #include "kernels/thread_pool.h"
+#include "kernels/validate.h"
 
 namespace opserver::kernels {
-
-// One tensor argument of an operator, in call order.
-struct TensorArgInfo {
-  absl::string_view name;  // "gradOutput", "self", "mask", "out", ...
-  bool is_output = false;
-  std::vector<DType> dtypes;  // Every dtype the argument may have.
-};
-
-// One non-tensor argument, in call order.
-struct ScalarArgInfo {
-  absl::string_view name;  // "threshold", "negativeSlope", "scale", ...
-  // "float" (an aclScalar of dtype FLOAT), "scalar" (an aclScalar of any
-  // dtype in `dtypes`), "bool" or "double" (plain host values).
-  absl::string_view type;
-  std::vector<DType> dtypes;  // Only for type "scalar".
-};
-
-struct OpInfo {
-  OpKind kind;
-  absl::string_view name;        // "ThresholdBackward"
-  absl::string_view aclnn_name;  // "aclnnThresholdBackward"
-  std::vector<TensorArgInfo> tensors;
-  std::vector<ScalarArgInfo> scalars;
-  absl::string_view description;  // One line of semantics.
-};
-
-// All operators, in OpKind order.
-const std::vector<OpInfo>& OpRegistry();
-// By name ("ThresholdBackward") or aclnn name ("aclnnThresholdBackward");
-// nullptr when unknown.
-const OpInfo* FindOp(absl::string_view name);
-const OpInfo& GetOpInfo(OpKind kind);
-
-struct OpParams {
-  double threshold = 0;         // ThresholdBackward (used as FLOAT).
-  double lambd = 0.5;           // SoftshrinkBackward (used as FLOAT).
-  Scalar negative_slope;        // LeakyReluBackward.
-  bool self_is_result = false;  // LeakyReluBackward.
-  double scale = 1;             // DropoutBackward.
-};
-
-// One operator call. `self` holds the mask for DropoutBackward and `out`
-// is gradInput for SoftshrinkBackward. A missing tensor is 161001.
-struct OpCall {
-  OpKind op = OpKind::kThresholdBackward;
-  std::optional<TensorView> grad_output;
-  std::optional<TensorView> self;
-  std::optional<TensorView> out;
-  OpParams params;
-};
 
 // A checked call with its iteration plan (aclnn's executor). Holds the
 // call's data pointers and uses them as they are at RunPlan time.

@@ -1,0 +1,129 @@
+#include "kernels/validate.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/aclnn_status.h"
+#include "kernels/ops.h"
+
+namespace opserver::kernels {
+namespace {
+
+using ::testing::ElementsAre;
+
+// Validate answers what GetWorkspaceSize promises with no device and no
+// kernels; PrepareOp (the CPU planner) must agree with it exactly, since a
+// client answers GetWorkspaceSize from Validate alone.
+
+TensorView View(DType dtype, std::vector<int64_t> shape, void* data,
+                std::vector<int64_t> strides = {}) {
+  TensorView t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.strides = std::move(strides);
+  t.data = data;
+  return t;
+}
+
+OpCall Dropout(const TensorView& g, const TensorView& mask,
+               const TensorView& out, double scale) {
+  OpCall call;
+  call.op = OpKind::kDropoutBackward;
+  call.grad_output = g;
+  call.self = mask;
+  call.out = out;
+  call.params.scale = scale;
+  return call;
+}
+
+TEST(Validate, BroadcastShapeAndParams) {
+  std::vector<float> g(6), s(3), o(6);
+  OpCall call;
+  call.op = OpKind::kThresholdBackward;
+  call.grad_output = View(DType::kFloat, {2, 3}, g.data());
+  call.self = View(DType::kFloat, {3}, s.data());
+  call.out = View(DType::kFloat, {2, 3}, o.data());
+  call.params.threshold = 1.5;
+  absl::StatusOr<ValidCall> v = Validate(call);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_THAT(v->out_shape, ElementsAre(2, 3));
+  EXPECT_EQ(v->workspace_size, 0u);
+  EXPECT_EQ(v->params.threshold, 1.5f);
+}
+
+TEST(Validate, WorkspaceHoldsANonContiguousMaskUnlessEmpty) {
+  std::vector<float> g(256), o(256);
+  std::vector<uint8_t> mask(64);
+  // 32 mask bytes, every other one of 64: not contiguous, gathered.
+  const OpCall strided =
+      Dropout(View(DType::kFloat, {256}, g.data()),
+              View(DType::kUint8, {32}, mask.data(), {2}),
+              View(DType::kFloat, {256}, o.data()), 2.0);
+  absl::StatusOr<ValidCall> v = Validate(strided);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->workspace_size, 32u);
+  absl::StatusOr<Plan> plan = PrepareOp(strided);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->workspace_size(), v->workspace_size);
+  // Contiguous: none.
+  const OpCall contiguous =
+      Dropout(View(DType::kFloat, {256}, g.data()),
+              View(DType::kUint8, {32}, mask.data()),
+              View(DType::kFloat, {256}, o.data()), 2.0);
+  v = Validate(contiguous);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->workspace_size, 0u);
+  // Empty: nothing to gather, whatever the mask's layout.
+  const OpCall empty = Dropout(View(DType::kFloat, {0}, g.data()),
+                               View(DType::kUint8, {0}, mask.data(), {2}),
+                               View(DType::kFloat, {0}, o.data()), 2.0);
+  v = Validate(empty);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->workspace_size, 0u);
+  plan = PrepareOp(empty);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->workspace_size(), 0u);
+}
+
+TEST(Validate, SameStatusAsThePlanner) {
+  std::vector<float> g(4), o(4);
+  std::vector<uint8_t> mask(16);
+  const std::vector<OpCall> bad = {
+      // Missing tensor: 161001.
+      [&] {
+        OpCall c = Dropout(View(DType::kFloat, {4}, g.data()),
+                           View(DType::kUint8, {16}, mask.data()),
+                           View(DType::kFloat, {4}, o.data()), 2.0);
+        c.self.reset();
+        return c;
+      }(),
+      // Null data: 161001.
+      Dropout(View(DType::kFloat, {4}, nullptr),
+              View(DType::kUint8, {16}, mask.data()),
+              View(DType::kFloat, {4}, o.data()), 2.0),
+      // Wrong mask size, bad scale, out overlapping itself: 161002.
+      Dropout(View(DType::kFloat, {4}, g.data()),
+              View(DType::kUint8, {8}, mask.data()),
+              View(DType::kFloat, {4}, o.data()), 2.0),
+      Dropout(View(DType::kFloat, {4}, g.data()),
+              View(DType::kUint8, {16}, mask.data()),
+              View(DType::kFloat, {4}, o.data()), 0.5),
+      Dropout(View(DType::kFloat, {4}, g.data()),
+              View(DType::kUint8, {16}, mask.data()),
+              View(DType::kFloat, {4}, o.data(), {0}), 2.0),
+  };
+  const int want[] = {161001, 161001, 161002, 161002, 161002};
+  for (size_t i = 0; i < bad.size(); ++i) {
+    absl::StatusOr<ValidCall> v = Validate(bad[i]);
+    absl::StatusOr<Plan> plan = PrepareOp(bad[i]);
+    ASSERT_FALSE(v.ok()) << i;
+    ASSERT_FALSE(plan.ok()) << i;
+    EXPECT_EQ(GetAclnnStatus(v.status()), want[i]) << i << v.status();
+    EXPECT_EQ(v.status(), plan.status()) << i;
+  }
+}
+
+}  // namespace
+}  // namespace opserver::kernels
