@@ -5,25 +5,17 @@
 # grpcurl's part on these machines.
 set -uo pipefail
 opserver="$1"
-buf="${OPSERVER_TOOLS:-/opt/opserver/tools}/node_modules/.bin/buf"
-if [[ ! -x "$buf" ]]; then
-  echo "FAIL: buf not found at $buf; run scripts/install-deps.sh" >&2
-  exit 1
-fi
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 failures=0
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+source tests/server_lib.sh
 
-# buf keeps a cache under $HOME/.cache (read-only inside Bazel's sandbox).
-# Give it a home and a cache of its own under $TEST_TMPDIR, empty at start,
-# so this test passes on a machine where buf never ran, and prove below that
-# it really used that empty cache and nothing the real $HOME holds.
-export HOME="$tmp/home" XDG_CACHE_HOME="$tmp/home/.cache" BUF_CACHE_DIR="$tmp/buf-cache"
-rm -rf "$HOME" "$BUF_CACHE_DIR"
-mkdir -p "$HOME" "$BUF_CACHE_DIR"
+# buf gets a home and a cache of its own under $TEST_TMPDIR, empty at start;
+# prove below that it really used that empty cache and nothing the real
+# $HOME holds.
+use_buf "$tmp" || exit 1
 [[ -z "$(ls -A "$BUF_CACHE_DIR")" ]] || fail "buf's cache directory is not empty at start"
 
-source tests/server_lib.sh
 trap stop_opserver EXIT
 start_opserver "$tmp/out" "$tmp/err" "$opserver" || exit 1
 url="http://127.0.0.1:$port"

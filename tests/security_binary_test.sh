@@ -6,17 +6,11 @@ set -uo pipefail
 opserver="$1"
 opctl="$2"
 gen_certs="$3"
-buf="${OPSERVER_TOOLS:-/opt/opserver/tools}/node_modules/.bin/buf"
-if [[ ! -x "$buf" ]]; then
-  echo "FAIL: buf not found at $buf; run scripts/install-deps.sh" >&2
-  exit 1
-fi
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 failures=0
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
-# buf's cache must live under $TEST_TMPDIR (see reflection_test.sh).
-export HOME="$tmp/home" XDG_CACHE_HOME="$tmp/home/.cache" BUF_CACHE_DIR="$tmp/buf-cache"
-mkdir -p "$HOME" "$BUF_CACHE_DIR"
+source tests/server_lib.sh
+use_buf "$tmp" || exit 1
 
 certs="$tmp/certs"
 "$gen_certs" "$certs" || { echo "FAIL: gen_certs.sh" >&2; exit 1; }
@@ -29,7 +23,6 @@ echo "$alice" >"$tmp/alice.token"
 echo "$wrong" >"$tmp/wrong.token"
 echo "$carol" >"$tmp/carol.token"
 
-source tests/server_lib.sh
 trap stop_opserver EXIT
 start_opserver "$tmp/out" "$tmp/err" "$opserver" --tls_cert_file="$certs/server.pem" \
   --tls_key_file="$certs/server.key" --tls_client_ca_file="$certs/ca.pem" \

@@ -32,3 +32,22 @@ stop_opserver() {
   fi
   return 0
 }
+
+# use_buf DIR
+# Sets `buf` to the `buf` CLI scripts/install-deps.sh installs (it plays
+# grpcurl's part on these machines) and gives it a HOME and a cache of its
+# own under DIR, empty at start: buf keeps a cache under $HOME/.cache
+# (read-only inside Bazel's sandbox), and a test must pass on a machine
+# where buf never ran. Returns 1, saying why, when buf is missing.
+use_buf() {
+  local dir=$1
+  buf="${OPSERVER_TOOLS:-/opt/opserver/tools}/node_modules/.bin/buf"
+  if [[ ! -x "$buf" ]]; then
+    echo "FAIL: buf not found at $buf; run scripts/install-deps.sh" >&2
+    return 1
+  fi
+  export HOME="$dir/home" XDG_CACHE_HOME="$dir/home/.cache"
+  export BUF_CACHE_DIR="$dir/buf-cache"
+  rm -rf "$HOME" "$BUF_CACHE_DIR"
+  mkdir -p "$HOME" "$BUF_CACHE_DIR"
+}
