@@ -2,6 +2,7 @@
 
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -43,15 +44,37 @@ std::shared_ptr<StreamThreads> StreamThreads::Default() {
   return *threads;
 }
 
+// Guarded by the stream's State::mu.
+struct Stream::GateState {
+  std::function<void()> reached;
+  std::function<void()> cancelled;
+  bool released = false;    // The Gate is gone.
+  bool forced = false;      // Opened by Cancel.
+  bool holding = false;     // It holds the stream (State::busy).
+  bool in_reached = false;  // `reached` runs now; opening waits for it.
+};
+
 struct Stream::State {
   State(size_t max, std::shared_ptr<StreamThreads> group)
       : max_queued(max), threads(std::move(group)) {}
 
-  // One queue entry: a task (work, droppable) or a callback (always runs).
+  // One queue entry: a task (work, droppable), a callback (always runs) or
+  // a gate (see Hold).
   struct Item {
     Task task;
     std::function<void()> callback;
+    std::shared_ptr<GateState> gate;
   };
+
+  // Lets the stream go on once `gate` no longer holds it: released or
+  // forced open, and its `reached` callback has returned.
+  void OpenIfDoneLocked(GateState& gate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (gate.holding && !gate.in_reached && (gate.released || gate.forced)) {
+      gate.holding = false;
+      holder = nullptr;
+      busy = false;
+    }
+  }
 
   // Claims the stream for the caller when idle; then the caller runs work
   // inline and calls Release().
@@ -89,8 +112,11 @@ struct Stream::State {
   bool cancelled ABSL_GUARDED_BY(mu) = false;
   // Tasks dropped by Cancel that no Synchronize has reported yet.
   bool dropped ABSL_GUARDED_BY(mu) = false;
-  // An item (queued or inline) is running; the thread waits for it.
+  // An item (queued or inline) is running, or a gate holds the stream; the
+  // thread waits for it.
   bool busy ABSL_GUARDED_BY(mu) = false;
+  // The gate holding the stream, if any.
+  std::shared_ptr<GateState> holder ABSL_GUARDED_BY(mu);
   absl::Status first_error;
 };
 
@@ -129,7 +155,25 @@ void Stream::Loop(std::shared_ptr<State> state) {
       item = std::move(state->queue.front());
       state->queue.pop_front();
       if (item.task) --state->queued_tasks;
+      // A gate whose transfer ended before reaching the stream holds
+      // nothing.
+      if (item.gate != nullptr && item.gate->released) continue;
       state->busy = true;
+      if (item.gate != nullptr) {
+        item.gate->holding = true;
+        item.gate->in_reached = true;
+        state->holder = item.gate;
+      }
+    }
+    if (item.gate != nullptr) {
+      // The stream stays busy until the gate opens (not when this returns).
+      std::function<void()> reached = std::move(item.gate->reached);
+      reached();
+      reached = nullptr;
+      absl::MutexLock lock(&state->mu);
+      item.gate->in_reached = false;
+      state->OpenIfDoneLocked(*item.gate);
+      continue;
     }
     if (item.task) {
       state->Record(item.task());
@@ -197,6 +241,49 @@ void Stream::WhenReached(std::function<void()> reached) {
   s.queue.push_back(State::Item{nullptr, std::move(reached)});
 }
 
+absl::Status Stream::Hold(const std::shared_ptr<Gate>& gate,
+                          std::function<void()> reached,
+                          std::function<void()> cancelled) {
+  auto held = std::make_shared<GateState>();
+  held->cancelled = std::move(cancelled);
+  State& s = *state_;
+  {
+    absl::MutexLock lock(&s.mu);
+    if (s.cancelled) {
+      return absl::CancelledError(
+          "the stream was destroyed or its session closed");
+    }
+    gate->stream_ = state_;
+    gate->state_ = held;
+    if (s.busy || !s.queue.empty()) {
+      held->reached = std::move(reached);
+      s.queue.push_back(State::Item{nullptr, nullptr, std::move(held)});
+      return absl::OkStatus();
+    }
+    // Idle: the gate holds the stream from now on.
+    s.busy = true;
+    held->holding = true;
+    held->in_reached = true;
+    s.holder = held;
+  }
+  reached();
+  reached = nullptr;
+  absl::MutexLock lock(&s.mu);
+  held->in_reached = false;
+  s.OpenIfDoneLocked(*held);
+  return absl::OkStatus();
+}
+
+Stream::Gate::~Gate() {
+  if (stream_ == nullptr) return;
+  std::function<void()> reached, cancelled;  // Destroyed outside the lock.
+  absl::MutexLock lock(&stream_->mu);
+  state_->released = true;
+  if (!state_->in_reached) reached = std::move(state_->reached);
+  cancelled = std::move(state_->cancelled);
+  stream_->OpenIfDoneLocked(*state_);
+}
+
 absl::Status Stream::SynchronizeAndWait() {
   absl::Notification notification;
   absl::Status result;
@@ -209,19 +296,34 @@ absl::Status Stream::SynchronizeAndWait() {
 }
 
 void Stream::Cancel() {
+  // A `cancelled` callback may end the last user of this Stream object.
+  const std::shared_ptr<State> state = state_;
   std::deque<State::Item> dropped;  // Destroyed outside the lock.
+  std::vector<std::function<void()>> notify;
   {
-    absl::MutexLock lock(&state_->mu);
-    State& s = *state_;
+    absl::MutexLock lock(&state->mu);
+    State& s = *state;
     s.cancelled = true;
     std::deque<State::Item> kept;
     for (State::Item& item : s.queue) {
-      (item.task ? dropped : kept).push_back(std::move(item));
+      if (item.task) s.dropped = true;
+      if (item.gate != nullptr && item.gate->cancelled) {
+        notify.push_back(std::move(item.gate->cancelled));
+      }
+      (item.callback ? kept : dropped).push_back(std::move(item));
     }
     s.queue = std::move(kept);
     s.queued_tasks = 0;
-    if (!dropped.empty()) s.dropped = true;
+    // Nothing runs on a cancelled stream any more, so the holding transfer
+    // no longer orders anything: the stream goes on now (teardown must not
+    // wait for a stalled client), and the transfer is ended.
+    if (std::shared_ptr<GateState> holder = s.holder; holder != nullptr) {
+      holder->forced = true;
+      if (holder->cancelled) notify.push_back(std::move(holder->cancelled));
+      s.OpenIfDoneLocked(*holder);
+    }
   }
+  for (std::function<void()>& cancelled : notify) cancelled();
 }
 
 absl::Status Stream::CheckRoom() const {

@@ -58,6 +58,7 @@ class StreamThreads {
 class Stream {
  public:
   using Task = std::function<absl::Status()>;
+  class Gate;
 
   // `max_queued` = 0: unbounded (for tests and in-process users).
   // `threads` (null = StreamThreads::Default()) counts this stream's thread
@@ -86,6 +87,22 @@ class Stream {
   // not consume the sticky error. Used to order transfers after compute.
   void WhenReached(std::function<void()> reached);
 
+  // Holds the stream for the length of a transfer (review finding 12): once
+  // everything queued before this call has run, `reached` is called and
+  // the stream stays busy, so work queued after the gate waits, until
+  // `gate` is destroyed (whoever holds the last reference: the transfer, or
+  // the zero-copy slices it sent). A gate destroyed before it is reached is
+  // skipped. Cancel() opens every gate (no more work runs on a cancelled
+  // stream) and calls `cancelled` for those whose transfer still holds them,
+  // so the transfer ends instead of pinning its session; `reached` then
+  // never runs for a gate still queued. Both callbacks run on the stream's
+  // thread, the Cancel caller's or, when the stream is idle, at once on
+  // this caller's (so the caller must not hold a lock they take). CANCELLED
+  // (and nothing is called) when the stream was cancelled already.
+  absl::Status Hold(const std::shared_ptr<Gate>& gate,
+                    std::function<void()> reached,
+                    std::function<void()> cancelled);
+
   // Blocking form of Synchronize, for callers off the RPC threads.
   absl::Status SynchronizeAndWait();
 
@@ -104,10 +121,28 @@ class Stream {
 
  private:
   struct State;
+  struct GateState;
   static void Loop(std::shared_ptr<State> state);
 
   // Shared with the thread, which may outlive the Stream object.
   std::shared_ptr<State> state_;
+};
+
+// A transfer's hold on its stream (see Stream::Hold); destroying the last
+// reference releases it. Thread-safe.
+class Stream::Gate {
+ public:
+  Gate() = default;
+  ~Gate();
+  Gate(const Gate&) = delete;
+  Gate& operator=(const Gate&) = delete;
+
+ private:
+  friend class Stream;
+  // Set once by Hold, before anyone else can see the gate through the
+  // stream.
+  std::shared_ptr<State> stream_;
+  std::shared_ptr<GateState> state_;
 };
 
 }  // namespace opserver

@@ -214,5 +214,89 @@ TEST(StreamTest, QueueIsBounded) {
   EXPECT_TRUE(stream.Enqueue([] { return absl::OkStatus(); }).ok());
 }
 
+// Finding 12: work queued after a gate waits until the gate is released,
+// not merely until it is reached.
+TEST(StreamTest, GateHoldsLaterWorkUntilReleased) {
+  Stream stream;
+  absl::Notification blocker;
+  Enq(stream, [&] {
+    blocker.WaitForNotification();
+    return absl::OkStatus();
+  });
+  auto gate = std::make_shared<Stream::Gate>();
+  std::atomic<bool> reached{false}, cancelled{false}, after{false};
+  ASSERT_TRUE(stream
+                  .Hold(gate, [&] { reached = true; },
+                        [&] { cancelled = true; })
+                  .ok());
+  Enq(stream, [&] {
+    after = true;
+    return absl::OkStatus();
+  });
+  EXPECT_FALSE(reached.load());  // Behind the blocker.
+  blocker.Notify();
+  while (!reached.load()) absl::SleepFor(absl::Milliseconds(1));
+  // Reached and held: the later task must not run, however long we wait.
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(after.load());
+  EXPECT_TRUE(stream.busy());
+  gate.reset();
+  EXPECT_TRUE(stream.SynchronizeAndWait().ok());
+  EXPECT_TRUE(after.load());
+  EXPECT_FALSE(cancelled.load());
+}
+
+TEST(StreamTest, IdleStreamIsHeldAtOnceAndAReleasedGateIsSkipped) {
+  Stream stream;
+  auto first = std::make_shared<Stream::Gate>();
+  bool reached_inline = false;
+  ASSERT_TRUE(
+      stream.Hold(first, [&] { reached_inline = true; }, [] {}).ok());
+  EXPECT_TRUE(reached_inline);
+  // Queued behind `first`, then given up before it is reached.
+  auto second = std::make_shared<Stream::Gate>();
+  std::atomic<bool> second_reached{false};
+  ASSERT_TRUE(stream.Hold(second, [&] { second_reached = true; }, [] {}).ok());
+  second.reset();
+  first.reset();
+  EXPECT_TRUE(stream.SynchronizeAndWait().ok());
+  EXPECT_FALSE(second_reached.load());
+  EXPECT_FALSE(stream.busy());
+}
+
+// Finding 5(c): a stalled transfer's gate never wedges teardown: Cancel
+// opens it and tells the transfer, and a cancelled stream refuses gates.
+TEST(StreamTest, CancelOpensGatesAndTellsTheirTransfers) {
+  Stream stream;
+  auto held = std::make_shared<Stream::Gate>();
+  auto queued = std::make_shared<Stream::Gate>();
+  std::atomic<int> cancelled{0};
+  std::atomic<bool> queued_reached{false};
+  ASSERT_TRUE(stream.Hold(held, [] {}, [&] { ++cancelled; }).ok());
+  ASSERT_TRUE(stream
+                  .Hold(queued, [&] { queued_reached = true; },
+                        [&] { ++cancelled; })
+                  .ok());
+  stream.Cancel();
+  EXPECT_EQ(cancelled.load(), 2);
+  // The stream goes on although both gates are still referenced.
+  EXPECT_TRUE(stream.SynchronizeAndWait().ok());
+  EXPECT_FALSE(queued_reached.load());
+  auto late = std::make_shared<Stream::Gate>();
+  EXPECT_EQ(stream.Hold(late, [] {}, [] {}).code(),
+            absl::StatusCode::kCancelled);
+}
+
+TEST(StreamTest, DestroyingAStreamWithAHeldGateDoesNotWait) {
+  auto gate = std::make_shared<Stream::Gate>();
+  std::atomic<bool> cancelled{false};
+  {
+    Stream stream;
+    ASSERT_TRUE(stream.Hold(gate, [] {}, [&] { cancelled = true; }).ok());
+  }
+  EXPECT_TRUE(cancelled.load());
+  gate.reset();  // After the stream: still fine.
+}
+
 }  // namespace
 }  // namespace opserver
