@@ -81,6 +81,10 @@ ABSL_FLAG(bool, reflection_without_auth, false,
 ABSL_FLAG(bool, allow_insecure, false,
           "Serve a non-loopback --listen address without TLS and "
           "authentication anyway.");
+ABSL_FLAG(int, transfer_idle_timeout_s, 60,
+          "An Upload or Download that moves no data for this long (its "
+          "client stopped sending or reading) is ended with "
+          "DEADLINE_EXCEEDED, releasing its stream and buffer.");
 ABSL_FLAG(int, shutdown_grace_ms, 5000,
           "On SIGINT/SIGTERM, how long in-flight calls may finish before "
           "they are cancelled.");
@@ -140,6 +144,8 @@ int main(int argc, char** argv) {
   options.reflection_without_auth =
       absl::GetFlag(FLAGS_reflection_without_auth);
   options.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
+  options.transfer_limits.idle_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_transfer_idle_timeout_s));
   options.shutdown_grace =
       absl::Milliseconds(std::max(0, absl::GetFlag(FLAGS_shutdown_grace_ms)));
 

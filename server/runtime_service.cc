@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -206,37 +207,160 @@ absl::Status ParseUploadRequest(grpc::ByteBuffer* message,
 
 }  // namespace
 
+// What a transfer call shares with those that may end it early: its
+// stream's gate callbacks and the idle watchdog, which may run after the
+// call is gone. They reach the call only through `call`, under `mu`, which
+// is also the call's own lock.
+struct RuntimeService::TransferLink {
+  absl::Mutex mu;
+  Transfer* call ABSL_GUARDED_BY(mu) = nullptr;
+};
+
+// Common to Upload and Download: the hold on the stream (review finding
+// 12: a transfer occupies its stream from start to end, so later work on
+// that stream waits for it), the idle clock, and being ended early by
+// CloseSession, DestroyStream, the idle timeout or cancellation (finding
+// 5c: a stalled transfer must not pin a closed session). Members are
+// guarded by link_->mu; a session reference is never dropped under it (a
+// session's teardown cancels its streams, which takes that lock).
+class RuntimeService::Transfer {
+ public:
+  virtual ~Transfer() = default;
+
+  // The work queued before the transfer has run: move data.
+  virtual void GateReachedLocked() = 0;
+  // Ends the call with `why`, now or when the operation in flight returns.
+  virtual void AbortLocked(const absl::Status& why) = 0;
+  // True when the call has waited on its client (not on its stream) for
+  // longer than `timeout`.
+  bool IdleLocked(absl::Time now, absl::Duration timeout) const {
+    return !finished_ && abort_.ok() && !waiting_ &&
+           now - last_progress_ > timeout;
+  }
+
+ protected:
+  explicit Transfer(RuntimeService* service)
+      : service_(service), link_(service->AddTransfer(this)) {}
+
+  // From OnDone: no callback reaches the call after this.
+  void Unlink() {
+    {
+      absl::MutexLock lock(&link_->mu);
+      link_->call = nullptr;
+    }
+    service_->RemoveTransfer(link_);
+  }
+
+  // Queues the gate that orders the transfer on `stream` and holds it until
+  // `gate` is gone. Called without link_->mu (the gate may be reached at
+  // once, on this thread).
+  absl::Status HoldStream(Stream& stream,
+                          const std::shared_ptr<Stream::Gate>& gate) {
+    std::shared_ptr<TransferLink> link = link_;
+    return stream.Hold(
+        gate,
+        [link] {
+          absl::MutexLock lock(&link->mu);
+          if (link->call != nullptr) link->call->GateReachedLocked();
+        },
+        [link] {
+          absl::MutexLock lock(&link->mu);
+          if (link->call != nullptr) {
+            link->call->AbortLocked(absl::CancelledError(
+                "transfer ended: its stream was destroyed or its session "
+                "closed"));
+          }
+        });
+  }
+
+  RuntimeService* const service_;
+  const std::shared_ptr<TransferLink> link_;
+  bool finished_ = false;
+  // Waiting for the work queued before it: not idle.
+  bool waiting_ = false;
+  absl::Time last_progress_ = absl::Now();
+  // Why the call is being ended, once an abort waits for an operation.
+  absl::Status abort_;
+  std::shared_ptr<Stream::Gate> gate_;
+  std::shared_ptr<Session> session_;
+  std::shared_ptr<Buffer> buffer_;
+};
+
 // Upload: the header is taken from the first message; data is copied from
 // the received wire slices straight into the buffer, message by message,
-// after the work queued on the stream before the upload.
+// after the work queued on the stream before the upload, which the upload
+// holds until its last byte is in.
 class RuntimeService::Uploader final
-    : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+    : public grpc::ServerReadReactor<grpc::ByteBuffer>,
+      public Transfer {
  public:
   Uploader(RuntimeService* service, grpc::CallbackServerContext* context,
            grpc::ByteBuffer* response)
-      : service_(service), context_(context), response_(response) {
+      : Transfer(service), context_(context), response_(response) {
+    absl::MutexLock lock(&link_->mu);
     StartRead(&message_);
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {
-      FinishWith(EndOfInput());
-      return;
+    std::shared_ptr<Stream> stream;
+    std::shared_ptr<Stream::Gate> gate;
+    {
+      absl::MutexLock lock(&link_->mu);
+      if (finished_) return;
+      last_progress_ = absl::Now();
+      if (!ok) {
+        FinishLocked(EndOfInput());
+        return;
+      }
+      if (buffer_ != nullptr) {
+        WriteAndReadOnLocked();
+        return;
+      }
+      absl::StatusOr<std::shared_ptr<Stream>> target = StartFromHeaderLocked();
+      if (!target.ok()) {
+        FinishLocked(target.status());
+        return;
+      }
+      stream = *std::move(target);
+      gate = gate_ = std::make_shared<Stream::Gate>();
+      waiting_ = true;
     }
-    if (buffer_ == nullptr) {
-      // On success the stream callback writes this message's data and reads
-      // on; it may already be running, so nothing here touches members now.
-      absl::Status header = StartFromHeader();
-      if (!header.ok()) FinishWith(header);
-      return;
+    // The gate callback writes this message's data and reads on. The call
+    // cannot end while this reaction runs, so `this` stays valid.
+    absl::Status held = HoldStream(*stream, gate);
+    if (!held.ok()) {
+      absl::MutexLock lock(&link_->mu);
+      FinishLocked(held);
     }
-    WriteAndReadOn();
   }
 
-  void OnDone() override { delete this; }
+  void GateReachedLocked() override {
+    waiting_ = false;
+    if (finished_) return;
+    last_progress_ = absl::Now();
+    WriteAndReadOnLocked();
+  }
+
+  // A read may be pending: finishing ends it too (gRPC completes it).
+  void AbortLocked(const absl::Status& why) override { FinishLocked(why); }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&link_->mu);
+    FinishLocked(absl::CancelledError(
+        "upload cancelled (by the client, or the server is shutting down)"));
+  }
+
+  void OnDone() override {
+    Unlink();
+    delete this;
+  }
 
  private:
-  void FinishWith(const absl::Status& status) {
+  void FinishLocked(const absl::Status& status) {
+    if (finished_) return;
+    finished_ = true;
+    // The last byte is in (or never will be): the stream goes on.
+    gate_.reset();
     if (status.ok()) {
       v1::UploadResponse response;
       response.set_bytes_written(written_);
@@ -250,17 +374,19 @@ class RuntimeService::Uploader final
     Finish(ToGrpcStatus(status, context_));
   }
 
-  void WriteAndReadOn() {
-    absl::Status status = Write();
+  void WriteAndReadOnLocked() {
+    absl::Status status = WriteLocked();
     if (!status.ok()) {
-      FinishWith(status);
+      FinishLocked(status);
     } else {
       message_.Clear();
       StartRead(&message_);
     }
   }
 
-  absl::Status StartFromHeader() {
+  // Resolves the header (the first message) and returns the stream to
+  // order the upload on.
+  absl::StatusOr<std::shared_ptr<Stream>> StartFromHeaderLocked() {
     v1::UploadRequest header;
     absl::Status parsed = ParseUploadRequest(
         &message_, &header,
@@ -279,14 +405,11 @@ class RuntimeService::Uploader final
     buffer_ = target->buffer;
     offset_ = header.offset();
     size_ = header.size();
-    // Order after the stream's queued work. The call cannot finish before
-    // the callback runs (no read is pending), so `this` stays alive.
-    target->stream->WhenReached([this] { WriteAndReadOn(); });
-    return absl::OkStatus();
+    return target->stream;
   }
 
   // Copies the data of `message_` into the buffer.
-  absl::Status Write() {
+  absl::Status WriteLocked() {
     Device* device = service_->device_;
     absl::Status status = ParseUploadRequest(
         &message_, nullptr,
@@ -334,13 +457,10 @@ class RuntimeService::Uploader final
     return absl::OkStatus();
   }
 
-  RuntimeService* const service_;
   grpc::CallbackServerContext* const context_;
   grpc::ByteBuffer* const response_;
   grpc::ByteBuffer message_;
   std::string staging_;  // Only for devices the host cannot address.
-  std::shared_ptr<Session> session_;
-  std::shared_ptr<Buffer> buffer_;
   uint64_t offset_ = 0;
   uint64_t size_ = 0;
   uint64_t written_ = 0;
@@ -349,31 +469,105 @@ class RuntimeService::Uploader final
 // Download: after the work queued on the stream before it, streams the
 // range in chunks. Each DownloadResponse is built by hand on the wire: a
 // few header bytes followed by a slice that points into the device buffer
-// itself (kept alive by the slice), so no copy of the data is made before
-// the socket write.
+// itself, so no copy of the data is made before the socket write. Each
+// such slice holds the buffer and the stream's gate: the stream stays held
+// until gRPC is done with the last view of the buffer.
 class RuntimeService::Downloader final
-    : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+    : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
+      public Transfer {
  public:
   Downloader(RuntimeService* service, grpc::CallbackServerContext* context,
              const grpc::ByteBuffer* request)
-      : service_(service), context_(context) {
-    absl::Status status = Start(request);
-    if (!status.ok()) Finish(ToGrpcStatus(status, context_));
+      : Transfer(service), context_(context) {
+    std::shared_ptr<Stream> stream;
+    std::shared_ptr<Stream::Gate> gate;
+    {
+      absl::MutexLock lock(&link_->mu);
+      absl::StatusOr<std::shared_ptr<Stream>> target = StartLocked(request);
+      if (!target.ok()) {
+        FinishLocked(target.status());
+        return;
+      }
+      stream = *std::move(target);
+      gate = gate_ = std::make_shared<Stream::Gate>();
+      waiting_ = true;
+    }
+    // Nothing gRPC does for the call reaches the reactor before this
+    // constructor has returned it, so `this` stays valid.
+    absl::Status held = HoldStream(*stream, gate);
+    if (!held.ok()) {
+      absl::MutexLock lock(&link_->mu);
+      FinishLocked(held);
+    }
   }
 
   void OnWriteDone(bool ok) override {
-    if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED,
-                          "download cancelled by the client"));
+    absl::MutexLock lock(&link_->mu);
+    writing_ = false;
+    if (finished_) return;
+    if (!abort_.ok()) {
+      FinishLocked(abort_);
       return;
     }
-    WriteNext();
+    if (!ok) {
+      FinishLocked(absl::CancelledError("download cancelled by the client"));
+      return;
+    }
+    last_progress_ = absl::Now();
+    WriteNextLocked();
   }
 
-  void OnDone() override { delete this; }
+  void GateReachedLocked() override {
+    waiting_ = false;
+    if (finished_) return;
+    last_progress_ = absl::Now();
+    WriteNextLocked();
+  }
+
+  void AbortLocked(const absl::Status& why) override {
+    if (finished_ || !abort_.ok()) return;
+    if (!writing_) {
+      FinishLocked(why);
+      return;
+    }
+    // A write a client does not read never completes, and a status could
+    // only follow it: cancel the call, which completes the write.
+    abort_ = why;
+    context_->TryCancel();
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&link_->mu);
+    AbortLocked(absl::CancelledError(
+        "download cancelled (by the client, or the server is shutting "
+        "down)"));
+  }
+
+  void OnDone() override {
+    Unlink();
+    delete this;
+  }
 
  private:
-  absl::Status Start(const grpc::ByteBuffer* raw) {
+  // What a zero-copy slice keeps alive until gRPC is done with it.
+  struct SliceHold {
+    std::shared_ptr<Buffer> buffer;
+    std::shared_ptr<Stream::Gate> gate;
+  };
+  static void ReleaseSlice(void* hold) {
+    delete static_cast<SliceHold*>(hold);
+  }
+
+  void FinishLocked(const absl::Status& status) {
+    if (finished_) return;
+    finished_ = true;
+    // Slices still in gRPC's hands keep holding the stream.
+    gate_.reset();
+    Finish(ToGrpcStatus(status, context_));
+  }
+
+  absl::StatusOr<std::shared_ptr<Stream>> StartLocked(
+      const grpc::ByteBuffer* raw) {
     v1::DownloadRequest request;
     grpc::ByteBuffer copy(*raw);  // Shares the slices.
     if (!grpc::SerializationTraits<v1::DownloadRequest>::Deserialize(&copy,
@@ -389,25 +583,16 @@ class RuntimeService::Downloader final
     buffer_ = target->buffer;
     next_ = request.offset();
     end_ = request.offset() + request.size();
-    // No write is pending until the callback runs, so the call cannot
-    // finish (and `this` cannot go away) before it.
-    target->stream->WhenReached([this] { WriteNext(); });
-    return absl::OkStatus();
+    return target->stream;
   }
 
-  // The slice owns a reference to the buffer until gRPC is done with it.
-  static void ReleaseBuffer(void* holder) {
-    delete static_cast<std::shared_ptr<Buffer>*>(holder);
-  }
-
-  void WriteNext() {
+  void WriteNextLocked() {
     if (next_ == end_) {
-      Finish(grpc::Status::OK);
+      FinishLocked(absl::OkStatus());
       return;
     }
     if (context_->IsCancelled()) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED,
-                          "download cancelled by the client"));
+      FinishLocked(absl::CancelledError("download cancelled by the client"));
       return;
     }
     const uint64_t n = std::min(end_ - next_, service_->limits_.chunk_bytes);
@@ -420,8 +605,8 @@ class RuntimeService::Downloader final
     char* source = static_cast<char*>(buffer_->data()) + next_;
     grpc::Slice data_slice;
     if (void* host = service_->device_->HostAddress(source); host != nullptr) {
-      data_slice = grpc::Slice(host, n, &Downloader::ReleaseBuffer,
-                               new std::shared_ptr<Buffer>(buffer_));
+      data_slice = grpc::Slice(host, n, &Downloader::ReleaseSlice,
+                               new SliceHold{buffer_, gate_});
     } else {
       std::string staging(n, '\0');
       service_->device_->CopyFromDevice(staging.data(), source, n);
@@ -432,15 +617,14 @@ class RuntimeService::Downloader final
     message_ = grpc::ByteBuffer(slices, 2);
     next_ += n;
     session_->Touch();
+    writing_ = true;
     StartWrite(&message_);
   }
 
-  RuntimeService* const service_;
   grpc::CallbackServerContext* const context_;
-  std::shared_ptr<Session> session_;
-  std::shared_ptr<Buffer> buffer_;
   uint64_t next_ = 0;
   uint64_t end_ = 0;
+  bool writing_ = false;
   grpc::ByteBuffer message_;
 };
 
@@ -450,9 +634,61 @@ RuntimeService::RuntimeService(Device* device, SessionManager* sessions,
     : device_(device),
       sessions_(sessions),
       limits_(limits),
-      authenticator_(authenticator) {}
+      authenticator_(authenticator),
+      watchdog_([this] { WatchTransfers(); }) {}
 
-RuntimeService::~RuntimeService() = default;
+RuntimeService::~RuntimeService() {
+  {
+    absl::MutexLock lock(&mu_);
+    destroying_ = true;
+  }
+  watchdog_.join();
+}
+
+std::shared_ptr<RuntimeService::TransferLink> RuntimeService::AddTransfer(
+    Transfer* transfer) {
+  auto link = std::make_shared<TransferLink>();
+  {
+    absl::MutexLock lock(&link->mu);
+    link->call = transfer;
+  }
+  absl::MutexLock lock(&mu_);
+  transfers_.insert(link);
+  return link;
+}
+
+void RuntimeService::RemoveTransfer(const std::shared_ptr<TransferLink>& link) {
+  absl::MutexLock lock(&mu_);
+  transfers_.erase(link);
+}
+
+void RuntimeService::WatchTransfers() {
+  const absl::Duration timeout = limits_.idle_timeout;
+  const absl::Duration tick = std::clamp(timeout / 4, absl::Milliseconds(10),
+                                         absl::Seconds(1));
+  const absl::Status expired = absl::DeadlineExceededError(absl::StrCat(
+      "transfer ended: no data moved for ", absl::FormatDuration(timeout),
+      " (--transfer_idle_timeout_s); the client stopped sending or reading"));
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    mu_.AwaitWithTimeout(absl::Condition(&destroying_), tick);
+    if (destroying_) return;
+    std::vector<std::shared_ptr<TransferLink>> links(transfers_.begin(),
+                                                     transfers_.end());
+    // Transfers are ended outside mu_: ending one takes its own lock and
+    // its stream's.
+    mu_.Unlock();
+    const absl::Time now = absl::Now();
+    for (const std::shared_ptr<TransferLink>& link : links) {
+      absl::MutexLock call_lock(&link->mu);
+      if (link->call != nullptr && link->call->IdleLocked(now, timeout)) {
+        link->call->AbortLocked(expired);
+      }
+    }
+    links.clear();
+    mu_.Lock();
+  }
+}
 
 void RuntimeService::Shutdown() {
   absl::MutexLock lock(&mu_);

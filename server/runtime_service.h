@@ -2,10 +2,13 @@
 #define OPSERVER_SERVER_RUNTIME_SERVICE_H_
 
 #include <cstdint>
+#include <memory>
 #include <set>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "proto/opserver.grpc.pb.h"
 #include "server/auth.h"
 #include "server/device.h"
@@ -20,6 +23,10 @@ struct TransferLimits {
   uint64_t max_message_bytes = 64ull << 20;
   // Most values one WriteValues/ReadValues/Evaluate tensor may carry.
   uint32_t max_values = 1u << 20;
+  // An Upload or Download that moves no data for this long (its client
+  // neither sends nor reads) is ended with DEADLINE_EXCEEDED, so a stalled
+  // client cannot hold its stream, buffer and session (review finding 5c).
+  absl::Duration idle_timeout = absl::Seconds(60);
 };
 
 // Upload and Download are served on raw gRPC byte buffers: the data field
@@ -41,7 +48,8 @@ class RuntimeService final : public RuntimeServiceBase {
   ~RuntimeService() override;
 
   // Ends every Attach stream (without closing its session) so the server's
-  // shutdown does not wait on them. Idempotent.
+  // shutdown does not wait on them. Idempotent. Transfers in flight may
+  // finish within the shutdown grace; gRPC cancels the rest.
   void Shutdown();
 
   grpc::ServerUnaryReactor* GetDeviceInfo(
@@ -104,6 +112,8 @@ class RuntimeService final : public RuntimeServiceBase {
 
  private:
   class Attacher;
+  struct TransferLink;
+  class Transfer;
   class Uploader;
   class Downloader;
 
@@ -128,6 +138,14 @@ class RuntimeService final : public RuntimeServiceBase {
     return CallerIdentity(context, authenticator_);
   }
 
+  // Registers a live Upload/Download for the idle watchdog (and returns the
+  // link through which it can be ended); RemoveTransfer from its OnDone.
+  std::shared_ptr<TransferLink> AddTransfer(Transfer* transfer);
+  void RemoveTransfer(const std::shared_ptr<TransferLink>& link);
+  // Ends transfers idle for longer than limits_.idle_timeout; runs on
+  // watchdog_ until the service is destroyed.
+  void WatchTransfers();
+
   Device* const device_;
   SessionManager* const sessions_;
   const TransferLimits limits_;
@@ -136,6 +154,9 @@ class RuntimeService final : public RuntimeServiceBase {
   absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::set<Attacher*> attachers_ ABSL_GUARDED_BY(mu_);
+  std::set<std::shared_ptr<TransferLink>> transfers_ ABSL_GUARDED_BY(mu_);
+  bool destroying_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread watchdog_;
 };
 
 // Checks that [offset, offset + size) lies inside `buffer_size` bytes without

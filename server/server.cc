@@ -31,6 +31,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
         "below --max_message_bytes (",
         transfer.max_message_bytes, ")"));
   }
+  if (transfer.idle_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "--transfer_idle_timeout_s must be positive");
+  }
   if (transfer.max_message_bytes > (1ull << 31) - 1) {
     return absl::InvalidArgumentError(
         "--max_message_bytes: gRPC messages are limited to 2 GiB - 1");

@@ -525,12 +525,22 @@ void SessionManager::ReaperLoop() {
         }
       }
     }
+    std::vector<std::shared_ptr<Session>> reaped;
     for (const std::string& id : idle) {
-      BuryLocked(UnlistLocked(sessions_.find(id)));
+      auto it = sessions_.find(id);
+      reaped.push_back(it->second);
+      BuryLocked(UnlistLocked(it));
     }
     if (!idle.empty()) {
       // Logged outside the lock: a stalled stderr must not stall lookups.
       mu_.Unlock();
+      // As for Close: a transfer that started after the idle check would
+      // otherwise hold the reaped session (review finding 5c); cancelling
+      // its stream ends it.
+      for (const std::shared_ptr<Session>& session : reaped) {
+        session->CancelWork();
+      }
+      reaped.clear();
       for (const std::string& id : idle) {
         LogLine(absl::StrCat("session ", id, " closed: idle for ",
                              absl::FormatDuration(limits_.idle_timeout)));

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -160,6 +161,24 @@ class HardeningTest : public ::testing::Test {
     return executor;
   }
 
+  // ThresholdBackward (threshold 0): out = self > 0 ? gradOutput : 0.
+  uint64_t MustPlanThreshold(const std::string& session,
+                             const v1::TensorDesc& grad,
+                             const v1::TensorDesc& self,
+                             const v1::TensorDesc& out) {
+    v1::GetWorkspaceSizeRequest request;
+    request.set_session(session);
+    request.set_op("ThresholdBackward");
+    (*request.mutable_tensors())["gradOutput"] = grad;
+    (*request.mutable_tensors())["self"] = self;
+    (*request.mutable_tensors())["out"] = out;
+    v1::GetWorkspaceSizeResponse response;
+    Result r = Rpc(
+        [&](auto* c) { return ops_->GetWorkspaceSize(c, request, &response); });
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    return response.executor();
+  }
+
   Result SetRepeatable(const std::string& session, uint64_t executor) {
     v1::SetExecutorRepeatableRequest request;
     request.set_session(session);
@@ -249,6 +268,36 @@ class HardeningTest : public ::testing::Test {
     }
   }
 
+  // Waits (a bounded while) until `stream` of `session` holds work, e.g. a
+  // transfer that has reached it. Looks inside the server: the client has no
+  // way to see when the server has taken an upload's header.
+  void WaitUntilStreamBusy(const std::string& session, uint64_t stream = 0) {
+    for (int i = 0; i < 2000; ++i) {
+      auto found = server_->sessions().Get(session, "anonymous");
+      ASSERT_TRUE(found.ok()) << found.status();
+      auto queue = (*found)->GetStream(stream);
+      ASSERT_TRUE(queue.ok()) << queue.status();
+      if ((*queue)->busy()) return;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+
+  // Polls GetServerStats until no buffer memory is held (a bounded while);
+  // returns the last figure.
+  uint64_t WaitForNoBufferBytes() {
+    uint64_t bytes = 1;
+    for (int i = 0; i < 1000 && bytes != 0; ++i) {
+      v1::ServerStats stats;
+      EXPECT_TRUE(Rpc([&](auto* c) {
+                    return runtime_->GetServerStats(
+                        c, v1::GetServerStatsRequest(), &stats);
+                  }).status.ok());
+      bytes = stats.buffer_bytes();
+      if (bytes != 0) absl::SleepFor(absl::Milliseconds(10));
+    }
+    return bytes;
+  }
+
   std::unique_ptr<Server> server_;
   std::unique_ptr<v1::Runtime::Stub> runtime_;
   std::unique_ptr<v1::Operators::Stub> ops_;
@@ -288,6 +337,81 @@ grpc::Status RawUpload(const std::shared_ptr<grpc::Channel>& channel,
   while (cq.Next(&tag, &ok)) {
   }
   return status;
+}
+
+// One Upload call driven by hand: messages go out one at a time, so a test
+// can stop after the header (a stalled client) and go on later.
+class PausedUpload {
+ public:
+  explicit PausedUpload(const std::shared_ptr<grpc::Channel>& channel)
+      : stub_(channel) {
+    context_.set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+    call_ = stub_.PrepareCall(&context_, "/opserver.v1.Runtime/Upload", &cq_);
+    call_->StartCall(Tag(1));
+    writable_ = Next();
+  }
+  ~PausedUpload() {
+    if (!finished_) {
+      context_.TryCancel();
+      Finish();
+    }
+  }
+
+  // False once the call is broken (the server ended it).
+  bool Send(const std::string& bytes) {
+    if (!writable_) return false;
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer buffer(&slice, 1);
+    call_->Write(buffer, Tag(2));
+    writable_ = Next();
+    return writable_;
+  }
+
+  // Half-closes (when still writable, unless told not to: a stalled client)
+  // and waits for the server's status.
+  grpc::Status Finish(bool half_close = true) {
+    void* tag;
+    bool ok;
+    if (writable_ && half_close) {
+      call_->WritesDone(Tag(3));
+      Next();
+    }
+    grpc::ByteBuffer reply;
+    call_->Read(&reply, Tag(4));
+    Next();
+    grpc::Status status;
+    call_->Finish(&status, Tag(5));
+    Next();
+    cq_.Shutdown();
+    while (cq_.Next(&tag, &ok)) {
+    }
+    finished_ = true;
+    return status;
+  }
+
+ private:
+  static void* Tag(intptr_t n) { return reinterpret_cast<void*>(n); }
+  bool Next() {
+    void* tag;
+    bool ok = false;
+    return cq_.Next(&tag, &ok) && ok;
+  }
+
+  grpc::GenericStub stub_;
+  grpc::CompletionQueue cq_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call_;
+  bool writable_ = false;
+  bool finished_ = false;
+};
+
+std::string FloatBytes(int count, float value) {
+  std::string bytes(count * sizeof(float), '\0');
+  for (int i = 0; i < count; ++i) {
+    std::memcpy(&bytes[i * sizeof(float)], &value, sizeof(float));
+  }
+  return bytes;
 }
 
 // Finding 1: a data length of 2^31 in an Upload's second message crashed the
@@ -672,6 +796,240 @@ TEST_F(HardeningTest, Finding17_ConfigurationCannotWrap) {
                                                &info);
               }).status.ok());
   EXPECT_EQ(info.limits().max_values(), ((1u << 20) - 1024) / 8);
+}
+
+// Finding 12: an upload occupies its stream until its last byte is in, so a
+// kernel queued on that stream after the upload started reads the uploaded
+// data, not what was there before.
+TEST_F(HardeningTest, Finding12_KernelsWaitForAnUploadOnTheirStream) {
+  Start(Options());
+  const std::string s = NewSession();
+  const uint64_t in = MustMalloc(s, 64), out = MustMalloc(s, 64);
+  const uint64_t executor = MustPlanThreshold(
+      s, Desc(in, v1::FLOAT, {16}), Desc(in, v1::FLOAT, {16}),
+      Desc(out, v1::FLOAT, {16}));
+  v1::UploadRequest header;
+  header.set_session(s);
+  header.set_buffer(in);
+  header.set_size(64);
+  PausedUpload upload(grpc::CreateChannel(
+      server_->address(), grpc::InsecureChannelCredentials()));
+  ASSERT_TRUE(upload.Send(header.SerializeAsString()));
+  WaitUntilStreamBusy(s);
+  // The client queues a kernel that reads `in` while the upload is paused.
+  ASSERT_TRUE(Execute(s, executor).status.ok());
+  v1::UploadRequest data;
+  data.set_data(FloatBytes(16, 5.0f));
+  ASSERT_TRUE(upload.Send(data.SerializeAsString()));
+  grpc::Status uploaded = upload.Finish();
+  ASSERT_TRUE(uploaded.ok()) << uploaded.error_message();
+  ASSERT_TRUE(Synchronize(s).status.ok());
+  EXPECT_EQ(ReadValues(s, out, 16), std::vector<double>(16, 5.0));
+}
+
+// Finding 12: a download occupies its stream until its last chunk has left,
+// so a kernel queued after it cannot change bytes not sent yet (chunks are
+// zero-copy views of the buffer).
+TEST_F(HardeningTest, Finding12_KernelsWaitForADownloadOnTheirStream) {
+  Options options;
+  // The test's channel takes gRPC's default 4 MiB messages.
+  options.transfer_limits.chunk_bytes = 1 << 20;
+  Start(options);
+  const std::string s = NewSession();
+  // 128 MiB: far more than gRPC's flow-control window and the socket
+  // buffers hold, so most chunks are still unsent when the client pauses.
+  const int64_t n = int64_t{1} << 25;
+  const uint64_t big = MustMalloc(s, n * 4);
+  const uint64_t minus_one = MustMalloc(s, 4), seven = MustMalloc(s, 4),
+                 one = MustMalloc(s, 4);
+  WriteValues(s, minus_one, {-1});
+  WriteValues(s, seven, {7});
+  WriteValues(s, one, {1});
+  // big = -1 everywhere, then a kernel that would make it 7 everywhere
+  // (stride-0 inputs broadcast one value).
+  const v1::TensorDesc all = Desc(big, v1::FLOAT, {n});
+  ASSERT_TRUE(Execute(s, MustPlanThreshold(
+                             s, Desc(minus_one, v1::FLOAT, {n}, {0}),
+                             Desc(one, v1::FLOAT, {n}, {0}), all))
+                  .status.ok());
+  const uint64_t to_seven = MustPlanThreshold(
+      s, Desc(seven, v1::FLOAT, {n}, {0}), Desc(one, v1::FLOAT, {n}, {0}),
+      all);
+  ASSERT_TRUE(Synchronize(s).status.ok());
+
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+  v1::DownloadRequest request;
+  request.set_session(s);
+  request.set_buffer(big);
+  request.set_size(n * 4);
+  auto reader = runtime_->Download(&context, request);
+  v1::DownloadResponse chunk;
+  ASSERT_TRUE(reader->Read(&chunk));
+  uint64_t received = chunk.data().size();
+  uint64_t wrong = 0;
+  auto count_wrong = [&](const std::string& data) {
+    for (size_t i = 0; i + 4 <= data.size(); i += 4) {
+      float v;
+      std::memcpy(&v, data.data() + i, 4);
+      if (v != -1.0f) ++wrong;
+    }
+  };
+  count_wrong(chunk.data());
+  // The client pauses its download and queues the kernel on the same
+  // stream. Give it time to run if it (wrongly) does not wait: the
+  // synchronize does not return while the download holds the stream.
+  ASSERT_TRUE(Execute(s, to_seven).status.ok());
+  Rpc([&](auto* c) {
+    v1::SynchronizeStreamRequest sync;
+    sync.set_session(s);
+    v1::SynchronizeStreamResponse response;
+    return runtime_->SynchronizeStream(c, sync, &response);
+  }, absl::Seconds(2));
+  while (reader->Read(&chunk)) {
+    received += chunk.data().size();
+    count_wrong(chunk.data());
+  }
+  grpc::Status status = reader->Finish();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(received, uint64_t(n) * 4);
+  EXPECT_EQ(wrong, 0u) << "values changed by a kernel queued after the "
+                          "download started";
+  // The kernel ran after the download.
+  ASSERT_TRUE(Synchronize(s).status.ok());
+  EXPECT_THAT(ReadValues(s, big, 2), ElementsAre(7, 7));
+}
+
+// Finding 5(c): CloseSession and DestroyStream end the transfers in flight
+// on the session's streams, however stalled their clients are, so a closed
+// session's memory goes.
+TEST_F(HardeningTest, Finding5c_ClosingEndsStalledTransfers) {
+  Options options;
+  // The test's channel takes gRPC's default 4 MiB messages.
+  options.transfer_limits.chunk_bytes = 1 << 20;
+  Start(options);
+  const std::string s = NewSession();
+  const uint64_t small = MustMalloc(s, 1 << 20);
+  const uint64_t big = MustMalloc(s, 128 << 20);
+  uint64_t other = 0;
+  ASSERT_TRUE(CreateStream(s, &other).status.ok());
+  // An upload stalled after its header, on stream 0.
+  v1::UploadRequest header;
+  header.set_session(s);
+  header.set_buffer(small);
+  header.set_size(1 << 20);
+  PausedUpload upload(grpc::CreateChannel(
+      server_->address(), grpc::InsecureChannelCredentials()));
+  ASSERT_TRUE(upload.Send(header.SerializeAsString()));
+  WaitUntilStreamBusy(s);
+  // A download whose client does not read, on the other stream.
+  grpc::ClientContext download_context;
+  download_context.set_deadline(
+      absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+  v1::DownloadRequest request;
+  request.set_session(s);
+  request.set_buffer(big);
+  request.set_size(128 << 20);
+  request.set_stream(other);
+  auto reader = runtime_->Download(&download_context, request);
+  v1::DownloadResponse chunk;
+  ASSERT_TRUE(reader->Read(&chunk));
+
+  Result destroyed = DestroyStream(s, other, absl::Seconds(10));
+  EXPECT_TRUE(destroyed.status.ok()) << destroyed.status.error_message();
+  Result closed = CloseSession(s, absl::Seconds(10));
+  EXPECT_TRUE(closed.status.ok()) << closed.status.error_message();
+  EXPECT_EQ(WaitForNoBufferBytes(), 0u)
+      << "a stalled transfer keeps a closed session's memory";
+  // Both calls were ended by the server.
+  grpc::Status uploaded = upload.Finish(/*half_close=*/false);
+  EXPECT_EQ(uploaded.error_code(), grpc::StatusCode::CANCELLED)
+      << uploaded.error_message();
+  while (reader->Read(&chunk)) {
+  }
+  grpc::Status downloaded = reader->Finish();
+  EXPECT_EQ(downloaded.error_code(), grpc::StatusCode::CANCELLED)
+      << downloaded.error_message();
+}
+
+// Finding 5(c): a transfer that moves nothing for --transfer_idle_timeout_s
+// is ended, and its stream goes on with the work queued behind it.
+TEST_F(HardeningTest, Finding5c_StalledTransfersTimeOut) {
+  Options options;
+  options.transfer_limits.idle_timeout = absl::Seconds(1);
+  options.transfer_limits.chunk_bytes = 1 << 20;
+  Start(options);
+  const std::string s = NewSession();
+  const uint64_t small = MustMalloc(s, 64);
+  v1::UploadRequest header;
+  header.set_session(s);
+  header.set_buffer(small);
+  header.set_size(64);
+  PausedUpload upload(grpc::CreateChannel(
+      server_->address(), grpc::InsecureChannelCredentials()));
+  ASSERT_TRUE(upload.Send(header.SerializeAsString()));
+  WaitUntilStreamBusy(s);
+  grpc::Status uploaded = upload.Finish(/*half_close=*/false);
+  EXPECT_EQ(uploaded.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << uploaded.error_message();
+  EXPECT_THAT(uploaded.error_message(),
+              HasSubstr("--transfer_idle_timeout_s"));
+  // The stream and the session still work.
+  ASSERT_TRUE(Synchronize(s).status.ok());
+  WriteValues(s, small, {3});
+  EXPECT_THAT(ReadValues(s, small, 1), ElementsAre(3));
+
+  // A download whose client stops reading.
+  const uint64_t big = MustMalloc(s, 128 << 20);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+  v1::DownloadRequest request;
+  request.set_session(s);
+  request.set_buffer(big);
+  request.set_size(128 << 20);
+  auto reader = runtime_->Download(&context, request);
+  v1::DownloadResponse chunk;
+  ASSERT_TRUE(reader->Read(&chunk));
+  // Blocks (the download holds the stream) until the download times out.
+  Result synced = Synchronize(s);
+  EXPECT_TRUE(synced.status.ok()) << synced.status.error_message();
+  while (reader->Read(&chunk)) {
+  }
+  EXPECT_FALSE(reader->Finish().ok());
+  EXPECT_THAT(ReadValues(s, small, 1), ElementsAre(3));
+}
+
+// Finding 5(c): a stalled transfer does not hold up the server's shutdown.
+TEST_F(HardeningTest, Finding5c_ShutdownEndsStalledTransfers) {
+  Options options;
+  options.shutdown_grace = absl::Milliseconds(200);
+  options.transfer_limits.chunk_bytes = 1 << 20;
+  Start(options);
+  const std::string s = NewSession();
+  const uint64_t small = MustMalloc(s, 64);
+  const uint64_t big = MustMalloc(s, 128 << 20);
+  v1::UploadRequest header;
+  header.set_session(s);
+  header.set_buffer(small);
+  header.set_size(64);
+  PausedUpload upload(grpc::CreateChannel(
+      server_->address(), grpc::InsecureChannelCredentials()));
+  ASSERT_TRUE(upload.Send(header.SerializeAsString()));
+  WaitUntilStreamBusy(s);
+  grpc::ClientContext context;
+  v1::DownloadRequest request;
+  request.set_session(s);
+  request.set_buffer(big);
+  request.set_size(128 << 20);
+  auto reader = runtime_->Download(&context, request);
+  // Queued behind the upload: work waiting on a held stream.
+  QueueSlowWork(s, 1 << 20, 10);
+  server_.reset();  // Returns: nothing waits for the stalled clients.
+  EXPECT_FALSE(upload.Finish(/*half_close=*/false).ok());
+  v1::DownloadResponse chunk;
+  while (reader->Read(&chunk)) {
+  }
+  EXPECT_FALSE(reader->Finish().ok());
 }
 
 }  // namespace
