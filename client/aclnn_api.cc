@@ -85,6 +85,7 @@ struct State {
   absl::Duration sync_timeout = absl::Seconds(600);
   // TLS files and token from the environment (timeouts are set on use).
   opserver::ConnectOptions security;
+  uint64_t max_message_bytes = 64ull << 20;
   // Shared so that a long call (synchronize, a transfer) can run without
   // holding `mu`, keeping both alive even if another thread resets them.
   std::shared_ptr<Client> client;
@@ -203,12 +204,22 @@ absl::StatusOr<Session*> SessionOf(State& state) {
     return absl::FailedPreconditionError(
         "no device is set: call aclrtSetDevice(0) first");
   }
+  if (absl::Status lost = state.session->Lost(); !lost.ok()) {
+    return absl::NotFoundError(absl::StrCat(
+        lost.message(),
+        "; call aclrtResetDevice(0) and aclrtSetDevice(0) to start a new one"));
+  }
   return state.session.get();
 }
 
 aclError SessionError(const absl::Status& status) {
   if (!GetState().initialized) {
     return Fail(ACL_ERROR_UNINITIALIZE, status.message());
+  }
+  // A lost session: its handles are gone, as when the server answers "no
+  // session".
+  if (status.code() == absl::StatusCode::kNotFound) {
+    return Fail(ACL_ERROR_INVALID_RESOURCE_HANDLE, status.message());
   }
   return Fail(ACL_ERROR_RT_FAILURE, status.message());
 }
@@ -279,36 +290,52 @@ aclOpExecutor* AddExecutor(State& state, Executor executor) {
   return reinterpret_cast<aclOpExecutor*>(id);
 }
 
-// Phase one of every operator: nullptr checks, descriptors, the call.
+// Phase one of every operator: nullptr checks, descriptors, the call. The
+// call runs without `state.mu`, so one thread's slow call does not stop the
+// others (review finding 16).
 aclnnStatus Plan(const char* function, const std::string& op,
                  const v1::OpParams& params,
                  std::vector<std::pair<const char*, const aclTensor*>> tensors,
                  uint64_t* workspace_size, aclOpExecutor** executor) {
   State& state = GetState();
-  absl::MutexLock lock(&state.mu);
-  auto session = SessionOf(state);
-  if (!session.ok()) {
-    return Fail(ACLNN_ERR_RUNTIME_ERROR,
-                absl::StrCat(function, ": ", session.status().message()));
-  }
-  if (workspace_size == nullptr || executor == nullptr) {
-    return Fail(
-        ACLNN_ERR_PARAM_NULLPTR,
-        absl::StrCat(function, ": ",
-                     workspace_size == nullptr ? "workspaceSize" : "executor",
-                     " is nullptr"));
-  }
+  std::shared_ptr<Client> client;  // Outlives `session`.
+  std::shared_ptr<Session> session;
   std::map<std::string, TensorDesc> descs;
-  for (const auto& [name, tensor] : tensors) {
-    auto desc = ToDesc(state, tensor, name);
-    if (!desc.ok()) {
-      return Fail(kernels::GetAclnnStatus(desc.status()),
-                  absl::StrCat(function, ": ", desc.status().message()));
+  {
+    absl::MutexLock lock(&state.mu);
+    auto current = SessionOf(state);
+    if (!current.ok()) {
+      return Fail(ACLNN_ERR_RUNTIME_ERROR,
+                  absl::StrCat(function, ": ", current.status().message()));
     }
-    descs.emplace(name, *std::move(desc));
+    if (workspace_size == nullptr || executor == nullptr) {
+      return Fail(ACLNN_ERR_PARAM_NULLPTR,
+                  absl::StrCat(function, ": ",
+                               workspace_size == nullptr ? "workspaceSize"
+                                                         : "executor",
+                               " is nullptr"));
+    }
+    for (const auto& [name, tensor] : tensors) {
+      auto desc = ToDesc(state, tensor, name);
+      if (!desc.ok()) {
+        return Fail(kernels::GetAclnnStatus(desc.status()),
+                    absl::StrCat(function, ": ", desc.status().message()));
+      }
+      descs.emplace(name, *std::move(desc));
+    }
+    client = state.client;
+    session = state.session;
   }
-  auto planned = (*session)->GetWorkspaceSize(op, params, descs);
+  auto planned = session->GetWorkspaceSize(op, params, descs);
   if (!planned.ok()) return FailAclnn(planned.status());
+  absl::MutexLock lock(&state.mu);
+  if (state.session != session) {
+    // The device was reset meanwhile: the executor died with its session.
+    planned->Release();
+    return Fail(ACLNN_ERR_RUNTIME_ERROR,
+                absl::StrCat(function,
+                             ": the device was reset during the call"));
+  }
   *workspace_size = planned->workspace_size();
   *executor = AddExecutor(state, *std::move(planned));
   return ACLNN_SUCCESS;
@@ -319,11 +346,11 @@ aclnnStatus Launch(const char* function, void* workspace,
                    uint64_t workspace_size, aclOpExecutor* executor,
                    aclrtStream stream) {
   State& state = GetState();
-  absl::MutexLock lock(&state.mu);
-  auto session = SessionOf(state);
-  if (!session.ok()) {
+  absl::ReleasableMutexLock lock(&state.mu);
+  auto current = SessionOf(state);
+  if (!current.ok()) {
     return Fail(ACLNN_ERR_RUNTIME_ERROR,
-                absl::StrCat(function, ": ", session.status().message()));
+                absl::StrCat(function, ": ", current.status().message()));
   }
   auto it = state.executors.find(reinterpret_cast<uintptr_t>(executor));
   if (it == state.executors.end()) {
@@ -362,11 +389,34 @@ aclnnStatus Launch(const char* function, void* workspace,
     buffer = range->buffer;
     offset = range->offset;
   }
-  Executor& plan = it->second.executor;
+  // The call runs without the lock (review finding 16). A single-use
+  // executor is taken out meanwhile (a second launch of it is an error
+  // anyway) and put back if the launch failed.
+  const uintptr_t key = it->first;
+  const bool repeatable = it->second.executor.repeatable();
+  const uint64_t handle = it->second.executor.handle();
+  Executor taken;
+  if (!repeatable) {
+    taken = std::move(it->second.executor);
+    state.executors.erase(it);
+  }
+  std::shared_ptr<Client> client = state.client;  // Outlives `session`.
+  std::shared_ptr<Session> session = state.session;
+  lock.Release();
   absl::Status status =
-      plan.Execute(*stream_handle, buffer, offset, workspace_size);
+      repeatable ? session->ExecuteHandle(handle, *stream_handle, buffer,
+                                          offset, workspace_size)
+                 : taken.Execute(*stream_handle, buffer, offset,
+                                 workspace_size);
+  if (!status.ok() && !repeatable) {
+    absl::MutexLock relock(&state.mu);
+    if (state.session == session) {
+      state.executors.emplace(key, ExecutorEntry{std::move(taken)});
+    } else {
+      taken.Release();  // It died with its session.
+    }
+  }
   if (!status.ok()) return FailAclnn(status);
-  if (!plan.repeatable()) state.executors.erase(it);  // Consumed.
   return ACLNN_SUCCESS;
 }
 
@@ -402,6 +452,15 @@ aclError aclInit(const char* /*configPath*/) {
                 absl::StrCat("aclInit: ", security.status().message()));
   }
   state.security = *std::move(security);
+  // For a server run with a --max_message_bytes above the 64 MiB default.
+  state.max_message_bytes = 64ull << 20;
+  if (const char* bytes = std::getenv("OPSERVER_MAX_MESSAGE_BYTES");
+      bytes != nullptr) {
+    uint64_t value;
+    if (absl::SimpleAtoi(bytes, &value) && value > 0 && value < (1ull << 31)) {
+      state.max_message_bytes = value;
+    }
+  }
   state.initialized = true;
   return ACL_SUCCESS;
 }
@@ -434,11 +493,22 @@ aclError aclrtSetDevice(int32_t deviceId) {
                              " does not exist; the opserver at ", state.address,
                              " is device 0"));
   }
-  if (state.session != nullptr) return ACL_SUCCESS;
+  if (state.session != nullptr) {
+    // Already set, unless the server lost the session meanwhile: say so
+    // rather than pretend the device is usable (review finding 16).
+    auto current = opserver::SessionOf(state);
+    if (!current.ok()) {
+      return opserver::SessionError(absl::Status(
+          current.status().code(),
+          absl::StrCat("aclrtSetDevice: ", current.status().message())));
+    }
+    return ACL_SUCCESS;
+  }
   if (state.client == nullptr) {
     opserver::ConnectOptions options = state.security;
     options.connect_timeout = options.call_timeout = state.timeout;
     options.wait_timeout = state.sync_timeout;
+    options.max_message_bytes = state.max_message_bytes;
     auto client = opserver::Client::Connect(state.address, options);
     if (!client.ok()) {
       return Fail(ACL_ERROR_RT_FAILURE,
@@ -476,14 +546,28 @@ aclError aclrtResetDevice(int32_t deviceId) {
 
 aclError aclrtCreateStream(aclrtStream* stream) {
   State& state = GetState();
-  absl::MutexLock lock(&state.mu);
-  auto session = opserver::SessionOf(state);
-  if (!session.ok()) return opserver::SessionError(session.status());
-  if (stream == nullptr) {
-    return Fail(ACL_ERROR_INVALID_PARAM, "aclrtCreateStream: stream is NULL");
+  std::shared_ptr<opserver::Client> client;  // Outlives `session`.
+  std::shared_ptr<opserver::remote::Session> session;
+  {
+    absl::MutexLock lock(&state.mu);
+    auto current = opserver::SessionOf(state);
+    if (!current.ok()) return opserver::SessionError(current.status());
+    if (stream == nullptr) {
+      return Fail(ACL_ERROR_INVALID_PARAM,
+                  "aclrtCreateStream: stream is NULL");
+    }
+    client = state.client;
+    session = state.session;
   }
-  auto created = (*session)->CreateStream();
+  // Calls run without the lock (review finding 16).
+  auto created = session->CreateStream();
   if (!created.ok()) return FailAcl(created.status());
+  absl::MutexLock lock(&state.mu);
+  if (state.session != session) {
+    created->Release();  // It died with its session.
+    return Fail(ACL_ERROR_RT_FAILURE,
+                "aclrtCreateStream: the device was reset during the call");
+  }
   const uintptr_t id = opserver::kStreamBase + 16 * state.next_stream++;
   state.streams.emplace(id, *std::move(created));
   *stream = reinterpret_cast<aclrtStream>(id);
@@ -555,17 +639,30 @@ aclError aclrtSynchronizeStream(aclrtStream stream) {
 aclError aclrtMalloc(void** devPtr, size_t size,
                      aclrtMemMallocPolicy /*policy*/) {
   State& state = GetState();
-  absl::MutexLock lock(&state.mu);
-  auto session = opserver::SessionOf(state);
-  if (!session.ok()) return opserver::SessionError(session.status());
-  if (devPtr == nullptr) {
-    return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMalloc: devPtr is NULL");
+  std::shared_ptr<opserver::Client> client;  // Outlives `session`.
+  std::shared_ptr<opserver::remote::Session> session;
+  {
+    absl::MutexLock lock(&state.mu);
+    auto current = opserver::SessionOf(state);
+    if (!current.ok()) return opserver::SessionError(current.status());
+    if (devPtr == nullptr) {
+      return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMalloc: devPtr is NULL");
+    }
+    if (size == 0) {
+      return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMalloc: size is 0");
+    }
+    client = state.client;
+    session = state.session;
   }
-  if (size == 0) {
-    return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMalloc: size is 0");
-  }
-  auto buffer = (*session)->Malloc(size);
+  // Calls run without the lock (review finding 16).
+  auto buffer = session->Malloc(size);
   if (!buffer.ok()) return FailAcl(buffer.status());
+  absl::MutexLock lock(&state.mu);
+  if (state.session != session) {
+    buffer->Release();  // It died with its session.
+    return Fail(ACL_ERROR_RT_FAILURE,
+                "aclrtMalloc: the device was reset during the call");
+  }
   const uintptr_t base = state.next_address;
   const uintptr_t span = (size + opserver::kAllocationAlign - 1) /
                              opserver::kAllocationAlign *
@@ -580,19 +677,28 @@ aclError aclrtMalloc(void** devPtr, size_t size,
 
 aclError aclrtFree(void* devPtr) {
   State& state = GetState();
-  absl::MutexLock lock(&state.mu);
-  auto session = opserver::SessionOf(state);
-  if (!session.ok()) return opserver::SessionError(session.status());
-  auto it = state.allocations.find(reinterpret_cast<uintptr_t>(devPtr));
-  if (it == state.allocations.end()) {
-    return Fail(ACL_ERROR_INVALID_PARAM,
-                absl::StrCat("aclrtFree: ",
-                             absl::Hex(reinterpret_cast<uintptr_t>(devPtr)),
-                             " is not the start of a live aclrtMalloc "
-                             "allocation"));
+  std::shared_ptr<opserver::Client> client;  // Outlives `session`.
+  std::shared_ptr<opserver::remote::Session> session;
+  opserver::remote::DeviceBuffer doomed;
+  {
+    absl::MutexLock lock(&state.mu);
+    auto current = opserver::SessionOf(state);
+    if (!current.ok()) return opserver::SessionError(current.status());
+    auto it = state.allocations.find(reinterpret_cast<uintptr_t>(devPtr));
+    if (it == state.allocations.end()) {
+      return Fail(ACL_ERROR_INVALID_PARAM,
+                  absl::StrCat("aclrtFree: ",
+                               absl::Hex(reinterpret_cast<uintptr_t>(devPtr)),
+                               " is not the start of a live aclrtMalloc "
+                               "allocation"));
+    }
+    client = state.client;
+    session = state.session;
+    doomed = std::move(it->second.buffer);
+    state.allocations.erase(it);
   }
-  absl::Status status = it->second.buffer.Free();
-  state.allocations.erase(it);
+  // The call runs without the lock (review finding 16).
+  absl::Status status = doomed.Free();
   if (!status.ok()) return FailAcl(status);
   return ACL_SUCCESS;
 }
@@ -742,15 +848,24 @@ aclnnStatus aclSetAclOpExecutorRepeatable(aclOpExecutor* executor) {
 
 aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor* executor) {
   State& state = GetState();
-  absl::MutexLock lock(&state.mu);
-  auto it = state.executors.find(reinterpret_cast<uintptr_t>(executor));
-  if (it == state.executors.end()) {
-    return Fail(ACLNN_ERR_INNER_NULLPTR,
-                "aclDestroyAclOpExecutor: executor is unknown, destroyed or "
-                "already consumed");
+  std::shared_ptr<opserver::Client> client;  // Outlives `session`.
+  std::shared_ptr<opserver::remote::Session> session;
+  opserver::remote::Executor doomed;
+  {
+    absl::MutexLock lock(&state.mu);
+    auto it = state.executors.find(reinterpret_cast<uintptr_t>(executor));
+    if (it == state.executors.end()) {
+      return Fail(ACLNN_ERR_INNER_NULLPTR,
+                  "aclDestroyAclOpExecutor: executor is unknown, destroyed "
+                  "or already consumed");
+    }
+    client = state.client;
+    session = state.session;
+    doomed = std::move(it->second.executor);
+    state.executors.erase(it);
   }
-  absl::Status status = it->second.executor.Destroy();
-  state.executors.erase(it);
+  // The call runs without the lock (review finding 16).
+  absl::Status status = doomed.Destroy();
   if (!status.ok()) return opserver::FailAclnn(status);
   return ACLNN_SUCCESS;
 }

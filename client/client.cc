@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <tuple>
 #include <utility>
@@ -77,10 +78,17 @@ absl::Status FromGrpcStatus(const grpc::Status& status,
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     const std::string& address, const ConnectOptions& options) {
   TuneMallocForStreaming();
+  if (options.max_message_bytes == 0 ||
+      options.max_message_bytes > uint64_t{std::numeric_limits<int>::max()}) {
+    return absl::InvalidArgumentError(
+        "max_message_bytes must be between 1 and 2 GiB - 1");
+  }
   grpc::ChannelArguments args;
   // Download chunks are up to the server's --chunk_bytes (4 MiB by default)
-  // plus framing, over gRPC's 4 MiB receive default.
-  args.SetMaxReceiveMessageSize(-1);
+  // plus framing, over gRPC's 4 MiB receive default; nothing the server
+  // sends is larger than its --max_message_bytes. The bound keeps a hostile
+  // server from making the client allocate without limit (finding 16).
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   args.SetMaxSendMessageSize(-1);
   const bool tls = !options.tls_ca_file.empty() ||
                    !options.tls_cert_file.empty() ||
@@ -350,10 +358,26 @@ void Session::StartAttach() {
                                 reader = client_->runtime().Attach(
                                     attach_context_.get(), request)]() mutable {
     v1::AttachEvent event;
-    while (reader->Read(&event)) {
-    }
-    reader->Finish().IgnoreError();
+    std::string last;
+    while (reader->Read(&event)) last = event.event();
+    grpc::Status status = reader->Finish();
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    // The server freed the session (review finding 16: this went unnoticed
+    // and later calls failed with a bare "no session", or not at all).
+    std::string why = status.ok() ? "the server ended it"
+                                  : status.error_message();
+    if (!last.empty() && last != "attached") why = last;
+    if (why.size() > 256) why.resize(256);  // A hostile server's text.
+    lost_ = absl::NotFoundError(absl::StrCat(
+        "the session was lost: its Attach call ended (", why,
+        "), so the server freed the session and everything in it"));
   });
+}
+
+absl::Status Session::Lost() const {
+  absl::MutexLock lock(&mu_);
+  return lost_;
 }
 
 absl::Status Session::Close() {

@@ -33,6 +33,11 @@ struct ConnectOptions {
   absl::Duration wait_timeout = absl::Minutes(10);
   // Bytes per Upload message.
   uint64_t upload_chunk_bytes = 1 << 20;
+  // Largest message accepted from the server (review finding 16: the
+  // client accepted any size, so a hostile server could make it allocate
+  // without bound). A server sends at most its --max_message_bytes (64 MiB
+  // by default); raise this for one configured higher. At most 2 GiB - 1.
+  uint64_t max_message_bytes = 64ull << 20;
 
   // TLS is used when any of the three files is set. PEM files: the CA that
   // signed the server's certificate (empty = the system's roots) and, for a
@@ -246,6 +251,12 @@ class Session {
   // Closes the session now (idempotent).
   absl::Status Close();
 
+  // OK unless the session's Attach call ended without Close(): the server
+  // then freed the session and everything in it (it restarted, closed the
+  // session, or the connection broke), and NOT_FOUND says so. Calls are not
+  // checked against it; callers that want a clear error ask first.
+  absl::Status Lost() const;
+
   absl::StatusOr<v1::SessionStats> Stats();
 
   // Device memory.
@@ -318,8 +329,9 @@ class Session {
 
   Client* const client_;
   const std::string token_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status lost_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<grpc::ClientContext> attach_context_;
   std::thread attach_thread_;
 };
