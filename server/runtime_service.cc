@@ -240,7 +240,17 @@ class RuntimeService::Transfer {
 
  protected:
   explicit Transfer(RuntimeService* service)
-      : service_(service), link_(service->AddTransfer(this)) {}
+      : service_(service), link_(std::make_shared<TransferLink>()) {}
+
+  // Makes the call reachable by the watchdog and the stream callbacks.
+  // From the derived constructor's body: only then is the object whole.
+  void Link() {
+    {
+      absl::MutexLock lock(&link_->mu);
+      link_->call = this;
+    }
+    service_->AddTransfer(link_);
+  }
 
   // From OnDone: no callback reaches the call after this.
   void Unlink() {
@@ -297,6 +307,7 @@ class RuntimeService::Uploader final
   Uploader(RuntimeService* service, grpc::CallbackServerContext* context,
            grpc::ByteBuffer* response)
       : Transfer(service), context_(context), response_(response) {
+    Link();
     absl::MutexLock lock(&link_->mu);
     StartRead(&message_);
   }
@@ -479,6 +490,7 @@ class RuntimeService::Downloader final
   Downloader(RuntimeService* service, grpc::CallbackServerContext* context,
              const grpc::ByteBuffer* request)
       : Transfer(service), context_(context) {
+    Link();
     std::shared_ptr<Stream> stream;
     std::shared_ptr<Stream::Gate> gate;
     {
@@ -645,16 +657,9 @@ RuntimeService::~RuntimeService() {
   watchdog_.join();
 }
 
-std::shared_ptr<RuntimeService::TransferLink> RuntimeService::AddTransfer(
-    Transfer* transfer) {
-  auto link = std::make_shared<TransferLink>();
-  {
-    absl::MutexLock lock(&link->mu);
-    link->call = transfer;
-  }
+void RuntimeService::AddTransfer(std::shared_ptr<TransferLink> link) {
   absl::MutexLock lock(&mu_);
-  transfers_.insert(link);
-  return link;
+  transfers_.insert(std::move(link));
 }
 
 void RuntimeService::RemoveTransfer(const std::shared_ptr<TransferLink>& link) {

@@ -138,9 +138,9 @@ class RuntimeService final : public RuntimeServiceBase {
     return CallerIdentity(context, authenticator_);
   }
 
-  // Registers a live Upload/Download for the idle watchdog (and returns the
-  // link through which it can be ended); RemoveTransfer from its OnDone.
-  std::shared_ptr<TransferLink> AddTransfer(Transfer* transfer);
+  // Registers a live Upload/Download (through the link by which it can be
+  // ended) for the idle watchdog; RemoveTransfer from its OnDone.
+  void AddTransfer(std::shared_ptr<TransferLink> link);
   void RemoveTransfer(const std::shared_ptr<TransferLink>& link);
   // Ends transfers idle for longer than limits_.idle_timeout; runs on
   // watchdog_ until the service is destroyed.
