@@ -21,6 +21,7 @@
 #include "proto/opserver.grpc.pb.h"
 #include "proto/opserver.pb.h"
 #include "server/server.h"
+#include "tests/tensor_desc.h"
 
 namespace opserver {
 namespace {
@@ -124,17 +125,6 @@ class HardeningTest : public ::testing::Test {
         [&](auto* c) { return runtime_->ReadValues(c, request, &response); });
     EXPECT_TRUE(r.status.ok()) << r.status.error_message();
     return {response.values().begin(), response.values().end()};
-  }
-
-  static v1::TensorDesc Desc(uint64_t buffer, v1::DataType dtype,
-                             std::vector<int64_t> shape,
-                             std::vector<int64_t> strides = {}) {
-    v1::TensorDesc desc;
-    desc.set_buffer(buffer);
-    desc.set_dtype(dtype);
-    for (int64_t d : shape) desc.add_shape(d);
-    for (int64_t s : strides) desc.add_strides(s);
-    return desc;
   }
 
   // ThresholdBackward with the same descriptor for all three tensors.

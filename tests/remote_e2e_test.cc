@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "proto/opserver.grpc.pb.h"
 #include "server/server.h"
+#include "tests/tensor_desc.h"
 
 namespace opserver {
 namespace {
@@ -120,17 +121,6 @@ class RemoteTest : public ::testing::Test {
     grpc::Status status = runtime_->ReadValues(&context, request, &response);
     EXPECT_TRUE(status.ok()) << status.error_message();
     return {response.values().begin(), response.values().end()};
-  }
-
-  static v1::TensorDesc Desc(uint64_t buffer, v1::DataType dtype,
-                             std::vector<int64_t> shape,
-                             std::vector<int64_t> strides = {}) {
-    v1::TensorDesc desc;
-    desc.set_buffer(buffer);
-    desc.set_dtype(dtype);
-    for (int64_t d : shape) desc.add_shape(d);
-    for (int64_t s : strides) desc.add_strides(s);
-    return desc;
   }
 
   CallResult GetWorkspaceSize(const v1::GetWorkspaceSizeRequest& request,
