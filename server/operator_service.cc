@@ -355,22 +355,20 @@ absl::Status OperatorService::Launch(const v1::ExecuteRequest& request,
     workspace_data =
         static_cast<char*>(workspace->data()) + request.workspace_offset();
   }
-  // A full or destroyed stream refuses the launch before the executor is
-  // consumed.
-  if (absl::Status room = (*stream)->CheckRoom(); !room.ok()) return room;
-  executor = (*session)->ExecutorForLaunch(request.executor(),
-                                           /*consume=*/true);
-  if (!executor.ok()) return executor.status();
   // A tiny launch on an idle stream runs right here: a thread hand-off
   // would cost more than the kernel.
   const bool tiny = (*executor)->plan.numel() <= kInlineLaunchElements;
-  return (*stream)->Enqueue(
-      [device = device_, executor = *std::move(executor),
-       workspace = std::move(workspace), workspace_data,
-       size = request.workspace_size()] {
-        return device->Launch(executor->plan, workspace_data, size);
-      },
-      /*inline_if_idle=*/tiny);
+  // A full or destroyed stream refuses the launch without consuming the
+  // executor (Session::Launch).
+  return (*session)->Launch(
+      request.executor(), **stream, /*inline_if_idle=*/tiny,
+      [device = device_, workspace = std::move(workspace), workspace_data,
+       size = request.workspace_size()](std::shared_ptr<Executor> executor) {
+        return Stream::Task([device, executor = std::move(executor), workspace,
+                             workspace_data, size] {
+          return device->Launch(executor->plan, workspace_data, size);
+        });
+      });
 }
 
 grpc::ServerUnaryReactor* OperatorService::Execute(

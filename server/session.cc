@@ -87,7 +87,9 @@ absl::StatusOr<std::shared_ptr<Stream>> Session::NewStream() {
 }
 
 void Session::CancelWork() {
-  for (const std::shared_ptr<Stream>& stream : AllStreams()) stream->Cancel();
+  for (const std::shared_ptr<Stream>& stream : AllStreams()) {
+    stream->Cancel("the stream's session was closed");
+  }
 }
 
 bool Session::Busy() const {
@@ -263,7 +265,8 @@ absl::StatusOr<uint64_t> Session::AddExecutor(
 }
 
 absl::StatusOr<std::shared_ptr<Executor>> Session::ExecutorForLaunch(
-    uint64_t executor, bool consume) {
+    uint64_t executor, bool consume, bool* consumed) {
+  if (consumed != nullptr) *consumed = false;
   absl::MutexLock lock(&mu_);
   auto it = executors_.find(executor);
   if (it == executors_.end()) {
@@ -280,8 +283,32 @@ absl::StatusOr<std::shared_ptr<Executor>> Session::ExecutorForLaunch(
         absl::StrCat("no executor ", executor, " in this session"));
   }
   std::shared_ptr<Executor> result = it->second.executor;
-  if (consume && !it->second.repeatable) executors_.erase(it);
+  if (consume && !it->second.repeatable) {
+    executors_.erase(it);
+    if (consumed != nullptr) *consumed = true;
+  }
   return result;
+}
+
+absl::Status Session::Launch(
+    uint64_t handle, Stream& stream, bool inline_if_idle,
+    const std::function<Stream::Task(std::shared_ptr<Executor>)>& make_task) {
+  // A full or destroyed stream refuses the launch before the executor is
+  // taken...
+  if (absl::Status room = stream.CheckRoom(); !room.ok()) return room;
+  bool consumed = false;
+  absl::StatusOr<std::shared_ptr<Executor>> executor =
+      ExecutorForLaunch(handle, /*consume=*/true, &consumed);
+  if (!executor.ok()) return executor.status();
+  absl::Status queued = stream.Enqueue(make_task(*executor), inline_if_idle);
+  if (!queued.ok() && consumed) {
+    // ...and one that changed since gives it back (found by the soak: the
+    // launch failed and the executor was gone). Its handle was held a
+    // moment ago, so the handle limit is not checked again.
+    absl::MutexLock lock(&mu_);
+    executors_.emplace(handle, ExecutorEntry{*std::move(executor), false});
+  }
+  return queued;
 }
 
 absl::Status Session::SetExecutorRepeatable(uint64_t executor) {

@@ -154,9 +154,19 @@ class Session {
   absl::StatusOr<uint64_t> AddExecutor(std::shared_ptr<Executor> executor);
   // For a launch: with `consume`, a single-use executor is removed (a
   // repeatable one stays); without, it is only looked up. Unknown or consumed
-  // executors fail with aclnn 561103.
-  absl::StatusOr<std::shared_ptr<Executor>> ExecutorForLaunch(uint64_t executor,
-                                                              bool consume);
+  // executors fail with aclnn 561103. `*consumed` (if given) says whether
+  // this call removed it.
+  absl::StatusOr<std::shared_ptr<Executor>> ExecutorForLaunch(
+      uint64_t executor, bool consume, bool* consumed = nullptr);
+  // Queues executor `handle` on `stream` as the task `make_task` makes of it
+  // (Stream::Enqueue's `inline_if_idle`), consuming a single-use executor.
+  // A launch the stream refuses leaves the executor as it was, also when the
+  // stream filled up, was destroyed or lost its session after the room
+  // check and the executor was already taken (other calls race for the
+  // stream): it is put back then.
+  absl::Status Launch(
+      uint64_t handle, Stream& stream, bool inline_if_idle,
+      const std::function<Stream::Task(std::shared_ptr<Executor>)>& make_task);
   absl::Status SetExecutorRepeatable(uint64_t executor);
   absl::Status DestroyExecutor(uint64_t executor);
 

@@ -1,5 +1,6 @@
 #include "server/stream.h"
 
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -89,7 +90,7 @@ struct Stream::State {
     busy = false;
   }
   absl::Status RoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (cancelled) return absl::CancelledError("the stream was destroyed");
+    if (cancelled) return absl::CancelledError(cancel_reason);
     if (max_queued != 0 && queued_tasks >= max_queued) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the stream already has ", queued_tasks,
@@ -110,6 +111,7 @@ struct Stream::State {
   size_t queued_tasks ABSL_GUARDED_BY(mu) = 0;
   bool stopping ABSL_GUARDED_BY(mu) = false;
   bool cancelled ABSL_GUARDED_BY(mu) = false;
+  std::string cancel_reason ABSL_GUARDED_BY(mu);
   // Tasks dropped by Cancel that no Synchronize has reported yet.
   bool dropped ABSL_GUARDED_BY(mu) = false;
   // An item (queued or inline) is running, or a gate holds the stream; the
@@ -191,15 +193,14 @@ void Stream::Loop(std::shared_ptr<State> state) {
 absl::Status Stream::Enqueue(Task task, bool inline_if_idle) {
   State& s = *state_;
   if (inline_if_idle && s.TryClaimIdle()) {
-    bool cancelled;
+    absl::Status room;
     {
       absl::MutexLock lock(&s.mu);
-      cancelled = s.cancelled;
+      if (s.cancelled) room = absl::CancelledError(s.cancel_reason);
     }
-    if (!cancelled) s.Record(task());
+    if (room.ok()) s.Record(task());
     s.Release();
-    if (cancelled) return absl::CancelledError("the stream was destroyed");
-    return absl::OkStatus();
+    return room;
   }
   absl::MutexLock lock(&s.mu);
   if (absl::Status room = s.RoomLocked(); !room.ok()) return room;
@@ -295,7 +296,7 @@ absl::Status Stream::SynchronizeAndWait() {
   return result;
 }
 
-void Stream::Cancel() {
+void Stream::Cancel(absl::string_view why) {
   // A `cancelled` callback may end the last user of this Stream object.
   const std::shared_ptr<State> state = state_;
   std::deque<State::Item> dropped;  // Destroyed outside the lock.
@@ -303,6 +304,7 @@ void Stream::Cancel() {
   {
     absl::MutexLock lock(&state->mu);
     State& s = *state;
+    if (!s.cancelled) s.cancel_reason = std::string(why);
     s.cancelled = true;
     std::deque<State::Item> kept;
     for (State::Item& item : s.queue) {

@@ -8,6 +8,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -75,7 +76,8 @@ class Stream {
   // Queues `task`; returns at once. With `inline_if_idle`, an idle stream
   // runs it on the calling thread instead (for tasks too small to be worth
   // a hand-off). RESOURCE_EXHAUSTED when `max_queued` tasks already wait,
-  // CANCELLED after Cancel(); the task is not run then.
+  // CANCELLED (with Cancel's reason) after Cancel(); the task is not run
+  // then.
   absl::Status Enqueue(Task task, bool inline_if_idle = false);
 
   // Calls `done` once everything queued before this call has run (or was
@@ -107,8 +109,9 @@ class Stream {
   absl::Status SynchronizeAndWait();
 
   // Drops every task that has not started (their captures, e.g. buffers,
-  // are released now); later Enqueue calls fail. Callbacks still run.
-  void Cancel();
+  // are released now); later Enqueue calls fail with CANCELLED saying `why`
+  // (the first Cancel's). Callbacks still run.
+  void Cancel(absl::string_view why = "the stream was destroyed");
 
   // The error Enqueue would return now (OK if it would accept a task), for
   // callers that must not consume anything for a task the stream refuses.

@@ -190,6 +190,26 @@ TEST(StreamTest, CancelDropsQueuedWorkAndSynchronizeReportsIt) {
   EXPECT_TRUE(stream.SynchronizeAndWait().ok());
 }
 
+// A launch refused by a cancelled stream says why it was cancelled (the
+// soak saw "the stream was destroyed" for a launch racing CloseSession),
+// on the queued and the inline path; the first reason stays.
+TEST(StreamTest, CancelReasonReachesLaterEnqueues) {
+  Stream stream;
+  stream.Cancel("the stream's session was closed");
+  stream.Cancel("the stream was destroyed");
+  for (bool inline_if_idle : {false, true}) {
+    absl::Status late =
+        stream.Enqueue([] { return absl::OkStatus(); }, inline_if_idle);
+    EXPECT_EQ(late.code(), absl::StatusCode::kCancelled);
+    EXPECT_EQ(late.message(), "the stream's session was closed");
+  }
+  EXPECT_EQ(Stream().Enqueue([] { return absl::OkStatus(); }).code(),
+            absl::StatusCode::kOk);
+  Stream destroyed;
+  destroyed.Cancel();
+  EXPECT_EQ(destroyed.CheckRoom().message(), "the stream was destroyed");
+}
+
 // Finding 6: a client cannot grow a stream's queue without bound.
 TEST(StreamTest, QueueIsBounded) {
   Stream stream(/*max_queued=*/3);

@@ -1,0 +1,166 @@
+#include "server/session.h"
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "kernels/ops.h"
+
+namespace opserver {
+namespace {
+
+// A session without device memory (its executors plan over host floats).
+class SessionLaunchTest : public ::testing::Test {
+ protected:
+  void SetUp() override { MakeSession(SessionLimits()); }
+
+  void MakeSession(const SessionLimits& limits) {
+    limits_ = limits;
+    session_ =
+        std::make_unique<Session>("s", 1, "session_test", nullptr, &limits_,
+                                  &account_, std::make_shared<StreamThreads>());
+  }
+
+  // A ThresholdBackward executor over four host floats.
+  uint64_t AddExecutor() {
+    kernels::TensorView view;
+    view.dtype = kernels::DType::kFloat;
+    view.shape = {4};
+    view.data = data_;
+    kernels::OpCall call;
+    call.op = kernels::OpKind::kThresholdBackward;
+    call.grad_output = view;
+    call.self = view;
+    call.out = view;
+    absl::StatusOr<kernels::Plan> plan = kernels::PrepareOp(call);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    absl::StatusOr<uint64_t> handle = session_->AddExecutor(
+        std::make_shared<Executor>(Executor{*std::move(plan), {}}));
+    EXPECT_TRUE(handle.ok()) << handle.status();
+    return *handle;
+  }
+
+  std::shared_ptr<Stream> GetStream(uint64_t handle) {
+    absl::StatusOr<std::shared_ptr<Stream>> stream =
+        session_->GetStream(handle);
+    EXPECT_TRUE(stream.ok()) << stream.status();
+    return *stream;
+  }
+
+  // Launches `executor`, running `meanwhile` after the executor was taken
+  // and before the stream is asked to queue it: what another call can do to
+  // the stream in that moment.
+  absl::Status Launch(uint64_t executor, Stream& stream,
+                      const std::function<void()>& meanwhile = [] {}) {
+    return session_->Launch(executor, stream, /*inline_if_idle=*/false,
+                            [&](std::shared_ptr<Executor>) {
+                              meanwhile();
+                              return Stream::Task([this] {
+                                ++ran_;
+                                return absl::OkStatus();
+                              });
+                            });
+  }
+
+  uint64_t Executors() { return session_->Stats().executors; }
+
+  float data_[4] = {1, 2, 3, 4};
+  SessionLimits limits_;
+  MemoryAccounting account_;
+  std::unique_ptr<Session> session_;
+  std::atomic<int> ran_{0};
+};
+
+TEST_F(SessionLaunchTest, LaunchConsumesASingleUseExecutor) {
+  const uint64_t executor = AddExecutor();
+  std::shared_ptr<Stream> stream = GetStream(0);
+  EXPECT_TRUE(Launch(executor, *stream).ok());
+  EXPECT_TRUE(stream->SynchronizeAndWait().ok());
+  EXPECT_EQ(ran_.load(), 1);
+  EXPECT_EQ(Executors(), 0u);
+  absl::Status again = Launch(executor, *stream);
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+}
+
+// Found by the soak (bench/soak.cc): a stream destroyed by another call
+// after the launch's room check but before its enqueue refused the launch
+// after the single-use executor was taken, and the executor was lost.
+TEST_F(SessionLaunchTest, StreamDestroyedMidLaunchLeavesTheExecutor) {
+  const uint64_t executor = AddExecutor();
+  absl::StatusOr<uint64_t> handle = session_->CreateStream();
+  ASSERT_TRUE(handle.ok());
+  std::shared_ptr<Stream> doomed = GetStream(*handle);
+  absl::Status refused = Launch(executor, *doomed, [&] { doomed->Cancel(); });
+  EXPECT_EQ(refused.code(), absl::StatusCode::kCancelled) << refused;
+  EXPECT_EQ(refused.message(), "the stream was destroyed");
+  EXPECT_EQ(ran_.load(), 0);
+  EXPECT_EQ(Executors(), 1u);
+  // Still single-use, and still there to launch.
+  std::shared_ptr<Stream> stream = GetStream(0);
+  EXPECT_TRUE(Launch(executor, *stream).ok());
+  EXPECT_TRUE(stream->SynchronizeAndWait().ok());
+  EXPECT_EQ(ran_.load(), 1);
+  EXPECT_EQ(Executors(), 0u);
+}
+
+// The same when the session is closed in that moment; the refusal says so.
+TEST_F(SessionLaunchTest, SessionClosedMidLaunchLeavesTheExecutor) {
+  const uint64_t executor = AddExecutor();
+  std::shared_ptr<Stream> stream = GetStream(0);
+  absl::Status refused =
+      Launch(executor, *stream, [&] { session_->CancelWork(); });
+  EXPECT_EQ(refused.code(), absl::StatusCode::kCancelled) << refused;
+  EXPECT_EQ(refused.message(), "the stream's session was closed");
+  EXPECT_EQ(Executors(), 1u);
+  EXPECT_TRUE(session_->DestroyExecutor(executor).ok());
+}
+
+// And when another launch takes the stream's last free slot.
+TEST_F(SessionLaunchTest, StreamFilledMidLaunchLeavesTheExecutor) {
+  SessionLimits limits;
+  limits.max_queued_per_stream = 1;
+  MakeSession(limits);
+  const uint64_t executor = AddExecutor();
+  std::shared_ptr<Stream> stream = GetStream(0);
+  absl::Notification release;
+  ASSERT_TRUE(stream
+                  ->Enqueue([&] {
+                    release.WaitForNotification();
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  while (stream->queued() != 0) absl::SleepFor(absl::Milliseconds(1));
+  absl::Status refused = Launch(executor, *stream, [&] {
+    ASSERT_TRUE(stream->Enqueue([] { return absl::OkStatus(); }).ok());
+  });
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_EQ(Executors(), 1u);
+  release.Notify();
+  EXPECT_TRUE(stream->SynchronizeAndWait().ok());
+  EXPECT_TRUE(Launch(executor, *stream).ok());
+  EXPECT_TRUE(stream->SynchronizeAndWait().ok());
+  EXPECT_EQ(ran_.load(), 1);
+  EXPECT_EQ(Executors(), 0u);
+}
+
+// A refused repeatable executor stays repeatable (it is never taken).
+TEST_F(SessionLaunchTest, RefusedRepeatableExecutorStaysRepeatable) {
+  const uint64_t executor = AddExecutor();
+  ASSERT_TRUE(session_->SetExecutorRepeatable(executor).ok());
+  absl::StatusOr<uint64_t> handle = session_->CreateStream();
+  ASSERT_TRUE(handle.ok());
+  std::shared_ptr<Stream> doomed = GetStream(*handle);
+  EXPECT_FALSE(Launch(executor, *doomed, [&] { doomed->Cancel(); }).ok());
+  std::shared_ptr<Stream> stream = GetStream(0);
+  EXPECT_TRUE(Launch(executor, *stream).ok());
+  EXPECT_TRUE(Launch(executor, *stream).ok());
+  EXPECT_TRUE(stream->SynchronizeAndWait().ok());
+  EXPECT_EQ(ran_.load(), 2);
+  EXPECT_EQ(Executors(), 1u);
+}
+
+}  // namespace
+}  // namespace opserver
