@@ -437,7 +437,10 @@ class OperatorService::Launcher final
       read_paused_ = false;
       ReadNextLocked();
     }
-    if (!pending_.empty()) {
+    // ReadNextLocked lets go of the lock: the launch its read brought in may
+    // have started the next write meanwhile (found by the soak: starting it
+    // again here aborted the server with TOO_MANY_OPERATIONS).
+    if (!pending_.empty() && !writing_ && !finished_) {
       WriteFrontLocked();
     } else {
       MaybeFinishLocked();
@@ -453,18 +456,19 @@ class OperatorService::Launcher final
   }
 
   // Starts the next read outside the lock (its reaction may run inline),
-  // keeping Finish from running before StartRead returns.
+  // keeping Finish from running before StartRead returns. Two can overlap:
+  // the reaction to this read may start the next one before this returns.
   void ReadNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    starting_read_ = true;
+    ++starting_reads_;
     mu_.Unlock();
     StartRead(&request_);
     mu_.Lock();
-    starting_read_ = false;
+    --starting_reads_;
     MaybeFinishLocked();
   }
 
   void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_ || writing_ || starting_read_) return;
+    if (finished_ || writing_ || starting_reads_ > 0) return;
     if (failed_ || (reads_done_ && pending_.empty())) {
       finished_ = true;
       Finish(failed_ ? grpc::Status::CANCELLED : grpc::Status::OK);
@@ -478,7 +482,7 @@ class OperatorService::Launcher final
   absl::Mutex mu_;
   std::deque<v1::ExecuteResponse> pending_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool starting_read_ ABSL_GUARDED_BY(mu_) = false;
+  int starting_reads_ ABSL_GUARDED_BY(mu_) = 0;
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;

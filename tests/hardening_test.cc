@@ -633,6 +633,57 @@ TEST_F(HardeningTest, Finding7_DestroyedStreamsCountUntilTheirWorkEnds) {
             grpc::StatusCode::RESOURCE_EXHAUSTED);
 }
 
+// Found by the soak (bench/soak.cc, RELIABILITY.md): with reading paused at
+// --max_pending_replies, a finished reply write resumed reading and, while
+// its lock was let go for StartRead, the launch that read brought in could
+// start the next reply write; the resuming side then started that write a
+// second time and gRPC aborted the server (GRPC_CALL_ERROR_TOO_MANY_
+// OPERATIONS). One pending reply at most makes every write resume reading:
+// pipelines of many launches, read as fast as they come, all answered.
+TEST_F(HardeningTest, Soak_ExecuteStreamResumingReadsStartsOneWriteAtATime) {
+  Options options;
+  options.session_limits.max_pending_replies = 1;
+  Start(options);
+  const std::string s = NewSession();
+  const uint64_t buffer = MustMalloc(s, 64);
+  const uint64_t executor =
+      MustPlanThreshold(s, Desc(buffer, v1::FLOAT, {16}));
+  ASSERT_TRUE(SetRepeatable(s, executor).status.ok());
+  constexpr int kCalls = 8, kLaunches = 3000;
+  std::vector<std::thread> calls;
+  std::atomic<int> answered{0};
+  for (int c = 0; c < kCalls; ++c) {
+    calls.emplace_back([&] {
+      grpc::ClientContext context;
+      context.set_deadline(
+          absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+      auto stream = ops_->ExecuteStream(&context);
+      std::thread writer([&] {
+        v1::ExecuteRequest request;
+        request.set_session(s);
+        request.set_executor(executor);
+        for (int i = 0; i < kLaunches && stream->Write(request); ++i) {
+        }
+        stream->WritesDone();
+      });
+      v1::ExecuteResponse response;
+      int replies = 0;
+      while (stream->Read(&response)) {
+        EXPECT_EQ(response.code(), 0) << response.message();
+        ++replies;
+      }
+      writer.join();
+      grpc::Status status = stream->Finish();
+      EXPECT_TRUE(status.ok()) << status.error_message();
+      EXPECT_EQ(replies, kLaunches);
+      answered += replies;
+    });
+  }
+  for (std::thread& t : calls) t.join();
+  EXPECT_EQ(answered.load(), kCalls * kLaunches);
+  EXPECT_TRUE(Synchronize(s).status.ok());
+}
+
 // Finding 9: what a client sends is bounded and escaped in replies and logs.
 TEST_F(HardeningTest, Finding9_EchoedClientStringsAreBounded) {
   Start(Options());
