@@ -1,8 +1,8 @@
 #include "server/runtime_service.h"
 
 #include <algorithm>
-#include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,12 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
-#include "grpcpp/support/proto_buffer_reader.h"
+#include "common/values.h"
 #include "kernels/dtype.h"
 #include "server/auth.h"
 #include "server/grpc_status_util.h"
 #include "server/log.h"
-#include "common/values.h"
+#include "server/upload_parser.h"
+#include "server/value_requests.h"
 #include "server/version.h"
 
 namespace opserver {
@@ -30,25 +31,7 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context,
   return reactor;
 }
 
-absl::StatusOr<kernels::DType> CheckDType(int32_t value) {
-  if (!kernels::IsKnownDType(value)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dtype ", value, " is not an aclDataType"));
-  }
-  return static_cast<kernels::DType>(value);
-}
-
 }  // namespace
-
-absl::Status CheckRange(uint64_t offset, uint64_t size, uint64_t buffer_size,
-                        absl::string_view what) {
-  if (offset > buffer_size || size > buffer_size - offset) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " [", offset, ", ", offset, " + ", size,
-        ") reaches outside the buffer of ", buffer_size, " bytes"));
-  }
-  return absl::OkStatus();
-}
 
 // An Attach stream: binds its session's life to the call.
 class RuntimeService::Attacher final
@@ -136,74 +119,7 @@ class RuntimeService::Attacher final
 
 namespace {
 
-// UploadRequest fields, as the wire format numbers them.
-constexpr int kUploadSession = 1;
-constexpr int kUploadBuffer = 2;
-constexpr int kUploadOffset = 3;
-constexpr int kUploadSize = 4;
-constexpr int kUploadStream = 5;
-constexpr int kUploadData = 6;
-
 using WireFormat = google::protobuf::internal::WireFormatLite;
-
-// Walks the fields of one serialized UploadRequest. For the data field it
-// calls `on_data(stream, length)`, which must consume exactly `length`
-// bytes; every other field is stored into `header` (when not null) or
-// skipped. INVALID_ARGUMENT for bytes that are not an UploadRequest.
-template <typename OnData>
-absl::Status ParseUploadRequest(grpc::ByteBuffer* message,
-                                v1::UploadRequest* header, OnData on_data) {
-  // The wire's length prefixes are hostile: gRPC never compares them with
-  // the message (Upload is served on raw bytes), and protobuf's ReadRaw
-  // takes an int and does not refuse a negative one (review finding 1: a
-  // length of 2^31 became a memcpy of 2^64 - 2^31 bytes). So every length is
-  // checked against the bytes really left in this message first.
-  const size_t message_size = message->Length();
-  if (message_size > static_cast<size_t>(std::numeric_limits<int>::max())) {
-    return absl::InvalidArgumentError("UploadRequest message over 2 GiB");
-  }
-  grpc::ProtoBufferReader reader(message);
-  google::protobuf::io::CodedInputStream input(&reader);
-  input.SetTotalBytesLimit(std::numeric_limits<int>::max());
-  const absl::Status malformed =
-      absl::InvalidArgumentError("malformed UploadRequest message");
-  while (uint32_t tag = input.ReadTag()) {
-    const int field = WireFormat::GetTagFieldNumber(tag);
-    const auto wire = WireFormat::GetTagWireType(tag);
-    if (field == kUploadData && wire == WireFormat::WIRETYPE_LENGTH_DELIMITED) {
-      uint32_t length;
-      if (!input.ReadVarint32(&length)) return malformed;
-      const size_t left = message_size - input.CurrentPosition();
-      if (length > left) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "malformed UploadRequest message: data field of ", length,
-            " bytes, but only ", left, " left in the message"));
-      }
-      if (absl::Status s = on_data(input, length); !s.ok()) return s;
-      continue;
-    }
-    if (header != nullptr && wire == WireFormat::WIRETYPE_VARINT &&
-        field >= kUploadBuffer && field <= kUploadStream) {
-      uint64_t value;
-      if (!input.ReadVarint64(&value)) return malformed;
-      if (field == kUploadBuffer) header->set_buffer(value);
-      if (field == kUploadOffset) header->set_offset(value);
-      if (field == kUploadSize) header->set_size(value);
-      if (field == kUploadStream) header->set_stream(value);
-      continue;
-    }
-    if (header != nullptr && field == kUploadSession &&
-        wire == WireFormat::WIRETYPE_LENGTH_DELIMITED) {
-      if (!WireFormat::ReadString(&input, header->mutable_session())) {
-        return malformed;
-      }
-      continue;
-    }
-    if (!WireFormat::SkipField(&input, tag)) return malformed;
-  }
-  if (!input.ConsumedEntireMessage()) return malformed;
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -374,7 +290,7 @@ class RuntimeService::Uploader final
     gate_.reset();
     if (status.ok()) {
       v1::UploadResponse response;
-      response.set_bytes_written(written_);
+      response.set_bytes_written(writer_ ? writer_->written() : 0);
       bool own_buffer;
       grpc::Status serialized =
           grpc::SerializationTraits<v1::UploadResponse>::Serialize(
@@ -398,56 +314,23 @@ class RuntimeService::Uploader final
   // Resolves the header (the first message) and returns the stream to
   // order the upload on.
   absl::StatusOr<std::shared_ptr<Stream>> StartFromHeaderLocked() {
-    v1::UploadRequest header;
-    absl::Status parsed = ParseUploadRequest(
-        &message_, &header,
-        [](google::protobuf::io::CodedInputStream& input, uint32_t length) {
-          return input.Skip(static_cast<int>(length))
-                     ? absl::OkStatus()
-                     : absl::InvalidArgumentError(
-                           "malformed UploadRequest message");
-        });
-    if (!parsed.ok()) return parsed;
+    absl::StatusOr<v1::UploadRequest> header = ParseUploadHeader(&message_);
+    if (!header.ok()) return header.status();
     absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
-        header.session(), header.buffer(), header.offset(), header.size(),
-        header.stream(), "upload range", service_->Caller(context_));
+        header->session(), header->buffer(), header->offset(), header->size(),
+        header->stream(), "upload range", service_->Caller(context_));
     if (!target.ok()) return target.status();
     session_ = target->session;
     buffer_ = target->buffer;
-    offset_ = header.offset();
-    size_ = header.size();
+    writer_.emplace(service_->device_,
+                    static_cast<char*>(buffer_->data()) + header->offset(),
+                    header->size());
     return target->stream;
   }
 
   // Copies the data of `message_` into the buffer.
   absl::Status WriteLocked() {
-    Device* device = service_->device_;
-    absl::Status status = ParseUploadRequest(
-        &message_, nullptr,
-        [&](google::protobuf::io::CodedInputStream& input,
-            uint32_t length) -> absl::Status {
-          if (length > size_ - written_) {
-            return absl::InvalidArgumentError(
-                absl::StrCat("upload sent more than the ", size_,
-                             " bytes its header announced"));
-          }
-          char* target =
-              static_cast<char*>(buffer_->data()) + offset_ + written_;
-          bool read;
-          if (void* host = device->HostAddress(target); host != nullptr) {
-            read = input.ReadRaw(host, static_cast<int>(length));
-          } else {
-            staging_.resize(length);
-            read = input.ReadRaw(staging_.data(), static_cast<int>(length));
-            if (read) device->CopyToDevice(target, staging_.data(), length);
-          }
-          if (!read) {
-            return absl::InvalidArgumentError(
-                "malformed UploadRequest message");
-          }
-          written_ += length;
-          return absl::OkStatus();
-        });
+    absl::Status status = writer_->Write(&message_);
     session_->Touch();
     return status;
   }
@@ -460,21 +343,14 @@ class RuntimeService::Uploader final
       return absl::InvalidArgumentError(
           "upload ended before its first message (the header)");
     }
-    if (written_ != size_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("upload ended after ", written_, " of the ", size_,
-                       " bytes its header announced"));
-    }
-    return absl::OkStatus();
+    return writer_->Finish();
   }
 
   grpc::CallbackServerContext* const context_;
   grpc::ByteBuffer* const response_;
   grpc::ByteBuffer message_;
-  std::string staging_;  // Only for devices the host cannot address.
-  uint64_t offset_ = 0;
-  uint64_t size_ = 0;
-  uint64_t written_ = 0;
+  // Set with the header; copies every message's data into the buffer.
+  std::optional<UploadWriter> writer_;
 };
 
 // Download: after the work queued on the stream before it, streams the
@@ -916,18 +792,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RuntimeService::Download(
 grpc::ServerUnaryReactor* RuntimeService::WriteValues(
     grpc::CallbackServerContext* context, const v1::WriteValuesRequest* request,
     v1::WriteValuesResponse* /*response*/) {
-  absl::StatusOr<kernels::DType> dtype = CheckDType(request->dtype());
-  if (!dtype.ok()) return Reply(context, dtype.status());
-  if (static_cast<uint64_t>(request->values_size()) > limits_.max_values) {
-    return Reply(context, absl::ResourceExhaustedError(absl::StrCat(
-                              request->values_size(), " values exceed the ",
-                              limits_.max_values,
-                              " one call may carry (--max_values); use "
-                              "Upload for large tensors")));
-  }
-  absl::StatusOr<std::string> bytes = EncodeValues(
-      *dtype,
-      absl::MakeConstSpan(request->values().data(), request->values_size()));
+  absl::StatusOr<std::string> bytes =
+      EncodeWriteValues(*request, limits_.max_values);
   if (!bytes.ok()) return Reply(context, bytes.status());
   absl::StatusOr<TransferTarget> target = ResolveTransfer(
       request->session(), request->buffer(), request->offset(), bytes->size(),
@@ -947,16 +813,9 @@ grpc::ServerUnaryReactor* RuntimeService::WriteValues(
 grpc::ServerUnaryReactor* RuntimeService::ReadValues(
     grpc::CallbackServerContext* context, const v1::ReadValuesRequest* request,
     v1::ReadValuesResponse* response) {
-  absl::StatusOr<kernels::DType> dtype = CheckDType(request->dtype());
-  if (!dtype.ok()) return Reply(context, dtype.status());
-  if (request->count() > limits_.max_values) {
-    return Reply(context, absl::ResourceExhaustedError(absl::StrCat(
-                              request->count(), " values exceed the ",
-                              limits_.max_values,
-                              " one call may carry (--max_values); use "
-                              "Download for large tensors")));
-  }
-  const uint64_t bytes = request->count() * kernels::DTypeSize(*dtype);
+  absl::StatusOr<ValuesRead> read = CheckReadValues(*request, limits_.max_values);
+  if (!read.ok()) return Reply(context, read.status());
+  const uint64_t bytes = read->bytes;
   absl::StatusOr<TransferTarget> target =
       ResolveTransfer(request->session(), request->buffer(), request->offset(),
                       bytes, request->stream(), "values", Caller(context));
@@ -964,7 +823,7 @@ grpc::ServerUnaryReactor* RuntimeService::ReadValues(
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   target->stream->WhenReached([this, reactor, response, buffer = target->buffer,
                                offset = request->offset(), bytes,
-                               count = request->count(), dtype = *dtype] {
+                               count = request->count(), dtype = read->dtype] {
     std::string host(bytes, '\0');
     device_->CopyFromDevice(
         host.data(), static_cast<const char*>(buffer->data()) + offset, bytes);

@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "proto/opserver.grpc.pb.h"
 #include "server/auth.h"
+#include "server/byte_range.h"  // CheckRange, for the services
 #include "server/device.h"
 #include "server/session.h"
 
@@ -158,11 +159,6 @@ class RuntimeService final : public RuntimeServiceBase {
   bool destroying_ ABSL_GUARDED_BY(mu_) = false;
   std::thread watchdog_;
 };
-
-// Checks that [offset, offset + size) lies inside `buffer_size` bytes without
-// overflow; INVALID_ARGUMENT naming `what` otherwise.
-absl::Status CheckRange(uint64_t offset, uint64_t size, uint64_t buffer_size,
-                        absl::string_view what);
 
 }  // namespace opserver
 

@@ -1,0 +1,317 @@
+#include "server/op_requests.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/types/span.h"
+#include "kernels/aclnn_status.h"
+#include "kernels/dtype.h"
+#include "kernels/tensor.h"
+#include "common/values.h"
+
+namespace opserver {
+namespace {
+
+using kernels::DType;
+using kernels::OpInfo;
+
+absl::StatusOr<DType> ToDType(int32_t value, absl::string_view what) {
+  if (!kernels::IsKnownDType(value)) {
+    return kernels::ParamInvalid(
+        absl::StrCat(what, " has dtype ", value, ", not an aclDataType"));
+  }
+  return static_cast<DType>(value);
+}
+
+// The work one launch may ask for is bounded (review finding 2): 161002
+// with RESOURCE_EXHAUSTED past --max_launch_elements.
+absl::Status CheckLaunchSize(const kernels::Plan& plan,
+                             uint64_t max_launch_elements) {
+  if (static_cast<uint64_t>(plan.numel()) <= max_launch_elements) {
+    return absl::OkStatus();
+  }
+  return kernels::AclnnError(
+      kernels::kAclnnErrParamInvalid, absl::StatusCode::kResourceExhausted,
+      absl::StrCat("the launch computes ", plan.numel(),
+                   " elements; one launch may compute at most ",
+                   max_launch_elements,
+                   " (--max_launch_elements): split the tensor"));
+}
+
+// Puts `view` into the slot of argument `name`: the table lists arguments
+// as (gradOutput, self or mask, out or gradInput).
+absl::Status PlaceTensor(const OpInfo& op, const std::string& name,
+                         kernels::TensorView view, kernels::OpCall* call) {
+  for (size_t i = 0; i < op.tensors.size(); ++i) {
+    if (op.tensors[i].name != name) continue;
+    std::optional<kernels::TensorView>* slots[] = {&call->grad_output,
+                                                   &call->self, &call->out};
+    *slots[i] = std::move(view);
+    return absl::OkStatus();
+  }
+  std::vector<std::string> names;
+  for (const auto& arg : op.tensors) names.emplace_back(arg.name);
+  return kernels::ParamInvalid(
+      absl::StrCat(op.name, " has no tensor argument '", name,
+                   "'; its arguments are ", absl::StrJoin(names, ", ")));
+}
+
+// Device memory owned by one Evaluate call.
+class ScratchBuffer {
+ public:
+  explicit ScratchBuffer(Device* device) : device_(device) {}
+  ~ScratchBuffer() {
+    if (data_ != nullptr) device_->Deallocate(data_, size_);
+  }
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+
+  absl::Status Allocate(uint64_t size) {
+    // Owner 0: never another caller's bytes.
+    absl::StatusOr<void*> data = device_->Allocate(size, /*owner=*/0);
+    if (!data.ok()) return data.status();
+    data_ = *data;
+    size_ = size;
+    return absl::OkStatus();
+  }
+  void* data() const { return data_; }
+
+ private:
+  Device* const device_;
+  void* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+// Shape of a ValueTensor: at most 8 non-negative dims whose product fits
+// `max_values`.
+absl::StatusOr<int64_t> CheckValueShape(const v1::ValueTensor& t,
+                                        absl::string_view name,
+                                        uint32_t max_values) {
+  if (t.shape_size() > kernels::kMaxRank) {
+    return kernels::ParamInvalid(absl::StrCat(name, " has ", t.shape_size(),
+                                              " dims; at most 8 allowed"));
+  }
+  int64_t numel = 1;
+  for (int64_t d : t.shape()) {
+    if (d < 0) {
+      return kernels::ParamInvalid(
+          absl::StrCat(name, " has a negative dimension ", d));
+    }
+    if (d != 0 && numel > static_cast<int64_t>(max_values) / d) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(name, " has more than the ", max_values,
+                       " values one call may carry (--max_values)"));
+    }
+    numel *= d;
+  }
+  return numel;
+}
+
+}  // namespace
+
+absl::StatusOr<const OpInfo*> FindOperator(const std::string& name) {
+  const OpInfo* info = kernels::FindOp(name);
+  if (info != nullptr) return info;
+  std::vector<std::string> names;
+  for (const OpInfo& op : kernels::OpRegistry()) {
+    names.emplace_back(op.name);
+  }
+  return kernels::ParamInvalid(absl::StrCat(
+      "unknown operator '", name, "'; known: ", absl::StrJoin(names, ", ")));
+}
+
+absl::Status SetParams(const OpInfo& op, const v1::OpParams& in,
+                       kernels::OpParams* out) {
+  out->threshold = in.threshold();
+  out->lambd = in.lambd();
+  out->self_is_result = in.self_is_result();
+  out->scale = in.scale();
+  if (op.kind == kernels::OpKind::kLeakyReluBackward) {
+    if (!in.has_negative_slope()) {
+      return kernels::ParamNullptr(
+          "negativeSlope is missing (params.negative_slope)");
+    }
+    absl::StatusOr<DType> dtype =
+        ToDType(in.negative_slope().dtype(), "negativeSlope");
+    if (!dtype.ok()) return dtype.status();
+    const double v = in.negative_slope().value();
+    if (kernels::IsFloating(*dtype)) {
+      out->negative_slope = kernels::Scalar::Float(v, *dtype);
+    } else if (*dtype == DType::kBool) {
+      out->negative_slope = kernels::Scalar::Bool(v != 0);
+    } else {
+      // Range first: casting NaN or 1e300 to int64 is undefined (finding 14).
+      if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0) ||
+          v != std::trunc(v)) {
+        return kernels::ParamInvalid(absl::StrCat(
+            "negativeSlope has integer dtype ", kernels::DTypeName(*dtype),
+            " but value ", v, " is not an integer"));
+      }
+      out->negative_slope =
+          kernels::Scalar::Int(static_cast<int64_t>(v), *dtype);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<kernels::Plan> PlanGetWorkspaceSize(
+    const v1::GetWorkspaceSizeRequest& request, BufferLookup lookup,
+    uint64_t max_launch_elements) {
+  absl::StatusOr<const OpInfo*> op = FindOperator(request.op());
+  if (!op.ok()) return op.status();
+  kernels::OpCall call;
+  call.op = (*op)->kind;
+  if (absl::Status s = SetParams(**op, request.params(), &call.params);
+      !s.ok()) {
+    return s;
+  }
+  for (const auto& [name, desc] : request.tensors()) {
+    absl::StatusOr<DeviceBytes> buffer = lookup(desc.buffer());
+    if (!buffer.ok()) {
+      return kernels::AclnnError(
+          kernels::kAclnnErrParamInvalid, absl::StatusCode::kNotFound,
+          absl::StrCat(name, ": ", buffer.status().message()));
+    }
+    absl::StatusOr<DType> dtype = ToDType(desc.dtype(), name);
+    if (!dtype.ok()) return dtype.status();
+    if (desc.buffer_offset() > buffer->size) {
+      return kernels::ParamInvalid(
+          absl::StrCat(name, " starts at byte ", desc.buffer_offset(),
+                       " of a buffer of ", buffer->size, " bytes"));
+    }
+    kernels::TensorView view;
+    view.dtype = *dtype;
+    view.shape.assign(desc.shape().begin(), desc.shape().end());
+    view.strides.assign(desc.strides().begin(), desc.strides().end());
+    view.offset = desc.offset();
+    view.storage_shape.assign(desc.storage_shape().begin(),
+                              desc.storage_shape().end());
+    view.data = static_cast<char*>(buffer->data) + desc.buffer_offset();
+    const uint64_t available = buffer->size - desc.buffer_offset();
+    if (absl::Status s = kernels::CheckTensorBounds(
+            view,
+            static_cast<int64_t>(std::min<uint64_t>(available, INT64_MAX)),
+            name);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = PlaceTensor(**op, name, std::move(view), &call);
+        !s.ok()) {
+      return s;
+    }
+  }
+  absl::StatusOr<kernels::Plan> plan = kernels::PrepareOp(call);
+  if (!plan.ok()) return plan.status();
+  if (absl::Status s = CheckLaunchSize(*plan, max_launch_elements); !s.ok()) {
+    return s;
+  }
+  return plan;
+}
+
+absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
+                                            Device* device,
+                                            uint32_t max_values) {
+  absl::StatusOr<const OpInfo*> op = FindOperator(request.op());
+  if (!op.ok()) return op.status();
+  kernels::OpCall call;
+  call.op = (*op)->kind;
+  if (absl::Status s = SetParams(**op, request.params(), &call.params);
+      !s.ok()) {
+    return s;
+  }
+  for (const auto& [name, t] : request.inputs()) {
+    bool known = false;
+    for (const auto& arg : (*op)->tensors) {
+      known |= !arg.is_output && arg.name == name;
+    }
+    if (!known) {
+      return kernels::ParamInvalid(
+          absl::StrCat((*op)->name, " has no input '", name, "'"));
+    }
+  }
+  std::vector<std::unique_ptr<ScratchBuffer>> scratch;
+  void* output_data = nullptr;
+  int64_t output_numel = 0;
+  DType output_dtype = DType::kFloat;
+  for (const auto& arg : (*op)->tensors) {
+    const std::string name(arg.name);
+    const v1::ValueTensor* t = nullptr;
+    if (arg.is_output) {
+      if (request.has_output()) t = &request.output();
+    } else {
+      auto it = request.inputs().find(name);
+      if (it != request.inputs().end()) t = &it->second;
+    }
+    if (t == nullptr) continue;  // PrepareOp reports the missing argument.
+    absl::StatusOr<DType> dtype = ToDType(t->dtype(), name);
+    if (!dtype.ok()) return dtype.status();
+    absl::StatusOr<int64_t> numel = CheckValueShape(*t, name, max_values);
+    if (!numel.ok()) return numel.status();
+    std::string bytes;
+    if (arg.is_output) {
+      bytes.assign(*numel * kernels::DTypeSize(*dtype), '\0');
+    } else {
+      if (t->values_size() != *numel) {
+        return kernels::ParamInvalid(
+            absl::StrCat(name, " has shape of ", *numel, " elements but ",
+                         t->values_size(), " values"));
+      }
+      absl::StatusOr<std::string> encoded = EncodeValues(
+          *dtype, absl::MakeConstSpan(t->values().data(), t->values_size()));
+      if (!encoded.ok()) {
+        return kernels::ParamInvalid(
+            absl::StrCat(name, ": ", encoded.status().message()));
+      }
+      bytes = *std::move(encoded);
+    }
+    scratch.push_back(std::make_unique<ScratchBuffer>(device));
+    if (absl::Status s = scratch.back()->Allocate(bytes.size()); !s.ok()) {
+      return s;
+    }
+    device->CopyToDevice(scratch.back()->data(), bytes.data(), bytes.size());
+    kernels::TensorView view;
+    view.dtype = *dtype;
+    view.shape.assign(t->shape().begin(), t->shape().end());
+    view.data = scratch.back()->data();
+    if (arg.is_output) {
+      output_data = view.data;
+      output_numel = *numel;
+      output_dtype = *dtype;
+    }
+    if (absl::Status s = PlaceTensor(**op, name, std::move(view), &call);
+        !s.ok()) {
+      return s;
+    }
+  }
+  absl::StatusOr<kernels::Plan> plan = kernels::PrepareOp(call);
+  if (!plan.ok()) return plan.status();
+  ScratchBuffer workspace(device);
+  if (plan->workspace_size() > 0) {
+    if (absl::Status s = workspace.Allocate(plan->workspace_size()); !s.ok()) {
+      return s;
+    }
+  }
+  if (absl::Status s =
+          device->Launch(*plan, workspace.data(), plan->workspace_size());
+      !s.ok()) {
+    return s;
+  }
+  std::string host(output_numel * kernels::DTypeSize(output_dtype), '\0');
+  device->CopyFromDevice(host.data(), output_data, host.size());
+  std::vector<double> values =
+      DecodeValues(output_dtype, host.data(), output_numel);
+  v1::ValueTensor out;
+  out.set_dtype(static_cast<v1::DataType>(output_dtype));
+  *out.mutable_shape() = request.output().shape();
+  out.mutable_values()->Add(values.begin(), values.end());
+  return out;
+}
+
+}  // namespace opserver

@@ -1,0 +1,55 @@
+// The Operators service's requests without the transport: GetWorkspaceSize
+// (tensor descriptors and parameters -> a checked, planned kernels::OpCall)
+// and Evaluate (literal values -> computed values). The gRPC handlers only
+// find the session, resolve its buffers and admit the call.
+#ifndef OPSERVER_SERVER_OP_REQUESTS_H_
+#define OPSERVER_SERVER_OP_REQUESTS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/ops.h"
+#include "proto/opserver.pb.h"
+#include "server/device.h"
+
+namespace opserver {
+
+// The operator named `name` (or its aclnn name); 161002 listing the known
+// ones otherwise.
+absl::StatusOr<const kernels::OpInfo*> FindOperator(const std::string& name);
+
+// The operator parameters of a request, checked as far as they can be
+// without the tensors (the rest is kernels::PrepareOp's).
+absl::Status SetParams(const kernels::OpInfo& op, const v1::OpParams& in,
+                       kernels::OpParams* out);
+
+// Device memory a request names by handle: `size` bytes at `data`.
+struct DeviceBytes {
+  void* data = nullptr;
+  uint64_t size = 0;
+};
+// Resolves a buffer handle of the caller's session (NOT_FOUND if unknown).
+using BufferLookup =
+    absl::FunctionRef<absl::StatusOr<DeviceBytes>(uint64_t handle)>;
+
+// GetWorkspaceSize: the operator, its parameters and each tensor descriptor
+// (dtype, shape, strides, offsets, storage shape, inside its buffer) turned
+// into a kernels::OpCall, checked and planned. 161002 (RESOURCE_EXHAUSTED)
+// when the launch would compute more than `max_launch_elements`.
+absl::StatusOr<kernels::Plan> PlanGetWorkspaceSize(
+    const v1::GetWorkspaceSizeRequest& request, BufferLookup lookup,
+    uint64_t max_launch_elements);
+
+// Evaluate: checks the literal tensors (each at most `max_values` values),
+// copies them to scratch memory of `device`, runs the operator there and
+// returns the output tensor.
+absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
+                                            Device* device,
+                                            uint32_t max_values);
+
+}  // namespace opserver
+
+#endif  // OPSERVER_SERVER_OP_REQUESTS_H_

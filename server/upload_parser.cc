@@ -1,0 +1,127 @@
+#include "server/upload_parser.h"
+
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/wire_format_lite.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+
+namespace opserver {
+namespace {
+
+// UploadRequest fields, as the wire format numbers them.
+constexpr int kUploadSession = 1;
+constexpr int kUploadBuffer = 2;
+constexpr int kUploadOffset = 3;
+constexpr int kUploadSize = 4;
+constexpr int kUploadStream = 5;
+constexpr int kUploadData = 6;
+
+using WireFormat = google::protobuf::internal::WireFormatLite;
+
+absl::Status Malformed() {
+  return absl::InvalidArgumentError("malformed UploadRequest message");
+}
+
+}  // namespace
+
+absl::Status ParseUploadRequest(grpc::ByteBuffer* message,
+                                v1::UploadRequest* header,
+                                UploadDataHandler on_data) {
+  // The wire's length prefixes are hostile: gRPC never compares them with
+  // the message (Upload is served on raw bytes), and protobuf's ReadRaw
+  // takes an int and does not refuse a negative one (review finding 1: a
+  // length of 2^31 became a memcpy of 2^64 - 2^31 bytes). So every length is
+  // checked against the bytes really left in this message first.
+  const size_t message_size = message->Length();
+  if (message_size > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    return absl::InvalidArgumentError("UploadRequest message over 2 GiB");
+  }
+  grpc::ProtoBufferReader reader(message);
+  google::protobuf::io::CodedInputStream input(&reader);
+  input.SetTotalBytesLimit(std::numeric_limits<int>::max());
+  while (uint32_t tag = input.ReadTag()) {
+    const int field = WireFormat::GetTagFieldNumber(tag);
+    const auto wire = WireFormat::GetTagWireType(tag);
+    if (field == kUploadData && wire == WireFormat::WIRETYPE_LENGTH_DELIMITED) {
+      uint32_t length;
+      if (!input.ReadVarint32(&length)) return Malformed();
+      const size_t left = message_size - input.CurrentPosition();
+      if (length > left) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "malformed UploadRequest message: data field of ", length,
+            " bytes, but only ", left, " left in the message"));
+      }
+      if (absl::Status s = on_data(input, length); !s.ok()) return s;
+      continue;
+    }
+    if (header != nullptr && wire == WireFormat::WIRETYPE_VARINT &&
+        field >= kUploadBuffer && field <= kUploadStream) {
+      uint64_t value;
+      if (!input.ReadVarint64(&value)) return Malformed();
+      if (field == kUploadBuffer) header->set_buffer(value);
+      if (field == kUploadOffset) header->set_offset(value);
+      if (field == kUploadSize) header->set_size(value);
+      if (field == kUploadStream) header->set_stream(value);
+      continue;
+    }
+    if (header != nullptr && field == kUploadSession &&
+        wire == WireFormat::WIRETYPE_LENGTH_DELIMITED) {
+      if (!WireFormat::ReadString(&input, header->mutable_session())) {
+        return Malformed();
+      }
+      continue;
+    }
+    if (!WireFormat::SkipField(&input, tag)) return Malformed();
+  }
+  if (!input.ConsumedEntireMessage()) return Malformed();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::UploadRequest> ParseUploadHeader(grpc::ByteBuffer* message) {
+  v1::UploadRequest header;
+  absl::Status parsed = ParseUploadRequest(
+      message, &header,
+      [](google::protobuf::io::CodedInputStream& input, uint32_t length) {
+        return input.Skip(static_cast<int>(length)) ? absl::OkStatus()
+                                                    : Malformed();
+      });
+  if (!parsed.ok()) return parsed;
+  return header;
+}
+
+absl::Status UploadWriter::Write(grpc::ByteBuffer* message) {
+  return ParseUploadRequest(
+      message, nullptr,
+      [&](google::protobuf::io::CodedInputStream& input,
+          uint32_t length) -> absl::Status {
+        if (length > size_ - written_) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("upload sent more than the ", size_,
+                           " bytes its header announced"));
+        }
+        char* target = target_ + written_;
+        bool read;
+        if (void* host = device_->HostAddress(target); host != nullptr) {
+          read = input.ReadRaw(host, static_cast<int>(length));
+        } else {
+          staging_.resize(length);
+          read = input.ReadRaw(staging_.data(), static_cast<int>(length));
+          if (read) device_->CopyToDevice(target, staging_.data(), length);
+        }
+        if (!read) return Malformed();
+        written_ += length;
+        return absl::OkStatus();
+      });
+}
+
+absl::Status UploadWriter::Finish() const {
+  if (written_ != size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("upload ended after ", written_, " of the ", size_,
+                     " bytes its header announced"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace opserver
