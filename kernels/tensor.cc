@@ -63,6 +63,10 @@ absl::Status CheckTensorLayout(const TensorView& view, absl::string_view name,
     return ParamInvalid(
         absl::StrCat(name, " has negative view offset ", view.offset));
   }
+  // The product of the non-zero dims must fit, wherever a zero dim is: an
+  // empty view is refused or accepted whatever the order of its dims (the
+  // fuzzers found [2^60, 176, 0] refused but [0, 2^60, 176] accepted), and
+  // any product of dims (element counts, row-major strides) fits int64.
   int64_t numel = 1;
   bool empty = false;
   for (size_t k = 0; k < rank; ++k) {
@@ -72,8 +76,9 @@ absl::Status CheckTensorLayout(const TensorView& view, absl::string_view name,
                                        " at index ", k, " of shape [",
                                        absl::StrJoin(view.shape, ","), "]"));
     }
-    if (d == 0) empty = true;
-    if (!empty && __builtin_mul_overflow(numel, d, &numel)) {
+    if (d == 0) {
+      empty = true;
+    } else if (__builtin_mul_overflow(numel, d, &numel)) {
       return ParamInvalid(absl::StrCat(name, " shape [",
                                        absl::StrJoin(view.shape, ","),
                                        "] overflows int64"));

@@ -50,7 +50,8 @@ bool IsContiguous(const TensorView& view);
 // bytes starting at view.data: known dtype, rank <= 8, dims >= 0, either no
 // strides or one per dim, strides >= 0 and offset >= 0 (aclnn accepts no
 // negative strides, so they are rejected), no int64 overflow in any size or
-// address computation, and the furthest element ends within the storage.
+// address computation (the non-zero dims multiply within int64 even when
+// another dim is 0), and the furthest element ends within the storage.
 // An empty view (a zero dimension) needs no storage. Errors are 161002
 // (INVALID_ARGUMENT) with a message starting with `name`.
 absl::Status CheckTensorBounds(const TensorView& view,
