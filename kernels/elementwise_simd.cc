@@ -28,6 +28,9 @@ using BF16 = hwy::bfloat16_t;
 // F16C (AVX2 and up) converts binary16 in hardware with round-to-nearest-
 // even; on older targets Highway emulates the demotion without that
 // guarantee, so those targets convert lane by lane.
+// (Highway compiles this file once per target: the macros are redefined.)
+#undef OPSERVER_HW_F16
+#undef OPSERVER_STREAM
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 #define OPSERVER_HW_F16 1
 #else

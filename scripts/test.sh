@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds everything and runs every test: once in
-# the default configuration and once under ASan+UBSan (--config=asan).
-# Extra arguments go to both `bazel test` runs (e.g. a target pattern).
+# the default configuration and once under ASan+UBSan (--config=asan), then
+# the fuzz smoke tests once more as libFuzzer binaries (--config=fuzz,
+# clang-14, ASan+UBSan: a few seconds of fuzzing per target).
+# Extra arguments go to the first two `bazel test` runs (e.g. a target
+# pattern); the third runs those of them under //fuzz, if any.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 targets=("$@")
 ((${#targets[@]})) || targets=(//...)
-# Both configurations run even when the first fails, so one run shows
-# everything that is wrong; the exit status is non-zero if either failed.
+fuzz_targets=()
+for t in "${targets[@]}"; do
+  case "$t" in
+    //...) fuzz_targets+=(//fuzz/...) ;;
+    //fuzz*) fuzz_targets+=("$t") ;;
+  esac
+done
+# Every configuration runs even when one fails, so one run shows everything
+# that is wrong; the exit status is non-zero if any failed.
 status=0
 bazel test "${targets[@]}" || status=1
 bazel test --config=asan "${targets[@]}" || status=1
+if ((${#fuzz_targets[@]})); then
+  bazel test --config=fuzz "${fuzz_targets[@]}" || status=1
+fi
 exit "$status"

@@ -1,0 +1,325 @@
+// Writes the fuzzers' seed corpora: a handful of valid requests per target,
+// serialized as the server receives them (tensor_view_fuzzer's in its own
+// byte format). Run from the workspace root:
+//   bazel run //fuzz:make_seeds -- "$PWD/fuzz/corpus"
+// The files are committed; rerun this only when the requests change.
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "proto/opserver.pb.h"
+
+namespace {
+
+using namespace opserver::v1;
+
+std::string root;
+
+void Write(const std::string& fuzzer, const std::string& name,
+           const std::string& bytes) {
+  const std::string path = root + "/" + fuzzer + "/" + name;
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+  if (!out) {
+    std::fprintf(stderr, "cannot write %s (does the directory exist?)\n",
+                 path.c_str());
+    std::exit(1);
+  }
+}
+
+TensorDesc Desc(uint64_t buffer, DataType dtype, std::vector<int64_t> shape,
+                std::vector<int64_t> strides = {}, int64_t offset = 0,
+                uint64_t buffer_offset = 0) {
+  TensorDesc d;
+  d.set_buffer(buffer);
+  d.set_dtype(dtype);
+  for (int64_t v : shape) d.add_shape(v);
+  for (int64_t v : strides) d.add_strides(v);
+  d.set_offset(offset);
+  d.set_buffer_offset(buffer_offset);
+  return d;
+}
+
+void WorkspaceSeeds() {
+  const std::string f = "workspace_fuzzer";
+  // Buffers (fuzz/workspace_fuzzer.cc): 1: 0 B, 2: 1 B, 3: 16 B, 4: 64 B,
+  // 5: 256 B, 6: 4096 B, 7: 65600 B.
+  GetWorkspaceSizeRequest r;
+  r.set_op("ThresholdBackward");
+  r.mutable_params()->set_threshold(1.0);
+  (*r.mutable_tensors())["gradOutput"] = Desc(3, FLOAT, {4});
+  (*r.mutable_tensors())["self"] = Desc(4, FLOAT, {4});
+  (*r.mutable_tensors())["out"] = Desc(5, FLOAT, {4});
+  Write(f, "threshold_float", r.SerializeAsString());
+
+  // Broadcast [2,1] x [1,3] into a strided out with an offset.
+  r.Clear();
+  r.set_op("aclnnThresholdBackward");
+  r.mutable_params()->set_threshold(0.5);
+  (*r.mutable_tensors())["gradOutput"] = Desc(3, INT8, {2, 1});
+  (*r.mutable_tensors())["self"] = Desc(3, INT8, {1, 3}, {}, 2);
+  (*r.mutable_tensors())["out"] = Desc(6, INT8, {2, 3}, {8, 2}, 1, 3);
+  Write(f, "threshold_int8_broadcast_strided", r.SerializeAsString());
+
+  r.Clear();
+  r.set_op("SoftshrinkBackward");
+  r.mutable_params()->set_lambd(0.5);
+  (*r.mutable_tensors())["gradOutput"] = Desc(4, FLOAT16, {2, 4});
+  (*r.mutable_tensors())["self"] = Desc(4, FLOAT, {4}, {}, 0, 32);
+  TensorDesc out = Desc(5, FLOAT, {2, 4});
+  out.add_storage_shape(4);
+  out.add_storage_shape(4);
+  (*r.mutable_tensors())["gradInput"] = out;
+  Write(f, "softshrink_mixed_storage_shape", r.SerializeAsString());
+
+  r.Clear();
+  r.set_op("HardswishBackward");
+  (*r.mutable_tensors())["gradOutput"] = Desc(6, BF16, {3, 5}, {10, 2});
+  (*r.mutable_tensors())["self"] = Desc(6, BF16, {3, 5}, {1, 3}, 100);
+  (*r.mutable_tensors())["out"] = Desc(6, BF16, {3, 5}, {}, 1000);
+  Write(f, "hardswish_bf16_transposed", r.SerializeAsString());
+
+  r.Clear();
+  r.set_op("LeakyReluBackward");
+  r.mutable_params()->mutable_negative_slope()->set_dtype(INT32);
+  r.mutable_params()->mutable_negative_slope()->set_value(2);
+  r.mutable_params()->set_self_is_result(true);
+  (*r.mutable_tensors())["gradOutput"] = Desc(5, DOUBLE, {8});
+  (*r.mutable_tensors())["self"] = Desc(5, FLOAT, {1});
+  (*r.mutable_tensors())["out"] = Desc(6, FLOAT16, {8});
+  Write(f, "leaky_relu_int_slope_promoted", r.SerializeAsString());
+
+  // A mask that is not contiguous: gathered into the workspace.
+  r.Clear();
+  r.set_op("DropoutBackward");
+  r.mutable_params()->set_scale(2.0);
+  (*r.mutable_tensors())["gradOutput"] = Desc(6, FLOAT, {200});
+  (*r.mutable_tensors())["mask"] = Desc(5, UINT8, {32}, {2});
+  (*r.mutable_tensors())["out"] = Desc(6, DOUBLE, {200}, {}, 256);
+  Write(f, "dropout_strided_mask_workspace", r.SerializeAsString());
+
+  // Large enough to be split over the pool's threads.
+  r.Clear();
+  r.set_op("ThresholdBackward");
+  (*r.mutable_tensors())["gradOutput"] = Desc(6, UINT8, {1});
+  (*r.mutable_tensors())["self"] = Desc(7, UINT8, {256, 256});
+  (*r.mutable_tensors())["out"] = Desc(7, UINT8, {256, 256}, {256, 1}, 64);
+  Write(f, "threshold_uint8_parallel", r.SerializeAsString());
+
+  // Empty tensors and a zero-byte buffer.
+  r.Clear();
+  r.set_op("HardswishBackward");
+  (*r.mutable_tensors())["gradOutput"] = Desc(1, FLOAT, {0, 3});
+  (*r.mutable_tensors())["self"] = Desc(1, FLOAT, {0, 3});
+  (*r.mutable_tensors())["out"] = Desc(2, FLOAT, {0, 3});
+  Write(f, "hardswish_empty", r.SerializeAsString());
+}
+
+ValueTensor Values(DataType dtype, std::vector<int64_t> shape,
+                   std::vector<double> values) {
+  ValueTensor t;
+  t.set_dtype(dtype);
+  for (int64_t v : shape) t.add_shape(v);
+  for (double v : values) t.add_values(v);
+  return t;
+}
+
+void EvaluateSeeds() {
+  const std::string f = "evaluate_fuzzer";
+  EvaluateRequest r;
+  // The README's example.
+  r.set_op("ThresholdBackward");
+  r.mutable_params()->set_threshold(1.0);
+  (*r.mutable_inputs())["gradOutput"] =
+      Values(FLOAT, {4}, {4.5, 4.4, 4.3, 4.2});
+  (*r.mutable_inputs())["self"] = Values(FLOAT, {4}, {0.2, 1.2, 2.2, 3.2});
+  *r.mutable_output() = Values(FLOAT, {4}, {});
+  Write(f, "threshold_readme", r.SerializeAsString());
+
+  r.Clear();
+  r.set_op("SoftshrinkBackward");
+  r.mutable_params()->set_lambd(0.5);
+  (*r.mutable_inputs())["gradOutput"] = Values(FLOAT16, {2, 1}, {1, -2});
+  (*r.mutable_inputs())["self"] = Values(BF16, {3}, {0.1, -0.7, 3});
+  *r.mutable_output() = Values(FLOAT, {2, 3}, {});
+  Write(f, "softshrink_broadcast", r.SerializeAsString());
+
+  r.Clear();
+  r.set_op("HardswishBackward");
+  (*r.mutable_inputs())["gradOutput"] = Values(FLOAT16, {5}, {1, 1, 1, 1, 1});
+  (*r.mutable_inputs())["self"] = Values(FLOAT16, {5}, {-4, -3, 0, 3, 4});
+  *r.mutable_output() = Values(FLOAT16, {5}, {});
+  Write(f, "hardswish_half", r.SerializeAsString());
+
+  r.Clear();
+  r.set_op("LeakyReluBackward");
+  r.mutable_params()->mutable_negative_slope()->set_dtype(DOUBLE);
+  r.mutable_params()->mutable_negative_slope()->set_value(0.01);
+  (*r.mutable_inputs())["gradOutput"] = Values(DOUBLE, {2}, {3, 4});
+  (*r.mutable_inputs())["self"] = Values(FLOAT, {2}, {-1, 1});
+  *r.mutable_output() = Values(DOUBLE, {2}, {});
+  Write(f, "leaky_relu_double", r.SerializeAsString());
+
+  r.Clear();
+  r.set_op("DropoutBackward");
+  r.mutable_params()->set_scale(2);
+  (*r.mutable_inputs())["gradOutput"] =
+      Values(FLOAT, {4, 2}, {0, 1, 2, 3, 4, 5, 6, 7});
+  std::vector<double> mask(16, 0);
+  mask[0] = 42;
+  (*r.mutable_inputs())["mask"] = Values(UINT8, {16}, mask);
+  *r.mutable_output() = Values(FLOAT, {4, 2}, {});
+  Write(f, "dropout_readme", r.SerializeAsString());
+}
+
+void ValuesSeeds() {
+  const std::string f = "values_fuzzer";
+  WriteValuesRequest w;
+  w.set_buffer(1);
+  w.set_dtype(FLOAT);
+  for (double v : {4.5, 4.4, 4.3, 4.2}) w.add_values(v);
+  Write(f, "write_float", w.SerializeAsString());
+
+  w.Clear();
+  w.set_dtype(FLOAT16);
+  w.set_offset(4090);
+  for (double v : {65504.0, -0.0, 1e-8}) w.add_values(v);
+  Write(f, "write_half_at_end", w.SerializeAsString());
+
+  w.Clear();
+  w.set_dtype(INT64);
+  for (double v : {-9223372036854775808.0, 9007199254740993.0, 0.0}) {
+    w.add_values(v);
+  }
+  Write(f, "write_int64_extremes", w.SerializeAsString());
+
+  w.Clear();
+  w.set_dtype(BOOL);
+  for (double v : {1.0, 0.0, 1.0}) w.add_values(v);
+  Write(f, "write_bool", w.SerializeAsString());
+
+  ReadValuesRequest r;
+  r.set_dtype(BF16);
+  r.set_offset(8);
+  r.set_count(100);
+  Write(f, "read_bf16", r.SerializeAsString());
+
+  // Both at once: field 5 as values (write) and as count (read).
+  w.Clear();
+  w.set_dtype(UINT16);
+  w.set_offset(2);
+  for (double v : {1.0, 65535.0}) w.add_values(v);
+  r.Clear();
+  r.set_count(2);
+  Write(f, "write_and_read_uint16", w.SerializeAsString() +
+                                        r.SerializeAsString());
+}
+
+void UploadSeeds() {
+  const std::string f = "upload_fuzzer";
+  // Buffer 1 of 4096 bytes (fuzz/upload_fuzzer.cc).
+  UploadRequest h;
+  h.set_session("s");
+  h.set_buffer(1);
+  h.set_offset(8);
+  h.set_size(4);
+  h.set_data(std::string("\x00\x00\x80\x3f", 4));
+  Write(f, "header_with_data", h.SerializeAsString());
+
+  // Header, then a data message: split at the middle by the fuzzer.
+  UploadRequest header;
+  header.set_buffer(1);
+  header.set_size(20);
+  header.set_stream(0);
+  UploadRequest data;
+  data.set_data(std::string(20 - 0, 'x'));
+  std::string first = header.SerializeAsString();
+  std::string second = data.SerializeAsString();
+  // Pad the header with an unknown field so both halves are whole messages.
+  while (first.size() < second.size()) {
+    first += std::string("\x38\x00", 2);  // Field 7, varint 0: skipped.
+  }
+  Write(f, "header_then_data", first + second);
+
+  // Two data fields in one message.
+  h.Clear();
+  h.set_buffer(1);
+  h.set_size(6);
+  std::string two = h.SerializeAsString();
+  data.set_data("abc");
+  two += data.SerializeAsString() + data.SerializeAsString();
+  Write(f, "two_data_fields", two);
+
+  // Review finding 1: a data length of 2^31 after a header.
+  h.Clear();
+  h.set_buffer(1);
+  h.set_size(16);
+  Write(f, "finding1_two_gib_length",
+        h.SerializeAsString() + std::string("\x32\x80\x80\x80\x80\x08\x78", 7));
+}
+
+// tensor_view_fuzzer's format (fuzz/tensor_view_fuzzer.cc, Decode).
+struct ViewBytes {
+  std::string bytes;
+  void Byte(uint8_t b) { bytes.push_back(static_cast<char>(b)); }
+  void Value(int64_t v) {
+    if (v >= 0 && v < 256) {
+      Byte(0);
+      Byte(static_cast<uint8_t>(v));
+      return;
+    }
+    Byte(2);
+    for (int i = 0; i < 8; ++i) Byte(static_cast<uint8_t>(uint64_t(v) >> (8 * i)));
+  }
+};
+
+std::string View(int dtype_index, std::vector<int64_t> shape, int strides_mode,
+                 std::vector<int64_t> strides, int64_t offset,
+                 std::vector<int64_t> storage, int64_t available) {
+  ViewBytes b;
+  b.Byte(dtype_index);
+  b.Byte(shape.size());
+  b.Byte(strides_mode);
+  for (int64_t v : shape) b.Value(v);
+  if (strides_mode == 3) b.Byte(1);
+  for (int64_t v : strides) b.Value(v);
+  b.Value(offset);
+  b.Byte(storage.empty() ? 15 : storage.size());
+  for (int64_t v : storage) b.Value(v);
+  b.Value(available);
+  return b.bytes;
+}
+
+void TensorViewSeeds() {
+  const std::string f = "tensor_view_fuzzer";
+  // dtype index 0 is FLOAT, 1 FLOAT16, 4 UINT8, 10 DOUBLE.
+  Write(f, "float_contiguous", View(0, {2, 3}, 0, {}, 0, {}, 24));
+  Write(f, "half_strided_offset", View(1, {3, 4}, 1, {8, 2}, 5, {}, 64));
+  Write(f, "uint8_storage_shape", View(4, {4, 4}, 1, {1, 4}, 0, {4, 4}, 16));
+  Write(f, "double_transposed", View(10, {2, 2, 2}, 1, {1, 4, 2}, 0, {}, 64));
+  Write(f, "broadcast_stride0", View(0, {1000000, 3}, 1, {0, 1}, 0, {}, 12));
+  Write(f, "huge_stride_overflow",
+        View(0, {3, 2}, 1, {int64_t{1} << 62, 1}, 0, {}, 4096));
+  Write(f, "strides_count_mismatch", View(0, {2, 2}, 3, {1, 2, 3}, 0, {}, 64));
+  Write(f, "empty_with_huge_dims",
+        View(0, {0, int64_t{1} << 40}, 1, {1, 1}, 0, {}, 0));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: make_seeds CORPUS_ROOT\n");
+    return 2;
+  }
+  root = argv[1];
+  WorkspaceSeeds();
+  EvaluateSeeds();
+  ValuesSeeds();
+  UploadSeeds();
+  TensorViewSeeds();
+  return 0;
+}
