@@ -25,7 +25,7 @@
 #include "proto/opserver.pb.h"
 #include "server/byte_range.h"
 #include "server/value_requests.h"
-#include "server/values.h"
+#include "common/values.h"
 
 namespace {
 

@@ -19,6 +19,7 @@ packages=(
   libhwy-dev             # Google Highway: SIMD kernels with runtime dispatch
   grpc-proto             # grpc/health/v1/health.proto, compiled for reflection
   python3-numpy          # .npy handling in tests/scripts
+  openssl                # tests generate TLS certificates at run time
   clang-14               # the fuzz configuration's compiler (libFuzzer)
   libclang-rt-14-dev     # libFuzzer + ASan/UBSan runtimes for clang-14
 )
