@@ -11,29 +11,12 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/op_call.h"  // FindOperator, SetParams, BufferLookup
 #include "kernels/ops.h"
 #include "proto/opserver.pb.h"
 #include "server/device.h"
 
 namespace opserver {
-
-// The operator named `name` (or its aclnn name); 161002 listing the known
-// ones otherwise.
-absl::StatusOr<const kernels::OpInfo*> FindOperator(const std::string& name);
-
-// The operator parameters of a request, checked as far as they can be
-// without the tensors (the rest is kernels::PrepareOp's).
-absl::Status SetParams(const kernels::OpInfo& op, const v1::OpParams& in,
-                       kernels::OpParams* out);
-
-// Device memory a request names by handle: `size` bytes at `data`.
-struct DeviceBytes {
-  void* data = nullptr;
-  uint64_t size = 0;
-};
-// Resolves a buffer handle of the caller's session (NOT_FOUND if unknown).
-using BufferLookup =
-    absl::FunctionRef<absl::StatusOr<DeviceBytes>(uint64_t handle)>;
 
 // GetWorkspaceSize: the operator, its parameters and each tensor descriptor
 // (dtype, shape, strides, offsets, storage shape, inside its buffer) turned

@@ -1,0 +1,160 @@
+#include "common/op_call.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/aclnn_status.h"
+#include "kernels/dtype.h"
+#include "kernels/tensor.h"
+
+namespace opserver {
+namespace {
+
+using kernels::DType;
+using kernels::OpInfo;
+
+}  // namespace
+
+absl::Status PlaceTensor(const OpInfo& op, const std::string& name,
+                         kernels::TensorView view, kernels::OpCall* call) {
+  for (size_t i = 0; i < op.tensors.size(); ++i) {
+    if (op.tensors[i].name != name) continue;
+    std::optional<kernels::TensorView>* slots[] = {&call->grad_output,
+                                                   &call->self, &call->out};
+    *slots[i] = std::move(view);
+    return absl::OkStatus();
+  }
+  std::vector<std::string> names;
+  for (const auto& arg : op.tensors) names.emplace_back(arg.name);
+  return kernels::ParamInvalid(
+      absl::StrCat(op.name, " has no tensor argument '", name,
+                   "'; its arguments are ", absl::StrJoin(names, ", ")));
+}
+
+absl::StatusOr<kernels::DType> ToDType(int32_t value, absl::string_view what) {
+  if (!kernels::IsKnownDType(value)) {
+    return kernels::ParamInvalid(
+        absl::StrCat(what, " has dtype ", value, ", not an aclDataType"));
+  }
+  return static_cast<DType>(value);
+}
+
+absl::StatusOr<const OpInfo*> FindOperator(const std::string& name) {
+  const OpInfo* info = kernels::FindOp(name);
+  if (info != nullptr) return info;
+  std::vector<std::string> names;
+  for (const OpInfo& op : kernels::OpRegistry()) {
+    names.emplace_back(op.name);
+  }
+  return kernels::ParamInvalid(absl::StrCat(
+      "unknown operator '", name, "'; known: ", absl::StrJoin(names, ", ")));
+}
+
+absl::Status SetParams(const OpInfo& op, const v1::OpParams& in,
+                       kernels::OpParams* out) {
+  out->threshold = in.threshold();
+  out->lambd = in.lambd();
+  out->self_is_result = in.self_is_result();
+  out->scale = in.scale();
+  if (op.kind == kernels::OpKind::kLeakyReluBackward) {
+    if (!in.has_negative_slope()) {
+      return kernels::ParamNullptr(
+          "negativeSlope is missing (params.negative_slope)");
+    }
+    absl::StatusOr<DType> dtype =
+        ToDType(in.negative_slope().dtype(), "negativeSlope");
+    if (!dtype.ok()) return dtype.status();
+    const double v = in.negative_slope().value();
+    if (kernels::IsFloating(*dtype)) {
+      out->negative_slope = kernels::Scalar::Float(v, *dtype);
+    } else if (*dtype == DType::kBool) {
+      out->negative_slope = kernels::Scalar::Bool(v != 0);
+    } else {
+      // Range first: casting NaN or 1e300 to int64 is undefined (finding 14).
+      if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0) ||
+          v != std::trunc(v)) {
+        return kernels::ParamInvalid(absl::StrCat(
+            "negativeSlope has integer dtype ", kernels::DTypeName(*dtype),
+            " but value ", v, " is not an integer"));
+      }
+      out->negative_slope =
+          kernels::Scalar::Int(static_cast<int64_t>(v), *dtype);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<kernels::OpCall> ToOpCall(
+    const v1::GetWorkspaceSizeRequest& request, BufferLookup lookup) {
+  absl::StatusOr<const OpInfo*> op = FindOperator(request.op());
+  if (!op.ok()) return op.status();
+  kernels::OpCall call;
+  call.op = (*op)->kind;
+  if (absl::Status s = SetParams(**op, request.params(), &call.params);
+      !s.ok()) {
+    return s;
+  }
+  // Names the operator does not have are refused first, the
+  // alphabetically first one named; the tensors are then checked in
+  // argument order. Never in the map's order, which differs between a
+  // message built and the same message parsed, so the client and the
+  // server would report different arguments for the same call.
+  std::vector<std::string> unknown;
+  for (const auto& [name, desc] : request.tensors()) {
+    bool known = false;
+    for (const auto& arg : (*op)->tensors) known |= arg.name == name;
+    if (!known) unknown.push_back(name);
+  }
+  if (!unknown.empty()) {
+    std::sort(unknown.begin(), unknown.end());
+    // Refuses it, naming the operator's arguments.
+    return PlaceTensor(**op, unknown.front(), kernels::TensorView(), &call);
+  }
+  for (const auto& arg : (*op)->tensors) {
+    const std::string name(arg.name);
+    auto found = request.tensors().find(name);
+    if (found == request.tensors().end()) continue;  // Validate: 161001.
+    const v1::TensorDesc& desc = found->second;
+    absl::StatusOr<DeviceBytes> buffer = lookup(desc.buffer());
+    if (!buffer.ok()) {
+      return kernels::AclnnError(
+          kernels::kAclnnErrParamInvalid, absl::StatusCode::kNotFound,
+          absl::StrCat(name, ": ", buffer.status().message()));
+    }
+    absl::StatusOr<DType> dtype = ToDType(desc.dtype(), name);
+    if (!dtype.ok()) return dtype.status();
+    if (desc.buffer_offset() > buffer->size) {
+      return kernels::ParamInvalid(
+          absl::StrCat(name, " starts at byte ", desc.buffer_offset(),
+                       " of a buffer of ", buffer->size, " bytes"));
+    }
+    kernels::TensorView view;
+    view.dtype = *dtype;
+    view.shape.assign(desc.shape().begin(), desc.shape().end());
+    view.strides.assign(desc.strides().begin(), desc.strides().end());
+    view.offset = desc.offset();
+    view.storage_shape.assign(desc.storage_shape().begin(),
+                              desc.storage_shape().end());
+    view.data = static_cast<char*>(buffer->data) + desc.buffer_offset();
+    const uint64_t available = buffer->size - desc.buffer_offset();
+    if (absl::Status s = kernels::CheckTensorBounds(
+            view,
+            static_cast<int64_t>(std::min<uint64_t>(available, INT64_MAX)),
+            name);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = PlaceTensor(**op, name, std::move(view), &call);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return call;
+}
+
+}  // namespace opserver
