@@ -248,20 +248,48 @@ std::vector<std::shared_ptr<Stream>> Session::AllStreams() const {
   return all;
 }
 
+absl::Status Session::CheckExecutorLimitLocked() const {
+  if (HandleCountLocked() < limits_->max_handles_per_session) {
+    return absl::OkStatus();
+  }
+  return kernels::AclnnError(
+      kernels::kAclnnErrInnerCreateExecutor,
+      absl::StatusCode::kResourceExhausted,
+      absl::StrCat("cannot create an executor: the session holds ",
+                   HandleCountLocked(),
+                   " handles, the limit (--max_handles_per_session)"));
+}
+
+bool Session::IssuedExecutorLocked(uint64_t executor) const {
+  if (executor >= kClientExecutorBase) {
+    return executor <= last_client_executor_;
+  }
+  return executor != 0 && executor < next_handle_;
+}
+
 absl::StatusOr<uint64_t> Session::AddExecutor(
     std::shared_ptr<Executor> executor) {
   absl::MutexLock lock(&mu_);
-  if (HandleCountLocked() >= limits_->max_handles_per_session) {
-    return kernels::AclnnError(
-        kernels::kAclnnErrInnerCreateExecutor,
-        absl::StatusCode::kResourceExhausted,
-        absl::StrCat("cannot create an executor: the session holds ",
-                     HandleCountLocked(),
-                     " handles, the limit (--max_handles_per_session)"));
-  }
+  if (absl::Status s = CheckExecutorLimitLocked(); !s.ok()) return s;
   uint64_t handle = next_handle_++;
   executors_[handle] = ExecutorEntry{std::move(executor), false};
   return handle;
+}
+
+absl::Status Session::AddExecutorAs(uint64_t handle,
+                                    std::shared_ptr<Executor> executor) {
+  absl::MutexLock lock(&mu_);
+  if (handle < kClientExecutorBase || handle <= last_client_executor_) {
+    return kernels::ParamInvalid(absl::StrCat(
+        "executor id ", handle,
+        " cannot be chosen: client-chosen ids are at "
+        "least 2^62 and larger than every id the session chose before (",
+        last_client_executor_, ")"));
+  }
+  last_client_executor_ = handle;  // Used, even if refused below.
+  if (absl::Status s = CheckExecutorLimitLocked(); !s.ok()) return s;
+  executors_[handle] = ExecutorEntry{std::move(executor), false};
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<Executor>> Session::ExecutorForLaunch(
@@ -270,7 +298,7 @@ absl::StatusOr<std::shared_ptr<Executor>> Session::ExecutorForLaunch(
   absl::MutexLock lock(&mu_);
   auto it = executors_.find(executor);
   if (it == executors_.end()) {
-    if (executor != 0 && executor < next_handle_) {
+    if (IssuedExecutorLocked(executor)) {
       return kernels::AclnnError(
           kernels::kAclnnErrInnerNullptr, absl::StatusCode::kFailedPrecondition,
           absl::StrCat("executor ", executor,

@@ -100,6 +100,10 @@ struct Executor {
   std::vector<std::shared_ptr<Buffer>> buffers;
 };
 
+// Executor ids a client chooses (Pipeline) start here; the server's own
+// handles count up from 1 and never get near it.
+inline constexpr uint64_t kClientExecutorBase = uint64_t{1} << 62;
+
 // Handles are session-local, unique across kinds, never reused.
 struct SessionStatsSnapshot {
   uint64_t buffers = 0;
@@ -152,6 +156,11 @@ class Session {
   std::vector<std::shared_ptr<Stream>> AllStreams() const;
 
   absl::StatusOr<uint64_t> AddExecutor(std::shared_ptr<Executor> executor);
+  // The same under `handle`, an id the client chose (Pipeline's plans): at
+  // least kClientExecutorBase and larger than every id it chose before, so
+  // ids are never reused and never meet the server's own. 161002 otherwise.
+  absl::Status AddExecutorAs(uint64_t handle,
+                             std::shared_ptr<Executor> executor);
   // For a launch: with `consume`, a single-use executor is removed (a
   // repeatable one stays); without, it is only looked up. Unknown or consumed
   // executors fail with aclnn 561103. `*consumed` (if given) says whether
@@ -183,6 +192,11 @@ class Session {
   absl::Status CheckHandleLimitLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UnknownHandle(absl::string_view kind, uint64_t handle) const;
+  // Whether `executor` was handed out (by AddExecutor or AddExecutorAs).
+  bool IssuedExecutorLocked(uint64_t executor) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckExecutorLimitLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // A new stream whose thread is counted in live_streams_ until it exits.
   absl::StatusOr<std::shared_ptr<Stream>> NewStream();
@@ -206,6 +220,8 @@ class Session {
 
   mutable absl::Mutex mu_;
   uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
+  // The largest client-chosen executor id so far (0: none).
+  uint64_t last_client_executor_ ABSL_GUARDED_BY(mu_) = 0;
   // Requested bytes of the buffers with live handles (for stats).
   uint64_t buffer_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Buffer>> buffers_

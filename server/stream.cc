@@ -112,6 +112,8 @@ struct Stream::State {
   bool stopping ABSL_GUARDED_BY(mu) = false;
   bool cancelled ABSL_GUARDED_BY(mu) = false;
   std::string cancel_reason ABSL_GUARDED_BY(mu);
+  // A Fail() is queued with no Synchronize queued after it.
+  bool failure_queued ABSL_GUARDED_BY(mu) = false;
   // Tasks dropped by Cancel that no Synchronize has reported yet.
   bool dropped ABSL_GUARDED_BY(mu) = false;
   // An item (queued or inline) is running, or a gate holds the stream; the
@@ -228,7 +230,30 @@ void Stream::Synchronize(std::function<void(absl::Status)> done) {
     return;
   }
   absl::MutexLock lock(&s->mu);
+  s->failure_queued = false;
   s->queue.push_back(State::Item{nullptr, std::move(report)});
+}
+
+void Stream::Fail(absl::Status error) {
+  State* s = state_.get();
+  if (s->TryClaimIdle()) {
+    s->Record(std::move(error));
+    s->Release();
+    return;
+  }
+  absl::MutexLock lock(&s->mu);
+  if (s->failure_queued) return;
+  s->failure_queued = true;
+  // A callback, not a task: Cancel does not drop it, and it does not count
+  // against max_queued.
+  s->queue.push_back(
+      State::Item{nullptr, [s, error = std::move(error)]() mutable {
+                    {
+                      absl::MutexLock lock(&s->mu);
+                      s->failure_queued = false;
+                    }
+                    s->Record(std::move(error));
+                  }});
 }
 
 void Stream::WhenReached(std::function<void()> reached) {

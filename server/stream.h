@@ -105,6 +105,14 @@ class Stream {
                     std::function<void()> reached,
                     std::function<void()> cancelled);
 
+  // Records `error` as the stream's deferred error in issue order, as if a
+  // task queued now had failed with it: the first Synchronize after this
+  // call reports it unless an earlier failure comes first. For work the
+  // stream never ran (a pipelined launch the server refused). Bounded: a
+  // failure queued behind no Synchronize is not queued twice, as only the
+  // first could be reported.
+  void Fail(absl::Status error);
+
   // Blocking form of Synchronize, for callers off the RPC threads.
   absl::Status SynchronizeAndWait();
 

@@ -1,0 +1,90 @@
+#include "server/launch.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/aclnn_status.h"
+#include "server/byte_range.h"
+#include "server/op_requests.h"
+#include "server/stream.h"
+
+namespace opserver {
+namespace {
+
+// Launches of at most this many elements run on the calling (RPC) thread
+// when their stream is idle: a thread hand-off would cost more than the
+// kernel (microseconds of work).
+constexpr int64_t kInlineLaunchElements = 16 * 1024;
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Executor>> PlanExecutor(
+    const v1::GetWorkspaceSizeRequest& request, Session& session,
+    uint64_t max_launch_elements) {
+  std::vector<std::shared_ptr<Buffer>> buffers;
+  auto lookup = [&](uint64_t handle) -> absl::StatusOr<DeviceBytes> {
+    absl::StatusOr<std::shared_ptr<Buffer>> buffer = session.GetBuffer(handle);
+    if (!buffer.ok()) return buffer.status();
+    DeviceBytes bytes{(*buffer)->data(), (*buffer)->size()};
+    buffers.push_back(*std::move(buffer));
+    return bytes;
+  };
+  absl::StatusOr<kernels::Plan> plan =
+      PlanGetWorkspaceSize(request, lookup, max_launch_elements);
+  if (!plan.ok()) return plan.status();
+  return std::make_shared<Executor>(
+      Executor{*std::move(plan), std::move(buffers)});
+}
+
+absl::Status LaunchExecutor(const v1::ExecuteRequest& request, Session& session,
+                            Device* device) {
+  absl::StatusOr<std::shared_ptr<Stream>> stream =
+      session.GetStream(request.stream());
+  if (!stream.ok()) return stream.status();
+  // Validate against the executor before consuming it, so a bad workspace
+  // does not cost the caller its executor.
+  absl::StatusOr<std::shared_ptr<Executor>> executor =
+      session.ExecutorForLaunch(request.executor(), /*consume=*/false);
+  if (!executor.ok()) return executor.status();
+  const uint64_t needed = (*executor)->plan.workspace_size();
+  std::shared_ptr<Buffer> workspace;
+  void* workspace_data = nullptr;
+  if (needed > 0) {
+    if (request.workspace_size() < needed) {
+      return kernels::ParamInvalid(absl::StrCat(
+          "workspaceSize ", request.workspace_size(), " is smaller than the ",
+          needed, " bytes GetWorkspaceSize reported"));
+    }
+    absl::StatusOr<std::shared_ptr<Buffer>> buffer =
+        session.GetBuffer(request.workspace_buffer());
+    if (!buffer.ok()) {
+      return kernels::AclnnError(
+          kernels::kAclnnErrParamInvalid, absl::StatusCode::kNotFound,
+          absl::StrCat("workspace: ", buffer.status().message()));
+    }
+    if (absl::Status s =
+            CheckRange(request.workspace_offset(), request.workspace_size(),
+                       (*buffer)->size(), "workspace");
+        !s.ok()) {
+      return kernels::ParamInvalid(s.message());
+    }
+    workspace = *std::move(buffer);
+    workspace_data =
+        static_cast<char*>(workspace->data()) + request.workspace_offset();
+  }
+  const bool tiny = (*executor)->plan.numel() <= kInlineLaunchElements;
+  // A full or destroyed stream refuses the launch without consuming the
+  // executor (Session::Launch).
+  return session.Launch(
+      request.executor(), **stream, /*inline_if_idle=*/tiny,
+      [device, workspace = std::move(workspace), workspace_data,
+       size = request.workspace_size()](std::shared_ptr<Executor> executor) {
+        return Stream::Task([device, executor = std::move(executor), workspace,
+                             workspace_data, size] {
+          return device->Launch(executor->plan, workspace_data, size);
+        });
+      });
+}
+
+}  // namespace opserver

@@ -1,0 +1,34 @@
+// The aclnn two-phase call on a session, without the transport: planning an
+// executor (GetWorkspaceSize) and queueing a launch (Execute). The unary
+// handlers, ExecuteStream and the Pipeline channel all call these, so a
+// command means the same whichever RPC carries it.
+#ifndef OPSERVER_SERVER_LAUNCH_H_
+#define OPSERVER_SERVER_LAUNCH_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/opserver.pb.h"
+#include "server/device.h"
+#include "server/session.h"
+
+namespace opserver {
+
+// Checks and plans `request` against `session`'s buffers; the executor
+// holds every buffer its tensors name. 161001/161002 as aclnn reports them.
+absl::StatusOr<std::shared_ptr<Executor>> PlanExecutor(
+    const v1::GetWorkspaceSizeRequest& request, Session& session,
+    uint64_t max_launch_elements);
+
+// Execute's work on `session` (the request's session field is not read):
+// checks the stream, executor and workspace, consumes a single-use executor
+// and queues the launch on `device`. A refused launch leaves the executor
+// as it was.
+absl::Status LaunchExecutor(const v1::ExecuteRequest& request, Session& session,
+                            Device* device);
+
+}  // namespace opserver
+
+#endif  // OPSERVER_SERVER_LAUNCH_H_
