@@ -4,6 +4,7 @@
 #include <atomic>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,25 +12,23 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/values.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
-#include "common/values.h"
 #include "kernels/tensor.h"
 #include "server/auth.h"
 #include "server/grpc_status_util.h"
+#include "server/launch.h"
 #include "server/log.h"
 #include "server/op_requests.h"
+#include "server/pipeline.h"
 
 namespace opserver {
 namespace {
 
 using kernels::DType;
 using kernels::OpInfo;
-
-// Launches of at most this many elements run on the RPC thread when their
-// stream is idle (microseconds of work).
-constexpr int64_t kInlineLaunchElements = 16 * 1024;
 
 grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context,
                                 const absl::Status& status) {
@@ -115,24 +114,12 @@ grpc::ServerUnaryReactor* OperatorService::GetWorkspaceSize(
   absl::StatusOr<std::shared_ptr<Session>> session =
       sessions_->Get(request->session(), Caller(context));
   if (!session.ok()) return Reply(context, session.status());
-  // The executor holds every buffer its tensors name.
-  std::vector<std::shared_ptr<Buffer>> buffers;
-  auto lookup = [&](uint64_t handle) -> absl::StatusOr<DeviceBytes> {
-    absl::StatusOr<std::shared_ptr<Buffer>> buffer =
-        (*session)->GetBuffer(handle);
-    if (!buffer.ok()) return buffer.status();
-    DeviceBytes bytes{(*buffer)->data(), (*buffer)->size()};
-    buffers.push_back(*std::move(buffer));
-    return bytes;
-  };
-  absl::StatusOr<kernels::Plan> plan = PlanGetWorkspaceSize(
-      *request, lookup, sessions_->limits().max_launch_elements);
-  if (!plan.ok()) return Reply(context, plan.status());
-  const uint64_t workspace_size = plan->workspace_size();
-  auto executor = std::make_shared<Executor>(
-      Executor{*std::move(plan), std::move(buffers)});
+  absl::StatusOr<std::shared_ptr<Executor>> executor = PlanExecutor(
+      *request, **session, sessions_->limits().max_launch_elements);
+  if (!executor.ok()) return Reply(context, executor.status());
+  const uint64_t workspace_size = (*executor)->plan.workspace_size();
   absl::StatusOr<uint64_t> handle =
-      (*session)->AddExecutor(std::move(executor));
+      (*session)->AddExecutor(*std::move(executor));
   if (!handle.ok()) return Reply(context, handle.status());
   response->set_aclnn_status(kernels::kAclnnSuccess);
   response->set_workspace_size(workspace_size);
@@ -145,54 +132,7 @@ absl::Status OperatorService::Launch(const v1::ExecuteRequest& request,
   absl::StatusOr<std::shared_ptr<Session>> session =
       sessions_->Get(request.session(), caller);
   if (!session.ok()) return session.status();
-  absl::StatusOr<std::shared_ptr<Stream>> stream =
-      (*session)->GetStream(request.stream());
-  if (!stream.ok()) return stream.status();
-  // Validate against the executor before consuming it, so a bad workspace
-  // does not cost the caller its executor.
-  absl::StatusOr<std::shared_ptr<Executor>> executor =
-      (*session)->ExecutorForLaunch(request.executor(), /*consume=*/false);
-  if (!executor.ok()) return executor.status();
-  const uint64_t needed = (*executor)->plan.workspace_size();
-  std::shared_ptr<Buffer> workspace;
-  void* workspace_data = nullptr;
-  if (needed > 0) {
-    if (request.workspace_size() < needed) {
-      return kernels::ParamInvalid(absl::StrCat(
-          "workspaceSize ", request.workspace_size(), " is smaller than the ",
-          needed, " bytes GetWorkspaceSize reported"));
-    }
-    absl::StatusOr<std::shared_ptr<Buffer>> buffer =
-        (*session)->GetBuffer(request.workspace_buffer());
-    if (!buffer.ok()) {
-      return kernels::AclnnError(
-          kernels::kAclnnErrParamInvalid, absl::StatusCode::kNotFound,
-          absl::StrCat("workspace: ", buffer.status().message()));
-    }
-    if (absl::Status s =
-            CheckRange(request.workspace_offset(), request.workspace_size(),
-                       (*buffer)->size(), "workspace");
-        !s.ok()) {
-      return kernels::ParamInvalid(s.message());
-    }
-    workspace = *std::move(buffer);
-    workspace_data =
-        static_cast<char*>(workspace->data()) + request.workspace_offset();
-  }
-  // A tiny launch on an idle stream runs right here: a thread hand-off
-  // would cost more than the kernel.
-  const bool tiny = (*executor)->plan.numel() <= kInlineLaunchElements;
-  // A full or destroyed stream refuses the launch without consuming the
-  // executor (Session::Launch).
-  return (*session)->Launch(
-      request.executor(), **stream, /*inline_if_idle=*/tiny,
-      [device = device_, workspace = std::move(workspace), workspace_data,
-       size = request.workspace_size()](std::shared_ptr<Executor> executor) {
-        return Stream::Task([device, executor = std::move(executor), workspace,
-                             workspace_data, size] {
-          return device->Launch(executor->plan, workspace_data, size);
-        });
-      });
+  return LaunchExecutor(request, **session, device_);
 }
 
 grpc::ServerUnaryReactor* OperatorService::Execute(
@@ -316,6 +256,236 @@ class OperatorService::Launcher final
 grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteResponse>*
 OperatorService::ExecuteStream(grpc::CallbackServerContext* context) {
   return new Launcher(this, Caller(context));
+}
+
+// Pipeline: batches of commands in, acknowledgements and fence results out
+// (CommandPipeline applies them). One batch is applied at a time, in order;
+// the next is read once it has been, so a client that sends faster than
+// the session runs is held back by HTTP/2 flow control, and the server
+// keeps one batch per channel. Events coalesce: the acknowledgement and
+// the fence results that arrive while a write is in flight go out together
+// in the next one, so at most two events exist at once.
+class OperatorService::Pipeliner final
+    : public grpc::ServerBidiReactor<v1::PipelineRequest, v1::PipelineEvent> {
+ public:
+  Pipeliner(OperatorService* service, grpc::CallbackServerContext* context)
+      : service_(service),
+        context_(context),
+        caller_(service->Caller(context)),
+        pipeline_(service->device_, service->sessions_->limits(),
+                  service->sessions_->limits().max_pending_replies,
+                  [this](uint64_t id, absl::Status status) {
+                    FenceDone(id, std::move(status));
+                  }) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    if (!ok) {
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
+    if (session_id_.empty()) {
+      // The first request opens the channel on its session.
+      session_id_ = request_.session();
+      if (absl::Status s = LookUpLocked(); !s.ok()) return;
+      if (request_.commands_size() == 0) {
+        session_ = nullptr;
+        AckLocked();
+        ReadNextLocked();
+        return;
+      }
+    } else if (absl::Status s = LookUpLocked(); !s.ok()) {
+      return;
+    }
+    in_batch_ = true;
+    position_ = 0;
+    ProcessLocked();
+  }
+
+  void OnWriteDone(bool ok) override {
+    size_t fences = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      fences = written_fences_;
+      written_fences_ = 0;
+      if (!ok) {
+        failed_ = true;
+        fences = SIZE_MAX;  // Nothing more is written: wake a waiting batch.
+      } else if (pending_.has_value() && !finished_) {
+        WriteLocked();
+      }
+      MaybeFinishLocked();
+    }
+    // May resume a batch waiting for fence room (outside the lock: the
+    // resumption takes it).
+    if (fences > 0) pipeline_.FencesWritten(fences);
+  }
+
+  // The client went away: a batch waiting for room stops where it is.
+  void OnCancel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      failed_ = true;
+    }
+    pipeline_.FencesWritten(SIZE_MAX);
+  }
+
+  void OnDone() override {
+    { absl::MutexLock lock(&mu_); }  // A FenceDone may be leaving.
+    delete this;
+  }
+
+ private:
+  // Finds the session (marking it used); a closed or foreign one ends the
+  // call with NOT_FOUND once nothing of it is pending.
+  absl::Status LookUpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::StatusOr<std::shared_ptr<Session>> session =
+        service_->sessions_->Get(session_id_, caller_);
+    if (!session.ok()) {
+      end_status_ = session.status();
+      failed_ = true;
+      MaybeFinishLocked();
+      return session.status();
+    }
+    session_ = *std::move(session);
+    return absl::OkStatus();
+  }
+
+  // Applies the current batch from position_ until it is done or must
+  // wait; a resumption while this runs makes it go round again.
+  void ProcessLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (processing_) {
+      rerun_ = true;
+      return;
+    }
+    processing_ = true;
+    do {
+      rerun_ = false;
+      if (failed_) {
+        // Nobody will hear about the rest of the batch.
+        in_batch_ = false;
+        session_ = nullptr;
+        processing_ = false;
+        MaybeFinishLocked();
+        return;
+      }
+      const size_t from = position_;
+      std::shared_ptr<Session> session = session_;
+      mu_.Unlock();
+      const size_t next =
+          pipeline_.Apply(*session, request_.commands(), from, [this] {
+            absl::MutexLock lock(&mu_);
+            if (in_batch_) ProcessLocked();
+          });
+      mu_.Lock();
+      for (size_t i = from; i < next; ++i) {
+        if (request_.commands(static_cast<int>(i)).has_fence()) ++fences_out_;
+      }
+      acknowledged_ += next - from;
+      position_ = next;
+      if (next == static_cast<size_t>(request_.commands_size())) {
+        in_batch_ = false;
+        session_ = nullptr;
+        processing_ = false;
+        AckLocked();
+        if (!failed_) ReadNextLocked();
+        MaybeFinishLocked();
+        return;
+      }
+    } while (rerun_);
+    processing_ = false;
+  }
+
+  // Fence results leave with the next event.
+  void FenceDone(uint64_t id, absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    --fences_out_;
+    v1::FenceResult* result = Pending().add_fences();
+    result->set_id(id);
+    if (!status.ok()) {
+      result->set_code(static_cast<int32_t>(status.code()));
+      result->set_aclnn_status(kernels::GetAclnnStatus(status));
+      result->set_message(Truncated(status.message(), kMaxErrorMessageBytes));
+    }
+    if (!writing_ && !finished_ && !failed_) WriteLocked();
+    MaybeFinishLocked();
+  }
+
+  v1::PipelineEvent& Pending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!pending_.has_value()) pending_.emplace();
+    return *pending_;
+  }
+
+  void AckLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Pending().set_acknowledged(acknowledged_);
+    if (!writing_ && !finished_ && !failed_) WriteLocked();
+  }
+
+  void WriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    writing_ = true;
+    in_flight_ = *std::move(pending_);
+    pending_.reset();
+    // Later events carry the count too, so a client never sees it go back.
+    in_flight_.set_acknowledged(acknowledged_);
+    written_fences_ = in_flight_.fences_size();
+    StartWrite(&in_flight_);
+  }
+
+  // As in Launcher: the read starts outside the lock, since its reaction
+  // may run inline.
+  void ReadNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++starting_reads_;
+    mu_.Unlock();
+    StartRead(&request_);
+    mu_.Lock();
+    --starting_reads_;
+  }
+
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || writing_ || starting_reads_ > 0 || in_batch_ ||
+        fences_out_ > 0) {
+      return;
+    }
+    if (failed_ || (reads_done_ && !pending_.has_value())) {
+      finished_ = true;
+      Finish(!end_status_.ok() ? ToGrpcStatus(end_status_, context_)
+             : failed_         ? grpc::Status::CANCELLED
+                               : grpc::Status::OK);
+    }
+  }
+
+  OperatorService* const service_;
+  grpc::CallbackServerContext* const context_;
+  const std::string caller_;  // Whose session the channel may name.
+  CommandPipeline pipeline_;
+  v1::PipelineRequest request_;  // The batch being applied.
+  absl::Mutex mu_;
+  std::string session_id_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Session> session_ ABSL_GUARDED_BY(mu_);
+  bool in_batch_ ABSL_GUARDED_BY(mu_) = false;
+  size_t position_ ABSL_GUARDED_BY(mu_) = 0;
+  bool processing_ ABSL_GUARDED_BY(mu_) = false;
+  bool rerun_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t acknowledged_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t fences_out_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<v1::PipelineEvent> pending_ ABSL_GUARDED_BY(mu_);
+  v1::PipelineEvent in_flight_ ABSL_GUARDED_BY(mu_);
+  size_t written_fences_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  int starting_reads_ ABSL_GUARDED_BY(mu_) = 0;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status end_status_ ABSL_GUARDED_BY(mu_);
+};
+
+grpc::ServerBidiReactor<v1::PipelineRequest, v1::PipelineEvent>*
+OperatorService::Pipeline(grpc::CallbackServerContext* context) {
+  return new Pipeliner(this, context);
 }
 
 grpc::ServerUnaryReactor* OperatorService::SetExecutorRepeatable(

@@ -35,6 +35,8 @@ class OperatorService final : public v1::Operators::CallbackService {
                                     v1::ExecuteResponse* response) override;
   grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteResponse>*
   ExecuteStream(grpc::CallbackServerContext* context) override;
+  grpc::ServerBidiReactor<v1::PipelineRequest, v1::PipelineEvent>* Pipeline(
+      grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* SetExecutorRepeatable(
       grpc::CallbackServerContext* context,
       const v1::SetExecutorRepeatableRequest* request,
@@ -49,6 +51,7 @@ class OperatorService final : public v1::Operators::CallbackService {
 
  private:
   class Launcher;
+  class Pipeliner;
 
   // Execute's work, shared by the unary and the streaming form: checks the
   // request, consumes a single-use executor and queues the launch.

@@ -1,0 +1,89 @@
+// The Pipeline channel's commands applied to a session, in order, without
+// the transport (see Operators.Pipeline in proto/opserver.proto): the gRPC
+// reactor reads batches of commands, hands them here and writes back the
+// acknowledgements and fence results.
+//
+// Nothing a command does is answered by itself. A command the server
+// refuses becomes a deferred error, exactly as a launch failing on the
+// device does: a launch's, on its stream (Stream::Fail, reported by the
+// next synchronize of that stream); a free's, an executor call's or an
+// unlaunched plan's, on the session (reported by the next session fence).
+// A launch of an executor whose plan was refused is not run and fails its
+// stream with the plan's error.
+#ifndef OPSERVER_SERVER_PIPELINE_H_
+#define OPSERVER_SERVER_PIPELINE_H_
+
+#include <cstdint>
+#include <functional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/opserver.pb.h"
+#include "server/device.h"
+#include "server/session.h"
+
+namespace opserver {
+
+class CommandPipeline {
+ public:
+  // Called once per fence command, on any thread (also inside Apply), with
+  // its id and the deferred error it reports (OK if none).
+  using FenceDone = std::function<void(uint64_t id, absl::Status status)>;
+  // Called when a command that had to wait may be retried: once per Apply
+  // that stopped early, on any thread (also inside that Apply).
+  using Resume = std::function<void()>;
+
+  // At most `max_fences` fences are held at once (answered or not) until
+  // released with FencesWritten: a client that sends fences and never reads
+  // their results stops being served instead of growing memory.
+  CommandPipeline(Device* device, const SessionLimits& limits,
+                  size_t max_fences, FenceDone fence_done);
+
+  // Applies commands[from, size) in order to `session`; returns the index
+  // of the first command not applied (commands.size() when all were). It
+  // stops before a launch whose stream is full (it waits for the stream,
+  // never failing a launch only because the client is fast) and before a
+  // fence beyond max_fences; `resume` says when to call again.
+  size_t Apply(
+      Session& session,
+      const google::protobuf::RepeatedPtrField<v1::PipelineCommand>& commands,
+      size_t from, const Resume& resume);
+
+  // `count` fence results have left (were written to the client).
+  void FencesWritten(size_t count);
+
+ private:
+  // Applies one command; false if it must wait (then `resume` is arranged).
+  bool ApplyOne(Session& session, const v1::PipelineCommand& command,
+                const Resume& resume);
+  void Plan(Session& session, const v1::PlanCommand& plan);
+  void Launch(Session& session, const v1::ExecuteRequest& launch);
+  void Fence(Session& session, const v1::FenceCommand& fence);
+  // Charges `error` to the session (the first one is kept until a session
+  // fence reports it).
+  void FailSession(absl::Status error);
+  absl::Status TakeSessionError();
+
+  Device* const device_;
+  const SessionLimits& limits_;
+  const size_t max_fences_;
+  const FenceDone fence_done_;
+
+  absl::Mutex mu_;
+  absl::Status session_error_ ABSL_GUARDED_BY(mu_);
+  // Plans the server refused, by client-chosen executor id, until the id is
+  // launched or destroyed; at most max_handles_per_session of them.
+  struct FailedPlan {
+    absl::Status error;
+    bool launched = false;
+  };
+  absl::flat_hash_map<uint64_t, FailedPlan> failed_plans_ ABSL_GUARDED_BY(mu_);
+  size_t fences_held_ ABSL_GUARDED_BY(mu_) = 0;
+  Resume fence_waiter_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace opserver
+
+#endif  // OPSERVER_SERVER_PIPELINE_H_
