@@ -14,9 +14,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/malloc_tuning.h"
+#include "common/op_call.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/aclnn_status.h"
-#include "common/malloc_tuning.h"
+#include "kernels/validate.h"
 
 namespace opserver {
 namespace remote {
@@ -205,6 +207,16 @@ absl::StatusOr<std::unique_ptr<Session>> Client::CreateSession(
   if (!status.ok()) return status;
   std::unique_ptr<Session> session(new Session(this, response.session()));
   if (attach) session->StartAttach();
+  if (options_.pipeline) {
+    absl::StatusOr<std::unique_ptr<CommandChannel>> channel =
+        CommandChannel::Open(*this, session->token(), options_.pipeline_window);
+    if (channel.ok()) {
+      session->channel_ = *std::move(channel);
+    } else if (!absl::IsUnimplemented(channel.status())) {
+      return channel.status();  // The session closes with `session`.
+    }
+    // A server without the channel: every call stays a unary RPC.
+  }
   return session;
 }
 
@@ -386,6 +398,13 @@ absl::Status Session::Close() {
     if (closed_) return absl::OkStatus();
     closed_ = true;
   }
+  // Everything queued is delivered, and an error still pending is reported,
+  // before the session goes.
+  absl::Status deferred;
+  if (channel_ != nullptr) {
+    deferred = channel_->Fence(0, /*session=*/true);
+    channel_.reset();
+  }
   grpc::ClientContext context;
   client_->SetDeadline(&context);
   v1::CloseSessionRequest request;
@@ -398,10 +417,57 @@ absl::Status Session::Close() {
     attach_context_->TryCancel();
     attach_thread_.join();
   }
-  return status;
+  return deferred.ok() ? status : deferred;
+}
+
+absl::Status Session::Ordered() {
+  if (channel_ == nullptr) return absl::OkStatus();
+  return channel_->Drain();
+}
+
+absl::StatusOr<Executor> Session::PlanLocally(
+    const v1::GetWorkspaceSizeRequest& request) {
+  const std::string what = absl::StrCat(request.op(), " GetWorkspaceSize");
+  // Same text as the server's, with the prefix the unary call gets.
+  auto fail = [&](const absl::Status& s) {
+    return kernels::AclnnError(kernels::GetAclnnStatus(s), s.code(),
+                               absl::StrCat(what, ": ", s.message()));
+  };
+  uint64_t id;
+  absl::StatusOr<kernels::ValidCall> valid;
+  {
+    absl::MutexLock lock(&handles_mu_);
+    // Buffers are checked by size; the address is a stand-in that nothing
+    // dereferences (the views' bounds are all that matter here).
+    auto lookup = [&](uint64_t handle) -> absl::StatusOr<DeviceBytes> {
+      auto it = buffer_sizes_.find(handle);
+      if (it == buffer_sizes_.end()) {
+        return absl::NotFoundError(absl::StrCat(
+            "no buffer ", handle,
+            " in this session (never created, freed, or another session's)"));
+      }
+      return DeviceBytes{reinterpret_cast<void*>(uintptr_t{1} << 44),
+                         it->second};
+    };
+    absl::StatusOr<kernels::OpCall> call = ToOpCall(request, lookup);
+    if (!call.ok()) return fail(call.status());
+    valid = kernels::Validate(*call);
+    if (!valid.ok()) return fail(valid.status());
+    id = next_executor_++;
+    v1::PipelineCommand command;
+    command.mutable_plan()->set_executor(id);
+    *command.mutable_plan()->mutable_request() = request;
+    command.mutable_plan()->mutable_request()->clear_session();
+    // Queued under the same lock that chose the id: the server accepts ids
+    // only in increasing order (so it never has to remember used ones).
+    if (absl::Status s = channel_->Send(std::move(command)); !s.ok()) return s;
+    executors_[id] = LocalExecutor{valid->workspace_size, false};
+  }
+  return Executor(this, id, valid->workspace_size);
 }
 
 absl::StatusOr<v1::SessionStats> Session::Stats() {
+  if (absl::Status s = Ordered(); !s.ok()) return s;
   grpc::ClientContext context;
   client_->SetDeadline(&context);
   v1::GetSessionStatsRequest request;
@@ -415,6 +481,7 @@ absl::StatusOr<v1::SessionStats> Session::Stats() {
 }
 
 absl::StatusOr<DeviceBuffer> Session::Malloc(uint64_t size) {
+  if (absl::Status s = Ordered(); !s.ok()) return s;
   grpc::ClientContext context;
   client_->SetDeadline(&context);
   v1::MallocRequest request;
@@ -425,10 +492,27 @@ absl::StatusOr<DeviceBuffer> Session::Malloc(uint64_t size) {
       FromGrpcStatus(client_->runtime().Malloc(&context, request, &response),
                      context, "Malloc");
   if (!status.ok()) return status;
+  if (channel_ != nullptr) {
+    absl::MutexLock lock(&handles_mu_);
+    buffer_sizes_[response.buffer()] = size;
+  }
   return DeviceBuffer(this, response.buffer(), size);
 }
 
 absl::Status Session::FreeBuffer(uint64_t buffer) {
+  if (channel_ != nullptr) {
+    {
+      absl::MutexLock lock(&handles_mu_);
+      if (buffer_sizes_.erase(buffer) == 0) {
+        return absl::NotFoundError(absl::StrCat(
+            "Free: no buffer ", buffer,
+            " in this session (never created, freed, or another session's)"));
+      }
+    }
+    v1::PipelineCommand command;
+    command.set_free(buffer);
+    return channel_->Send(std::move(command));
+  }
   grpc::ClientContext context;
   client_->SetDeadline(&context);
   v1::FreeRequest request;
@@ -440,6 +524,7 @@ absl::Status Session::FreeBuffer(uint64_t buffer) {
 }
 
 absl::StatusOr<Stream> Session::CreateStream() {
+  if (absl::Status s = Ordered(); !s.ok()) return s;
   grpc::ClientContext context;
   client_->SetDeadline(&context);
   v1::CreateStreamRequest request;
@@ -449,10 +534,19 @@ absl::StatusOr<Stream> Session::CreateStream() {
       client_->runtime().CreateStream(&context, request, &response), context,
       "CreateStream");
   if (!status.ok()) return status;
+  if (channel_ != nullptr) {
+    absl::MutexLock lock(&handles_mu_);
+    streams_.insert(response.stream());
+  }
   return Stream(this, response.stream());
 }
 
 absl::Status Session::DestroyStream(uint64_t stream) {
+  if (absl::Status s = Ordered(); !s.ok()) return s;
+  {
+    absl::MutexLock lock(&handles_mu_);
+    streams_.erase(stream);
+  }
   grpc::ClientContext context;
   client_->SetWaitDeadline(&context);
   v1::DestroyStreamRequest request;
@@ -465,6 +559,7 @@ absl::Status Session::DestroyStream(uint64_t stream) {
 }
 
 absl::Status Session::Synchronize(uint64_t stream) {
+  if (channel_ != nullptr) return channel_->Fence(stream, /*session=*/false);
   grpc::ClientContext context;
   client_->SetWaitDeadline(&context);
   v1::SynchronizeStreamRequest request;
@@ -478,6 +573,7 @@ absl::Status Session::Synchronize(uint64_t stream) {
 
 absl::Status Session::Upload(uint64_t buffer, uint64_t offset, const void* data,
                              uint64_t size, uint64_t stream) {
+  if (absl::Status s = Ordered(); !s.ok()) return s;
   grpc::ClientContext context;
   client_->SetWaitDeadline(&context);
   v1::UploadResponse response;
@@ -512,6 +608,13 @@ absl::Status Session::Upload(uint64_t buffer, uint64_t offset, const void* data,
 
 absl::Status Session::Download(uint64_t buffer, uint64_t offset, void* data,
                                uint64_t size, uint64_t stream) {
+  // Device->host: after all work issued before, reporting the session's
+  // deferred errors.
+  if (channel_ != nullptr) {
+    if (absl::Status s = channel_->Fence(0, /*session=*/true); !s.ok()) {
+      return s;
+    }
+  }
   grpc::ClientContext context;
   client_->SetWaitDeadline(&context);
   v1::DownloadRequest request;
@@ -552,6 +655,7 @@ absl::Status Session::WriteValues(uint64_t buffer, uint64_t offset,
                                   kernels::DType dtype,
                                   const std::vector<double>& values,
                                   uint64_t stream) {
+  if (absl::Status s = Ordered(); !s.ok()) return s;
   grpc::ClientContext context;
   client_->SetDeadline(&context);
   v1::WriteValuesRequest request;
@@ -572,6 +676,13 @@ absl::StatusOr<std::vector<double>> Session::ReadValues(uint64_t buffer,
                                                         kernels::DType dtype,
                                                         uint64_t count,
                                                         uint64_t stream) {
+  // Device->host: after all work issued before, reporting the session's
+  // deferred errors.
+  if (channel_ != nullptr) {
+    if (absl::Status s = channel_->Fence(0, /*session=*/true); !s.ok()) {
+      return s;
+    }
+  }
   grpc::ClientContext context;
   client_->SetDeadline(&context);
   v1::ReadValuesRequest request;
@@ -602,6 +713,11 @@ absl::StatusOr<Executor> Session::GetWorkspaceSize(
   for (const auto& [name, desc] : tensors) {
     (*request.mutable_tensors())[name] = desc.ToProto();
   }
+  // An operator this client's table does not know goes to the server.
+  if (channel_ != nullptr && kernels::FindOp(op) != nullptr) {
+    return PlanLocally(request);
+  }
+  if (absl::Status s = Ordered(); !s.ok()) return s;
   v1::GetWorkspaceSizeResponse response;
   absl::Status status = FromGrpcStatus(
       client_->operators().GetWorkspaceSize(&context, request, &response),
@@ -667,6 +783,65 @@ absl::Status Session::ExecuteHandle(uint64_t executor, uint64_t stream,
                                     uint64_t workspace,
                                     uint64_t workspace_offset,
                                     uint64_t workspace_size) {
+  if (channel_ != nullptr && executor >= kClientExecutorBase) {
+    // The checks the server would make first, so their errors are
+    // immediate; the server makes them again.
+    {
+      absl::MutexLock lock(&handles_mu_);
+      if (stream != 0 && !streams_.contains(stream)) {
+        return absl::NotFoundError(absl::StrCat(
+            "Execute: no stream ", stream,
+            " in this session (never created, freed, or another session's)"));
+      }
+      auto it = executors_.find(executor);
+      if (it == executors_.end()) {
+        return kernels::AclnnError(
+            kernels::kAclnnErrInnerNullptr,
+            executor < next_executor_ ? absl::StatusCode::kFailedPrecondition
+                                      : absl::StatusCode::kNotFound,
+            absl::StrCat("Execute: executor ", executor,
+                         executor < next_executor_
+                             ? " was already consumed by a launch or "
+                               "destroyed; call GetWorkspaceSize again, or "
+                               "make it repeatable before its first launch"
+                             : " was never created in this session"));
+      }
+      const uint64_t needed = it->second.workspace_size;
+      if (needed > 0) {
+        if (workspace_size < needed) {
+          return kernels::ParamInvalid(
+              absl::StrCat("Execute: workspaceSize ", workspace_size,
+                           " is smaller than the ", needed,
+                           " bytes GetWorkspaceSize reported"));
+        }
+        auto buffer = buffer_sizes_.find(workspace);
+        if (buffer == buffer_sizes_.end()) {
+          return kernels::AclnnError(
+              kernels::kAclnnErrParamInvalid, absl::StatusCode::kNotFound,
+              absl::StrCat("Execute: workspace: no buffer ", workspace,
+                           " in this session (never created, freed, or "
+                           "another session's)"));
+        }
+        if (workspace_offset > buffer->second ||
+            workspace_size > buffer->second - workspace_offset) {
+          return kernels::ParamInvalid(absl::StrCat(
+              "Execute: workspace: bytes [", workspace_offset, ", +",
+              workspace_size, ") run past the end of its buffer of ",
+              buffer->second, " bytes"));
+        }
+      }
+      if (!it->second.repeatable) executors_.erase(it);
+    }
+    v1::PipelineCommand command;
+    v1::ExecuteRequest& launch = *command.mutable_launch();
+    launch.set_executor(executor);
+    launch.set_workspace_buffer(workspace);
+    launch.set_workspace_offset(workspace_offset);
+    launch.set_workspace_size(workspace_size);
+    launch.set_stream(stream);
+    return channel_->Send(std::move(command));
+  }
+  if (absl::Status s = Ordered(); !s.ok()) return s;
   grpc::ClientContext context;
   client_->SetDeadline(&context);
   v1::ExecuteRequest request;
@@ -683,6 +858,24 @@ absl::Status Session::ExecuteHandle(uint64_t executor, uint64_t stream,
 }
 
 absl::Status Session::SetExecutorRepeatable(uint64_t executor) {
+  if (channel_ != nullptr && executor >= kClientExecutorBase) {
+    {
+      absl::MutexLock lock(&handles_mu_);
+      auto it = executors_.find(executor);
+      if (it == executors_.end()) {
+        return kernels::AclnnError(
+            kernels::kAclnnErrInnerNullptr, absl::StatusCode::kNotFound,
+            absl::StrCat("SetExecutorRepeatable: no executor ", executor,
+                         " in this session (never created, already "
+                         "consumed, or destroyed)"));
+      }
+      it->second.repeatable = true;
+    }
+    v1::PipelineCommand command;
+    command.set_set_executor_repeatable(executor);
+    return channel_->Send(std::move(command));
+  }
+  if (absl::Status s = Ordered(); !s.ok()) return s;
   grpc::ClientContext context;
   client_->SetDeadline(&context);
   v1::SetExecutorRepeatableRequest request;
@@ -695,6 +888,22 @@ absl::Status Session::SetExecutorRepeatable(uint64_t executor) {
 }
 
 absl::Status Session::DestroyExecutor(uint64_t executor) {
+  if (channel_ != nullptr && executor >= kClientExecutorBase) {
+    {
+      absl::MutexLock lock(&handles_mu_);
+      if (executors_.erase(executor) == 0) {
+        return kernels::AclnnError(
+            kernels::kAclnnErrInnerNullptr, absl::StatusCode::kNotFound,
+            absl::StrCat("DestroyExecutor: no executor ", executor,
+                         " in this session (never created, already "
+                         "consumed, or destroyed)"));
+      }
+    }
+    v1::PipelineCommand command;
+    command.set_destroy_executor(executor);
+    return channel_->Send(std::move(command));
+  }
+  if (absl::Status s = Ordered(); !s.ok()) return s;
   grpc::ClientContext context;
   client_->SetDeadline(&context);
   v1::DestroyExecutorRequest request;

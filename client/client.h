@@ -8,10 +8,13 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/command_channel.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kernels/dtype.h"
 #include "proto/opserver.grpc.pb.h"
@@ -52,6 +55,20 @@ struct ConnectOptions {
   // Sent as "authorization: Bearer TOKEN" with every call when set (a server
   // with --auth_token_file requires it).
   std::string token;
+
+  // Pipelined execution (the default): each session opens an ordered
+  // command channel (Operators.Pipeline). Phase one of an operator is
+  // checked and sized here with the server's own validation code and
+  // returns without a round trip; launches, frees and executor calls are
+  // queued on the channel and return at once; errors only the server can
+  // find are deferred to the next Synchronize of the stream (or, for
+  // commands without a stream, the next Download/ReadValues/Close). Every
+  // other call first waits until the channel's commands took effect, so
+  // calls take effect in the order they were made. Off: every call is its
+  // own unary RPC (for debugging). A server without the channel gets unary
+  // calls either way.
+  bool pipeline = true;
+  ChannelWindow pipeline_window;
 };
 
 // A client token file: the token on its first non-blank line, surrounding
@@ -315,6 +332,10 @@ class Session {
       const std::string& op, const v1::OpParams& params,
       const std::map<std::string, TensorDesc>& tensors);
 
+  // Whether this session's calls go through the command channel (see
+  // ConnectOptions::pipeline).
+  bool pipelined() const { return channel_ != nullptr; }
+
   // Handle-level executor calls (the RAII Executor uses these).
   absl::Status ExecuteHandle(uint64_t executor, uint64_t stream,
                              uint64_t workspace, uint64_t workspace_offset,
@@ -326,6 +347,13 @@ class Session {
   friend class Client;
   Session(Client* client, std::string token);
   void StartAttach();
+  // Pipelined: waits until the channel's commands took effect, so the
+  // unary call that follows sees them (calls take effect in issue order).
+  absl::Status Ordered();
+  // Pipelined phase one: the server's checks run here; the plan is queued
+  // under an id this session chooses.
+  absl::StatusOr<Executor> PlanLocally(
+      const v1::GetWorkspaceSizeRequest& request);
 
   Client* const client_;
   const std::string token_;
@@ -334,6 +362,23 @@ class Session {
   absl::Status lost_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<grpc::ClientContext> attach_context_;
   std::thread attach_thread_;
+
+  // Pipelined sessions only: the channel, and what the client must know to
+  // check commands before queueing them (the sizes of its buffers, its
+  // streams and the executors it planned).
+  std::unique_ptr<CommandChannel> channel_;
+  struct LocalExecutor {
+    uint64_t workspace_size = 0;
+    bool repeatable = false;
+  };
+  mutable absl::Mutex handles_mu_;
+  absl::flat_hash_map<uint64_t, uint64_t> buffer_sizes_
+      ABSL_GUARDED_BY(handles_mu_);
+  absl::flat_hash_set<uint64_t> streams_ ABSL_GUARDED_BY(handles_mu_);
+  absl::flat_hash_map<uint64_t, LocalExecutor> executors_
+      ABSL_GUARDED_BY(handles_mu_);
+  // Client-chosen executor ids are never reused.
+  uint64_t next_executor_ ABSL_GUARDED_BY(handles_mu_) = kClientExecutorBase;
 };
 
 }  // namespace remote

@@ -1,0 +1,250 @@
+#include "client/command_channel.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "kernels/aclnn_status.h"
+
+namespace opserver {
+namespace remote {
+namespace {
+
+// A fence's verdict as the unary call (SynchronizeStream) would have
+// returned it.
+absl::Status FenceStatus(const v1::FenceResult& result, bool session) {
+  if (result.code() == 0) return absl::OkStatus();
+  const auto code = static_cast<absl::StatusCode>(result.code());
+  std::string message = result.message();
+  if (message.size() > 4096) message.resize(4096);  // A hostile server's.
+  message = absl::StrCat(
+      session ? "deferred error of the session: " : "SynchronizeStream: ",
+      message);
+  const int32_t aclnn = result.aclnn_status() != 0
+                            ? result.aclnn_status()
+                            : kernels::GetAclnnStatus(absl::Status(code, ""));
+  return kernels::AclnnError(aclnn, code, message);
+}
+
+}  // namespace
+
+CommandChannel::CommandChannel(Client& client, ChannelWindow window)
+    : client_(client), window_(window) {}
+
+absl::StatusOr<std::unique_ptr<CommandChannel>> CommandChannel::Open(
+    Client& client, const std::string& session, ChannelWindow window) {
+  window.commands = std::max<uint64_t>(window.commands, 1);
+  window.batch_bytes = std::max<uint64_t>(window.batch_bytes, 1);
+  std::unique_ptr<CommandChannel> channel(new CommandChannel(client, window));
+  client.Authorize(&channel->context_);  // No deadline: the call lasts.
+  channel->stream_ = client.operators().Pipeline(&channel->context_);
+  v1::PipelineRequest open;
+  open.set_session(session);
+  // A failed write shows as the call's status, read below.
+  channel->stream_->Write(open);
+  channel->reader_ = std::thread(&CommandChannel::ReadLoop, channel.get());
+  absl::Status status;
+  {
+    absl::MutexLock lock(&channel->mu_);
+    CommandChannel* c = channel.get();
+    status = channel->WaitLocked(
+        absl::Condition(
+            +[](CommandChannel* c)
+                 ABSL_NO_THREAD_SAFETY_ANALYSIS { return c->opened_; },
+            c),
+        client.options().call_timeout,
+        "Pipeline: the server accepting the channel");
+  }
+  if (!status.ok()) {
+    // The destructor cancels the call and joins the reader.
+    return status;
+  }
+  channel->writer_ = std::thread(&CommandChannel::WriteLoop, channel.get());
+  return channel;
+}
+
+CommandChannel::~CommandChannel() {
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+  }
+  context_.TryCancel();
+  if (writer_.joinable()) writer_.join();
+  if (reader_.joinable()) reader_.join();
+}
+
+absl::Status CommandChannel::WaitLocked(const absl::Condition& ready,
+                                        absl::Duration timeout,
+                                        absl::string_view what) {
+  struct Args {
+    const absl::Condition* ready;
+    CommandChannel* channel;
+  } args{&ready, this};
+  const bool done = mu_.AwaitWithTimeout(
+      absl::Condition(
+          +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return !a->channel->broken_.ok() || a->ready->Eval();
+          },
+          &args),
+      timeout);
+  if (!broken_.ok()) return broken_;
+  if (!done) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, ": Deadline Exceeded (waited ",
+                     absl::FormatDuration(timeout), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CommandChannel::Send(v1::PipelineCommand command) {
+  const uint64_t bytes = command.ByteSizeLong();
+  absl::MutexLock lock(&mu_);
+  struct Args {
+    CommandChannel* c;
+    uint64_t bytes;
+  } args{this, bytes};
+  absl::Status room = WaitLocked(
+      absl::Condition(
+          +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            CommandChannel& c = *a->c;
+            return c.issued_ - c.acknowledged_ < c.window_.commands &&
+                   (c.unacked_bytes_ == 0 ||
+                    c.unacked_bytes_ + a->bytes <= c.window_.bytes);
+          },
+          &args),
+      client_.options().wait_timeout, "Pipeline: room in the command window");
+  if (!room.ok()) return room;
+  queue_.push_back(std::move(command));
+  ++issued_;
+  unacked_.emplace_back(issued_, bytes);
+  unacked_bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+absl::Status CommandChannel::Drain() {
+  absl::MutexLock lock(&mu_);
+  if (issued_ == acknowledged_) return broken_;
+  struct Args {
+    CommandChannel* c;
+    uint64_t target;
+  } args{this, issued_};
+  return WaitLocked(absl::Condition(
+                        +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                          return a->c->acknowledged_ >= a->target;
+                        },
+                        &args),
+                    client_.options().wait_timeout,
+                    "Pipeline: the server applying the queued commands");
+}
+
+absl::Status CommandChannel::Fence(uint64_t stream, bool session) {
+  v1::PipelineCommand command;
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    id = next_fence_++;
+  }
+  command.mutable_fence()->set_id(id);
+  command.mutable_fence()->set_stream(stream);
+  command.mutable_fence()->set_session(session);
+  if (absl::Status s = Send(std::move(command)); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  struct Args {
+    CommandChannel* c;
+    uint64_t id;
+  } args{this, id};
+  absl::Status waited = WaitLocked(
+      absl::Condition(
+          +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return a->c->fence_results_.contains(a->id);
+          },
+          &args),
+      client_.options().wait_timeout,
+      session ? "waiting for the session's work" : "SynchronizeStream");
+  auto it = fence_results_.find(id);
+  if (it == fence_results_.end()) return waited;
+  absl::Status result = FenceStatus(it->second, session);
+  fence_results_.erase(it);
+  return result;
+}
+
+void CommandChannel::WriteLoop() {
+  for (;;) {
+    v1::PipelineRequest request;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](CommandChannel* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return !c->queue_.empty() || c->closing_ || c->read_done_;
+          },
+          this));
+      if (closing_ || read_done_) return;
+      // Everything queued goes in one message, up to batch_bytes.
+      uint64_t bytes = 0;
+      while (!queue_.empty()) {
+        const uint64_t size = queue_.front().ByteSizeLong();
+        if (request.commands_size() > 0 && bytes + size > window_.batch_bytes) {
+          break;
+        }
+        bytes += size;
+        *request.add_commands() = std::move(queue_.front());
+        queue_.pop_front();
+      }
+    }
+    if (!stream_->Write(request)) return;  // The reader reports why.
+  }
+}
+
+void CommandChannel::ReadLoop() {
+  v1::PipelineEvent event;
+  while (stream_->Read(&event)) {
+    absl::MutexLock lock(&mu_);
+    opened_ = true;
+    // Never beyond what was sent: a hostile server cannot unblock waiters
+    // early by acknowledging commands it never got.
+    acknowledged_ = std::max(acknowledged_,
+                             std::min<uint64_t>(event.acknowledged(), issued_));
+    while (!unacked_.empty() && unacked_.front().first <= acknowledged_) {
+      unacked_bytes_ -= unacked_.front().second;
+      unacked_.pop_front();
+    }
+    for (const v1::FenceResult& result : event.fences()) {
+      // Only fences this client is waiting for (bounded by its threads).
+      if (result.id() == 0 || result.id() >= next_fence_) continue;
+      fence_results_[result.id()] = result;
+    }
+  }
+  // The call is over: whatever its end, every waiter learns it. The writer
+  // stops at its next Write (the call is done) or at once when closing.
+  {
+    absl::MutexLock lock(&mu_);
+    read_done_ = true;
+  }
+  grpc::Status status = stream_->Finish();
+  absl::MutexLock lock(&mu_);
+  if (closing_) {
+    broken_ = absl::CancelledError("the session was closed");
+    return;
+  }
+  const absl::Status ended =
+      status.ok() ? absl::UnavailableError("the server ended the call")
+                  : FromGrpcStatus(status, context_, "Pipeline");
+  if (!opened_) {
+    // Never opened (e.g. UNIMPLEMENTED from a server without it): as is.
+    broken_ = ended;
+    return;
+  }
+  // The channel's order cannot be recovered (commands may be lost), and a
+  // server that ended it, or a connection that broke, freed the session
+  // (an attached session dies with its connection; a restarted server
+  // knows none): later calls say so, as they would on any session the
+  // server does not know.
+  broken_ = absl::NotFoundError(absl::StrCat(
+      "no session: its command channel ended (", ended.message(),
+      "), so the server freed the session and everything in it; create a "
+      "new session"));
+}
+
+}  // namespace remote
+}  // namespace opserver

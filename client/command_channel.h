@@ -1,0 +1,112 @@
+// A session's ordered command channel to the server (Operators.Pipeline):
+// commands are queued and return at once; a writer thread sends whatever
+// has queued up as one message, and a reader thread takes the server's
+// acknowledgements and fence results. Nothing waits for the network but
+// Drain and Fence, and Send when the window is full.
+#ifndef OPSERVER_CLIENT_COMMAND_CHANNEL_H_
+#define OPSERVER_CLIENT_COMMAND_CHANNEL_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/opserver.grpc.pb.h"
+
+namespace opserver {
+namespace remote {
+
+class Client;
+
+// Executor ids a client chooses start here (the server's own handles count
+// up from 1 and never get there); see PlanCommand in proto/opserver.proto.
+inline constexpr uint64_t kClientExecutorBase = uint64_t{1} << 62;
+
+// Back-pressure: at most this much is sent and not yet acknowledged.
+struct ChannelWindow {
+  uint64_t commands = 8192;
+  uint64_t bytes = 16ull << 20;
+  // Largest message the writer builds (well under the server's message
+  // limit).
+  uint64_t batch_bytes = 1ull << 20;
+};
+
+// Thread-safe.
+//
+//   auto channel = CommandChannel::Open(client, session_token, {});
+//   if (absl::IsUnimplemented(channel.status())) ... use the unary calls;
+//   (*channel)->Send(command);                 // returns at once
+//   absl::Status deferred = (*channel)->Fence(stream, /*session=*/false);
+class CommandChannel {
+ public:
+  // Opens the channel on `session` and waits (up to the client's call
+  // timeout) for the server to accept it. UNIMPLEMENTED from a server
+  // without the Pipeline RPC.
+  static absl::StatusOr<std::unique_ptr<CommandChannel>> Open(
+      Client& client, const std::string& session, ChannelWindow window);
+  // Ends the call; commands not yet acknowledged may be lost (Drain first).
+  ~CommandChannel();
+
+  // Queues `command`, waiting while the window is full. The error that
+  // broke the channel, if it broke.
+  absl::Status Send(v1::PipelineCommand command);
+  // Waits until every command sent before the call took effect on the
+  // server, so a unary call made next sees them.
+  absl::Status Drain();
+  // Sends a fence (after everything sent before it) and waits for its
+  // result: the deferred error of `stream` (session = false) or of the
+  // session (session = true), with its aclnn status.
+  absl::Status Fence(uint64_t stream, bool session);
+
+ private:
+  CommandChannel(Client& client, ChannelWindow window);
+  void WriteLoop();
+  void ReadLoop();
+  // Waits for `ready` or the channel to break, at most `timeout`.
+  absl::Status WaitLocked(const absl::Condition& ready, absl::Duration timeout,
+                          absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Client& client_;
+  const ChannelWindow window_;
+  grpc::ClientContext context_;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::PipelineRequest, v1::PipelineEvent>>
+      stream_;
+  std::thread writer_;
+  std::thread reader_;
+
+  absl::Mutex mu_;
+  // Queued, not yet handed to the writer.
+  std::deque<v1::PipelineCommand> queue_ ABSL_GUARDED_BY(mu_);
+  // Commands sent (queued) and acknowledged so far.
+  uint64_t issued_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t acknowledged_ ABSL_GUARDED_BY(mu_) = 0;
+  // (last command number, bytes) of each command not yet acknowledged, for
+  // the byte window.
+  std::deque<std::pair<uint64_t, uint64_t>> unacked_ ABSL_GUARDED_BY(mu_);
+  uint64_t unacked_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool opened_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  // The server ended the call (the reader is collecting its status).
+  bool read_done_ ABSL_GUARDED_BY(mu_) = false;
+  // Set once the call ended: every later call returns it.
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_fence_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, v1::FenceResult> fence_results_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace remote
+}  // namespace opserver
+
+#endif  // OPSERVER_CLIENT_COMMAND_CHANNEL_H_
