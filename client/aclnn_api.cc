@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -97,7 +98,15 @@ struct State {
   uint64_t next_executor = 1;
   std::map<uintptr_t, ExecutorEntry> executors;
 
-  void DropSession() {
+  // Closes the session. What was queued is delivered first, and a deferred
+  // error still pending is returned (a session the server no longer has
+  // has nothing left to report: NOT_FOUND is not an error of the reset).
+  absl::Status DropSession() {
+    absl::Status pending;
+    if (session != nullptr) {
+      pending = session->Flush();
+      if (absl::IsNotFound(pending)) pending = absl::OkStatus();
+    }
     // Handles die with the session on the server; forget them here without
     // a call each.
     for (auto& [address, allocation] : allocations) allocation.buffer.Release();
@@ -107,6 +116,7 @@ struct State {
     streams.clear();
     executors.clear();
     session.reset();  // Closes the session.
+    return pending;
   }
 };
 
@@ -181,6 +191,16 @@ absl::StatusOr<ConnectOptions> SecurityFromEnv() {
     return absl::InvalidArgumentError(
         "OPSERVER_TLS_CERT_FILE and OPSERVER_TLS_KEY_FILE: set both or "
         "neither");
+  }
+  // Pipelined execution is the default; OPSERVER_PIPELINE=0 makes every
+  // call a blocking unary RPC (for debugging).
+  const std::string pipeline = absl::AsciiStrToLower(env("OPSERVER_PIPELINE"));
+  if (pipeline == "0" || pipeline == "off" || pipeline == "false") {
+    options.pipeline = false;
+  } else if (!pipeline.empty() && pipeline != "1" && pipeline != "on" &&
+             pipeline != "true") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "OPSERVER_PIPELINE: '", pipeline, "' is not 0/off/false or 1/on/true"));
   }
   options.token = env("OPSERVER_TOKEN");
   if (options.token.empty() && !env("OPSERVER_TOKEN_FILE").empty()) {
@@ -472,11 +492,12 @@ aclError aclFinalize(void) {
     return Fail(ACL_ERROR_REPEAT_FINALIZE,
                 "aclFinalize without a matching aclInit");
   }
-  state.DropSession();
+  absl::Status pending = state.DropSession();
   state.client.reset();
   // next_address is kept: a pointer from before aclFinalize must never name
   // an allocation made after the next aclInit (review finding 16).
   state.initialized = false;
+  if (!pending.ok()) return FailAcl(pending);
   return ACL_SUCCESS;
 }
 
@@ -540,7 +561,9 @@ aclError aclrtResetDevice(int32_t deviceId) {
         ACL_ERROR_INVALID_DEVICE,
         absl::StrCat("aclrtResetDevice: device ", deviceId, " does not exist"));
   }
-  state.DropSession();
+  if (absl::Status pending = state.DropSession(); !pending.ok()) {
+    return FailAcl(pending);
+  }
   return ACL_SUCCESS;
 }
 

@@ -420,6 +420,11 @@ absl::Status Session::Close() {
   return deferred.ok() ? status : deferred;
 }
 
+absl::Status Session::Flush() {
+  if (channel_ == nullptr) return absl::OkStatus();
+  return channel_->Fence(0, /*session=*/true);
+}
+
 absl::Status Session::Ordered() {
   if (channel_ == nullptr) return absl::OkStatus();
   return channel_->Drain();

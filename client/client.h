@@ -265,8 +265,13 @@ class Session {
   const std::string& token() const { return token_; }
   Client& client() { return *client_; }
 
-  // Closes the session now (idempotent).
+  // Closes the session now (idempotent). Pipelined: what was queued is
+  // delivered first, and a deferred error still pending is returned.
   absl::Status Close();
+  // Pipelined: waits until everything queued has run and returns the
+  // session's pending deferred error (commands without a stream: frees,
+  // executor calls, plans never launched). OK when not pipelined.
+  absl::Status Flush();
 
   // OK unless the session's Attach call ended without Close(): the server
   // then freed the session and everything in it (it restarted, closed the

@@ -451,6 +451,77 @@ TEST_F(CApiTest, ThreadsWithTheirOwnStreamsRunConcurrently) {
   }
 }
 
+// A launch only the server can refuse (--max_launch_elements): pipelined
+// (the default), aclnnXxxGetWorkspaceSize and the launch succeed and the
+// next aclrtSynchronizeStream reports the refusal with the server's
+// message, once; with OPSERVER_PIPELINE=0 phase one is the server's and
+// fails at once with 161002. Work after it on the stream still runs.
+TEST_F(CApiTest, ServerOnlyRefusalIsDeferredToSynchronizeWhenPipelined) {
+  aclrtDestroyStream(stream_);
+  stream_ = nullptr;
+  ASSERT_EQ(aclrtResetDevice(0), ACL_SUCCESS) << LastError();
+  ASSERT_EQ(aclFinalize(), ACL_SUCCESS);
+  Options options;
+  options.listen = "127.0.0.1:0";
+  options.threads = 2;
+  options.session_limits.max_launch_elements = 1024;
+  auto limited = Server::Start(options);
+  ASSERT_TRUE(limited.ok()) << limited.status();
+  setenv("OPSERVER_ADDRESS", (*limited)->address().c_str(), 1);
+  for (const char* pipeline : {"1", "0"}) {
+    SCOPED_TRACE(pipeline);
+    setenv("OPSERVER_PIPELINE", pipeline, 1);
+    ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS) << LastError();
+    ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS) << LastError();
+    aclrtStream stream = nullptr;
+    ASSERT_EQ(aclrtCreateStream(&stream), ACL_SUCCESS) << LastError();
+    std::vector<float> host(2048, 4.0f);
+    void* big = Device(host.data(), host.size() * sizeof(float));
+    int64_t shape[] = {2048};
+    aclTensor* t = aclCreateTensor(shape, 1, ACL_FLOAT, nullptr, 0,
+                                   ACL_FORMAT_ND, shape, 1, big);
+    uint64_t ws = 0;
+    aclOpExecutor* executor = nullptr;
+    const aclnnStatus planned =
+        aclnnHardswishBackwardGetWorkspaceSize(t, t, t, &ws, &executor);
+    if (std::string(pipeline) == "0") {
+      EXPECT_EQ(planned, 161002);
+      EXPECT_THAT(LastError(), HasSubstr("--max_launch_elements"));
+    } else {
+      ASSERT_EQ(planned, ACLNN_SUCCESS) << LastError();
+      ASSERT_EQ(aclnnHardswishBackward(nullptr, 0, executor, stream),
+                ACLNN_SUCCESS)
+          << LastError();
+      EXPECT_NE(aclrtSynchronizeStream(stream), ACL_SUCCESS);
+      EXPECT_THAT(LastError(), HasSubstr("--max_launch_elements"));
+      EXPECT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS) << LastError();
+    }
+    // The stream goes on: a launch within the limit runs.
+    int64_t small[] = {4};
+    aclTensor* s4 = aclCreateTensor(small, 1, ACL_FLOAT, nullptr, 0,
+                                    ACL_FORMAT_ND, small, 1, big);
+    ASSERT_EQ(
+        aclnnHardswishBackwardGetWorkspaceSize(s4, s4, s4, &ws, &executor),
+        ACLNN_SUCCESS)
+        << LastError();
+    ASSERT_EQ(aclnnHardswishBackward(nullptr, 0, executor, stream),
+              ACLNN_SUCCESS);
+    ASSERT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS) << LastError();
+    float out[4];
+    ASSERT_EQ(aclrtMemcpy(out, 16, big, 16, ACL_MEMCPY_DEVICE_TO_HOST),
+              ACL_SUCCESS);
+    EXPECT_THAT(out, ElementsAre(4, 4, 4, 4));  // hardswish'(4) = 1.
+    aclDestroyTensor(t);
+    aclDestroyTensor(s4);
+    ASSERT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS) << LastError();
+    ASSERT_EQ(aclrtResetDevice(0), ACL_SUCCESS) << LastError();
+    ASSERT_EQ(aclFinalize(), ACL_SUCCESS);
+  }
+  unsetenv("OPSERVER_PIPELINE");
+  setenv("OPSERVER_ADDRESS", server_->address().c_str(), 1);
+  ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);  // For TearDown.
+}
+
 TEST_F(CApiTest, CallsOutOfOrderAreErrorsNotCrashes) {
   aclrtResetDevice(0);
   void* p = nullptr;
