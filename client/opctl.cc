@@ -64,7 +64,8 @@ constexpr char kUsage[] =
     "  run     one operator on values from the command line or .npy files\n"
     "          (opctl run --help for the details)\n"
     "  stats   sessions and device memory in use on the server\n"
-    "  bench   transfer throughput and per-operator latency\n"
+    "  bench   transfer throughput, per-operator latency and the\n"
+    "          pipelined vs unary cost of a backward step\n"
     "          (opctl bench --help for the details)";
 
 constexpr char kRunUsage[] =
@@ -93,7 +94,10 @@ constexpr char kBenchUsage[] =
     "Measures upload and download throughput of --bytes (default 67108864)\n"
     "and the latency of each operator (GetWorkspaceSize + Execute +\n"
     "SynchronizeStream) on FLOAT tensors of --elements (default 1024)\n"
-    "elements, over --iterations runs (default 20; median and minimum).";
+    "elements, over --iterations runs (default 20; median and minimum),\n"
+    "then a backward step of 250 dependent operators with one synchronize,\n"
+    "pipelined and with unary calls, in microseconds per operator and in\n"
+    "round trips (a synchronize of an idle stream, measured alongside).";
 
 int Fail(absl::string_view message) {
   std::fprintf(stderr, "opctl: %.*s\n", static_cast<int>(message.size()),
@@ -287,7 +291,9 @@ std::string FormatValue(double v, DType dtype) {
   return buffer;  // NaN never compares equal; "%g" already says "nan".
 }
 
-using Connector = std::function<absl::StatusOr<std::unique_ptr<Client>>()>;
+// Connects with the global flags; `pipeline` = ConnectOptions::pipeline.
+using Connector =
+    std::function<absl::StatusOr<std::unique_ptr<Client>>(bool pipeline)>;
 
 int Run(const Connector& connect, const std::vector<std::string>& raw) {
   if (std::find(raw.begin(), raw.end(), "--help") != raw.end()) {
@@ -432,7 +438,7 @@ int Run(const Connector& connect, const std::vector<std::string>& raw) {
                              " (try opctl run --help)"));
   }
 
-  auto connected = connect();
+  auto connected = connect(true);
   if (!connected.ok()) return Fail(connected.status().message());
   Client& client = **connected;
   auto session = client.CreateSession("opctl run");
@@ -492,6 +498,68 @@ int Run(const Connector& connect, const std::vector<std::string>& raw) {
   return 0;
 }
 
+// A backward step as a training job issues it: 250 dependent operators
+// (plan + launch each), one synchronize, pipelined and with unary calls,
+// against the round trip of the same connection (a synchronize of an idle
+// stream).
+int BenchStep(const Connector& connect, int64_t n) {
+  constexpr int kOps = 250;
+  constexpr int kSteps = 5;
+  std::printf("\nbackward step: %d dependent ThresholdBackward on %lld "
+              "FLOAT elements, one synchronize (median of %d)\n",
+              kOps, static_cast<long long>(n), kSteps);
+  std::printf("%-10s %12s %14s %16s\n", "path", "us per op", "round trip us",
+              "round trips/op");
+  for (bool pipeline : {true, false}) {
+    auto connected = connect(pipeline);
+    if (!connected.ok()) return Fail(connected.status().message());
+    auto session = (*connected)->CreateSession("opctl bench step");
+    if (!session.ok()) return FailStatus(session.status());
+    Session& s = **session;
+    std::vector<float> ones(n, 1.0f);
+    auto a = s.Malloc(n * 4);
+    auto b = s.Malloc(n * 4);
+    if (!a.ok() || !b.ok()) return FailStatus(!a.ok() ? a.status() : b.status());
+    for (auto* buffer : {&a, &b}) {
+      absl::Status up = s.Upload((*buffer)->handle(), 0, ones.data(), n * 4);
+      if (!up.ok()) return FailStatus(up);
+    }
+    const TensorDesc ta = TensorDesc::Contiguous(a->handle(), DType::kFloat, {n});
+    const TensorDesc tb = TensorDesc::Contiguous(b->handle(), DType::kFloat, {n});
+    std::vector<double> rtt;
+    for (int i = 0; i < 50; ++i) {
+      const absl::Time start = absl::Now();
+      if (absl::Status st = s.Synchronize(); !st.ok()) return FailStatus(st);
+      rtt.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+    }
+    std::vector<double> per_op;
+    for (int step = 0; step < kSteps; ++step) {
+      const absl::Time start = absl::Now();
+      for (int i = 0; i < kOps; ++i) {
+        // a -> b -> a: each reads the previous one's output.
+        auto executor = i % 2 == 0 ? s.ThresholdBackward(ta, ta, 0.5, tb)
+                                   : s.ThresholdBackward(tb, tb, 0.5, ta);
+        if (!executor.ok()) return FailStatus(executor.status());
+        if (absl::Status st = executor->Execute(); !st.ok()) {
+          return FailStatus(st);
+        }
+      }
+      if (absl::Status st = s.Synchronize(); !st.ok()) return FailStatus(st);
+      per_op.push_back(absl::ToDoubleMicroseconds(absl::Now() - start) / kOps);
+    }
+    std::sort(rtt.begin(), rtt.end());
+    std::sort(per_op.begin(), per_op.end());
+    const double round_trip = rtt[rtt.size() / 2];
+    const double op = per_op[per_op.size() / 2];
+    std::printf("%-10s %12.1f %14.1f %16.2f%s\n",
+                pipeline ? "pipelined" : "unary", op, round_trip,
+                op / round_trip,
+                pipeline && !s.pipelined() ? "  (server has no Pipeline: unary)"
+                                           : "");
+  }
+  return 0;
+}
+
 int Bench(const Connector& connect, const std::vector<std::string>& raw) {
   if (std::find(raw.begin(), raw.end(), "--help") != raw.end()) {
     std::printf("%s\n", kBenchUsage);
@@ -521,7 +589,7 @@ int Bench(const Connector& connect, const std::vector<std::string>& raw) {
                              " (try opctl bench --help)"));
   }
   const int64_t bytes = sizes[0], iterations = sizes[1], n = sizes[2];
-  auto connected = connect();
+  auto connected = connect(true);
   if (!connected.ok()) return Fail(connected.status().message());
   Client& client = **connected;
   auto session = client.CreateSession("opctl bench");
@@ -610,7 +678,7 @@ int Bench(const Connector& connect, const std::vector<std::string>& raw) {
     std::printf("%-20s %12.1f %12.1f\n", op_name, times[times.size() / 2],
                 times[0]);
   }
-  return 0;
+  return BenchStep(connect, n);
 }
 
 int Main(int argc, char** argv) {
@@ -675,12 +743,14 @@ int Main(int argc, char** argv) {
     }
     options.token = *std::move(token);
   }
-  const Connector connect = [options] {
-    return Client::Connect(absl::GetFlag(FLAGS_server), options);
+  const Connector connect = [options](bool pipeline) {
+    ConnectOptions chosen = options;
+    chosen.pipeline = pipeline;
+    return Client::Connect(absl::GetFlag(FLAGS_server), chosen);
   };
   if (command == "run") return Run(connect, rest);
   if (command == "bench") return Bench(connect, rest);
-  auto client = connect();
+  auto client = connect(true);
   if (!client.ok()) return Fail(client.status().message());
   if (command == "info") return Info(**client);
   if (command == "stats") return Stats(**client);

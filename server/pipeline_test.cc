@@ -1,0 +1,241 @@
+#include "server/pipeline.h"
+
+#include <cstring>
+#include <map>
+#include <utility>
+#include <memory>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/aclnn_status.h"
+#include "server/device_factory.h"
+
+namespace opserver {
+namespace {
+
+using ::testing::HasSubstr;
+
+// CommandPipeline without gRPC: one session on a CPU device, commands
+// built by hand, fence results collected.
+class CommandPipelineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto device = CreateDevice("cpu", 1, 0);
+    ASSERT_TRUE(device.ok()) << device.status();
+    device_ = *std::move(device);
+  }
+
+  void Open(size_t max_fences = 16) {
+    session_ = std::make_unique<Session>("s", 1, "pipeline_test",
+                                         device_.get(), &limits_, &account_,
+                                         std::make_shared<StreamThreads>());
+    pipeline_ = std::make_unique<CommandPipeline>(
+        device_.get(), limits_, max_fences,
+        [this](uint64_t id, absl::Status status) {
+          absl::MutexLock lock(&mu_);
+          fences_[id] = std::move(status);
+        });
+  }
+
+  void TearDown() override {
+    session_.reset();
+    pipeline_.reset();
+  }
+
+  // A buffer of `values`.
+  uint64_t Floats(const std::vector<float>& values) {
+    absl::StatusOr<uint64_t> handle =
+        session_->Malloc(values.size() * sizeof(float));
+    EXPECT_TRUE(handle.ok()) << handle.status();
+    std::memcpy((*session_->GetBuffer(*handle))->data(), values.data(),
+                values.size() * sizeof(float));
+    return *handle;
+  }
+
+  std::vector<float> Read(uint64_t handle, size_t n) {
+    std::vector<float> out(n);
+    std::memcpy(out.data(), (*session_->GetBuffer(handle))->data(),
+                n * sizeof(float));
+    return out;
+  }
+
+  static v1::TensorDesc Desc(uint64_t buffer, int64_t n) {
+    v1::TensorDesc desc;
+    desc.set_buffer(buffer);
+    desc.set_dtype(v1::FLOAT);
+    desc.add_shape(n);
+    return desc;
+  }
+
+  // ThresholdBackward(grad, self, 1.0) -> out under client id `id`.
+  static v1::PipelineCommand Plan(uint64_t id, uint64_t grad, uint64_t self,
+                                  uint64_t out, int64_t n) {
+    v1::PipelineCommand command;
+    command.mutable_plan()->set_executor(id);
+    v1::GetWorkspaceSizeRequest& request =
+        *command.mutable_plan()->mutable_request();
+    request.set_op("ThresholdBackward");
+    request.mutable_params()->set_threshold(1.0);
+    (*request.mutable_tensors())["gradOutput"] = Desc(grad, n);
+    (*request.mutable_tensors())["self"] = Desc(self, n);
+    (*request.mutable_tensors())["out"] = Desc(out, n);
+    return command;
+  }
+  static v1::PipelineCommand Launch(uint64_t id, uint64_t stream = 0) {
+    v1::PipelineCommand command;
+    command.mutable_launch()->set_executor(id);
+    command.mutable_launch()->set_stream(stream);
+    return command;
+  }
+  static v1::PipelineCommand Fence(uint64_t id, bool session,
+                                   uint64_t stream = 0) {
+    v1::PipelineCommand command;
+    command.mutable_fence()->set_id(id);
+    command.mutable_fence()->set_session(session);
+    command.mutable_fence()->set_stream(stream);
+    return command;
+  }
+
+  size_t Apply(const std::vector<v1::PipelineCommand>& commands,
+               size_t from = 0, CommandPipeline::Resume resume = [] {}) {
+    batch_.Clear();
+    for (const auto& c : commands) *batch_.Add() = c;
+    return pipeline_->Apply(*session_, batch_, from, resume);
+  }
+
+  absl::Status FenceResult(uint64_t id) {
+    std::pair<CommandPipelineTest*, uint64_t> args(this, id);
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::pair<CommandPipelineTest*, uint64_t>* a)
+            ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              return a->first->fences_.count(a->second) > 0;
+            },
+        &args));
+    return fences_[id];
+  }
+
+  SessionLimits limits_;
+  MemoryAccounting account_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Session> session_;
+  std::unique_ptr<CommandPipeline> pipeline_;
+  google::protobuf::RepeatedPtrField<v1::PipelineCommand> batch_;
+  absl::Mutex mu_;
+  std::map<uint64_t, absl::Status> fences_ ABSL_GUARDED_BY(mu_);
+};
+
+constexpr uint64_t kId = kClientExecutorBase;
+
+TEST_F(CommandPipelineTest, PlanLaunchFenceRunInOrder) {
+  Open();
+  const uint64_t grad = Floats({4.5, 4.4, 4.3, 4.2});
+  const uint64_t self = Floats({0.2, 1.2, 2.2, 3.2});
+  const uint64_t out = Floats({-1, -1, -1, -1});
+  EXPECT_EQ(Apply({Plan(kId, grad, self, out, 4), Launch(kId),
+                   Fence(1, false)}),
+            3u);
+  EXPECT_TRUE(FenceResult(1).ok()) << FenceResult(1);
+  EXPECT_THAT(Read(out, 4), ::testing::ElementsAre(0, 4.4f, 4.3f, 4.2f));
+  // Consumed: a second launch fails the stream, as Execute would.
+  EXPECT_EQ(Apply({Launch(kId), Fence(2, false)}), 2u);
+  EXPECT_EQ(kernels::GetAclnnStatus(FenceResult(2)),
+            kernels::kAclnnErrInnerNullptr);
+}
+
+TEST_F(CommandPipelineTest, RefusedPlanFailsItsLaunchesStreamOnly) {
+  Open();
+  const uint64_t a = Floats({1, 2, 3, 4});
+  absl::StatusOr<uint64_t> other = session_->CreateStream();
+  ASSERT_TRUE(other.ok());
+  // A view past its buffer: 161002. Its launch is not run; the error goes
+  // to the launch's stream, the other stream stays clean.
+  EXPECT_EQ(Apply({Plan(kId, a, a, a, 64), Launch(kId, *other),
+                   Fence(1, false, *other), Fence(2, false, 0),
+                   Fence(3, true)}),
+            5u);
+  EXPECT_EQ(kernels::GetAclnnStatus(FenceResult(1)), 161002);
+  EXPECT_THAT(FenceResult(1).message(), HasSubstr("ThresholdBackward"));
+  EXPECT_TRUE(FenceResult(2).ok());
+  EXPECT_TRUE(FenceResult(3).ok()) << "a launched plan's error is the stream's";
+  // A refused plan that is never launched is the session's, reported once
+  // when it is destroyed.
+  v1::PipelineCommand destroy;
+  destroy.set_destroy_executor(kId + 1);
+  EXPECT_EQ(Apply({Plan(kId + 1, a, a, a, 64), destroy, Fence(4, true),
+                   Fence(5, true)}),
+            4u);
+  EXPECT_EQ(kernels::GetAclnnStatus(FenceResult(4)), 161002);
+  EXPECT_TRUE(FenceResult(5).ok());
+}
+
+TEST_F(CommandPipelineTest, IdsMustGrowAndStayClientIds) {
+  Open();
+  const uint64_t a = Floats({1, 2, 3, 4});
+  EXPECT_EQ(Apply({Plan(kId + 5, a, a, a, 4), Plan(kId + 5, a, a, a, 4),
+                   Plan(7, a, a, a, 4), Launch(7), Fence(1, false)}),
+            5u);
+  EXPECT_THAT(FenceResult(1).message(), HasSubstr("2^62"));
+  EXPECT_EQ(Apply({Launch(kId + 5), Fence(2, false)}), 2u);
+  EXPECT_TRUE(FenceResult(2).ok()) << "the first plan under the id stands";
+}
+
+// A full stream holds the channel back (the launch waits) instead of
+// failing launches: nothing is lost however fast the client sends.
+TEST_F(CommandPipelineTest, FullStreamWaitsAndResumes) {
+  limits_.max_queued_per_stream = 2;
+  Open();
+  const uint64_t a = Floats({1, 2, 3, 4});
+  std::shared_ptr<Stream> stream = *session_->GetStream(0);
+  auto gate = std::make_shared<Stream::Gate>();
+  ASSERT_TRUE(stream->Hold(gate, [] {}, [] {}).ok());  // Busy until reset.
+  std::vector<v1::PipelineCommand> commands;
+  for (uint64_t i = 0; i < 5; ++i) {
+    commands.push_back(Plan(kId + i, a, a, a, 4));
+    commands.push_back(Launch(kId + i));
+  }
+  commands.push_back(Fence(1, false));
+  absl::Notification resumed;
+  const size_t stopped = Apply(commands, 0, [&] { resumed.Notify(); });
+  EXPECT_EQ(stopped, 5u) << "two launches queued, the third waits";
+  EXPECT_FALSE(resumed.HasBeenNotified());
+  gate.reset();  // The stream runs what it holds...
+  resumed.WaitForNotification();  // ...and the channel may go on.
+  EXPECT_EQ(Apply(commands, stopped), commands.size());
+  EXPECT_TRUE(FenceResult(1).ok()) << FenceResult(1);
+}
+
+// Fence results the client has not read count against max_fences.
+TEST_F(CommandPipelineTest, FenceBudgetHoldsTheChannel) {
+  Open(/*max_fences=*/1);
+  absl::Notification resumed;
+  const std::vector<v1::PipelineCommand> commands = {Fence(1, false),
+                                                     Fence(2, true)};
+  EXPECT_EQ(Apply(commands, 0, [&] { resumed.Notify(); }), 1u);
+  EXPECT_TRUE(FenceResult(1).ok());
+  EXPECT_FALSE(resumed.HasBeenNotified());
+  pipeline_->FencesWritten(1);
+  EXPECT_TRUE(resumed.HasBeenNotified());
+  EXPECT_EQ(Apply(commands, 1), 2u);
+  EXPECT_TRUE(FenceResult(2).ok());
+}
+
+TEST_F(CommandPipelineTest, EmptyAndUnknownHandlesAreSessionErrors) {
+  Open();
+  v1::PipelineCommand free;
+  free.set_free(999);
+  EXPECT_EQ(Apply({v1::PipelineCommand(), free, Fence(1, true),
+                   Fence(2, true)}),
+            4u);
+  EXPECT_EQ(FenceResult(1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(FenceResult(2).ok()) << "only the first error is kept";
+  EXPECT_EQ(Apply({free, Fence(3, true)}), 2u);
+  EXPECT_EQ(FenceResult(3).code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(FenceResult(3).message(), HasSubstr("Free 999"));
+}
+
+}  // namespace
+}  // namespace opserver
