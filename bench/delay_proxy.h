@@ -9,10 +9,13 @@
 //   ... dial 127.0.0.1:(*proxy)->port() ...
 //
 // Every byte read from one side at time t is written to the other side at
-// t + delay; an end of stream (half-close) travels the same way, after the
-// bytes before it. Each accepted connection gets its own connection to the
-// target and one thread per direction. Destroying the proxy closes all of
-// them and joins every thread.
+// t + delay, plus the thread's wake-up and send time (a direction thread
+// sleeps until 60 us before a chunk is due and spins from there, since a
+// timed wake-up alone overshoots by tens of microseconds). An end of stream
+// (half-close) travels the same way, after the bytes before it. Each
+// accepted connection gets its own connection to the target and one thread
+// per direction. Destroying the proxy closes all of them and joins every
+// thread.
 
 #include <sys/socket.h>
 
