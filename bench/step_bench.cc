@@ -1,0 +1,446 @@
+// A backward step through the aclnn C API, as a training program issues it:
+// 250 dependent operators on 4096-element fp32 tensors, one stream, one
+// synchronize at the end. Small tensors make the step latency-bound, so this
+// measures how many network round trips each operator costs.
+//
+//   bazel run -c opt //bench:step_bench
+//
+// An in-process opserver (CPU device) on a free loopback port serves four
+// configurations: {loopback, through a DelayProxy adding 250 us each way}
+// x {OPSERVER_PIPELINE=0, OPSERVER_PIPELINE=1}. Each one is a fresh
+// aclInit .. aclFinalize, since the C API reads its environment at aclInit.
+// Per configuration: the round trip (mean idle aclrtSynchronizeStream), the
+// median step time over kSteps steps after kWarmupSteps, us per operator and
+// round trips per operator, and, through the proxy, the target
+// step <= 3 RTT + 250 x (loopback us per operator). Every step's result is
+// copied back and compared bit for bit with the same chain on the host.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "acl/acl.h"
+#include "aclnn/acl_meta.h"
+#include "aclnnop/aclnn_dropout_backward.h"
+#include "aclnnop/aclnn_hardswish_backward.h"
+#include "aclnnop/aclnn_leaky_relu_backward.h"
+#include "aclnnop/aclnn_softshrink_backward.h"
+#include "aclnnop/aclnn_threshold_backward.h"
+#include "bench/delay_proxy.h"
+#include "server/server.h"
+
+namespace opserver {
+namespace {
+
+constexpr int kOps = 250;
+constexpr int64_t kElements = 4096;
+// DropoutBackward's bit mask: align(numel, 128) / 8 bytes (spec).
+constexpr int64_t kMaskBytes = (kElements + 127) / 128 * 128 / 8;
+constexpr int kWarmupSteps = 3;
+constexpr int kSteps = 20;
+constexpr int kRoundTripWarmup = 50;
+constexpr int kRoundTrips = 1000;
+constexpr absl::Duration kOneWayDelay = absl::Microseconds(250);
+
+// Operator parameters, chosen so that after 250 operators a good share of
+// the elements is still non-zero and of normal magnitude: a check of an
+// all-zero result would prove little. Each is exact in fp32.
+constexpr float kThreshold = -3.875f;  // Zeroes self <= t: 1/64 of [-4, 4].
+constexpr float kLambd = 0.0625f;      // Zeroes |self| <= l: 1/64 of them.
+constexpr float kSlope = 0.75f;
+constexpr int kDropEvery = 128;  // About 1 in 128 mask bits is 0.
+// 1 / (1 - p) for p = 1/128; the kernel computes in float(scale).
+constexpr double kScale = 128.0 / 127.0;
+
+using Clock = std::chrono::steady_clock;
+
+double Micros(Clock::duration d) {
+  return std::chrono::duration<double, std::micro>(d).count();
+}
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "step_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+void CheckAcl(int status, const char* call) {
+  if (status != 0) {
+    Die(absl::StrCat(call, " returned ", status, ": ", aclGetRecentErrMsg()));
+  }
+}
+#define CHECK_ACL(call) CheckAcl((call), #call)
+
+enum class Op { kThreshold, kSoftshrink, kHardswish, kLeakyRelu, kDropout };
+constexpr const char* kOpNames[] = {"ThresholdBackward", "SoftshrinkBackward",
+                                    "HardswishBackward", "LeakyReluBackward",
+                                    "DropoutBackward"};
+
+Op OpAt(int i) { return static_cast<Op>(i % 5); }
+
+// What the backward pass reads besides the gradient: each operator's saved
+// forward input (or dropout mask), different per operator as in a network.
+struct Inputs {
+  std::vector<float> grad;               // kElements
+  std::vector<float> selfs;              // kOps x kElements
+  std::vector<uint8_t> masks;            // kOps x kMaskBytes (dropout only)
+};
+
+Inputs MakeInputs() {
+  std::mt19937 random(20240901);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::uniform_real_distribution<float> wide(-4.0f, 4.0f);
+  // Hardswish's derivative is 0 below -3 and at most 1.5: a positive self
+  // keeps the gradient alive and its product over 50 operators in range.
+  std::uniform_real_distribution<float> positive(0.0f, 4.0f);
+  std::uniform_int_distribution<int> bit(0, kDropEvery - 1);
+  Inputs inputs;
+  inputs.grad.resize(kElements);
+  for (float& g : inputs.grad) g = unit(random);
+  inputs.selfs.resize(kOps * kElements);
+  inputs.masks.assign(kOps * kMaskBytes, 0);
+  for (int op = 0; op < kOps; ++op) {
+    float* self = &inputs.selfs[op * kElements];
+    for (int64_t i = 0; i < kElements; ++i) {
+      self[i] = OpAt(op) == Op::kHardswish ? positive(random) : wide(random);
+    }
+    if (OpAt(op) == Op::kDropout) {
+      uint8_t* mask = &inputs.masks[op * kMaskBytes];
+      for (int64_t i = 0; i < kElements; ++i) {
+        if (bit(random) != 0) mask[i / 8] |= 1 << (i % 8);
+      }
+    }
+  }
+  return inputs;
+}
+
+// The chain on the host, with the fp32 formulas of the spec
+// (shared/spec/operators.md) written as the kernels compute them, so that
+// the comparison can be exact.
+std::vector<float> HostChain(const Inputs& inputs) {
+  std::vector<float> grad = inputs.grad;
+  const float scale = static_cast<float>(kScale);
+  for (int op = 0; op < kOps; ++op) {
+    const float* self = &inputs.selfs[op * kElements];
+    const uint8_t* mask = &inputs.masks[op * kMaskBytes];
+    for (int64_t i = 0; i < kElements; ++i) {
+      const float g = grad[i];
+      const float x = self[i];
+      switch (OpAt(op)) {
+        case Op::kThreshold:
+          grad[i] = x <= kThreshold ? 0.0f : g;
+          break;
+        case Op::kSoftshrink:
+          grad[i] = std::fabs(x) <= kLambd ? 0.0f : g;
+          break;
+        case Op::kHardswish: {
+          const float deriv =
+              x < -3.0f ? 0.0f : (x <= 3.0f ? x / 3.0f + 0.5f : 1.0f);
+          grad[i] = g * deriv;
+          break;
+        }
+        case Op::kLeakyRelu:
+          grad[i] = x > 0 ? g : g * kSlope;
+          break;
+        case Op::kDropout:
+          grad[i] = ((mask[i / 8] >> (i % 8)) & 1) ? g * scale : 0.0f;
+          break;
+      }
+    }
+  }
+  return grad;
+}
+
+void* DeviceAlloc(size_t bytes) {
+  void* pointer = nullptr;
+  CHECK_ACL(aclrtMalloc(&pointer, bytes, ACL_MEM_MALLOC_HUGE_FIRST));
+  return pointer;
+}
+
+void Upload(void* device, const void* host, size_t bytes) {
+  CHECK_ACL(aclrtMemcpy(device, bytes, host, bytes, ACL_MEMCPY_HOST_TO_DEVICE));
+}
+
+// Opaque device pointers allow arithmetic inside an allocation.
+void* Offset(void* base, size_t bytes) {
+  return static_cast<char*>(base) + bytes;
+}
+
+struct Device {
+  void* grad = nullptr;      // The step's incoming gradient.
+  void* ping_pong[2] = {};   // Operator i writes ping_pong[i % 2].
+  void* selfs = nullptr;
+  void* masks = nullptr;
+  void* workspace = nullptr;  // Grown on demand; the operators want none.
+  uint64_t workspace_bytes = 0;
+};
+
+aclTensor* Tensor(void* data, int64_t elements, aclDataType dtype) {
+  const int64_t shape[] = {elements};
+  aclTensor* tensor = aclCreateTensor(shape, 1, dtype, nullptr, 0,
+                                      ACL_FORMAT_ND, shape, 1, data);
+  if (tensor == nullptr) Die(absl::StrCat("aclCreateTensor: ",
+                                          aclGetRecentErrMsg()));
+  return tensor;
+}
+
+// Launches the 250 operators; returns without waiting for them.
+void LaunchStep(Device& device, aclrtStream stream) {
+  for (int op = 0; op < kOps; ++op) {
+    void* in = op == 0 ? device.grad : device.ping_pong[(op + 1) % 2];
+    void* out = device.ping_pong[op % 2];
+    aclTensor* grad = Tensor(in, kElements, ACL_FLOAT);
+    aclTensor* result = Tensor(out, kElements, ACL_FLOAT);
+    aclTensor* other =
+        OpAt(op) == Op::kDropout
+            ? Tensor(Offset(device.masks, op * kMaskBytes), kMaskBytes,
+                     ACL_UINT8)
+            : Tensor(Offset(device.selfs, op * kElements * sizeof(float)),
+                     kElements, ACL_FLOAT);
+    aclScalar* scalar = nullptr;
+    uint64_t workspace_bytes = 0;
+    aclOpExecutor* executor = nullptr;
+    aclnnStatus (*launch)(void*, uint64_t, aclOpExecutor*, aclrtStream) =
+        nullptr;
+    switch (OpAt(op)) {
+      case Op::kThreshold: {
+        float value = kThreshold;
+        scalar = aclCreateScalar(&value, ACL_FLOAT);
+        CHECK_ACL(aclnnThresholdBackwardGetWorkspaceSize(
+            grad, other, scalar, result, &workspace_bytes, &executor));
+        launch = aclnnThresholdBackward;
+        break;
+      }
+      case Op::kSoftshrink: {
+        float value = kLambd;
+        scalar = aclCreateScalar(&value, ACL_FLOAT);
+        CHECK_ACL(aclnnSoftshrinkBackwardGetWorkspaceSize(
+            grad, other, scalar, result, &workspace_bytes, &executor));
+        launch = aclnnSoftshrinkBackward;
+        break;
+      }
+      case Op::kHardswish:
+        CHECK_ACL(aclnnHardswishBackwardGetWorkspaceSize(
+            grad, other, result, &workspace_bytes, &executor));
+        launch = aclnnHardswishBackward;
+        break;
+      case Op::kLeakyRelu: {
+        float value = kSlope;
+        scalar = aclCreateScalar(&value, ACL_FLOAT);
+        CHECK_ACL(aclnnLeakyReluBackwardGetWorkspaceSize(
+            grad, other, scalar, /*selfIsResult=*/false, result,
+            &workspace_bytes, &executor));
+        launch = aclnnLeakyReluBackward;
+        break;
+      }
+      case Op::kDropout:
+        CHECK_ACL(aclnnDropoutBackwardGetWorkspaceSize(
+            grad, other, kScale, result, &workspace_bytes, &executor));
+        launch = aclnnDropoutBackward;
+        break;
+    }
+    if (workspace_bytes > device.workspace_bytes) {
+      if (device.workspace != nullptr) CHECK_ACL(aclrtFree(device.workspace));
+      device.workspace = DeviceAlloc(workspace_bytes);
+      device.workspace_bytes = workspace_bytes;
+    }
+    const aclnnStatus launched = launch(
+        workspace_bytes > 0 ? device.workspace : nullptr, workspace_bytes,
+        executor, stream);
+    if (launched != ACLNN_SUCCESS) {
+      Die(absl::StrCat("aclnn", kOpNames[static_cast<int>(OpAt(op))],
+                       " (operator ", op, ") returned ", launched, ": ",
+                       aclGetRecentErrMsg()));
+    }
+    // The executor was consumed by its launch (not repeatable); the
+    // descriptors are the program's to free, as after any aclnn call.
+    if (scalar != nullptr) CHECK_ACL(aclDestroyScalar(scalar));
+    CHECK_ACL(aclDestroyTensor(grad));
+    CHECK_ACL(aclDestroyTensor(other));
+    CHECK_ACL(aclDestroyTensor(result));
+  }
+}
+
+// Copies the step's result back and compares it bit for bit with the host.
+void CheckResult(const Device& device, const std::vector<float>& expected) {
+  std::vector<float> actual(kElements);
+  CHECK_ACL(aclrtMemcpy(actual.data(), kElements * sizeof(float),
+                        device.ping_pong[(kOps - 1) % 2],
+                        kElements * sizeof(float),
+                        ACL_MEMCPY_DEVICE_TO_HOST));
+  for (int64_t i = 0; i < kElements; ++i) {
+    if (std::memcmp(&actual[i], &expected[i], sizeof(float)) != 0) {
+      Die(absl::StrCat("result differs from the host chain at element ", i,
+                       ": device ", actual[i], ", host ", expected[i]));
+    }
+  }
+}
+
+struct Result {
+  std::string path;
+  std::string pipeline;
+  double round_trip_us = 0;
+  double step_median_us = 0;
+  double step_min_us = 0;
+  double step_max_us = 0;
+};
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+Result RunConfiguration(const std::string& path, const std::string& address,
+                        const std::string& pipeline, const Inputs& inputs,
+                        const std::vector<float>& expected) {
+  setenv("OPSERVER_ADDRESS", address.c_str(), 1);
+  setenv("OPSERVER_PIPELINE", pipeline.c_str(), 1);
+  CHECK_ACL(aclInit(nullptr));
+  CHECK_ACL(aclrtSetDevice(0));
+  aclrtStream stream = nullptr;
+  CHECK_ACL(aclrtCreateStream(&stream));
+
+  Device device;
+  device.grad = DeviceAlloc(kElements * sizeof(float));
+  device.ping_pong[0] = DeviceAlloc(kElements * sizeof(float));
+  device.ping_pong[1] = DeviceAlloc(kElements * sizeof(float));
+  device.selfs = DeviceAlloc(inputs.selfs.size() * sizeof(float));
+  device.masks = DeviceAlloc(inputs.masks.size());
+  Upload(device.grad, inputs.grad.data(), inputs.grad.size() * sizeof(float));
+  Upload(device.selfs, inputs.selfs.data(),
+         inputs.selfs.size() * sizeof(float));
+  Upload(device.masks, inputs.masks.data(), inputs.masks.size());
+
+  Result result{path, pipeline};
+  // The round trip: an idle stream's synchronize is one request and its
+  // answer, with nothing to wait for on the server.
+  for (int i = 0; i < kRoundTripWarmup; ++i) {
+    CHECK_ACL(aclrtSynchronizeStream(stream));
+  }
+  const Clock::time_point rtt_start = Clock::now();
+  for (int i = 0; i < kRoundTrips; ++i) {
+    CHECK_ACL(aclrtSynchronizeStream(stream));
+  }
+  result.round_trip_us = Micros(Clock::now() - rtt_start) / kRoundTrips;
+
+  std::vector<double> steps;
+  for (int step = 0; step < kWarmupSteps + kSteps; ++step) {
+    // Each operator writes its output before the next reads it, so the
+    // ping-pong buffers need no reset between steps.
+    const Clock::time_point start = Clock::now();
+    LaunchStep(device, stream);
+    CHECK_ACL(aclrtSynchronizeStream(stream));
+    const double elapsed = Micros(Clock::now() - start);
+    CheckResult(device, expected);  // Outside the timed part.
+    if (step >= kWarmupSteps) steps.push_back(elapsed);
+  }
+  result.step_median_us = Median(steps);
+  result.step_min_us = *std::min_element(steps.begin(), steps.end());
+  result.step_max_us = *std::max_element(steps.begin(), steps.end());
+
+  CHECK_ACL(aclrtFree(device.grad));
+  CHECK_ACL(aclrtFree(device.ping_pong[0]));
+  CHECK_ACL(aclrtFree(device.ping_pong[1]));
+  CHECK_ACL(aclrtFree(device.selfs));
+  CHECK_ACL(aclrtFree(device.masks));
+  if (device.workspace != nullptr) CHECK_ACL(aclrtFree(device.workspace));
+  CHECK_ACL(aclrtDestroyStream(stream));
+  CHECK_ACL(aclrtResetDevice(0));
+  CHECK_ACL(aclFinalize());
+  return result;
+}
+
+int Main() {
+  Options options;
+  options.listen = "127.0.0.1:0";
+  auto server = Server::Start(options);
+  if (!server.ok()) Die(absl::StrCat("Server::Start: ", server.status().ToString()));
+  const std::string direct = (*server)->address();
+  auto proxy = bench::DelayProxy::Start(direct, kOneWayDelay);
+  if (!proxy.ok()) Die(absl::StrCat("DelayProxy::Start: ", proxy.status().ToString()));
+  const std::string delayed = absl::StrCat("127.0.0.1:", (*proxy)->port());
+
+  const Inputs inputs = MakeInputs();
+  const std::vector<float> expected = HostChain(inputs);
+  const int64_t nonzero =
+      std::count_if(expected.begin(), expected.end(),
+                    [](float v) { return v != 0.0f; });
+  float largest = 0;
+  float smallest = INFINITY;
+  for (float v : expected) {
+    if (v != 0.0f) {
+      largest = std::max(largest, std::fabs(v));
+      smallest = std::min(smallest, std::fabs(v));
+    }
+  }
+
+  std::printf(
+      "step_bench: %d dependent operators (%s, %s, %s, %s, %s in turn) on "
+      "%lld-element fp32 tensors, 3 aclCreateTensor + GetWorkspaceSize + "
+      "launch each, one aclrtSynchronizeStream per step.\n"
+      "Server: in-process opserver, CPU device, %s. Proxy: %s one way.\n"
+      "Result checked bit for bit against the host chain after every step "
+      "(%lld of %lld elements non-zero, |x| in [%g, %g]).\n\n",
+      kOps, kOpNames[0], kOpNames[1], kOpNames[2], kOpNames[3], kOpNames[4],
+      static_cast<long long>(kElements), direct.c_str(),
+      absl::FormatDuration(kOneWayDelay).c_str(),
+      static_cast<long long>(nonzero), static_cast<long long>(kElements),
+      smallest, largest);
+  std::fflush(stdout);
+
+  std::vector<Result> results;
+  for (const char* pipeline : {"0", "1"}) {
+    results.push_back(
+        RunConfiguration("loopback", direct, pipeline, inputs, expected));
+    results.push_back(RunConfiguration("proxy 250us", delayed, pipeline,
+                                       inputs, expected));
+  }
+
+  std::printf(
+      "%-12s %-8s %9s %11s %11s %11s %9s %8s   %s\n", "path",
+      "PIPELINE", "RTT us", "step ms", "min ms", "max ms", "us/op", "RT/op",
+      "target: step <= 3 RTT + 250 x loopback us/op");
+  double loopback_per_op = 0;
+  for (const Result& r : results) {
+    const double per_op = r.step_median_us / kOps;
+    std::string target = "-";
+    if (r.path == "loopback") {
+      loopback_per_op = per_op;
+    } else {
+      const double target_us = 3 * r.round_trip_us + kOps * loopback_per_op;
+      target = absl::StrFormat("%.2f ms: %s (%.1fx)", target_us / 1000,
+                               r.step_median_us <= target_us ? "met" : "MISSED",
+                               r.step_median_us / target_us);
+    }
+    std::printf("%-12s %-8s %9.1f %11.2f %11.2f %11.2f %9.1f %8.2f   %s\n",
+                r.path.c_str(), r.pipeline.c_str(), r.round_trip_us,
+                r.step_median_us / 1000, r.step_min_us / 1000,
+                r.step_max_us / 1000, per_op, per_op / r.round_trip_us,
+                target.c_str());
+  }
+  std::printf(
+      "\nstep: median of %d steps after %d warm-up steps; us/op = step / %d "
+      "(the final synchronize included); RTT = mean idle "
+      "aclrtSynchronizeStream over %d calls; RT/op = us/op / RTT (same "
+      "configuration).\nOPSERVER_PIPELINE is set before each aclInit; a "
+      "client without the pipelined channel ignores it, and then its two "
+      "rows measure the same unary path.\n",
+      kSteps, kWarmupSteps, kOps, kRoundTrips);
+  return 0;
+}
+
+}  // namespace
+}  // namespace opserver
+
+int main() { return opserver::Main(); }
