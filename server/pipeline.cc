@@ -129,6 +129,13 @@ void CommandPipeline::Plan(Session& session, const v1::PlanCommand& plan) {
       status, absl::StrCat(plan.request().op(), " GetWorkspaceSize (executor ",
                            plan.executor(), ")"));
   absl::MutexLock lock(&mu_);
+  // An id in use stays what it is: a second plan under it is the session's
+  // error, not its executor's.
+  if (failed_plans_.contains(plan.executor()) ||
+      session.ExecutorForLaunch(plan.executor(), /*consume=*/false).ok()) {
+    if (session_error_.ok()) session_error_ = std::move(status);
+    return;
+  }
   if (failed_plans_.size() >= limits_.max_handles_per_session) {
     // Its launches then fail as launches of an unknown executor.
     if (session_error_.ok()) session_error_ = std::move(status);

@@ -179,8 +179,10 @@ TEST_F(CommandPipelineTest, IdsMustGrowAndStayClientIds) {
                    Plan(7, a, a, a, 4), Launch(7), Fence(1, false)}),
             5u);
   EXPECT_THAT(FenceResult(1).message(), HasSubstr("2^62"));
-  EXPECT_EQ(Apply({Launch(kId + 5), Fence(2, false)}), 2u);
+  EXPECT_EQ(Apply({Launch(kId + 5), Fence(2, false), Fence(3, true)}), 3u);
   EXPECT_TRUE(FenceResult(2).ok()) << "the first plan under the id stands";
+  EXPECT_THAT(FenceResult(3).message(), HasSubstr("cannot be chosen"))
+      << "the second plan under it is the session's error";
 }
 
 // A full stream holds the channel back (the launch waits) instead of
