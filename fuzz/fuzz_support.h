@@ -4,6 +4,7 @@
 #define OPSERVER_FUZZ_FUZZ_SUPPORT_H_
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -76,7 +77,7 @@ class HeapDevice : public Device {
     return d;
   }
   absl::StatusOr<void*> Allocate(uint64_t bytes, uint64_t /*owner*/) override {
-    if (bytes > capacity_ - used_) {
+    if (bytes > capacity_ - used_.load()) {
       return absl::ResourceExhaustedError(
           absl::StrCat("fuzz device: ", bytes, " bytes over capacity"));
     }
@@ -104,7 +105,7 @@ class HeapDevice : public Device {
     return kernels::RunPlan(plan, workspace, workspace_size, Pool());
   }
 
-  uint64_t used() const { return used_; }
+  uint64_t used() const { return used_.load(); }
 
   // Two threads: enough for RunPlan to split a large launch into ranges.
   static kernels::ThreadPool* Pool() {
@@ -115,7 +116,9 @@ class HeapDevice : public Device {
  private:
   const uint64_t capacity_;
   const bool host_addressable_;
-  uint64_t used_ = 0;
+  // Atomic: buffers queued work still holds are released on stream
+  // threads (pipeline_fuzzer).
+  std::atomic<uint64_t> used_{0};
 };
 
 // Fills `n` bytes at `dst` with `pattern` repeated (zeros when it is

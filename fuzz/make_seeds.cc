@@ -310,6 +310,77 @@ void TensorViewSeeds() {
 
 }  // namespace
 
+void PipelineSeeds() {
+  const std::string f = "pipeline_fuzzer";
+  // Buffers 1..7 of 0, 1, 16, 64, 256, 4096 and 65600 bytes, stream 8
+  // (fuzz/pipeline_fuzzer.cc). Client executor ids start at 2^62.
+  const uint64_t id = uint64_t{1} << 62;
+  auto plan = [](PipelineRequest& r, uint64_t executor, const char* op,
+                 TensorDesc grad, TensorDesc self, const char* self_name,
+                 TensorDesc out, const char* out_name) {
+    PlanCommand* p = r.add_commands()->mutable_plan();
+    p->set_executor(executor);
+    p->mutable_request()->set_op(op);
+    p->mutable_request()->mutable_params()->set_threshold(0.5);
+    p->mutable_request()->mutable_params()->set_scale(2);
+    (*p->mutable_request()->mutable_tensors())["gradOutput"] = grad;
+    (*p->mutable_request()->mutable_tensors())[self_name] = self;
+    (*p->mutable_request()->mutable_tensors())[out_name] = out;
+  };
+  auto launch = [](PipelineRequest& r, uint64_t executor, uint64_t stream,
+                   uint64_t workspace = 0, uint64_t size = 0) {
+    ExecuteRequest* l = r.add_commands()->mutable_launch();
+    l->set_executor(executor);
+    l->set_stream(stream);
+    l->set_workspace_buffer(workspace);
+    l->set_workspace_size(size);
+  };
+  auto fence = [](PipelineRequest& r, uint64_t fence_id, uint64_t stream,
+                  bool session) {
+    FenceCommand* c = r.add_commands()->mutable_fence();
+    c->set_id(fence_id);
+    c->set_stream(stream);
+    c->set_session(session);
+  };
+
+  PipelineRequest r;
+  plan(r, id, "ThresholdBackward", Desc(6, FLOAT, {64}), Desc(6, FLOAT, {64}),
+       "self", Desc(5, FLOAT, {64}), "out");
+  plan(r, id + 1, "ThresholdBackward", Desc(6, FLOAT, {1024}),
+       Desc(6, FLOAT, {1024}), "self", Desc(6, FLOAT, {1024}), "out");
+  launch(r, id, 0);
+  launch(r, id + 1, 8);
+  fence(r, 1, 0, false);
+  fence(r, 2, 8, false);
+  fence(r, 3, 0, true);
+  Write(f, "plan_launch_fence", r.SerializeAsString());
+
+  // A strided mask gathered into a workspace, launched with and without it.
+  r.Clear();
+  plan(r, id, "DropoutBackward", Desc(7, FLOAT, {128}),
+       Desc(7, UINT8, {16}, {2}), "mask", Desc(7, FLOAT, {128}), "out");
+  r.add_commands()->set_set_executor_repeatable(id);
+  launch(r, id, 0);
+  launch(r, id, 8, 6, 4096);
+  fence(r, 1, 0, false);
+  r.add_commands()->set_destroy_executor(id);
+  fence(r, 2, 8, false);
+  Write(f, "dropout_workspace_repeatable", r.SerializeAsString());
+
+  // Frees under queued work, a full stream, unknown handles.
+  r.Clear();
+  plan(r, id, "HardswishBackward", Desc(7, FLOAT, {16384}),
+       Desc(7, FLOAT, {16384}), "self", Desc(7, FLOAT, {16384}), "out");
+  r.add_commands()->set_set_executor_repeatable(id);
+  for (int i = 0; i < 40; ++i) launch(r, id, 8);
+  r.add_commands()->set_free(7);
+  r.add_commands()->set_free(7);
+  r.add_commands()->set_destroy_executor(id + 9);
+  launch(r, id + 3, 0);
+  for (uint64_t i = 1; i <= 6; ++i) fence(r, i, i % 2 == 0 ? 8 : 0, i > 4);
+  Write(f, "full_stream_frees_unknown", r.SerializeAsString());
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: make_seeds CORPUS_ROOT\n");
@@ -321,5 +392,6 @@ int main(int argc, char** argv) {
   ValuesSeeds();
   UploadSeeds();
   TensorViewSeeds();
+  PipelineSeeds();
   return 0;
 }

@@ -7,7 +7,7 @@
 #   scripts/fuzz.sh values_fuzzer crash-1234...    # reproduce one input
 #
 # Targets: workspace_fuzzer, evaluate_fuzzer, values_fuzzer, upload_fuzzer,
-# tensor_view_fuzzer (fuzz/BUILD.bazel). What libFuzzer finds goes to
+# tensor_view_fuzzer, pipeline_fuzzer (fuzz/BUILD.bazel). What libFuzzer finds goes to
 # $FUZZ_OUT/<target>/ (default /tmp/opserver-fuzz): new corpus entries to
 # corpus/, a crashing input to crash-<sha1>; never into fuzz/corpus/. Memory
 # is capped as in the smoke tests (2 GiB RSS, 256 MiB per allocation): an
