@@ -89,16 +89,24 @@ absl::Status SetParams(const OpInfo& op, const v1::OpParams& in,
   return absl::OkStatus();
 }
 
-absl::StatusOr<kernels::OpCall> ToOpCall(
-    const v1::GetWorkspaceSizeRequest& request, BufferLookup lookup) {
-  absl::StatusOr<const OpInfo*> op = FindOperator(request.op());
+absl::StatusOr<const OpInfo*> BeginOpCall(const std::string& name,
+                                          const v1::OpParams& params,
+                                          kernels::OpCall* call) {
+  absl::StatusOr<const OpInfo*> op = FindOperator(name);
   if (!op.ok()) return op.status();
-  kernels::OpCall call;
-  call.op = (*op)->kind;
-  if (absl::Status s = SetParams(**op, request.params(), &call.params);
-      !s.ok()) {
+  call->op = (*op)->kind;
+  if (absl::Status s = SetParams(**op, params, &call->params); !s.ok()) {
     return s;
   }
+  return op;
+}
+
+absl::StatusOr<kernels::OpCall> ToOpCall(
+    const v1::GetWorkspaceSizeRequest& request, BufferLookup lookup) {
+  kernels::OpCall call;
+  absl::StatusOr<const OpInfo*> op =
+      BeginOpCall(request.op(), request.params(), &call);
+  if (!op.ok()) return op.status();
   // Names the operator does not have are refused first, the
   // alphabetically first one named; the tensors are then checked in
   // argument order. Never in the map's order, which differs between a

@@ -32,6 +32,12 @@ absl::StatusOr<kernels::DType> ToDType(int32_t value, absl::string_view what);
 absl::Status SetParams(const kernels::OpInfo& op, const v1::OpParams& in,
                        kernels::OpParams* out);
 
+// The operator `name` with its parameters set in `call` (the tensors are
+// the caller's): FindOperator + SetParams.
+absl::StatusOr<const kernels::OpInfo*> BeginOpCall(const std::string& name,
+                                                   const v1::OpParams& params,
+                                                   kernels::OpCall* call);
+
 // Puts `view` into the slot of `op`'s tensor argument `name` in `call`;
 // 161002 naming the arguments when `op` has none of that name.
 absl::Status PlaceTensor(const kernels::OpInfo& op, const std::string& name,

@@ -106,14 +106,10 @@ absl::StatusOr<kernels::Plan> PlanGetWorkspaceSize(
 absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
                                             Device* device,
                                             uint32_t max_values) {
-  absl::StatusOr<const OpInfo*> op = FindOperator(request.op());
-  if (!op.ok()) return op.status();
   kernels::OpCall call;
-  call.op = (*op)->kind;
-  if (absl::Status s = SetParams(**op, request.params(), &call.params);
-      !s.ok()) {
-    return s;
-  }
+  absl::StatusOr<const OpInfo*> op =
+      BeginOpCall(request.op(), request.params(), &call);
+  if (!op.ok()) return op.status();
   for (const auto& [name, t] : request.inputs()) {
     bool known = false;
     for (const auto& arg : (*op)->tensors) {
