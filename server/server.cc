@@ -3,16 +3,18 @@
 #include <algorithm>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/malloc_tuning.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "server/device_factory.h"
 #include "server/listen_address.h"
 #include "server/log.h"
-#include "common/malloc_tuning.h"
 
 namespace opserver {
 
@@ -195,9 +197,22 @@ void Server::Shutdown() {
   shut_down_ = true;
   health_service_->Shutdown();
   runtime_service_->Shutdown();
-  grpc_server_->Shutdown(
-      absl::ToChronoTime(absl::Now() + options_.shutdown_grace));
+  const absl::Time deadline = absl::Now() + options_.shutdown_grace;
+  // gRPC cancels the calls still running at the deadline but then waits
+  // for each to finish, and a synchronize (or a pipelined fence) finishes
+  // only when its stream's queue has run: seconds or minutes of queued
+  // work. So at the deadline the queued work is dropped too, and those
+  // calls end with CANCELLED at once.
+  absl::Notification stopped;
+  std::thread canceller([this, deadline, &stopped] {
+    if (!stopped.WaitForNotificationWithDeadline(deadline)) {
+      sessions_->CancelAllWork();
+    }
+  });
+  grpc_server_->Shutdown(absl::ToChronoTime(deadline));
   grpc_server_->Wait();
+  stopped.Notify();
+  canceller.join();
 }
 
 }  // namespace opserver

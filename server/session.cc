@@ -521,6 +521,17 @@ absl::Status SessionManager::Close(absl::string_view id,
   return absl::OkStatus();
 }
 
+void SessionManager::CancelAllWork() {
+  std::vector<std::shared_ptr<Session>> sessions;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, session] : sessions_) sessions.push_back(session);
+  }
+  for (const std::shared_ptr<Session>& session : sessions) {
+    session->CancelWork();
+  }
+}
+
 void SessionManager::DestroyLater(std::shared_ptr<Stream> stream) {
   absl::MutexLock lock(&mu_);
   BuryLocked(std::move(stream));

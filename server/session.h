@@ -267,6 +267,11 @@ class SessionManager {
                      absl::string_view why,
                      std::function<void()> on_freed = nullptr);
 
+  // Drops the work queued on every session's streams (Session::CancelWork),
+  // so calls waiting for it (synchronizes, fences, transfers behind it)
+  // are answered now. For shutdown, once the grace period is over.
+  void CancelAllWork();
+
   // Destroys `stream` (draining it) on the teardown thread.
   void DestroyLater(std::shared_ptr<Stream> stream);
 

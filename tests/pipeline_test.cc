@@ -9,9 +9,12 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -439,6 +442,58 @@ TEST_F(PipelineTest, ChannelOnAnotherSessionIsNotFound) {
   EXPECT_FALSE(stream->Read(&event));
   EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
 }
+
+// SIGTERM's path with a client waiting: synchronizing a stream with seconds
+// of queued work (a pipelined fence or a unary SynchronizeStream), or with
+// its channel waiting for room in a full stream. Server destruction ends
+// soon after the grace (the queued work is then cancelled; before, a
+// waiting synchronize held it until the whole queue had run), and the
+// waiting call returns an error.
+// (max_queued_per_stream, pipelined client)
+class PipelineShutdownTest
+    : public ::testing::TestWithParam<std::tuple<uint32_t, bool>> {};
+
+TEST_P(PipelineShutdownTest, ShutdownEndsWaitingFencesAndBlockedChannels) {
+  opserver::Options options;
+  options.listen = "127.0.0.1:0";
+  options.threads = 2;
+  options.shutdown_grace = absl::Milliseconds(300);
+  // 8: the channel waits for room; 16384: the fence waits for the queue.
+  options.session_limits.max_queued_per_stream = std::get<0>(GetParam());
+  auto server = opserver::Server::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ConnectOptions connect;
+  connect.pipeline = std::get<1>(GetParam());
+  auto client = Client::Connect((*server)->address(), connect);
+  ASSERT_TRUE(client.ok());
+  auto session = (*client)->CreateSession("shutdown", /*attach=*/false);
+  ASSERT_TRUE(session.ok());
+  Session& s = **session;
+  ASSERT_EQ(s.pipelined(), connect.pipeline);
+  constexpr int64_t kN = int64_t{1} << 24;  // 64 MiB: milliseconds a launch.
+  auto big = s.Malloc(kN * 4);
+  ASSERT_TRUE(big.ok());
+  TensorDesc t = TensorDesc::Contiguous(big->handle(), DType::kFloat, {kN});
+  auto executor = s.ThresholdBackward(t, t, 0.5, t);
+  ASSERT_TRUE(executor.ok());
+  ASSERT_TRUE(executor->SetRepeatable().ok());
+  // Unary launches beyond a full queue are refused; that is fine here.
+  for (int i = 0; i < 2000; ++i) executor->Execute().IgnoreError();
+  absl::Status synchronized;
+  std::thread waiter([&] { synchronized = s.Synchronize(); });
+  absl::SleepFor(absl::Milliseconds(100));
+  server->reset();  // Must return: the test's timeout is the assertion.
+  waiter.join();
+  // With a long queue the wait was cut short (with 8 launches queued a
+  // unary synchronize may simply have finished).
+  if (std::get<0>(GetParam()) > 8) EXPECT_FALSE(synchronized.ok());
+  executor->Release();
+  big->Release();
+}
+
+INSTANTIATE_TEST_SUITE_P(QueueLimitsAndPaths, PipelineShutdownTest,
+                         ::testing::Combine(::testing::Values(8, 16384),
+                                            ::testing::Bool()));
 
 }  // namespace
 }  // namespace remote
