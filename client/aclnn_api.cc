@@ -31,6 +31,7 @@
 #include "aclnnop/aclnn_softshrink_backward.h"
 #include "aclnnop/aclnn_threshold_backward.h"
 #include "client/client.h"
+#include "client/device_addresses.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
 #include "kernels/scalar.h"
@@ -59,19 +60,12 @@ using remote::Session;
 using remote::Stream;
 using remote::TensorDesc;
 
-// Where fake device addresses start, and the gap left after each allocation
-// so that one allocation's end never touches the next one's start.
-constexpr uintptr_t kDeviceBase = uintptr_t{0x10} << 40;
-constexpr uintptr_t kAllocationAlign = 4096;
+// Where the opaque stream and executor handles start (device addresses are
+// DeviceAddressSpace's, below these).
 constexpr uintptr_t kStreamBase = uintptr_t{0x20} << 40;
 constexpr uintptr_t kExecutorBase = uintptr_t{0x30} << 40;
 
 thread_local std::string last_error;
-
-struct Allocation {
-  uint64_t size;
-  DeviceBuffer buffer;
-};
 
 struct ExecutorEntry {
   Executor executor;
@@ -91,8 +85,9 @@ struct State {
   // holding `mu`, keeping both alive even if another thread resets them.
   std::shared_ptr<Client> client;
   std::shared_ptr<opserver::remote::Session> session;
-  uintptr_t next_address = kDeviceBase;
-  std::map<uintptr_t, Allocation> allocations;  // By base address.
+  // Kept across aclFinalize: a pointer from before must never name an
+  // allocation made after the next aclInit (review finding 16).
+  DeviceAddressSpace addresses;
   uint64_t next_stream = 1;
   std::map<uintptr_t, Stream> streams;
   uint64_t next_executor = 1;
@@ -109,10 +104,9 @@ struct State {
     }
     // Handles die with the session on the server; forget them here without
     // a call each.
-    for (auto& [address, allocation] : allocations) allocation.buffer.Release();
+    addresses.ReleaseAll();
     for (auto& [id, stream] : streams) stream.Release();
     for (auto& [id, entry] : executors) entry.executor.Release();
-    allocations.clear();
     streams.clear();
     executors.clear();
     session.reset();  // Closes the session.
@@ -244,29 +238,11 @@ aclError SessionError(const absl::Status& status) {
   return Fail(ACL_ERROR_RT_FAILURE, status.message());
 }
 
-// A device pointer resolved to its buffer.
-struct DeviceRange {
-  uint64_t buffer;
-  uint64_t offset;     // Bytes from the allocation's start.
-  uint64_t available;  // Bytes from `offset` to the allocation's end.
-};
+using DeviceRange = DeviceAddressSpace::Range;
 
 absl::StatusOr<DeviceRange> Resolve(State& state, const void* pointer,
                                     absl::string_view what) {
-  const auto address = reinterpret_cast<uintptr_t>(pointer);
-  auto it = state.allocations.upper_bound(address);
-  if (it != state.allocations.begin()) {
-    --it;
-    const uintptr_t base = it->first;
-    if (address - base < it->second.size ||
-        (address == base && it->second.size == 0)) {
-      return DeviceRange{it->second.buffer.handle(), address - base,
-                         it->second.size - (address - base)};
-    }
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, " (", absl::Hex(address),
-                   ") is not inside any live aclrtMalloc allocation"));
+  return state.addresses.Resolve(pointer, what);
 }
 
 absl::StatusOr<uint64_t> StreamHandle(State& state, aclrtStream stream) {
@@ -494,8 +470,8 @@ aclError aclFinalize(void) {
   }
   absl::Status pending = state.DropSession();
   state.client.reset();
-  // next_address is kept: a pointer from before aclFinalize must never name
-  // an allocation made after the next aclInit (review finding 16).
+  // The addresses are kept: a pointer from before aclFinalize must never
+  // name an allocation made after the next aclInit (review finding 16).
   state.initialized = false;
   if (!pending.ok()) return FailAcl(pending);
   return ACL_SUCCESS;
@@ -686,15 +662,9 @@ aclError aclrtMalloc(void** devPtr, size_t size,
     return Fail(ACL_ERROR_RT_FAILURE,
                 "aclrtMalloc: the device was reset during the call");
   }
-  const uintptr_t base = state.next_address;
-  const uintptr_t span = (size + opserver::kAllocationAlign - 1) /
-                             opserver::kAllocationAlign *
-                             opserver::kAllocationAlign +
-                         opserver::kAllocationAlign;
-  state.next_address += span;
-  state.allocations.emplace(base,
-                            opserver::Allocation{size, *std::move(buffer)});
-  *devPtr = reinterpret_cast<void*>(base);
+  absl::StatusOr<void*> address = state.addresses.Add(size, *buffer);
+  if (!address.ok()) return FailAcl(address.status());
+  *devPtr = *address;
   return ACL_SUCCESS;
 }
 
@@ -707,18 +677,15 @@ aclError aclrtFree(void* devPtr) {
     absl::MutexLock lock(&state.mu);
     auto current = opserver::SessionOf(state);
     if (!current.ok()) return opserver::SessionError(current.status());
-    auto it = state.allocations.find(reinterpret_cast<uintptr_t>(devPtr));
-    if (it == state.allocations.end()) {
+    absl::StatusOr<opserver::remote::DeviceBuffer> removed =
+        state.addresses.Remove(devPtr);
+    if (!removed.ok()) {
       return Fail(ACL_ERROR_INVALID_PARAM,
-                  absl::StrCat("aclrtFree: ",
-                               absl::Hex(reinterpret_cast<uintptr_t>(devPtr)),
-                               " is not the start of a live aclrtMalloc "
-                               "allocation"));
+                  absl::StrCat("aclrtFree: ", removed.status().message()));
     }
     client = state.client;
     session = state.session;
-    doomed = std::move(it->second.buffer);
-    state.allocations.erase(it);
+    doomed = *std::move(removed);
   }
   // The call runs without the lock (review finding 16).
   absl::Status status = doomed.Free();
