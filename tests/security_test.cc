@@ -287,6 +287,9 @@ TEST_F(SecurityTest, PerTenantSessionAndMemoryLimits) {
   EXPECT_THAT(over.message(), HasSubstr("--tenant_memory_bytes"));
   EXPECT_TRUE((*b1)->Malloc(768 << 10).ok());
   ASSERT_TRUE(big->Free().ok());
+  // The free is queued on a1's command channel; calls of a1 are ordered
+  // after it, a2's are not: deliver it before a2 counts on the memory.
+  ASSERT_TRUE((*a1)->Flush().ok());
   EXPECT_TRUE((*a2)->Malloc(512 << 10).ok());
 
   // A closed session gives its slot and its memory back.
