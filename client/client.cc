@@ -42,6 +42,34 @@ absl::StatusOr<std::string> ReadFile(absl::string_view what,
   return text.str();
 }
 
+v1::Runtime::Stub& StubOf(Client& client, v1::Runtime::Stub*) {
+  return client.runtime();
+}
+v1::Operators::Stub& StubOf(Client& client, v1::Operators::Stub*) {
+  return client.operators();
+}
+
+// Every unary call of the client: a fresh context with the per-call
+// deadline (`wait`: ConnectOptions::wait_timeout, for calls that wait for
+// device work) and the token, the call, and its status through
+// FromGrpcStatus with `what` naming the call.
+template <typename Stub, typename Request, typename Response>
+absl::Status Unary(Client& client,
+                   grpc::Status (Stub::*method)(grpc::ClientContext*,
+                                                const Request&, Response*),
+                   const Request& request, Response* response,
+                   absl::string_view what, bool wait = false) {
+  grpc::ClientContext context;
+  if (wait) {
+    client.SetWaitDeadline(&context);
+  } else {
+    client.SetDeadline(&context);
+  }
+  return FromGrpcStatus((StubOf(client, static_cast<Stub*>(nullptr)).*method)(
+                            &context, request, response),
+                        context, what);
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
@@ -159,22 +187,20 @@ void Client::Authorize(grpc::ClientContext* context) const {
 }
 
 absl::StatusOr<v1::GetDeviceInfoResponse> Client::GetDeviceInfo() {
-  grpc::ClientContext context;
-  SetDeadline(&context);
   v1::GetDeviceInfoResponse response;
-  absl::Status status = FromGrpcStatus(
-      runtime_->GetDeviceInfo(&context, v1::GetDeviceInfoRequest(), &response),
-      context, "GetDeviceInfo");
+  absl::Status status =
+      Unary(*this, &v1::Runtime::Stub::GetDeviceInfo,
+            v1::GetDeviceInfoRequest(), &response, "GetDeviceInfo");
   if (!status.ok()) return status;
   return response;
 }
 
 absl::StatusOr<std::string> Client::CheckHealth(const std::string& service) {
-  grpc::ClientContext context;
-  SetDeadline(&context);
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);
   grpc::health::v1::HealthCheckResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context);
   absl::Status status = FromGrpcStatus(
       health_->Check(&context, request, &response), context, "Health.Check");
   if (!status.ok()) return status;
@@ -183,27 +209,21 @@ absl::StatusOr<std::string> Client::CheckHealth(const std::string& service) {
 }
 
 absl::StatusOr<v1::ListOperatorsResponse> Client::ListOperators() {
-  grpc::ClientContext context;
-  SetDeadline(&context);
   v1::ListOperatorsResponse response;
   absl::Status status =
-      FromGrpcStatus(operators_->ListOperators(
-                         &context, v1::ListOperatorsRequest(), &response),
-                     context, "ListOperators");
+      Unary(*this, &v1::Operators::Stub::ListOperators,
+            v1::ListOperatorsRequest(), &response, "ListOperators");
   if (!status.ok()) return status;
   return response;
 }
 
 absl::StatusOr<std::unique_ptr<Session>> Client::CreateSession(
     const std::string& client_name, bool attach) {
-  grpc::ClientContext context;
-  SetDeadline(&context);
   v1::CreateSessionRequest request;
   request.set_client_name(client_name);
   v1::CreateSessionResponse response;
-  absl::Status status =
-      FromGrpcStatus(runtime_->CreateSession(&context, request, &response),
-                     context, "CreateSession");
+  absl::Status status = Unary(*this, &v1::Runtime::Stub::CreateSession, request,
+                              &response, "CreateSession");
   if (!status.ok()) return status;
   std::unique_ptr<Session> session(new Session(this, response.session()));
   if (attach) session->StartAttach();
@@ -405,14 +425,11 @@ absl::Status Session::Close() {
     deferred = channel_->Fence(0, /*session=*/true);
     channel_.reset();
   }
-  grpc::ClientContext context;
-  client_->SetDeadline(&context);
   v1::CloseSessionRequest request;
   request.set_session(token_);
   v1::CloseSessionResponse response;
-  absl::Status status = FromGrpcStatus(
-      client_->runtime().CloseSession(&context, request, &response), context,
-      "CloseSession");
+  absl::Status status = Unary(*client_, &v1::Runtime::Stub::CloseSession,
+                              request, &response, "CloseSession");
   if (attach_context_ != nullptr) {
     attach_context_->TryCancel();
     attach_thread_.join();
@@ -473,29 +490,23 @@ absl::StatusOr<Executor> Session::PlanLocally(
 
 absl::StatusOr<v1::SessionStats> Session::Stats() {
   if (absl::Status s = Ordered(); !s.ok()) return s;
-  grpc::ClientContext context;
-  client_->SetDeadline(&context);
   v1::GetSessionStatsRequest request;
   request.set_session(token_);
   v1::SessionStats response;
-  absl::Status status = FromGrpcStatus(
-      client_->runtime().GetSessionStats(&context, request, &response), context,
-      "GetSessionStats");
+  absl::Status status = Unary(*client_, &v1::Runtime::Stub::GetSessionStats,
+                              request, &response, "GetSessionStats");
   if (!status.ok()) return status;
   return response;
 }
 
 absl::StatusOr<DeviceBuffer> Session::Malloc(uint64_t size) {
   if (absl::Status s = Ordered(); !s.ok()) return s;
-  grpc::ClientContext context;
-  client_->SetDeadline(&context);
   v1::MallocRequest request;
   request.set_session(token_);
   request.set_size(size);
   v1::MallocResponse response;
   absl::Status status =
-      FromGrpcStatus(client_->runtime().Malloc(&context, request, &response),
-                     context, "Malloc");
+      Unary(*client_, &v1::Runtime::Stub::Malloc, request, &response, "Malloc");
   if (!status.ok()) return status;
   if (channel_ != nullptr) {
     absl::MutexLock lock(&handles_mu_);
@@ -518,26 +529,20 @@ absl::Status Session::FreeBuffer(uint64_t buffer) {
     command.set_free(buffer);
     return channel_->Send(std::move(command));
   }
-  grpc::ClientContext context;
-  client_->SetDeadline(&context);
   v1::FreeRequest request;
   request.set_session(token_);
   request.set_buffer(buffer);
   v1::FreeResponse response;
-  return FromGrpcStatus(client_->runtime().Free(&context, request, &response),
-                        context, "Free");
+  return Unary(*client_, &v1::Runtime::Stub::Free, request, &response, "Free");
 }
 
 absl::StatusOr<Stream> Session::CreateStream() {
   if (absl::Status s = Ordered(); !s.ok()) return s;
-  grpc::ClientContext context;
-  client_->SetDeadline(&context);
   v1::CreateStreamRequest request;
   request.set_session(token_);
   v1::CreateStreamResponse response;
-  absl::Status status = FromGrpcStatus(
-      client_->runtime().CreateStream(&context, request, &response), context,
-      "CreateStream");
+  absl::Status status = Unary(*client_, &v1::Runtime::Stub::CreateStream,
+                              request, &response, "CreateStream");
   if (!status.ok()) return status;
   if (channel_ != nullptr) {
     absl::MutexLock lock(&handles_mu_);
@@ -552,28 +557,22 @@ absl::Status Session::DestroyStream(uint64_t stream) {
     absl::MutexLock lock(&handles_mu_);
     streams_.erase(stream);
   }
-  grpc::ClientContext context;
-  client_->SetWaitDeadline(&context);
   v1::DestroyStreamRequest request;
   request.set_session(token_);
   request.set_stream(stream);
   v1::DestroyStreamResponse response;
-  return FromGrpcStatus(
-      client_->runtime().DestroyStream(&context, request, &response), context,
-      "DestroyStream");
+  return Unary(*client_, &v1::Runtime::Stub::DestroyStream, request, &response,
+               "DestroyStream", /*wait=*/true);
 }
 
 absl::Status Session::Synchronize(uint64_t stream) {
   if (channel_ != nullptr) return channel_->Fence(stream, /*session=*/false);
-  grpc::ClientContext context;
-  client_->SetWaitDeadline(&context);
   v1::SynchronizeStreamRequest request;
   request.set_session(token_);
   request.set_stream(stream);
   v1::SynchronizeStreamResponse response;
-  return FromGrpcStatus(
-      client_->runtime().SynchronizeStream(&context, request, &response),
-      context, "SynchronizeStream");
+  return Unary(*client_, &v1::Runtime::Stub::SynchronizeStream, request,
+               &response, "SynchronizeStream", /*wait=*/true);
 }
 
 absl::Status Session::Upload(uint64_t buffer, uint64_t offset, const void* data,
@@ -661,8 +660,6 @@ absl::Status Session::WriteValues(uint64_t buffer, uint64_t offset,
                                   const std::vector<double>& values,
                                   uint64_t stream) {
   if (absl::Status s = Ordered(); !s.ok()) return s;
-  grpc::ClientContext context;
-  client_->SetDeadline(&context);
   v1::WriteValuesRequest request;
   request.set_session(token_);
   request.set_buffer(buffer);
@@ -671,9 +668,8 @@ absl::Status Session::WriteValues(uint64_t buffer, uint64_t offset,
   request.set_stream(stream);
   request.mutable_values()->Add(values.begin(), values.end());
   v1::WriteValuesResponse response;
-  return FromGrpcStatus(
-      client_->runtime().WriteValues(&context, request, &response), context,
-      "WriteValues");
+  return Unary(*client_, &v1::Runtime::Stub::WriteValues, request, &response,
+               "WriteValues");
 }
 
 absl::StatusOr<std::vector<double>> Session::ReadValues(uint64_t buffer,
@@ -688,8 +684,6 @@ absl::StatusOr<std::vector<double>> Session::ReadValues(uint64_t buffer,
       return s;
     }
   }
-  grpc::ClientContext context;
-  client_->SetDeadline(&context);
   v1::ReadValuesRequest request;
   request.set_session(token_);
   request.set_buffer(buffer);
@@ -698,9 +692,8 @@ absl::StatusOr<std::vector<double>> Session::ReadValues(uint64_t buffer,
   request.set_count(count);
   request.set_stream(stream);
   v1::ReadValuesResponse response;
-  absl::Status status = FromGrpcStatus(
-      client_->runtime().ReadValues(&context, request, &response), context,
-      "ReadValues");
+  absl::Status status = Unary(*client_, &v1::Runtime::Stub::ReadValues, request,
+                              &response, "ReadValues");
   if (!status.ok()) return status;
   return std::vector<double>(response.values().begin(),
                              response.values().end());
@@ -709,8 +702,6 @@ absl::StatusOr<std::vector<double>> Session::ReadValues(uint64_t buffer,
 absl::StatusOr<Executor> Session::GetWorkspaceSize(
     const std::string& op, const v1::OpParams& params,
     const std::map<std::string, TensorDesc>& tensors) {
-  grpc::ClientContext context;
-  client_->SetDeadline(&context);
   v1::GetWorkspaceSizeRequest request;
   request.set_session(token_);
   request.set_op(op);
@@ -724,9 +715,9 @@ absl::StatusOr<Executor> Session::GetWorkspaceSize(
   }
   if (absl::Status s = Ordered(); !s.ok()) return s;
   v1::GetWorkspaceSizeResponse response;
-  absl::Status status = FromGrpcStatus(
-      client_->operators().GetWorkspaceSize(&context, request, &response),
-      context, absl::StrCat(op, " GetWorkspaceSize"));
+  absl::Status status =
+      Unary(*client_, &v1::Operators::Stub::GetWorkspaceSize, request,
+            &response, absl::StrCat(op, " GetWorkspaceSize"));
   if (!status.ok()) return status;
   return Executor(this, response.executor(), response.workspace_size());
 }
@@ -847,8 +838,6 @@ absl::Status Session::ExecuteHandle(uint64_t executor, uint64_t stream,
     return channel_->Send(std::move(command));
   }
   if (absl::Status s = Ordered(); !s.ok()) return s;
-  grpc::ClientContext context;
-  client_->SetDeadline(&context);
   v1::ExecuteRequest request;
   request.set_session(token_);
   request.set_executor(executor);
@@ -857,9 +846,8 @@ absl::Status Session::ExecuteHandle(uint64_t executor, uint64_t stream,
   request.set_workspace_size(workspace_size);
   request.set_stream(stream);
   v1::ExecuteResponse response;
-  return FromGrpcStatus(
-      client_->operators().Execute(&context, request, &response), context,
-      "Execute");
+  return Unary(*client_, &v1::Operators::Stub::Execute, request, &response,
+               "Execute");
 }
 
 absl::Status Session::SetExecutorRepeatable(uint64_t executor) {
@@ -881,15 +869,12 @@ absl::Status Session::SetExecutorRepeatable(uint64_t executor) {
     return channel_->Send(std::move(command));
   }
   if (absl::Status s = Ordered(); !s.ok()) return s;
-  grpc::ClientContext context;
-  client_->SetDeadline(&context);
   v1::SetExecutorRepeatableRequest request;
   request.set_session(token_);
   request.set_executor(executor);
   v1::SetExecutorRepeatableResponse response;
-  return FromGrpcStatus(
-      client_->operators().SetExecutorRepeatable(&context, request, &response),
-      context, "SetExecutorRepeatable");
+  return Unary(*client_, &v1::Operators::Stub::SetExecutorRepeatable, request,
+               &response, "SetExecutorRepeatable");
 }
 
 absl::Status Session::DestroyExecutor(uint64_t executor) {
@@ -909,15 +894,12 @@ absl::Status Session::DestroyExecutor(uint64_t executor) {
     return channel_->Send(std::move(command));
   }
   if (absl::Status s = Ordered(); !s.ok()) return s;
-  grpc::ClientContext context;
-  client_->SetDeadline(&context);
   v1::DestroyExecutorRequest request;
   request.set_session(token_);
   request.set_executor(executor);
   v1::DestroyExecutorResponse response;
-  return FromGrpcStatus(
-      client_->operators().DestroyExecutor(&context, request, &response),
-      context, "DestroyExecutor");
+  return Unary(*client_, &v1::Operators::Stub::DestroyExecutor, request,
+               &response, "DestroyExecutor");
 }
 
 }  // namespace remote
