@@ -19,6 +19,19 @@ struct DeviceDescription {
   uint32_t threads = 0;
 };
 
+// How a device is configured (--device and its flags; CreateDevice). A new
+// kind of device reads the fields that apply to it and may add its own.
+struct DeviceOptions {
+  std::string kind = "cpu";
+  // Compute threads (host threads driving the device); 0 = one per
+  // hardware thread.
+  int threads = 0;
+  // Freed device memory kept for reuse.
+  uint64_t memory_cache_bytes = 4ull << 30;
+  // The capacity Allocate enforces; 0 = the device's safe default.
+  uint64_t memory_bytes = 0;
+};
+
 // One accelerator owned by the server. The RPC layer talks only to this
 // interface, so further devices (CUDA, Ascend through CANN) slot in without
 // touching it. Implementations are thread-safe.

@@ -7,17 +7,17 @@
 namespace opserver {
 
 absl::StatusOr<std::unique_ptr<Device>> CreateDevice(
-    absl::string_view kind, int threads, uint64_t memory_cache_bytes,
-    uint64_t memory_bytes) {
-  if (threads < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("threads must be >= 0 (0 = one per core), got ", threads));
+    const DeviceOptions& options) {
+  if (options.threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "threads must be >= 0 (0 = one per core), got ", options.threads));
   }
-  if (kind == "cpu")
-    return std::make_unique<CpuDevice>(threads, memory_cache_bytes,
-                                       memory_bytes);
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown device '", kind, "'; this build supports: cpu"));
+  if (options.kind == "cpu") {
+    return std::make_unique<CpuDevice>(
+        options.threads, options.memory_cache_bytes, options.memory_bytes);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown device '", options.kind, "'; this build supports: cpu"));
 }
 
 }  // namespace opserver

@@ -23,7 +23,10 @@ using ::testing::HasSubstr;
 class CommandPipelineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto device = CreateDevice("cpu", 1, 0);
+    DeviceOptions options;
+    options.threads = 1;
+    options.memory_cache_bytes = 0;
+    auto device = CreateDevice(options);
     ASSERT_TRUE(device.ok()) << device.status();
     device_ = *std::move(device);
   }

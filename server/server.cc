@@ -109,9 +109,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
           authenticator);
   if (!credentials.ok()) return credentials.status();
 
-  absl::StatusOr<std::unique_ptr<Device>> device =
-      CreateDevice(options.device, options.threads, options.memory_cache_bytes,
-                   options.device_memory_bytes);
+  DeviceOptions device_options;
+  device_options.kind = options.device;
+  device_options.threads = options.threads;
+  device_options.memory_cache_bytes = options.memory_cache_bytes;
+  device_options.memory_bytes = options.device_memory_bytes;
+  absl::StatusOr<std::unique_ptr<Device>> device = CreateDevice(device_options);
   if (!device.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(options.threads < 0 ? "--threads: " : "--device: ",
