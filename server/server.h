@@ -43,7 +43,7 @@ struct Options {
   // memory follows the sender, not this setting). See BENCHMARKS.md for the
   // measured trade-off: 4 MiB (one default chunk) held uploads at the
   // socket's speed on loopback with 2-3 chunks of memory, where BDP probing
-  // used 6-15 chunks and was no faster (gRPC also opens the window to the
+  // used 6-20 chunks and was no faster (gRPC also opens the window to the
   // rest of a message the server is waiting for: 64 KiB was as fast).
   uint64_t receive_window_bytes = 4ull << 20;
 
