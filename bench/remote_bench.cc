@@ -19,7 +19,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -31,10 +33,11 @@
 #include "absl/synchronization/mutex.h"
 #include "bench/echo.grpc.pb.h"
 #include "benchmark/benchmark.h"
+#include "client/client.h"
+#include "common/malloc_tuning.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/opserver.grpc.pb.h"
-#include "common/malloc_tuning.h"
 #include "server/server.h"
 
 namespace opserver {
@@ -44,6 +47,10 @@ constexpr size_t kTransferBytes = 256ull << 20;
 constexpr size_t kChunk = 4ull << 20;
 
 int opserver_port = 0;
+// --window_curve=W1,W2,...: opservers with these --receive_window_bytes
+// (0 = BDP probing), forked at start like the others.
+std::vector<uint64_t> curve_windows;
+std::vector<std::pair<pid_t, int>> curve_servers;
 int tcp_port = 0;
 int echo_port = 0;
 std::vector<pid_t> children;
@@ -74,15 +81,19 @@ int Fork(Body body) {
   return port;
 }
 
-void RunOpserver(int report) {
+void RunOpserverWithWindow(int report, int64_t window) {
   Options options;
   options.listen = "127.0.0.1:0";
+  if (window >= 0) options.receive_window_bytes = window;
   options.transfer_limits.chunk_bytes = kChunk;
   auto server = Server::Start(options);
   if (!server.ok()) _exit(1);
   SendPort(report, (*server)->port());
   pause();  // Until killed.
 }
+
+// The production default window.
+void RunOpserver(int report) { RunOpserverWithWindow(report, -1); }
 
 class EchoService final : public bench::Echo::CallbackService {
   grpc::ServerReadReactor<bench::Chunk>* Sink(
@@ -383,6 +394,49 @@ void BM_OpserverDownload(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * kTransferBytes);
 }
 
+// Through the client library (what aclrtMemcpy and opctl use), with its
+// default chunk size.
+std::unique_ptr<remote::Session> LibrarySession(
+    int port, std::unique_ptr<Client>* client) {
+  auto connected = Client::Connect("127.0.0.1:" + std::to_string(port));
+  if (!connected.ok()) return nullptr;
+  *client = *std::move(connected);
+  auto session = (*client)->CreateSession("remote_bench");
+  return session.ok() ? *std::move(session) : nullptr;
+}
+
+void BM_ClientUpload(benchmark::State& state) {
+  std::unique_ptr<Client> client;
+  auto session = LibrarySession(opserver_port, &client);
+  std::vector<char> data(kTransferBytes, 'x');
+  auto buffer = session->Malloc(kTransferBytes);
+  for (auto _ : state) {
+    if (!session->Upload(buffer->handle(), 0, data.data(), kTransferBytes)
+             .ok()) {
+      state.SkipWithError("upload failed");
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * kTransferBytes);
+}
+
+void BM_ClientDownload(benchmark::State& state) {
+  std::unique_ptr<Client> client;
+  auto session = LibrarySession(opserver_port, &client);
+  std::vector<char> data(kTransferBytes, 'x');
+  auto buffer = session->Malloc(kTransferBytes);
+  if (!session->Upload(buffer->handle(), 0, data.data(), kTransferBytes).ok()) {
+    state.SkipWithError("upload failed");
+    return;
+  }
+  for (auto _ : state) {
+    if (!session->Download(buffer->handle(), 0, data.data(), kTransferBytes)
+             .ok()) {
+      state.SkipWithError("download failed");
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * kTransferBytes);
+}
+
 void BM_GrpcUnaryRoundTrip(benchmark::State& state) {
   auto stub = bench::Echo::NewStub(Channel(echo_port));
   bench::Chunk request;
@@ -517,6 +571,8 @@ BENCHMARK(BM_OpserverUploadZeroCopy)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_OpserverDownload)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ClientUpload)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ClientDownload)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_GrpcUnaryRoundTrip)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_TinyOperator)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_Launches)
@@ -537,24 +593,124 @@ uint64_t PeakRssKiB(pid_t pid) {
   return 0;
 }
 
-void MeasureServerRss(pid_t pid, int port) {
+// Uploads (then downloads) 1 GiB through the client library; returns the
+// server's peak RSS growth in KiB after the upload, or 0 on failure.
+uint64_t UploadPeakGrowthKiB(pid_t pid, int port, bool download) {
   const size_t size = 1ull << 30;
-  uint64_t before = PeakRssKiB(pid);
-  {
-    Remote remote(port);
-    std::vector<char> data(size, 'y');
-    uint64_t buffer = remote.Malloc(size);
-    bool ok = remote.Upload(buffer, data.data(), size);
-    std::printf("after upload: %.1f MiB\n", PeakRssKiB(pid) / 1024.0);
-    ok = ok && remote.Download(buffer, data.data(), size);
-    if (!ok) std::printf("rss: transfer failed\n");
+  const uint64_t before = PeakRssKiB(pid);
+  std::unique_ptr<Client> client;
+  auto session = LibrarySession(port, &client);
+  if (session == nullptr) return 0;
+  std::vector<char> data(size, 'y');
+  auto buffer = session->Malloc(size);
+  if (!buffer.ok() ||
+      !session->Upload(buffer->handle(), 0, data.data(), size).ok()) {
+    return 0;
   }
-  uint64_t after = PeakRssKiB(pid);
+  const uint64_t after_upload = PeakRssKiB(pid);
+  if (download &&
+      !session->Download(buffer->handle(), 0, data.data(), size).ok()) {
+    return 0;
+  }
+  const uint64_t after = PeakRssKiB(pid);
+  std::printf("after upload: +%.1f MiB, after download: +%.1f MiB\n",
+              (after_upload - before) / 1024.0, (after - before) / 1024.0);
+  return after - before;
+}
+
+void MeasureServerRss(pid_t pid, int port) {
+  const uint64_t growth = UploadPeakGrowthKiB(pid, port, /*download=*/true);
+  if (growth == 0) {
+    std::printf("rss: transfer failed\n");
+    return;
+  }
   std::printf(
-      "server peak RSS: %.1f MiB before, %.1f MiB after moving 1 GiB up and "
-      "down: +%.1f MiB (buffer 1024 MiB + %.1f MiB, chunk %zu MiB)\n",
-      before / 1024.0, after / 1024.0, (after - before) / 1024.0,
-      (after - before) / 1024.0 - 1024.0, kChunk >> 20);
+      "server peak RSS moving 1 GiB up and down (client library, default "
+      "window): +%.1f MiB (buffer 1024 MiB + %.1f MiB, chunk %zu MiB)\n",
+      growth / 1024.0, growth / 1024.0 - 1024.0, kChunk >> 20);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Seconds for one raw TCP one-way transfer of kTransferBytes.
+double RawTcpSeconds() {
+  std::vector<char> data(kChunk, 'x');
+  const auto start = std::chrono::steady_clock::now();
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(tcp_port);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    std::abort();
+  }
+  for (size_t sent = 0; sent < kTransferBytes;) {
+    ssize_t n =
+        write(fd, data.data(), std::min(data.size(), kTransferBytes - sent));
+    if (n <= 0) break;
+    sent += n;
+  }
+  shutdown(fd, SHUT_WR);
+  char ack;
+  if (read(fd, &ack, 1) != 1) std::abort();
+  close(fd);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+// For each window: the server's peak RSS growth uploading 1 GiB (fresh
+// process), then the median of 5 library uploads of 256 MiB, each next to a
+// raw TCP transfer of the same size (interleaved, so both see the same
+// neighbours), and 5 more back to back as the benchmarks run them.
+void WindowCurve() {
+  std::printf(
+      "| --receive_window_bytes | upload GB/s | raw TCP GB/s | upload / TCP | "
+      "upload back to back GB/s | peak RSS over the 1 GiB buffer "
+      "|\n|---|---|---|---|---|---|\n");
+  for (size_t i = 0; i < curve_windows.size(); ++i) {
+    const auto [pid, port] = curve_servers[i];
+    const uint64_t growth = UploadPeakGrowthKiB(pid, port, /*download=*/false);
+    std::unique_ptr<Client> client;
+    auto session = LibrarySession(port, &client);
+    std::vector<char> data(kTransferBytes, 'x');
+    auto buffer = session->Malloc(kTransferBytes);
+    std::vector<double> upload, tcp;
+    for (int r = 0; r < 5; ++r) {
+      tcp.push_back(RawTcpSeconds());
+      const auto start = std::chrono::steady_clock::now();
+      if (!session->Upload(buffer->handle(), 0, data.data(), kTransferBytes)
+               .ok()) {
+        std::abort();
+      }
+      upload.push_back(std::chrono::duration<double>(
+                           std::chrono::steady_clock::now() - start)
+                           .count());
+    }
+    // The same uploads back to back, as the benchmarks run them.
+    std::vector<double> back_to_back;
+    for (int r = 0; r < 5; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      if (!session->Upload(buffer->handle(), 0, data.data(), kTransferBytes)
+               .ok()) {
+        std::abort();
+      }
+      back_to_back.push_back(std::chrono::duration<double>(
+                                 std::chrono::steady_clock::now() - start)
+                                 .count());
+    }
+    const double up = kTransferBytes / Median(upload) / 1e9;
+    const double up_b2b = kTransferBytes / Median(back_to_back) / 1e9;
+    const double raw = kTransferBytes / Median(tcp) / 1e9;
+    std::printf(
+        "| %llu | %.2f | %.2f | %.2f | %.2f | %+.1f MiB (%.1f chunks) |\n",
+        static_cast<unsigned long long>(curve_windows[i]), up, raw, up / raw,
+        up_b2b, growth / 1024.0 - 1024.0,
+        (growth / 1024.0 - 1024.0) / (kChunk >> 20));
+    std::fflush(stdout);
+  }
 }
 
 }  // namespace
@@ -564,6 +720,28 @@ int main(int argc, char** argv) {
   using namespace opserver;
   // The client side gets the same malloc tuning the server applies.
   TuneMallocForStreaming();
+  // --window_curve=LIST (ours; removed before Google Benchmark sees argv):
+  // print the window curve instead of running the benchmarks.
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--window_curve=", 0) != 0) continue;
+    std::string list = arg.substr(15);
+    for (size_t at = 0; at <= list.size();) {
+      size_t comma = list.find(',', at);
+      if (comma == std::string::npos) comma = list.size();
+      curve_windows.push_back(std::stoull(list.substr(at, comma - at)));
+      at = comma + 1;
+    }
+    for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
+    --argc;
+    break;
+  }
+  for (uint64_t window : curve_windows) {
+    const int port = Fork([window](int report) {
+      RunOpserverWithWindow(report, static_cast<int64_t>(window));
+    });
+    curve_servers.emplace_back(children.back(), port);
+  }
   // Fork the servers before this process touches gRPC.
   opserver_port = Fork(RunOpserver);
   pid_t rss_pid = 0;
@@ -572,10 +750,14 @@ int main(int argc, char** argv) {
   tcp_port = Fork(RunTcpSink);
   echo_port = Fork(RunEcho);
 
-  MeasureServerRss(rss_pid, rss_port);
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
+  if (!curve_windows.empty()) {
+    WindowCurve();
+  } else {
+    MeasureServerRss(rss_pid, rss_port);
+    benchmark::Initialize(&argc, argv);
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+  }
   for (pid_t pid : children) kill(pid, SIGKILL);
   for (pid_t pid : children) waitpid(pid, nullptr, 0);
   return 0;

@@ -16,7 +16,10 @@
 #include "absl/time/clock.h"
 #include "common/malloc_tuning.h"
 #include "common/op_call.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/validate.h"
 
@@ -68,6 +71,113 @@ absl::Status Unary(Client& client,
   return FromGrpcStatus((StubOf(client, static_cast<Stub*>(nullptr)).*method)(
                             &context, request, response),
                         context, what);
+}
+
+// The Upload and Download methods, called with raw messages so the client
+// serializes and parses their data itself (the stub's `bytes` fields would
+// cost a copy each way). Built from the generated service name so a rename
+// in the .proto cannot leave them behind.
+const std::string& UploadMethodName() {
+  static const std::string* name = new std::string(
+      absl::StrCat("/", v1::Runtime::service_full_name(), "/Upload"));
+  return *name;
+}
+const std::string& DownloadMethodName() {
+  static const std::string* name = new std::string(
+      absl::StrCat("/", v1::Runtime::service_full_name(), "/Download"));
+  return *name;
+}
+
+// Slices of the caller's memory lent to gRPC for one Upload. gRPC may hold a
+// slice after the Write that took it returns (the sync API's Write completes
+// when the message is handed to the transport, not when it is on the wire),
+// so Upload waits in WaitUntilReturned() until gRPC has dropped every one:
+// nothing refers to the caller's memory once Upload returns.
+class LentSlices {
+ public:
+  LentSlices() = default;
+  LentSlices(const LentSlices&) = delete;
+  LentSlices& operator=(const LentSlices&) = delete;
+  ~LentSlices() { WaitUntilReturned(); }
+
+  grpc::Slice Lend(const char* data, size_t size) {
+    {
+      absl::MutexLock lock(&mu_);
+      ++out_;
+    }
+    // gRPC never writes through a slice it sends.
+    return grpc::Slice(const_cast<char*>(data), size, &LentSlices::Returned,
+                       this);
+  }
+
+  void WaitUntilReturned() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int64_t* out) { return *out == 0; }, &out_));
+  }
+
+ private:
+  // gRPC's destroy callback: the last reference to one lent slice is gone.
+  static void Returned(void* self) {
+    auto* lent = static_cast<LentSlices*>(self);
+    absl::MutexLock lock(&lent->mu_);
+    --lent->out_;
+  }
+
+  absl::Mutex mu_;
+  int64_t out_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The bytes that precede a chunk's data in its UploadRequest: `header`
+// (the serialized fields other than data, possibly none) and the data
+// field's tag and length. The data itself follows as its own slice.
+std::string UploadPrefix(std::string header, uint64_t data_size) {
+  using google::protobuf::internal::WireFormatLite;
+  using google::protobuf::io::CodedOutputStream;
+  if (data_size == 0) return header;  // proto3 leaves an empty field out.
+  // A tag takes at most 5 bytes, a 64-bit varint at most 10.
+  uint8_t tag_and_length[16];
+  uint8_t* end = CodedOutputStream::WriteTagToArray(
+      WireFormatLite::MakeTag(v1::UploadRequest::kDataFieldNumber,
+                              WireFormatLite::WIRETYPE_LENGTH_DELIMITED),
+      tag_and_length);
+  end = CodedOutputStream::WriteVarint64ToArray(data_size, end);
+  header.append(reinterpret_cast<const char*>(tag_and_length),
+                end - tag_and_length);
+  return header;
+}
+
+// Parses one DownloadResponse from `message`, copying its data straight
+// from gRPC's slices into out[at, capacity) (the only copy of the data on
+// this side). Returns the bytes of data, or -1 when the message is not a
+// DownloadResponse or its data does not fit (a hostile or broken server).
+// Unknown fields are skipped; a repeated data field replaces the previous
+// one, as protobuf's own parser would.
+int64_t ParseDownloadChunk(grpc::ByteBuffer* message, char* out, uint64_t at,
+                           uint64_t capacity) {
+  using google::protobuf::internal::WireFormatLite;
+  grpc::ProtoBufferReader reader(message);
+  if (!reader.status().ok()) return -1;
+  google::protobuf::io::CodedInputStream input(&reader);
+  const uint32_t data_tag =
+      WireFormatLite::MakeTag(v1::DownloadResponse::kDataFieldNumber,
+                              WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+  int64_t data_size = 0;
+  for (;;) {
+    const uint32_t tag = input.ReadTag();
+    if (tag == 0) {
+      // The end of the message, or a malformed tag.
+      return input.ConsumedEntireMessage() ? data_size : -1;
+    }
+    if (tag != data_tag) {
+      if (!WireFormatLite::SkipField(&input, tag)) return -1;
+      continue;
+    }
+    uint32_t size = 0;
+    if (!input.ReadVarint32(&size) || size > capacity - at) return -1;
+    if (!input.ReadRaw(out + at, static_cast<int>(size))) return -1;
+    data_size = size;
+  }
 }
 
 }  // namespace
@@ -578,36 +688,57 @@ absl::Status Session::Synchronize(uint64_t stream) {
 absl::Status Session::Upload(uint64_t buffer, uint64_t offset, const void* data,
                              uint64_t size, uint64_t stream) {
   if (absl::Status s = Ordered(); !s.ok()) return s;
-  grpc::ClientContext context;
-  client_->SetWaitDeadline(&context);
-  v1::UploadResponse response;
-  auto writer = client_->runtime().Upload(&context, &response);
-  const char* bytes = static_cast<const char*>(data);
-  const uint64_t chunk =
-      std::max<uint64_t>(1, client_->options().upload_chunk_bytes);
-  v1::UploadRequest message;
-  message.set_session(token_);
-  message.set_buffer(buffer);
-  message.set_offset(offset);
-  message.set_size(size);
-  message.set_stream(stream);
-  uint64_t at = 0;
-  bool first = true;
-  while (first || at < size) {
-    const uint64_t n = std::min(chunk, size - at);
-    message.set_data(bytes + at, n);
-    // The last message may go out with the end-of-stream flag.
-    grpc::WriteOptions options;
-    if (at + n == size) options.set_last_message();
-    if (!writer->Write(message, options)) break;  // Finish() says why.
-    at += n;
-    if (first) {
-      message.clear_session();
+  // Declared before the call so it outlives it: its destructor waits until
+  // gRPC has returned every slice of `data` (also on early returns).
+  LentSlices lent;
+  absl::Status status;
+  {
+    grpc::ClientContext context;
+    client_->SetWaitDeadline(&context);
+    grpc::ByteBuffer response;
+    // Each message is an UploadRequest serialized by hand: a few header
+    // bytes plus a slice pointing into `data`, so the client copies nothing
+    // before the socket (the stub's set_data would copy every chunk).
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+            &client_->channel(),
+            grpc::internal::RpcMethod(
+                UploadMethodName().c_str(),
+                grpc::internal::RpcMethod::CLIENT_STREAMING),
+            &context, &response));
+    const char* bytes = static_cast<const char*>(data);
+    const uint64_t chunk =
+        std::max<uint64_t>(1, client_->options().upload_chunk_bytes);
+    v1::UploadRequest header;
+    header.set_session(token_);
+    header.set_buffer(buffer);
+    header.set_offset(offset);
+    header.set_size(size);
+    header.set_stream(stream);
+    std::string first_header = header.SerializeAsString();
+    uint64_t at = 0;
+    bool first = true;
+    while (first || at < size) {
+      const uint64_t n = std::min(chunk, size - at);
+      // Only the first message carries the header fields.
+      std::string prefix =
+          UploadPrefix(first ? std::move(first_header) : std::string(), n);
+      grpc::Slice slices[2] = {grpc::Slice(prefix), grpc::Slice()};
+      size_t count = 1;
+      if (n > 0) slices[count++] = lent.Lend(bytes + at, n);
+      grpc::ByteBuffer message(slices, count);
+      // The last message may go out with the end-of-stream flag.
+      grpc::WriteOptions options;
+      if (at + n == size) options.set_last_message();
+      if (!writer->Write(message, options)) break;  // Finish() says why.
+      at += n;
       first = false;
     }
-  }
-  if (at < size) writer->WritesDone();
-  return FromGrpcStatus(writer->Finish(), context, "Upload");
+    if (at < size) writer->WritesDone();
+    status = FromGrpcStatus(writer->Finish(), context, "Upload");
+  }  // The call is gone; what gRPC still holds of `data` is being released.
+  lent.WaitUntilReturned();
+  return status;
 }
 
 absl::Status Session::Download(uint64_t buffer, uint64_t offset, void* data,
@@ -627,25 +758,36 @@ absl::Status Session::Download(uint64_t buffer, uint64_t offset, void* data,
   request.set_offset(offset);
   request.set_size(size);
   request.set_stream(stream);
-  auto reader = client_->runtime().Download(&context, request);
+  // Responses arrive raw and are parsed by ParseDownloadChunk, which copies
+  // the data from gRPC's slices to its place in `data` (the generated
+  // reader would copy it into a string first).
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+          &client_->channel(),
+          grpc::internal::RpcMethod(
+              DownloadMethodName().c_str(),
+              grpc::internal::RpcMethod::SERVER_STREAMING),
+          &context, request));
   char* bytes = static_cast<char*>(data);
   uint64_t at = 0;
-  v1::DownloadResponse chunk;
-  bool overflow = false;
+  grpc::ByteBuffer chunk;
+  bool bad_chunk = false;
   while (reader->Read(&chunk)) {
-    const std::string& piece = chunk.data();
-    if (piece.size() > size - at) {
-      overflow = true;
+    const int64_t n = ParseDownloadChunk(&chunk, bytes, at, size);
+    chunk.Clear();
+    if (n < 0) {
+      bad_chunk = true;
       context.TryCancel();
       break;
     }
-    std::memcpy(bytes + at, piece.data(), piece.size());
-    at += piece.size();
+    at += n;
   }
   absl::Status status = FromGrpcStatus(reader->Finish(), context, "Download");
-  if (overflow) {
+  if (bad_chunk) {
     return absl::InternalError(absl::StrCat(
-        "Download: server sent more than the ", size, " bytes asked for"));
+        "Download: after ", at, " of ", size,
+        " bytes the server sent more than asked for, or a message that is "
+        "not a DownloadResponse"));
   }
   if (!status.ok()) return status;
   if (at != size) {

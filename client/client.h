@@ -121,6 +121,9 @@ class Client {
   // The stubs, for calls this class does not wrap.
   v1::Runtime::Stub& runtime() { return *runtime_; }
   v1::Operators::Stub& operators() { return *operators_; }
+  // The channel, for calls that move raw messages (Session::Upload and
+  // Download serialize and parse their data by hand to avoid copies).
+  grpc::Channel& channel() { return *channel_; }
 
   // Sets the per-call deadline (ConnectOptions::call_timeout) on `context`,
   // and the token (see Authorize).
@@ -292,11 +295,15 @@ class Session {
 
   // Streams `size` bytes from `data` into buffer[offset, offset + size) in
   // chunks of ConnectOptions::upload_chunk_bytes, after the work queued on
-  // `stream`.
+  // `stream`. The chunks go to the socket straight from `data` (no copy);
+  // nothing refers to `data` once this returns.
   absl::Status Upload(uint64_t buffer, uint64_t offset, const void* data,
                       uint64_t size, uint64_t stream = 0);
   // Streams buffer[offset, offset + size) into `data`, each chunk copied
-  // straight to its place, after the work queued on `stream`.
+  // once, from the received message straight to its place, after the work
+  // queued on `stream`. INTERNAL when the server sends more or fewer bytes
+  // than asked for, or a message that is not a DownloadResponse; `data` may
+  // then hold part of the range.
   absl::Status Download(uint64_t buffer, uint64_t offset, void* data,
                         uint64_t size, uint64_t stream = 0);
 

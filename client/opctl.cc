@@ -33,8 +33,10 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/host_tensor.h"
+#include "client/loopback_tcp.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
+#include "server/listen_address.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "opserver to talk to.");
 ABSL_FLAG(int, timeout_ms, 5000,
@@ -96,6 +98,8 @@ constexpr char kBenchUsage[] =
     "Usage: opctl [--server=..] bench [--bytes=N] [--iterations=N] "
     "[--elements=N]\n"
     "Measures upload and download throughput of --bytes (default 67108864)\n"
+    "next to a raw TCP one-way stream over this host's loopback (the\n"
+    "path's limit when the server is on loopback too),\n"
     "and the latency of each operator (GetWorkspaceSize + Execute +\n"
     "SynchronizeStream) on FLOAT tensors of --elements (default 1024)\n"
     "elements, over --iterations runs (default 20; median and minimum),\n"
@@ -604,8 +608,13 @@ int Bench(const Connector& connect, const std::vector<std::string>& raw) {
   std::vector<char> host(bytes, 1);
   auto buffer = s.Malloc(bytes);
   if (!buffer.ok()) return FailStatus(buffer.status());
-  std::vector<double> up, down;
+  std::vector<double> up, down, tcp;
   for (int64_t i = 0; i < std::min<int64_t>(iterations, 5); ++i) {
+    // The reference, interleaved with the transfers so both see the same
+    // load on this host.
+    absl::StatusOr<double> tcp_seconds = LoopbackTcpOneWaySeconds(bytes);
+    if (!tcp_seconds.ok()) return FailStatus(tcp_seconds.status());
+    tcp.push_back(*tcp_seconds);
     absl::Time start = absl::Now();
     absl::Status status = s.Upload(buffer->handle(), 0, host.data(), bytes);
     if (!status.ok()) return FailStatus(status);
@@ -617,12 +626,29 @@ int Bench(const Connector& connect, const std::vector<std::string>& raw) {
   }
   std::sort(up.begin(), up.end());
   std::sort(down.begin(), down.end());
+  std::sort(tcp.begin(), tcp.end());
   std::printf("server %s, %lld bytes per transfer\n", client.address().c_str(),
               static_cast<long long>(bytes));
-  std::printf("upload:   %8.3f GB/s (best of %zu)\n", bytes / up[0] / 1e9,
-              up.size());
-  std::printf("download: %8.3f GB/s (best of %zu)\n", bytes / down[0] / 1e9,
-              down.size());
+  // opctl cannot run a TCP sink on the server's host, so the reference is
+  // this host's loopback: the path's limit only for a loopback server.
+  absl::StatusOr<ListenAddress> address = ParseListenAddress(client.address());
+  const bool loopback = address.ok() && IsLoopback(*address);
+  const double tcp_gbs = bytes / tcp[0] / 1e9;
+  std::printf(
+      "raw TCP:  %8.3f GB/s (best of %zu, one-way over this host's "
+      "loopback, same run)\n",
+      tcp_gbs, tcp.size());
+  std::printf("upload:   %8.3f GB/s (best of %zu)  %.2f of raw TCP\n",
+              bytes / up[0] / 1e9, up.size(), bytes / up[0] / 1e9 / tcp_gbs);
+  std::printf("download: %8.3f GB/s (best of %zu)  %.2f of raw TCP\n",
+              bytes / down[0] / 1e9, down.size(),
+              bytes / down[0] / 1e9 / tcp_gbs);
+  if (!loopback) {
+    std::printf(
+        "(the server is not on loopback: raw TCP is this host's own ceiling, "
+        "not the network's; measure the network with a tool on both ends, "
+        "e.g. iperf3)\n");
+  }
   buffer->Free().IgnoreError();
 
   // Operators: plan + launch + synchronize on n FLOAT elements.

@@ -97,6 +97,7 @@ np.save('$tmp/g.npy', np.arange(6, dtype=np.float64).reshape(2, 3))
 fi
 
 expect_out "upload:" bench --bytes=1048576 --iterations=3 --elements=256
+expect_out "of raw TCP" bench --bytes=1048576 --iterations=1 --elements=16
 expect_out "DropoutBackward" bench --bytes=1048576 --iterations=3 --elements=256
 expect_out "Usage: opctl [--server=..] run OP" run --help
 expect_out "--iterations" bench --help

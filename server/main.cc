@@ -91,6 +91,11 @@ ABSL_FLAG(int, transfer_idle_timeout_s, 60,
           "An Upload or Download that moves no data for this long (its "
           "client stopped sending or reading) is ended with "
           "DEADLINE_EXCEEDED, releasing its stream and buffer.");
+ABSL_FLAG(uint64_t, receive_window_bytes, 4ull << 20,
+          "HTTP/2 receive window of each call: what a client may send ahead "
+          "of what the server has read, so about what an upload holds in "
+          "memory besides its buffer. 0 = gRPC's BDP probing (the window "
+          "grows with the sender's speed, unbounded by this flag).");
 ABSL_FLAG(int, shutdown_grace_ms, 5000,
           "On SIGINT/SIGTERM, how long in-flight calls may finish before "
           "they are cancelled.");
@@ -152,6 +157,7 @@ int main(int argc, char** argv) {
   options.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
   options.transfer_limits.idle_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_transfer_idle_timeout_s));
+  options.receive_window_bytes = absl::GetFlag(FLAGS_receive_window_bytes);
   options.shutdown_grace =
       absl::Milliseconds(std::max(0, absl::GetFlag(FLAGS_shutdown_grace_ms)));
 

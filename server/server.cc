@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 #include <string>
 #include <thread>
@@ -71,6 +72,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
     return absl::InvalidArgumentError(
         "--tls_client_ca_file: client certificates need TLS: give "
         "--tls_cert_file and --tls_key_file too");
+  }
+  // gRPC takes the window as an int (and clamps it to HTTP/2's 2^31 - 1).
+  if (options.receive_window_bytes >
+      uint64_t{std::numeric_limits<int>::max()}) {
+    return absl::InvalidArgumentError(
+        "--receive_window_bytes: at most 2 GiB - 1 (0 = BDP probing)");
   }
   if (options.tls_refresh_interval_s <= 0) {
     return absl::InvalidArgumentError(
@@ -154,6 +161,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  if (options.receive_window_bytes > 0) {
+    // A fixed window instead of BDP probing, which would grow it to whatever
+    // a fast sender keeps in flight (tens of MiB per upload on loopback).
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                               static_cast<int>(options.receive_window_bytes));
+  }
   builder.AddListeningPort(listen->ToString(), *credentials, &server->port_);
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(transfer.max_message_bytes));

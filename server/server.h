@@ -36,6 +36,16 @@ struct Options {
   SessionLimits session_limits;
   // Chunk and message sizes, typed-value counts.
   TransferLimits transfer_limits;
+  // HTTP/2 receive window of each call (what a client may send ahead of
+  // what the server has read): bounds the memory an upload holds in gRPC's
+  // buffers besides its device buffer. 0 = gRPC's BDP probing, which grows
+  // the window as far as the sender keeps the link busy (fastest, but the
+  // memory follows the sender, not this setting). See BENCHMARKS.md for the
+  // measured trade-off: 4 MiB (one default chunk) held uploads at the
+  // socket's speed on loopback with 2-3 chunks of memory, where BDP probing
+  // used 6-20 chunks and was no faster (gRPC also opens the window to the
+  // rest of a message the server is waiting for: 64 KiB was as fast).
+  uint64_t receive_window_bytes = 4ull << 20;
 
   // TLS: the server's PEM certificate chain and private key (both or
   // neither). With a client CA, clients must present a certificate it signed

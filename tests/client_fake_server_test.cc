@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -79,6 +80,26 @@ class FakeRuntime final : public v1::Runtime::Service {
     return grpc::Status::OK;
   }
 
+  // Download answers with these chunks whatever was asked (a hostile or
+  // broken server); each gets an unknown varint field when asked to.
+  grpc::Status Download(
+      grpc::ServerContext*, const v1::DownloadRequest*,
+      grpc::ServerWriter<v1::DownloadResponse>* writer) override {
+    for (const std::string& data : download_chunks) {
+      v1::DownloadResponse chunk;
+      chunk.set_data(data);
+      if (download_unknown_fields) {
+        chunk.GetReflection()->MutableUnknownFields(&chunk)->AddVarint(9, 42);
+        chunk.GetReflection()->MutableUnknownFields(&chunk)->AddLengthDelimited(
+            10, "not data");
+      }
+      if (!writer->Write(chunk)) break;
+    }
+    return grpc::Status::OK;
+  }
+
+  std::vector<std::string> download_chunks;
+  bool download_unknown_fields = false;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> next_{0};
   // What GetDeviceInfo answers: a hostile server's huge message.
@@ -151,6 +172,52 @@ TEST_F(FakeServerTest, Finding16_OversizedMessagesAreRefused) {
   auto big = (*trusting)->GetDeviceInfo();
   ASSERT_TRUE(big.ok()) << big.status();
   EXPECT_EQ(big->name().size(), size_t{80} << 20);
+}
+
+// Download parses the server's chunks itself, straight into the caller's
+// memory: it takes what a well-formed server may send (empty chunks,
+// unknown fields, any split) and refuses more or fewer bytes than asked
+// for without writing past the caller's range.
+TEST_F(FakeServerTest, DownloadChecksWhatTheServerSends) {
+  ConnectOptions options;
+  options.pipeline = false;
+  auto client = Client::Connect(address_, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto session = (*client)->CreateSession("hostile", /*attach=*/false);
+  ASSERT_TRUE(session.ok()) << session.status();
+  struct Case {
+    std::vector<std::string> chunks;
+    bool unknown_fields;
+    uint64_t size;
+    bool ok;
+  };
+  const std::string a(5000, 'a'), b(3, 'b');
+  for (const Case& c : std::vector<Case>{
+           {{}, false, 0, true},
+           {{""}, false, 0, true},
+           {{"", a, "", b}, false, a.size() + b.size(), true},
+           {{a, b}, true, a.size() + b.size(), true},
+           {{a}, false, a.size() + b.size(), false},         // Too few.
+           {{a, b}, false, a.size() + b.size() - 1, false},  // One too many.
+           {{a, b}, false, a.size() - 1, false},  // Past the end mid-stream.
+           {{"x"}, true, 0, false},
+       }) {
+    SCOPED_TRACE(testing::PrintToString(c.size));
+    runtime_.download_chunks = c.chunks;
+    runtime_.download_unknown_fields = c.unknown_fields;
+    std::string out(c.size + 8, '#');
+    absl::Status status = (*session)->Download(1, 0, out.data(), c.size);
+    if (c.ok) {
+      ASSERT_TRUE(status.ok()) << status;
+      std::string expected;
+      for (const std::string& chunk : c.chunks) expected += chunk;
+      EXPECT_EQ(out.substr(0, c.size), expected);
+    } else {
+      EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+    }
+    EXPECT_EQ(out.substr(c.size), std::string(8, '#'))
+        << "wrote past the range asked for";
+  }
 }
 
 // Finding 16(a): a thread blocked in an operator call (planning, then
