@@ -583,12 +583,16 @@ void SessionManager::ReaperLoop() {
     absl::Time cutoff = absl::Now() - limits_.idle_timeout;
     std::vector<std::string> idle;
     for (const auto& [id, session] : sessions_) {
-      if (!session->attached() && session->last_used() < cutoff) {
-        if (session->Busy()) {
-          session->Touch();
-        } else {
-          idle.push_back(id);
-        }
+      if (session->attached()) continue;
+      // Touched on every tick while busy, not only once it looks idle:
+      // otherwise a synchronize that waited for seconds of work left its
+      // session looking idle the moment the work ended, and it could be
+      // reaped before the client's next call (hardening_test's Finding10
+      // saw it under load).
+      if (session->Busy()) {
+        session->Touch();
+      } else if (session->last_used() < cutoff) {
+        idle.push_back(id);
       }
     }
     std::vector<std::shared_ptr<Session>> reaped;
