@@ -394,20 +394,26 @@ void BM_OpserverDownload(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * kTransferBytes);
 }
 
-// Through the client library (what aclrtMemcpy and opctl use), with its
-// default chunk size.
-std::unique_ptr<remote::Session> LibrarySession(
-    int port, std::unique_ptr<Client>* client) {
-  auto connected = Client::Connect("127.0.0.1:" + std::to_string(port));
+// Through the client library (what aclrtMemcpy and opctl use), with
+// `chunk_bytes` per Upload message (0: the library's default).
+std::unique_ptr<remote::Session> LibrarySession(int port,
+                                                std::unique_ptr<Client>* client,
+                                                uint64_t chunk_bytes = 0) {
+  remote::ConnectOptions options;
+  if (chunk_bytes != 0) options.upload_chunk_bytes = chunk_bytes;
+  auto connected =
+      Client::Connect("127.0.0.1:" + std::to_string(port), options);
   if (!connected.ok()) return nullptr;
   *client = *std::move(connected);
   auto session = (*client)->CreateSession("remote_bench");
   return session.ok() ? *std::move(session) : nullptr;
 }
 
+// Arg: MiB per Upload message (0: the library's default).
 void BM_ClientUpload(benchmark::State& state) {
   std::unique_ptr<Client> client;
-  auto session = LibrarySession(opserver_port, &client);
+  auto session = LibrarySession(opserver_port, &client,
+                                static_cast<uint64_t>(state.range(0)) << 20);
   std::vector<char> data(kTransferBytes, 'x');
   auto buffer = session->Malloc(kTransferBytes);
   for (auto _ : state) {
@@ -571,7 +577,11 @@ BENCHMARK(BM_OpserverUploadZeroCopy)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_OpserverDownload)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_ClientUpload)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ClientUpload)
+    ->Arg(0)
+    ->Arg(4)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_ClientDownload)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_GrpcUnaryRoundTrip)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_TinyOperator)->Unit(benchmark::kMicrosecond)->UseRealTime();
