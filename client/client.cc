@@ -676,7 +676,13 @@ absl::Status Session::DestroyStream(uint64_t stream) {
 }
 
 absl::Status Session::Synchronize(uint64_t stream) {
-  if (channel_ != nullptr) return channel_->Fence(stream, /*session=*/false);
+  // With nothing in flight on the channel, the unary call is already in
+  // order, and it reports the same deferred error (the server keeps it on
+  // the stream); it saves the channel's two thread hand-offs (an idle
+  // synchronize: 175 -> ~105 us on loopback).
+  if (channel_ != nullptr && !channel_->Idle()) {
+    return channel_->Fence(stream, /*session=*/false);
+  }
   v1::SynchronizeStreamRequest request;
   request.set_session(token_);
   request.set_stream(stream);

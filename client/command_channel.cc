@@ -138,6 +138,11 @@ absl::Status CommandChannel::Drain() {
                     "Pipeline: the server applying the queued commands");
 }
 
+bool CommandChannel::Idle() {
+  absl::MutexLock lock(&mu_);
+  return broken_.ok() && issued_ == acknowledged_;
+}
+
 absl::Status CommandChannel::Fence(uint64_t stream, bool session) {
   v1::PipelineCommand command;
   uint64_t id;

@@ -62,6 +62,9 @@ class CommandChannel {
   // Waits until every command sent before the call took effect on the
   // server, so a unary call made next sees them.
   absl::Status Drain();
+  // True when every command sent so far has been acknowledged: a unary
+  // call made now is ordered after all of them without waiting.
+  bool Idle();
   // Sends a fence (after everything sent before it) and waits for its
   // result: the deferred error of `stream` (session = false) or of the
   // session (session = true), with its aclnn status.
