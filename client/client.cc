@@ -530,11 +530,8 @@ absl::Status Session::Close() {
   }
   // Everything queued is delivered, and an error still pending is reported,
   // before the session goes.
-  absl::Status deferred;
-  if (channel_ != nullptr) {
-    deferred = channel_->Fence(0, /*session=*/true);
-    channel_.reset();
-  }
+  absl::Status deferred = Flush();
+  channel_.reset();
   v1::CloseSessionRequest request;
   request.set_session(token_);
   v1::CloseSessionResponse response;
@@ -558,12 +555,12 @@ absl::Status Session::Ordered() {
 }
 
 absl::StatusOr<Executor> Session::PlanLocally(
-    const v1::GetWorkspaceSizeRequest& request) {
-  const std::string what = absl::StrCat(request.op(), " GetWorkspaceSize");
+    v1::GetWorkspaceSizeRequest request) {
   // Same text as the server's, with the prefix the unary call gets.
   auto fail = [&](const absl::Status& s) {
-    return kernels::AclnnError(kernels::GetAclnnStatus(s), s.code(),
-                               absl::StrCat(what, ": ", s.message()));
+    return kernels::AclnnError(
+        kernels::GetAclnnStatus(s), s.code(),
+        absl::StrCat(request.op(), " GetWorkspaceSize: ", s.message()));
   };
   uint64_t id;
   absl::StatusOr<kernels::ValidCall> valid;
@@ -588,8 +585,8 @@ absl::StatusOr<Executor> Session::PlanLocally(
     id = next_executor_++;
     v1::PipelineCommand command;
     command.mutable_plan()->set_executor(id);
-    *command.mutable_plan()->mutable_request() = request;
-    command.mutable_plan()->mutable_request()->clear_session();
+    request.clear_session();  // The channel's session.
+    *command.mutable_plan()->mutable_request() = std::move(request);
     // Queued under the same lock that chose the id: the server accepts ids
     // only in increasing order (so it never has to remember used ones).
     if (absl::Status s = channel_->Send(std::move(command)); !s.ok()) return s;
@@ -751,11 +748,7 @@ absl::Status Session::Download(uint64_t buffer, uint64_t offset, void* data,
                                uint64_t size, uint64_t stream) {
   // Device->host: after all work issued before, reporting the session's
   // deferred errors.
-  if (channel_ != nullptr) {
-    if (absl::Status s = channel_->Fence(0, /*session=*/true); !s.ok()) {
-      return s;
-    }
-  }
+  if (absl::Status s = Flush(); !s.ok()) return s;
   grpc::ClientContext context;
   client_->SetWaitDeadline(&context);
   v1::DownloadRequest request;
@@ -827,11 +820,7 @@ absl::StatusOr<std::vector<double>> Session::ReadValues(uint64_t buffer,
                                                         uint64_t stream) {
   // Device->host: after all work issued before, reporting the session's
   // deferred errors.
-  if (channel_ != nullptr) {
-    if (absl::Status s = channel_->Fence(0, /*session=*/true); !s.ok()) {
-      return s;
-    }
-  }
+  if (absl::Status s = Flush(); !s.ok()) return s;
   v1::ReadValuesRequest request;
   request.set_session(token_);
   request.set_buffer(buffer);
@@ -859,7 +848,7 @@ absl::StatusOr<Executor> Session::GetWorkspaceSize(
   }
   // An operator this client's table does not know goes to the server.
   if (channel_ != nullptr && kernels::FindOp(op) != nullptr) {
-    return PlanLocally(request);
+    return PlanLocally(std::move(request));
   }
   if (absl::Status s = Ordered(); !s.ok()) return s;
   v1::GetWorkspaceSizeResponse response;

@@ -364,8 +364,7 @@ class Session {
   absl::Status Ordered();
   // Pipelined phase one: the server's checks run here; the plan is queued
   // under an id this session chooses.
-  absl::StatusOr<Executor> PlanLocally(
-      const v1::GetWorkspaceSizeRequest& request);
+  absl::StatusOr<Executor> PlanLocally(v1::GetWorkspaceSizeRequest request);
 
   Client* const client_;
   const std::string token_;

@@ -48,11 +48,8 @@ absl::StatusOr<std::unique_ptr<CommandChannel>> CommandChannel::Open(
   {
     absl::MutexLock lock(&channel->mu_);
     CommandChannel* c = channel.get();
-    status = channel->WaitLocked(
-        absl::Condition(
-            +[](CommandChannel* c)
-                 ABSL_NO_THREAD_SAFETY_ANALYSIS { return c->opened_; },
-            c),
+    status = c->WaitLocked(
+        [c]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return c->opened_; },
         client.options().call_timeout,
         "Pipeline: the server accepting the channel");
   }
@@ -74,20 +71,20 @@ CommandChannel::~CommandChannel() {
   if (reader_.joinable()) reader_.join();
 }
 
-absl::Status CommandChannel::WaitLocked(const absl::Condition& ready,
+absl::Status CommandChannel::WaitLocked(absl::FunctionRef<bool()> ready,
                                         absl::Duration timeout,
                                         absl::string_view what) {
   struct Args {
-    const absl::Condition* ready;
+    absl::FunctionRef<bool()> ready;
     CommandChannel* channel;
-  } args{&ready, this};
-  const bool done = mu_.AwaitWithTimeout(
-      absl::Condition(
-          +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return !a->channel->broken_.ok() || a->ready->Eval();
-          },
-          &args),
-      timeout);
+  } args{ready, this};
+  const bool done =
+      mu_.AwaitWithTimeout(absl::Condition(
+                               +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                 return !a->channel->broken_.ok() || a->ready();
+                               },
+                               &args),
+                           timeout);
   if (!broken_.ok()) return broken_;
   if (!done) {
     return absl::DeadlineExceededError(
@@ -100,19 +97,11 @@ absl::Status CommandChannel::WaitLocked(const absl::Condition& ready,
 absl::Status CommandChannel::Send(v1::PipelineCommand command) {
   const uint64_t bytes = command.ByteSizeLong();
   absl::MutexLock lock(&mu_);
-  struct Args {
-    CommandChannel* c;
-    uint64_t bytes;
-  } args{this, bytes};
   absl::Status room = WaitLocked(
-      absl::Condition(
-          +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            CommandChannel& c = *a->c;
-            return c.issued_ - c.acknowledged_ < c.window_.commands &&
-                   (c.unacked_bytes_ == 0 ||
-                    c.unacked_bytes_ + a->bytes <= c.window_.bytes);
-          },
-          &args),
+      [this, bytes]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return issued_ - acknowledged_ < window_.commands &&
+               (unacked_bytes_ == 0 || unacked_bytes_ + bytes <= window_.bytes);
+      },
       client_.options().wait_timeout, "Pipeline: room in the command window");
   if (!room.ok()) return room;
   queue_.push_back(std::move(command));
@@ -125,17 +114,12 @@ absl::Status CommandChannel::Send(v1::PipelineCommand command) {
 absl::Status CommandChannel::Drain() {
   absl::MutexLock lock(&mu_);
   if (issued_ == acknowledged_) return broken_;
-  struct Args {
-    CommandChannel* c;
-    uint64_t target;
-  } args{this, issued_};
-  return WaitLocked(absl::Condition(
-                        +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                          return a->c->acknowledged_ >= a->target;
-                        },
-                        &args),
-                    client_.options().wait_timeout,
-                    "Pipeline: the server applying the queued commands");
+  const uint64_t target = issued_;
+  return WaitLocked(
+      [this, target]()
+          ABSL_NO_THREAD_SAFETY_ANALYSIS { return acknowledged_ >= target; },
+      client_.options().wait_timeout,
+      "Pipeline: the server applying the queued commands");
 }
 
 bool CommandChannel::Idle() {
@@ -155,16 +139,10 @@ absl::Status CommandChannel::Fence(uint64_t stream, bool session) {
   command.mutable_fence()->set_session(session);
   if (absl::Status s = Send(std::move(command)); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  struct Args {
-    CommandChannel* c;
-    uint64_t id;
-  } args{this, id};
   absl::Status waited = WaitLocked(
-      absl::Condition(
-          +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return a->c->fence_results_.contains(a->id);
-          },
-          &args),
+      [this, id]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return fence_results_.contains(id);
+      },
       client_.options().wait_timeout,
       session ? "waiting for the session's work" : "SynchronizeStream");
   auto it = fence_results_.find(id);

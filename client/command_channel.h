@@ -15,6 +15,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -74,9 +75,10 @@ class CommandChannel {
   CommandChannel(Client& client, ChannelWindow window);
   void WriteLoop();
   void ReadLoop();
-  // Waits for `ready` or the channel to break, at most `timeout`.
-  absl::Status WaitLocked(const absl::Condition& ready, absl::Duration timeout,
-                          absl::string_view what)
+  // Waits for `ready` (evaluated under mu_) or the channel to break, at
+  // most `timeout`.
+  absl::Status WaitLocked(absl::FunctionRef<bool()> ready,
+                          absl::Duration timeout, absl::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Client& client_;
