@@ -327,8 +327,8 @@ void Stream::Cancel(absl::string_view why) {
   std::deque<State::Item> dropped;  // Destroyed outside the lock.
   std::vector<std::function<void()>> notify;
   {
-    absl::MutexLock lock(&state->mu);
     State& s = *state;
+    absl::MutexLock lock(&s.mu);
     if (!s.cancelled) s.cancel_reason = std::string(why);
     s.cancelled = true;
     std::deque<State::Item> kept;
