@@ -585,8 +585,14 @@ TEST_F(CApiTest, DeadlineExceededOnSynchronize) {
             ACLNN_SUCCESS)
       << LastError();
   aclDestroyScalar(s);
-  ASSERT_EQ(aclnnThresholdBackward(nullptr, 0, executor, nullptr),
-            ACLNN_SUCCESS);
+  // Queued 32 times (hundreds of ms), so that even a test thread descheduled
+  // for a while on a loaded machine synchronizes before the work is done
+  // (one launch flaked: it had finished before the synchronize was sent).
+  ASSERT_EQ(aclSetAclOpExecutorRepeatable(executor), ACLNN_SUCCESS);
+  for (int i = 0; i < 32; ++i) {
+    ASSERT_EQ(aclnnThresholdBackward(nullptr, 0, executor, nullptr),
+              ACLNN_SUCCESS);
+  }
   EXPECT_EQ(aclrtSynchronizeStream(nullptr), ACL_ERROR_RT_FAILURE);
   EXPECT_THAT(LastError(), HasSubstr("Deadline Exceeded"));
 }
