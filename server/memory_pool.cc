@@ -16,6 +16,10 @@ constexpr uint64_t kPage = 4096;
 // Blocks this large are worth huge pages; smaller ones would waste memory.
 constexpr uint64_t kHugePageThreshold = 2ull << 20;
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older libc headers lack it.
+#endif
+
 }  // namespace
 
 MemoryPool::MemoryPool(uint64_t max_cached_bytes, uint64_t capacity_bytes)
@@ -76,13 +80,23 @@ absl::StatusOr<void*> MemoryPool::Allocate(uint64_t bytes, uint64_t owner) {
   }
   void* block = mmap(nullptr, size, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (block != MAP_FAILED) {
+    if (size >= kHugePageThreshold) madvise(block, size, MADV_HUGEPAGE);
+    // Fault every page in now, in one call: faulting them one by one as the
+    // first upload writes them costs ~13 us per 4 KiB page on these VMs
+    // (0.3 GB/s; the first 256 MiB upload into a fresh buffer ran at a
+    // quarter of the second's speed), populating costs ~50 ms per 256 MiB.
+    // A device's memory is real once allocated, so this is also what an
+    // accelerator does. Kernels before 5.14 refuse it (EINVAL): the pages
+    // then come on first touch, as before.
+    madvise(block, size, MADV_POPULATE_WRITE);
+  }
   absl::MutexLock lock(&mu_);
   if (block == MAP_FAILED) {
     in_use_bytes_ -= size;
     return absl::ResourceExhaustedError(absl::StrCat(
         "cannot allocate ", bytes, " bytes: ", std::strerror(errno)));
   }
-  if (size >= kHugePageThreshold) madvise(block, size, MADV_HUGEPAGE);
   blocks_[block] = BlockInfo{size, owner};
   return block;
 }

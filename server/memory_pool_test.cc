@@ -1,7 +1,10 @@
 #include "server/memory_pool.h"
 
+#include <sys/mman.h>
+
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -107,6 +110,30 @@ TEST(MemoryPoolTest, CapacityBoundsUseAndTheCacheGivesWay) {
   EXPECT_EQ(pool.cached_bytes(), 0u);
   EXPECT_EQ(pool.in_use_bytes(), 5u << 19);
   pool.Deallocate(*b, 5 << 19);
+}
+
+// A fresh block comes with its pages faulted in, so the first upload into
+// it runs at wire speed instead of paying a page fault per 4 KiB.
+TEST(MemoryPoolTest, FreshBlocksAreResident) {
+  constexpr uint64_t kBytes = 8 << 20;
+  {
+    // The kernel must know MADV_POPULATE_WRITE (Linux 5.14).
+    void* probe = mmap(nullptr, 4096, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(probe, MAP_FAILED);
+    const int populated = madvise(probe, 4096, 23 /* MADV_POPULATE_WRITE */);
+    munmap(probe, 4096);
+    if (populated != 0) GTEST_SKIP() << "this kernel cannot populate";
+  }
+  MemoryPool pool(0);
+  absl::StatusOr<void*> block = pool.Allocate(kBytes);
+  ASSERT_TRUE(block.ok());
+  std::vector<unsigned char> resident(kBytes / 4096);
+  ASSERT_EQ(mincore(*block, kBytes, resident.data()), 0);
+  size_t in_memory = 0;
+  for (unsigned char page : resident) in_memory += page & 1;
+  EXPECT_EQ(in_memory, resident.size());
+  pool.Deallocate(*block, kBytes);
 }
 
 }  // namespace
