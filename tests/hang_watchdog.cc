@@ -23,62 +23,69 @@
 namespace opserver {
 namespace {
 
+// What the watching thread shares with the listener. Never freed: gtest
+// deletes its listeners at exit, while the thread still waits on this.
+struct Watch {
+  std::chrono::seconds limit;
+  std::mutex mu;
+  std::condition_variable changed;
+  std::string name;
+  std::chrono::steady_clock::time_point deadline;
+  bool running = false;
+};
+
+[[noreturn]] void Run(Watch* w) {
+  std::unique_lock<std::mutex> lock(w->mu);
+  for (;;) {
+    w->changed.wait(lock, [w] { return w->running; });
+    const auto deadline = w->deadline;
+    if (w->changed.wait_until(lock, deadline, [w, deadline] {
+          return !w->running || w->deadline != deadline;
+        })) {
+      continue;  // It ended, or the next one started.
+    }
+    std::fprintf(stderr,
+                 "\n[hang watchdog] %s is still running after %lld s; the "
+                 "stacks of every thread follow, then abort\n",
+                 w->name.c_str(), static_cast<long long>(w->limit.count()));
+    std::fflush(stderr);
+    const std::string gdb =
+        "command -v gdb >/dev/null && timeout 120 gdb -p " +
+        std::to_string(getpid()) +
+        " -batch -nx -ex 'set pagination off' -ex 'thread apply all bt' "
+        "</dev/null 1>&2 || echo '[hang watchdog] no gdb: no stacks' 1>&2";
+    if (std::system(gdb.c_str()) != 0) {
+      std::fprintf(stderr, "[hang watchdog] gdb failed\n");
+    }
+    std::abort();
+  }
+}
+
 class HangWatchdog : public ::testing::EmptyTestEventListener {
  public:
-  explicit HangWatchdog(std::chrono::seconds limit) : limit_(limit) {
+  explicit HangWatchdog(std::chrono::seconds limit) : watch_(new Watch) {
+    watch_->limit = limit;
     // gdb, started below as our child, must be allowed to attach to us.
     prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-    std::thread(&HangWatchdog::Watch, this).detach();  // Lives with the process.
+    std::thread(Run, watch_).detach();  // Lives with the process.
   }
 
   void OnTestStart(const ::testing::TestInfo& test) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    name_ = std::string(test.test_suite_name()) + "." + test.name();
-    deadline_ = std::chrono::steady_clock::now() + limit_;
-    running_ = true;
-    changed_.notify_all();
+    std::lock_guard<std::mutex> lock(watch_->mu);
+    watch_->name = std::string(test.test_suite_name()) + "." + test.name();
+    watch_->deadline = std::chrono::steady_clock::now() + watch_->limit;
+    watch_->running = true;
+    watch_->changed.notify_all();
   }
 
   void OnTestEnd(const ::testing::TestInfo&) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    running_ = false;
-    changed_.notify_all();
+    std::lock_guard<std::mutex> lock(watch_->mu);
+    watch_->running = false;
+    watch_->changed.notify_all();
   }
 
  private:
-  void Watch() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      changed_.wait(lock, [this] { return running_; });
-      const auto deadline = deadline_;
-      if (changed_.wait_until(lock, deadline, [this, deadline] {
-            return !running_ || deadline_ != deadline;
-          })) {
-        continue;  // It ended, or the next one started.
-      }
-      std::fprintf(stderr,
-                   "\n[hang watchdog] %s is still running after %lld s; the "
-                   "stacks of every thread follow, then abort\n",
-                   name_.c_str(), static_cast<long long>(limit_.count()));
-      std::fflush(stderr);
-      const std::string gdb =
-          "command -v gdb >/dev/null && timeout 120 gdb -p " +
-          std::to_string(getpid()) +
-          " -batch -nx -ex 'set pagination off' -ex 'thread apply all bt' "
-          "</dev/null 1>&2 || echo '[hang watchdog] no gdb: no stacks' 1>&2";
-      if (std::system(gdb.c_str()) != 0) {
-        std::fprintf(stderr, "[hang watchdog] gdb failed\n");
-      }
-      std::abort();
-    }
-  }
-
-  const std::chrono::seconds limit_;
-  std::mutex mu_;
-  std::condition_variable changed_;
-  std::string name_;
-  std::chrono::steady_clock::time_point deadline_;
-  bool running_ = false;
+  Watch* const watch_;
 };
 
 const bool registered = [] {
@@ -87,7 +94,7 @@ const bool registered = [] {
     seconds = std::atoll(env);
   }
   if (seconds <= 0) return false;  // Off.
-  // gtest owns (and never frees before exit) what it is given.
+  // gtest owns the listener (and deletes it at exit).
   ::testing::UnitTest::GetInstance()->listeners().Append(
       new HangWatchdog(std::chrono::seconds(seconds)));
   return true;
