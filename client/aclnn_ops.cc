@@ -1,6 +1,9 @@
 // The aclnn-compatible C API's operators (aclnnop/aclnn_*_backward.h): each
 // is a GetWorkspaceSize shim (opserver::Plan) and a launch shim
 // (opserver::Launch), forwarded to the opserver through the C++ client.
+//
+// A new operator: its GetWorkspaceSize shim below (its signature is its
+// own) and one line in OPSERVER_ACLNN_OPS for its launch shim.
 
 #include <cstdint>
 
@@ -15,9 +18,29 @@
 #include "client/aclnn_state.h"
 #include "client/client.h"
 
-using opserver::Fail;
+// Every operator by its aclnn name less the "aclnn" prefix; X(Name) is
+// expanded once per operator.
+#define OPSERVER_ACLNN_OPS(X) \
+  X(ThresholdBackward)        \
+  X(SoftshrinkBackward)       \
+  X(HardswishBackward)        \
+  X(LeakyReluBackward)        \
+  X(DropoutBackward)
+
+namespace {
+
+// A GetWorkspaceSize shim's answer to a nullptr scalar argument `name`.
+aclnnStatus NullScalar(const char* function, const char* name) {
+  return opserver::Fail(ACLNN_ERR_PARAM_NULLPTR,
+                        absl::StrCat(function, ": ", name, " is nullptr"));
+}
+
+}  // namespace
 
 extern "C" {
+
+// Phase one: each shim names its function (__func__, for error messages),
+// the server's operator, its scalars and its tensors.
 
 aclnnStatus aclnnThresholdBackwardGetWorkspaceSize(const aclTensor* gradOutput,
                                                    const aclTensor* self,
@@ -25,47 +48,25 @@ aclnnStatus aclnnThresholdBackwardGetWorkspaceSize(const aclTensor* gradOutput,
                                                    aclTensor* out,
                                                    uint64_t* workspaceSize,
                                                    aclOpExecutor** executor) {
-  constexpr char kFunction[] = "aclnnThresholdBackwardGetWorkspaceSize";
-  if (threshold == nullptr) {
-    return Fail(ACLNN_ERR_PARAM_NULLPTR,
-                absl::StrCat(kFunction, ": threshold is nullptr"));
-  }
+  if (threshold == nullptr) return NullScalar(__func__, "threshold");
   opserver::v1::OpParams params;
   params.set_threshold(threshold->value);
   return opserver::Plan(
-      kFunction, "ThresholdBackward", params,
+      __func__, "ThresholdBackward", params,
       {{"gradOutput", gradOutput}, {"self", self}, {"out", out}}, workspaceSize,
       executor);
-}
-
-aclnnStatus aclnnThresholdBackward(void* workspace, uint64_t workspaceSize,
-                                   aclOpExecutor* executor,
-                                   const aclrtStream stream) {
-  return opserver::Launch("aclnnThresholdBackward", workspace, workspaceSize,
-                          executor, stream);
 }
 
 aclnnStatus aclnnSoftshrinkBackwardGetWorkspaceSize(
     const aclTensor* gradOutput, const aclTensor* self, const aclScalar* lambd,
     aclTensor* gradInput, uint64_t* workspaceSize, aclOpExecutor** executor) {
-  constexpr char kFunction[] = "aclnnSoftshrinkBackwardGetWorkspaceSize";
-  if (lambd == nullptr) {
-    return Fail(ACLNN_ERR_PARAM_NULLPTR,
-                absl::StrCat(kFunction, ": lambd is nullptr"));
-  }
+  if (lambd == nullptr) return NullScalar(__func__, "lambd");
   opserver::v1::OpParams params;
   params.set_lambd(lambd->value);
   return opserver::Plan(
-      kFunction, "SoftshrinkBackward", params,
+      __func__, "SoftshrinkBackward", params,
       {{"gradOutput", gradOutput}, {"self", self}, {"gradInput", gradInput}},
       workspaceSize, executor);
-}
-
-aclnnStatus aclnnSoftshrinkBackward(void* workspace, uint64_t workspaceSize,
-                                    aclOpExecutor* executor,
-                                    const aclrtStream stream) {
-  return opserver::Launch("aclnnSoftshrinkBackward", workspace, workspaceSize,
-                          executor, stream);
 }
 
 aclnnStatus aclnnHardswishBackwardGetWorkspaceSize(const aclTensor* gradOutput,
@@ -74,44 +75,25 @@ aclnnStatus aclnnHardswishBackwardGetWorkspaceSize(const aclTensor* gradOutput,
                                                    uint64_t* workspaceSize,
                                                    aclOpExecutor** executor) {
   return opserver::Plan(
-      "aclnnHardswishBackwardGetWorkspaceSize", "HardswishBackward",
-      opserver::v1::OpParams(),
+      __func__, "HardswishBackward", opserver::v1::OpParams(),
       {{"gradOutput", gradOutput}, {"self", self}, {"out", out}}, workspaceSize,
       executor);
-}
-
-aclnnStatus aclnnHardswishBackward(void* workspace, uint64_t workspaceSize,
-                                   aclOpExecutor* executor,
-                                   const aclrtStream stream) {
-  return opserver::Launch("aclnnHardswishBackward", workspace, workspaceSize,
-                          executor, stream);
 }
 
 aclnnStatus aclnnLeakyReluBackwardGetWorkspaceSize(
     const aclTensor* gradOutput, const aclTensor* self,
     const aclScalar* negativeSlope, bool selfIsResult, aclTensor* out,
     uint64_t* workspaceSize, aclOpExecutor** executor) {
-  constexpr char kFunction[] = "aclnnLeakyReluBackwardGetWorkspaceSize";
-  if (negativeSlope == nullptr) {
-    return Fail(ACLNN_ERR_PARAM_NULLPTR,
-                absl::StrCat(kFunction, ": negativeSlope is nullptr"));
-  }
+  if (negativeSlope == nullptr) return NullScalar(__func__, "negativeSlope");
   opserver::v1::OpParams params;
   params.mutable_negative_slope()->set_dtype(
       static_cast<opserver::v1::DataType>(negativeSlope->dtype));
   params.mutable_negative_slope()->set_value(negativeSlope->value);
   params.set_self_is_result(selfIsResult);
   return opserver::Plan(
-      kFunction, "LeakyReluBackward", params,
+      __func__, "LeakyReluBackward", params,
       {{"gradOutput", gradOutput}, {"self", self}, {"out", out}}, workspaceSize,
       executor);
-}
-
-aclnnStatus aclnnLeakyReluBackward(void* workspace, uint64_t workspaceSize,
-                                   aclOpExecutor* executor,
-                                   aclrtStream stream) {
-  return opserver::Launch("aclnnLeakyReluBackward", workspace, workspaceSize,
-                          executor, stream);
 }
 
 aclnnStatus aclnnDropoutBackwardGetWorkspaceSize(const aclTensor* gradOutput,
@@ -122,15 +104,21 @@ aclnnStatus aclnnDropoutBackwardGetWorkspaceSize(const aclTensor* gradOutput,
   opserver::v1::OpParams params;
   params.set_scale(scale);
   return opserver::Plan(
-      "aclnnDropoutBackwardGetWorkspaceSize", "DropoutBackward", params,
+      __func__, "DropoutBackward", params,
       {{"gradOutput", gradOutput}, {"mask", mask}, {"out", out}}, workspaceSize,
       executor);
 }
 
-aclnnStatus aclnnDropoutBackward(void* workspace, uint64_t workspaceSize,
-                                 aclOpExecutor* executor, aclrtStream stream) {
-  return opserver::Launch("aclnnDropoutBackward", workspace, workspaceSize,
-                          executor, stream);
-}
+// Phase two: the same for every operator. A launch shim whose signature
+// drifted from its header's declaration fails to compile (two C functions
+// of one name).
+#define OPSERVER_ACLNN_LAUNCH(Name)                                            \
+  aclnnStatus aclnn##Name(void* workspace, uint64_t workspaceSize,             \
+                          aclOpExecutor* executor, aclrtStream stream) {       \
+    return opserver::Launch("aclnn" #Name, workspace, workspaceSize, executor, \
+                            stream);                                           \
+  }
+OPSERVER_ACLNN_OPS(OPSERVER_ACLNN_LAUNCH)
+#undef OPSERVER_ACLNN_LAUNCH
 
 }  // extern "C"
