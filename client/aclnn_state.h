@@ -1,0 +1,133 @@
+// The state and helpers shared by the aclnn-compatible C API's two halves:
+// the runtime calls (aclnn_runtime.cc) and the operator shims
+// (aclnn_ops.cc). Internal to //client.
+//
+// Device pointers: each aclrtMalloc reserves a range of a fake address space
+// (never dereferenced) and remembers the server buffer behind it, so a
+// pointer anywhere inside an allocation resolves to (buffer, byte offset).
+// Streams and executors are likewise opaque numbers that are never reused,
+// so a stale or consumed handle is recognised instead of dereferenced.
+#ifndef OPSERVER_CLIENT_ACLNN_STATE_H_
+#define OPSERVER_CLIENT_ACLNN_STATE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "acl/acl.h"
+#include "aclnn/acl_meta.h"
+#include "client/client.h"
+#include "client/device_addresses.h"
+
+struct aclTensor {
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  std::vector<int64_t> storage_shape;
+  aclDataType dtype;
+  int64_t offset;
+  uintptr_t data;
+};
+
+struct aclScalar {
+  aclDataType dtype;
+  double value;
+};
+
+namespace opserver {
+
+// Where the opaque stream and executor handles start (device addresses are
+// DeviceAddressSpace's, below these).
+inline constexpr uintptr_t kStreamBase = uintptr_t{0x20} << 40;
+inline constexpr uintptr_t kExecutorBase = uintptr_t{0x30} << 40;
+
+// The calling thread's last error, what aclGetRecentErrMsg returns. A
+// function, not an extern thread_local, so the variable stays local to
+// aclnn_state.cc (libaclnn_remote.so's dynamic symbols are the API's only).
+std::string& LastError();
+
+struct ExecutorEntry {
+  remote::Executor executor;
+};
+
+// Everything between aclInit and aclFinalize.
+struct State {
+  absl::Mutex mu;
+  bool initialized = false;
+  std::string address;
+  absl::Duration timeout = absl::Seconds(5);
+  absl::Duration sync_timeout = absl::Seconds(600);
+  // TLS files and token from the environment (timeouts are set on use).
+  opserver::ConnectOptions security;
+  uint64_t max_message_bytes = 64ull << 20;
+  // Shared so that a long call (synchronize, a transfer) can run without
+  // holding `mu`, keeping both alive even if another thread resets them.
+  std::shared_ptr<Client> client;
+  std::shared_ptr<opserver::remote::Session> session;
+  // Kept across aclFinalize: a pointer from before must never name an
+  // allocation made after the next aclInit (review finding 16).
+  DeviceAddressSpace addresses;
+  uint64_t next_stream = 1;
+  std::map<uintptr_t, remote::Stream> streams;
+  uint64_t next_executor = 1;
+  std::map<uintptr_t, ExecutorEntry> executors;
+
+  // Closes the session. What was queued is delivered first, and a deferred
+  // error still pending is returned (a session the server no longer has
+  // has nothing left to report: NOT_FOUND is not an error of the reset).
+  absl::Status DropSession();
+};
+
+State& GetState();
+
+// Records `message` as the thread's last error and returns `code`.
+template <typename Code>
+Code Fail(Code code, absl::string_view message) {
+  LastError() = std::string(message);
+  return code;
+}
+
+aclError AclErrorOf(const absl::Status& status);
+aclError FailAcl(const absl::Status& status);
+aclnnStatus FailAclnn(const absl::Status& status);
+
+// The session, or an error saying which call was missing.
+absl::StatusOr<remote::Session*> SessionOf(State& state);
+
+aclError SessionError(const absl::Status& status);
+
+using DeviceRange = DeviceAddressSpace::Range;
+
+absl::StatusOr<DeviceRange> Resolve(State& state, const void* pointer,
+                                    absl::string_view what);
+
+absl::StatusOr<uint64_t> StreamHandle(State& state, aclrtStream stream);
+
+absl::StatusOr<remote::TensorDesc> ToDesc(State& state, const aclTensor* tensor,
+                                          absl::string_view name);
+
+aclOpExecutor* AddExecutor(State& state, remote::Executor executor);
+
+// Phase one of every operator: nullptr checks, descriptors, the call. The
+// call runs without `state.mu`, so one thread's slow call does not stop the
+// others (review finding 16).
+aclnnStatus Plan(const char* function, const std::string& op,
+                 const v1::OpParams& params,
+                 std::vector<std::pair<const char*, const aclTensor*>> tensors,
+                 uint64_t* workspace_size, aclOpExecutor** executor);
+
+// Phase two of every operator.
+aclnnStatus Launch(const char* function, void* workspace,
+                   uint64_t workspace_size, aclOpExecutor* executor,
+                   aclrtStream stream);
+
+}  // namespace opserver
+
+#endif  // OPSERVER_CLIENT_ACLNN_STATE_H_
