@@ -93,6 +93,7 @@ void Session::CancelWork() {
 }
 
 bool Session::Busy() const {
+  if (allocating_.load() > 0) return true;
   for (const std::shared_ptr<Stream>& stream : AllStreams()) {
     if (stream->busy()) return true;
   }
@@ -166,7 +167,11 @@ absl::StatusOr<uint64_t> Session::Malloc(uint64_t size) {
     // Reserve before allocating outside the lock.
     *held_bytes_ += charge;
   }
+  ++allocating_;
   absl::StatusOr<void*> data = device_->Allocate(size, serial_);
+  // Used until now (the allocation can take seconds).
+  Touch();
+  --allocating_;
   if (!data.ok()) {
     *held_bytes_ -= charge;
     tenant_->bytes -= charge;

@@ -135,8 +135,8 @@ class Session {
 
   // Drops the work queued on every stream; later launches fail. For Close.
   void CancelWork();
-  // True while any stream has work queued or running: such a session is
-  // in use even when no call names it.
+  // True while any stream has work queued or running, or a Malloc is
+  // allocating: such a session is in use even when no call names it.
   bool Busy() const;
 
   // RESOURCE_EXHAUSTED past the session's memory or handle limit, or its
@@ -235,6 +235,10 @@ class Session {
   absl::flat_hash_map<uint64_t, ExecutorEntry> executors_ ABSL_GUARDED_BY(mu_);
   absl::Time last_used_ ABSL_GUARDED_BY(mu_);
   bool attached_ ABSL_GUARDED_BY(mu_) = false;
+  // Mallocs in progress: populating or clearing gigabytes takes longer than
+  // a short idle timeout, and the reaper must not take the session
+  // meanwhile.
+  std::atomic<int> allocating_{0};
   // Declared last: destroyed first, so queued work finishes while the
   // buffers it may use are still registered.
   std::shared_ptr<Stream> default_stream_;

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -160,6 +161,46 @@ TEST_F(SessionLaunchTest, RefusedRepeatableExecutorStaysRepeatable) {
   EXPECT_TRUE(stream->SynchronizeAndWait().ok());
   EXPECT_EQ(ran_.load(), 2);
   EXPECT_EQ(Executors(), 1u);
+}
+
+// A device whose Allocate blocks until released: a Malloc that takes long.
+class SlowAllocationDevice : public Device {
+ public:
+  DeviceDescription Describe() const override { return {}; }
+  absl::StatusOr<void*> Allocate(uint64_t bytes, uint64_t) override {
+    entered_.Notify();
+    release_.WaitForNotification();
+    return static_cast<void*>(block_);
+  }
+  void Deallocate(void*, uint64_t) override {}
+  void CopyToDevice(void*, const void*, uint64_t) override {}
+  void CopyFromDevice(void*, const void*, uint64_t) override {}
+  absl::Status Launch(const kernels::Plan&, void*, uint64_t) override {
+    return absl::OkStatus();
+  }
+
+  absl::Notification entered_;
+  absl::Notification release_;
+  char block_[64] = {};
+};
+
+// A session is in use while a Malloc allocates (populating or clearing a
+// large block can outlast a short idle timeout: hardening_test's Finding10
+// saw its session reaped during a 256 MiB Malloc), and counts as used when
+// the allocation ends.
+TEST_F(SessionLaunchTest, SessionIsBusyWhileMallocAllocates) {
+  SlowAllocationDevice device;
+  Session session("slow", 2, "session_test", &device, &limits_, &account_,
+                  std::make_shared<StreamThreads>());
+  EXPECT_FALSE(session.Busy());
+  std::thread malloc([&] { EXPECT_TRUE(session.Malloc(64).ok()); });
+  device.entered_.WaitForNotification();
+  EXPECT_TRUE(session.Busy());
+  const absl::Time before_end = absl::Now();
+  device.release_.Notify();
+  malloc.join();
+  EXPECT_FALSE(session.Busy());
+  EXPECT_GE(session.last_used(), before_end);
 }
 
 }  // namespace
