@@ -74,6 +74,21 @@ void Describe(const OpInfo& op, v1::OperatorInfo* out) {
   }
 }
 
+// Starts `reactor`'s next read outside `mu` (the reaction may run inline
+// on this thread and take `mu`), counting it in `starting` meanwhile so the
+// reactor does not Finish before StartRead has returned; the caller's
+// finish check must treat `starting` > 0 as "not yet". Two can overlap: the
+// reaction to this read may start the next one before this returns.
+template <typename Reactor, typename Request>
+void StartReadOutsideLock(Reactor& reactor, Request* request, absl::Mutex& mu,
+                          int& starting) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  ++starting;
+  mu.Unlock();
+  reactor.StartRead(request);
+  mu.Lock();
+  --starting;
+}
+
 // Holds one of `max` slots of `counter` while alive, if one was free.
 class EvaluateSlot {
  public:
@@ -219,15 +234,8 @@ class OperatorService::Launcher final
     StartWrite(&pending_.front());
   }
 
-  // Starts the next read outside the lock (its reaction may run inline),
-  // keeping Finish from running before StartRead returns. Two can overlap:
-  // the reaction to this read may start the next one before this returns.
   void ReadNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    ++starting_reads_;
-    mu_.Unlock();
-    StartRead(&request_);
-    mu_.Lock();
-    --starting_reads_;
+    StartReadOutsideLock(*this, &request_, mu_, starting_reads_);
     MaybeFinishLocked();
   }
 
@@ -435,14 +443,8 @@ class OperatorService::Pipeliner final
     StartWrite(&in_flight_);
   }
 
-  // As in Launcher: the read starts outside the lock, since its reaction
-  // may run inline.
   void ReadNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    ++starting_reads_;
-    mu_.Unlock();
-    StartRead(&request_);
-    mu_.Lock();
-    --starting_reads_;
+    StartReadOutsideLock(*this, &request_, mu_, starting_reads_);
   }
 
   void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
