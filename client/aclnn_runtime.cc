@@ -87,6 +87,23 @@ absl::StatusOr<ConnectOptions> SecurityFromEnv() {
   return options;
 }
 
+// The checks aclrtSetDevice and aclrtResetDevice (`function`) share, under
+// state.mu: ACL_SUCCESS when the call may go on, else its error (recorded).
+aclError CheckDevice(const State& state, const char* function,
+                     int32_t device_id) {
+  if (!state.initialized) {
+    return Fail(ACL_ERROR_UNINITIALIZE,
+                absl::StrCat(function, ": aclInit was not called"));
+  }
+  if (device_id != 0) {
+    return Fail(ACL_ERROR_INVALID_DEVICE,
+                absl::StrCat(function, ": device ", device_id,
+                             " does not exist; the opserver at ", state.address,
+                             " is device 0"));
+  }
+  return ACL_SUCCESS;
+}
+
 }  // namespace
 }  // namespace opserver
 
@@ -151,15 +168,9 @@ aclError aclFinalize(void) {
 aclError aclrtSetDevice(int32_t deviceId) {
   State& state = GetState();
   absl::MutexLock lock(&state.mu);
-  if (!state.initialized) {
-    return Fail(ACL_ERROR_UNINITIALIZE,
-                "aclrtSetDevice: aclInit was not called");
-  }
-  if (deviceId != 0) {
-    return Fail(ACL_ERROR_INVALID_DEVICE,
-                absl::StrCat("aclrtSetDevice: device ", deviceId,
-                             " does not exist; the opserver at ", state.address,
-                             " is device 0"));
+  if (aclError error = opserver::CheckDevice(state, __func__, deviceId);
+      error != ACL_SUCCESS) {
+    return error;
   }
   if (state.session != nullptr) {
     // Already set, unless the server lost the session meanwhile: say so
@@ -199,14 +210,9 @@ aclError aclrtSetDevice(int32_t deviceId) {
 aclError aclrtResetDevice(int32_t deviceId) {
   State& state = GetState();
   absl::MutexLock lock(&state.mu);
-  if (!state.initialized) {
-    return Fail(ACL_ERROR_UNINITIALIZE,
-                "aclrtResetDevice: aclInit was not called");
-  }
-  if (deviceId != 0) {
-    return Fail(
-        ACL_ERROR_INVALID_DEVICE,
-        absl::StrCat("aclrtResetDevice: device ", deviceId, " does not exist"));
+  if (aclError error = opserver::CheckDevice(state, __func__, deviceId);
+      error != ACL_SUCCESS) {
+    return error;
   }
   if (absl::Status pending = state.DropSession(); !pending.ok()) {
     return FailAcl(pending);

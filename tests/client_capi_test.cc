@@ -529,11 +529,18 @@ TEST_F(CApiTest, CallsOutOfOrderAreErrorsNotCrashes) {
             ACL_ERROR_RT_FAILURE);
   EXPECT_THAT(LastError(), HasSubstr("aclrtSetDevice"));
   EXPECT_EQ(aclrtSetDevice(3), ACL_ERROR_INVALID_DEVICE);
+  EXPECT_THAT(LastError(), HasSubstr("aclrtSetDevice: device 3 does not "
+                                     "exist; the opserver at "));
+  EXPECT_EQ(aclrtResetDevice(-1), ACL_ERROR_INVALID_DEVICE);
+  EXPECT_THAT(LastError(), HasSubstr("aclrtResetDevice: device -1 does not"));
   EXPECT_EQ(aclInit(nullptr), ACL_ERROR_REPEAT_INITIALIZE);
   ASSERT_EQ(aclFinalize(), ACL_SUCCESS);
   EXPECT_EQ(aclrtMalloc(&p, 16, ACL_MEM_MALLOC_HUGE_FIRST),
             ACL_ERROR_UNINITIALIZE);
   EXPECT_EQ(aclrtSetDevice(0), ACL_ERROR_UNINITIALIZE);
+  EXPECT_EQ(LastError(), "aclrtSetDevice: aclInit was not called");
+  EXPECT_EQ(aclrtResetDevice(0), ACL_ERROR_UNINITIALIZE);
+  EXPECT_EQ(LastError(), "aclrtResetDevice: aclInit was not called");
   EXPECT_EQ(aclFinalize(), ACL_ERROR_REPEAT_FINALIZE);
   stream_ = nullptr;
   ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);  // For TearDown.
