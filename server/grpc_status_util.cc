@@ -27,4 +27,11 @@ grpc::Status ToGrpcStatus(const absl::Status& status,
                       std::move(message));
 }
 
+grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context,
+                                const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status, context));
+  return reactor;
+}
+
 }  // namespace opserver

@@ -24,6 +24,11 @@ inline constexpr size_t kMaxErrorMessageBytes = 4096;
 grpc::Status ToGrpcStatus(const absl::Status& status,
                           grpc::ServerContextBase* context);
 
+// Finishes a unary call with `status` (through ToGrpcStatus) and returns
+// its reactor: `return Reply(context, status);` from a callback handler.
+grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context,
+                                const absl::Status& status);
+
 }  // namespace opserver
 
 #endif  // OPSERVER_SERVER_GRPC_STATUS_UTIL_H_

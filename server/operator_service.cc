@@ -30,13 +30,6 @@ namespace {
 using kernels::DType;
 using kernels::OpInfo;
 
-grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context,
-                                const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status, context));
-  return reactor;
-}
-
 void Describe(const OpInfo& op, v1::OperatorInfo* out) {
   out->set_name(std::string(op.name));
   out->set_aclnn_name(std::string(op.aclnn_name));

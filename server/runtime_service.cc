@@ -21,17 +21,6 @@
 #include "server/version.h"
 
 namespace opserver {
-namespace {
-
-// Finishes a unary call with `status`, converted in the one place.
-grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context,
-                                const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status, context));
-  return reactor;
-}
-
-}  // namespace
 
 // An Attach stream: binds its session's life to the call.
 class RuntimeService::Attacher final
