@@ -721,6 +721,10 @@ absl::Status Session::Upload(uint64_t buffer, uint64_t offset, const void* data,
     std::string first_header = header.SerializeAsString();
     uint64_t at = 0;
     bool first = true;
+    // Set once the message carrying the end-of-stream flag was written, even
+    // if that write failed: the call is half-closed then, and a second
+    // half-close (WritesDone) aborts the process in gRPC.
+    bool half_closed = false;
     while (first || at < size) {
       const uint64_t n = std::min(chunk, size - at);
       // Only the first message carries the header fields.
@@ -732,12 +736,15 @@ absl::Status Session::Upload(uint64_t buffer, uint64_t offset, const void* data,
       grpc::ByteBuffer message(slices, count);
       // The last message may go out with the end-of-stream flag.
       grpc::WriteOptions options;
-      if (at + n == size) options.set_last_message();
+      if (at + n == size) {
+        options.set_last_message();
+        half_closed = true;
+      }
       if (!writer->Write(message, options)) break;  // Finish() says why.
       at += n;
       first = false;
     }
-    if (at < size) writer->WritesDone();
+    if (!half_closed) writer->WritesDone();
     status = FromGrpcStatus(writer->Finish(), context, "Upload");
   }  // The call is gone; what gRPC still holds of `data` is being released.
   lent.WaitUntilReturned();

@@ -266,6 +266,33 @@ TEST_F(ClientTest, UploadLeavesNoReferenceToTheCallersMemory) {
   EXPECT_TRUE(back == expected) << "buffer changed";
 }
 
+// A refused upload whose last message (sent with the end-of-stream flag)
+// is the first write to fail must not half-close the call a second time:
+// the client called WritesDone after it and gRPC aborted the process with
+// GRPC_CALL_ERROR_TOO_MANY_OPERATIONS (CI, once). Two-message uploads past
+// the buffer's end, many times, so the server's refusal lands between the
+// two writes in some of them.
+TEST_F(ClientTest, RefusedUploadEndsCleanlyWhicheverWriteFails) {
+  constexpr uint64_t kChunk = 1024;
+  ConnectOptions options;
+  options.upload_chunk_bytes = kChunk;
+  auto client = Client::Connect(server_->address(), options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto session = (*client)->CreateSession("refused");
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto buffer = (*session)->Malloc(kChunk);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  std::vector<char> data(2 * kChunk, 'r');
+  for (int i = 0; i < 300; ++i) {
+    absl::Status status =
+        (*session)->Upload(buffer->handle(), 0, data.data(), data.size());
+    ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  }
+  // The session still works.
+  EXPECT_TRUE(
+      (*session)->Upload(buffer->handle(), 0, data.data(), kChunk).ok());
+}
+
 TEST_F(ClientTest, HandlesAreFreedByRaiiAndByClosingTheSession) {
   {
     auto buffer = session_->Malloc(1 << 20);
