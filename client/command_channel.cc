@@ -174,8 +174,12 @@ void CommandChannel::WriteLoop() {
         *request.add_commands() = std::move(queue_.front());
         queue_.pop_front();
       }
+      writing_ = true;
     }
-    if (!stream_->Write(request)) return;  // The reader reports why.
+    const bool written = stream_->Write(request);
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!written) return;  // The reader reports why.
   }
 }
 
@@ -203,6 +207,10 @@ void CommandChannel::ReadLoop() {
   {
     absl::MutexLock lock(&mu_);
     read_done_ = true;
+    // The call is over, so a Write in flight returns promptly (false);
+    // Finish must not run beside it.
+    mu_.Await(absl::Condition(
+        +[](bool* writing) { return !*writing; }, &writing_));
   }
   grpc::Status status = stream_->Finish();
   absl::MutexLock lock(&mu_);

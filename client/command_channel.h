@@ -104,6 +104,9 @@ class CommandChannel {
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   // The server ended the call (the reader is collecting its status).
   bool read_done_ ABSL_GUARDED_BY(mu_) = false;
+  // The writer is inside stream_->Write: the reader's Finish waits for it
+  // (gRPC's Finish is for when nothing more is being sent).
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
   // Set once the call ended: every later call returns it.
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   uint64_t next_fence_ ABSL_GUARDED_BY(mu_) = 1;
