@@ -85,6 +85,23 @@ class ClientTest : public ::testing::Test {
   }
 
   std::unique_ptr<opserver::Server> server_;
+  // A session of its own, through a client made with `options`.
+  struct Connection {
+    std::unique_ptr<Client> client;
+    std::unique_ptr<Session> session;  // Declared last: closed first.
+  };
+  Connection Connect(const ConnectOptions& options, const std::string& name) {
+    Connection c;
+    auto client = Client::Connect(server_->address(), options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    if (!client.ok()) return c;
+    c.client = *std::move(client);
+    auto session = c.client->CreateSession(name);
+    EXPECT_TRUE(session.ok()) << session.status();
+    if (session.ok()) c.session = *std::move(session);
+    return c;
+  }
+
   std::unique_ptr<Client> client_;
   std::unique_ptr<Session> session_;
 };
@@ -201,14 +218,13 @@ TEST_F(ClientTest, TransfersAtChunkBoundariesAndBufferEnds) {
   constexpr uint64_t kChunk = 4096;
   ConnectOptions options;
   options.upload_chunk_bytes = kChunk;
-  auto client = Client::Connect(server_->address(), options);
-  ASSERT_TRUE(client.ok()) << client.status();
-  auto session = (*client)->CreateSession("boundaries");
-  ASSERT_TRUE(session.ok()) << session.status();
+  Connection c = Connect(options, "boundaries");
+  ASSERT_NE(c.session, nullptr);
+  Session* session = c.session.get();
   // The server's download chunk is its --chunk_bytes (4 MiB here).
   const uint64_t server_chunk = 4 << 20;
   const uint64_t capacity = server_chunk + 3 * kChunk + 2;
-  auto buffer = (*session)->Malloc(capacity);
+  auto buffer = session->Malloc(capacity);
   ASSERT_TRUE(buffer.ok()) << buffer.status();
   std::mt19937 rng(5);
   for (uint64_t size : {uint64_t{0}, uint64_t{1}, kChunk - 1, kChunk,
@@ -219,22 +235,21 @@ TEST_F(ClientTest, TransfersAtChunkBoundariesAndBufferEnds) {
       std::vector<char> data(size);
       for (char& c : data) c = static_cast<char>(rng());
       ASSERT_TRUE(
-          (*session)->Upload(buffer->handle(), offset, data.data(), size).ok());
+          session->Upload(buffer->handle(), offset, data.data(), size).ok());
       std::vector<char> back(size + 1, '\x7f');
-      ASSERT_TRUE((*session)
-                      ->Download(buffer->handle(), offset, back.data(), size)
-                      .ok());
+      ASSERT_TRUE(
+          session->Download(buffer->handle(), offset, back.data(), size).ok());
       EXPECT_EQ(back[size], '\x7f') << "wrote past the range asked for";
       back.resize(size);
       EXPECT_TRUE(back == data) << "bytes differ";
     }
   }
   char byte = 0;
-  EXPECT_TRUE((*session)->Upload(buffer->handle(), capacity, &byte, 0).ok());
-  EXPECT_TRUE((*session)->Download(buffer->handle(), capacity, &byte, 0).ok());
-  EXPECT_EQ((*session)->Upload(buffer->handle(), capacity, &byte, 1).code(),
+  EXPECT_TRUE(session->Upload(buffer->handle(), capacity, &byte, 0).ok());
+  EXPECT_TRUE(session->Download(buffer->handle(), capacity, &byte, 0).ok());
+  EXPECT_EQ(session->Upload(buffer->handle(), capacity, &byte, 1).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*session)->Download(buffer->handle(), capacity, &byte, 1).code(),
+  EXPECT_EQ(session->Download(buffer->handle(), capacity, &byte, 1).code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -276,21 +291,19 @@ TEST_F(ClientTest, RefusedUploadEndsCleanlyWhicheverWriteFails) {
   constexpr uint64_t kChunk = 1024;
   ConnectOptions options;
   options.upload_chunk_bytes = kChunk;
-  auto client = Client::Connect(server_->address(), options);
-  ASSERT_TRUE(client.ok()) << client.status();
-  auto session = (*client)->CreateSession("refused");
-  ASSERT_TRUE(session.ok()) << session.status();
-  auto buffer = (*session)->Malloc(kChunk);
+  Connection c = Connect(options, "refused");
+  ASSERT_NE(c.session, nullptr);
+  Session* session = c.session.get();
+  auto buffer = session->Malloc(kChunk);
   ASSERT_TRUE(buffer.ok()) << buffer.status();
   std::vector<char> data(2 * kChunk, 'r');
   for (int i = 0; i < 300; ++i) {
     absl::Status status =
-        (*session)->Upload(buffer->handle(), 0, data.data(), data.size());
+        session->Upload(buffer->handle(), 0, data.data(), data.size());
     ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   }
   // The session still works.
-  EXPECT_TRUE(
-      (*session)->Upload(buffer->handle(), 0, data.data(), kChunk).ok());
+  EXPECT_TRUE(session->Upload(buffer->handle(), 0, data.data(), kChunk).ok());
 }
 
 TEST_F(ClientTest, HandlesAreFreedByRaiiAndByClosingTheSession) {
