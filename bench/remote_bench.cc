@@ -86,6 +86,7 @@ void RunOpserverWithWindow(int report, int64_t window) {
   options.listen = "127.0.0.1:0";
   if (window >= 0) options.receive_window_bytes = window;
   options.transfer_limits.chunk_bytes = kChunk;
+  options.detect_mutex_deadlocks = false;  // As the opserver binary runs.
   auto server = Server::Start(options);
   if (!server.ok()) _exit(1);
   SendPort(report, (*server)->port());

@@ -392,6 +392,7 @@ Result RunConfiguration(const std::string& path, const std::string& address,
 int Main() {
   Options options;
   options.listen = "127.0.0.1:0";
+  options.detect_mutex_deadlocks = false;  // As the opserver binary runs.
   auto server = Server::Start(options);
   if (!server.ok()) Die(absl::StrCat("Server::Start: ", server.status().ToString()));
   const std::string direct = (*server)->address();

@@ -39,6 +39,18 @@ absl::Duration DurationFromEnv(const char* name, absl::Duration fallback) {
   return absl::Milliseconds(ms);
 }
 
+// A switch from the environment: 1/on/true or 0/off/false (any case);
+// `fallback` when unset or empty.
+absl::StatusOr<bool> BoolFromEnv(const char* name, bool fallback) {
+  const char* raw = std::getenv(name);
+  const std::string value = absl::AsciiStrToLower(raw != nullptr ? raw : "");
+  if (value.empty()) return fallback;
+  if (value == "1" || value == "on" || value == "true") return true;
+  if (value == "0" || value == "off" || value == "false") return false;
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, ": '", value, "' is not 0/off/false or 1/on/true"));
+}
+
 // TLS files and token named by OPSERVER_TLS_CA_FILE, OPSERVER_TLS_CERT_FILE,
 // OPSERVER_TLS_KEY_FILE and OPSERVER_TOKEN (or OPSERVER_TOKEN_FILE). Files
 // are checked now so a typo fails aclInit, not the first call.
@@ -66,14 +78,9 @@ absl::StatusOr<ConnectOptions> SecurityFromEnv() {
   }
   // Pipelined execution is the default; OPSERVER_PIPELINE=0 makes every
   // call a blocking unary RPC (for debugging).
-  const std::string pipeline = absl::AsciiStrToLower(env("OPSERVER_PIPELINE"));
-  if (pipeline == "0" || pipeline == "off" || pipeline == "false") {
-    options.pipeline = false;
-  } else if (!pipeline.empty() && pipeline != "1" && pipeline != "on" &&
-             pipeline != "true") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "OPSERVER_PIPELINE: '", pipeline, "' is not 0/off/false or 1/on/true"));
-  }
+  absl::StatusOr<bool> pipeline = BoolFromEnv("OPSERVER_PIPELINE", true);
+  if (!pipeline.ok()) return pipeline.status();
+  options.pipeline = *pipeline;
   options.token = env("OPSERVER_TOKEN");
   if (options.token.empty() && !env("OPSERVER_TOKEN_FILE").empty()) {
     absl::StatusOr<std::string> token =
@@ -136,6 +143,20 @@ aclError aclInit(const char* /*configPath*/) {
                 absl::StrCat("aclInit: ", security.status().message()));
   }
   state.security = *std::move(security);
+  // Abseil's Mutex deadlock detection (on in Debian's Abseil build) records
+  // every lock order in a process-wide graph and halved the pipelined
+  // launch rate: off unless OPSERVER_DETECT_MUTEX_DEADLOCKS=1 (a debugging
+  // aid; the setting is the process's, shared with the program if it uses
+  // the same Abseil).
+  absl::StatusOr<bool> detect =
+      opserver::BoolFromEnv("OPSERVER_DETECT_MUTEX_DEADLOCKS", false);
+  if (!detect.ok()) {
+    return Fail(ACL_ERROR_INVALID_PARAM,
+                absl::StrCat("aclInit: ", detect.status().message()));
+  }
+  if (!*detect) {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  }
   // For a server run with a --max_message_bytes above the 64 MiB default.
   state.max_message_bytes = 64ull << 20;
   if (const char* bytes = std::getenv("OPSERVER_MAX_MESSAGE_BYTES");

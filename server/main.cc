@@ -96,6 +96,9 @@ ABSL_FLAG(uint64_t, receive_window_bytes, 4ull << 20,
           "of what the server has read, so about what an upload holds in "
           "memory besides its buffer. 0 = gRPC's BDP probing (the window "
           "grows with the sender's speed, unbounded by this flag).");
+ABSL_FLAG(bool, detect_mutex_deadlocks, false,
+          "Keep Abseil's Mutex deadlock detection on (a debugging aid: it "
+          "records every lock order and halves the pipelined launch rate).");
 ABSL_FLAG(int, shutdown_grace_ms, 5000,
           "On SIGINT/SIGTERM, how long in-flight calls may finish before "
           "they are cancelled.");
@@ -160,6 +163,7 @@ int main(int argc, char** argv) {
   options.receive_window_bytes = absl::GetFlag(FLAGS_receive_window_bytes);
   options.shutdown_grace =
       absl::Milliseconds(std::max(0, absl::GetFlag(FLAGS_shutdown_grace_ms)));
+  options.detect_mutex_deadlocks = absl::GetFlag(FLAGS_detect_mutex_deadlocks);
 
   // The last grpc_shutdown() (destroying the last grpc::Server runs it)
   // does gRPC's library-wide cleanup, which joins gRPC's executor threads;

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/malloc_tuning.h"
@@ -134,6 +135,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
   }
 
   TuneMallocForStreaming();
+  if (!options.detect_mutex_deadlocks) {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  }
   std::unique_ptr<Server> server(new Server());
   server->options_ = options;
   server->authenticator_ = std::move(authenticator);

@@ -26,6 +26,12 @@ struct Options {
   std::string device = "cpu";
   // How long Shutdown() lets in-flight calls finish before cancelling them.
   absl::Duration shutdown_grace = absl::Seconds(5);
+  // Abseil's Mutex deadlock detection (on in Debian's Abseil build) records
+  // every lock order in a process-wide graph. Tests keep it (it aborts on a
+  // lock-order inversion); the opserver binary turns it off
+  // (--detect_mutex_deadlocks=false): it halved the pipelined launch rate.
+  // Process-wide, set by Start().
+  bool detect_mutex_deadlocks = true;
   // Freed device memory the CPU device keeps for reuse.
   uint64_t memory_cache_bytes = 4ull << 30;
   // The device's capacity: all sessions' buffers, workspaces, Evaluate

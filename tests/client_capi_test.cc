@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "acl/acl.h"
 #include "aclnn/acl_meta.h"
@@ -40,6 +41,8 @@ class CApiTest : public ::testing::Test {
     setenv("OPSERVER_ADDRESS", server_->address().c_str(), 1);
     unsetenv("OPSERVER_TIMEOUT_MS");
     unsetenv("OPSERVER_SYNC_TIMEOUT_MS");
+    // The tests keep Abseil's lock-order checking (aclInit turns it off).
+    setenv("OPSERVER_DETECT_MUTEX_DEADLOCKS", "1", 1);
     ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);
     ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS) << LastError();
     ASSERT_EQ(aclrtCreateStream(&stream_), ACL_SUCCESS) << LastError();
@@ -543,6 +546,31 @@ TEST_F(CApiTest, CallsOutOfOrderAreErrorsNotCrashes) {
   EXPECT_EQ(LastError(), "aclrtResetDevice: aclInit was not called");
   EXPECT_EQ(aclFinalize(), ACL_ERROR_REPEAT_FINALIZE);
   stream_ = nullptr;
+  ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);  // For TearDown.
+}
+
+// The environment's switches take 1/on/true and 0/off/false in any case;
+// anything else fails aclInit with the variable's name.
+TEST_F(CApiTest, EnvironmentSwitchesAreCheckedByAclInit) {
+  aclrtDestroyStream(stream_);
+  stream_ = nullptr;
+  aclrtResetDevice(0);
+  ASSERT_EQ(aclFinalize(), ACL_SUCCESS);
+  for (const char* name :
+       {"OPSERVER_PIPELINE", "OPSERVER_DETECT_MUTEX_DEADLOCKS"}) {
+    setenv(name, "maybe", 1);
+    EXPECT_EQ(aclInit(nullptr), ACL_ERROR_INVALID_PARAM) << name;
+    EXPECT_EQ(LastError(), absl::StrCat("aclInit: ", name,
+                                        ": 'maybe' is not 0/off/false or "
+                                        "1/on/true"));
+    for (const char* value : {"ON", "0", "False", ""}) {
+      setenv(name, value, 1);
+      ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS) << name << "=" << value;
+      ASSERT_EQ(aclFinalize(), ACL_SUCCESS);
+    }
+  }
+  unsetenv("OPSERVER_PIPELINE");
+  setenv("OPSERVER_DETECT_MUTEX_DEADLOCKS", "1", 1);
   ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);  // For TearDown.
 }
 
