@@ -243,8 +243,7 @@ aclError aclrtResetDevice(int32_t deviceId) {
 
 aclError aclrtCreateStream(aclrtStream* stream) {
   State& state = GetState();
-  std::shared_ptr<opserver::Client> client;  // Outlives `session`.
-  std::shared_ptr<opserver::remote::Session> session;
+  opserver::Pinned pinned;
   {
     absl::MutexLock lock(&state.mu);
     auto current = opserver::SessionOf(state);
@@ -252,14 +251,13 @@ aclError aclrtCreateStream(aclrtStream* stream) {
     if (stream == nullptr) {
       return Fail(ACL_ERROR_INVALID_PARAM, "aclrtCreateStream: stream is NULL");
     }
-    client = state.client;
-    session = state.session;
+    pinned = state.Pin();
   }
   // Calls run without the lock (review finding 16).
-  auto created = session->CreateStream();
+  auto created = pinned.session->CreateStream();
   if (!created.ok()) return FailAcl(created.status());
   absl::MutexLock lock(&state.mu);
-  if (state.session != session) {
+  if (state.session != pinned.session) {
     created->Release();  // It died with its session.
     return Fail(ACL_ERROR_RT_FAILURE,
                 "aclrtCreateStream: the device was reset during the call");
@@ -272,8 +270,7 @@ aclError aclrtCreateStream(aclrtStream* stream) {
 
 aclError aclrtDestroyStream(aclrtStream stream) {
   State& state = GetState();
-  std::shared_ptr<opserver::Client> client;  // Outlives `session`.
-  std::shared_ptr<opserver::remote::Session> session;
+  opserver::Pinned pinned;
   opserver::remote::Stream doomed;
   const uintptr_t key = reinterpret_cast<uintptr_t>(stream);
   {
@@ -285,8 +282,7 @@ aclError aclrtDestroyStream(aclrtStream stream) {
       return Fail(ACL_ERROR_INVALID_PARAM,
                   "aclrtDestroyStream: not a live aclrtCreateStream stream");
     }
-    client = state.client;
-    session = state.session;
+    pinned = state.Pin();
     doomed = std::move(it->second);
     state.streams.erase(it);
   }
@@ -298,10 +294,10 @@ aclError aclrtDestroyStream(aclrtStream stream) {
     // Not destroyed (e.g. the deadline passed): the stream stays usable and
     // can be destroyed again, unless the session changed meanwhile.
     absl::MutexLock lock(&state.mu);
-    if (state.session == session &&
+    if (state.session == pinned.session &&
         status.code() != absl::StatusCode::kNotFound) {
-      state.streams.emplace(key,
-                            opserver::remote::Stream(session.get(), handle));
+      state.streams.emplace(
+          key, opserver::remote::Stream(pinned.session.get(), handle));
     }
     return FailAcl(status);
   }
@@ -310,8 +306,7 @@ aclError aclrtDestroyStream(aclrtStream stream) {
 
 aclError aclrtSynchronizeStream(aclrtStream stream) {
   State& state = GetState();
-  std::shared_ptr<opserver::Client> client;  // Outlives `session`.
-  std::shared_ptr<opserver::remote::Session> session;
+  opserver::Pinned pinned;
   uint64_t handle;
   {
     absl::MutexLock lock(&state.mu);
@@ -323,12 +318,11 @@ aclError aclrtSynchronizeStream(aclrtStream stream) {
                   absl::StrCat("aclrtSynchronizeStream: ",
                                stream_handle.status().message()));
     }
-    client = state.client;
-    session = state.session;
+    pinned = state.Pin();
     handle = *stream_handle;
   }
   // Other threads may use the API while this one waits.
-  absl::Status status = session->Synchronize(handle);
+  absl::Status status = pinned.session->Synchronize(handle);
   if (!status.ok()) return FailAcl(status);
   return ACL_SUCCESS;
 }
@@ -336,8 +330,7 @@ aclError aclrtSynchronizeStream(aclrtStream stream) {
 aclError aclrtMalloc(void** devPtr, size_t size,
                      aclrtMemMallocPolicy /*policy*/) {
   State& state = GetState();
-  std::shared_ptr<opserver::Client> client;  // Outlives `session`.
-  std::shared_ptr<opserver::remote::Session> session;
+  opserver::Pinned pinned;
   {
     absl::MutexLock lock(&state.mu);
     auto current = opserver::SessionOf(state);
@@ -348,14 +341,13 @@ aclError aclrtMalloc(void** devPtr, size_t size,
     if (size == 0) {
       return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMalloc: size is 0");
     }
-    client = state.client;
-    session = state.session;
+    pinned = state.Pin();
   }
   // Calls run without the lock (review finding 16).
-  auto buffer = session->Malloc(size);
+  auto buffer = pinned.session->Malloc(size);
   if (!buffer.ok()) return FailAcl(buffer.status());
   absl::MutexLock lock(&state.mu);
-  if (state.session != session) {
+  if (state.session != pinned.session) {
     buffer->Release();  // It died with its session.
     return Fail(ACL_ERROR_RT_FAILURE,
                 "aclrtMalloc: the device was reset during the call");
@@ -368,8 +360,7 @@ aclError aclrtMalloc(void** devPtr, size_t size,
 
 aclError aclrtFree(void* devPtr) {
   State& state = GetState();
-  std::shared_ptr<opserver::Client> client;  // Outlives `session`.
-  std::shared_ptr<opserver::remote::Session> session;
+  opserver::Pinned pinned;
   opserver::remote::DeviceBuffer doomed;
   {
     absl::MutexLock lock(&state.mu);
@@ -381,8 +372,7 @@ aclError aclrtFree(void* devPtr) {
       return Fail(ACL_ERROR_INVALID_PARAM,
                   absl::StrCat("aclrtFree: ", removed.status().message()));
     }
-    client = state.client;
-    session = state.session;
+    pinned = state.Pin();
     doomed = *std::move(removed);
   }
   // The call runs without the lock (review finding 16).
@@ -414,8 +404,7 @@ aclError aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count,
                              static_cast<int>(kind)));
   }
   State& state = GetState();
-  std::shared_ptr<opserver::Client> client;  // Outlives `session`.
-  std::shared_ptr<opserver::remote::Session> session;
+  opserver::Pinned pinned;
   opserver::DeviceRange from{}, to{};
   {
     absl::MutexLock lock(&state.mu);
@@ -441,21 +430,22 @@ aclError aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count,
     if (kind != ACL_MEMCPY_DEVICE_TO_HOST) {
       if (absl::Status s = check(dst, "dst", &to); !s.ok()) return FailAcl(s);
     }
-    client = state.client;
-    session = state.session;
+    pinned = state.Pin();
   }
   // The transfer runs without the lock: other threads may use the API.
   absl::Status status;
   if (kind == ACL_MEMCPY_HOST_TO_DEVICE) {
-    status = session->Upload(to.buffer, to.offset, src, count);
+    status = pinned.session->Upload(to.buffer, to.offset, src, count);
   } else if (kind == ACL_MEMCPY_DEVICE_TO_HOST) {
-    status = session->Download(from.buffer, from.offset, dst, count);
+    status = pinned.session->Download(from.buffer, from.offset, dst, count);
   } else {
     // Through the host: the API has no device-side copy.
     std::vector<char> bounce(count);
-    status = session->Download(from.buffer, from.offset, bounce.data(), count);
+    status = pinned.session->Download(from.buffer, from.offset, bounce.data(),
+                                      count);
     if (status.ok()) {
-      status = session->Upload(to.buffer, to.offset, bounce.data(), count);
+      status =
+          pinned.session->Upload(to.buffer, to.offset, bounce.data(), count);
     }
   }
   if (!status.ok()) return FailAcl(status);
@@ -536,8 +526,7 @@ aclnnStatus aclSetAclOpExecutorRepeatable(aclOpExecutor* executor) {
 
 aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor* executor) {
   State& state = GetState();
-  std::shared_ptr<opserver::Client> client;  // Outlives `session`.
-  std::shared_ptr<opserver::remote::Session> session;
+  opserver::Pinned pinned;
   opserver::remote::Executor doomed;
   {
     absl::MutexLock lock(&state.mu);
@@ -547,8 +536,7 @@ aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor* executor) {
                   "aclDestroyAclOpExecutor: executor is unknown, destroyed "
                   "or already consumed");
     }
-    client = state.client;
-    session = state.session;
+    pinned = state.Pin();
     doomed = std::move(it->second.executor);
     state.executors.erase(it);
   }

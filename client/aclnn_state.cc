@@ -168,8 +168,7 @@ aclnnStatus Plan(const char* function, const std::string& op,
                  std::vector<std::pair<const char*, const aclTensor*>> tensors,
                  uint64_t* workspace_size, aclOpExecutor** executor) {
   State& state = GetState();
-  std::shared_ptr<Client> client;  // Outlives `session`.
-  std::shared_ptr<Session> session;
+  Pinned pinned;
   std::map<std::string, TensorDesc> descs;
   {
     absl::MutexLock lock(&state.mu);
@@ -193,13 +192,12 @@ aclnnStatus Plan(const char* function, const std::string& op,
       }
       descs.emplace(name, *std::move(desc));
     }
-    client = state.client;
-    session = state.session;
+    pinned = state.Pin();
   }
-  auto planned = session->GetWorkspaceSize(op, params, descs);
+  auto planned = pinned.session->GetWorkspaceSize(op, params, descs);
   if (!planned.ok()) return FailAclnn(planned.status());
   absl::MutexLock lock(&state.mu);
-  if (state.session != session) {
+  if (state.session != pinned.session) {
     // The device was reset meanwhile: the executor died with its session.
     planned->Release();
     return Fail(
@@ -270,17 +268,16 @@ aclnnStatus Launch(const char* function, void* workspace,
     taken = std::move(it->second.executor);
     state.executors.erase(it);
   }
-  std::shared_ptr<Client> client = state.client;  // Outlives `session`.
-  std::shared_ptr<Session> session = state.session;
+  Pinned pinned = state.Pin();
   lock.Release();
   absl::Status status =
       repeatable
-          ? session->ExecuteHandle(handle, *stream_handle, buffer, offset,
-                                   workspace_size)
+          ? pinned.session->ExecuteHandle(handle, *stream_handle, buffer,
+                                          offset, workspace_size)
           : taken.Execute(*stream_handle, buffer, offset, workspace_size);
   if (!status.ok() && !repeatable) {
     absl::MutexLock relock(&state.mu);
-    if (state.session == session) {
+    if (state.session == pinned.session) {
       state.executors.emplace(key, ExecutorEntry{std::move(taken)});
     } else {
       taken.Release();  // It died with its session.

@@ -58,6 +58,15 @@ struct ExecutorEntry {
 };
 
 // Everything between aclInit and aclFinalize.
+// The client and session a call goes on with once it let go of State::mu,
+// so that another thread's aclrtResetDevice or aclFinalize cannot destroy
+// them under it. `client` is declared first so it outlives `session`, whose
+// destructor calls through it.
+struct Pinned {
+  std::shared_ptr<Client> client;
+  std::shared_ptr<remote::Session> session;
+};
+
 struct State {
   absl::Mutex mu;
   bool initialized = false;
@@ -71,6 +80,8 @@ struct State {
   // holding `mu`, keeping both alive even if another thread resets them.
   std::shared_ptr<Client> client;
   std::shared_ptr<opserver::remote::Session> session;
+  // Both, for use after `mu` is released; call with `mu` held.
+  Pinned Pin() const { return {client, session}; }
   // Kept across aclFinalize: a pointer from before must never name an
   // allocation made after the next aclInit (review finding 16).
   DeviceAddressSpace addresses;
