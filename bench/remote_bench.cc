@@ -731,30 +731,25 @@ void WindowCurve() {
     SourceData data(kWarm);
     auto buffer = session->Malloc(kTransferBytes);
     RawTcpSeconds(data);
+    // Seconds for one library upload of `data`.
+    auto upload_seconds = [&] {
+      const auto start = std::chrono::steady_clock::now();
+      if (!session->Upload(buffer->handle(), 0, data.at(0), kTransferBytes)
+               .ok()) {
+        std::abort();
+      }
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                           start)
+          .count();
+    };
     std::vector<double> upload, tcp;
     for (int r = 0; r < 5; ++r) {
       tcp.push_back(RawTcpSeconds(data));
-      const auto start = std::chrono::steady_clock::now();
-      if (!session->Upload(buffer->handle(), 0, data.at(0), kTransferBytes)
-               .ok()) {
-        std::abort();
-      }
-      upload.push_back(std::chrono::duration<double>(
-                           std::chrono::steady_clock::now() - start)
-                           .count());
+      upload.push_back(upload_seconds());
     }
     // The same uploads back to back, as the benchmarks run them.
     std::vector<double> back_to_back;
-    for (int r = 0; r < 5; ++r) {
-      const auto start = std::chrono::steady_clock::now();
-      if (!session->Upload(buffer->handle(), 0, data.at(0), kTransferBytes)
-               .ok()) {
-        std::abort();
-      }
-      back_to_back.push_back(std::chrono::duration<double>(
-                                 std::chrono::steady_clock::now() - start)
-                                 .count());
-    }
+    for (int r = 0; r < 5; ++r) back_to_back.push_back(upload_seconds());
     const double up = kTransferBytes / Median(upload) / 1e9;
     const double up_b2b = kTransferBytes / Median(back_to_back) / 1e9;
     const double raw = kTransferBytes / Median(tcp) / 1e9;
