@@ -923,6 +923,12 @@ absl::Status Session::ExecuteHandle(uint64_t executor, uint64_t stream,
                                     uint64_t workspace,
                                     uint64_t workspace_offset,
                                     uint64_t workspace_size) {
+  v1::ExecuteRequest request;
+  request.set_executor(executor);
+  request.set_workspace_buffer(workspace);
+  request.set_workspace_offset(workspace_offset);
+  request.set_workspace_size(workspace_size);
+  request.set_stream(stream);
   if (channel_ != nullptr && executor >= kClientExecutorBase) {
     // The checks the server would make first, so their errors are
     // immediate; the server makes them again.
@@ -972,23 +978,13 @@ absl::Status Session::ExecuteHandle(uint64_t executor, uint64_t stream,
       }
       if (!it->second.repeatable) executors_.erase(it);
     }
+    // The channel names the session once, not each launch.
     v1::PipelineCommand command;
-    v1::ExecuteRequest& launch = *command.mutable_launch();
-    launch.set_executor(executor);
-    launch.set_workspace_buffer(workspace);
-    launch.set_workspace_offset(workspace_offset);
-    launch.set_workspace_size(workspace_size);
-    launch.set_stream(stream);
+    *command.mutable_launch() = std::move(request);
     return channel_->Send(std::move(command));
   }
   if (absl::Status s = Ordered(); !s.ok()) return s;
-  v1::ExecuteRequest request;
   request.set_session(token_);
-  request.set_executor(executor);
-  request.set_workspace_buffer(workspace);
-  request.set_workspace_offset(workspace_offset);
-  request.set_workspace_size(workspace_size);
-  request.set_stream(stream);
   v1::ExecuteResponse response;
   return Unary(*client_, &v1::Operators::Stub::Execute, request, &response,
                "Execute");
