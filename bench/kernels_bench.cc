@@ -1,6 +1,6 @@
 // Kernel throughput next to the machine's limit, in one binary:
 //
-//   bazel run -c opt //bench:kernels_bench -- --benchmark_repetitions=3 \
+//   bazel run -c opt //bench:kernels_bench -- --benchmark_repetitions=3
 //       --benchmark_report_aggregates_only=true
 //
 // BM_StreamLimit is the reference: `c = a > b ? a : 0` over fp32 with

@@ -48,7 +48,8 @@ absl::StatusOr<Plan> PrepareOp(const OpCall& call) {
   const TensorView& g = *call.grad_output;
   const TensorView& s = *call.self;
   const TensorView& o = *call.out;
-  const bool dropout = call.op == OpKind::kDropoutBackward;
+  // A bit-mask input (DropoutBackward's mask) is addressed by element index.
+  const bool mask_input = info.bit_mask_input;
   plan.kernel_ = FindKernel(call.op, g.dtype, s.dtype, o.dtype);
   if (plan.kernel_ == nullptr) {
     return AclnnError(
@@ -60,11 +61,11 @@ absl::StatusOr<Plan> PrepareOp(const OpCall& call) {
   plan.numel_ = NumElements(plan.out_shape_);
   if (plan.numel_ == 0) return plan;
 
-  // Iteration space: out's shape; inputs broadcast into it. The dropout
-  // mask is addressed by linear element index, not by strides.
+  // Iteration space: out's shape; inputs broadcast into it. A bit-mask
+  // input is addressed by linear element index, not by strides.
   const std::vector<int64_t>& shape = plan.out_shape_;
   const std::vector<int64_t> gs = BroadcastByteStrides(g, shape);
-  const std::vector<int64_t> ss = dropout
+  const std::vector<int64_t> ss = mask_input
                                       ? std::vector<int64_t>(shape.size(), 0)
                                       : BroadcastByteStrides(s, shape);
   const std::vector<int64_t> os = BroadcastByteStrides(o, shape);
@@ -74,7 +75,7 @@ absl::StatusOr<Plan> PrepareOp(const OpCall& call) {
     if (nd > 0) {
       // Merge into the previous dim when that is one step of this one in
       // every operand. Preserves the row-major element order (and so the
-      // dropout bit index).
+      // mask bit index).
       const int j = nd - 1;
       if (plan.g_strides_[j] == gs[k] * shape[k] &&
           plan.s_strides_[j] == ss[k] * shape[k] &&
@@ -98,7 +99,7 @@ absl::StatusOr<Plan> PrepareOp(const OpCall& call) {
   if (nd == 0) {  // One element.
     plan.dims_[0] = 1;
     plan.g_strides_[0] = g_size;
-    plan.s_strides_[0] = dropout ? 0 : s_size;
+    plan.s_strides_[0] = mask_input ? 0 : s_size;
     plan.o_strides_[0] = o_size;
     nd = 1;
   }
@@ -107,7 +108,7 @@ absl::StatusOr<Plan> PrepareOp(const OpCall& call) {
   plan.unit_inner_ = plan.kernel_->contig != nullptr &&
                      plan.g_strides_[in] == g_size &&
                      plan.o_strides_[in] == o_size &&
-                     (dropout || plan.s_strides_[in] == s_size);
+                     (mask_input || plan.s_strides_[in] == s_size);
   // numel * o_size cannot overflow: `out` does not overlap itself, so its
   // numel elements lie inside an extent CheckTensor found to fit int64.
   plan.stream_ = plan.unit_inner_ && plan.numel_ * o_size >= kStreamMinBytes;

@@ -541,7 +541,9 @@ TEST(SpecBoundaries, DropoutMaskBitsScaleZeroOneAndNonFiniteGrads) {
         i == 0 || i == 7 || i == 8 || i == 127 || i == 128 || i == 199;
     const double expect = !kept ? 0.0 : (i == 7 ? -kInf : 2.0 * (i + 1));
     EXPECT_EQ(out.Get(i), expect) << "element " << i;
-    if (!kept) EXPECT_FALSE(std::signbit(out.Get(i))) << "element " << i;
+    if (!kept) {
+      EXPECT_FALSE(std::signbit(out.Get(i))) << "element " << i;
+    }
   }
   // scale 0: all zeros; scale 1: gradOutput unchanged, mask ignored.
   ASSERT_TRUE(

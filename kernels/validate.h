@@ -1,5 +1,6 @@
-// Device-neutral validation of the five backward operators: their registry
-// (names, arguments, dtypes), every argument check with its exact aclnn
+// Device-neutral validation of the operators: their registry (names,
+// arguments, dtypes; each operator's entry and checks are its definition in
+// kernels/ops/, listed in op_kind.h), every argument check with its exact aclnn
 // status, the output shape and the workspace size, which is everything
 // aclnnXxxGetWorkspaceSize promises before any device plans the launch.
 // No kernels and no SIMD: clients link this to answer GetWorkspaceSize
@@ -12,43 +13,15 @@
 #define OPSERVER_KERNELS_VALIDATE_H_
 
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "kernels/dtype.h"
-#include "kernels/formulas.h"
+#include "kernels/kernel_types.h"
 #include "kernels/op_kind.h"
-#include "kernels/scalar.h"
-#include "kernels/tensor.h"
+#include "kernels/op_spec.h"
 
 namespace opserver::kernels {
-
-// One tensor argument of an operator, in call order.
-struct TensorArgInfo {
-  absl::string_view name;  // "gradOutput", "self", "mask", "out", ...
-  bool is_output = false;
-  std::vector<DType> dtypes;  // Every dtype the argument may have.
-};
-
-// One non-tensor argument, in call order.
-struct ScalarArgInfo {
-  absl::string_view name;  // "threshold", "negativeSlope", "scale", ...
-  // "float" (an aclScalar of dtype FLOAT), "scalar" (an aclScalar of any
-  // dtype in `dtypes`), "bool" or "double" (plain host values).
-  absl::string_view type;
-  std::vector<DType> dtypes;  // Only for type "scalar".
-};
-
-struct OpInfo {
-  OpKind kind;
-  absl::string_view name;        // "ThresholdBackward"
-  absl::string_view aclnn_name;  // "aclnnThresholdBackward"
-  std::vector<TensorArgInfo> tensors;
-  std::vector<ScalarArgInfo> scalars;
-  absl::string_view description;  // One line of semantics.
-};
 
 // All operators, in OpKind order.
 const std::vector<OpInfo>& OpRegistry();
@@ -56,24 +29,6 @@ const std::vector<OpInfo>& OpRegistry();
 // nullptr when unknown.
 const OpInfo* FindOp(absl::string_view name);
 const OpInfo& GetOpInfo(OpKind kind);
-
-struct OpParams {
-  double threshold = 0;         // ThresholdBackward (used as FLOAT).
-  double lambd = 0.5;           // SoftshrinkBackward (used as FLOAT).
-  Scalar negative_slope;        // LeakyReluBackward.
-  bool self_is_result = false;  // LeakyReluBackward.
-  double scale = 1;             // DropoutBackward.
-};
-
-// One operator call. `self` holds the mask for DropoutBackward and `out`
-// is gradInput for SoftshrinkBackward. A missing tensor is 161001.
-struct OpCall {
-  OpKind op = OpKind::kThresholdBackward;
-  std::optional<TensorView> grad_output;
-  std::optional<TensorView> self;
-  std::optional<TensorView> out;
-  OpParams params;
-};
 
 // A call that passed every check.
 struct ValidCall {

@@ -486,7 +486,9 @@ TEST_P(PipelineShutdownTest, ShutdownEndsWaitingFencesAndBlockedChannels) {
   waiter.join();
   // With a long queue the wait was cut short (with 8 launches queued a
   // unary synchronize may simply have finished).
-  if (std::get<0>(GetParam()) > 8) EXPECT_FALSE(synchronized.ok());
+  if (std::get<0>(GetParam()) > 8) {
+    EXPECT_FALSE(synchronized.ok());
+  }
   executor->Release();
   big->Release();
 }

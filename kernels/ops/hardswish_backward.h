@@ -1,0 +1,98 @@
+// HardswishBackward: out = gradOutput * hardswish'(self). Its registry
+// entry, checks, element formula and kernels (see kernels/op_spec.h). The
+// shape of a parameterless operator: copy this file to add one.
+#ifndef OPSERVER_KERNELS_OPS_HARDSWISH_BACKWARD_H_
+#define OPSERVER_KERNELS_OPS_HARDSWISH_BACKWARD_H_
+
+#include "absl/strings/str_cat.h"
+#include "kernels/aclnn_status.h"
+#include "kernels/op_spec.h"
+
+namespace opserver::kernels {
+
+// g * (0 below -3, x/3 + 1/2 up to 3, 1 above; NaN x fails both
+// comparisons and keeps the derivative 1).
+template <class CT>
+struct HardswishFormula {
+  explicit HardswishFormula(const KernelParams&) {}
+  float operator()(float g, float x) const {
+    const float deriv = x < -3.0f ? 0.0f : (x <= 3.0f ? x / 3.0f + 0.5f : 1.0f);
+    return g * deriv;
+  }
+};
+
+struct HardswishBackward : OpDefinition<HardswishBackward> {
+  static constexpr auto kKernels = SameDTypes(kHalfFloatSet);
+  template <class CT>
+  using Formula = HardswishFormula<CT>;
+
+  static OpInfo Info() {
+    return {
+        OpKind::kHardswishBackward,
+        "HardswishBackward",
+        "aclnnHardswishBackward",
+        {{"gradOutput", false, DTypeVector(kHalfFloatSet)},
+         {"self", false, DTypeVector(kHalfFloatSet)},
+         {"out", true, DTypeVector(kHalfFloatSet)}},
+        {},
+        "out = gradOutput * (self < -3 ? 0 : self <= 3 ? self/3 + 0.5 : 1); "
+        "same dtype and shape, no broadcast"};
+  }
+
+  static absl::Status Check(const OpInfo& info, const OpCall& call,
+                            std::vector<int64_t>* out_shape, KernelParams*) {
+    if (absl::Status st = CheckOneDType(info, call); !st.ok()) return st;
+    const Names n(info);
+    const TensorView& g = *call.grad_output;
+    const TensorView& s = *call.self;
+    if (s.shape != g.shape) {
+      return ParamInvalid(absl::StrCat(
+          n.s, " shape ", ShapeStr(s.shape), " must equal ", n.g, " shape ",
+          ShapeStr(g.shape), "; ", info.name, " does not broadcast"));
+    }
+    *out_shape = g.shape;
+    return CheckOutShape(*call.out, n.o, *out_shape,
+                         absl::StrCat(n.g, " shape"));
+  }
+};
+
+}  // namespace opserver::kernels
+
+#endif  // OPSERVER_KERNELS_OPS_HARDSWISH_BACKWARD_H_
+
+// ---- vector form, once per SIMD target (see elementwise_simd.cc) ----------
+#if defined(OPSERVER_SIMD_PASS) &&                            \
+    defined(OPSERVER_KERNELS_OPS_HARDSWISH_BACKWARD_SIMD_) == \
+        defined(HWY_TARGET_TOGGLE)
+#ifdef OPSERVER_KERNELS_OPS_HARDSWISH_BACKWARD_SIMD_
+#undef OPSERVER_KERNELS_OPS_HARDSWISH_BACKWARD_SIMD_
+#else
+#define OPSERVER_KERNELS_OPS_HARDSWISH_BACKWARD_SIMD_
+#endif
+#include "kernels/simd_loops-inl.h"
+HWY_BEFORE_NAMESPACE();
+namespace opserver::kernels::HWY_NAMESPACE {
+
+struct HardswishBackwardSimd {
+  struct Vec : HardswishFormula<float> {
+    using HardswishFormula::HardswishFormula;
+    using HardswishFormula::operator();
+    template <class D, class V>
+    HWY_INLINE V operator()(D d, V g, V x) const {
+      const V three = hn::Set(d, 3.0f);
+      const V mid = hn::Add(hn::Div(x, three), hn::Set(d, 0.5f));
+      V deriv = hn::IfThenElse(hn::Le(x, three), mid, hn::Set(d, 1.0f));
+      deriv = hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -3.0f)), deriv);
+      return hn::Mul(g, deriv);
+    }
+  };
+  template <class T>
+  static void Contig(const KernelParams& p, const void* g, const void* s,
+                     void* o, int64_t n, int64_t, bool stream) {
+    BinaryContig<Vec, float, T>(p, g, s, o, n, stream);
+  }
+};
+
+}  // namespace opserver::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+#endif  // OPSERVER_SIMD_PASS

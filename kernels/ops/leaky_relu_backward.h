@@ -1,0 +1,124 @@
+// LeakyReluBackward: out = self > 0 ? gradOutput : gradOutput *
+// negativeSlope. Its registry entry, checks, element formula and kernels
+// (see kernels/op_spec.h).
+#ifndef OPSERVER_KERNELS_OPS_LEAKY_RELU_BACKWARD_H_
+#define OPSERVER_KERNELS_OPS_LEAKY_RELU_BACKWARD_H_
+
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/aclnn_status.h"
+#include "kernels/op_spec.h"
+
+namespace opserver::kernels {
+
+// Computed in CT (float, or double when an operand is DOUBLE).
+template <class CT>
+struct LeakyFormula {
+  explicit LeakyFormula(const KernelParams& p)
+      : slope(static_cast<CT>(std::is_same_v<CT, double> ? p.slope_d
+                                                         : p.slope_f)) {}
+  CT operator()(CT g, CT x) const { return x > 0 ? g : g * slope; }
+  CT slope;
+};
+
+struct LeakyReluBackward : OpDefinition<LeakyReluBackward> {
+  // Every gradOutput/self pair, the result cast to any floating out.
+  static constexpr auto kKernels = AllDTypes(kFloatSet, kFloatSet, kFloatSet);
+  static constexpr std::array<DType, 10> kSlopeDTypes = {kF,
+                                                         kH,
+                                                         kB,
+                                                         kD,
+                                                         DType::kInt32,
+                                                         DType::kInt64,
+                                                         DType::kInt16,
+                                                         DType::kInt8,
+                                                         DType::kUint8,
+                                                         DType::kBool};
+  template <class CT>
+  using Formula = LeakyFormula<CT>;
+
+  static OpInfo Info() {
+    return {OpKind::kLeakyReluBackward,
+            "LeakyReluBackward",
+            "aclnnLeakyReluBackward",
+            {{"gradOutput", false, DTypeVector(kFloatSet)},
+             {"self", false, DTypeVector(kFloatSet)},
+             {"out", true, DTypeVector(kFloatSet)}},
+            {{"negativeSlope", "scalar", DTypeVector(kSlopeDTypes)},
+             {"selfIsResult", "bool", {}}},
+            "out = self > 0 ? gradOutput : gradOutput * negativeSlope; dtypes "
+            "promoted, cast to out; negativeSlope >= 0 if selfIsResult; "
+            "broadcast"};
+  }
+
+  static absl::Status Check(const OpInfo& info, const OpCall& call,
+                            std::vector<int64_t>* out_shape, KernelParams* kp) {
+    const Names n(info);
+    const TensorView& g = *call.grad_output;
+    const TensorView& s = *call.self;
+    const TensorView& o = *call.out;
+    absl::Status st = CheckDType(info, g, n.g, info.tensors[0].dtypes);
+    if (st.ok()) st = CheckDType(info, s, n.s, info.tensors[1].dtypes);
+    if (!st.ok()) return st;
+    if (!IsFloating(o.dtype)) {
+      return ParamInvalid(absl::StrCat(
+          n.o, " has dtype ", DTypeName(o.dtype), "; the promoted result (",
+          DTypeName(PromoteDType(g.dtype, s.dtype)), ") can only be cast to ",
+          DTypeList(info.tensors[2].dtypes)));
+    }
+    const Scalar& slope = call.params.negative_slope;
+    if (!Contains(info.scalars[0].dtypes, slope.dtype)) {
+      return ParamInvalid(absl::StrCat(
+          "negativeSlope has dtype ", DTypeName(slope.dtype), "; ", info.name,
+          " supports ", DTypeList(info.scalars[0].dtypes)));
+    }
+    const double v = slope.AsDouble();
+    if (call.params.self_is_result && v < 0) {
+      return ParamInvalid(absl::StrCat(
+          "negativeSlope must be >= 0 when selfIsResult is true, got ", v));
+    }
+    kp->slope_d = v;
+    kp->slope_f = static_cast<float>(v);
+    return CheckBroadcastOut(info, call, out_shape);
+  }
+};
+
+}  // namespace opserver::kernels
+
+#endif  // OPSERVER_KERNELS_OPS_LEAKY_RELU_BACKWARD_H_
+
+// ---- vector form, once per SIMD target (see elementwise_simd.cc) ----------
+#if defined(OPSERVER_SIMD_PASS) &&                             \
+    defined(OPSERVER_KERNELS_OPS_LEAKY_RELU_BACKWARD_SIMD_) == \
+        defined(HWY_TARGET_TOGGLE)
+#ifdef OPSERVER_KERNELS_OPS_LEAKY_RELU_BACKWARD_SIMD_
+#undef OPSERVER_KERNELS_OPS_LEAKY_RELU_BACKWARD_SIMD_
+#else
+#define OPSERVER_KERNELS_OPS_LEAKY_RELU_BACKWARD_SIMD_
+#endif
+#include "kernels/simd_loops-inl.h"
+HWY_BEFORE_NAMESPACE();
+namespace opserver::kernels::HWY_NAMESPACE {
+
+struct LeakyReluBackwardSimd {
+  template <class CT>
+  struct Vec : LeakyFormula<CT> {
+    using LeakyFormula<CT>::LeakyFormula;
+    using LeakyFormula<CT>::operator();
+    template <class D, class V>
+    HWY_INLINE V operator()(D d, V g, V x) const {
+      return hn::IfThenElse(hn::Gt(x, hn::Zero(d)), g,
+                            hn::Mul(g, hn::Set(d, this->slope)));
+    }
+  };
+  template <class T>
+  static void Contig(const KernelParams& p, const void* g, const void* s,
+                     void* o, int64_t n, int64_t, bool stream) {
+    BinaryContig<Vec<FloatCT<T>>, FloatCT<T>, T>(p, g, s, o, n, stream);
+  }
+};
+
+}  // namespace opserver::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+#endif  // OPSERVER_SIMD_PASS

@@ -1,0 +1,103 @@
+// SoftshrinkBackward: gradInput = |self| > lambd ? gradOutput : 0. Its
+// registry entry, checks, element formula and kernels (see
+// kernels/op_spec.h).
+#ifndef OPSERVER_KERNELS_OPS_SOFTSHRINK_BACKWARD_H_
+#define OPSERVER_KERNELS_OPS_SOFTSHRINK_BACKWARD_H_
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/aclnn_status.h"
+#include "kernels/op_spec.h"
+
+namespace opserver::kernels {
+
+// The gradient passes where |self| > lambd (NaN self passes).
+template <class CT>
+struct SoftshrinkFormula {
+  explicit SoftshrinkFormula(const KernelParams& p) : l(p.lambd) {}
+  float operator()(float g, float x) const {
+    return std::fabs(x) <= l ? 0.0f : g;
+  }
+  float l;
+};
+
+struct SoftshrinkBackward : OpDefinition<SoftshrinkBackward> {
+  static constexpr auto kKernels = PromotedDTypes(kHalfFloatSet, kHalfFloatSet);
+  template <class CT>
+  using Formula = SoftshrinkFormula<CT>;
+
+  static OpInfo Info() {
+    return {OpKind::kSoftshrinkBackward,
+            "SoftshrinkBackward",
+            "aclnnSoftshrinkBackward",
+            {{"gradOutput", false, DTypeVector(kHalfFloatSet)},
+             {"self", false, DTypeVector(kHalfFloatSet)},
+             {"gradInput", true, DTypeVector(kHalfFloatSet)}},
+            {{"lambd", "float", {}}},
+            "gradInput = |self| > lambd ? gradOutput : 0 (NaN self passes); "
+            "lambd >= 0; gradInput has the promoted dtype; broadcast"};
+  }
+
+  static absl::Status Check(const OpInfo& info, const OpCall& call,
+                            std::vector<int64_t>* out_shape, KernelParams* kp) {
+    const Names n(info);
+    const TensorView& g = *call.grad_output;
+    const TensorView& s = *call.self;
+    const TensorView& o = *call.out;
+    absl::Status st = CheckDType(info, g, n.g, info.tensors[0].dtypes);
+    if (st.ok()) st = CheckDType(info, s, n.s, info.tensors[1].dtypes);
+    if (!st.ok()) return st;
+    const DType promoted = PromoteDType(g.dtype, s.dtype);
+    if (o.dtype != promoted) {
+      return ParamInvalid(absl::StrCat(
+          n.o, " has dtype ", DTypeName(o.dtype), " but the promoted dtype of ",
+          n.g, " (", DTypeName(g.dtype), ") and ", n.s, " (",
+          DTypeName(s.dtype), ") is ", DTypeName(promoted),
+          "; they must match"));
+    }
+    const double lambd = call.params.lambd;
+    if (std::isnan(lambd) || lambd < 0) {
+      return ParamInvalid(absl::StrCat("lambd must be >= 0, got ", lambd));
+    }
+    kp->lambd = static_cast<float>(lambd);
+    return CheckBroadcastOut(info, call, out_shape);
+  }
+};
+
+}  // namespace opserver::kernels
+
+#endif  // OPSERVER_KERNELS_OPS_SOFTSHRINK_BACKWARD_H_
+
+// ---- vector form, once per SIMD target (see elementwise_simd.cc) ----------
+#if defined(OPSERVER_SIMD_PASS) &&                             \
+    defined(OPSERVER_KERNELS_OPS_SOFTSHRINK_BACKWARD_SIMD_) == \
+        defined(HWY_TARGET_TOGGLE)
+#ifdef OPSERVER_KERNELS_OPS_SOFTSHRINK_BACKWARD_SIMD_
+#undef OPSERVER_KERNELS_OPS_SOFTSHRINK_BACKWARD_SIMD_
+#else
+#define OPSERVER_KERNELS_OPS_SOFTSHRINK_BACKWARD_SIMD_
+#endif
+#include "kernels/simd_loops-inl.h"
+HWY_BEFORE_NAMESPACE();
+namespace opserver::kernels::HWY_NAMESPACE {
+
+struct SoftshrinkBackwardSimd {
+  struct Vec : SoftshrinkFormula<float> {
+    using SoftshrinkFormula::SoftshrinkFormula;
+    using SoftshrinkFormula::operator();
+    template <class D, class V>
+    HWY_INLINE V operator()(D d, V g, V x) const {
+      return hn::IfThenZeroElse(hn::Le(hn::Abs(x), hn::Set(d, l)), g);
+    }
+  };
+  template <class T>
+  static void Contig(const KernelParams& p, const void* g, const void* s,
+                     void* o, int64_t n, int64_t, bool stream) {
+    BinaryContig<Vec, float, T>(p, g, s, o, n, stream);
+  }
+};
+
+}  // namespace opserver::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+#endif  // OPSERVER_SIMD_PASS

@@ -1,0 +1,162 @@
+// ThresholdBackward: out = self > threshold ? gradOutput : 0. Its registry
+// entry, checks, element formulas and kernels (see kernels/op_spec.h).
+#ifndef OPSERVER_KERNELS_OPS_THRESHOLD_BACKWARD_H_
+#define OPSERVER_KERNELS_OPS_THRESHOLD_BACKWARD_H_
+
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "kernels/op_spec.h"
+
+namespace opserver::kernels {
+
+// Float-like self: the gradient passes where self > t. `x <= t` is false
+// for NaN x: NaN self passes the gradient.
+template <class CT>
+struct ThresholdFormula {
+  explicit ThresholdFormula(const KernelParams& p) : t(p.threshold) {}
+  float operator()(float g, float x) const { return x <= t ? 0.0f : g; }
+  float t;
+};
+
+// Integer self of type TI compared with a real threshold: x > t exactly iff
+// x > floor(t), so the comparison happens in TI. Ranges where floor(t) is
+// outside TI are resolved as a whole (see Whole()).
+template <class TI>
+struct IntThresholdFormula {
+  enum class Whole { kNone, kAllZero, kAllPass };
+  explicit IntThresholdFormula(const KernelParams& p) {
+    const double t = p.threshold_d;
+    const double c = std::floor(t);
+    if (std::isnan(t) ||
+        c >= static_cast<double>(std::numeric_limits<TI>::max())) {
+      whole = Whole::kAllZero;  // Nothing is greater.
+    } else if (c < static_cast<double>(std::numeric_limits<TI>::min())) {
+      whole = Whole::kAllPass;  // Everything is greater.
+    } else {
+      bound = static_cast<TI>(c);
+    }
+  }
+  // Only for whole == kNone.
+  TI operator()(TI g, TI x) const { return x > bound ? g : static_cast<TI>(0); }
+  Whole whole = Whole::kNone;
+  TI bound = 0;
+};
+
+template <DType DT>
+void ThresholdIntStrided(const KernelParams& p, const char* g, int64_t gs,
+                         const char* s, int64_t ss, char* o, int64_t os,
+                         int64_t n, int64_t) {
+  using T = typename St<DT>::Raw;
+  const IntThresholdFormula<T> f(p);
+  using Whole = typename IntThresholdFormula<T>::Whole;
+  for (int64_t i = 0; i < n; ++i, g += gs, s += ss, o += os) {
+    T r = 0;
+    if (f.whole == Whole::kAllPass) {
+      r = Raw<DT>(g);
+    } else if (f.whole == Whole::kNone) {
+      r = f(Raw<DT>(g), Raw<DT>(s));
+    }
+    PutRaw<DT>(o, r);
+  }
+}
+
+struct ThresholdBackward : OpDefinition<ThresholdBackward> {
+  static constexpr std::array<DType, 6> kDTypes = {
+      kF, kH, kB, DType::kInt32, DType::kInt8, DType::kUint8};
+  static constexpr auto kKernels = SameDTypes(kDTypes);
+  template <class CT>
+  using Formula = ThresholdFormula<CT>;
+
+  static OpInfo Info() {
+    return {OpKind::kThresholdBackward,
+            "ThresholdBackward",
+            "aclnnThresholdBackward",
+            {{"gradOutput", false, DTypeVector(kDTypes)},
+             {"self", false, DTypeVector(kDTypes)},
+             {"out", true, DTypeVector(kDTypes)}},
+            {{"threshold", "float", {}}},
+            "out = self > threshold ? gradOutput : 0 (NaN self passes); "
+            "gradOutput, self, out same dtype; gradOutput/self broadcast"};
+  }
+
+  static absl::Status Check(const OpInfo& info, const OpCall& call,
+                            std::vector<int64_t>* out_shape, KernelParams* kp) {
+    if (absl::Status st = CheckOneDType(info, call); !st.ok()) return st;
+    kp->threshold = static_cast<float>(call.params.threshold);
+    kp->threshold_d = kp->threshold;
+    return CheckBroadcastOut(info, call, out_shape);
+  }
+
+  template <DType G, DType S, DType O>
+  static constexpr StridedFn Strided() {
+    if constexpr (G == kF || G == kH || G == kB) {
+      return OpDefinition::Strided<G, S, O>();
+    } else {
+      return &ThresholdIntStrided<G>;
+    }
+  }
+};
+
+}  // namespace opserver::kernels
+
+#endif  // OPSERVER_KERNELS_OPS_THRESHOLD_BACKWARD_H_
+
+// ---- vector form, once per SIMD target (see elementwise_simd.cc) ----------
+#if defined(OPSERVER_SIMD_PASS) &&                            \
+    defined(OPSERVER_KERNELS_OPS_THRESHOLD_BACKWARD_SIMD_) == \
+        defined(HWY_TARGET_TOGGLE)
+#ifdef OPSERVER_KERNELS_OPS_THRESHOLD_BACKWARD_SIMD_
+#undef OPSERVER_KERNELS_OPS_THRESHOLD_BACKWARD_SIMD_
+#else
+#define OPSERVER_KERNELS_OPS_THRESHOLD_BACKWARD_SIMD_
+#endif
+#include "kernels/simd_loops-inl.h"
+HWY_BEFORE_NAMESPACE();
+namespace opserver::kernels::HWY_NAMESPACE {
+
+struct ThresholdBackwardSimd {
+  struct Vec : ThresholdFormula<float> {
+    using ThresholdFormula::ThresholdFormula;
+    using ThresholdFormula::operator();
+    template <class D, class V>
+    HWY_INLINE V operator()(D d, V g, V x) const {
+      return hn::IfThenZeroElse(hn::Le(x, hn::Set(d, t)), g);
+    }
+  };
+  template <class TI>
+  struct IntVec : IntThresholdFormula<TI> {
+    using IntThresholdFormula<TI>::IntThresholdFormula;
+    using IntThresholdFormula<TI>::operator();
+    template <class D, class V>
+    HWY_INLINE V operator()(D d, V g, V x) const {
+      return hn::IfThenElseZero(hn::Gt(x, hn::Set(d, this->bound)), g);
+    }
+  };
+
+  template <class T>
+  static void Contig(const KernelParams& p, const void* g, const void* s,
+                     void* o, int64_t n, int64_t, bool stream) {
+    if constexpr (std::is_integral_v<T>) {
+      const IntVec<T> op(p);
+      const size_t bytes = static_cast<size_t>(n) * sizeof(T);
+      using Whole = typename IntVec<T>::Whole;
+      if (op.whole == Whole::kAllZero) {
+        std::memset(o, 0, bytes);
+        return;
+      }
+      if (op.whole == Whole::kAllPass) {
+        if (o != g) std::memmove(o, g, bytes);
+        return;
+      }
+      BinaryContig<IntVec<T>, T, T>(p, g, s, o, n, stream);
+    } else {
+      BinaryContig<Vec, float, T>(p, g, s, o, n, stream);
+    }
+  }
+};
+
+}  // namespace opserver::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+#endif  // OPSERVER_SIMD_PASS

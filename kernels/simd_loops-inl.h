@@ -1,0 +1,275 @@
+// The SIMD building blocks of the contiguous kernels, per Highway target:
+// element IO in every dtype (scalar and vector), streaming stores and the
+// one binary loop. Included by the per-target part of each operator's
+// definition (kernels/ops/), which Highway compiles once per instruction
+// set through elementwise_simd.cc. Internal to //kernels.
+
+// Per-target include guard (Highway's -inl.h idiom): compiled again for
+// each target as foreach_target.h toggles HWY_TARGET_TOGGLE.
+#if defined(OPSERVER_KERNELS_SIMD_LOOPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef OPSERVER_KERNELS_SIMD_LOOPS_INL_H_
+#undef OPSERVER_KERNELS_SIMD_LOOPS_INL_H_
+#else
+#define OPSERVER_KERNELS_SIMD_LOOPS_INL_H_
+#endif
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "hwy/cache_control.h"
+#include "hwy/highway.h"
+#include "kernels/dtype.h"
+#include "kernels/half.h"
+#include "kernels/kernel_types.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace opserver {
+namespace kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using F16 = hwy::float16_t;
+using BF16 = hwy::bfloat16_t;
+
+// F16C (AVX2 and up) converts binary16 in hardware with round-to-nearest-
+// even; on older targets Highway emulates the demotion without that
+// guarantee, so those targets convert lane by lane.
+// (Highway compiles this file once per target: the macros are redefined.)
+#undef OPSERVER_HW_F16
+#undef OPSERVER_STREAM
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#define OPSERVER_HW_F16 1
+#else
+#define OPSERVER_HW_F16 0
+#endif
+
+// Non-temporal stores need a full native vector; only the x86 targets with
+// 256/512-bit vectors are worth it (and the only ones run here).
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#define OPSERVER_STREAM 1
+#else
+#define OPSERVER_STREAM 0
+#endif
+
+// ---------------------------------------------------------------- scalar IO
+
+template <class CT, class T>
+HWY_INLINE CT LoadS(const T* p) {
+  if constexpr (std::is_same_v<T, F16>) {
+    uint16_t b;
+    std::memcpy(&b, p, 2);
+    return HalfToFloat(b);
+  } else if constexpr (std::is_same_v<T, BF16>) {
+    uint16_t b;
+    std::memcpy(&b, p, 2);
+    return BFloat16ToFloat(b);
+  } else {
+    // Through memcpy: aclnn tensors may start at any byte address.
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    return static_cast<CT>(v);
+  }
+}
+
+template <class T, class CT>
+HWY_INLINE void StoreS(CT v, T* p) {
+  if constexpr (std::is_same_v<T, F16>) {
+    const uint16_t b = FloatToHalf(v);
+    std::memcpy(p, &b, 2);
+  } else if constexpr (std::is_same_v<T, BF16>) {
+    const uint16_t b = FloatToBFloat16(v);
+    std::memcpy(p, &b, 2);
+  } else {
+    const T t = static_cast<T>(v);
+    std::memcpy(p, &t, sizeof(T));
+  }
+}
+
+// ---------------------------------------------------------------- vector IO
+
+template <class D, class T>
+HWY_INLINE hn::VFromD<D> LoadV(D d, const T* p) {
+  if constexpr (std::is_same_v<T, hn::TFromD<D>>) {
+    return hn::LoadU(d, p);
+  } else {
+    const hn::Rebind<T, D> dt;
+    return hn::PromoteTo(d, hn::LoadU(dt, p));
+  }
+}
+
+template <class D, class V>
+HWY_INLINE void StoreBits16(D d16, V bits, uint16_t* p, bool stream) {
+#if OPSERVER_STREAM
+  if (stream) {
+    hn::Stream(bits, d16, p);
+    return;
+  }
+#else
+  (void)stream;
+#endif
+  hn::StoreU(bits, d16, p);
+}
+
+template <class D, class T>
+HWY_INLINE void StoreV(D d, hn::VFromD<D> v, T* p, bool stream) {
+  if constexpr (std::is_same_v<T, hn::TFromD<D>>) {
+#if OPSERVER_STREAM
+    if (stream) {
+      hn::Stream(v, d, p);
+      return;
+    }
+#endif
+    hn::StoreU(v, d, p);
+  } else if constexpr (std::is_same_v<T, BF16>) {
+    // Round to nearest-even by adding 0x7FFF plus the lowest kept bit; NaN
+    // keeps its upper bits and gets the quiet bit (the add could carry it
+    // into Inf). Highway's own DemoteTo truncates, hence done by hand.
+    const hn::RebindToUnsigned<D> du;
+    const hn::RebindToSigned<D> di;
+    const hn::Rebind<uint16_t, D> d16;
+    const auto u = hn::BitCast(du, v);
+    const auto hi = hn::ShiftRight<16>(u);
+    auto r = hn::ShiftRight<16>(hn::Add(hn::Add(u, hn::Set(du, 0x7FFFu)),
+                                        hn::And(hi, hn::Set(du, 1u))));
+    r = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)),
+                       hn::Or(hi, hn::Set(du, 0x40u)), r);
+    StoreBits16(d16, hn::DemoteTo(d16, hn::BitCast(di, r)),
+                reinterpret_cast<uint16_t*>(p), stream);
+  } else {
+    static_assert(std::is_same_v<T, F16>);
+#if OPSERVER_HW_F16
+    const hn::Rebind<F16, D> dh;
+    const hn::Rebind<uint16_t, D> d16;
+    StoreBits16(d16, hn::BitCast(d16, hn::DemoteTo(dh, v)),
+                reinterpret_cast<uint16_t*>(p), stream);
+#else
+    (void)stream;
+    alignas(64) float tmp[64 / sizeof(float)];
+    hn::Store(v, d, tmp);
+    for (size_t k = 0; k < hn::Lanes(d); ++k) StoreS(tmp[k], p + k);
+#endif
+  }
+}
+
+// Skips to the first element whose output address is aligned for streaming
+// stores, returning how many leading elements to handle one by one, or
+// clears `*stream` when streaming is not possible.
+template <class D, class T>
+HWY_INLINE size_t StreamHead(D d, const T* o, size_t n, bool* stream) {
+#if OPSERVER_STREAM
+  if (!*stream) return 0;
+  const size_t vbytes = hn::Lanes(d) * sizeof(T);
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(o);
+  if (addr % sizeof(T) != 0) {
+    *stream = false;
+    return 0;
+  }
+  const size_t head = ((vbytes - addr % vbytes) % vbytes) / sizeof(T);
+  if (head >= n) {
+    *stream = false;
+    return 0;
+  }
+  return head;
+#else
+  (void)d;
+  (void)o;
+  (void)n;
+  *stream = false;
+  return 0;
+#endif
+}
+
+HWY_INLINE void StreamFence(bool stream) {
+  // Non-temporal stores are weakly ordered: fence before the launch counts
+  // as complete (another thread or the next launch may read the output).
+  if (stream) hwy::FlushStream();
+}
+
+// ---------------------------------------------------------------- loops
+
+// out[i] = op(g[i], s[i]) computed in TFromD<D>.
+template <class D, class T, class Op>
+HWY_INLINE void BinaryLoop(D d, const T* g, const T* s, T* o, size_t n,
+                           const Op& op, bool stream) {
+  using CT = hn::TFromD<D>;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  const size_t head = StreamHead(d, o, n, &stream);
+  for (; i < head; ++i) {
+    StoreS(op(LoadS<CT>(g + i), LoadS<CT>(s + i)), o + i);
+  }
+  if (n >= N) {
+    for (; i + 2 * N <= n; i += 2 * N) {
+      const auto r0 = op(d, LoadV(d, g + i), LoadV(d, s + i));
+      const auto r1 = op(d, LoadV(d, g + i + N), LoadV(d, s + i + N));
+      StoreV(d, r0, o + i, stream);
+      StoreV(d, r1, o + i + N, stream);
+    }
+    for (; i + N <= n; i += N) {
+      StoreV(d, op(d, LoadV(d, g + i), LoadV(d, s + i)), o + i, stream);
+    }
+  }
+  for (; i < n; ++i) {
+    StoreS(op(LoadS<CT>(g + i), LoadS<CT>(s + i)), o + i);
+  }
+  StreamFence(stream);
+}
+
+// The element type of a dtype in the SIMD kernels.
+template <DType DT>
+struct SimdTypeOf;
+template <>
+struct SimdTypeOf<DType::kFloat> {
+  using T = float;
+};
+template <>
+struct SimdTypeOf<DType::kDouble> {
+  using T = double;
+};
+template <>
+struct SimdTypeOf<DType::kFloat16> {
+  using T = F16;
+};
+template <>
+struct SimdTypeOf<DType::kBFloat16> {
+  using T = BF16;
+};
+template <>
+struct SimdTypeOf<DType::kInt32> {
+  using T = int32_t;
+};
+template <>
+struct SimdTypeOf<DType::kInt8> {
+  using T = int8_t;
+};
+template <>
+struct SimdTypeOf<DType::kUint8> {
+  using T = uint8_t;
+};
+template <DType DT>
+using SimdType = typename SimdTypeOf<DT>::T;
+
+// The type a floating formula computes in for elements of T: double for
+// double, float for float, FLOAT16 and BFLOAT16.
+template <class T>
+using FloatCT = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// out[i] = Vec(p)(g[i], s[i]) for n contiguous elements of T, computed in
+// CT: the whole contiguous kernel of a binary operator whose vector form
+// (with its scalar form for head and tail) is Vec.
+template <class Vec, class CT, class T>
+HWY_INLINE void BinaryContig(const KernelParams& p, const void* g,
+                             const void* s, void* o, int64_t n, bool stream) {
+  BinaryLoop(hn::ScalableTag<CT>(), static_cast<const T*>(g),
+             static_cast<const T*>(s), static_cast<T*>(o),
+             static_cast<size_t>(n), Vec(p), stream);
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace kernels
+}  // namespace opserver
+HWY_AFTER_NAMESPACE();
+
+#endif  // per-target include guard
