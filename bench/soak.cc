@@ -633,7 +633,7 @@ v1::TensorDesc Desc(uint64_t buffer, DataType dt, std::vector<int64_t> shape,
   return d;
 }
 
-// The kernels' formulas (kernels/kernel_table.cc), computed the same way in
+// The kernels' formulas (kernels/ops/), computed the same way in
 // float so that results compare within rounding.
 double Reference(int op, DataType dt, const v1::OpParams& p, double g, double x,
                  bool bit) {
