@@ -6,6 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/aclnn_status.h"
+#include "kernels/kernel_table.h"
 #include "kernels/ops.h"
 
 namespace opserver::kernels {
@@ -123,6 +124,45 @@ TEST(Validate, SameStatusAsThePlanner) {
     EXPECT_EQ(GetAclnnStatus(v.status()), want[i]) << i << v.status();
     EXPECT_EQ(v.status(), plan.status()) << i;
   }
+}
+
+// Each operator's checks (what Validate accepts) and its kKernels (what the
+// kernel table holds) are written side by side in its definition
+// (kernels/ops/); they must name exactly the same dtype combinations, or a
+// valid call would have no kernel (an internal error) or a kernel would be
+// dead code.
+TEST(Validate, AcceptsExactlyTheDTypesThatHaveKernels) {
+  const DType all[] = {DType::kFloat,   DType::kFloat16, DType::kInt8,
+                       DType::kInt32,   DType::kUint8,   DType::kInt16,
+                       DType::kUint16,  DType::kUint32,  DType::kInt64,
+                       DType::kUint64,  DType::kDouble,  DType::kBool,
+                       DType::kBFloat16};
+  alignas(8) char g[8], s[16], o[8];
+  int accepted = 0;
+  for (const OpInfo& info : OpRegistry()) {
+    for (DType gd : all) {
+      for (DType sd : all) {
+        for (DType od : all) {
+          OpCall call;
+          call.op = info.kind;
+          call.params.negative_slope = Scalar::Float(0.5, DType::kFloat);
+          call.params.scale = 2;
+          call.grad_output = View(gd, {1}, g);
+          // A bit mask of one element is align(1, 128) / 8 = 16 bytes.
+          call.self = View(sd, {info.bit_mask_input ? 16 : 1}, s);
+          call.out = View(od, {1}, o);
+          const bool valid = Validate(call).ok();
+          const bool has_kernel = FindKernel(info.kind, gd, sd, od) != nullptr;
+          EXPECT_EQ(valid, has_kernel)
+              << info.name << " " << DTypeName(gd) << " " << DTypeName(sd)
+              << " " << DTypeName(od);
+          accepted += valid;
+        }
+      }
+    }
+  }
+  // 6 + 9 + 3 + 64 + 12 combinations.
+  EXPECT_EQ(accepted, 94);
 }
 
 }  // namespace
