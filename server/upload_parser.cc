@@ -9,13 +9,20 @@
 namespace opserver {
 namespace {
 
-// UploadRequest fields, as the wire format numbers them.
-constexpr int kUploadSession = 1;
-constexpr int kUploadBuffer = 2;
-constexpr int kUploadOffset = 3;
-constexpr int kUploadSize = 4;
-constexpr int kUploadStream = 5;
-constexpr int kUploadData = 6;
+// UploadRequest's field numbers, from the generated code: a renumbered
+// field in the proto cannot leave this parser behind.
+constexpr int kUploadSession = v1::UploadRequest::kSessionFieldNumber;
+constexpr int kUploadBuffer = v1::UploadRequest::kBufferFieldNumber;
+constexpr int kUploadOffset = v1::UploadRequest::kOffsetFieldNumber;
+constexpr int kUploadSize = v1::UploadRequest::kSizeFieldNumber;
+constexpr int kUploadStream = v1::UploadRequest::kStreamFieldNumber;
+constexpr int kUploadData = v1::UploadRequest::kDataFieldNumber;
+
+// The header's integer fields, by number.
+bool IsHeaderInteger(int field) {
+  return field == kUploadBuffer || field == kUploadOffset ||
+         field == kUploadSize || field == kUploadStream;
+}
 
 using WireFormat = google::protobuf::internal::WireFormatLite;
 
@@ -56,7 +63,7 @@ absl::Status ParseUploadRequest(grpc::ByteBuffer* message,
       continue;
     }
     if (header != nullptr && wire == WireFormat::WIRETYPE_VARINT &&
-        field >= kUploadBuffer && field <= kUploadStream) {
+        IsHeaderInteger(field)) {
       uint64_t value;
       if (!input.ReadVarint64(&value)) return Malformed();
       if (field == kUploadBuffer) header->set_buffer(value);
