@@ -72,6 +72,14 @@ absl::Status CheckOutShape(const TensorView& out, absl::string_view out_name,
                                    ShapeStr(expected)));
 }
 
+absl::Status CheckInputDTypes(const OpInfo& info, const OpCall& call) {
+  const Names n(info);
+  absl::Status st =
+      CheckDType(info, *call.grad_output, n.g, info.tensors[0].dtypes);
+  if (st.ok()) st = CheckDType(info, *call.self, n.s, info.tensors[1].dtypes);
+  return st;
+}
+
 absl::Status CheckOneDType(const OpInfo& info, const OpCall& call) {
   const Names n(info);
   const TensorView& g = *call.grad_output;

@@ -154,6 +154,8 @@ struct Names {
   absl::string_view g, s, o;
 };
 
+// gradOutput and self each in their registry dtypes (they may differ).
+absl::Status CheckInputDTypes(const OpInfo& info, const OpCall& call);
 // gradOutput in the operator's dtypes, self and out the same dtype.
 absl::Status CheckOneDType(const OpInfo& info, const OpCall& call);
 // out's shape is gradOutput's and self's broadcast shape, set in

@@ -266,6 +266,18 @@ HWY_INLINE void BinaryContig(const KernelParams& p, const void* g,
              static_cast<size_t>(n), Vec(p), stream);
 }
 
+// The SIMD part of a binary floating operator whose vector form is
+// Vec<CT> (a template on the compute type, float or double, deriving from
+// the scalar formula): `struct XSimd : BinarySimd<XVec> {};`.
+template <template <class> class Vec>
+struct BinarySimd {
+  template <class T>
+  static void Contig(const KernelParams& p, const void* g, const void* s,
+                     void* o, int64_t n, int64_t, bool stream) {
+    BinaryContig<Vec<FloatCT<T>>, FloatCT<T>, T>(p, g, s, o, n, stream);
+  }
+};
+
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
 }  // namespace kernels

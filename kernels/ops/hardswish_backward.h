@@ -73,25 +73,21 @@ struct HardswishBackward : OpDefinition<HardswishBackward> {
 HWY_BEFORE_NAMESPACE();
 namespace opserver::kernels::HWY_NAMESPACE {
 
-struct HardswishBackwardSimd {
-  struct Vec : HardswishFormula<float> {
-    using HardswishFormula::HardswishFormula;
-    using HardswishFormula::operator();
-    template <class D, class V>
-    HWY_INLINE V operator()(D d, V g, V x) const {
-      const V three = hn::Set(d, 3.0f);
-      const V mid = hn::Add(hn::Div(x, three), hn::Set(d, 0.5f));
-      V deriv = hn::IfThenElse(hn::Le(x, three), mid, hn::Set(d, 1.0f));
-      deriv = hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -3.0f)), deriv);
-      return hn::Mul(g, deriv);
-    }
-  };
-  template <class T>
-  static void Contig(const KernelParams& p, const void* g, const void* s,
-                     void* o, int64_t n, int64_t, bool stream) {
-    BinaryContig<Vec, float, T>(p, g, s, o, n, stream);
+// The vector form beside the scalar one (used for head and tail elements).
+template <class CT>
+struct HardswishVec : HardswishFormula<CT> {
+  using HardswishFormula<CT>::HardswishFormula;
+  using HardswishFormula<CT>::operator();
+  template <class D, class V>
+  HWY_INLINE V operator()(D d, V g, V x) const {
+    const V three = hn::Set(d, 3.0f);
+    const V mid = hn::Add(hn::Div(x, three), hn::Set(d, 0.5f));
+    V deriv = hn::IfThenElse(hn::Le(x, three), mid, hn::Set(d, 1.0f));
+    deriv = hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -3.0f)), deriv);
+    return hn::Mul(g, deriv);
   }
 };
+struct HardswishBackwardSimd : BinarySimd<HardswishVec> {};
 
 }  // namespace opserver::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();

@@ -58,9 +58,7 @@ struct LeakyReluBackward : OpDefinition<LeakyReluBackward> {
     const TensorView& g = *call.grad_output;
     const TensorView& s = *call.self;
     const TensorView& o = *call.out;
-    absl::Status st = CheckDType(info, g, n.g, info.tensors[0].dtypes);
-    if (st.ok()) st = CheckDType(info, s, n.s, info.tensors[1].dtypes);
-    if (!st.ok()) return st;
+    if (absl::Status st = CheckInputDTypes(info, call); !st.ok()) return st;
     if (!IsFloating(o.dtype)) {
       return ParamInvalid(absl::StrCat(
           n.o, " has dtype ", DTypeName(o.dtype), "; the promoted result (",
@@ -101,23 +99,17 @@ struct LeakyReluBackward : OpDefinition<LeakyReluBackward> {
 HWY_BEFORE_NAMESPACE();
 namespace opserver::kernels::HWY_NAMESPACE {
 
-struct LeakyReluBackwardSimd {
-  template <class CT>
-  struct Vec : LeakyFormula<CT> {
-    using LeakyFormula<CT>::LeakyFormula;
-    using LeakyFormula<CT>::operator();
-    template <class D, class V>
-    HWY_INLINE V operator()(D d, V g, V x) const {
-      return hn::IfThenElse(hn::Gt(x, hn::Zero(d)), g,
-                            hn::Mul(g, hn::Set(d, this->slope)));
-    }
-  };
-  template <class T>
-  static void Contig(const KernelParams& p, const void* g, const void* s,
-                     void* o, int64_t n, int64_t, bool stream) {
-    BinaryContig<Vec<FloatCT<T>>, FloatCT<T>, T>(p, g, s, o, n, stream);
+template <class CT>
+struct LeakyVec : LeakyFormula<CT> {
+  using LeakyFormula<CT>::LeakyFormula;
+  using LeakyFormula<CT>::operator();
+  template <class D, class V>
+  HWY_INLINE V operator()(D d, V g, V x) const {
+    return hn::IfThenElse(hn::Gt(x, hn::Zero(d)), g,
+                          hn::Mul(g, hn::Set(d, this->slope)));
   }
 };
+struct LeakyReluBackwardSimd : BinarySimd<LeakyVec> {};
 
 }  // namespace opserver::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();

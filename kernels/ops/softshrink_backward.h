@@ -45,9 +45,7 @@ struct SoftshrinkBackward : OpDefinition<SoftshrinkBackward> {
     const TensorView& g = *call.grad_output;
     const TensorView& s = *call.self;
     const TensorView& o = *call.out;
-    absl::Status st = CheckDType(info, g, n.g, info.tensors[0].dtypes);
-    if (st.ok()) st = CheckDType(info, s, n.s, info.tensors[1].dtypes);
-    if (!st.ok()) return st;
+    if (absl::Status st = CheckInputDTypes(info, call); !st.ok()) return st;
     const DType promoted = PromoteDType(g.dtype, s.dtype);
     if (o.dtype != promoted) {
       return ParamInvalid(absl::StrCat(
@@ -82,21 +80,16 @@ struct SoftshrinkBackward : OpDefinition<SoftshrinkBackward> {
 HWY_BEFORE_NAMESPACE();
 namespace opserver::kernels::HWY_NAMESPACE {
 
-struct SoftshrinkBackwardSimd {
-  struct Vec : SoftshrinkFormula<float> {
-    using SoftshrinkFormula::SoftshrinkFormula;
-    using SoftshrinkFormula::operator();
-    template <class D, class V>
-    HWY_INLINE V operator()(D d, V g, V x) const {
-      return hn::IfThenZeroElse(hn::Le(hn::Abs(x), hn::Set(d, l)), g);
-    }
-  };
-  template <class T>
-  static void Contig(const KernelParams& p, const void* g, const void* s,
-                     void* o, int64_t n, int64_t, bool stream) {
-    BinaryContig<Vec, float, T>(p, g, s, o, n, stream);
+template <class CT>
+struct SoftshrinkVec : SoftshrinkFormula<CT> {
+  using SoftshrinkFormula<CT>::SoftshrinkFormula;
+  using SoftshrinkFormula<CT>::operator();
+  template <class D, class V>
+  HWY_INLINE V operator()(D d, V g, V x) const {
+    return hn::IfThenZeroElse(hn::Le(hn::Abs(x), hn::Set(d, this->l)), g);
   }
 };
+struct SoftshrinkBackwardSimd : BinarySimd<SoftshrinkVec> {};
 
 }  // namespace opserver::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();

@@ -116,15 +116,19 @@ struct ThresholdBackward : OpDefinition<ThresholdBackward> {
 HWY_BEFORE_NAMESPACE();
 namespace opserver::kernels::HWY_NAMESPACE {
 
+template <class CT>
+struct ThresholdVec : ThresholdFormula<CT> {
+  using ThresholdFormula<CT>::ThresholdFormula;
+  using ThresholdFormula<CT>::operator();
+  template <class D, class V>
+  HWY_INLINE V operator()(D d, V g, V x) const {
+    return hn::IfThenZeroElse(hn::Le(x, hn::Set(d, this->t)), g);
+  }
+};
+
+// Float-like dtypes as any binary operator; integer ones compare in their
+// own type, or fill/copy when the threshold is out of their range.
 struct ThresholdBackwardSimd {
-  struct Vec : ThresholdFormula<float> {
-    using ThresholdFormula::ThresholdFormula;
-    using ThresholdFormula::operator();
-    template <class D, class V>
-    HWY_INLINE V operator()(D d, V g, V x) const {
-      return hn::IfThenZeroElse(hn::Le(x, hn::Set(d, t)), g);
-    }
-  };
   template <class TI>
   struct IntVec : IntThresholdFormula<TI> {
     using IntThresholdFormula<TI>::IntThresholdFormula;
@@ -152,7 +156,7 @@ struct ThresholdBackwardSimd {
       }
       BinaryContig<IntVec<T>, T, T>(p, g, s, o, n, stream);
     } else {
-      BinaryContig<Vec, float, T>(p, g, s, o, n, stream);
+      BinarySimd<ThresholdVec>::Contig<T>(p, g, s, o, n, 0, stream);
     }
   }
 };
