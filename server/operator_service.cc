@@ -140,7 +140,7 @@ absl::Status OperatorService::Launch(const v1::ExecuteRequest& request,
   absl::StatusOr<std::shared_ptr<Session>> session =
       sessions_->Get(request.session(), caller);
   if (!session.ok()) return session.status();
-  return LaunchExecutor(request, **session, device_);
+  return LaunchExecutor(request, **session);
 }
 
 grpc::ServerUnaryReactor* OperatorService::Execute(

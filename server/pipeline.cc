@@ -156,7 +156,7 @@ void CommandPipeline::Launch(Session& session,
     }
   }
   if (status.ok()) {
-    status = LaunchExecutor(launch, session, device_);
+    status = LaunchExecutor(launch, session);
     if (status.ok()) return;
     status = Deferred(status,
                       absl::StrCat("launch of executor ", launch.executor()));
