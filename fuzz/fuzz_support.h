@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -91,18 +92,31 @@ class HeapDevice : public Device {
     used_ -= bytes;
     delete[] static_cast<char*>(block);
   }
-  void CopyToDevice(void* dst, const void* src, uint64_t bytes) override {
-    if (bytes != 0) std::memcpy(dst, src, bytes);
-  }
-  void CopyFromDevice(void* dst, const void* src, uint64_t bytes) override {
-    if (bytes != 0) std::memcpy(dst, src, bytes);
+  // Memcpy copies and plans run on the pool, complete when they return,
+  // like the CPU device's stream.
+  class HeapStream : public DeviceStream {
+   public:
+    absl::Status CopyToDevice(void* dst, const void* src,
+                              uint64_t bytes) override {
+      if (bytes != 0) std::memcpy(dst, src, bytes);
+      return absl::OkStatus();
+    }
+    absl::Status CopyFromDevice(void* dst, const void* src,
+                                uint64_t bytes) override {
+      if (bytes != 0) std::memcpy(dst, src, bytes);
+      return absl::OkStatus();
+    }
+    absl::Status Launch(const kernels::Plan& plan, void* workspace,
+                        uint64_t workspace_size) override {
+      return kernels::RunPlan(plan, workspace, workspace_size, Pool());
+    }
+    absl::Status Synchronize() override { return absl::OkStatus(); }
+  };
+  absl::StatusOr<std::unique_ptr<DeviceStream>> CreateStream() override {
+    return std::make_unique<HeapStream>();
   }
   void* HostAddress(void* device_ptr) override {
     return host_addressable_ ? device_ptr : nullptr;
-  }
-  absl::Status Launch(const kernels::Plan& plan, void* workspace,
-                      uint64_t workspace_size) override {
-    return kernels::RunPlan(plan, workspace, workspace_size, Pool());
   }
 
   uint64_t used() const { return used_.load(); }

@@ -73,7 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     size_t fences = 0;
     for (const auto& command : request.commands())
       fences += command.has_fence();
-    CommandPipeline pipeline(device, limits, /*max_fences=*/4,
+    CommandPipeline pipeline(limits, /*max_fences=*/4,
                              [&](uint64_t id, absl::Status status) {
                                Report("fence", status);
                                FUZZ_CHECK(

@@ -73,8 +73,10 @@ Outcome RunUpload(std::vector<grpc::ByteBuffer> messages,
       !s.ok()) {
     return finish(s, 0);
   }
-  UploadWriter writer(&device, buffer.get() + header->offset(),
-                      header->size());
+  absl::StatusOr<std::unique_ptr<DeviceStream>> stream = device.CreateStream();
+  if (!stream.ok()) return finish(stream.status(), 0);
+  UploadWriter writer(&device, *std::move(stream),
+                      buffer.get() + header->offset(), header->size());
   for (grpc::ByteBuffer& message : messages) {
     if (absl::Status s = writer.Write(&message); !s.ok()) {
       return finish(s, writer.written());

@@ -68,19 +68,25 @@ void CpuDevice::Deallocate(void* block, uint64_t bytes) {
   memory_.Deallocate(block, bytes);
 }
 
-void CpuDevice::CopyToDevice(void* device_dst, const void* host_src,
-                             uint64_t bytes) {
+absl::StatusOr<std::unique_ptr<DeviceStream>> CpuDevice::CreateStream() {
+  return std::make_unique<CpuStream>(&compute_);
+}
+
+absl::Status CpuStream::CopyToDevice(void* device_dst, const void* host_src,
+                                     uint64_t bytes) {
   if (bytes != 0) std::memcpy(device_dst, host_src, bytes);
+  return absl::OkStatus();
 }
 
-void CpuDevice::CopyFromDevice(void* host_dst, const void* device_src,
-                               uint64_t bytes) {
+absl::Status CpuStream::CopyFromDevice(void* host_dst, const void* device_src,
+                                       uint64_t bytes) {
   if (bytes != 0) std::memcpy(host_dst, device_src, bytes);
+  return absl::OkStatus();
 }
 
-absl::Status CpuDevice::Launch(const kernels::Plan& plan, void* workspace,
+absl::Status CpuStream::Launch(const kernels::Plan& plan, void* workspace,
                                uint64_t workspace_size) {
-  return kernels::RunPlan(plan, workspace, workspace_size, &compute_);
+  return kernels::RunPlan(plan, workspace, workspace_size, compute_);
 }
 
 }  // namespace opserver

@@ -2,12 +2,32 @@
 #define OPSERVER_SERVER_CPU_DEVICE_H_
 
 #include <cstdint>
+#include <memory>
 
 #include "kernels/thread_pool.h"
 #include "server/device.h"
 #include "server/memory_pool.h"
 
 namespace opserver {
+
+// A CpuDevice's device stream: copies are memcpy and launches run on the
+// calling (host stream) thread using the device's compute pool, so every
+// operation is complete when it returns and Synchronize has nothing to wait
+// for. The device must outlive it.
+class CpuStream : public DeviceStream {
+ public:
+  explicit CpuStream(kernels::ThreadPool* compute) : compute_(compute) {}
+  absl::Status CopyToDevice(void* device_dst, const void* host_src,
+                            uint64_t bytes) override;
+  absl::Status CopyFromDevice(void* host_dst, const void* device_src,
+                              uint64_t bytes) override;
+  absl::Status Launch(const kernels::Plan& plan, void* workspace,
+                      uint64_t workspace_size) override;
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+ private:
+  kernels::ThreadPool* const compute_;
+};
 
 // The embedded default device: host memory from a page-reusing pool and a
 // pool of compute threads shared by all streams. Needs nothing installed.
@@ -26,13 +46,9 @@ class CpuDevice : public Device {
   DeviceDescription Describe() const override;
   absl::StatusOr<void*> Allocate(uint64_t bytes, uint64_t owner) override;
   void Deallocate(void* block, uint64_t bytes) override;
-  void CopyToDevice(void* device_dst, const void* host_src,
-                    uint64_t bytes) override;
-  void CopyFromDevice(void* host_dst, const void* device_src,
-                      uint64_t bytes) override;
+  // A CpuStream: never fails (it owns no resource but a pointer).
+  absl::StatusOr<std::unique_ptr<DeviceStream>> CreateStream() override;
   void* HostAddress(void* device_ptr) override { return device_ptr; }
-  absl::Status Launch(const kernels::Plan& plan, void* workspace,
-                      uint64_t workspace_size) override;
 
  private:
   DeviceDescription description_;

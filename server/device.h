@@ -2,6 +2,7 @@
 #define OPSERVER_SERVER_DEVICE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -32,14 +33,64 @@ struct DeviceOptions {
   uint64_t memory_bytes = 0;
 };
 
+// A device's in-order queue of operations (a CUDA device would wrap a
+// cudaStream_t, an Ascend one an aclrtStream): the launches and transfers of
+// one host-side Stream (server/stream.h) run on the device stream that
+// Device::CreateStream made for it, in issue order. Operations on different
+// device streams may run concurrently.
+//
+// Launch and the copies may return before the device has finished (an
+// asynchronous device only enqueues them); Synchronize is the completion
+// point. Whoever issues operations calls Synchronize before it treats them
+// as done: before reading host memory a CopyFromDevice wrote, before
+// reusing or releasing host memory a CopyToDevice reads, and before
+// releasing device memory a launch uses. The host-side Stream does that
+// after each task it runs, so a task (and the buffers it holds) counts as
+// done only once the device is done with it.
+//
+// Not thread-safe: one caller at a time. The host-side Stream guarantees
+// that (its thread, an inline task, or a transfer holding its gate). It may
+// be destroyed after its host-side Stream, on that stream's thread, but
+// never after its Device (SessionManager waits for its stream threads).
+class DeviceStream {
+ public:
+  // Waits for the operations still outstanding (an asynchronous device),
+  // so memory they use may be released after it; their errors are lost.
+  virtual ~DeviceStream() = default;
+
+  // Host -> device and device -> host copies of `bytes`, ordered after the
+  // operations issued before them on this stream. `host_src` must stay
+  // valid, and `host_dst` must not be read, until Synchronize returns. An
+  // error here means the copy was not queued.
+  virtual absl::Status CopyToDevice(void* device_dst, const void* host_src,
+                                    uint64_t bytes) = 0;
+  virtual absl::Status CopyFromDevice(void* host_dst, const void* device_src,
+                                      uint64_t bytes) = 0;
+
+  // Runs (or enqueues) a validated operator plan whose tensor data pointers
+  // are device pointers, after the operations issued before it.
+  virtual absl::Status Launch(const kernels::Plan& plan, void* workspace,
+                              uint64_t workspace_size) = 0;
+
+  // Blocks until every operation issued on this stream so far has finished,
+  // and returns the first error one of them hit since the previous call (OK
+  // if none). A synchronous device (CpuDevice, whose operations are complete
+  // when they return) returns OK at once. An asynchronous device records an
+  // event on its stream and waits for it (cudaEventRecord +
+  // cudaEventSynchronize; or cudaStreamSynchronize), turning a kernel's
+  // asynchronous failure into the status returned here.
+  virtual absl::Status Synchronize() = 0;
+};
+
 // One accelerator owned by the server. The RPC layer talks only to this
 // interface, so further devices (CUDA, Ascend through CANN) slot in without
-// touching it. Implementations are thread-safe.
+// touching it: a new kind implements Device and DeviceStream in its own
+// files and adds one line to CreateDevice (device_factory.cc).
+// Implementations are thread-safe.
 //
 // Device memory is addressed by the pointers Allocate returns; the RPC layer
-// never dereferences them itself but goes through CopyToDevice /
-// CopyFromDevice, and Launch receives plans whose tensor data pointers are
-// device pointers.
+// never dereferences them itself (unless HostAddress says it may) but copies
+// through a DeviceStream, and launches go through one too.
 class Device {
  public:
   virtual ~Device() = default;
@@ -53,21 +104,18 @@ class Device {
   virtual absl::StatusOr<void*> Allocate(uint64_t bytes, uint64_t owner) = 0;
   virtual void Deallocate(void* block, uint64_t bytes) = 0;
 
-  // Synchronous copies between host memory and device memory.
-  virtual void CopyToDevice(void* device_dst, const void* host_src,
-                            uint64_t bytes) = 0;
-  virtual void CopyFromDevice(void* host_dst, const void* device_src,
-                              uint64_t bytes) = 0;
+  // A new device stream. Every host-side Stream of a session owns one, and
+  // Evaluate makes a transient one per call, so this is called per session,
+  // per CreateStream RPC and per Evaluate. An error (RESOURCE_EXHAUSTED when
+  // the device has no more streams, or the driver's status) is returned to
+  // the client as is.
+  virtual absl::StatusOr<std::unique_ptr<DeviceStream>> CreateStream() = 0;
 
   // For devices whose memory the host can address directly (the CPU
   // device): the host address of `device_ptr`, so transfers can read and
-  // write it in place without a staging copy. nullptr otherwise.
+  // write it in place without a staging copy through a DeviceStream (the
+  // zero-copy path of Upload and Download). nullptr otherwise.
   virtual void* HostAddress(void* device_ptr) { return nullptr; }
-
-  // Runs a validated operator plan to completion on the calling (stream)
-  // thread, using the device's compute resources.
-  virtual absl::Status Launch(const kernels::Plan& plan, void* workspace,
-                              uint64_t workspace_size) = 0;
 };
 
 }  // namespace opserver

@@ -37,11 +37,18 @@ absl::StatusOr<std::shared_ptr<Executor>> PlanExecutor(
       Executor{*std::move(plan), std::move(buffers)});
 }
 
-absl::Status LaunchExecutor(const v1::ExecuteRequest& request, Session& session,
-                            Device* device) {
+absl::Status LaunchExecutor(const v1::ExecuteRequest& request,
+                            Session& session) {
   absl::StatusOr<std::shared_ptr<Stream>> stream =
       session.GetStream(request.stream());
   if (!stream.ok()) return stream.status();
+  // The task holds the device stream, not the Stream, which may be
+  // destroyed while the task runs.
+  std::shared_ptr<DeviceStream> device_stream = (*stream)->device_stream();
+  if (device_stream == nullptr) {
+    return absl::FailedPreconditionError(
+        "the stream has no device stream (the device could not create one)");
+  }
   // Validate against the executor before consuming it, so a bad workspace
   // does not cost the caller its executor.
   absl::StatusOr<std::shared_ptr<Executor>> executor =
@@ -78,11 +85,12 @@ absl::Status LaunchExecutor(const v1::ExecuteRequest& request, Session& session,
   // executor (Session::Launch).
   return session.Launch(
       request.executor(), **stream, /*inline_if_idle=*/tiny,
-      [device, workspace = std::move(workspace), workspace_data,
+      [device_stream = std::move(device_stream),
+       workspace = std::move(workspace), workspace_data,
        size = request.workspace_size()](std::shared_ptr<Executor> executor) {
-        return Stream::Task([device, executor = std::move(executor), workspace,
-                             workspace_data, size] {
-          return device->Launch(executor->plan, workspace_data, size);
+        return Stream::Task([device_stream, executor = std::move(executor),
+                             workspace, workspace_data, size] {
+          return device_stream->Launch(executor->plan, workspace_data, size);
         });
       });
 }

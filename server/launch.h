@@ -24,10 +24,10 @@ absl::StatusOr<std::shared_ptr<Executor>> PlanExecutor(
 
 // Execute's work on `session` (the request's session field is not read):
 // checks the stream, executor and workspace, consumes a single-use executor
-// and queues the launch on `device`. A refused launch leaves the executor
-// as it was.
-absl::Status LaunchExecutor(const v1::ExecuteRequest& request, Session& session,
-                            Device* device);
+// and queues the launch on the stream, whose task runs it on the stream's
+// DeviceStream. A refused launch leaves the executor as it was.
+absl::Status LaunchExecutor(const v1::ExecuteRequest& request,
+                            Session& session);
 
 }  // namespace opserver
 

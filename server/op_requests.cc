@@ -120,7 +120,23 @@ absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
           absl::StrCat((*op)->name, " has no input '", name, "'"));
     }
   }
+  // A transient device stream per call rather than a shared default one:
+  // Evaluate needs no session, up to --max_concurrent_evaluates run at once
+  // on RPC threads, and a DeviceStream is not thread-safe, so a shared one
+  // would serialize them behind a lock; a private one keeps them
+  // independent, and its work ends with the call. Creating one is an
+  // allocation on the CPU device (a device where it is costly can pool them
+  // behind CreateStream).
+  //
+  // What the stream's operations use is declared before it, so that on
+  // every return it is destroyed first: an asynchronous device's stream
+  // destructor waits for its work. The host copies of the inputs stay until
+  // then too (an asynchronous CopyToDevice reads them later).
+  std::vector<std::string> staged;
   std::vector<std::unique_ptr<ScratchBuffer>> scratch;
+  ScratchBuffer workspace(device);
+  absl::StatusOr<std::unique_ptr<DeviceStream>> stream = device->CreateStream();
+  if (!stream.ok()) return stream.status();
   void* output_data = nullptr;
   int64_t output_numel = 0;
   DType output_dtype = DType::kFloat;
@@ -159,7 +175,12 @@ absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
     if (absl::Status s = scratch.back()->Allocate(bytes.size()); !s.ok()) {
       return s;
     }
-    device->CopyToDevice(scratch.back()->data(), bytes.data(), bytes.size());
+    staged.push_back(std::move(bytes));
+    if (absl::Status s = (*stream)->CopyToDevice(
+            scratch.back()->data(), staged.back().data(), staged.back().size());
+        !s.ok()) {
+      return s;
+    }
     kernels::TensorView view;
     view.dtype = *dtype;
     view.shape.assign(t->shape().begin(), t->shape().end());
@@ -176,19 +197,24 @@ absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
   }
   absl::StatusOr<kernels::Plan> plan = kernels::PrepareOp(call);
   if (!plan.ok()) return plan.status();
-  ScratchBuffer workspace(device);
   if (plan->workspace_size() > 0) {
     if (absl::Status s = workspace.Allocate(plan->workspace_size()); !s.ok()) {
       return s;
     }
   }
   if (absl::Status s =
-          device->Launch(*plan, workspace.data(), plan->workspace_size());
+          (*stream)->Launch(*plan, workspace.data(), plan->workspace_size());
       !s.ok()) {
     return s;
   }
   std::string host(output_numel * kernels::DTypeSize(output_dtype), '\0');
-  device->CopyFromDevice(host.data(), output_data, host.size());
+  if (absl::Status s =
+          (*stream)->CopyFromDevice(host.data(), output_data, host.size());
+      !s.ok()) {
+    return s;
+  }
+  // Before `host` is read.
+  if (absl::Status s = (*stream)->Synchronize(); !s.ok()) return s;
   std::vector<double> values =
       DecodeValues(output_dtype, host.data(), output_numel);
   v1::ValueTensor out;

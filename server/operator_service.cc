@@ -140,7 +140,7 @@ absl::Status OperatorService::Launch(const v1::ExecuteRequest& request,
   absl::StatusOr<std::shared_ptr<Session>> session =
       sessions_->Get(request.session(), caller);
   if (!session.ok()) return session.status();
-  return LaunchExecutor(request, **session, device_);
+  return LaunchExecutor(request, **session);
 }
 
 grpc::ServerUnaryReactor* OperatorService::Execute(
@@ -273,7 +273,7 @@ class OperatorService::Pipeliner final
       : service_(service),
         context_(context),
         caller_(service->Caller(context)),
-        pipeline_(service->device_, service->sessions_->limits(),
+        pipeline_(service->sessions_->limits(),
                   service->sessions_->limits().max_pending_replies,
                   [this](uint64_t id, absl::Status status) {
                     FenceDone(id, std::move(status));

@@ -23,10 +23,9 @@ absl::Status Deferred(const absl::Status& error, absl::string_view context) {
 
 }  // namespace
 
-CommandPipeline::CommandPipeline(Device* device, const SessionLimits& limits,
-                                 size_t max_fences, FenceDone fence_done)
-    : device_(device),
-      limits_(limits),
+CommandPipeline::CommandPipeline(const SessionLimits& limits, size_t max_fences,
+                                 FenceDone fence_done)
+    : limits_(limits),
       max_fences_(std::max<size_t>(1, max_fences)),
       fence_done_(std::move(fence_done)) {}
 
@@ -156,7 +155,7 @@ void CommandPipeline::Launch(Session& session,
     }
   }
   if (status.ok()) {
-    status = LaunchExecutor(launch, session, device_);
+    status = LaunchExecutor(launch, session);
     if (status.ok()) return;
     status = Deferred(status,
                       absl::StrCat("launch of executor ", launch.executor()));

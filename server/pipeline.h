@@ -21,7 +21,6 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/opserver.pb.h"
-#include "server/device.h"
 #include "server/session.h"
 
 namespace opserver {
@@ -38,8 +37,8 @@ class CommandPipeline {
   // At most `max_fences` fences are held at once (answered or not) until
   // released with FencesWritten: a client that sends fences and never reads
   // their results stops being served instead of growing memory.
-  CommandPipeline(Device* device, const SessionLimits& limits,
-                  size_t max_fences, FenceDone fence_done);
+  CommandPipeline(const SessionLimits& limits, size_t max_fences,
+                  FenceDone fence_done);
 
   // Applies commands[from, size) in order to `session`; returns the index
   // of the first command not applied (commands.size() when all were). It
@@ -66,7 +65,6 @@ class CommandPipeline {
   void FailSession(absl::Status error);
   absl::Status TakeSessionError();
 
-  Device* const device_;
   const SessionLimits& limits_;
   const size_t max_fences_;
   const FenceDone fence_done_;

@@ -36,8 +36,7 @@ class CommandPipelineTest : public ::testing::Test {
                                          device_.get(), &limits_, &account_,
                                          std::make_shared<StreamThreads>());
     pipeline_ = std::make_unique<CommandPipeline>(
-        device_.get(), limits_, max_fences,
-        [this](uint64_t id, absl::Status status) {
+        limits_, max_fences, [this](uint64_t id, absl::Status status) {
           absl::MutexLock lock(&mu_);
           fences_[id] = std::move(status);
         });

@@ -110,6 +110,13 @@ namespace {
 
 using WireFormat = google::protobuf::internal::WireFormatLite;
 
+// A copy through a stream the device could not create a device stream for
+// (only a session built without one: see Session's constructor).
+absl::Status NoDeviceStream() {
+  return absl::FailedPreconditionError(
+      "the stream has no device stream (the device could not create one)");
+}
+
 }  // namespace
 
 // What a transfer call shares with those that may end it early: its
@@ -311,7 +318,7 @@ class RuntimeService::Uploader final
     if (!target.ok()) return target.status();
     session_ = target->session;
     buffer_ = target->buffer;
-    writer_.emplace(service_->device_,
+    writer_.emplace(service_->device_, target->stream->device_stream(),
                     static_cast<char*>(buffer_->data()) + header->offset(),
                     header->size());
     return target->stream;
@@ -458,6 +465,7 @@ class RuntimeService::Downloader final
     if (!target.ok()) return target.status();
     session_ = target->session;
     buffer_ = target->buffer;
+    device_stream_ = target->stream->device_stream();
     next_ = request.offset();
     end_ = request.offset() + request.size();
     return target->stream;
@@ -485,8 +493,17 @@ class RuntimeService::Downloader final
       data_slice = grpc::Slice(host, n, &Downloader::ReleaseSlice,
                                new SliceHold{buffer_, gate_});
     } else {
+      // The gate holds the stream, so its device stream is this call's.
       std::string staging(n, '\0');
-      service_->device_->CopyFromDevice(staging.data(), source, n);
+      absl::Status copied =
+          device_stream_ == nullptr
+              ? absl::FailedPreconditionError("the stream has no device stream")
+              : device_stream_->CopyFromDevice(staging.data(), source, n);
+      if (copied.ok()) copied = device_stream_->Synchronize();
+      if (!copied.ok()) {
+        FinishLocked(copied);
+        return;
+      }
       data_slice = grpc::Slice(staging);
     }
     grpc::Slice slices[] = {grpc::Slice(header, end - header),
@@ -503,6 +520,8 @@ class RuntimeService::Downloader final
   uint64_t end_ = 0;
   bool writing_ = false;
   grpc::ByteBuffer message_;
+  // For devices the host cannot address: the staging copies' stream.
+  std::shared_ptr<DeviceStream> device_stream_;
 };
 
 RuntimeService::RuntimeService(Device* device, SessionManager* sessions,
@@ -789,12 +808,20 @@ grpc::ServerUnaryReactor* RuntimeService::WriteValues(
       request->stream(), "values", Caller(context));
   if (!target.ok()) return Reply(context, target.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  target->stream->WhenReached([this, reactor, buffer = target->buffer,
+  // Reached, the stream runs nothing else, so its device stream is ours
+  // until the callback returns.
+  target->stream->WhenReached([context, reactor, buffer = target->buffer,
+                               device_stream = target->stream->device_stream(),
                                offset = request->offset(),
                                bytes = *std::move(bytes)] {
-    device_->CopyToDevice(static_cast<char*>(buffer->data()) + offset,
-                          bytes.data(), bytes.size());
-    reactor->Finish(grpc::Status::OK);
+    absl::Status copied = NoDeviceStream();
+    if (device_stream != nullptr) {
+      copied = device_stream->CopyToDevice(
+          static_cast<char*>(buffer->data()) + offset, bytes.data(),
+          bytes.size());
+      if (copied.ok()) copied = device_stream->Synchronize();
+    }
+    reactor->Finish(ToGrpcStatus(copied, context));
   });
   return reactor;
 }
@@ -810,12 +837,23 @@ grpc::ServerUnaryReactor* RuntimeService::ReadValues(
                       bytes, request->stream(), "values", Caller(context));
   if (!target.ok()) return Reply(context, target.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  target->stream->WhenReached([this, reactor, response, buffer = target->buffer,
+  target->stream->WhenReached([context, reactor, response,
+                               buffer = target->buffer,
+                               device_stream = target->stream->device_stream(),
                                offset = request->offset(), bytes,
                                count = request->count(), dtype = read->dtype] {
     std::string host(bytes, '\0');
-    device_->CopyFromDevice(
-        host.data(), static_cast<const char*>(buffer->data()) + offset, bytes);
+    absl::Status copied = NoDeviceStream();
+    if (device_stream != nullptr) {
+      copied = device_stream->CopyFromDevice(
+          host.data(), static_cast<const char*>(buffer->data()) + offset,
+          bytes);
+      if (copied.ok()) copied = device_stream->Synchronize();
+    }
+    if (!copied.ok()) {
+      reactor->Finish(ToGrpcStatus(copied, context));
+      return;
+    }
     std::vector<double> values =
         DecodeValues(dtype, host.data(), static_cast<int64_t>(count));
     response->mutable_values()->Add(values.begin(), values.end());

@@ -21,6 +21,11 @@
 namespace opserver {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
+  return Start(options, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(
+    const Options& options, std::unique_ptr<Device> given_device) {
   absl::StatusOr<ListenAddress> listen = ParseListenAddress(options.listen);
   if (!listen.ok()) {
     return absl::InvalidArgumentError(
@@ -122,7 +127,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
   device_options.threads = options.threads;
   device_options.memory_cache_bytes = options.memory_cache_bytes;
   device_options.memory_bytes = options.device_memory_bytes;
-  absl::StatusOr<std::unique_ptr<Device>> device = CreateDevice(device_options);
+  absl::StatusOr<std::unique_ptr<Device>> device =
+      given_device != nullptr ? std::move(given_device)
+                              : CreateDevice(device_options);
   if (!device.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(options.threads < 0 ? "--threads: " : "--device: ",

@@ -84,6 +84,10 @@ class Server {
   // INVALID_ARGUMENT for a bad option (message names the flag), UNAVAILABLE
   // when the address cannot be bound.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const Options& options);
+  // The same over `device` instead of the one Options::device names: for
+  // tests of devices CreateDevice does not build (FakeDevice).
+  static absl::StatusOr<std::unique_ptr<Server>> Start(
+      const Options& options, std::unique_ptr<Device> device);
 
   ~Server();  // Shuts down if still running.
   Server(const Server&) = delete;

@@ -32,6 +32,21 @@ std::string Quoted(absl::string_view text) {
   return absl::StrCat("of ", text.size(), " bytes");
 }
 
+// The session's default device stream: `given`, or a new one of `device`
+// (null when that fails or there is no device; see the constructor).
+std::unique_ptr<DeviceStream> DefaultDeviceStream(
+    Device* device, std::unique_ptr<DeviceStream> given) {
+  if (given != nullptr || device == nullptr) return given;
+  absl::StatusOr<std::unique_ptr<DeviceStream>> created =
+      device->CreateStream();
+  if (!created.ok()) {
+    LogLine(absl::StrCat("session default stream has no device stream: ",
+                         created.status().ToString()));
+    return nullptr;
+  }
+  return *std::move(created);
+}
+
 }  // namespace
 
 Buffer::Buffer(Device* device, void* data, uint64_t size,
@@ -62,7 +77,8 @@ Session::Session(std::string id, uint64_t serial, std::string client_name,
                  Device* device, const SessionLimits* limits,
                  MemoryAccounting* account,
                  std::shared_ptr<StreamThreads> manager_threads,
-                 std::string owner, std::shared_ptr<TenantUsage> tenant)
+                 std::string owner, std::shared_ptr<TenantUsage> tenant,
+                 std::unique_ptr<DeviceStream> default_device_stream)
     : id_(std::move(id)),
       serial_(serial),
       client_name_(std::move(client_name)),
@@ -74,12 +90,21 @@ Session::Session(std::string id, uint64_t serial, std::string client_name,
       account_(account),
       threads_(std::make_shared<StreamThreads>(std::move(manager_threads))),
       last_used_(absl::Now()),
-      default_stream_(std::make_shared<Stream>(limits->max_queued_per_stream,
-                                               threads_)) {}
+      default_stream_(std::make_shared<Stream>(
+          DefaultDeviceStream(device, std::move(default_device_stream)),
+          limits->max_queued_per_stream, threads_)) {}
 
 absl::StatusOr<std::shared_ptr<Stream>> Session::NewStream() {
+  std::unique_ptr<DeviceStream> device_stream;
+  if (device_ != nullptr) {
+    absl::StatusOr<std::unique_ptr<DeviceStream>> created =
+        device_->CreateStream();
+    if (!created.ok()) return created.status();
+    device_stream = *std::move(created);
+  }
   try {
-    return std::make_shared<Stream>(limits_->max_queued_per_stream, threads_);
+    return std::make_shared<Stream>(std::move(device_stream),
+                                    limits_->max_queued_per_stream, threads_);
   } catch (const std::system_error& e) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot start a stream thread: ", e.what()));
@@ -454,11 +479,17 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
         "this client already has ", tenant->sessions,
         " sessions, the limit (--max_sessions_per_tenant); close unused ones"));
   }
+  // The default stream's device stream, so that a device out of streams
+  // is this call's error, not a session that cannot launch.
+  absl::StatusOr<std::unique_ptr<DeviceStream>> default_device_stream =
+      device_->CreateStream();
+  if (!default_device_stream.ok()) return default_device_stream.status();
   std::shared_ptr<Session> session;
   try {
     session = std::make_shared<Session>(
         id, next_serial_++, std::move(client_name), device_, &limits_,
-        &account_, stream_threads_, std::move(owner), tenant);
+        &account_, stream_threads_, std::move(owner), tenant,
+        *std::move(default_device_stream));
   } catch (const std::system_error& e) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot start the session's stream thread: ", e.what()));

@@ -118,13 +118,20 @@ class Session {
  public:
   // `serial` tags the session's device memory (Device::Allocate's owner).
   // `owner` is the identity that created it (see CallerIdentity); `tenant`
-  // accounts its memory against --tenant_memory_bytes.
+  // accounts its memory against --tenant_memory_bytes. Every stream's
+  // device stream comes from `device->CreateStream()`; the default
+  // stream's is `default_device_stream`, which SessionManager creates first
+  // so that a device out of streams fails CreateSession cleanly. Left null,
+  // the session creates it here, and a failure (or a null `device`, for
+  // tests of the handle tables) leaves the default stream host-only:
+  // launches on it fail.
   Session(std::string id, uint64_t serial, std::string client_name,
           Device* device, const SessionLimits* limits,
           MemoryAccounting* account,
           std::shared_ptr<StreamThreads> manager_threads,
           std::string owner = "anonymous",
-          std::shared_ptr<TenantUsage> tenant = nullptr);
+          std::shared_ptr<TenantUsage> tenant = nullptr,
+          std::unique_ptr<DeviceStream> default_device_stream = nullptr);
   // Cancels the streams' queued work (it does not wait for running work),
   // then drops the handles.
   ~Session();
@@ -146,6 +153,8 @@ class Session {
   absl::Status Free(uint64_t buffer);
   absl::StatusOr<std::shared_ptr<Buffer>> GetBuffer(uint64_t buffer) const;
 
+  // A new stream on a new device stream (Device::CreateStream, whose error
+  // is returned as is). RESOURCE_EXHAUSTED past --max_streams_per_session.
   absl::StatusOr<uint64_t> CreateStream();
   // Removes the stream; the caller destroys it (which drains it) off the RPC
   // thread. Stream 0 cannot be destroyed.

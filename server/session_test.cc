@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "kernels/ops.h"
+#include "server/fake_device.h"
 
 namespace opserver {
 namespace {
@@ -173,10 +174,8 @@ class SlowAllocationDevice : public Device {
     return static_cast<void*>(block_);
   }
   void Deallocate(void*, uint64_t) override {}
-  void CopyToDevice(void*, const void*, uint64_t) override {}
-  void CopyFromDevice(void*, const void*, uint64_t) override {}
-  absl::Status Launch(const kernels::Plan&, void*, uint64_t) override {
-    return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<DeviceStream>> CreateStream() override {
+    return absl::UnimplementedError("no streams");
   }
 
   absl::Notification entered_;
@@ -201,6 +200,51 @@ TEST_F(SessionLaunchTest, SessionIsBusyWhileMallocAllocates) {
   malloc.join();
   EXPECT_FALSE(session.Busy());
   EXPECT_GE(session.last_used(), before_end);
+}
+
+// Every stream's device stream comes from the device: a new kind of device
+// needs no change here.
+TEST(SessionDeviceTest, StreamsComeFromTheDevice) {
+  FakeDevice device;
+  SessionLimits limits;
+  MemoryAccounting account;
+  Session session("d", 3, "session_test", &device, &limits, &account,
+                  std::make_shared<StreamThreads>());
+  EXPECT_EQ(device.streams().size(), 1u) << "the default stream's";
+  absl::StatusOr<uint64_t> handle = session.CreateStream();
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  EXPECT_EQ(device.streams().size(), 2u);
+  std::shared_ptr<Stream> created = *session.GetStream(*handle);
+  std::shared_ptr<Stream> default_stream = *session.GetStream(0);
+  ASSERT_NE(created->device_stream(), nullptr);
+  ASSERT_NE(default_stream->device_stream(), nullptr);
+  EXPECT_NE(created->device_stream(), default_stream->device_stream());
+}
+
+TEST(SessionDeviceTest, CreateStreamFailsWithTheDevicesError) {
+  FakeDevice device(/*max_streams=*/1);
+  SessionLimits limits;
+  MemoryAccounting account;
+  Session session("d", 3, "session_test", &device, &limits, &account,
+                  std::make_shared<StreamThreads>());
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<uint64_t> handle = session.CreateStream();
+    EXPECT_EQ(handle.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_NE(handle.status().message().find("fake device"),
+              absl::string_view::npos)
+        << handle.status();
+  }
+  EXPECT_EQ(session.Stats().streams, 0u);
+  EXPECT_TRUE((*session.GetStream(0))->SynchronizeAndWait().ok());
+}
+
+TEST(SessionDeviceTest, CreateSessionFailsWhenTheDeviceHasNoStream) {
+  FakeDevice device(/*max_streams=*/0);
+  SessionManager manager(&device, SessionLimits());
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      manager.Create("client", "owner");
+  EXPECT_EQ(session.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(manager.session_count(), 0u);
 }
 
 }  // namespace

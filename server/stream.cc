@@ -56,8 +56,11 @@ struct Stream::GateState {
 };
 
 struct Stream::State {
-  State(size_t max, std::shared_ptr<StreamThreads> group)
-      : max_queued(max), threads(std::move(group)) {}
+  State(size_t max, std::shared_ptr<StreamThreads> group,
+        std::shared_ptr<DeviceStream> device_stream)
+      : max_queued(max),
+        threads(std::move(group)),
+        device(std::move(device_stream)) {}
 
   // One queue entry: a task (work, droppable), a callback (always runs) or
   // a gate (see Hold).
@@ -103,9 +106,17 @@ struct Stream::State {
   void Record(absl::Status status) {
     if (!status.ok() && first_error.ok()) first_error = std::move(status);
   }
+  // Runs `task` to completion: what it issued on the device stream has
+  // finished too (a no-op wait on a synchronous device), and a failure
+  // either reports counts. Only whoever holds `busy` calls it.
+  void Run(const Task& task) {
+    Record(task());
+    if (device != nullptr) Record(device->Synchronize());
+  }
 
   const size_t max_queued;
   const std::shared_ptr<StreamThreads> threads;
+  const std::shared_ptr<DeviceStream> device;
   mutable absl::Mutex mu;
   std::deque<Item> queue ABSL_GUARDED_BY(mu);
   size_t queued_tasks ABSL_GUARDED_BY(mu) = 0;
@@ -125,9 +136,15 @@ struct Stream::State {
 };
 
 Stream::Stream(size_t max_queued, std::shared_ptr<StreamThreads> threads)
+    : Stream(nullptr, max_queued, std::move(threads)) {}
+
+Stream::Stream(std::unique_ptr<DeviceStream> device_stream, size_t max_queued,
+               std::shared_ptr<StreamThreads> threads)
     : state_(std::make_shared<State>(
-          max_queued, threads != nullptr ? std::move(threads)
-                                         : StreamThreads::Default())) {
+          max_queued,
+          threads != nullptr ? std::move(threads) : StreamThreads::Default(),
+          std::move(device_stream))),
+      device_stream_(state_->device) {
   state_->threads->Add();
   // std::thread may throw (no more threads): the caller sees the exception
   // and the count is given back.
@@ -180,7 +197,7 @@ void Stream::Loop(std::shared_ptr<State> state) {
       continue;
     }
     if (item.task) {
-      state->Record(item.task());
+      state->Run(item.task);
     } else {
       item.callback();
     }
@@ -200,7 +217,7 @@ absl::Status Stream::Enqueue(Task task, bool inline_if_idle) {
       absl::MutexLock lock(&s.mu);
       if (s.cancelled) room = absl::CancelledError(s.cancel_reason);
     }
-    if (room.ok()) s.Record(task());
+    if (room.ok()) s.Run(task);
     s.Release();
     return room;
   }

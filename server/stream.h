@@ -11,12 +11,18 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/device.h"
 
 namespace opserver {
 
-// A device stream: an in-order queue of work run by its own thread, so that
-// work on one stream runs in issue order while different streams run
-// concurrently (their kernels share the device's compute pool).
+// A stream as clients see it: an in-order queue of work run by its own host
+// thread, so that work on one stream runs in issue order while different
+// streams run concurrently. Each owns the DeviceStream (server/device.h) its
+// device made for it; tasks issue their launches and copies there
+// (device_stream()), and after each task the stream calls
+// DeviceStream::Synchronize, whose error counts as the task's: a task, and
+// what it holds, is done only once the device is, so the ordering below
+// (Synchronize, WhenReached, gates) holds for asynchronous devices too.
 //
 // Errors are sticky until reported: the first failing task's status is kept
 // and handed to the next Synchronize, then cleared, so no failure is lost
@@ -66,6 +72,11 @@ class Stream {
   // until it exits. Throws std::system_error when no thread can be started.
   explicit Stream(size_t max_queued = 0,
                   std::shared_ptr<StreamThreads> threads = nullptr);
+  // The same with `device_stream` (from Device::CreateStream) as the stream
+  // its tasks run on; the constructor above makes a host-only stream (no
+  // device stream, for tests of the queue itself).
+  Stream(std::unique_ptr<DeviceStream> device_stream, size_t max_queued,
+         std::shared_ptr<StreamThreads> threads);
   // Cancels the work not yet started and returns without waiting for the
   // running task.
   ~Stream();
@@ -125,6 +136,14 @@ class Stream {
   // callers that must not consume anything for a task the stream refuses.
   absl::Status CheckRoom() const;
 
+  // The device stream tasks issue their operations on; null for a host-only
+  // stream. Only a task (or a callback or gate holding the stream) may use
+  // it, and it must capture the pointer, not the Stream: it stays valid
+  // until the stream's thread has exited, which may be after ~Stream.
+  const std::shared_ptr<DeviceStream>& device_stream() const {
+    return device_stream_;
+  }
+
   // Tasks waiting to run (not counting the running one).
   size_t queued() const;
   // True while a task or callback runs or waits.
@@ -137,6 +156,8 @@ class Stream {
 
   // Shared with the thread, which may outlive the Stream object.
   std::shared_ptr<State> state_;
+  // Also held by the State, for the thread.
+  std::shared_ptr<DeviceStream> device_stream_;
 };
 
 // A transfer's hold on its stream (see Stream::Hold); destroying the last

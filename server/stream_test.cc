@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/fake_device.h"
 
 namespace opserver {
 namespace {
@@ -316,6 +317,54 @@ TEST(StreamTest, DestroyingAStreamWithAHeldGateDoesNotWait) {
   }
   EXPECT_TRUE(cancelled.load());
   gate.reset();  // After the stream: still fine.
+}
+
+TEST(StreamTest, AHostOnlyStreamHasNoDeviceStream) {
+  Stream stream;
+  EXPECT_EQ(stream.device_stream(), nullptr);
+}
+
+// On an asynchronous device a task only queues its work; the stream
+// synchronizes the device stream after each task, so whatever the stream
+// reports as done (a synchronize, a WhenReached, an inline task's return)
+// has really finished on the device.
+TEST(StreamTest, TasksAreDoneOnlyOnceTheirDeviceWorkIs) {
+  FakeDevice device;
+  absl::StatusOr<std::unique_ptr<DeviceStream>> created = device.CreateStream();
+  ASSERT_TRUE(created.ok());
+  Stream stream(*std::move(created), 0, nullptr);
+  std::shared_ptr<DeviceStream> queue = stream.device_stream();
+  ASSERT_NE(queue, nullptr);
+  const std::shared_ptr<FakeStreamRecord> record = device.streams()[0];
+
+  int source = 7, target = 0, seen = -1;
+  Enq(stream, [&] { return queue->CopyToDevice(&target, &source, 4); });
+  stream.WhenReached([&] { seen = target; });
+  EXPECT_TRUE(stream.SynchronizeAndWait().ok());
+  EXPECT_EQ(seen, 7);
+  EXPECT_EQ(record->copies.load(), 1);
+  EXPECT_EQ(record->pending.load(), 0);
+
+  // The stream's thread reports idle just after the synchronize.
+  while (stream.busy()) absl::SleepFor(absl::Milliseconds(1));
+  source = 9;
+  Enq(
+      stream, [&] { return queue->CopyToDevice(&target, &source, 4); },
+      /*inline_if_idle=*/true);
+  EXPECT_EQ(target, 9) << "an inline task returns complete";
+  EXPECT_EQ(record->pending.load(), 0);
+  EXPECT_TRUE(stream.SynchronizeAndWait().ok());
+}
+
+TEST(StreamTest, ADeviceStreamsErrorIsTheTasksError) {
+  FakeDevice device;
+  Stream stream(*device.CreateStream(), 0, nullptr);
+  device.FailNextSynchronize(absl::InternalError("kernel fault"));
+  Enq(stream, [] { return absl::OkStatus(); });
+  absl::Status status = stream.SynchronizeAndWait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(status.message(), "kernel fault");
+  EXPECT_TRUE(stream.SynchronizeAndWait().ok()) << "reported once";
 }
 
 }  // namespace

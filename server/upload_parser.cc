@@ -112,9 +112,19 @@ absl::Status UploadWriter::Write(grpc::ByteBuffer* message) {
         if (void* host = device_->HostAddress(target); host != nullptr) {
           read = input.ReadRaw(host, static_cast<int>(length));
         } else {
+          if (stream_ == nullptr) {
+            return absl::FailedPreconditionError(
+                "the stream has no device stream to copy through");
+          }
           staging_.resize(length);
           read = input.ReadRaw(staging_.data(), static_cast<int>(length));
-          if (read) device_->CopyToDevice(target, staging_.data(), length);
+          if (read) {
+            // Synchronized before staging_ is reused for the next message.
+            absl::Status copied =
+                stream_->CopyToDevice(target, staging_.data(), length);
+            if (copied.ok()) copied = stream_->Synchronize();
+            if (!copied.ok()) return copied;
+          }
         }
         if (!read) return Malformed();
         written_ += length;

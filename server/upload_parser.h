@@ -6,7 +6,9 @@
 #define OPSERVER_SERVER_UPLOAD_PARSER_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
@@ -37,11 +39,18 @@ absl::Status ParseUploadRequest(grpc::ByteBuffer* message,
 absl::StatusOr<v1::UploadRequest> ParseUploadHeader(grpc::ByteBuffer* message);
 
 // Copies the data of an upload's messages, in order, into the `size` bytes
-// at device address `target` of `device`.
+// at device address `target` of `device`: in place where the host can
+// address it (Device::HostAddress), else staged and copied through
+// `stream` (which the caller must not use meanwhile; null fails such an
+// upload).
 class UploadWriter {
  public:
-  UploadWriter(Device* device, char* target, uint64_t size)
-      : device_(device), target_(target), size_(size) {}
+  UploadWriter(Device* device, std::shared_ptr<DeviceStream> stream,
+               char* target, uint64_t size)
+      : device_(device),
+        stream_(std::move(stream)),
+        target_(target),
+        size_(size) {}
 
   // Copies the data fields of `message` after what came before.
   // INVALID_ARGUMENT for a malformed message or data past `size`.
@@ -55,6 +64,7 @@ class UploadWriter {
 
  private:
   Device* const device_;
+  const std::shared_ptr<DeviceStream> stream_;
   char* const target_;
   const uint64_t size_;
   uint64_t written_ = 0;

@@ -1,0 +1,109 @@
+#include "server/fake_device.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace opserver {
+
+DeviceDescription FakeDevice::Describe() const {
+  DeviceDescription description;
+  description.kind = "fake";
+  description.name = "asynchronous test device";
+  description.memory_bytes = 1ull << 30;
+  description.threads = 1;
+  return description;
+}
+
+absl::StatusOr<void*> FakeDevice::Allocate(uint64_t bytes, uint64_t) {
+  char* block = new char[bytes];
+  std::memset(block, 0, bytes);
+  return static_cast<void*>(block);
+}
+
+void FakeDevice::Deallocate(void* block, uint64_t) {
+  delete[] static_cast<char*>(block);
+}
+
+absl::StatusOr<std::unique_ptr<DeviceStream>> FakeDevice::CreateStream() {
+  absl::MutexLock lock(&mu_);
+  if (max_streams_ >= 0 &&
+      streams_.size() >= static_cast<size_t>(max_streams_)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("fake device: all ", max_streams_, " streams are in use"));
+  }
+  auto record = std::make_shared<FakeStreamRecord>();
+  streams_.push_back(record);
+  return std::make_unique<FakeStream>(shared_, std::move(record));
+}
+
+std::vector<std::shared_ptr<FakeStreamRecord>> FakeDevice::streams() const {
+  absl::MutexLock lock(&mu_);
+  return streams_;
+}
+
+void FakeDevice::FailNextSynchronize(absl::Status error) {
+  absl::MutexLock lock(&shared_->mu);
+  shared_->injected = std::move(error);
+}
+
+FakeStream::~FakeStream() {
+  // As an asynchronous device's stream destructor waits for its work.
+  Synchronize().IgnoreError();
+}
+
+void FakeStream::Queue(std::function<absl::Status()> op) {
+  queued_.push_back(std::move(op));
+  ++record_->pending;
+}
+
+absl::Status FakeStream::CopyToDevice(void* device_dst, const void* host_src,
+                                      uint64_t bytes) {
+  ++record_->copies;
+  Queue([=] {
+    if (bytes != 0) std::memcpy(device_dst, host_src, bytes);
+    return absl::OkStatus();
+  });
+  return absl::OkStatus();
+}
+
+absl::Status FakeStream::CopyFromDevice(void* host_dst, const void* device_src,
+                                        uint64_t bytes) {
+  ++record_->copies;
+  Queue([=] {
+    if (bytes != 0) std::memcpy(host_dst, device_src, bytes);
+    return absl::OkStatus();
+  });
+  return absl::OkStatus();
+}
+
+absl::Status FakeStream::Launch(const kernels::Plan& plan, void* workspace,
+                                uint64_t workspace_size) {
+  ++record_->launches;
+  // By reference: the caller keeps the plan until Synchronize returns.
+  Queue([&plan, workspace, workspace_size, compute = &device_->compute] {
+    return kernels::RunPlan(plan, workspace, workspace_size, compute);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status FakeStream::Synchronize() {
+  ++record_->synchronizes;
+  absl::Status first;
+  for (std::function<absl::Status()>& op : queued_) {
+    absl::Status status = op();
+    if (first.ok()) first = std::move(status);
+    --record_->pending;
+  }
+  queued_.clear();
+  absl::Status injected;
+  {
+    absl::MutexLock lock(&device_->mu);
+    injected = std::exchange(device_->injected, absl::OkStatus());
+  }
+  if (first.ok()) first = std::move(injected);
+  return first;
+}
+
+}  // namespace opserver

@@ -1,0 +1,105 @@
+// A Device for tests that behaves like an asynchronous accelerator, so the
+// server's use of the Device/DeviceStream interface is checked against what
+// a CUDA device would do, not just against the CPU device (whose operations
+// are complete when they return).
+#ifndef OPSERVER_SERVER_FAKE_DEVICE_H_
+#define OPSERVER_SERVER_FAKE_DEVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/ops.h"
+#include "kernels/thread_pool.h"
+#include "server/device.h"
+
+namespace opserver {
+
+// What FakeDevice shares with its streams, which may outlive it in tests
+// (a stream's thread releases its device stream on its way out, after the
+// test's device may be gone; the server's SessionManager waits for it).
+struct FakeDeviceShared {
+  kernels::ThreadPool compute{1};
+  absl::Mutex mu;
+  // See FakeDevice::FailNextSynchronize.
+  absl::Status injected ABSL_GUARDED_BY(mu);
+};
+
+// What one FakeStream did; the device keeps it after the stream is gone.
+struct FakeStreamRecord {
+  std::atomic<int> launches{0};
+  std::atomic<int> copies{0};
+  std::atomic<int> synchronizes{0};
+  // Operations queued and not yet run (by Synchronize).
+  std::atomic<int> pending{0};
+};
+
+// Host memory; streams that only queue their operations and run them at
+// Synchronize (or destruction), as an asynchronous device's would finish
+// later. A caller that reads a copy's result, or releases what an operation
+// uses, before synchronizing sees stale data (or ASan sees a use after
+// free). Thread-safe.
+class FakeDevice : public Device {
+ public:
+  // `max_streams` < 0: no limit; else CreateStream fails with
+  // RESOURCE_EXHAUSTED once that many were created.
+  explicit FakeDevice(int max_streams = -1, bool host_addressable = true)
+      : max_streams_(max_streams), host_addressable_(host_addressable) {}
+
+  DeviceDescription Describe() const override;
+  absl::StatusOr<void*> Allocate(uint64_t bytes, uint64_t owner) override;
+  void Deallocate(void* block, uint64_t bytes) override;
+  absl::StatusOr<std::unique_ptr<DeviceStream>> CreateStream() override;
+  void* HostAddress(void* device_ptr) override {
+    return host_addressable_ ? device_ptr : nullptr;
+  }
+
+  // The records of the streams created so far, in creation order.
+  std::vector<std::shared_ptr<FakeStreamRecord>> streams() const;
+  // The next Synchronize of any stream reports `error` (an asynchronous
+  // kernel fault) after running its operations.
+  void FailNextSynchronize(absl::Status error);
+
+ private:
+  const int max_streams_;
+  const bool host_addressable_;
+  const std::shared_ptr<FakeDeviceShared> shared_ =
+      std::make_shared<FakeDeviceShared>();
+  mutable absl::Mutex mu_;
+  std::vector<std::shared_ptr<FakeStreamRecord>> streams_ ABSL_GUARDED_BY(mu_);
+};
+
+// FakeDevice's device stream.
+class FakeStream : public DeviceStream {
+ public:
+  FakeStream(std::shared_ptr<FakeDeviceShared> device,
+             std::shared_ptr<FakeStreamRecord> record)
+      : device_(std::move(device)), record_(std::move(record)) {}
+  ~FakeStream() override;
+
+  absl::Status CopyToDevice(void* device_dst, const void* host_src,
+                            uint64_t bytes) override;
+  absl::Status CopyFromDevice(void* host_dst, const void* device_src,
+                              uint64_t bytes) override;
+  absl::Status Launch(const kernels::Plan& plan, void* workspace,
+                      uint64_t workspace_size) override;
+  absl::Status Synchronize() override;
+
+ private:
+  void Queue(std::function<absl::Status()> op);
+
+  const std::shared_ptr<FakeDeviceShared> device_;
+  const std::shared_ptr<FakeStreamRecord> record_;
+  // Not thread-safe, as the interface allows.
+  std::vector<std::function<absl::Status()>> queued_;
+};
+
+}  // namespace opserver
+
+#endif  // OPSERVER_SERVER_FAKE_DEVICE_H_

@@ -1,0 +1,107 @@
+#include "server/launch.h"
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/aclnn_status.h"
+#include "server/fake_device.h"
+#include "server/session.h"
+
+namespace opserver {
+namespace {
+
+// Launches on an asynchronous device (FakeDevice): they go to the launch
+// stream's device stream, and are complete when the stream says so.
+class LaunchTest : public ::testing::Test {
+ protected:
+  void Open(int max_streams = -1) {
+    device_ = std::make_unique<FakeDevice>(max_streams);
+    session_ = std::make_unique<Session>("s", 1, "launch_test", device_.get(),
+                                         &limits_, &account_,
+                                         std::make_shared<StreamThreads>());
+  }
+
+  uint64_t Floats(const std::vector<float>& values) {
+    absl::StatusOr<uint64_t> handle =
+        session_->Malloc(values.size() * sizeof(float));
+    EXPECT_TRUE(handle.ok()) << handle.status();
+    std::memcpy((*session_->GetBuffer(*handle))->data(), values.data(),
+                values.size() * sizeof(float));
+    return *handle;
+  }
+
+  static v1::TensorDesc Desc(uint64_t buffer) {
+    v1::TensorDesc desc;
+    desc.set_buffer(buffer);
+    desc.set_dtype(v1::FLOAT);
+    desc.add_shape(4);
+    return desc;
+  }
+
+  // ThresholdBackward(grad, self, 1.0) -> out, planned and registered.
+  uint64_t PlanThreshold(uint64_t grad, uint64_t self, uint64_t out) {
+    v1::GetWorkspaceSizeRequest request;
+    request.set_op("ThresholdBackward");
+    request.mutable_params()->set_threshold(1.0);
+    (*request.mutable_tensors())["gradOutput"] = Desc(grad);
+    (*request.mutable_tensors())["self"] = Desc(self);
+    (*request.mutable_tensors())["out"] = Desc(out);
+    absl::StatusOr<std::shared_ptr<Executor>> executor =
+        PlanExecutor(request, *session_, limits_.max_launch_elements);
+    EXPECT_TRUE(executor.ok()) << executor.status();
+    absl::StatusOr<uint64_t> handle =
+        session_->AddExecutor(*std::move(executor));
+    EXPECT_TRUE(handle.ok()) << handle.status();
+    return *handle;
+  }
+
+  std::vector<float> Read(uint64_t handle) {
+    std::vector<float> out(4);
+    std::memcpy(out.data(), (*session_->GetBuffer(handle))->data(),
+                4 * sizeof(float));
+    return out;
+  }
+
+  SessionLimits limits_;
+  MemoryAccounting account_;
+  std::unique_ptr<FakeDevice> device_;  // Outlives the session.
+  std::unique_ptr<Session> session_;
+};
+
+TEST_F(LaunchTest, RunsOnTheLaunchStreamsDeviceStream) {
+  Open();
+  const uint64_t grad = Floats({4.5, 4.4, 4.3, 4.2});
+  const uint64_t self = Floats({0.2, 1.2, 2.2, 3.2});
+  const uint64_t out = Floats({-1, -1, -1, -1});
+  absl::StatusOr<uint64_t> stream = session_->CreateStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  v1::ExecuteRequest request;
+  request.set_executor(PlanThreshold(grad, self, out));
+  request.set_stream(*stream);
+  ASSERT_TRUE(LaunchExecutor(request, *session_).ok());
+  EXPECT_TRUE((*session_->GetStream(*stream))->SynchronizeAndWait().ok());
+  EXPECT_EQ(Read(out), (std::vector<float>{0, 4.4f, 4.3f, 4.2f}));
+  std::vector<std::shared_ptr<FakeStreamRecord>> streams = device_->streams();
+  ASSERT_EQ(streams.size(), 2u);
+  EXPECT_EQ(streams[0]->launches.load(), 0) << "the default stream's";
+  EXPECT_EQ(streams[1]->launches.load(), 1);
+  EXPECT_EQ(streams[1]->pending.load(), 0);
+}
+
+// A session whose device could not give its default stream a device stream
+// (only possible when it is built directly, not by SessionManager) refuses
+// launches there, keeping the executor.
+TEST_F(LaunchTest, AStreamWithoutADeviceStreamRefusesLaunches) {
+  Open(/*max_streams=*/0);
+  const uint64_t a = Floats({1, 2, 3, 4});
+  v1::ExecuteRequest request;
+  request.set_executor(PlanThreshold(a, a, a));
+  absl::Status status = LaunchExecutor(request, *session_);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_EQ(session_->Stats().executors, 1u);
+}
+
+}  // namespace
+}  // namespace opserver
