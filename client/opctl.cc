@@ -35,9 +35,9 @@
 #include "client/client.h"
 #include "client/host_tensor.h"
 #include "client/loopback_tcp.h"
+#include "common/listen_address.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
-#include "server/listen_address.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "opserver to talk to.");
 ABSL_FLAG(int, timeout_ms, 5000,
