@@ -312,7 +312,7 @@ std::vector<OpEntry> BuildEntries() {
              {{"gradOutput", false, kThresholdDTypes},
               {"self", false, kThresholdDTypes},
               {"out", true, kThresholdDTypes}},
-             {{"threshold", "float", {}}},
+             {{"threshold", "float", {}, 0.0}},  // 0: ReLU (PyTorch has none).
              "out = self > threshold ? gradOutput : 0 (NaN self passes); "
              "gradOutput, self, out same dtype; gradOutput/self broadcast"},
       &CheckThreshold});
@@ -323,7 +323,7 @@ std::vector<OpEntry> BuildEntries() {
              {{"gradOutput", false, kHalfFloatDTypes},
               {"self", false, kHalfFloatDTypes},
               {"gradInput", true, kHalfFloatDTypes}},
-             {{"lambd", "float", {}}},
+             {{"lambd", "float", {}, 0.5}},
              "gradInput = |self| > lambd ? gradOutput : 0 (NaN self passes); "
              "lambd >= 0; gradInput has the promoted dtype; broadcast"},
       &CheckSoftshrink});
@@ -346,8 +346,8 @@ std::vector<OpEntry> BuildEntries() {
              {{"gradOutput", false, kFloatDTypes},
               {"self", false, kFloatDTypes},
               {"out", true, kFloatDTypes}},
-             {{"negativeSlope", "scalar", kSlopeDTypes},
-              {"selfIsResult", "bool", {}}},
+             {{"negativeSlope", "scalar", kSlopeDTypes, 0.01},
+              {"selfIsResult", "bool", {}, 0.0}},
              "out = self > 0 ? gradOutput : gradOutput * negativeSlope; dtypes "
              "promoted, cast to out; negativeSlope >= 0 if selfIsResult; "
              "broadcast"},
@@ -359,7 +359,7 @@ std::vector<OpEntry> BuildEntries() {
                      {{"gradOutput", false, kHalfFloatDTypes},
                       {"mask", false, {DType::kUint8}},
                       {"out", true, kFloatDTypes}},
-                     {{"scale", "double", {}}},
+                     {{"scale", "double", {}, 2.0}},  // nn.Dropout: p = 0.5.
                      "out = bit i of mask (LSB first) ? gradOutput * scale : "
                      "0; mask holds "
                      "align(numel,128)/8 bytes; scale 0 or >= 1 (1 copies)"},
