@@ -866,58 +866,33 @@ absl::StatusOr<Executor> Session::GetWorkspaceSize(
   return Executor(this, response.executor(), response.workspace_size());
 }
 
-absl::StatusOr<Executor> Session::ThresholdBackward(
-    const TensorDesc& grad_output, const TensorDesc& self, double threshold,
-    const TensorDesc& out) {
-  v1::OpParams params;
-  params.set_threshold(threshold);
-  return GetWorkspaceSize(
-      "ThresholdBackward", params,
-      {{"gradOutput", grad_output}, {"self", self}, {"out", out}});
-}
-
-absl::StatusOr<Executor> Session::SoftshrinkBackward(
-    const TensorDesc& grad_output, const TensorDesc& self, double lambd,
-    const TensorDesc& grad_input) {
-  v1::OpParams params;
-  params.set_lambd(lambd);
-  return GetWorkspaceSize(
-      "SoftshrinkBackward", params,
-      {{"gradOutput", grad_output}, {"self", self}, {"gradInput", grad_input}});
-}
-
-absl::StatusOr<Executor> Session::HardswishBackward(
-    const TensorDesc& grad_output, const TensorDesc& self,
-    const TensorDesc& out) {
-  return GetWorkspaceSize(
-      "HardswishBackward", v1::OpParams(),
-      {{"gradOutput", grad_output}, {"self", self}, {"out", out}});
-}
-
-absl::StatusOr<Executor> Session::LeakyReluBackward(
-    const TensorDesc& grad_output, const TensorDesc& self,
-    const ScalarValue& negative_slope, bool self_is_result,
-    const TensorDesc& out) {
-  v1::OpParams params;
-  params.mutable_negative_slope()->set_dtype(
-      ToProtoDType(negative_slope.dtype));
-  params.mutable_negative_slope()->set_value(negative_slope.value);
-  params.set_self_is_result(self_is_result);
-  return GetWorkspaceSize(
-      "LeakyReluBackward", params,
-      {{"gradOutput", grad_output}, {"self", self}, {"out", out}});
-}
-
-absl::StatusOr<Executor> Session::DropoutBackward(const TensorDesc& grad_output,
-                                                  const TensorDesc& mask,
-                                                  double scale,
-                                                  const TensorDesc& out) {
-  v1::OpParams params;
-  params.set_scale(scale);
-  return GetWorkspaceSize(
-      "DropoutBackward", params,
-      {{"gradOutput", grad_output}, {"mask", mask}, {"out", out}});
-}
+// The typed wrappers of op_signatures.h: each sets its parameters and
+// names its tensors for GetWorkspaceSize.
+#define OPSERVER_SET_PARAM_FLOAT(field) params.set_##field(field);
+#define OPSERVER_SET_PARAM_DOUBLE(field) params.set_##field(field);
+#define OPSERVER_SET_PARAM_BOOL(field) params.set_##field(field);
+#define OPSERVER_SET_PARAM_SCALAR(field)                          \
+  params.mutable_##field()->set_dtype(ToProtoDType(field.dtype)); \
+  params.mutable_##field()->set_value(field.value);
+#define OPSERVER_SET_PARAM(KIND, aclnn_name, field) \
+  OPSERVER_SET_PARAM_##KIND(field)
+#define OPSERVER_SESSION_OP_DEFINITION(Name, in0, in1, out, PARAMS)   \
+  absl::StatusOr<Executor> Session::Name(                             \
+      const TensorDesc& in0,                                          \
+      const TensorDesc& in1 PARAMS(OPSERVER_SESSION_PARAM),           \
+      const TensorDesc& out) {                                        \
+    v1::OpParams params;                                              \
+    PARAMS(OPSERVER_SET_PARAM)                                        \
+    return GetWorkspaceSize(#Name, params,                            \
+                            {{#in0, in0}, {#in1, in1}, {#out, out}}); \
+  }
+OPSERVER_OPERATORS(OPSERVER_SESSION_OP_DEFINITION)
+#undef OPSERVER_SESSION_OP_DEFINITION
+#undef OPSERVER_SET_PARAM
+#undef OPSERVER_SET_PARAM_SCALAR
+#undef OPSERVER_SET_PARAM_BOOL
+#undef OPSERVER_SET_PARAM_DOUBLE
+#undef OPSERVER_SET_PARAM_FLOAT
 
 absl::Status Session::ExecuteHandle(uint64_t executor, uint64_t stream,
                                     uint64_t workspace,

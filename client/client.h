@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/command_channel.h"
+#include "client/op_signatures.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kernels/dtype.h"
 #include "proto/opserver.grpc.pb.h"
@@ -318,27 +319,32 @@ class Session {
                                                  uint64_t count,
                                                  uint64_t stream = 0);
 
-  // Phase one of each operator: checks the arguments and returns the plan.
+  // Phase one of each operator in OPSERVER_OPERATORS (op_signatures.h):
+  // checks the arguments and returns the plan. The arguments are aclnn's,
+  // in its order; a FLOAT or DOUBLE parameter is a double, SCALAR a
+  // ScalarValue, BOOL a bool:
+  //   ThresholdBackward(grad_output, self, threshold, out)
+  //   SoftshrinkBackward(grad_output, self, lambd, grad_input)
+  //   HardswishBackward(grad_output, self, out)
+  //   LeakyReluBackward(grad_output, self, negative_slope, self_is_result,
+  //                     out)
+  //   DropoutBackward(grad_output, mask, scale, out)
   // Failures carry the aclnn status (kernels::GetAclnnStatus).
-  absl::StatusOr<Executor> ThresholdBackward(const TensorDesc& grad_output,
-                                             const TensorDesc& self,
-                                             double threshold,
-                                             const TensorDesc& out);
-  absl::StatusOr<Executor> SoftshrinkBackward(const TensorDesc& grad_output,
-                                              const TensorDesc& self,
-                                              double lambd,
-                                              const TensorDesc& grad_input);
-  absl::StatusOr<Executor> HardswishBackward(const TensorDesc& grad_output,
-                                             const TensorDesc& self,
-                                             const TensorDesc& out);
-  absl::StatusOr<Executor> LeakyReluBackward(const TensorDesc& grad_output,
-                                             const TensorDesc& self,
-                                             const ScalarValue& negative_slope,
-                                             bool self_is_result,
-                                             const TensorDesc& out);
-  absl::StatusOr<Executor> DropoutBackward(const TensorDesc& grad_output,
-                                           const TensorDesc& mask, double scale,
-                                           const TensorDesc& out);
+  // (The parameter macros stay defined: client.cc's definitions use them.)
+#define OPSERVER_SESSION_PARAM_FLOAT double
+#define OPSERVER_SESSION_PARAM_DOUBLE double
+#define OPSERVER_SESSION_PARAM_BOOL bool
+#define OPSERVER_SESSION_PARAM_SCALAR const ScalarValue&
+#define OPSERVER_SESSION_PARAM(KIND, aclnn_name, field) \
+  , OPSERVER_SESSION_PARAM_##KIND field
+#define OPSERVER_SESSION_OP(Name, in0, in1, out, PARAMS)    \
+  absl::StatusOr<Executor> Name(                            \
+      const TensorDesc& in0,                                \
+      const TensorDesc& in1 PARAMS(OPSERVER_SESSION_PARAM), \
+      const TensorDesc& out);
+  OPSERVER_OPERATORS(OPSERVER_SESSION_OP)
+#undef OPSERVER_SESSION_OP
+
   // Any operator by name, tensors by argument name (as ListOperators gives).
   absl::StatusOr<Executor> GetWorkspaceSize(
       const std::string& op, const v1::OpParams& params,

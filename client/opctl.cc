@@ -18,7 +18,6 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -35,9 +34,10 @@
 #include "client/client.h"
 #include "client/host_tensor.h"
 #include "client/loopback_tcp.h"
+#include "client/op_catalog.h"
+#include "common/listen_address.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
-#include "server/listen_address.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "opserver to talk to.");
 ABSL_FLAG(int, timeout_ms, 5000,
@@ -77,21 +77,23 @@ constexpr char kUsage[] =
 
 constexpr char kRunUsage[] =
     "Usage: opctl [--server=..] run OP [--NAME=VALUE ...]\n"
-    "Runs one operator (ThresholdBackward, SoftshrinkBackward,\n"
-    "HardswishBackward, LeakyReluBackward, DropoutBackward; 'opctl ops' lists\n"
-    "them) through device memory and the two aclnn phases, and prints the\n"
-    "output.\n"
-    "  --ARG=1,2,3        values of an input tensor (gradOutput, self, mask)\n"
+    "Runs one operator the server offers through device memory and the two\n"
+    "aclnn phases, and prints the output. OP and its arguments are those\n"
+    "'opctl ops' lists (below, when the server answers), each one a flag:\n"
+    "  --ARG=1,2,3        values of an input tensor (e.g. --gradOutput)\n"
     "  --ARG=@FILE.npy    an input tensor from a .npy file (dtype and shape\n"
     "                     from the file)\n"
     "  --ARG_shape=2,2    shape of an input given by values (default: 1-D)\n"
-    "  --ARG_dtype=NAME   dtype of one tensor, output included (default\n"
-    "                     --dtype; a mask is UINT8)\n"
+    "  --ARG_dtype=NAME   dtype of one tensor, output included (default: the\n"
+    "                     argument's only dtype if it has one, else --dtype)\n"
     "  --dtype=NAME       dtype of the tensors (default FLOAT)\n"
-    "  --threshold=X --lambd=X --scale=X --negativeSlope=X\n"
-    "  --negativeSlope_dtype=NAME --selfIsResult=true|false\n"
-    "                     the operator's parameters\n"
+    "  --PARAM=X          a parameter (e.g. --threshold=1, --selfIsResult);\n"
+    "                     absent: the server's default\n"
+    "  --PARAM_dtype=NAME dtype of an aclScalar parameter (default: the\n"
+    "                     first the server lists)\n"
     "  --output=FILE.npy  write the output there instead of printing it\n"
+    "The output has the shape the operator's checks accept: the inputs'\n"
+    "broadcast shape, else the shape of one input.\n"
     "Example: opctl run ThresholdBackward --threshold=1 \\\n"
     "           --gradOutput=4.5,4.4,4.3,4.2 --self=0.2,1.2,2.2,3.2";
 
@@ -101,9 +103,10 @@ constexpr char kBenchUsage[] =
     "Measures upload and download throughput of --bytes (default 67108864)\n"
     "next to a raw TCP one-way stream over this host's loopback (the\n"
     "path's limit when the server is on loopback too),\n"
-    "and the latency of each operator (GetWorkspaceSize + Execute +\n"
-    "SynchronizeStream) on FLOAT tensors of --elements (default 1024)\n"
-    "elements, over --iterations runs (default 20; median and minimum),\n"
+    "and the latency of each operator the server offers (GetWorkspaceSize\n"
+    "+ Execute + SynchronizeStream, parameters at their defaults) on\n"
+    "tensors of --elements (default 1024) elements, FLOAT where allowed,\n"
+    "over --iterations runs (default 20; median and minimum),\n"
     "then a backward step of 250 dependent operators with one synchronize,\n"
     "pipelined and with unary calls, in microseconds per operator and in\n"
     "round trips (a synchronize of an idle stream, measured alongside).";
@@ -114,9 +117,11 @@ int Fail(absl::string_view message) {
   return 1;
 }
 
-int FailStatus(const absl::Status& status) {
+// `status`'s message after `prefix`, with its aclnn status when that says
+// more than the message.
+int FailStatus(const absl::Status& status, absl::string_view prefix = "") {
   const int32_t aclnn = kernels::GetAclnnStatus(status);
-  std::string message(status.message());
+  std::string message = absl::StrCat(prefix, status.message());
   if (aclnn == kernels::kAclnnErrParamNullptr ||
       aclnn == kernels::kAclnnErrParamInvalid ||
       aclnn == kernels::kAclnnErrInnerNullptr) {
@@ -182,8 +187,16 @@ int Ops(Client& client) {
                   t.role().c_str(), DTypeNames(t.dtypes()).c_str());
     }
     for (const v1::ParamInfo& p : op.params()) {
+      std::string details = p.description();
+      if (p.has_default_value()) {
+        const std::string value =
+            p.type() == "bool" ? (p.default_value() != 0 ? "true" : "false")
+                               : absl::StrCat(p.default_value());
+        details = absl::StrCat("default ", value, details.empty() ? "" : "; ",
+                               details);
+      }
       std::printf("  param  %-11s %-6s %s\n", p.aclnn_name().c_str(),
-                  p.type().c_str(), p.description().c_str());
+                  p.type().c_str(), details.c_str());
     }
   }
   return 0;
@@ -229,55 +242,47 @@ absl::StatusOr<CommandArgs> ParseCommandArgs(
   return parsed;
 }
 
-absl::StatusOr<double> NumberFlag(CommandArgs& args, const std::string& name,
-                                  double fallback) {
-  const std::string* value = args.Get(name);
-  if (value == nullptr) return fallback;
-  double v;
-  if (!absl::SimpleAtod(*value, &v)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", name, "=", *value, " is not a number"));
-  }
-  return v;
+// Flags of `run` itself, which no operator argument may shadow.
+const std::vector<std::string>& RunFlags() {
+  static const auto* const flags =
+      new std::vector<std::string>{"dtype", "output", "help"};
+  return *flags;
 }
 
-// NumPy broadcasting of two shapes.
-absl::StatusOr<std::vector<int64_t>> Broadcast(std::vector<int64_t> a,
-                                               std::vector<int64_t> b) {
-  if (a.size() < b.size()) std::swap(a, b);
-  std::vector<int64_t> out = a;
-  const size_t shift = a.size() - b.size();
-  for (size_t i = 0; i < b.size(); ++i) {
-    int64_t x = a[shift + i], y = b[i];
-    if (x != y && x != 1 && y != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shapes [", absl::StrJoin(a, ","), "] and [",
-                       absl::StrJoin(b, ","), "] do not broadcast"));
+// The server's operators (ListOperators), checked.
+absl::StatusOr<OpCatalog> FetchCatalog(Client& client) {
+  absl::StatusOr<v1::ListOperatorsResponse> ops = client.ListOperators();
+  if (!ops.ok()) return ops.status();
+  return ParseCatalog(*ops, RunFlags());
+}
+
+// "--gradOutput --self [--threshold=0] -> out": how to call `op`.
+std::string Synopsis(const OpSignature& op) {
+  std::vector<std::string> parts;
+  for (const TensorSignature& t : op.inputs) parts.push_back("--" + t.name);
+  for (const ParamSignature& p : op.params) {
+    if (!p.default_value.has_value()) {
+      parts.push_back(absl::StrCat("--", p.name, "=X"));
+    } else if (p.type == "bool") {
+      parts.push_back(absl::StrCat(
+          "[--", p.name, "=", *p.default_value != 0 ? "true" : "false", "]"));
+    } else {
+      parts.push_back(absl::StrCat("[--", p.name, "=", *p.default_value, "]"));
     }
-    out[shift + i] = x == 1 ? y : x;
   }
-  return out;
+  return absl::StrCat(absl::StrJoin(parts, " "), " -> ", op.output.name);
 }
 
-struct OpArgs {
-  const char* name;
-  std::vector<std::string> inputs;
-  std::string output;
-};
-
-const OpArgs* FindOp(absl::string_view name) {
-  static const OpArgs kOps[] = {
-      {"ThresholdBackward", {"gradOutput", "self"}, "out"},
-      {"SoftshrinkBackward", {"gradOutput", "self"}, "gradInput"},
-      {"HardswishBackward", {"gradOutput", "self"}, "out"},
-      {"LeakyReluBackward", {"gradOutput", "self"}, "out"},
-      {"DropoutBackward", {"gradOutput", "mask"}, "out"},
-  };
-  absl::ConsumePrefix(&name, "aclnn");
-  for (const OpArgs& op : kOps) {
-    if (absl::EqualsIgnoreCase(op.name, name)) return &op;
+// Why `name` is not an operator of `catalog`, naming the ones it has.
+std::string UnknownOperator(const OpCatalog& catalog, absl::string_view name) {
+  std::string message = absl::StrCat("run: unknown operator '", name,
+                                     "'; the server offers ", catalog.Names());
+  if (!catalog.rejected.empty()) {
+    absl::StrAppend(&message, " (", catalog.rejected.size(),
+                    " more it lists are unusable, e.g. ",
+                    catalog.rejected.front(), ")");
   }
-  return nullptr;
+  return message;
 }
 
 // The shortest text that reads back as the same element: 4.4 for the FLOAT
@@ -304,10 +309,37 @@ std::string FormatValue(double v, DType dtype) {
 using Connector =
     std::function<absl::StatusOr<std::unique_ptr<Client>>(bool pipeline)>;
 
+// Usage, then each operator the server offers; the server's silence is
+// reported, not an error (help works without a server).
+int RunHelp(const Connector& connect) {
+  std::printf("%s\n", kRunUsage);
+  auto connected = connect(true);
+  absl::StatusOr<OpCatalog> catalog =
+      connected.ok() ? FetchCatalog(**connected) : connected.status();
+  if (!catalog.ok()) {
+    std::printf(
+        "\n(The operators come from the server, which did not answer: "
+        "%s. 'opctl ops' lists them.)\n",
+        std::string(catalog.status().message()).c_str());
+    return 0;
+  }
+  std::printf("\nOperators on %s ('opctl ops' describes them):\n",
+              (*connected)->address().c_str());
+  for (const OpSignature& op : catalog->ops) {
+    std::printf("  %s %s\n", op.name.c_str(), Synopsis(op).c_str());
+  }
+  for (const std::string& why : catalog->rejected) {
+    std::printf("  (unusable: %s)\n", why.c_str());
+  }
+  return 0;
+}
+
+// Builds the call from what ListOperators says about OP: inputs and their
+// dtypes, parameters by name and type with the server's defaults, the
+// output's name; its shape from the client's own phase-one checks.
 int Run(const Connector& connect, const std::vector<std::string>& raw) {
   if (std::find(raw.begin(), raw.end(), "--help") != raw.end()) {
-    std::printf("%s\n", kRunUsage);
-    return 0;
+    return RunHelp(connect);
   }
   auto parsed = ParseCommandArgs(raw);
   if (!parsed.ok()) return Fail(parsed.status().message());
@@ -318,11 +350,6 @@ int Run(const Connector& connect, const std::vector<std::string>& raw) {
                     : absl::StrCat("run: unexpected argument '",
                                    args.positional[1], "'"));
   }
-  const OpArgs* op = FindOp(args.positional[0]);
-  if (op == nullptr) {
-    return Fail(absl::StrCat("run: unknown operator '", args.positional[0],
-                             "' (opctl ops lists them)"));
-  }
   DType dtype = DType::kFloat;
   if (const std::string* name = args.Get("dtype")) {
     auto d = ParseDType(*name);
@@ -330,21 +357,31 @@ int Run(const Connector& connect, const std::vector<std::string>& raw) {
       return Fail(absl::StrCat("run: --dtype: ", d.status().message()));
     dtype = *d;
   }
-  auto dtype_of = [&](const std::string& arg) -> absl::StatusOr<DType> {
-    if (const std::string* name = args.Get(arg + "_dtype")) {
+  auto connected = connect(true);
+  if (!connected.ok()) return Fail(connected.status().message());
+  Client& client = **connected;
+  absl::StatusOr<OpCatalog> catalog = FetchCatalog(client);
+  if (!catalog.ok()) return FailStatus(catalog.status(), "run: ");
+  const OpSignature* op = catalog->Find(args.positional[0]);
+  if (op == nullptr) {
+    return Fail(UnknownOperator(*catalog, args.positional[0]));
+  }
+  auto dtype_of = [&](const TensorSignature& t) -> absl::StatusOr<DType> {
+    if (const std::string* name = args.Get(t.name + "_dtype")) {
       auto d = ParseDType(*name);
       if (!d.ok()) {
         return absl::InvalidArgumentError(
-            absl::StrCat("--", arg, "_dtype: ", d.status().message()));
+            absl::StrCat("--", t.name, "_dtype: ", d.status().message()));
       }
       return *d;
     }
-    return arg == "mask" ? DType::kUint8 : dtype;
+    return t.dtypes.size() == 1 ? t.dtypes.front() : dtype;
   };
 
   // Inputs.
   std::map<std::string, HostTensor> inputs;
-  for (const std::string& arg : op->inputs) {
+  for (const TensorSignature& input : op->inputs) {
+    const std::string& arg = input.name;
     const std::string* value = args.Get(arg);
     if (value == nullptr) {
       return Fail(absl::StrCat("run: ", op->name, " needs --", arg,
@@ -367,7 +404,7 @@ int Run(const Connector& connect, const std::vector<std::string>& raw) {
         return Fail(
             absl::StrCat("run: --", arg, ": ", values.status().message()));
       }
-      auto d = dtype_of(arg);
+      auto d = dtype_of(input);
       if (!d.ok()) return Fail(absl::StrCat("run: ", d.status().message()));
       tensor.dtype = *d;
       tensor.shape = {static_cast<int64_t>(values->size())};
@@ -394,62 +431,69 @@ int Run(const Connector& connect, const std::vector<std::string>& raw) {
     inputs[arg] = std::move(tensor);
   }
 
-  // Parameters.
+  // Parameters: the flag's value, else the server's default.
   v1::OpParams params;
-  auto threshold = NumberFlag(args, "threshold", 0);
-  auto lambd = NumberFlag(args, "lambd", 0.5);
-  auto scale = NumberFlag(args, "scale", 1);
-  auto slope = NumberFlag(args, "negativeSlope", 0.01);
-  for (const auto* s : {&threshold, &lambd, &scale, &slope}) {
-    if (!s->ok()) return Fail(absl::StrCat("run: ", s->status().message()));
-  }
-  params.set_threshold(*threshold);
-  params.set_lambd(*lambd);
-  params.set_scale(*scale);
-  DType slope_dtype = DType::kFloat;
-  if (const std::string* name = args.Get("negativeSlope_dtype")) {
-    auto d = ParseDType(*name);
-    if (!d.ok()) {
-      return Fail(
-          absl::StrCat("run: --negativeSlope_dtype: ", d.status().message()));
+  for (const ParamSignature& p : op->params) {
+    double value = 0;
+    if (const std::string* text = args.Get(p.name)) {
+      if (p.type == "bool") {
+        if (*text != "true" && *text != "false") {
+          return Fail(absl::StrCat("run: --", p.name, "=", *text,
+                                   " must be true or false"));
+        }
+        value = *text == "true" ? 1 : 0;
+      } else if (!absl::SimpleAtod(*text, &value)) {
+        return Fail(
+            absl::StrCat("run: --", p.name, "=", *text, " is not a number"));
+      }
+    } else if (p.default_value.has_value()) {
+      value = *p.default_value;
+    } else {
+      return Fail(absl::StrCat("run: ", op->name, " needs --", p.name,
+                               "=X (the server gives no default)"));
     }
-    slope_dtype = *d;
-  }
-  params.mutable_negative_slope()->set_dtype(
-      static_cast<v1::DataType>(slope_dtype));
-  params.mutable_negative_slope()->set_value(*slope);
-  if (const std::string* v = args.Get("selfIsResult")) {
-    if (*v != "true" && *v != "false") {
-      return Fail(
-          absl::StrCat("run: --selfIsResult=", *v, " must be true or false"));
+    DType scalar_dtype = p.default_dtype();
+    if (p.type == "scalar") {
+      if (const std::string* name = args.Get(p.name + "_dtype")) {
+        auto d = ParseDType(*name);
+        if (!d.ok()) {
+          return Fail(absl::StrCat("run: --", p.name,
+                                   "_dtype: ", d.status().message()));
+        }
+        scalar_dtype = *d;
+      }
     }
-    params.set_self_is_result(*v == "true");
+    SetParam(p, value, scalar_dtype, &params);
   }
   std::string output_path;
   if (const std::string* path = args.Get("output")) output_path = *path;
-
-  // Output: the broadcast shape (DropoutBackward: gradOutput's).
   auto out_dtype = dtype_of(op->output);
   if (!out_dtype.ok())
     return Fail(absl::StrCat("run: ", out_dtype.status().message()));
-  std::vector<int64_t> out_shape = inputs["gradOutput"].shape;
-  if (op->inputs[1] == "self") {
-    auto shape = Broadcast(inputs["gradOutput"].shape, inputs["self"].shape);
-    if (!shape.ok())
-      return Fail(absl::StrCat("run: ", shape.status().message()));
-    out_shape = *shape;
-  }
+
   for (const auto& [name, used] : args.used) args.flags.erase(name);
-  for (const std::string& arg : op->inputs) args.flags.erase(arg + "_shape");
+  for (const TensorSignature& t : op->inputs)
+    args.flags.erase(t.name + "_shape");
   if (!args.flags.empty()) {
+    std::vector<std::string> takes;
+    for (const TensorSignature& t : op->inputs) takes.push_back("--" + t.name);
+    for (const ParamSignature& p : op->params) takes.push_back("--" + p.name);
     return Fail(absl::StrCat("run: unknown argument --",
                              args.flags.begin()->first, " for ", op->name,
+                             ", which takes ", absl::StrJoin(takes, ", "),
                              " (try opctl run --help)"));
   }
 
-  auto connected = connect(true);
-  if (!connected.ok()) return Fail(connected.status().message());
-  Client& client = **connected;
+  // Output: the shape the operator's checks accept, asked of the same
+  // checks the server runs before anything is uploaded.
+  std::map<std::string, ArgShape> shapes;
+  for (const auto& [name, tensor] : inputs) {
+    shapes[name] = ArgShape{tensor.dtype, tensor.shape};
+  }
+  absl::StatusOr<std::vector<int64_t>> out_shape =
+      OutputShape(*op, params, shapes, *out_dtype);
+  if (!out_shape.ok()) return FailStatus(out_shape.status(), "run: ");
+
   auto session = client.CreateSession("opctl run");
   if (!session.ok()) return FailStatus(session.status());
   std::map<std::string, TensorDesc> descs;
@@ -466,11 +510,16 @@ int Run(const Connector& connect, const std::vector<std::string>& raw) {
   }
   HostTensor out;
   out.dtype = *out_dtype;
-  out.shape = out_shape;
-  const int64_t out_bytes = out.numel() * kernels::DTypeSize(out.dtype);
+  out.shape = *out_shape;
+  int64_t out_bytes = 0;
+  if (__builtin_mul_overflow(out.numel(), kernels::DTypeSize(out.dtype),
+                             &out_bytes)) {
+    return Fail(absl::StrCat("run: an output of shape [",
+                             absl::StrJoin(out.shape, ","), "] is too large"));
+  }
   auto out_buffer = (*session)->Malloc(out_bytes);
   if (!out_buffer.ok()) return FailStatus(out_buffer.status());
-  descs[op->output] =
+  descs[op->output.name] =
       TensorDesc::Contiguous(out_buffer->handle(), out.dtype, out.shape);
   auto executor = (*session)->GetWorkspaceSize(op->name, params, descs);
   if (!executor.ok()) return FailStatus(executor.status());
@@ -491,7 +540,7 @@ int Run(const Connector& connect, const std::vector<std::string>& raw) {
   if (!output_path.empty()) {
     status = WriteNpy(output_path, out);
     if (!status.ok()) return Fail(absl::StrCat("run: ", status.message()));
-    std::printf("%s: %s [%s] written to %s\n", op->output.c_str(),
+    std::printf("%s: %s [%s] written to %s\n", op->output.name.c_str(),
                 std::string(kernels::DTypeName(out.dtype)).c_str(),
                 absl::StrJoin(out.shape, ",").c_str(), output_path.c_str());
     return 0;
@@ -500,7 +549,7 @@ int Run(const Connector& connect, const std::vector<std::string>& raw) {
   for (double v : DecodeValues(out.dtype, out.bytes)) {
     values.push_back(FormatValue(v, out.dtype));
   }
-  std::printf("%s = [%s]  (%s, shape [%s])\n", op->output.c_str(),
+  std::printf("%s = [%s]  (%s, shape [%s])\n", op->output.name.c_str(),
               absl::StrJoin(values, ", ").c_str(),
               std::string(kernels::DTypeName(out.dtype)).c_str(),
               absl::StrJoin(out.shape, ",").c_str());
@@ -567,6 +616,78 @@ int BenchStep(const Connector& connect, int64_t n) {
                                            : "");
   }
   return 0;
+}
+
+// One operator's call as bench makes it, with the buffers it names.
+struct BenchCall {
+  v1::OpParams params;
+  std::map<std::string, TensorDesc> descs;
+  std::vector<DeviceBuffer> buffers;
+};
+
+// `op` on `n` elements: FLOAT tensors where the argument allows FLOAT (else
+// its first dtype), every parameter at the server's default. An input that
+// can only be UINT8 is taken for a bit mask of one bit per element, sized
+// as aclnn's dropout mask is (align(n, 128) / 8 bytes), since nothing on the
+// wire gives an input's size rule. Fails, saying why, when the call is not
+// one the operator's checks accept.
+absl::StatusOr<BenchCall> PrepareBenchCall(Session& s, const OpSignature& op,
+                                           int64_t n) {
+  BenchCall call;
+  for (const ParamSignature& p : op.params) {
+    if (!p.default_value.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", p.name, " has no default"));
+    }
+    SetParam(p, *p.default_value, p.default_dtype(), &call.params);
+  }
+  auto pick = [](const TensorSignature& t) {
+    return std::find(t.dtypes.begin(), t.dtypes.end(), DType::kFloat) !=
+                   t.dtypes.end()
+               ? DType::kFloat
+               : t.dtypes.front();
+  };
+  std::map<std::string, ArgShape> shapes;
+  for (const TensorSignature& t : op.inputs) {
+    ArgShape arg{pick(t), {n}};
+    if (t.dtypes == std::vector<DType>{DType::kUint8}) {
+      arg.shape = {(n + 127) / 128 * 16};
+    }
+    shapes[t.name] = arg;
+  }
+  const DType out_dtype = pick(op.output);
+  absl::StatusOr<std::vector<int64_t>> out_shape =
+      OutputShape(op, call.params, shapes, out_dtype);
+  if (!out_shape.ok()) return out_shape.status();
+  shapes[op.output.name] = ArgShape{out_dtype, *out_shape};
+  for (const auto& [name, arg] : shapes) {
+    int64_t numel = 1, bytes = 0;
+    for (int64_t d : arg.shape) numel *= d;  // [n] or the mask's [<= n].
+    if (__builtin_mul_overflow(numel, kernels::DTypeSize(arg.dtype), &bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " of ", numel, " elements is too large"));
+    }
+    absl::StatusOr<DeviceBuffer> buffer = s.Malloc(bytes);
+    if (!buffer.ok()) return buffer.status();
+    if (name != op.output.name) {
+      // Ones for FLOAT, 0x55 bytes otherwise (every other element of a mask).
+      std::string host(bytes, '\x55');
+      if (arg.dtype == DType::kFloat) {
+        const float one = 1.0f;
+        for (int64_t i = 0; i < numel; ++i) {
+          std::memcpy(&host[i * sizeof(float)], &one, sizeof(float));
+        }
+      }
+      if (absl::Status st = s.Upload(buffer->handle(), 0, host.data(), bytes);
+          !st.ok()) {
+        return st;
+      }
+    }
+    call.descs[name] =
+        TensorDesc::Contiguous(buffer->handle(), arg.dtype, arg.shape);
+    call.buffers.push_back(*std::move(buffer));
+  }
+  return call;
 }
 
 int Bench(const Connector& connect, const std::vector<std::string>& raw) {
@@ -652,53 +773,24 @@ int Bench(const Connector& connect, const std::vector<std::string>& raw) {
   }
   buffer->Free().IgnoreError();
 
-  // Operators: plan + launch + synchronize on n FLOAT elements.
-  std::vector<float> ones(n, 1.0f);
-  auto a = s.Malloc(n * 4);
-  auto b = s.Malloc(n * 4);
-  auto c = s.Malloc(n * 4);
-  const int64_t mask_bytes = (n + 127) / 128 * 16;
-  auto mask = s.Malloc(mask_bytes);
-  for (auto* r : {&a, &b, &c, &mask}) {
-    if (!r->ok()) return FailStatus(r->status());
-  }
-  std::string mask_host(mask_bytes, '\x55');
-  for (auto [buf, data, size] :
-       {std::make_tuple(&a, static_cast<const void*>(ones.data()), n * 4),
-        std::make_tuple(&b, static_cast<const void*>(ones.data()), n * 4),
-        std::make_tuple(&mask, static_cast<const void*>(mask_host.data()),
-                        mask_bytes)}) {
-    absl::Status status = s.Upload((*buf)->handle(), 0, data, size);
-    if (!status.ok()) return FailStatus(status);
-  }
-  const TensorDesc ta = TensorDesc::Contiguous(a->handle(), DType::kFloat, {n});
-  const TensorDesc tb = TensorDesc::Contiguous(b->handle(), DType::kFloat, {n});
-  const TensorDesc tc = TensorDesc::Contiguous(c->handle(), DType::kFloat, {n});
-  const TensorDesc tm =
-      TensorDesc::Contiguous(mask->handle(), DType::kUint8, {mask_bytes});
+  // Operators: plan + launch + synchronize of each the server offers.
+  absl::StatusOr<OpCatalog> catalog = FetchCatalog(client);
+  if (!catalog.ok()) return FailStatus(catalog.status(), "bench: ");
   std::printf("%-20s %12s %12s  (%lld FLOAT elements, %lld runs)\n", "operator",
               "median us", "min us", static_cast<long long>(n),
               static_cast<long long>(iterations));
-  for (const char* op_name :
-       {"ThresholdBackward", "SoftshrinkBackward", "HardswishBackward",
-        "LeakyReluBackward", "DropoutBackward"}) {
+  for (const OpSignature& op : catalog->ops) {
+    absl::StatusOr<BenchCall> call = PrepareBenchCall(s, op, n);
+    if (!call.ok()) {
+      std::printf("%-20s skipped: %s\n", op.name.c_str(),
+                  std::string(call.status().message()).c_str());
+      continue;
+    }
     std::vector<double> times;
     for (int64_t i = 0; i < iterations; ++i) {
       const absl::Time start = absl::Now();
-      absl::StatusOr<Executor> executor;
-      const std::string op(op_name);
-      if (op == "ThresholdBackward") {
-        executor = s.ThresholdBackward(ta, tb, 0.5, tc);
-      } else if (op == "SoftshrinkBackward") {
-        executor = s.SoftshrinkBackward(ta, tb, 0.5, tc);
-      } else if (op == "HardswishBackward") {
-        executor = s.HardswishBackward(ta, tb, tc);
-      } else if (op == "LeakyReluBackward") {
-        executor =
-            s.LeakyReluBackward(ta, tb, {DType::kFloat, 0.01}, false, tc);
-      } else {
-        executor = s.DropoutBackward(ta, tm, 2.0, tc);
-      }
+      absl::StatusOr<Executor> executor =
+          s.GetWorkspaceSize(op.name, call->params, call->descs);
       if (!executor.ok()) return FailStatus(executor.status());
       absl::Status status = executor->Execute();
       if (status.ok()) status = s.Synchronize();
@@ -706,8 +798,11 @@ int Bench(const Connector& connect, const std::vector<std::string>& raw) {
       times.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
     }
     std::sort(times.begin(), times.end());
-    std::printf("%-20s %12.1f %12.1f\n", op_name, times[times.size() / 2],
-                times[0]);
+    std::printf("%-20s %12.1f %12.1f\n", op.name.c_str(),
+                times[times.size() / 2], times[0]);
+  }
+  for (const std::string& why : catalog->rejected) {
+    std::printf("skipped: %s\n", why.c_str());
   }
   return BenchStep(connect, n);
 }
@@ -749,12 +844,8 @@ int Main(int argc, char** argv) {
     return Fail(absl::StrCat("unexpected arguments after '", command,
                              "' (try --help)"));
   }
-  // Help needs no server.
-  if (command == "run" &&
-      std::find(rest.begin(), rest.end(), "--help") != rest.end()) {
-    std::printf("%s\n", kRunUsage);
-    return 0;
-  }
+  // Help needs no server (run's lists the server's operators when it
+  // answers; see RunHelp).
   if (command == "bench" &&
       std::find(rest.begin(), rest.end(), "--help") != rest.end()) {
     std::printf("%s\n", kBenchUsage);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # opctl against a live opserver on a free port: info, ops, run (values and
-# .npy in and out, every operator, broadcast, dtypes), bench, and a one-line
-# error for each bad input.
+# .npy in and out, every operator, broadcast, dtypes, parameter defaults from
+# ListOperators), bench, and a one-line error for each bad input.
 set -uo pipefail
 opserver="$1"
 opctl="$2"
@@ -100,6 +100,13 @@ expect_out "upload:" bench --bytes=1048576 --iterations=3 --elements=256
 expect_out "of raw TCP" bench --bytes=1048576 --iterations=1 --elements=16
 expect_out "DropoutBackward" bench --bytes=1048576 --iterations=3 --elements=256
 expect_out "Usage: opctl [--server=..] run OP" run --help
+# What run takes comes from the server's ListOperators, defaults included.
+expect_out "SoftshrinkBackward --gradOutput --self [--lambd=0.5] -> gradInput" run --help
+expect_out "param  lambd       float  default 0.5" ops
+expect_out "gradInput = [0, 2, 0, 4]" \
+  run SoftshrinkBackward --gradOutput=1,2,3,4 --self=0.5,-0.6,0.1,-2
+expect_out "out = [0, 2, 0, 6, 0, 10, 0, 0]" \
+  run DropoutBackward --gradOutput=0,1,2,3,4,5,6,7 --mask=42,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0
 expect_out "--iterations" bench --help
 
 # Bad input: one line each, exit 1.
@@ -111,9 +118,13 @@ expect_err "run: ThresholdBackward needs --self" run ThresholdBackward --gradOut
 expect_err "run: --self: 'x' is not a number" run ThresholdBackward --gradOutput=1 --self=x
 expect_err "unknown dtype 'FLOAT128'" run ThresholdBackward --gradOutput=1 --self=1 --dtype=FLOAT128
 expect_err "has 3 values but shape [2,2] holds 4" run ThresholdBackward --gradOutput=1,2,3 --gradOutput_shape=2,2 --self=1
-expect_err "do not broadcast" run ThresholdBackward --gradOutput=1,2,3 --self=1,2
+expect_err "cannot be broadcast" run ThresholdBackward --gradOutput=1,2,3 --self=1,2
 expect_err "--threshold=abc is not a number" run ThresholdBackward --gradOutput=1 --self=1 --threshold=abc
-expect_err "unknown argument --lamda" run SoftshrinkBackward --gradOutput=1 --self=1 --lamda=1
+expect_err "unknown argument --lamda for SoftshrinkBackward, which takes --gradOutput, --self, --lambd" \
+  run SoftshrinkBackward --gradOutput=1 --self=1 --lamda=1
+expect_err "the server offers ThresholdBackward, SoftshrinkBackward" run Relu
+expect_err "run: --selfIsResult=yes must be true or false" \
+  run LeakyReluBackward --gradOutput=1 --self=1 --selfIsResult=yes
 expect_err "not representable as INT8" run ThresholdBackward --gradOutput=1.5 --self=1 --dtype=INT8
 expect_err "cannot open '$tmp/none.npy'" run ThresholdBackward --gradOutput=@"$tmp/none.npy" --self=1
 echo "not numpy" >"$tmp/bad.npy"

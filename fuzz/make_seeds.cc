@@ -381,6 +381,56 @@ void PipelineSeeds() {
   Write(f, "full_stream_frees_unknown", r.SerializeAsString());
 }
 
+// What a server lists, as the client's op_catalog_fuzzer reads it: two real
+// entries and one it must refuse.
+void OpCatalogSeeds() {
+  const std::string f = "op_catalog_fuzzer";
+  ListOperatorsResponse r;
+  auto tensor = [](OperatorInfo* op, const char* name, const char* role,
+                   std::initializer_list<DataType> dtypes) {
+    TensorArgInfo* t = op->add_tensors();
+    t->set_name(name);
+    t->set_role(role);
+    for (DataType d : dtypes) t->add_dtypes(d);
+  };
+  OperatorInfo* leaky = r.add_operators();
+  leaky->set_name("LeakyReluBackward");
+  leaky->set_aclnn_name("aclnnLeakyReluBackward");
+  tensor(leaky, "gradOutput", "input", {FLOAT, FLOAT16, BF16, DOUBLE});
+  tensor(leaky, "self", "input", {FLOAT, FLOAT16, BF16, DOUBLE});
+  tensor(leaky, "out", "output", {FLOAT, FLOAT16, BF16, DOUBLE});
+  ParamInfo* slope = leaky->add_params();
+  slope->set_name("negative_slope");
+  slope->set_aclnn_name("negativeSlope");
+  slope->set_type("scalar");
+  slope->set_default_value(0.01);
+  slope->add_dtypes(FLOAT);
+  slope->add_dtypes(INT32);
+  ParamInfo* result = leaky->add_params();
+  result->set_name("self_is_result");
+  result->set_aclnn_name("selfIsResult");
+  result->set_type("bool");
+  result->set_default_value(0);
+  OperatorInfo* dropout = r.add_operators();
+  dropout->set_name("DropoutBackward");
+  dropout->set_aclnn_name("aclnnDropoutBackward");
+  tensor(dropout, "gradOutput", "input", {FLOAT, FLOAT16, BF16});
+  tensor(dropout, "mask", "input", {UINT8});
+  tensor(dropout, "out", "output", {FLOAT, FLOAT16, BF16, DOUBLE});
+  ParamInfo* scale = dropout->add_params();
+  scale->set_name("scale");
+  scale->set_aclnn_name("scale");
+  scale->set_type("double");
+  scale->set_default_value(2);
+  Write(f, "two_ops", r.SerializeAsString());
+
+  OperatorInfo* odd = r.add_operators();
+  odd->set_name("Odd");
+  tensor(odd, "x", "input", {FLOAT});
+  tensor(odd, "dtype", "output", {FLOAT});
+  Write(f, "two_ops_and_a_clash", r.SerializeAsString());
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: make_seeds CORPUS_ROOT\n");
@@ -393,5 +443,6 @@ int main(int argc, char** argv) {
   UploadSeeds();
   TensorViewSeeds();
   PipelineSeeds();
+  OpCatalogSeeds();
   return 0;
 }

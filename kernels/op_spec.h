@@ -37,7 +37,12 @@ struct ScalarArgInfo {
   // "float" (an aclScalar of dtype FLOAT), "scalar" (an aclScalar of any
   // dtype in `dtypes`), "bool" or "double" (plain host values).
   absl::string_view type;
-  std::vector<DType> dtypes;  // Only for type "scalar".
+  // Only for type "scalar"; the first is the dtype of `default_value`.
+  std::vector<DType> dtypes;
+  // What a caller that has no value of its own passes (opctl run when the
+  // flag is absent): PyTorch's default where it has one. Bool: 0 or 1.
+  // Absent: the caller must give one.
+  std::optional<double> default_value;
 };
 
 struct OpInfo {

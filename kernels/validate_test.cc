@@ -1,6 +1,7 @@
 #include "kernels/validate.h"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -163,6 +164,28 @@ TEST(Validate, AcceptsExactlyTheDTypesThatHaveKernels) {
   }
   // 6 + 9 + 3 + 64 + 12 combinations.
   EXPECT_EQ(accepted, 94);
+}
+
+// opctl run fills absent flags from these (through ListOperators).
+TEST(Validate, EveryScalarHasADefault) {
+  for (const OpInfo& op : OpRegistry()) {
+    for (const ScalarArgInfo& scalar : op.scalars) {
+      SCOPED_TRACE(std::string(op.name) + " " + std::string(scalar.name));
+      ASSERT_TRUE(scalar.default_value.has_value());
+      EXPECT_EQ(scalar.type == "scalar", !scalar.dtypes.empty());
+      if (scalar.type == "bool") {
+        EXPECT_TRUE(*scalar.default_value == 0 || *scalar.default_value == 1);
+      }
+    }
+  }
+  EXPECT_EQ(GetOpInfo(OpKind::kThresholdBackward).scalars[0].default_value, 0);
+  EXPECT_EQ(GetOpInfo(OpKind::kSoftshrinkBackward).scalars[0].default_value,
+            0.5);
+  EXPECT_EQ(GetOpInfo(OpKind::kLeakyReluBackward).scalars[0].default_value,
+            0.01);
+  EXPECT_EQ(GetOpInfo(OpKind::kLeakyReluBackward).scalars[0].dtypes[0],
+            DType::kFloat);
+  EXPECT_EQ(GetOpInfo(OpKind::kDropoutBackward).scalars[0].default_value, 2);
 }
 
 }  // namespace

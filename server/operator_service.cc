@@ -56,6 +56,10 @@ void Describe(const OpInfo& op, v1::OperatorInfo* out) {
     }
     p->set_name(field);
     p->set_type(std::string(scalar.type));
+    if (scalar.default_value.has_value()) {
+      p->set_default_value(*scalar.default_value);
+    }
+    for (DType d : scalar.dtypes) p->add_dtypes(static_cast<v1::DataType>(d));
     if (!scalar.dtypes.empty()) {
       std::vector<std::string> names;
       for (DType d : scalar.dtypes) {

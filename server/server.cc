@@ -12,10 +12,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/listen_address.h"
 #include "common/malloc_tuning.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "server/device_factory.h"
-#include "server/listen_address.h"
 #include "server/log.h"
 
 namespace opserver {

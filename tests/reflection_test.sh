@@ -51,6 +51,11 @@ ops=$(call Operators/ListOperators '{}') || fail "ListOperators: $ops"
 for op in ThresholdBackward SoftshrinkBackward HardswishBackward LeakyReluBackward DropoutBackward; do
   grep -q "\"name\": \"$op\"" <<<"$ops" || fail "ListOperators lacks $op"
 done
+# Parameter defaults, a zero one (ThresholdBackward's threshold) included.
+got=$(json '["operators"][0]["params"][0]["defaultValue"]' <<<"$ops")
+[[ "$got" == "0" ]] || fail "threshold defaultValue: '$got'"
+got=$(json '["operators"][1]["params"][0]["defaultValue"]' <<<"$ops")
+[[ "$got" == "0.5" ]] || fail "lambd defaultValue: '$got'"
 session=$(call Runtime/CreateSession '{"clientName": "grpcurl"}' | json '["session"]') || fail "CreateSession"
 s="\"session\": \"$session\""
 for b in 1 2 3; do

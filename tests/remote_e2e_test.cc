@@ -1018,6 +1018,20 @@ TEST_F(RemoteTest, ListOperatorsComesFromTheKernelTable) {
   std::vector<std::string> params;
   for (const auto& p : leaky.params()) params.push_back(p.name());
   EXPECT_THAT(params, ElementsAre("negative_slope", "self_is_result"));
+  // Defaults, for callers such as opctl run that were given no value.
+  ASSERT_TRUE(leaky.params(0).has_default_value());
+  EXPECT_EQ(leaky.params(0).default_value(), 0.01);
+  EXPECT_EQ(leaky.params(0).dtypes(0), v1::DataType::FLOAT);
+  ASSERT_TRUE(leaky.params(1).has_default_value());
+  EXPECT_EQ(leaky.params(1).default_value(), 0);
+  EXPECT_EQ(leaky.params(1).dtypes_size(), 0);
+  for (const auto& op : response.operators()) {
+    for (const auto& p : op.params()) {
+      EXPECT_TRUE(p.has_default_value()) << op.name() << " " << p.name();
+    }
+  }
+  EXPECT_EQ(response.operators(1).params(0).default_value(), 0.5);
+  EXPECT_EQ(response.operators(4).params(0).default_value(), 2);
 }
 
 }  // namespace

@@ -57,7 +57,7 @@ struct DropoutBackward : OpDefinition<DropoutBackward> {
                 {{"gradOutput", false, DTypeVector(kHalfFloatSet)},
                  {"mask", false, DTypeVector(kMaskSet)},
                  {"out", true, DTypeVector(kFloatSet)}},
-                {{"scale", "double", {}}},
+                {{"scale", "double", {}, 2.0}},  // nn.Dropout: p = 0.5.
                 "out = bit i of mask (LSB first) ? gradOutput * scale : 0; "
                 "mask holds align(numel,128)/8 bytes; scale 0 or >= 1 (1 "
                 "copies)"};

@@ -45,8 +45,8 @@ struct LeakyReluBackward : OpDefinition<LeakyReluBackward> {
             {{"gradOutput", false, DTypeVector(kFloatSet)},
              {"self", false, DTypeVector(kFloatSet)},
              {"out", true, DTypeVector(kFloatSet)}},
-            {{"negativeSlope", "scalar", DTypeVector(kSlopeDTypes)},
-             {"selfIsResult", "bool", {}}},
+            {{"negativeSlope", "scalar", DTypeVector(kSlopeDTypes), 0.01},
+             {"selfIsResult", "bool", {}, 0.0}},
             "out = self > 0 ? gradOutput : gradOutput * negativeSlope; dtypes "
             "promoted, cast to out; negativeSlope >= 0 if selfIsResult; "
             "broadcast"};

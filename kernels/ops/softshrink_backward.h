@@ -34,7 +34,7 @@ struct SoftshrinkBackward : OpDefinition<SoftshrinkBackward> {
             {{"gradOutput", false, DTypeVector(kHalfFloatSet)},
              {"self", false, DTypeVector(kHalfFloatSet)},
              {"gradInput", true, DTypeVector(kHalfFloatSet)}},
-            {{"lambd", "float", {}}},
+            {{"lambd", "float", {}, 0.5}},
             "gradInput = |self| > lambd ? gradOutput : 0 (NaN self passes); "
             "lambd >= 0; gradInput has the promoted dtype; broadcast"};
   }

@@ -76,7 +76,7 @@ struct ThresholdBackward : OpDefinition<ThresholdBackward> {
             {{"gradOutput", false, DTypeVector(kDTypes)},
              {"self", false, DTypeVector(kDTypes)},
              {"out", true, DTypeVector(kDTypes)}},
-            {{"threshold", "float", {}}},
+            {{"threshold", "float", {}, 0.0}},  // 0: ReLU (PyTorch has none).
             "out = self > threshold ? gradOutput : 0 (NaN self passes); "
             "gradOutput, self, out same dtype; gradOutput/self broadcast"};
   }

@@ -1,5 +1,5 @@
-#ifndef OPSERVER_SERVER_LISTEN_ADDRESS_H_
-#define OPSERVER_SERVER_LISTEN_ADDRESS_H_
+#ifndef OPSERVER_COMMON_LISTEN_ADDRESS_H_
+#define OPSERVER_COMMON_LISTEN_ADDRESS_H_
 
 #include <string>
 
@@ -35,4 +35,4 @@ absl::Status ProbeBind(const ListenAddress& address);
 
 }  // namespace opserver
 
-#endif  // OPSERVER_SERVER_LISTEN_ADDRESS_H_
+#endif  // OPSERVER_COMMON_LISTEN_ADDRESS_H_
