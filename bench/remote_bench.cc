@@ -51,7 +51,8 @@ int opserver_port = 0;
 // (0 = BDP probing), forked at start like the others.
 std::vector<uint64_t> curve_windows;
 std::vector<std::pair<pid_t, int>> curve_servers;
-int tcp_port = 0;
+// Raw TCP sinks by destination (Dest below).
+int tcp_ports[2] = {0, 0};
 int echo_port = 0;
 std::vector<pid_t> children;
 
@@ -130,8 +131,18 @@ class EchoService final : public bench::Echo::CallbackService {
   }
 };
 
-// Raw TCP sink: reads each connection to its end, then answers one byte.
-void RunTcpSink(int report) {
+// Where a raw TCP sink puts what it receives. Like the source, the
+// destination matters on these VMs: an upload writes 256 MiB of device
+// memory, which no cache holds, while one 4 MiB buffer read into over and
+// over stays (partly) cached.
+enum Dest : int64_t {
+  kDestChunk = 0,  // One 4 MiB buffer, over and over: the socket's ceiling.
+  kDestWhole = 1,  // A resident 256 MiB buffer, as an upload's device memory.
+};
+
+// Raw TCP sink: reads each connection to its end into `dest`, then answers
+// one byte.
+void RunTcpSink(int report, Dest dest) {
   int listener = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -143,11 +154,16 @@ void RunTcpSink(int report) {
   socklen_t len = sizeof(addr);
   getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
   SendPort(report, ntohs(addr.sin_port));
-  std::vector<char> sink(kChunk);
+  // Written once, so every page is resident like a populated device block.
+  std::vector<char> sink(dest == kDestWhole ? kTransferBytes : kChunk, 'z');
   for (;;) {
     int fd = accept(listener, nullptr, nullptr);
     if (fd < 0) continue;
-    while (read(fd, sink.data(), sink.size()) > 0) {
+    size_t at = 0;
+    ssize_t n;
+    while ((n = read(fd, sink.data() + at,
+                     std::min(kChunk, sink.size() - at))) > 0) {
+      at = (at + static_cast<size_t>(n)) % sink.size();
     }
     char ack = 1;
     if (write(fd, &ack, 1) != 1) {
@@ -217,12 +233,12 @@ class SourceData {
 };
 
 // One raw TCP transfer of kTransferBytes from `data`; false on failure.
-bool RawTcpSend(const SourceData& data) {
+bool RawTcpSend(const SourceData& data, Dest dest = kDestChunk) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(tcp_port);
+  addr.sin_port = htons(tcp_ports[dest]);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     close(fd);
     return false;
@@ -240,13 +256,16 @@ bool RawTcpSend(const SourceData& data) {
   return acked;
 }
 
-// Arg: Source.
+// Args: Source, Dest.
 void BM_RawTcpOneWay(benchmark::State& state) {
   SourceData data(state.range(0));
-  if (data.warm() && !RawTcpSend(data)) state.SkipWithError("send failed");
+  const Dest dest = static_cast<Dest>(state.range(1));
+  if (data.warm() && !RawTcpSend(data, dest)) {
+    state.SkipWithError("send failed");
+  }
   for (auto _ : state) {
     data.Refresh(state);
-    if (!RawTcpSend(data)) state.SkipWithError("send failed");
+    if (!RawTcpSend(data, dest)) state.SkipWithError("send failed");
   }
   state.SetBytesProcessed(state.iterations() * kTransferBytes);
 }
@@ -319,7 +338,7 @@ struct Remote {
   // plus a slice that points into the caller's memory, so the client copies
   // nothing before the socket write (what the stub's set_data cannot do).
   bool UploadZeroCopy(grpc::Channel* channel, uint64_t buffer, const char* data,
-                      size_t size) {
+                      size_t size, uint64_t offset = 0) {
     grpc::ClientContext context;
     grpc::ByteBuffer response;
     std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
@@ -332,6 +351,7 @@ struct Remote {
     v1::UploadRequest header;
     header.set_session(session);
     header.set_buffer(buffer);
+    header.set_offset(offset);
     header.set_size(size);
     std::string prefix = header.SerializeAsString();
     for (size_t at = 0; at < size; at += kChunk) {
@@ -425,6 +445,45 @@ void BM_OpserverUploadZeroCopy(benchmark::State& state) {
                                kTransferBytes)) {
       state.SkipWithError("upload failed");
     }
+  }
+  state.SetBytesProcessed(state.iterations() * kTransferBytes);
+}
+
+// Arg: connections. The same 256 MiB in as many Upload calls of equal
+// parts at once, each on its own TCP connection (a distinct channel
+// argument keeps gRPC from sharing one subchannel).
+void BM_OpserverUploadParallel(benchmark::State& state) {
+  const int k = static_cast<int>(state.range(0));
+  Remote remote(opserver_port);
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < k; ++i) {
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(-1);
+    args.SetInt("opserver.bench.connection", i);
+    channels.push_back(
+        grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(opserver_port),
+                                  grpc::InsecureChannelCredentials(), args));
+  }
+  std::vector<char> data(kTransferBytes, 'x');
+  uint64_t buffer = remote.Malloc(kTransferBytes);
+  const size_t part = kTransferBytes / k;
+  auto upload = [&] {
+    std::vector<std::thread> threads;
+    std::atomic<int> failures{0};
+    for (int i = 0; i < k; ++i) {
+      threads.emplace_back([&, i] {
+        if (!remote.UploadZeroCopy(channels[i].get(), buffer,
+                                   data.data() + i * part, part, i * part)) {
+          ++failures;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    return failures == 0;
+  };
+  upload();  // Warm (see Source).
+  for (auto _ : state) {
+    if (!upload()) state.SkipWithError("upload failed");
   }
   state.SetBytesProcessed(state.iterations() * kTransferBytes);
 }
@@ -623,15 +682,24 @@ void BM_LaunchStream(benchmark::State& state) {
 }
 
 BENCHMARK(BM_RawTcpOneWay)
-    ->ArgName("source")
-    ->Arg(kCachedChunk)
-    ->Arg(kWarm)
-    ->Arg(kFresh)
+    ->ArgNames({"source", "dest"})
+    ->Args({kCachedChunk, kDestChunk})
+    ->Args({kWarm, kDestChunk})
+    ->Args({kFresh, kDestChunk})
+    ->Args({kWarm, kDestWhole})
+    ->Args({kFresh, kDestWhole})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_GrpcClientStream)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_OpserverUpload)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_OpserverUploadZeroCopy)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_OpserverUploadParallel)
+    ->ArgName("connections")
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(4)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_OpserverDownload)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -705,10 +773,11 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Seconds for one raw TCP one-way transfer of kTransferBytes from `data`.
+// Seconds for one raw TCP one-way transfer of kTransferBytes from `data`
+// into a resident 256 MiB buffer (what the upload writes into).
 double RawTcpSeconds(const SourceData& data) {
   const auto start = std::chrono::steady_clock::now();
-  if (!RawTcpSend(data)) std::abort();
+  if (!RawTcpSend(data, kDestWhole)) std::abort();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();
 }
@@ -796,7 +865,10 @@ int main(int argc, char** argv) {
   pid_t rss_pid = 0;
   int rss_port = Fork(RunOpserver);
   rss_pid = children.back();
-  tcp_port = Fork(RunTcpSink);
+  tcp_ports[kDestChunk] =
+      Fork([](int report) { RunTcpSink(report, kDestChunk); });
+  tcp_ports[kDestWhole] =
+      Fork([](int report) { RunTcpSink(report, kDestWhole); });
   echo_port = Fork(RunEcho);
 
   if (!curve_windows.empty()) {
