@@ -54,6 +54,9 @@ std::vector<std::pair<pid_t, int>> curve_servers;
 // Raw TCP sinks by destination (Dest below).
 int tcp_ports[2] = {0, 0};
 int echo_port = 0;
+// --echo_window=N: the echo sink with a fixed N-byte receive window (BDP
+// probing off), as opserver's --receive_window_bytes; 0 = gRPC's defaults.
+int64_t echo_window = 0;
 std::vector<pid_t> children;
 
 // ---- Child processes -------------------------------------------------------
@@ -180,6 +183,11 @@ void RunEcho(int report) {
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
                            &port);
   builder.SetMaxReceiveMessageSize(64 << 20);
+  if (echo_window > 0) {  // As opserver's --receive_window_bytes does.
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                               static_cast<int>(echo_window));
+  }
   builder.RegisterService(&echo);
   auto server = builder.BuildAndStart();
   if (server == nullptr) _exit(1);
@@ -850,6 +858,14 @@ int main(int argc, char** argv) {
       curve_windows.push_back(std::stoull(list.substr(at, comma - at)));
       at = comma + 1;
     }
+    for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
+    --argc;
+    break;
+  }
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--echo_window=", 0) != 0) continue;
+    echo_window = std::stoll(arg.substr(14));
     for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
     --argc;
     break;
