@@ -143,8 +143,7 @@ Stream::Stream(std::unique_ptr<DeviceStream> device_stream, size_t max_queued,
     : state_(std::make_shared<State>(
           max_queued,
           threads != nullptr ? std::move(threads) : StreamThreads::Default(),
-          std::move(device_stream))),
-      device_stream_(state_->device) {
+          std::move(device_stream))) {
   state_->threads->Add();
   // std::thread may throw (no more threads): the caller sees the exception
   // and the count is given back.
@@ -373,6 +372,10 @@ void Stream::Cancel(absl::string_view why) {
 absl::Status Stream::CheckRoom() const {
   absl::MutexLock lock(&state_->mu);
   return state_->RoomLocked();
+}
+
+const std::shared_ptr<DeviceStream>& Stream::device_stream() const {
+  return state_->device;
 }
 
 size_t Stream::queued() const {

@@ -140,9 +140,7 @@ class Stream {
   // stream. Only a task (or a callback or gate holding the stream) may use
   // it, and it must capture the pointer, not the Stream: it stays valid
   // until the stream's thread has exited, which may be after ~Stream.
-  const std::shared_ptr<DeviceStream>& device_stream() const {
-    return device_stream_;
-  }
+  const std::shared_ptr<DeviceStream>& device_stream() const;
 
   // Tasks waiting to run (not counting the running one).
   size_t queued() const;
@@ -156,8 +154,6 @@ class Stream {
 
   // Shared with the thread, which may outlive the Stream object.
   std::shared_ptr<State> state_;
-  // Also held by the State, for the thread.
-  std::shared_ptr<DeviceStream> device_stream_;
 };
 
 // A transfer's hold on its stream (see Stream::Hold); destroying the last
