@@ -1,13 +1,8 @@
 #include "kernels/validate.h"
 
-#include <algorithm>
-#include <cmath>
 #include <cstdlib>
-#include <string>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/ops/all.h"
 
