@@ -156,20 +156,6 @@ absl::StatusOr<OpSignature> ParseOp(const v1::OperatorInfo& info,
   return op;
 }
 
-// NumPy broadcasting of `a` and `b`; nullopt when they do not broadcast.
-std::optional<std::vector<int64_t>> Broadcast(std::vector<int64_t> a,
-                                              std::vector<int64_t> b) {
-  if (a.size() < b.size()) std::swap(a, b);
-  const size_t shift = a.size() - b.size();
-  for (size_t i = 0; i < b.size(); ++i) {
-    int64_t& x = a[shift + i];
-    const int64_t y = b[i];
-    if (x != y && x != 1 && y != 1) return std::nullopt;
-    if (x == 1) x = y;
-  }
-  return a;
-}
-
 }  // namespace
 
 const OpSignature* OpCatalog::Find(absl::string_view name) const {
@@ -240,7 +226,9 @@ absl::StatusOr<std::vector<int64_t>> OutputShape(
       return absl::InvalidArgumentError(
           absl::StrCat(op.name, " needs input ", t.name));
     }
-    if (all.has_value()) all = Broadcast(*all, it->second.shape);
+    if (all.has_value()) {
+      all = kernels::BroadcastShapes(*all, it->second.shape);
+    }
   }
   if (all.has_value()) candidates.push_back(*all);
   for (const TensorSignature& t : op.inputs) {

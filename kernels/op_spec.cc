@@ -1,6 +1,8 @@
 #include "kernels/op_spec.h"
 
 #include <algorithm>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -9,28 +11,48 @@
 namespace opserver::kernels {
 namespace {
 
+// Dimension k of `shape` aligned right in `rank` dimensions (1 where it
+// has none).
+int64_t DimAt(const std::vector<int64_t>& shape, size_t rank, size_t k) {
+  const size_t lead = rank - shape.size();
+  return k < lead ? 1 : shape[k - lead];
+}
+
 absl::Status Broadcast(const TensorView& a, absl::string_view a_name,
                        const TensorView& b, absl::string_view b_name,
                        std::vector<int64_t>* out) {
-  const size_t rank = std::max(a.shape.size(), b.shape.size());
-  out->assign(rank, 1);
-  for (size_t k = 0; k < rank; ++k) {
-    const int64_t da =
-        k < rank - a.shape.size() ? 1 : a.shape[k - (rank - a.shape.size())];
-    const int64_t db =
-        k < rank - b.shape.size() ? 1 : b.shape[k - (rank - b.shape.size())];
-    if (da != db && da != 1 && db != 1) {
-      return ParamInvalid(absl::StrCat(
-          a_name, " shape ", ShapeStr(a.shape), " and ", b_name, " shape ",
-          ShapeStr(b.shape), " cannot be broadcast (dimension ", k, ": ", da,
-          " vs ", db, ")"));
-    }
-    (*out)[k] = da == 1 ? db : da;
+  size_t k = 0;
+  std::optional<std::vector<int64_t>> shape =
+      BroadcastShapes(a.shape, b.shape, &k);
+  if (!shape.has_value()) {
+    const size_t rank = std::max(a.shape.size(), b.shape.size());
+    return ParamInvalid(absl::StrCat(
+        a_name, " shape ", ShapeStr(a.shape), " and ", b_name, " shape ",
+        ShapeStr(b.shape), " cannot be broadcast (dimension ", k, ": ",
+        DimAt(a.shape, rank, k), " vs ", DimAt(b.shape, rank, k), ")"));
   }
+  *out = *std::move(shape);
   return absl::OkStatus();
 }
 
 }  // namespace
+
+std::optional<std::vector<int64_t>> BroadcastShapes(
+    const std::vector<int64_t>& a, const std::vector<int64_t>& b,
+    size_t* mismatch) {
+  const size_t rank = std::max(a.size(), b.size());
+  std::vector<int64_t> out(rank, 1);
+  for (size_t k = 0; k < rank; ++k) {
+    const int64_t da = DimAt(a, rank, k);
+    const int64_t db = DimAt(b, rank, k);
+    if (da != db && da != 1 && db != 1) {
+      if (mismatch != nullptr) *mismatch = k;
+      return std::nullopt;
+    }
+    out[k] = da == 1 ? db : da;
+  }
+  return out;
+}
 
 std::string ShapeStr(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ","), "]");

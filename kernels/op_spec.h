@@ -150,6 +150,13 @@ absl::Status CheckOutShape(const TensorView& out, absl::string_view out_name,
                            const std::vector<int64_t>& expected,
                            absl::string_view what);
 
+// The broadcast shape of `a` and `b` (NumPy's rules: aligned right, a
+// dimension of 1 stretches), or nullopt when they do not broadcast, with
+// the first dimension (of the result's rank) that does not in `*mismatch`.
+std::optional<std::vector<int64_t>> BroadcastShapes(
+    const std::vector<int64_t>& a, const std::vector<int64_t>& b,
+    size_t* mismatch = nullptr);
+
 // The argument names of a binary operator, in the registry's order.
 struct Names {
   explicit Names(const OpInfo& info)

@@ -166,6 +166,16 @@ TEST(Validate, AcceptsExactlyTheDTypesThatHaveKernels) {
   EXPECT_EQ(accepted, 94);
 }
 
+TEST(BroadcastShapes, AlignsRightAndStretchesOnes) {
+  EXPECT_EQ(BroadcastShapes({2, 1, 4}, {3, 1}),
+            (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_EQ(BroadcastShapes({}, {5}), (std::vector<int64_t>{5}));
+  EXPECT_EQ(BroadcastShapes({0}, {1}), (std::vector<int64_t>{0}));
+  size_t mismatch = 99;
+  EXPECT_EQ(BroadcastShapes({2, 3, 4}, {5, 4}, &mismatch), std::nullopt);
+  EXPECT_EQ(mismatch, 1u);
+}
+
 // opctl run fills absent flags from these (through ListOperators).
 TEST(Validate, EveryScalarHasADefault) {
   for (const OpInfo& op : OpRegistry()) {
