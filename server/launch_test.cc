@@ -1,6 +1,5 @@
 #include "server/launch.h"
 
-#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -8,6 +7,7 @@
 #include "kernels/aclnn_status.h"
 #include "server/fake_device.h"
 #include "server/session.h"
+#include "server/session_test_util.h"
 
 namespace opserver {
 namespace {
@@ -21,15 +21,6 @@ class LaunchTest : public ::testing::Test {
     session_ = std::make_unique<Session>("s", 1, "launch_test", device_.get(),
                                          &limits_, &account_,
                                          std::make_shared<StreamThreads>());
-  }
-
-  uint64_t Floats(const std::vector<float>& values) {
-    absl::StatusOr<uint64_t> handle =
-        session_->Malloc(values.size() * sizeof(float));
-    EXPECT_TRUE(handle.ok()) << handle.status();
-    std::memcpy((*session_->GetBuffer(*handle))->data(), values.data(),
-                values.size() * sizeof(float));
-    return *handle;
   }
 
   static v1::TensorDesc Desc(uint64_t buffer) {
@@ -57,13 +48,6 @@ class LaunchTest : public ::testing::Test {
     return *handle;
   }
 
-  std::vector<float> Read(uint64_t handle) {
-    std::vector<float> out(4);
-    std::memcpy(out.data(), (*session_->GetBuffer(handle))->data(),
-                4 * sizeof(float));
-    return out;
-  }
-
   SessionLimits limits_;
   MemoryAccounting account_;
   std::unique_ptr<FakeDevice> device_;  // Outlives the session.
@@ -72,9 +56,9 @@ class LaunchTest : public ::testing::Test {
 
 TEST_F(LaunchTest, RunsOnTheLaunchStreamsDeviceStream) {
   Open();
-  const uint64_t grad = Floats({4.5, 4.4, 4.3, 4.2});
-  const uint64_t self = Floats({0.2, 1.2, 2.2, 3.2});
-  const uint64_t out = Floats({-1, -1, -1, -1});
+  const uint64_t grad = WriteFloats(*session_, {4.5, 4.4, 4.3, 4.2});
+  const uint64_t self = WriteFloats(*session_, {0.2, 1.2, 2.2, 3.2});
+  const uint64_t out = WriteFloats(*session_, {-1, -1, -1, -1});
   absl::StatusOr<uint64_t> stream = session_->CreateStream();
   ASSERT_TRUE(stream.ok()) << stream.status();
   v1::ExecuteRequest request;
@@ -82,7 +66,8 @@ TEST_F(LaunchTest, RunsOnTheLaunchStreamsDeviceStream) {
   request.set_stream(*stream);
   ASSERT_TRUE(LaunchExecutor(request, *session_).ok());
   EXPECT_TRUE((*session_->GetStream(*stream))->SynchronizeAndWait().ok());
-  EXPECT_EQ(Read(out), (std::vector<float>{0, 4.4f, 4.3f, 4.2f}));
+  EXPECT_EQ(ReadFloats(*session_, out, 4),
+            (std::vector<float>{0, 4.4f, 4.3f, 4.2f}));
   std::vector<std::shared_ptr<FakeStreamRecord>> streams = device_->streams();
   ASSERT_EQ(streams.size(), 2u);
   EXPECT_EQ(streams[0]->launches.load(), 0) << "the default stream's";
@@ -95,7 +80,7 @@ TEST_F(LaunchTest, RunsOnTheLaunchStreamsDeviceStream) {
 // launches there, keeping the executor.
 TEST_F(LaunchTest, AStreamWithoutADeviceStreamRefusesLaunches) {
   Open(/*max_streams=*/0);
-  const uint64_t a = Floats({1, 2, 3, 4});
+  const uint64_t a = WriteFloats(*session_, {1, 2, 3, 4});
   v1::ExecuteRequest request;
   request.set_executor(PlanThreshold(a, a, a));
   absl::Status status = LaunchExecutor(request, *session_);

@@ -1,9 +1,8 @@
 #include "server/pipeline.h"
 
-#include <cstring>
 #include <map>
-#include <utility>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -12,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "kernels/aclnn_status.h"
 #include "server/device_factory.h"
+#include "server/session_test_util.h"
 
 namespace opserver {
 namespace {
@@ -45,23 +45,6 @@ class CommandPipelineTest : public ::testing::Test {
   void TearDown() override {
     session_.reset();
     pipeline_.reset();
-  }
-
-  // A buffer of `values`.
-  uint64_t Floats(const std::vector<float>& values) {
-    absl::StatusOr<uint64_t> handle =
-        session_->Malloc(values.size() * sizeof(float));
-    EXPECT_TRUE(handle.ok()) << handle.status();
-    std::memcpy((*session_->GetBuffer(*handle))->data(), values.data(),
-                values.size() * sizeof(float));
-    return *handle;
-  }
-
-  std::vector<float> Read(uint64_t handle, size_t n) {
-    std::vector<float> out(n);
-    std::memcpy(out.data(), (*session_->GetBuffer(handle))->data(),
-                n * sizeof(float));
-    return out;
   }
 
   static v1::TensorDesc Desc(uint64_t buffer, int64_t n) {
@@ -134,14 +117,15 @@ constexpr uint64_t kId = kClientExecutorBase;
 
 TEST_F(CommandPipelineTest, PlanLaunchFenceRunInOrder) {
   Open();
-  const uint64_t grad = Floats({4.5, 4.4, 4.3, 4.2});
-  const uint64_t self = Floats({0.2, 1.2, 2.2, 3.2});
-  const uint64_t out = Floats({-1, -1, -1, -1});
+  const uint64_t grad = WriteFloats(*session_, {4.5, 4.4, 4.3, 4.2});
+  const uint64_t self = WriteFloats(*session_, {0.2, 1.2, 2.2, 3.2});
+  const uint64_t out = WriteFloats(*session_, {-1, -1, -1, -1});
   EXPECT_EQ(Apply({Plan(kId, grad, self, out, 4), Launch(kId),
                    Fence(1, false)}),
             3u);
   EXPECT_TRUE(FenceResult(1).ok()) << FenceResult(1);
-  EXPECT_THAT(Read(out, 4), ::testing::ElementsAre(0, 4.4f, 4.3f, 4.2f));
+  EXPECT_THAT(ReadFloats(*session_, out, 4),
+              ::testing::ElementsAre(0, 4.4f, 4.3f, 4.2f));
   // Consumed: a second launch fails the stream, as Execute would.
   EXPECT_EQ(Apply({Launch(kId), Fence(2, false)}), 2u);
   EXPECT_EQ(kernels::GetAclnnStatus(FenceResult(2)),
@@ -150,7 +134,7 @@ TEST_F(CommandPipelineTest, PlanLaunchFenceRunInOrder) {
 
 TEST_F(CommandPipelineTest, RefusedPlanFailsItsLaunchesStreamOnly) {
   Open();
-  const uint64_t a = Floats({1, 2, 3, 4});
+  const uint64_t a = WriteFloats(*session_, {1, 2, 3, 4});
   absl::StatusOr<uint64_t> other = session_->CreateStream();
   ASSERT_TRUE(other.ok());
   // A view past its buffer: 161002. Its launch is not run; the error goes
@@ -176,7 +160,7 @@ TEST_F(CommandPipelineTest, RefusedPlanFailsItsLaunchesStreamOnly) {
 
 TEST_F(CommandPipelineTest, IdsMustGrowAndStayClientIds) {
   Open();
-  const uint64_t a = Floats({1, 2, 3, 4});
+  const uint64_t a = WriteFloats(*session_, {1, 2, 3, 4});
   EXPECT_EQ(Apply({Plan(kId + 5, a, a, a, 4), Plan(kId + 5, a, a, a, 4),
                    Plan(7, a, a, a, 4), Launch(7), Fence(1, false)}),
             5u);
@@ -192,7 +176,7 @@ TEST_F(CommandPipelineTest, IdsMustGrowAndStayClientIds) {
 TEST_F(CommandPipelineTest, FullStreamWaitsAndResumes) {
   limits_.max_queued_per_stream = 2;
   Open();
-  const uint64_t a = Floats({1, 2, 3, 4});
+  const uint64_t a = WriteFloats(*session_, {1, 2, 3, 4});
   std::shared_ptr<Stream> stream = *session_->GetStream(0);
   auto gate = std::make_shared<Stream::Gate>();
   ASSERT_TRUE(stream->Hold(gate, [] {}, [] {}).ok());  // Busy until reset.
