@@ -11,9 +11,15 @@
 // trip, a tiny operator (GetWorkspaceSize + Execute + SynchronizeStream),
 // sequential and pipelined launches. Then, with a fresh opserver process,
 // the server's peak RSS while a 1 GiB tensor goes up and down.
+//
+// --pin: this process (every client) runs on CPU 0 and every forked server
+// on CPU 1, so the two ends of a transfer do not take turns on one core as
+// they would not on two machines; unpinned, the scheduler moves both over
+// both cores and the receiver's work competes with the sender's.
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -23,9 +29,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -58,6 +66,19 @@ int echo_port = 0;
 // probing off), as opserver's --receive_window_bytes; 0 = gRPC's defaults.
 int64_t echo_window = 0;
 std::vector<pid_t> children;
+// --pin (see the top of the file).
+bool pin_cores = false;
+
+// Keeps the calling process on `cpu` (and the threads it starts later).
+void PinToCpu(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+    std::perror("remote_bench --pin: sched_setaffinity");
+    std::exit(1);
+  }
+}
 
 // ---- Child processes -------------------------------------------------------
 
@@ -73,6 +94,7 @@ int Fork(Body body) {
   if (pipe(fds) != 0) std::abort();
   pid_t pid = fork();
   if (pid == 0) {
+    if (pin_cores) PinToCpu(1);
     close(fds[0]);
     body(fds[1]);
     _exit(0);
@@ -524,12 +546,12 @@ std::unique_ptr<remote::Session> LibrarySession(int port,
   return session.ok() ? *std::move(session) : nullptr;
 }
 
-// Args: Source (kWarm or kFresh), MiB per Upload message (0: the library's
+// Args: Source (kWarm or kFresh), KiB per Upload message (0: the library's
 // default).
 void BM_ClientUpload(benchmark::State& state) {
   std::unique_ptr<Client> client;
   auto session = LibrarySession(opserver_port, &client,
-                                static_cast<uint64_t>(state.range(1)) << 20);
+                                static_cast<uint64_t>(state.range(1)) << 10);
   SourceData data(state.range(0));
   auto buffer = session->Malloc(kTransferBytes);
   auto upload = [&] {
@@ -712,10 +734,14 @@ BENCHMARK(BM_OpserverUploadParallel)
     ->UseRealTime();
 BENCHMARK(BM_OpserverDownload)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_ClientUpload)
-    ->ArgNames({"source", "chunk_mib"})
+    ->ArgNames({"source", "chunk_kib"})
     ->Args({kWarm, 0})
     ->Args({kFresh, 0})
-    ->Args({kWarm, 4})
+    // Smaller and larger messages than the default: what each message
+    // costs besides its bytes (BENCHMARKS.md, "Per message").
+    ->Args({kWarm, 64})
+    ->Args({kWarm, 256})
+    ->Args({kWarm, 4096})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_ClientDownload)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -839,6 +865,22 @@ void WindowCurve() {
   }
 }
 
+// Removes the first argument that is `flag` or starts with it (a flag that
+// ends in '=') from argv; returns what follows the prefix, or nullopt.
+std::optional<std::string> TakeFlag(int* argc, char** argv,
+                                    const std::string& flag) {
+  for (int i = 1; i < *argc; ++i) {
+    const std::string arg = argv[i];
+    const bool match =
+        flag.back() == '=' ? arg.rfind(flag, 0) == 0 : arg == flag;
+    if (!match) continue;
+    for (int j = i; j + 1 < *argc; ++j) argv[j] = argv[j + 1];
+    --*argc;
+    return arg.substr(flag.size());
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 }  // namespace opserver
 
@@ -846,29 +888,26 @@ int main(int argc, char** argv) {
   using namespace opserver;
   // The client side gets the same malloc tuning the server applies.
   TuneMallocForStreaming();
-  // --window_curve=LIST (ours; removed before Google Benchmark sees argv):
-  // print the window curve instead of running the benchmarks.
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg.rfind("--window_curve=", 0) != 0) continue;
-    std::string list = arg.substr(15);
-    for (size_t at = 0; at <= list.size();) {
-      size_t comma = list.find(',', at);
-      if (comma == std::string::npos) comma = list.size();
-      curve_windows.push_back(std::stoull(list.substr(at, comma - at)));
+  // Our flags, removed before Google Benchmark sees argv.
+  // --window_curve=LIST: print the window curve instead of running the
+  // benchmarks.
+  if (std::optional<std::string> list =
+          TakeFlag(&argc, argv, "--window_curve=")) {
+    for (size_t at = 0; at <= list->size();) {
+      size_t comma = list->find(',', at);
+      if (comma == std::string::npos) comma = list->size();
+      curve_windows.push_back(std::stoull(list->substr(at, comma - at)));
       at = comma + 1;
     }
-    for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
-    --argc;
-    break;
   }
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg.rfind("--echo_window=", 0) != 0) continue;
-    echo_window = std::stoll(arg.substr(14));
-    for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
-    --argc;
-    break;
+  if (std::optional<std::string> window =
+          TakeFlag(&argc, argv, "--echo_window=")) {
+    echo_window = std::stoll(*window);
+  }
+  pin_cores = TakeFlag(&argc, argv, "--pin").has_value();
+  if (pin_cores && sysconf(_SC_NPROCESSORS_ONLN) < 2) {
+    std::fprintf(stderr, "remote_bench --pin: needs two CPUs\n");
+    return 1;
   }
   for (uint64_t window : curve_windows) {
     const int port = Fork([window](int report) {
@@ -886,6 +925,8 @@ int main(int argc, char** argv) {
   tcp_ports[kDestWhole] =
       Fork([](int report) { RunTcpSink(report, kDestWhole); });
   echo_port = Fork(RunEcho);
+  // After the forks: the children pin themselves to CPU 1.
+  if (pin_cores) PinToCpu(0);
 
   if (!curve_windows.empty()) {
     WindowCurve();
