@@ -347,6 +347,14 @@ struct Remote {
     runtime->Malloc(&context, request, &response);
     return response.buffer();
   }
+  uint64_t CreateStream() {
+    grpc::ClientContext context;
+    v1::CreateStreamRequest request;
+    request.set_session(session);
+    v1::CreateStreamResponse response;
+    runtime->CreateStream(&context, request, &response);
+    return response.stream();
+  }
   // Streams `size` bytes of `data` (repeated) into the buffer.
   bool Upload(uint64_t buffer, const char* data, size_t size) {
     grpc::ClientContext context;
@@ -367,8 +375,9 @@ struct Remote {
   // The same upload, serialized by hand: each message is a few header bytes
   // plus a slice that points into the caller's memory, so the client copies
   // nothing before the socket write (what the stub's set_data cannot do).
+  // Ordered on `stream` (0: the session's default stream).
   bool UploadZeroCopy(grpc::Channel* channel, uint64_t buffer, const char* data,
-                      size_t size, uint64_t offset = 0) {
+                      size_t size, uint64_t offset = 0, uint64_t stream = 0) {
     grpc::ClientContext context;
     grpc::ByteBuffer response;
     std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
@@ -383,6 +392,7 @@ struct Remote {
     header.set_buffer(buffer);
     header.set_offset(offset);
     header.set_size(size);
+    header.set_stream(stream);
     std::string prefix = header.SerializeAsString();
     for (size_t at = 0; at < size; at += kChunk) {
       const size_t n = std::min(kChunk, size - at);
@@ -481,7 +491,7 @@ void BM_OpserverUploadZeroCopy(benchmark::State& state) {
 
 // Arg: connections. The same 256 MiB in as many Upload calls of equal
 // parts at once, each on its own TCP connection (a distinct channel
-// argument keeps gRPC from sharing one subchannel).
+// argument keeps gRPC from sharing one subchannel) and its own stream.
 void BM_OpserverUploadParallel(benchmark::State& state) {
   const int k = static_cast<int>(state.range(0));
   Remote remote(opserver_port);
@@ -496,6 +506,9 @@ void BM_OpserverUploadParallel(benchmark::State& state) {
   }
   std::vector<char> data(kTransferBytes, 'x');
   uint64_t buffer = remote.Malloc(kTransferBytes);
+  // A stream per part: uploads on one stream run one after another.
+  std::vector<uint64_t> streams;
+  for (int i = 0; i < k; ++i) streams.push_back(remote.CreateStream());
   const size_t part = kTransferBytes / k;
   auto upload = [&] {
     std::vector<std::thread> threads;
@@ -503,7 +516,8 @@ void BM_OpserverUploadParallel(benchmark::State& state) {
     for (int i = 0; i < k; ++i) {
       threads.emplace_back([&, i] {
         if (!remote.UploadZeroCopy(channels[i].get(), buffer,
-                                   data.data() + i * part, part, i * part)) {
+                                   data.data() + i * part, part, i * part,
+                                   streams[i])) {
           ++failures;
         }
       });
