@@ -375,9 +375,11 @@ struct Remote {
   // The same upload, serialized by hand: each message is a few header bytes
   // plus a slice that points into the caller's memory, so the client copies
   // nothing before the socket write (what the stub's set_data cannot do).
-  // Ordered on `stream` (0: the session's default stream).
+  // Ordered on `stream` (0: the session's default stream), in messages of
+  // `chunk` bytes.
   bool UploadZeroCopy(grpc::Channel* channel, uint64_t buffer, const char* data,
-                      size_t size, uint64_t offset = 0, uint64_t stream = 0) {
+                      size_t size, uint64_t offset = 0, uint64_t stream = 0,
+                      size_t chunk = kChunk) {
     grpc::ClientContext context;
     grpc::ByteBuffer response;
     std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
@@ -394,8 +396,9 @@ struct Remote {
     header.set_size(size);
     header.set_stream(stream);
     std::string prefix = header.SerializeAsString();
-    for (size_t at = 0; at < size; at += kChunk) {
-      const size_t n = std::min(kChunk, size - at);
+    // At least one message: an empty upload is its header alone.
+    for (size_t at = 0; at < size || at == 0; at += chunk) {
+      const size_t n = std::min(chunk, size - at);
       uint8_t tag[11];
       tag[0] = (6 << 3) | 2;  // Field 6 (data), length-delimited.
       uint8_t* end =
@@ -408,6 +411,7 @@ struct Remote {
       grpc::ByteBuffer message(slices, 2);
       if (!writer->Write(message)) break;
       prefix.clear();
+      if (size == 0) break;
     }
     writer->WritesDone();
     return writer->Finish().ok();
@@ -489,11 +493,16 @@ void BM_OpserverUploadZeroCopy(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * kTransferBytes);
 }
 
-// Arg: connections. The same 256 MiB in as many Upload calls of equal
-// parts at once, each on its own TCP connection (a distinct channel
-// argument keeps gRPC from sharing one subchannel) and its own stream.
+// Args: connections, KiB per message. The same 256 MiB in as many Upload
+// calls of equal parts at once, each on its own TCP connection (a distinct
+// channel argument keeps gRPC from sharing one subchannel) and its own
+// stream. With more than one part, as a library upload split this way
+// would have to: first an empty Upload on the first part's stream (the
+// server answers it once the stream has reached it, so no part lands
+// before the work queued ahead of the upload).
 void BM_OpserverUploadParallel(benchmark::State& state) {
   const int k = static_cast<int>(state.range(0));
+  const size_t chunk = static_cast<size_t>(state.range(1)) << 10;
   Remote remote(opserver_port);
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (int i = 0; i < k; ++i) {
@@ -511,13 +520,17 @@ void BM_OpserverUploadParallel(benchmark::State& state) {
   for (int i = 0; i < k; ++i) streams.push_back(remote.CreateStream());
   const size_t part = kTransferBytes / k;
   auto upload = [&] {
+    if (k > 1 && !remote.UploadZeroCopy(channels[0].get(), buffer, data.data(),
+                                        0, 0, streams[0])) {
+      return false;
+    }
     std::vector<std::thread> threads;
     std::atomic<int> failures{0};
     for (int i = 0; i < k; ++i) {
       threads.emplace_back([&, i] {
         if (!remote.UploadZeroCopy(channels[i].get(), buffer,
                                    data.data() + i * part, part, i * part,
-                                   streams[i])) {
+                                   streams[i], chunk)) {
           ++failures;
         }
       });
@@ -740,10 +753,13 @@ BENCHMARK(BM_OpserverUploadZeroCopy)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_OpserverUploadParallel)
-    ->ArgName("connections")
-    ->Arg(1)
-    ->Arg(2)
-    ->Arg(4)
+    ->ArgNames({"connections", "message_kib"})
+    ->Args({1, 4096})
+    ->Args({2, 4096})
+    ->Args({4, 4096})
+    ->Args({1, 1024})
+    ->Args({2, 1024})
+    ->Args({4, 1024})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_OpserverDownload)->Unit(benchmark::kMillisecond)->UseRealTime();
