@@ -264,18 +264,46 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
                            "certificate?)"
                          : ""));
   }
-  return std::unique_ptr<Client>(
-      new Client(address, std::move(channel), options));
+  return std::unique_ptr<Client>(new Client(address, std::move(channel),
+                                            std::move(credentials),
+                                            std::move(args), options));
 }
 
 Client::Client(std::string address, std::shared_ptr<grpc::Channel> channel,
-               const ConnectOptions& options)
+               std::shared_ptr<grpc::ChannelCredentials> credentials,
+               grpc::ChannelArguments args, const ConnectOptions& options)
     : address_(std::move(address)),
       options_(options),
+      credentials_(std::move(credentials)),
+      args_(std::move(args)),
       channel_(std::move(channel)),
       runtime_(v1::Runtime::NewStub(channel_)),
       operators_(v1::Operators::NewStub(channel_)),
       health_(grpc::health::v1::Health::NewStub(channel_)) {}
+
+absl::StatusOr<std::vector<grpc::Channel*>> Client::UploadChannels() {
+  absl::MutexLock lock(&upload_mu_);
+  const size_t want =
+      static_cast<size_t>(std::max(options_.upload_connections, 1) - 1);
+  while (upload_channels_.size() < want) {
+    grpc::ChannelArguments args = args_;
+    // A distinct argument, or gRPC would share channel_'s connection.
+    args.SetInt("opserver.upload_connection",
+                static_cast<int>(upload_channels_.size()) + 1);
+    auto channel = grpc::CreateCustomChannel(address_, credentials_, args);
+    if (!channel->WaitForConnected(
+            absl::ToChronoTime(absl::Now() + options_.connect_timeout))) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot open upload connection ",
+                       upload_channels_.size() + 1, " to ", address_));
+    }
+    upload_channels_.push_back(std::move(channel));
+  }
+  std::vector<grpc::Channel*> channels;
+  for (size_t i = 0; i < want; ++i)
+    channels.push_back(upload_channels_[i].get());
+  return channels;
+}
 
 void Client::SetDeadline(grpc::ClientContext* context) const {
   context->set_deadline(
@@ -691,6 +719,81 @@ absl::Status Session::Synchronize(uint64_t stream) {
 absl::Status Session::Upload(uint64_t buffer, uint64_t offset, const void* data,
                              uint64_t size, uint64_t stream) {
   if (absl::Status s = Ordered(); !s.ok()) return s;
+  const char* bytes = static_cast<const char*>(data);
+  if (std::optional<absl::Status> split =
+          UploadSplit(buffer, offset, bytes, size, stream)) {
+    return *split;
+  }
+  return UploadCall(&client_->channel(), buffer, offset, bytes, size, stream);
+}
+
+std::optional<absl::Status> Session::UploadSplit(uint64_t buffer,
+                                                 uint64_t offset,
+                                                 const char* data,
+                                                 uint64_t size,
+                                                 uint64_t stream) {
+  const ConnectOptions& options = client_->options();
+  if (options.upload_connections <= 1 || size < options.upload_split_bytes) {
+    return std::nullopt;
+  }
+  {
+    // Split only a range the server will accept whole: a refused upload
+    // must write nothing, and a part is refused only once the others may
+    // have landed. Buffer sizes are known in pipelined sessions only.
+    absl::MutexLock lock(&handles_mu_);
+    auto it = buffer_sizes_.find(buffer);
+    if (it == buffer_sizes_.end() || offset > it->second ||
+        size > it->second - offset) {
+      return std::nullopt;
+    }
+  }
+  absl::StatusOr<std::vector<grpc::Channel*>> channels =
+      client_->UploadChannels();
+  if (!channels.ok()) return std::nullopt;
+  // A stream per extra part, for this upload only: kept, they would count
+  // against the session's stream cap for good.
+  std::vector<Stream> streams;
+  for (size_t i = 0; i < channels->size(); ++i) {
+    absl::StatusOr<Stream> made = CreateStream();
+    if (!made.ok()) return std::nullopt;  // E.g. the session's stream cap.
+    streams.push_back(*std::move(made));
+  }
+  // The parts go out on other streams than `stream`, so first an empty
+  // upload on `stream`: the server answers it once the work queued there
+  // before is done (without taking that work's errors, which stay for the
+  // next Synchronize), and only then may any part land.
+  if (absl::Status reached =
+          UploadCall(&client_->channel(), buffer, offset, data, 0, stream);
+      !reached.ok()) {
+    return reached;
+  }
+  // Equal parts, in whole messages.
+  const uint64_t k = channels->size() + 1;
+  const uint64_t chunk = std::max<uint64_t>(1, options.upload_chunk_bytes);
+  const uint64_t per_part = size / k + (size % k != 0);  // Rounded up.
+  const uint64_t part = (per_part + chunk - 1) / chunk * chunk;
+  std::vector<absl::Status> results(k);
+  std::vector<std::thread> threads;
+  for (uint64_t i = 1; i < k && i * part < size; ++i) {
+    const uint64_t at = i * part;
+    threads.emplace_back([&, i, at] {
+      results[i] =
+          UploadCall((*channels)[i - 1], buffer, offset + at, data + at,
+                     std::min(part, size - at), streams[i - 1].handle());
+    });
+  }
+  results[0] = UploadCall(&client_->channel(), buffer, offset, data,
+                          std::min(part, size), stream);
+  for (std::thread& thread : threads) thread.join();
+  for (absl::Status& result : results) {
+    if (!result.ok()) return result;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::UploadCall(grpc::Channel* channel, uint64_t buffer,
+                                 uint64_t offset, const char* bytes,
+                                 uint64_t size, uint64_t stream) {
   // Declared before the call so it outlives it: its destructor waits until
   // gRPC has returned every slice of `data` (also on early returns).
   LentSlices lent;
@@ -704,12 +807,11 @@ absl::Status Session::Upload(uint64_t buffer, uint64_t offset, const void* data,
     // before the socket (the stub's set_data would copy every chunk).
     std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
         grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
-            &client_->channel(),
+            channel,
             grpc::internal::RpcMethod(
                 UploadMethodName().c_str(),
                 grpc::internal::RpcMethod::CLIENT_STREAMING),
             &context, &response));
-    const char* bytes = static_cast<const char*>(data);
     const uint64_t chunk =
         std::max<uint64_t>(1, client_->options().upload_chunk_bytes);
     v1::UploadRequest header;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +38,14 @@ struct ConnectOptions {
   absl::Duration wait_timeout = absl::Minutes(10);
   // Bytes per Upload message.
   uint64_t upload_chunk_bytes = 1 << 20;
+  // An Upload of at least upload_split_bytes into a buffer of a pipelined
+  // session goes over this many TCP connections at once, in parts, each on
+  // a stream of its own: one connection leaves the server's receiving core
+  // idle between messages (BENCHMARKS.md, "Several connections"). The extra
+  // connections and streams are opened on the first such upload; where
+  // they cannot be had, the upload is one call. 1: always one call.
+  int upload_connections = 4;
+  uint64_t upload_split_bytes = 32ull << 20;
   // Largest message accepted from the server (review finding 16: the
   // client accepted any size, so a hostile server could make it allocate
   // without bound). A server sends at most its --max_message_bytes (64 MiB
@@ -137,12 +146,24 @@ class Client {
   // and loopback servers may require tokens too.
   void Authorize(grpc::ClientContext* context) const;
 
+  // The upload_connections - 1 extra connections split uploads use besides
+  // channel(), opened on the first call. UNAVAILABLE when one cannot be
+  // opened within connect_timeout (the next call tries again).
+  absl::StatusOr<std::vector<grpc::Channel*>> UploadChannels();
+
  private:
   Client(std::string address, std::shared_ptr<grpc::Channel> channel,
-         const ConnectOptions& options);
+         std::shared_ptr<grpc::ChannelCredentials> credentials,
+         grpc::ChannelArguments args, const ConnectOptions& options);
 
   const std::string address_;
   const ConnectOptions options_;
+  // What channel_ was made with, for the upload connections.
+  const std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  const grpc::ChannelArguments args_;
+  absl::Mutex upload_mu_;
+  std::vector<std::shared_ptr<grpc::Channel>> upload_channels_
+      ABSL_GUARDED_BY(upload_mu_);
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Runtime::Stub> runtime_;
   std::unique_ptr<v1::Operators::Stub> operators_;
@@ -297,7 +318,10 @@ class Session {
   // Streams `size` bytes from `data` into buffer[offset, offset + size) in
   // chunks of ConnectOptions::upload_chunk_bytes, after the work queued on
   // `stream`. The chunks go to the socket straight from `data` (no copy);
-  // nothing refers to `data` once this returns.
+  // nothing refers to `data` once this returns. Large uploads go over
+  // several connections (ConnectOptions::upload_connections), the extra
+  // parts on short-lived streams of their own, with the same ordering: no
+  // byte lands before the work queued on `stream` is done.
   absl::Status Upload(uint64_t buffer, uint64_t offset, const void* data,
                       uint64_t size, uint64_t stream = 0);
   // Streams buffer[offset, offset + size) into `data`, each chunk copied
@@ -371,6 +395,15 @@ class Session {
   // Pipelined phase one: the server's checks run here; the plan is queued
   // under an id this session chooses.
   absl::StatusOr<Executor> PlanLocally(v1::GetWorkspaceSizeRequest request);
+  // One Upload call on `channel`.
+  absl::Status UploadCall(grpc::Channel* channel, uint64_t buffer,
+                          uint64_t offset, const char* data, uint64_t size,
+                          uint64_t stream);
+  // Upload over the client's upload connections, or nullopt when this
+  // upload is not split (see ConnectOptions::upload_connections).
+  std::optional<absl::Status> UploadSplit(uint64_t buffer, uint64_t offset,
+                                          const char* data, uint64_t size,
+                                          uint64_t stream);
 
   Client* const client_;
   const std::string token_;

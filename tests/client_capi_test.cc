@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -571,6 +572,52 @@ TEST_F(CApiTest, EnvironmentSwitchesAreCheckedByAclInit) {
   }
   unsetenv("OPSERVER_PIPELINE");
   setenv("OPSERVER_DETECT_MUTEX_DEADLOCKS", "1", 1);
+  ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);  // For TearDown.
+}
+
+// OPSERVER_UPLOAD_CONNECTIONS: 1 to 16, anything else fails aclInit; a
+// copy of 32 MiB or more is split over that many connections and arrives
+// byte for byte.
+TEST_F(CApiTest, UploadConnectionsComeFromTheEnvironment) {
+  aclrtDestroyStream(stream_);
+  stream_ = nullptr;
+  aclrtResetDevice(0);
+  ASSERT_EQ(aclFinalize(), ACL_SUCCESS);
+  for (const char* value : {"0", "17", "two", "-1"}) {
+    setenv("OPSERVER_UPLOAD_CONNECTIONS", value, 1);
+    EXPECT_EQ(aclInit(nullptr), ACL_ERROR_INVALID_PARAM) << value;
+    EXPECT_EQ(LastError(),
+              absl::StrCat("aclInit: OPSERVER_UPLOAD_CONNECTIONS: '", value,
+                           "' is not a number from 1 to 16"));
+  }
+  const size_t size = (40 << 20) + 3;
+  std::vector<char> data(size);
+  std::mt19937 rng(23);
+  for (char& byte : data) byte = static_cast<char>(rng());
+  for (const char* value : {"1", "3"}) {
+    SCOPED_TRACE(value);
+    setenv("OPSERVER_UPLOAD_CONNECTIONS", value, 1);
+    ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS) << LastError();
+    ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS) << LastError();
+    void* device = nullptr;
+    ASSERT_EQ(aclrtMalloc(&device, size, ACL_MEM_MALLOC_HUGE_FIRST),
+              ACL_SUCCESS)
+        << LastError();
+    ASSERT_EQ(
+        aclrtMemcpy(device, size, data.data(), size, ACL_MEMCPY_HOST_TO_DEVICE),
+        ACL_SUCCESS)
+        << LastError();
+    std::vector<char> back(size);
+    ASSERT_EQ(
+        aclrtMemcpy(back.data(), size, device, size, ACL_MEMCPY_DEVICE_TO_HOST),
+        ACL_SUCCESS)
+        << LastError();
+    EXPECT_TRUE(back == data) << "bytes differ";
+    EXPECT_EQ(aclrtFree(device), ACL_SUCCESS);
+    aclrtResetDevice(0);
+    ASSERT_EQ(aclFinalize(), ACL_SUCCESS);
+  }
+  unsetenv("OPSERVER_UPLOAD_CONNECTIONS");
   ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);  // For TearDown.
 }
 

@@ -41,10 +41,12 @@ class ClientTest : public ::testing::Test {
     session_ = *std::move(session);
   }
 
-  void StartServer(const std::string& listen) {
+  void StartServer(const std::string& listen,
+                   uint32_t max_streams_per_session = 16) {
     opserver::Options options;
     options.listen = listen;
     options.threads = 2;
+    options.session_limits.max_streams_per_session = max_streams_per_session;
     auto server = opserver::Server::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -100,6 +102,18 @@ class ClientTest : public ::testing::Test {
     EXPECT_TRUE(session.ok()) << session.status();
     if (session.ok()) c.session = *std::move(session);
     return c;
+  }
+
+  // Uploads of kSplitBytes or more split over `connections`, in messages
+  // of kSplitChunk.
+  static constexpr uint64_t kSplitChunk = 4096;
+  static constexpr uint64_t kSplitBytes = 16 * kSplitChunk;
+  static ConnectOptions SplitOptions(int connections) {
+    ConnectOptions options;
+    options.upload_chunk_bytes = kSplitChunk;
+    options.upload_connections = connections;
+    options.upload_split_bytes = kSplitBytes;
+    return options;
   }
 
   std::unique_ptr<Client> client_;
@@ -251,6 +265,129 @@ TEST_F(ClientTest, TransfersAtChunkBoundariesAndBufferEnds) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(session->Download(buffer->handle(), capacity, &byte, 1).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Uploads of at least upload_split_bytes go over several connections, in
+// parts on streams of their own. Byte-exact at the split threshold and at
+// part and chunk boundaries, up to the buffer's end; and split for real:
+// each extra part's stream takes a handle, and this server hands out
+// handles in order, so a split upload moves the next handle on by the
+// number of extra connections.
+TEST_F(ClientTest, SplitUploadsAreByteExactAndUseTheExtraConnections) {
+  constexpr uint64_t kChunk = kSplitChunk;
+  constexpr uint64_t kSplit = kSplitBytes;
+  Connection c = Connect(SplitOptions(3), "split");
+  ASSERT_NE(c.session, nullptr);
+  Session* session = c.session.get();
+  const uint64_t capacity = (1 << 20) + 5;
+  auto buffer = session->Malloc(capacity);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  auto next_handle = [&] {
+    auto stream = session->CreateStream();
+    EXPECT_TRUE(stream.ok()) << stream.status();
+    return stream.ok() ? stream->handle() : 0;
+  };
+  std::mt19937 rng(17);
+  for (uint64_t size : {kSplit - 1, kSplit, kSplit + 1, 3 * kChunk * 7 + 1,
+                        uint64_t{1} << 20, capacity}) {
+    for (uint64_t offset : {uint64_t{0}, capacity - size}) {
+      SCOPED_TRACE(absl::StrCat("size ", size, " offset ", offset));
+      std::vector<char> before(capacity);
+      for (char& byte : before) byte = static_cast<char>(rng());
+      ASSERT_TRUE(
+          session->Upload(buffer->handle(), 0, before.data(), capacity).ok());
+      std::vector<char> data(size);
+      for (char& byte : data) byte = static_cast<char>(rng());
+      const uint64_t handle = next_handle();
+      ASSERT_TRUE(
+          session->Upload(buffer->handle(), offset, data.data(), size).ok());
+      EXPECT_EQ(next_handle() - handle, size >= kSplit ? 3u : 1u)
+          << "split into the wrong number of parts";
+      std::vector<char> expected = before;
+      std::copy(data.begin(), data.end(), expected.begin() + offset);
+      std::vector<char> back(capacity);
+      ASSERT_TRUE(
+          session->Download(buffer->handle(), 0, back.data(), capacity).ok());
+      EXPECT_TRUE(back == expected) << "bytes differ";
+    }
+  }
+}
+
+// The parts go out on other streams than the caller's, yet no part may
+// land before the work queued on the caller's stream: an operator writing
+// the same bytes, queued just before, never overwrites the upload.
+TEST_F(ClientTest, SplitUploadLandsAfterTheWorkQueuedOnItsStream) {
+  Connection c = Connect(SplitOptions(4), "split_order");
+  ASSERT_NE(c.session, nullptr);
+  Session* session = c.session.get();
+  constexpr int64_t kCount = 1 << 20;  // 4 MiB of floats.
+  const uint64_t bytes = kCount * sizeof(float);
+  auto grad = session->Malloc(bytes);
+  auto self = session->Malloc(bytes);
+  auto out = session->Malloc(bytes);
+  ASSERT_TRUE(grad.ok() && self.ok() && out.ok());
+  std::vector<float> ones(kCount, 1.0f);
+  ASSERT_TRUE(session->Upload(grad->handle(), 0, ones.data(), bytes).ok());
+  ASSERT_TRUE(session->Upload(self->handle(), 0, ones.data(), bytes).ok());
+  auto stream = session->CreateStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  std::vector<float> data(kCount);
+  for (int64_t i = 0; i < kCount; ++i) data[i] = static_cast<float>(i % 977);
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(round);
+    // Milliseconds of work, each launch writing 1.0 everywhere in `out`
+    // (grad where self > 0.5): parts landing early would be overwritten.
+    for (int launch = 0; launch < 20; ++launch) {
+      auto executor = session->ThresholdBackward(
+          TensorDesc::Contiguous(grad->handle(), DType::kFloat, {kCount}),
+          TensorDesc::Contiguous(self->handle(), DType::kFloat, {kCount}), 0.5,
+          TensorDesc::Contiguous(out->handle(), DType::kFloat, {kCount}));
+      ASSERT_TRUE(executor.ok()) << executor.status();
+      ASSERT_TRUE(executor->Execute(stream->handle()).ok());
+    }
+    ASSERT_TRUE(
+        session->Upload(out->handle(), 0, data.data(), bytes, stream->handle())
+            .ok());
+    ASSERT_TRUE(stream->Synchronize().ok());
+    std::vector<float> back(kCount);
+    ASSERT_TRUE(session->Download(out->handle(), 0, back.data(), bytes).ok());
+    EXPECT_TRUE(back == data) << "the operator ran after part of the upload";
+  }
+}
+
+// A split upload the server would refuse writes nothing (it goes as one
+// call, refused on its first message), and a session out of streams still
+// uploads, in one call.
+TEST_F(ClientTest, SplitUploadRefusalsAndFallbacks) {
+  server_.reset();
+  StartServer("127.0.0.1:0", /*max_streams_per_session=*/2);
+  Connection c = Connect(SplitOptions(3), "split_refusals");
+  ASSERT_NE(c.session, nullptr);
+  Session* session = c.session.get();
+  const uint64_t size = 256 << 10;
+  auto buffer = session->Malloc(size);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  std::vector<char> expected(size, 'e');
+  ASSERT_TRUE(session->Upload(buffer->handle(), 0, expected.data(), size).ok());
+  std::vector<char> other(size + 1, 'o');
+  EXPECT_EQ(session->Upload(buffer->handle(), 0, other.data(), size + 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(session->Upload(buffer->handle(), 1, other.data(), size).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      session->Upload(buffer->handle() + 1000, 0, other.data(), size).code(),
+      absl::StatusCode::kNotFound);
+  std::vector<char> back(size);
+  ASSERT_TRUE(session->Download(buffer->handle(), 0, back.data(), size).ok());
+  EXPECT_TRUE(back == expected) << "a refused upload wrote";
+
+  // Both streams taken: the parts have none, so the upload is one call.
+  auto first = session->CreateStream();
+  auto second = session->CreateStream();
+  ASSERT_TRUE(first.ok() && second.ok());
+  ASSERT_TRUE(session->Upload(buffer->handle(), 0, other.data(), size).ok());
+  ASSERT_TRUE(session->Download(buffer->handle(), 0, back.data(), size).ok());
+  EXPECT_TRUE(std::equal(back.begin(), back.end(), other.begin()));
 }
 
 // Upload lends the caller's memory to gRPC without copying it; once it
