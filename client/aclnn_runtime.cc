@@ -144,16 +144,16 @@ aclError aclInit(const char* /*configPath*/) {
   }
   state.security = *std::move(security);
   // Connections a large host-to-device copy is split over (1 = one call).
-  if (const char* raw = std::getenv("OPSERVER_UPLOAD_CONNECTIONS");
+  if (const char* raw = std::getenv("OPSERVER_TRANSFER_CONNECTIONS");
       raw != nullptr && *raw != '\0') {
     int connections;
     if (!absl::SimpleAtoi(raw, &connections) || connections < 1 ||
         connections > 16) {
       return Fail(ACL_ERROR_INVALID_PARAM,
-                  absl::StrCat("aclInit: OPSERVER_UPLOAD_CONNECTIONS: '", raw,
+                  absl::StrCat("aclInit: OPSERVER_TRANSFER_CONNECTIONS: '", raw,
                                "' is not a number from 1 to 16"));
     }
-    state.security.upload_connections = connections;
+    state.security.transfer_connections = connections;
   }
   // Abseil's Mutex deadlock detection (on in Debian's Abseil build) records
   // every lock order in a process-wide graph and halved the pipelined

@@ -281,27 +281,27 @@ Client::Client(std::string address, std::shared_ptr<grpc::Channel> channel,
       operators_(v1::Operators::NewStub(channel_)),
       health_(grpc::health::v1::Health::NewStub(channel_)) {}
 
-absl::StatusOr<std::vector<grpc::Channel*>> Client::UploadChannels() {
-  absl::MutexLock lock(&upload_mu_);
+absl::StatusOr<std::vector<grpc::Channel*>> Client::TransferChannels() {
+  absl::MutexLock lock(&transfer_mu_);
   const size_t want =
-      static_cast<size_t>(std::max(options_.upload_connections, 1) - 1);
-  while (upload_channels_.size() < want) {
+      static_cast<size_t>(std::max(options_.transfer_connections, 1) - 1);
+  while (transfer_channels_.size() < want) {
     grpc::ChannelArguments args = args_;
     // A distinct argument, or gRPC would share channel_'s connection.
-    args.SetInt("opserver.upload_connection",
-                static_cast<int>(upload_channels_.size()) + 1);
+    args.SetInt("opserver.transfer_connection",
+                static_cast<int>(transfer_channels_.size()) + 1);
     auto channel = grpc::CreateCustomChannel(address_, credentials_, args);
     if (!channel->WaitForConnected(
             absl::ToChronoTime(absl::Now() + options_.connect_timeout))) {
       return absl::UnavailableError(
-          absl::StrCat("cannot open upload connection ",
-                       upload_channels_.size() + 1, " to ", address_));
+          absl::StrCat("cannot open transfer connection ",
+                       transfer_channels_.size() + 1, " to ", address_));
     }
-    upload_channels_.push_back(std::move(channel));
+    transfer_channels_.push_back(std::move(channel));
   }
   std::vector<grpc::Channel*> channels;
   for (size_t i = 0; i < want; ++i)
-    channels.push_back(upload_channels_[i].get());
+    channels.push_back(transfer_channels_[i].get());
   return channels;
 }
 
@@ -720,20 +720,21 @@ absl::Status Session::Upload(uint64_t buffer, uint64_t offset, const void* data,
                              uint64_t size, uint64_t stream) {
   if (absl::Status s = Ordered(); !s.ok()) return s;
   const char* bytes = static_cast<const char*>(data);
-  if (std::optional<absl::Status> split =
-          UploadSplit(buffer, offset, bytes, size, stream)) {
-    return *split;
-  }
+  std::optional<absl::Status> split = Split(
+      buffer, offset, size, stream,
+      [&](grpc::Channel* channel, uint64_t at, uint64_t n, uint64_t on) {
+        return UploadCall(channel, buffer, offset + at, bytes + at, n, on);
+      });
+  if (split.has_value()) return *split;
   return UploadCall(&client_->channel(), buffer, offset, bytes, size, stream);
 }
 
-std::optional<absl::Status> Session::UploadSplit(uint64_t buffer,
-                                                 uint64_t offset,
-                                                 const char* data,
-                                                 uint64_t size,
-                                                 uint64_t stream) {
+std::optional<absl::Status> Session::Split(uint64_t buffer, uint64_t offset,
+                                           uint64_t size, uint64_t stream,
+                                           const SplitPart& part_call) {
   const ConnectOptions& options = client_->options();
-  if (options.upload_connections <= 1 || size < options.upload_split_bytes) {
+  if (options.transfer_connections <= 1 ||
+      size < options.transfer_split_bytes) {
     return std::nullopt;
   }
   {
@@ -748,7 +749,7 @@ std::optional<absl::Status> Session::UploadSplit(uint64_t buffer,
     }
   }
   absl::StatusOr<std::vector<grpc::Channel*>> channels =
-      client_->UploadChannels();
+      client_->TransferChannels();
   if (!channels.ok()) return std::nullopt;
   // A stream per extra part, for this upload only: kept, they would count
   // against the session's stream cap for good.
@@ -759,11 +760,10 @@ std::optional<absl::Status> Session::UploadSplit(uint64_t buffer,
     streams.push_back(*std::move(made));
   }
   // The parts go out on other streams than `stream`, so first an empty
-  // upload on `stream`: the server answers it once the work queued there
+  // transfer on `stream`: the server answers it once the work queued there
   // before is done (without taking that work's errors, which stay for the
   // next Synchronize), and only then may any part land.
-  if (absl::Status reached =
-          UploadCall(&client_->channel(), buffer, offset, data, 0, stream);
+  if (absl::Status reached = part_call(&client_->channel(), 0, 0, stream);
       !reached.ok()) {
     return reached;
   }
@@ -777,13 +777,11 @@ std::optional<absl::Status> Session::UploadSplit(uint64_t buffer,
   for (uint64_t i = 1; i < k && i * part < size; ++i) {
     const uint64_t at = i * part;
     threads.emplace_back([&, i, at] {
-      results[i] =
-          UploadCall((*channels)[i - 1], buffer, offset + at, data + at,
-                     std::min(part, size - at), streams[i - 1].handle());
+      results[i] = part_call((*channels)[i - 1], at, std::min(part, size - at),
+                             streams[i - 1].handle());
     });
   }
-  results[0] = UploadCall(&client_->channel(), buffer, offset, data,
-                          std::min(part, size), stream);
+  results[0] = part_call(&client_->channel(), 0, std::min(part, size), stream);
   for (std::thread& thread : threads) thread.join();
   for (absl::Status& result : results) {
     if (!result.ok()) return result;
@@ -858,6 +856,19 @@ absl::Status Session::Download(uint64_t buffer, uint64_t offset, void* data,
   // Device->host: after all work issued before, reporting the session's
   // deferred errors.
   if (absl::Status s = Flush(); !s.ok()) return s;
+  char* bytes = static_cast<char*>(data);
+  std::optional<absl::Status> split = Split(
+      buffer, offset, size, stream,
+      [&](grpc::Channel* channel, uint64_t at, uint64_t n, uint64_t on) {
+        return DownloadCall(channel, buffer, offset + at, bytes + at, n, on);
+      });
+  if (split.has_value()) return *split;
+  return DownloadCall(&client_->channel(), buffer, offset, bytes, size, stream);
+}
+
+absl::Status Session::DownloadCall(grpc::Channel* channel, uint64_t buffer,
+                                   uint64_t offset, char* bytes, uint64_t size,
+                                   uint64_t stream) {
   grpc::ClientContext context;
   client_->SetWaitDeadline(&context);
   v1::DownloadRequest request;
@@ -871,12 +882,11 @@ absl::Status Session::Download(uint64_t buffer, uint64_t offset, void* data,
   // reader would copy it into a string first).
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
       grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-          &client_->channel(),
+          channel,
           grpc::internal::RpcMethod(
               DownloadMethodName().c_str(),
               grpc::internal::RpcMethod::SERVER_STREAMING),
           &context, request));
-  char* bytes = static_cast<char*>(data);
   uint64_t at = 0;
   grpc::ByteBuffer chunk;
   bool bad_chunk = false;

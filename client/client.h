@@ -2,6 +2,7 @@
 #define OPSERVER_CLIENT_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -38,14 +39,15 @@ struct ConnectOptions {
   absl::Duration wait_timeout = absl::Minutes(10);
   // Bytes per Upload message.
   uint64_t upload_chunk_bytes = 1 << 20;
-  // An Upload of at least upload_split_bytes into a buffer of a pipelined
-  // session goes over this many TCP connections at once, in parts, each on
-  // a stream of its own: one connection leaves the server's receiving core
-  // idle between messages (BENCHMARKS.md, "Several connections"). The extra
-  // connections and streams are opened on the first such upload; where
-  // they cannot be had, the upload is one call. 1: always one call.
-  int upload_connections = 4;
-  uint64_t upload_split_bytes = 32ull << 20;
+  // An Upload or Download of at least transfer_split_bytes of a buffer of
+  // a pipelined session goes over this many TCP connections at once, in
+  // parts, the extra ones on short-lived streams of their own: one
+  // connection leaves the receiving side idle between messages
+  // (BENCHMARKS.md, "Several connections"). The extra connections are
+  // opened on the first such transfer; where connections or streams cannot
+  // be had, the transfer is one call. 1: always one call.
+  int transfer_connections = 4;
+  uint64_t transfer_split_bytes = 32ull << 20;
   // Largest message accepted from the server (review finding 16: the
   // client accepted any size, so a hostile server could make it allocate
   // without bound). A server sends at most its --max_message_bytes (64 MiB
@@ -146,10 +148,10 @@ class Client {
   // and loopback servers may require tokens too.
   void Authorize(grpc::ClientContext* context) const;
 
-  // The upload_connections - 1 extra connections split uploads use besides
+  // The transfer_connections - 1 extra connections split transfers use besides
   // channel(), opened on the first call. UNAVAILABLE when one cannot be
   // opened within connect_timeout (the next call tries again).
-  absl::StatusOr<std::vector<grpc::Channel*>> UploadChannels();
+  absl::StatusOr<std::vector<grpc::Channel*>> TransferChannels();
 
  private:
   Client(std::string address, std::shared_ptr<grpc::Channel> channel,
@@ -158,12 +160,12 @@ class Client {
 
   const std::string address_;
   const ConnectOptions options_;
-  // What channel_ was made with, for the upload connections.
+  // What channel_ was made with, for the transfer connections.
   const std::shared_ptr<grpc::ChannelCredentials> credentials_;
   const grpc::ChannelArguments args_;
-  absl::Mutex upload_mu_;
-  std::vector<std::shared_ptr<grpc::Channel>> upload_channels_
-      ABSL_GUARDED_BY(upload_mu_);
+  absl::Mutex transfer_mu_;
+  std::vector<std::shared_ptr<grpc::Channel>> transfer_channels_
+      ABSL_GUARDED_BY(transfer_mu_);
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Runtime::Stub> runtime_;
   std::unique_ptr<v1::Operators::Stub> operators_;
@@ -319,7 +321,7 @@ class Session {
   // chunks of ConnectOptions::upload_chunk_bytes, after the work queued on
   // `stream`. The chunks go to the socket straight from `data` (no copy);
   // nothing refers to `data` once this returns. Large uploads go over
-  // several connections (ConnectOptions::upload_connections), the extra
+  // several connections (ConnectOptions::transfer_connections), the extra
   // parts on short-lived streams of their own, with the same ordering: no
   // byte lands before the work queued on `stream` is done.
   absl::Status Upload(uint64_t buffer, uint64_t offset, const void* data,
@@ -328,7 +330,7 @@ class Session {
   // once, from the received message straight to its place, after the work
   // queued on `stream`. INTERNAL when the server sends more or fewer bytes
   // than asked for, or a message that is not a DownloadResponse; `data` may
-  // then hold part of the range.
+  // then hold part of the range. Large downloads are split like uploads.
   absl::Status Download(uint64_t buffer, uint64_t offset, void* data,
                         uint64_t size, uint64_t stream = 0);
 
@@ -399,11 +401,22 @@ class Session {
   absl::Status UploadCall(grpc::Channel* channel, uint64_t buffer,
                           uint64_t offset, const char* data, uint64_t size,
                           uint64_t stream);
-  // Upload over the client's upload connections, or nullopt when this
-  // upload is not split (see ConnectOptions::upload_connections).
-  std::optional<absl::Status> UploadSplit(uint64_t buffer, uint64_t offset,
-                                          const char* data, uint64_t size,
-                                          uint64_t stream);
+  // One Download call on `channel`.
+  absl::Status DownloadCall(grpc::Channel* channel, uint64_t buffer,
+                            uint64_t offset, char* data, uint64_t size,
+                            uint64_t stream);
+  // One part of a split transfer: `size` bytes at `offset` + `at`, over
+  // `channel`, ordered on `stream`. Called with size 0 as the barrier.
+  using SplitPart = std::function<absl::Status(
+      grpc::Channel* channel, uint64_t at, uint64_t size, uint64_t stream)>;
+  // A transfer of buffer[offset, offset + size) split over the client's
+  // transfer connections (see ConnectOptions::transfer_connections): first
+  // `part(channel, 0, 0, stream)`, which the server answers once the work
+  // queued on `stream` is done, then every part at once, the extra ones on
+  // short-lived streams. nullopt when this transfer is not split.
+  std::optional<absl::Status> Split(uint64_t buffer, uint64_t offset,
+                                    uint64_t size, uint64_t stream,
+                                    const SplitPart& part);
 
   Client* const client_;
   const std::string token_;

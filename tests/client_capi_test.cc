@@ -575,7 +575,7 @@ TEST_F(CApiTest, EnvironmentSwitchesAreCheckedByAclInit) {
   ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);  // For TearDown.
 }
 
-// OPSERVER_UPLOAD_CONNECTIONS: 1 to 16, anything else fails aclInit; a
+// OPSERVER_TRANSFER_CONNECTIONS: 1 to 16, anything else fails aclInit; a
 // copy of 32 MiB or more is split over that many connections and arrives
 // byte for byte.
 TEST_F(CApiTest, UploadConnectionsComeFromTheEnvironment) {
@@ -584,10 +584,10 @@ TEST_F(CApiTest, UploadConnectionsComeFromTheEnvironment) {
   aclrtResetDevice(0);
   ASSERT_EQ(aclFinalize(), ACL_SUCCESS);
   for (const char* value : {"0", "17", "two", "-1"}) {
-    setenv("OPSERVER_UPLOAD_CONNECTIONS", value, 1);
+    setenv("OPSERVER_TRANSFER_CONNECTIONS", value, 1);
     EXPECT_EQ(aclInit(nullptr), ACL_ERROR_INVALID_PARAM) << value;
     EXPECT_EQ(LastError(),
-              absl::StrCat("aclInit: OPSERVER_UPLOAD_CONNECTIONS: '", value,
+              absl::StrCat("aclInit: OPSERVER_TRANSFER_CONNECTIONS: '", value,
                            "' is not a number from 1 to 16"));
   }
   const size_t size = (40 << 20) + 3;
@@ -596,7 +596,7 @@ TEST_F(CApiTest, UploadConnectionsComeFromTheEnvironment) {
   for (char& byte : data) byte = static_cast<char>(rng());
   for (const char* value : {"1", "3"}) {
     SCOPED_TRACE(value);
-    setenv("OPSERVER_UPLOAD_CONNECTIONS", value, 1);
+    setenv("OPSERVER_TRANSFER_CONNECTIONS", value, 1);
     ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS) << LastError();
     ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS) << LastError();
     void* device = nullptr;
@@ -617,7 +617,7 @@ TEST_F(CApiTest, UploadConnectionsComeFromTheEnvironment) {
     aclrtResetDevice(0);
     ASSERT_EQ(aclFinalize(), ACL_SUCCESS);
   }
-  unsetenv("OPSERVER_UPLOAD_CONNECTIONS");
+  unsetenv("OPSERVER_TRANSFER_CONNECTIONS");
   ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);  // For TearDown.
 }
 

@@ -4,6 +4,7 @@
 
 #include "client/client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -111,8 +112,8 @@ class ClientTest : public ::testing::Test {
   static ConnectOptions SplitOptions(int connections) {
     ConnectOptions options;
     options.upload_chunk_bytes = kSplitChunk;
-    options.upload_connections = connections;
-    options.upload_split_bytes = kSplitBytes;
+    options.transfer_connections = connections;
+    options.transfer_split_bytes = kSplitBytes;
     return options;
   }
 
@@ -267,13 +268,13 @@ TEST_F(ClientTest, TransfersAtChunkBoundariesAndBufferEnds) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// Uploads of at least upload_split_bytes go over several connections, in
+// Transfers of at least transfer_split_bytes go over several connections, in
 // parts on streams of their own. Byte-exact at the split threshold and at
 // part and chunk boundaries, up to the buffer's end; and split for real:
 // each extra part's stream takes a handle, and this server hands out
-// handles in order, so a split upload moves the next handle on by the
+// handles in order, so a split transfer moves the next handle on by the
 // number of extra connections.
-TEST_F(ClientTest, SplitUploadsAreByteExactAndUseTheExtraConnections) {
+TEST_F(ClientTest, SplitTransfersAreByteExactAndUseTheExtraConnections) {
   constexpr uint64_t kChunk = kSplitChunk;
   constexpr uint64_t kSplit = kSplitBytes;
   Connection c = Connect(SplitOptions(3), "split");
@@ -309,6 +310,18 @@ TEST_F(ClientTest, SplitUploadsAreByteExactAndUseTheExtraConnections) {
       ASSERT_TRUE(
           session->Download(buffer->handle(), 0, back.data(), capacity).ok());
       EXPECT_TRUE(back == expected) << "bytes differ";
+      // Downloads split the same way, and write only the range asked for.
+      std::vector<char> range(size + 2, '\x7f');
+      const uint64_t before_download = next_handle();
+      ASSERT_TRUE(
+          session->Download(buffer->handle(), offset, range.data() + 1, size)
+              .ok());
+      EXPECT_EQ(next_handle() - before_download, size >= kSplit ? 3u : 1u)
+          << "download split into the wrong number of parts";
+      EXPECT_EQ(range.front(), '\x7f');
+      EXPECT_EQ(range.back(), '\x7f');
+      EXPECT_TRUE(std::equal(data.begin(), data.end(), range.begin() + 1))
+          << "downloaded bytes differ";
     }
   }
 }
