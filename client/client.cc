@@ -720,18 +720,24 @@ absl::Status Session::Upload(uint64_t buffer, uint64_t offset, const void* data,
                              uint64_t size, uint64_t stream) {
   if (absl::Status s = Ordered(); !s.ok()) return s;
   const char* bytes = static_cast<const char*>(data);
-  std::optional<absl::Status> split = Split(
+  return Transfer(
       buffer, offset, size, stream,
       [&](grpc::Channel* channel, uint64_t at, uint64_t n, uint64_t on) {
         return UploadCall(channel, buffer, offset + at, bytes + at, n, on);
       });
+}
+
+absl::Status Session::Transfer(uint64_t buffer, uint64_t offset, uint64_t size,
+                               uint64_t stream, const TransferPart& part_call) {
+  std::optional<absl::Status> split =
+      Split(buffer, offset, size, stream, part_call);
   if (split.has_value()) return *split;
-  return UploadCall(&client_->channel(), buffer, offset, bytes, size, stream);
+  return part_call(&client_->channel(), 0, size, stream);
 }
 
 std::optional<absl::Status> Session::Split(uint64_t buffer, uint64_t offset,
                                            uint64_t size, uint64_t stream,
-                                           const SplitPart& part_call) {
+                                           const TransferPart& part_call) {
   const ConnectOptions& options = client_->options();
   if (options.transfer_connections <= 1 ||
       size < options.transfer_split_bytes) {
@@ -857,13 +863,11 @@ absl::Status Session::Download(uint64_t buffer, uint64_t offset, void* data,
   // deferred errors.
   if (absl::Status s = Flush(); !s.ok()) return s;
   char* bytes = static_cast<char*>(data);
-  std::optional<absl::Status> split = Split(
+  return Transfer(
       buffer, offset, size, stream,
       [&](grpc::Channel* channel, uint64_t at, uint64_t n, uint64_t on) {
         return DownloadCall(channel, buffer, offset + at, bytes + at, n, on);
       });
-  if (split.has_value()) return *split;
-  return DownloadCall(&client_->channel(), buffer, offset, bytes, size, stream);
 }
 
 absl::Status Session::DownloadCall(grpc::Channel* channel, uint64_t buffer,

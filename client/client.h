@@ -405,10 +405,13 @@ class Session {
   absl::Status DownloadCall(grpc::Channel* channel, uint64_t buffer,
                             uint64_t offset, char* data, uint64_t size,
                             uint64_t stream);
-  // One part of a split transfer: `size` bytes at `offset` + `at`, over
-  // `channel`, ordered on `stream`. Called with size 0 as the barrier.
-  using SplitPart = std::function<absl::Status(
+  // One call of a transfer: `size` bytes at `offset` + `at`, over
+  // `channel`, ordered on `stream` (size 0: the barrier of a split one).
+  using TransferPart = std::function<absl::Status(
       grpc::Channel* channel, uint64_t at, uint64_t size, uint64_t stream)>;
+  // Split (below), or else `part(&channel(), 0, size, stream)`.
+  absl::Status Transfer(uint64_t buffer, uint64_t offset, uint64_t size,
+                        uint64_t stream, const TransferPart& part);
   // A transfer of buffer[offset, offset + size) split over the client's
   // transfer connections (see ConnectOptions::transfer_connections): first
   // `part(channel, 0, 0, stream)`, which the server answers once the work
@@ -416,7 +419,7 @@ class Session {
   // short-lived streams. nullopt when this transfer is not split.
   std::optional<absl::Status> Split(uint64_t buffer, uint64_t offset,
                                     uint64_t size, uint64_t stream,
-                                    const SplitPart& part);
+                                    const TransferPart& part);
 
   Client* const client_;
   const std::string token_;
