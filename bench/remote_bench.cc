@@ -396,8 +396,8 @@ struct Remote {
     header.set_size(size);
     header.set_stream(stream);
     std::string prefix = header.SerializeAsString();
-    // At least one message: an empty upload is its header alone.
-    for (size_t at = 0; at < size || at == 0; at += chunk) {
+    size_t at = 0;
+    do {  // At least one message: an empty upload is its header alone.
       const size_t n = std::min(chunk, size - at);
       uint8_t tag[11];
       tag[0] = (6 << 3) | 2;  // Field 6 (data), length-delimited.
@@ -411,8 +411,8 @@ struct Remote {
       grpc::ByteBuffer message(slices, 2);
       if (!writer->Write(message)) break;
       prefix.clear();
-      if (size == 0) break;
-    }
+      at += n;
+    } while (at < size);
     writer->WritesDone();
     return writer->Finish().ok();
   }

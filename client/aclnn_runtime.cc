@@ -143,7 +143,7 @@ aclError aclInit(const char* /*configPath*/) {
                 absl::StrCat("aclInit: ", security.status().message()));
   }
   state.security = *std::move(security);
-  // Connections a large host-to-device copy is split over (1 = one call).
+  // Connections a large copy, either way, is split over (1 = one call).
   if (const char* raw = std::getenv("OPSERVER_TRANSFER_CONNECTIONS");
       raw != nullptr && *raw != '\0') {
     int connections;

@@ -73,8 +73,8 @@ struct State {
   std::string address;
   absl::Duration timeout = absl::Seconds(5);
   absl::Duration sync_timeout = absl::Seconds(600);
-  // TLS files, token and upload connections from the environment (timeouts
-  // are set on use).
+  // TLS files, token and transfer connections from the environment
+  // (timeouts are set on use).
   opserver::ConnectOptions security;
   uint64_t max_message_bytes = 64ull << 20;
   // Shared so that a long call (synchronize, a transfer) can run without

@@ -744,7 +744,7 @@ std::optional<absl::Status> Session::Split(uint64_t buffer, uint64_t offset,
     return std::nullopt;
   }
   {
-    // Split only a range the server will accept whole: a refused upload
+    // Split only a range the server will accept whole: a refused transfer
     // must write nothing, and a part is refused only once the others may
     // have landed. Buffer sizes are known in pipelined sessions only.
     absl::MutexLock lock(&handles_mu_);
@@ -757,8 +757,8 @@ std::optional<absl::Status> Session::Split(uint64_t buffer, uint64_t offset,
   absl::StatusOr<std::vector<grpc::Channel*>> channels =
       client_->TransferChannels();
   if (!channels.ok()) return std::nullopt;
-  // A stream per extra part, for this upload only: kept, they would count
-  // against the session's stream cap for good.
+  // A stream per extra part, for this transfer only: kept, they would
+  // count against the session's stream cap for good.
   std::vector<Stream> streams;
   for (size_t i = 0; i < channels->size(); ++i) {
     absl::StatusOr<Stream> made = CreateStream();
