@@ -148,10 +148,11 @@ aclError aclInit(const char* /*configPath*/) {
       raw != nullptr && *raw != '\0') {
     int connections;
     if (!absl::SimpleAtoi(raw, &connections) || connections < 1 ||
-        connections > 16) {
+        connections > opserver::remote::kMaxTransferConnections) {
       return Fail(ACL_ERROR_INVALID_PARAM,
                   absl::StrCat("aclInit: OPSERVER_TRANSFER_CONNECTIONS: '", raw,
-                               "' is not a number from 1 to 16"));
+                               "' is not a number from 1 to ",
+                               opserver::remote::kMaxTransferConnections));
     }
     state.security.transfer_connections = connections;
   }

@@ -223,6 +223,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     return absl::InvalidArgumentError(
         "max_message_bytes must be between 1 and 2 GiB - 1");
   }
+  if (options.transfer_connections < 1 ||
+      options.transfer_connections > kMaxTransferConnections) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer_connections must be between 1 and ",
+                     kMaxTransferConnections));
+  }
   grpc::ChannelArguments args;
   // Download chunks are up to the server's --chunk_bytes (4 MiB by default)
   // plus framing, over gRPC's 4 MiB receive default; nothing the server
@@ -283,8 +289,7 @@ Client::Client(std::string address, std::shared_ptr<grpc::Channel> channel,
 
 absl::StatusOr<std::vector<grpc::Channel*>> Client::TransferChannels() {
   absl::MutexLock lock(&transfer_mu_);
-  const size_t want =
-      static_cast<size_t>(std::max(options_.transfer_connections, 1) - 1);
+  const size_t want = static_cast<size_t>(options_.transfer_connections - 1);
   while (transfer_channels_.size() < want) {
     grpc::ChannelArguments args = args_;
     // A distinct argument, or gRPC would share channel_'s connection.
@@ -739,7 +744,7 @@ std::optional<absl::Status> Session::Split(uint64_t buffer, uint64_t offset,
                                            uint64_t size, uint64_t stream,
                                            const TransferPart& part_call) {
   const ConnectOptions& options = client_->options();
-  if (options.transfer_connections <= 1 ||
+  if (options.transfer_connections == 1 ||
       size < options.transfer_split_bytes) {
     return std::nullopt;
   }

@@ -28,6 +28,10 @@
 namespace opserver {
 namespace remote {
 
+// The most connections one transfer is split over (each is a TCP
+// connection and, during a transfer, a thread).
+inline constexpr int kMaxTransferConnections = 16;
+
 // How a Client reaches its server.
 struct ConnectOptions {
   // Deadline for establishing the connection in Connect().
@@ -46,6 +50,7 @@ struct ConnectOptions {
   // (BENCHMARKS.md, "Several connections"). The extra connections are
   // opened on the first such transfer; where connections or streams cannot
   // be had, the transfer is one call. 1: always one call.
+  // From 1 to kMaxTransferConnections.
   int transfer_connections = 4;
   uint64_t transfer_split_bytes = 32ull << 20;
   // Largest message accepted from the server (review finding 16: the

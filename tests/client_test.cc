@@ -489,6 +489,29 @@ TEST_F(ClientTest, HandlesAreFreedByRaiiAndByClosingTheSession) {
   EXPECT_EQ(bytes, 0u);
 }
 
+// Options out of range are refused before anything is dialled.
+TEST_F(ClientTest, ConnectOptionsOutOfRangeAreInvalidArgument) {
+  for (int connections : {0, -1, kMaxTransferConnections + 1}) {
+    ConnectOptions options;
+    options.transfer_connections = connections;
+    auto client = Client::Connect(server_->address(), options);
+    ASSERT_FALSE(client.ok()) << connections;
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(client.status().message(),
+              "transfer_connections must be between 1 and 16");
+  }
+  ConnectOptions options;
+  options.max_message_bytes = 0;
+  auto client = Client::Connect(server_->address(), options);
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client.status().message(),
+            "max_message_bytes must be between 1 and 2 GiB - 1");
+  options.max_message_bytes = 1;
+  options.transfer_connections = kMaxTransferConnections;
+  EXPECT_TRUE(Client::Connect(server_->address(), options).ok());
+}
+
 TEST_F(ClientTest, UnreachableServerIsAnErrorWithinTheDeadline) {
   ConnectOptions options;
   options.connect_timeout = absl::Milliseconds(300);
