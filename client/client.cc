@@ -763,7 +763,8 @@ std::optional<absl::Status> Session::Split(uint64_t buffer, uint64_t offset,
       client_->TransferChannels();
   if (!channels.ok()) return std::nullopt;
   // A stream per extra part, for this transfer only: kept, they would
-  // count against the session's stream cap for good.
+  // count against the session's stream cap for good. Destroyed, they no
+  // longer count once DestroyStream has returned.
   std::vector<Stream> streams;
   for (size_t i = 0; i < channels->size(); ++i) {
     absl::StatusOr<Stream> made = CreateStream();

@@ -741,11 +741,15 @@ grpc::ServerUnaryReactor* RuntimeService::DestroyStream(
       (*session)->TakeStream(request->stream());
   if (!stream.ok()) return Reply(context, stream.status());
   // Queued work is dropped (a client cannot make teardown wait for it); the
-  // call returns once the running launch, if any, has finished.
+  // call returns once the running launch, if any, has finished and the
+  // stream's thread has ended: then the stream no longer counts toward
+  // --max_streams_per_session, so a CreateStream sent after this reply
+  // cannot be refused for it (the client library's split transfers destroy
+  // their streams and create others right after).
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   std::shared_ptr<Stream> doomed = *stream;
   (*stream)->Cancel();
-  (*stream)->WhenReached([reactor] { reactor->Finish(grpc::Status::OK); });
+  (*stream)->WhenStopped([reactor] { reactor->Finish(grpc::Status::OK); });
   sessions_->DestroyLater(std::move(doomed));
   return reactor;
 }

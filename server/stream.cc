@@ -130,6 +130,8 @@ struct Stream::State {
   // An item (queued or inline) is running, or a gate holds the stream; the
   // thread waits for it.
   bool busy ABSL_GUARDED_BY(mu) = false;
+  // Run by the thread once it has left its group (WhenStopped).
+  std::vector<std::function<void()>> on_stopped ABSL_GUARDED_BY(mu);
   // The gate holding the stream, if any.
   std::shared_ptr<GateState> holder ABSL_GUARDED_BY(mu);
   absl::Status first_error;
@@ -204,8 +206,14 @@ void Stream::Loop(std::shared_ptr<State> state) {
     state->Release();
   }
   std::shared_ptr<StreamThreads> threads = state->threads;
+  std::vector<std::function<void()>> stopped;
+  {
+    absl::MutexLock lock(&state->mu);
+    stopped.swap(state->on_stopped);
+  }
   state.reset();
   threads->Done();
+  for (std::function<void()>& callback : stopped) callback();
 }
 
 absl::Status Stream::Enqueue(Task task, bool inline_if_idle) {
@@ -281,6 +289,12 @@ void Stream::WhenReached(std::function<void()> reached) {
   }
   absl::MutexLock lock(&s.mu);
   s.queue.push_back(State::Item{nullptr, std::move(reached)});
+}
+
+void Stream::WhenStopped(std::function<void()> stopped) {
+  // The thread takes these only after ~Stream, which cannot have begun.
+  absl::MutexLock lock(&state_->mu);
+  state_->on_stopped.push_back(std::move(stopped));
 }
 
 absl::Status Stream::Hold(const std::shared_ptr<Gate>& gate,

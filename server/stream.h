@@ -100,6 +100,12 @@ class Stream {
   // not consume the sticky error. Used to order transfers after compute.
   void WhenReached(std::function<void()> reached);
 
+  // Calls `stopped` once this stream is destroyed and its thread has left
+  // its StreamThreads group, on that thread: after the running task and the
+  // callbacks still queued. So whoever waits for it (DestroyStream) finds
+  // the group's count without this stream.
+  void WhenStopped(std::function<void()> stopped);
+
   // Holds the stream for the length of a transfer (review finding 12): once
   // everything queued before this call has run, `reached` is called and
   // the stream stays busy, so work queued after the gate waits, until

@@ -158,6 +158,46 @@ TEST(StreamTest, DestructorDropsQueuedWorkAndDoesNotWaitForTheRunningTask) {
   EXPECT_EQ(ran.load(), 1);
 }
 
+// DestroyStream replies from WhenStopped: by then the stream must no longer
+// count in its group, or a CreateStream right after the reply can be refused
+// at --max_streams_per_session.
+TEST(StreamTest, WhenStoppedRunsAfterTheThreadLeftItsGroup) {
+  absl::Notification started, release, stopped;
+  auto threads = std::make_shared<StreamThreads>();
+  int count_when_stopped = -1;
+  {
+    Stream stream(/*max_queued=*/0, threads);
+    Enq(stream, [&] {
+      started.Notify();
+      release.WaitForNotification();
+      return absl::OkStatus();
+    });
+    stream.WhenStopped([&] {
+      count_when_stopped = threads->count();
+      stopped.Notify();
+    });
+    started.WaitForNotification();
+  }
+  // Destroyed, but its running task holds the thread.
+  EXPECT_FALSE(stopped.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  EXPECT_EQ(threads->count(), 1);
+  release.Notify();
+  ASSERT_TRUE(stopped.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(count_when_stopped, 0);
+}
+
+TEST(StreamTest, WhenStoppedWaitsForTheStreamToBeDestroyed) {
+  absl::Notification stopped;
+  auto stream = std::make_unique<Stream>();
+  stream->WhenStopped([&] { stopped.Notify(); });
+  // Idle is not stopped: the stream can still take work.
+  EXPECT_FALSE(stopped.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  Enq(*stream, [] { return absl::OkStatus(); });
+  EXPECT_TRUE(stream->SynchronizeAndWait().ok());
+  stream.reset();
+  EXPECT_TRUE(stopped.WaitForNotificationWithTimeout(absl::Seconds(30)));
+}
+
 TEST(StreamTest, CancelDropsQueuedWorkAndSynchronizeReportsIt) {
   Stream stream;
   absl::Notification release;

@@ -633,6 +633,32 @@ TEST_F(HardeningTest, Finding7_DestroyedStreamsCountUntilTheirWorkEnds) {
             grpc::StatusCode::RESOURCE_EXHAUSTED);
 }
 
+// Once DestroyStream has answered, the stream's slot is free: a CreateStream
+// sent right after is not refused for it. Before, the reply came when the
+// stream's work had ended but its thread still counted until the reaper had
+// destroyed it, and the client library's split transfers (which destroy
+// their streams and may create others at once) saw RESOURCE_EXHAUSTED near
+// the cap.
+TEST_F(HardeningTest, DestroyedStreamsSlotIsFreeWhenDestroyStreamReturns) {
+  Options options;
+  options.session_limits.max_streams_per_session = 1;
+  Start(options);
+  std::string s = NewSession();
+  for (int i = 0; i < 300; ++i) {
+    uint64_t stream = 0;
+    Result created = CreateStream(s, &stream);
+    ASSERT_TRUE(created.status.ok())
+        << "round " << i << ": " << created.status.error_message();
+    if (i % 3 == 0) {
+      // With work that ends before the reply, too.
+      QueueSlowWork(s, 1 << 10, 2, stream);
+    }
+    Result destroyed = DestroyStream(s, stream);
+    ASSERT_TRUE(destroyed.status.ok())
+        << "round " << i << ": " << destroyed.status.error_message();
+  }
+}
+
 // Found by the soak (bench/soak.cc, RELIABILITY.md): with reading paused at
 // --max_pending_replies, a finished reply write resumed reading and, while
 // its lock was let go for StartRead, the launch that read brought in could
