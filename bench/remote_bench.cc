@@ -16,6 +16,11 @@
 // on CPU 1, so the two ends of a transfer do not take turns on one core as
 // they would not on two machines; unpinned, the scheduler moves both over
 // both cores and the receiver's work competes with the sender's.
+// --paired=N: instead of the benchmarks, N rounds of raw TCP next to a
+// library upload and a library download, each transfer divided by the raw
+// TCP transfer just before it (see PairedRatios).
+// --transfer_connections=K: the client library's connections per transfer
+// of 32 MiB or more (ConnectOptions::transfer_connections).
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -68,6 +73,9 @@ int64_t echo_window = 0;
 std::vector<pid_t> children;
 // --pin (see the top of the file).
 bool pin_cores = false;
+// --transfer_connections=K: the client library's connections per large
+// transfer (0: the library's default).
+int transfer_connections = 0;
 
 // Keeps the calling process on `cpu` (and the threads it starts later).
 void PinToCpu(int cpu) {
@@ -565,6 +573,9 @@ std::unique_ptr<remote::Session> LibrarySession(int port,
                                                 uint64_t chunk_bytes = 0) {
   remote::ConnectOptions options;
   if (chunk_bytes != 0) options.upload_chunk_bytes = chunk_bytes;
+  if (transfer_connections > 0) {
+    options.transfer_connections = transfer_connections;
+  }
   auto connected =
       Client::Connect("127.0.0.1:" + std::to_string(port), options);
   if (!connected.ok()) return nullptr;
@@ -846,6 +857,15 @@ double RawTcpSeconds(const SourceData& data) {
       .count();
 }
 
+// Seconds `transfer` (returning absl::Status) takes; aborts if it fails.
+template <typename Transfer>
+double Seconds(Transfer transfer) {
+  const auto start = std::chrono::steady_clock::now();
+  if (!transfer().ok()) std::abort();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
 // For each window: the server's peak RSS growth uploading 1 GiB (fresh
 // process), then the median of 5 library uploads of 256 MiB, each next to a
 // raw TCP transfer of the same size (interleaved, so both see the same
@@ -866,14 +886,9 @@ void WindowCurve() {
     RawTcpSeconds(data);
     // Seconds for one library upload of `data`.
     auto upload_seconds = [&] {
-      const auto start = std::chrono::steady_clock::now();
-      if (!session->Upload(buffer->handle(), 0, data.at(0), kTransferBytes)
-               .ok()) {
-        std::abort();
-      }
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                           start)
-          .count();
+      return Seconds([&] {
+        return session->Upload(buffer->handle(), 0, data.at(0), kTransferBytes);
+      });
     };
     std::vector<double> upload, tcp;
     for (int r = 0; r < 5; ++r) {
@@ -893,6 +908,63 @@ void WindowCurve() {
         (growth / 1024.0 - 1024.0) / (kChunk >> 20));
     std::fflush(stdout);
   }
+}
+
+// --paired=N: N rounds of {raw TCP, library upload, raw TCP, library
+// download}, 256 MiB each from warm memory into resident memory. Each
+// transfer is divided by the raw TCP transfer just before it, so both see
+// the same neighbours: on a shared VM the speed of the machine drifts by
+// more than the differences measured, and benchmarks run one after another
+// (all TCP repetitions, then all uploads) turn that drift into the ratio.
+void PairedRatios(int rounds) {
+  std::unique_ptr<Client> client;
+  auto session = LibrarySession(opserver_port, &client);
+  if (session == nullptr) std::abort();
+  SourceData data(kWarm);
+  std::vector<char> back(kTransferBytes, 'b');  // Resident, as `data` is.
+  auto buffer = session->Malloc(kTransferBytes);
+  if (!buffer.ok()) std::abort();
+  auto upload = [&] {
+    return session->Upload(buffer->handle(), 0, data.at(0), kTransferBytes);
+  };
+  auto download = [&] {
+    return session->Download(buffer->handle(), 0, back.data(), kTransferBytes);
+  };
+  RawTcpSeconds(data);  // Warm all three (see Source).
+  Seconds(upload);
+  Seconds(download);
+  std::vector<double> tcp, up, down, up_ratio, down_ratio;
+  for (int r = 0; r < rounds; ++r) {
+    const double t1 = RawTcpSeconds(data);
+    const double u = Seconds(upload);
+    const double t2 = RawTcpSeconds(data);
+    const double d = Seconds(download);
+    tcp.push_back(t1);
+    tcp.push_back(t2);
+    up.push_back(u);
+    down.push_back(d);
+    up_ratio.push_back(t1 / u);
+    down_ratio.push_back(t2 / d);
+  }
+  std::sort(up_ratio.begin(), up_ratio.end());
+  std::sort(down_ratio.begin(), down_ratio.end());
+  auto gbps = [](double s) { return kTransferBytes / s / 1e9; };
+  // Quartiles: the middle half of the rounds.
+  auto quartiles = [](const std::vector<double>& v) {
+    return std::make_pair(v[v.size() / 4], v[(3 * v.size()) / 4]);
+  };
+  const auto [up_lo, up_hi] = quartiles(up_ratio);
+  const auto [down_lo, down_hi] = quartiles(down_ratio);
+  std::printf(
+      "%d rounds, 256 MiB each, warm source, resident destination%s\n"
+      "raw TCP one-way: %.2f GB/s (median)\n"
+      "library upload:   %.2f GB/s, %.2f of the raw TCP just before "
+      "(median; quartiles %.2f-%.2f)\n"
+      "library download: %.2f GB/s, %.2f of the raw TCP just before "
+      "(median; quartiles %.2f-%.2f)\n",
+      rounds, pin_cores ? ", pinned" : "", gbps(Median(tcp)), gbps(Median(up)),
+      Median(up_ratio), up_lo, up_hi, gbps(Median(down)), Median(down_ratio),
+      down_lo, down_hi);
 }
 
 // Removes the first argument that is `flag` or starts with it (a flag that
@@ -934,6 +1006,14 @@ int main(int argc, char** argv) {
           TakeFlag(&argc, argv, "--echo_window=")) {
     echo_window = std::stoll(*window);
   }
+  int paired_rounds = 0;
+  if (std::optional<std::string> rounds = TakeFlag(&argc, argv, "--paired=")) {
+    paired_rounds = std::stoi(*rounds);
+  }
+  if (std::optional<std::string> k =
+          TakeFlag(&argc, argv, "--transfer_connections=")) {
+    transfer_connections = std::stoi(*k);
+  }
   pin_cores = TakeFlag(&argc, argv, "--pin").has_value();
   if (pin_cores && sysconf(_SC_NPROCESSORS_ONLN) < 2) {
     std::fprintf(stderr, "remote_bench --pin: needs two CPUs\n");
@@ -960,6 +1040,8 @@ int main(int argc, char** argv) {
 
   if (!curve_windows.empty()) {
     WindowCurve();
+  } else if (paired_rounds > 0) {
+    PairedRatios(paired_rounds);
   } else {
     MeasureServerRss(rss_pid, rss_port);
     benchmark::Initialize(&argc, argv);
