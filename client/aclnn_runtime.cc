@@ -51,10 +51,12 @@ absl::StatusOr<bool> BoolFromEnv(const char* name, bool fallback) {
       absl::StrCat(name, ": '", value, "' is not 0/off/false or 1/on/true"));
 }
 
-// TLS files and token named by OPSERVER_TLS_CA_FILE, OPSERVER_TLS_CERT_FILE,
-// OPSERVER_TLS_KEY_FILE and OPSERVER_TOKEN (or OPSERVER_TOKEN_FILE). Files
-// are checked now so a typo fails aclInit, not the first call.
-absl::StatusOr<ConnectOptions> SecurityFromEnv() {
+// The connection's options from the environment: TLS files and token named
+// by OPSERVER_TLS_CA_FILE, OPSERVER_TLS_CERT_FILE, OPSERVER_TLS_KEY_FILE and
+// OPSERVER_TOKEN (or OPSERVER_TOKEN_FILE), OPSERVER_PIPELINE and
+// OPSERVER_TRANSFER_CONNECTIONS. Files are checked now so a typo fails
+// aclInit, not the first call.
+absl::StatusOr<ConnectOptions> ConnectOptionsFromEnv() {
   auto env = [](const char* name) -> std::string {
     const char* value = std::getenv(name);
     return value != nullptr ? value : "";
@@ -90,6 +92,17 @@ absl::StatusOr<ConnectOptions> SecurityFromEnv() {
           absl::StrCat("OPSERVER_TOKEN_FILE: ", token.status().message()));
     }
     options.token = *std::move(token);
+  }
+  // Connections a large copy, either way, is split over (1 = one call).
+  if (const std::string raw = env("OPSERVER_TRANSFER_CONNECTIONS");
+      !raw.empty()) {
+    if (!absl::SimpleAtoi(raw, &options.transfer_connections) ||
+        options.transfer_connections < 1 ||
+        options.transfer_connections > remote::kMaxTransferConnections) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "OPSERVER_TRANSFER_CONNECTIONS: '", raw,
+          "' is not a number from 1 to ", remote::kMaxTransferConnections));
+    }
   }
   return options;
 }
@@ -137,25 +150,12 @@ aclError aclInit(const char* /*configPath*/) {
   state.sync_timeout =
       opserver::DurationFromEnv("OPSERVER_SYNC_TIMEOUT_MS", absl::Seconds(600));
   absl::StatusOr<opserver::ConnectOptions> security =
-      opserver::SecurityFromEnv();
+      opserver::ConnectOptionsFromEnv();
   if (!security.ok()) {
     return Fail(ACL_ERROR_INVALID_PARAM,
                 absl::StrCat("aclInit: ", security.status().message()));
   }
   state.security = *std::move(security);
-  // Connections a large copy, either way, is split over (1 = one call).
-  if (const char* raw = std::getenv("OPSERVER_TRANSFER_CONNECTIONS");
-      raw != nullptr && *raw != '\0') {
-    int connections;
-    if (!absl::SimpleAtoi(raw, &connections) || connections < 1 ||
-        connections > opserver::remote::kMaxTransferConnections) {
-      return Fail(ACL_ERROR_INVALID_PARAM,
-                  absl::StrCat("aclInit: OPSERVER_TRANSFER_CONNECTIONS: '", raw,
-                               "' is not a number from 1 to ",
-                               opserver::remote::kMaxTransferConnections));
-    }
-    state.security.transfer_connections = connections;
-  }
   // Abseil's Mutex deadlock detection (on in Debian's Abseil build) records
   // every lock order in a process-wide graph and halved the pipelined
   // launch rate: off unless OPSERVER_DETECT_MUTEX_DEADLOCKS=1 (a debugging
