@@ -848,15 +848,6 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Seconds for one raw TCP one-way transfer of kTransferBytes from `data`
-// into a resident 256 MiB buffer (what the upload writes into).
-double RawTcpSeconds(const SourceData& data) {
-  const auto start = std::chrono::steady_clock::now();
-  if (!RawTcpSend(data, kDestWhole)) std::abort();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-      .count();
-}
-
 // Seconds `transfer` (returning absl::Status) takes; aborts if it fails.
 template <typename Transfer>
 double Seconds(Transfer transfer) {
@@ -864,6 +855,16 @@ double Seconds(Transfer transfer) {
   if (!transfer().ok()) std::abort();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();
+}
+
+// Seconds for one raw TCP one-way transfer of kTransferBytes from `data`
+// into a resident 256 MiB buffer (what the upload writes into).
+double RawTcpSeconds(const SourceData& data) {
+  return Seconds([&] {
+    return RawTcpSend(data, kDestWhole)
+               ? absl::OkStatus()
+               : absl::UnavailableError("raw TCP send failed");
+  });
 }
 
 // For each window: the server's peak RSS growth uploading 1 GiB (fresh
