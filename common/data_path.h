@@ -1,0 +1,77 @@
+// The data path: a plain TCP connection beside the gRPC channel that carries
+// the bytes of one large transfer, so neither side copies them through
+// gRPC's buffers (BENCHMARKS.md, "The data path"). A transfer is opened by
+// the Runtime.OpenDataTransfer call, which checks everything and answers
+// with a one-time ticket and a port; the client connects to that port on
+// the server's host, sends the ticket, and then the raw bytes flow: the
+// upload's bytes from the client, then the client's half-close; or the
+// download's bytes from the server. The call's status is the transfer's.
+//
+// What both ends share: the ticket's size and socket helpers.
+#ifndef OPSERVER_COMMON_DATA_PATH_H_
+#define OPSERVER_COMMON_DATA_PATH_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace opserver {
+
+// Bytes of a data-path ticket (random; 128 bits cannot be guessed).
+inline constexpr size_t kDataTicketBytes = 16;
+
+// An owned file descriptor, closed on destruction. Move-only.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept {
+    reset(other.release());
+    return *this;
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd() { reset(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+// Writes all of data[0, size) to the socket `fd` (blocking), without
+// SIGPIPE. UNAVAILABLE naming the OS's reason when the peer went away.
+absl::Status SendAll(int fd, const char* data, size_t size);
+
+// Reads into data[0, size) until it is full or the peer half-closed
+// (blocking). Returns the bytes read: fewer than `size` only at the end of
+// the stream. UNAVAILABLE naming the OS's reason on a socket error.
+absl::StatusOr<size_t> RecvFull(int fd, char* data, size_t size);
+
+// Connects to HOST:PORT (each address the host resolves to in turn, each
+// for at most `timeout`) and returns the blocking socket, with
+// send and receive timeouts of `io_timeout` (0: none). UNAVAILABLE naming
+// the address and the reason when no address answers.
+absl::StatusOr<UniqueFd> ConnectTcp(const std::string& host, int port,
+                                    absl::Duration timeout,
+                                    absl::Duration io_timeout);
+
+// `bytes` random bytes from the kernel's CSPRNG (getrandom).
+absl::StatusOr<std::string> RandomBytes(size_t bytes);
+
+}  // namespace opserver
+
+#endif  // OPSERVER_COMMON_DATA_PATH_H_
