@@ -96,6 +96,11 @@ ABSL_FLAG(uint64_t, receive_window_bytes, 4ull << 20,
           "of what the server has read, so about what an upload holds in "
           "memory besides its buffer. 0 = gRPC's BDP probing (the window "
           "grows with the sender's speed, unbounded by this flag).");
+ABSL_FLAG(int, data_port, 0,
+          "TCP port of the data path, on the --listen host: large uploads "
+          "and downloads move there as raw bytes instead of through gRPC "
+          "(plain TCP, so off with TLS). 0 = any free port (clients learn "
+          "it per transfer), -1 = off.");
 ABSL_FLAG(bool, detect_mutex_deadlocks, false,
           "Keep Abseil's Mutex deadlock detection on (a debugging aid: it "
           "records every lock order and halves the pipelined launch rate).");
@@ -161,6 +166,7 @@ int main(int argc, char** argv) {
   options.transfer_limits.idle_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_transfer_idle_timeout_s));
   options.receive_window_bytes = absl::GetFlag(FLAGS_receive_window_bytes);
+  options.data_port = absl::GetFlag(FLAGS_data_port);
   options.shutdown_grace =
       absl::Milliseconds(std::max(0, absl::GetFlag(FLAGS_shutdown_grace_ms)));
   options.detect_mutex_deadlocks = absl::GetFlag(FLAGS_detect_mutex_deadlocks);

@@ -1,5 +1,7 @@
 #include "server/runtime_service.h"
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -9,9 +11,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/data_path.h"
+#include "common/values.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
-#include "common/values.h"
 #include "kernels/dtype.h"
 #include "server/auth.h"
 #include "server/grpc_status_util.h"
@@ -115,6 +118,63 @@ using WireFormat = google::protobuf::internal::WireFormatLite;
 absl::Status NoDeviceStream() {
   return absl::FailedPreconditionError(
       "the stream has no device stream (the device could not create one)");
+}
+
+// Moves the bytes of a data-path transfer between the socket `fd` and
+// device memory [target, target + size), `chunk` bytes at a time: straight
+// into or out of memory the host can address, else through a staging chunk
+// copied on `stream`. Calls `progress` after each chunk. An upload must
+// end with the client's half-close right after its last byte.
+absl::Status MoveDataPathBytes(bool upload, int fd, Device* device,
+                               DeviceStream* stream, char* target,
+                               uint64_t size, uint64_t chunk,
+                               const std::function<void()>& progress) {
+  std::string staging;
+  for (uint64_t at = 0; at < size;) {
+    const uint64_t n = std::min(chunk, size - at);
+    char* host = static_cast<char*>(device->HostAddress(target + at));
+    const bool staged = host == nullptr;
+    if (staged) {
+      if (stream == nullptr) return NoDeviceStream();
+      staging.resize(n);
+      host = staging.data();
+      if (!upload) {
+        absl::Status copied = stream->CopyFromDevice(host, target + at, n);
+        if (copied.ok()) copied = stream->Synchronize();
+        if (!copied.ok()) return copied;
+      }
+    }
+    if (upload) {
+      absl::StatusOr<size_t> got = RecvFull(fd, host, n);
+      if (!got.ok()) return got.status();
+      if (*got < n) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "upload ended after ", at + *got, " of the ", size,
+            " bytes it announced (the data connection was closed)"));
+      }
+      if (staged) {
+        absl::Status copied = stream->CopyToDevice(target + at, host, n);
+        if (copied.ok()) copied = stream->Synchronize();
+        if (!copied.ok()) return copied;
+      }
+    } else if (absl::Status sent = SendAll(fd, host, n); !sent.ok()) {
+      return sent;
+    }
+    at += n;
+    progress();
+  }
+  if (!upload) {
+    shutdown(fd, SHUT_WR);
+    return absl::OkStatus();
+  }
+  char extra;
+  absl::StatusOr<size_t> more = RecvFull(fd, &extra, 1);
+  if (!more.ok()) return more.status();
+  if (*more != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "upload sent more than the ", size, " bytes it announced"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -524,13 +584,222 @@ class RuntimeService::Downloader final
   std::shared_ptr<DeviceStream> device_stream_;
 };
 
+// OpenDataTransfer: an Upload or Download whose bytes go over the data
+// path (common/data_path.h). The call is ordered on its stream like the
+// others; the bytes move once the work queued before it has run and the
+// client's connection has arrived, whichever is last, on a thread of their
+// own (blocking socket calls straight into or out of the buffer). That
+// thread holds the buffer and the stream's gate until it is done, so an
+// abort (shutting the socket down to wake it) never frees or reuses memory
+// it still touches.
+class RuntimeService::DataTransfer final
+    : public grpc::ServerWriteReactor<v1::OpenDataTransferResponse>,
+      public Transfer {
+ public:
+  DataTransfer(RuntimeService* service, grpc::CallbackServerContext* context,
+               const v1::OpenDataTransferRequest* request)
+      : Transfer(service), context_(context) {
+    Link();
+    std::shared_ptr<Stream> stream;
+    std::shared_ptr<Stream::Gate> gate;
+    {
+      absl::MutexLock lock(&link_->mu);
+      absl::StatusOr<std::shared_ptr<Stream>> target = StartLocked(*request);
+      if (!target.ok()) {
+        FinishLocked(target.status());
+        return;
+      }
+      stream = *std::move(target);
+      gate = gate_ = std::make_shared<Stream::Gate>();
+      waiting_ = true;
+      writing_ = true;
+      StartWrite(&event_);
+    }
+    absl::Status held = HoldStream(*stream, gate);
+    if (!held.ok()) {
+      absl::MutexLock lock(&link_->mu);
+      AbortLocked(held);
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&link_->mu);
+    writing_ = false;
+    if (finished_) return;
+    if (done_) {
+      FinishLocked(result_);
+    } else if (!abort_.ok()) {
+      if (!moving_) FinishLocked(abort_);
+    } else if (!ok) {
+      AbortLocked(absl::CancelledError(
+          "data transfer cancelled: the client went away"));
+    }
+  }
+
+  void GateReachedLocked() override {
+    waiting_ = false;
+    reached_ = true;
+    if (finished_) return;
+    last_progress_ = absl::Now();
+    if (connection_ != nullptr) StartMovingLocked();
+  }
+
+  void AbortLocked(const absl::Status& why) override {
+    if (finished_ || done_ || !abort_.ok()) return;
+    abort_ = why;
+    // Wakes the mover from its blocking socket call; it reports back.
+    if (moving_) shutdown(connection_->get(), SHUT_RDWR);
+    // A write a client does not read never completes: cancel the call.
+    if (writing_) context_->TryCancel();
+    if (!moving_ && !writing_) FinishLocked(why);
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&link_->mu);
+    AbortLocked(absl::CancelledError(
+        "data transfer cancelled (by the client, or the server is shutting "
+        "down)"));
+  }
+
+  void OnDone() override {
+    Unlink();
+    delete this;
+  }
+
+ private:
+  absl::StatusOr<std::shared_ptr<Stream>> StartLocked(
+      const v1::OpenDataTransferRequest& request) {
+    DataListener* listener = service_->data_listener_;
+    if (listener == nullptr) {
+      return absl::UnimplementedError(
+          "this server has no data path (it is off with TLS and with "
+          "--data_port=-1): use Upload and Download");
+    }
+    using Request = v1::OpenDataTransferRequest;
+    if (request.direction() != Request::DIRECTION_HOST_TO_DEVICE &&
+        request.direction() != Request::DIRECTION_DEVICE_TO_HOST) {
+      return absl::InvalidArgumentError(
+          "direction: DIRECTION_HOST_TO_DEVICE or DIRECTION_DEVICE_TO_HOST");
+    }
+    upload_ = request.direction() == Request::DIRECTION_HOST_TO_DEVICE;
+    absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
+        request.session(), request.buffer(), request.offset(), request.size(),
+        request.stream(), upload_ ? "upload range" : "download range",
+        service_->Caller(context_));
+    if (!target.ok()) return target.status();
+    std::shared_ptr<TransferLink> link = link_;
+    // Runs on the listener's thread: hands the connection over under the
+    // call's lock, or drops it when the call is gone.
+    absl::StatusOr<std::string> ticket =
+        listener->Expect([link](UniqueFd connection) {
+          absl::MutexLock lock(&link->mu);
+          if (link->call != nullptr) {
+            // Only a DataTransfer expects connections.
+            static_cast<DataTransfer*>(link->call)
+                ->ConnectedLocked(std::move(connection));
+          }
+        });
+    if (!ticket.ok()) return ticket.status();
+    ticket_ = *ticket;
+    session_ = target->session;
+    buffer_ = target->buffer;
+    device_stream_ = target->stream->device_stream();
+    target_ = static_cast<char*>(buffer_->data()) + request.offset();
+    size_ = request.size();
+    event_.set_ticket(ticket_);
+    event_.set_port(static_cast<uint32_t>(listener->port()));
+    return target->stream;
+  }
+
+  void ConnectedLocked(UniqueFd connection) {
+    if (finished_ || done_ || !abort_.ok()) return;  // Closed here.
+    connection_ = std::make_shared<UniqueFd>(std::move(connection));
+    last_progress_ = absl::Now();
+    if (reached_) StartMovingLocked();
+  }
+
+  void StartMovingLocked() {
+    moving_ = true;
+    std::shared_ptr<DataMovers> movers = service_->movers_;
+    {
+      absl::MutexLock lock(&movers->mu);
+      ++movers->count;
+    }
+    // Everything the mover touches is its own reference: it may outlive
+    // the call object only until it has reported through the link.
+    std::thread([service = service_, movers = std::move(movers), link = link_,
+                 connection = connection_, gate = gate_, buffer = buffer_,
+                 session = session_, device_stream = device_stream_,
+                 upload = upload_, target = target_, size = size_]() mutable {
+      absl::Status status = MoveDataPathBytes(
+          upload, connection->get(), service->device_, device_stream.get(),
+          target, size, service->limits_.chunk_bytes, [&] {
+            session->Touch();
+            absl::MutexLock lock(&link->mu);
+            if (link->call != nullptr) {
+              static_cast<DataTransfer*>(link->call)->last_progress_ =
+                  absl::Now();
+            }
+          });
+      {
+        absl::MutexLock lock(&link->mu);
+        if (link->call != nullptr) {
+          static_cast<DataTransfer*>(link->call)->MovedLocked(status);
+        }
+      }
+      // The memory and the stream are released before the service may go.
+      connection.reset();
+      gate.reset();
+      buffer.reset();
+      session.reset();
+      device_stream.reset();
+      // Shared, so the count outlives a service that stops waiting now.
+      absl::MutexLock lock(&movers->mu);
+      --movers->count;
+    }).detach();
+  }
+
+  void MovedLocked(const absl::Status& status) {
+    moving_ = false;
+    done_ = true;
+    result_ = abort_.ok() ? status : abort_;
+    if (!writing_) FinishLocked(result_);
+  }
+
+  void FinishLocked(const absl::Status& status) {
+    if (finished_) return;
+    finished_ = true;
+    if (!ticket_.empty()) service_->data_listener_->Forget(ticket_);
+    gate_.reset();
+    connection_.reset();
+    Finish(ToGrpcStatus(status, context_));
+  }
+
+  grpc::CallbackServerContext* const context_;
+  v1::OpenDataTransferResponse event_;
+  std::string ticket_;
+  bool upload_ = false;
+  char* target_ = nullptr;
+  uint64_t size_ = 0;
+  std::shared_ptr<DeviceStream> device_stream_;
+  bool writing_ = false;
+  bool reached_ = false;
+  // Set once the client's connection arrived; shared with the mover.
+  std::shared_ptr<UniqueFd> connection_;
+  bool moving_ = false;
+  bool done_ = false;
+  absl::Status result_;
+};
+
 RuntimeService::RuntimeService(Device* device, SessionManager* sessions,
                                TransferLimits limits,
-                               const Authenticator* authenticator)
+                               const Authenticator* authenticator,
+                               DataListener* data_listener)
     : device_(device),
       sessions_(sessions),
       limits_(limits),
       authenticator_(authenticator),
+      data_listener_(data_listener),
       watchdog_([this] { WatchTransfers(); }) {}
 
 RuntimeService::~RuntimeService() {
@@ -539,6 +808,11 @@ RuntimeService::~RuntimeService() {
     destroying_ = true;
   }
   watchdog_.join();
+  // Data movers release the device memory they hold before they count
+  // themselves out; the device must outlive that.
+  absl::MutexLock lock(&movers_->mu);
+  movers_->mu.Await(absl::Condition(
+      +[](int* count) { return *count == 0; }, &movers_->count));
 }
 
 void RuntimeService::AddTransfer(std::shared_ptr<TransferLink> link) {
@@ -799,6 +1073,12 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* RuntimeService::Upload(
 grpc::ServerWriteReactor<grpc::ByteBuffer>* RuntimeService::Download(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   return new Downloader(this, context, request);
+}
+
+grpc::ServerWriteReactor<v1::OpenDataTransferResponse>*
+RuntimeService::OpenDataTransfer(grpc::CallbackServerContext* context,
+                                 const v1::OpenDataTransferRequest* request) {
+  return new DataTransfer(this, context, request);
 }
 
 grpc::ServerUnaryReactor* RuntimeService::WriteValues(

@@ -12,6 +12,7 @@
 #include "proto/opserver.grpc.pb.h"
 #include "server/auth.h"
 #include "server/byte_range.h"  // CheckRange, for the services
+#include "server/data_listener.h"
 #include "server/device.h"
 #include "server/session.h"
 
@@ -43,9 +44,12 @@ using RuntimeServiceBase = v1::Runtime::WithRawCallbackMethod_Upload<
 class RuntimeService final : public RuntimeServiceBase {
  public:
   // `authenticator` (null without tokens) resolves callers' identities.
+  // `data_listener` (null: no data path; must outlive the service) takes
+  // the connections of OpenDataTransfer calls.
   RuntimeService(Device* device, SessionManager* sessions,
                  TransferLimits limits,
-                 const Authenticator* authenticator = nullptr);
+                 const Authenticator* authenticator = nullptr,
+                 DataListener* data_listener = nullptr);
   ~RuntimeService() override;
 
   // Ends every Attach stream (without closing its session) so the server's
@@ -102,6 +106,9 @@ class RuntimeService final : public RuntimeServiceBase {
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Download(
       grpc::CallbackServerContext* context,
       const grpc::ByteBuffer* request) override;
+  grpc::ServerWriteReactor<v1::OpenDataTransferResponse>* OpenDataTransfer(
+      grpc::CallbackServerContext* context,
+      const v1::OpenDataTransferRequest* request) override;
   grpc::ServerUnaryReactor* WriteValues(
       grpc::CallbackServerContext* context,
       const v1::WriteValuesRequest* request,
@@ -117,6 +124,7 @@ class RuntimeService final : public RuntimeServiceBase {
   class Transfer;
   class Uploader;
   class Downloader;
+  class DataTransfer;
 
   // What a transfer touches, resolved and checked: the session, the buffer
   // holding [offset, offset + size), and the stream it is ordered on.
@@ -151,6 +159,7 @@ class RuntimeService final : public RuntimeServiceBase {
   SessionManager* const sessions_;
   const TransferLimits limits_;
   const Authenticator* const authenticator_;
+  DataListener* const data_listener_;
 
   absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
@@ -158,6 +167,12 @@ class RuntimeService final : public RuntimeServiceBase {
   std::set<std::shared_ptr<TransferLink>> transfers_ ABSL_GUARDED_BY(mu_);
   bool destroying_ ABSL_GUARDED_BY(mu_) = false;
   std::thread watchdog_;
+  // The threads moving data-path bytes; the destructor waits for them.
+  struct DataMovers {
+    absl::Mutex mu;
+    int count ABSL_GUARDED_BY(mu) = 0;
+  };
+  const std::shared_ptr<DataMovers> movers_ = std::make_shared<DataMovers>();
 };
 
 }  // namespace opserver

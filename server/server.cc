@@ -85,6 +85,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     return absl::InvalidArgumentError(
         "--receive_window_bytes: at most 2 GiB - 1 (0 = BDP probing)");
   }
+  if (options.data_port < -1 || options.data_port > 65535) {
+    return absl::InvalidArgumentError(
+        "--data_port: 0 (any free port), 1-65535, or -1 (off)");
+  }
   if (options.tls_refresh_interval_s <= 0) {
     return absl::InvalidArgumentError(
         "--tls_refresh_interval_s: must be positive");
@@ -151,9 +155,22 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   server->device_ = *std::move(device);
   server->sessions_ = std::make_unique<SessionManager>(server->device_.get(),
                                                        options.session_limits);
+  if (!tls && options.data_port >= 0) {
+    DataListener::Options data;
+    data.host = listen->host;
+    data.port = options.data_port;
+    absl::StatusOr<std::unique_ptr<DataListener>> listener =
+        DataListener::Start(data);
+    if (!listener.ok()) {
+      return absl::Status(
+          listener.status().code(),
+          absl::StrCat("--data_port: ", listener.status().message()));
+    }
+    server->data_listener_ = *std::move(listener);
+  }
   server->runtime_service_ = std::make_unique<RuntimeService>(
       server->device_.get(), server->sessions_.get(), transfer,
-      server->authenticator_.get());
+      server->authenticator_.get(), server->data_listener_.get());
   server->operator_service_ = std::make_unique<OperatorService>(
       server->device_.get(), server->sessions_.get(), transfer,
       server->authenticator_.get());

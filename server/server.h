@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "server/auth.h"
+#include "server/data_listener.h"
 #include "server/device.h"
 #include "server/health_service.h"
 #include "server/operator_service.h"
@@ -64,6 +65,13 @@ struct Options {
   // "TENANT TOKEN" lines (see TokenTable::Load). When set, every call but
   // grpc.health.v1 needs "authorization: Bearer TOKEN" metadata.
   std::string auth_token_file;
+  // The data path (common/data_path.h): a TCP port beside the gRPC one,
+  // on the same host, that carries the bytes of large transfers without
+  // copying them through gRPC (OpenDataTransfer; BENCHMARKS.md). 0: any
+  // free port (the client learns it from each OpenDataTransfer reply);
+  // -1: off. Always off with TLS: the data path is plain TCP, and TLS
+  // transfers stay on the encrypted channel.
+  int data_port = 0;
   // Lets server reflection answer without a token.
   bool reflection_without_auth = false;
   // Serve a non-loopback address without TLS plus authentication (tokens or
@@ -98,6 +106,10 @@ class Server {
 
   // The port actually bound (the chosen one when Options::listen asked for 0).
   int port() const { return port_; }
+  // The data path's port; 0 when it is off.
+  int data_port() const {
+    return data_listener_ == nullptr ? 0 : data_listener_->port();
+  }
   // Host and bound port, ready for a client to dial.
   const std::string& address() const { return address_; }
 
@@ -116,6 +128,8 @@ class Server {
   Options options_;
   std::unique_ptr<Device> device_;
   std::unique_ptr<SessionManager> sessions_;
+  // Outlives the runtime service, which forgets its tickets.
+  std::unique_ptr<DataListener> data_listener_;
   std::unique_ptr<RuntimeService> runtime_service_;
   std::unique_ptr<OperatorService> operator_service_;
   std::unique_ptr<HealthService> health_service_;

@@ -1,0 +1,433 @@
+// The data path (common/data_path.h) against a real Server: the raw
+// protocol byte-exact both ways, and every way a client can break it (short
+// or long uploads, wrong tickets, never connecting, not reading, cancelling,
+// destroying the stream, shutting the server down mid-transfer) ends the
+// call with a clear status, closes the connection and leaves the stream
+// usable. Then the client library: it uses the data path, and falls back
+// to gRPC where the server has none.
+
+#include "common/data_path.h"
+
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/opserver.grpc.pb.h"
+#include "server/server.h"
+
+namespace opserver {
+namespace {
+
+using remote::Client;
+using remote::ConnectOptions;
+using remote::Session;
+using ::testing::HasSubstr;
+using Direction = v1::OpenDataTransferRequest::Direction;
+constexpr Direction kUp = v1::OpenDataTransferRequest::DIRECTION_HOST_TO_DEVICE;
+constexpr Direction kDown =
+    v1::OpenDataTransferRequest::DIRECTION_DEVICE_TO_HOST;
+
+std::string RandomData(size_t size, unsigned seed) {
+  std::string data(size, '\0');
+  std::mt19937 rng(seed);
+  for (char& c : data) c = static_cast<char>(rng());
+  return data;
+}
+
+// True when the server closed `fd`: end of stream or a reset, within the
+// socket's receive timeout.
+bool ClosedByServer(int fd) {
+  char bytes[4096];
+  for (;;) {
+    ssize_t n = recv(fd, bytes, sizeof(bytes), 0);
+    if (n > 0) continue;  // Data sent before it closed.
+    return n == 0 || errno == ECONNRESET || errno == EPIPE;
+  }
+}
+
+// One OpenDataTransfer call in flight.
+struct Open {
+  std::unique_ptr<grpc::ClientContext> context =
+      std::make_unique<grpc::ClientContext>();
+  std::unique_ptr<grpc::ClientReader<v1::OpenDataTransferResponse>> reader;
+  v1::OpenDataTransferResponse event;
+  bool has_event = false;
+
+  // Drains the call and returns its status.
+  grpc::Status Finish() {
+    v1::OpenDataTransferResponse more;
+    while (reader->Read(&more)) {
+      ADD_FAILURE() << "a second event";
+    }
+    return reader->Finish();
+  }
+};
+
+class DataPathTest : public ::testing::Test {
+ protected:
+  void Start(Options options = {}) {
+    options.listen = "127.0.0.1:0";
+    options.threads = 2;
+    auto server = Server::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    auto client = Client::Connect(server_->address());
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+    auto session = client_->CreateSession("data_path_test");
+    ASSERT_TRUE(session.ok()) << session.status();
+    session_ = *std::move(session);
+  }
+
+  std::unique_ptr<Open> OpenTransfer(Direction direction, uint64_t buffer,
+                                     uint64_t offset, uint64_t size,
+                                     uint64_t stream = 0) {
+    auto open = std::make_unique<Open>();
+    open->context->set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    v1::OpenDataTransferRequest request;
+    request.set_session(session_->token());
+    request.set_buffer(buffer);
+    request.set_offset(offset);
+    request.set_size(size);
+    request.set_stream(stream);
+    request.set_direction(direction);
+    open->reader =
+        client_->runtime().OpenDataTransfer(open->context.get(), request);
+    open->has_event = open->reader->Read(&open->event);
+    return open;
+  }
+
+  // Connects to the data port and presents `ticket`.
+  UniqueFd Dial(const std::string& ticket) {
+    absl::StatusOr<UniqueFd> fd = ConnectTcp(
+        "127.0.0.1", server_->data_port(), absl::Seconds(5), absl::Seconds(30));
+    EXPECT_TRUE(fd.ok()) << fd.status();
+    if (!fd.ok()) return UniqueFd();
+    EXPECT_TRUE(SendAll(fd->get(), ticket.data(), ticket.size()).ok());
+    return *std::move(fd);
+  }
+
+  // Raw upload of `data` to buffer[offset...] over the data path.
+  grpc::Status RawUpload(uint64_t buffer, uint64_t offset,
+                         const std::string& data, uint64_t stream = 0) {
+    auto open = OpenTransfer(kUp, buffer, offset, data.size(), stream);
+    if (!open->has_event) return open->Finish();
+    UniqueFd fd = Dial(open->event.ticket());
+    EXPECT_TRUE(SendAll(fd.get(), data.data(), data.size()).ok());
+    shutdown(fd.get(), SHUT_WR);
+    return open->Finish();
+  }
+
+  // Through gRPC's Download, so the check does not depend on the data path.
+  std::string GrpcDownload(uint64_t buffer, uint64_t offset, uint64_t size) {
+    ConnectOptions options;
+    options.data_path = false;
+    auto client = Client::Connect(server_->address(), options);
+    EXPECT_TRUE(client.ok());
+    // A second client reaches the first one's session by its token.
+    std::string out(size, '\0');
+    grpc::ClientContext context;
+    v1::DownloadRequest request;
+    request.set_session(session_->token());
+    request.set_buffer(buffer);
+    request.set_offset(offset);
+    request.set_size(size);
+    auto reader = (*client)->runtime().Download(&context, request);
+    v1::DownloadResponse chunk;
+    size_t at = 0;
+    while (reader->Read(&chunk)) {
+      EXPECT_LE(at + chunk.data().size(), size);
+      if (at + chunk.data().size() > size) break;
+      out.replace(at, chunk.data().size(), chunk.data());
+      at += chunk.data().size();
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    EXPECT_EQ(at, size);
+    return out;
+  }
+
+  uint64_t MustMalloc(uint64_t size) {
+    auto buffer = session_->Malloc(size);
+    EXPECT_TRUE(buffer.ok()) << buffer.status();
+    return buffer.ok() ? buffer->Release() : 0;
+  }
+
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<Session> session_;
+};
+
+TEST_F(DataPathTest, RawUploadAndDownloadAreByteExact) {
+  Start();
+  ASSERT_GT(server_->data_port(), 0);
+  const uint64_t size = (9 << 20) + 3;  // Several server chunks, and a tail.
+  const uint64_t buffer = MustMalloc(size + 7 + 5);
+  const std::string data = RandomData(size, 1);
+  grpc::Status up = RawUpload(buffer, 7, data);
+  ASSERT_TRUE(up.ok()) << up.error_message();
+  EXPECT_TRUE(GrpcDownload(buffer, 7, size) == data);
+
+  auto open = OpenTransfer(kDown, buffer, 7, size);
+  ASSERT_TRUE(open->has_event);
+  EXPECT_EQ(open->event.ticket().size(), kDataTicketBytes);
+  EXPECT_EQ(open->event.port(), static_cast<uint32_t>(server_->data_port()));
+  UniqueFd fd = Dial(open->event.ticket());
+  std::string back(size + 1, '\0');
+  absl::StatusOr<size_t> got = RecvFull(fd.get(), back.data(), back.size());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, size) << "the server sent more or less than asked for";
+  back.resize(size);
+  EXPECT_TRUE(back == data);
+  EXPECT_TRUE(open->Finish().ok());
+}
+
+TEST_F(DataPathTest, ShortAndLongUploadsFailAndTheStreamGoesOn) {
+  Start();
+  const uint64_t buffer = MustMalloc(1 << 20);
+  const std::string data = RandomData(1 << 20, 2);
+
+  auto open = OpenTransfer(kUp, buffer, 0, data.size());
+  ASSERT_TRUE(open->has_event);
+  UniqueFd fd = Dial(open->event.ticket());
+  ASSERT_TRUE(SendAll(fd.get(), data.data(), 1000).ok());
+  shutdown(fd.get(), SHUT_WR);
+  grpc::Status short_upload = open->Finish();
+  EXPECT_EQ(short_upload.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(short_upload.error_message(),
+              HasSubstr("ended after 1000 of the 1048576 bytes"));
+
+  grpc::Status long_upload = RawUpload(buffer, 0, data + "x");
+  // Announced one byte more than the range holds.
+  EXPECT_EQ(long_upload.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  open = OpenTransfer(kUp, buffer, 0, 10);
+  ASSERT_TRUE(open->has_event);
+  fd = Dial(open->event.ticket());
+  ASSERT_TRUE(SendAll(fd.get(), data.data(), 11).ok());
+  shutdown(fd.get(), SHUT_WR);
+  grpc::Status overrun = open->Finish();
+  EXPECT_EQ(overrun.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(overrun.error_message(), HasSubstr("sent more than the 10"));
+
+  // The default stream is free again.
+  ASSERT_TRUE(RawUpload(buffer, 0, data).ok());
+  EXPECT_TRUE(GrpcDownload(buffer, 0, data.size()) == data);
+}
+
+TEST_F(DataPathTest, BadRequestsAreRefusedBeforeAnyTicket) {
+  Start();
+  const uint64_t buffer = MustMalloc(4096);
+  struct Case {
+    const char* what;
+    Direction direction;
+    uint64_t buffer, offset, size, stream;
+    grpc::StatusCode code;
+  } cases[] = {
+      {"no direction", v1::OpenDataTransferRequest::DIRECTION_UNSPECIFIED,
+       buffer, 0, 10, 0, grpc::StatusCode::INVALID_ARGUMENT},
+      {"past the end", kUp, buffer, 4000, 100, 0,
+       grpc::StatusCode::INVALID_ARGUMENT},
+      {"offset overflow", kDown, buffer, ~uint64_t{0}, 2, 0,
+       grpc::StatusCode::INVALID_ARGUMENT},
+      {"unknown buffer", kUp, buffer + 1000, 0, 10, 0,
+       grpc::StatusCode::NOT_FOUND},
+      {"unknown stream", kDown, buffer, 0, 10, 777,
+       grpc::StatusCode::NOT_FOUND},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    auto open = OpenTransfer(c.direction, c.buffer, c.offset, c.size, c.stream);
+    EXPECT_FALSE(open->has_event);
+    grpc::Status status = open->Finish();
+    EXPECT_EQ(status.error_code(), c.code) << status.error_message();
+  }
+}
+
+TEST_F(DataPathTest, AWrongTicketIsClosedAndTheRightOneStillWorks) {
+  Start();
+  const uint64_t buffer = MustMalloc(4096);
+  const std::string data = RandomData(4096, 3);
+  auto open = OpenTransfer(kUp, buffer, 0, data.size());
+  ASSERT_TRUE(open->has_event);
+  std::string wrong = open->event.ticket();
+  wrong.back() ^= 0x40;
+  UniqueFd intruder = Dial(wrong);
+  ASSERT_TRUE(intruder.valid());
+  EXPECT_TRUE(ClosedByServer(intruder.get()));
+  UniqueFd fd = Dial(open->event.ticket());
+  ASSERT_TRUE(SendAll(fd.get(), data.data(), data.size()).ok());
+  shutdown(fd.get(), SHUT_WR);
+  EXPECT_TRUE(open->Finish().ok());
+  // A ticket is good for one connection: replayed, it is refused.
+  UniqueFd replay = Dial(open->event.ticket());
+  EXPECT_TRUE(ClosedByServer(replay.get()));
+  EXPECT_TRUE(GrpcDownload(buffer, 0, data.size()) == data);
+}
+
+TEST_F(DataPathTest, IdleClientsAreEndedByTheTransferIdleTimeout) {
+  Options options;
+  options.transfer_limits.idle_timeout = absl::Milliseconds(300);
+  Start(options);
+  const uint64_t buffer = MustMalloc(32 << 20);
+
+  // Never connects: the ticket dies with the call.
+  auto open = OpenTransfer(kUp, buffer, 0, 1000);
+  ASSERT_TRUE(open->has_event);
+  grpc::Status never = open->Finish();
+  EXPECT_EQ(never.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_THAT(never.error_message(), HasSubstr("--transfer_idle_timeout_s"));
+  UniqueFd late = Dial(open->event.ticket());
+  EXPECT_TRUE(ClosedByServer(late.get()));
+
+  // Connects, then stops sending.
+  open = OpenTransfer(kUp, buffer, 0, 1000);
+  ASSERT_TRUE(open->has_event);
+  UniqueFd stalled = Dial(open->event.ticket());
+  ASSERT_TRUE(SendAll(stalled.get(), "abc", 3).ok());
+  EXPECT_EQ(open->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_TRUE(ClosedByServer(stalled.get()));
+
+  // A download whose client never reads: the server's send blocks on a
+  // full socket until the watchdog wakes it.
+  open = OpenTransfer(kDown, buffer, 0, 32 << 20);
+  ASSERT_TRUE(open->has_event);
+  UniqueFd deaf = Dial(open->event.ticket());
+  EXPECT_EQ(open->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+
+  // The stream is free again.
+  const std::string data = RandomData(1000, 4);
+  ASSERT_TRUE(RawUpload(buffer, 0, data).ok());
+}
+
+TEST_F(DataPathTest, CancellingTheCallClosesTheDataConnection) {
+  Start();
+  const uint64_t buffer = MustMalloc(1 << 20);
+  auto open = OpenTransfer(kUp, buffer, 0, 1 << 20);
+  ASSERT_TRUE(open->has_event);
+  UniqueFd fd = Dial(open->event.ticket());
+  ASSERT_TRUE(SendAll(fd.get(), "some", 4).ok());
+  open->context->TryCancel();
+  EXPECT_EQ(open->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(ClosedByServer(fd.get()));
+  const std::string data = RandomData(1 << 20, 5);
+  ASSERT_TRUE(RawUpload(buffer, 0, data).ok());
+}
+
+TEST_F(DataPathTest, DestroyingTheStreamEndsATransferInFlight) {
+  Start();
+  const uint64_t buffer = MustMalloc(1 << 20);
+  auto stream = session_->CreateStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const uint64_t handle = stream->handle();
+  auto open = OpenTransfer(kUp, buffer, 0, 1 << 20, handle);
+  ASSERT_TRUE(open->has_event);
+  UniqueFd fd = Dial(open->event.ticket());
+  ASSERT_TRUE(SendAll(fd.get(), "some", 4).ok());
+  std::thread destroy(
+      [&] { EXPECT_TRUE(session_->DestroyStream(handle).ok()); });
+  grpc::Status status = open->Finish();
+  destroy.join();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_THAT(status.error_message(), HasSubstr("stream was destroyed"));
+  EXPECT_TRUE(ClosedByServer(fd.get()));
+}
+
+TEST_F(DataPathTest, ShutdownEndsATransferInFlight) {
+  Options options;
+  options.shutdown_grace = absl::Milliseconds(200);
+  Start(options);
+  const uint64_t buffer = MustMalloc(1 << 20);
+  auto open = OpenTransfer(kUp, buffer, 0, 1 << 20);
+  ASSERT_TRUE(open->has_event);
+  UniqueFd fd = Dial(open->event.ticket());
+  ASSERT_TRUE(SendAll(fd.get(), "some", 4).ok());
+  // The session stays open: closing it would first wait for its default
+  // stream, which the stalled transfer holds (until the idle timeout).
+  server_->Shutdown();
+  EXPECT_FALSE(open->Finish().ok());
+  EXPECT_TRUE(ClosedByServer(fd.get()));
+  server_.reset();  // Waits for the transfer's thread; must not hang.
+}
+
+// The client library moves large transfers over the data path: with
+// messages capped below the library's upload chunk, gRPC's Upload cannot
+// work, and with the data path the same upload does.
+TEST_F(DataPathTest, TheClientLibraryUsesTheDataPath) {
+  Options options;
+  options.transfer_limits.max_message_bytes = 256 << 10;
+  options.transfer_limits.chunk_bytes = 128 << 10;
+  Start(options);
+  const uint64_t size = (8 << 20) + 1;
+  const std::string data = RandomData(size, 6);
+  auto buffer = session_->Malloc(size);
+  ASSERT_TRUE(buffer.ok());
+  ASSERT_TRUE(session_->Upload(buffer->handle(), 0, data.data(), size).ok());
+  std::string back(size, '\0');
+  ASSERT_TRUE(session_->Download(buffer->handle(), 0, back.data(), size).ok());
+  EXPECT_TRUE(back == data);
+  // Under data_path_bytes, and with the data path off: gRPC, which the
+  // message cap refuses.
+  const std::string small(2 << 20, 's');
+  EXPECT_EQ(
+      session_->Upload(buffer->handle(), 0, small.data(), small.size()).code(),
+      absl::StatusCode::kResourceExhausted);
+  ConnectOptions off;
+  off.data_path = false;
+  auto client = Client::Connect(server_->address(), off);
+  ASSERT_TRUE(client.ok());
+  auto session = (*client)->CreateSession("no_data_path");
+  ASSERT_TRUE(session.ok());
+  auto other = (*session)->Malloc(size);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ((*session)->Upload(other->handle(), 0, data.data(), size).code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+// A server without the data path answers UNIMPLEMENTED, and the library
+// falls back to gRPC's Upload and Download, byte-exact.
+TEST_F(DataPathTest, WithoutADataPathTheLibraryFallsBackToGrpc) {
+  Options options;
+  options.data_port = -1;
+  Start(options);
+  EXPECT_EQ(server_->data_port(), 0);
+  auto buffer = session_->Malloc(8 << 20);
+  ASSERT_TRUE(buffer.ok());
+  auto open = OpenTransfer(kUp, buffer->handle(), 0, 10);
+  EXPECT_FALSE(open->has_event);
+  grpc::Status status = open->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("--data_port=-1"));
+  const std::string data = RandomData(8 << 20, 7);
+  for (int round = 0; round < 2; ++round) {  // Before and after the verdict.
+    ASSERT_TRUE(
+        session_->Upload(buffer->handle(), 0, data.data(), data.size()).ok());
+    std::string back(data.size(), '\0');
+    ASSERT_TRUE(
+        session_->Download(buffer->handle(), 0, back.data(), back.size()).ok());
+    EXPECT_TRUE(back == data);
+  }
+}
+
+TEST_F(DataPathTest, BadDataPortIsRefused) {
+  Options options;
+  options.listen = "127.0.0.1:0";
+  options.data_port = 70000;
+  auto server = Server::Start(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(std::string(server.status().message()), HasSubstr("--data_port"));
+}
+
+}  // namespace
+}  // namespace opserver
