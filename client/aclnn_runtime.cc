@@ -53,9 +53,9 @@ absl::StatusOr<bool> BoolFromEnv(const char* name, bool fallback) {
 
 // The connection's options from the environment: TLS files and token named
 // by OPSERVER_TLS_CA_FILE, OPSERVER_TLS_CERT_FILE, OPSERVER_TLS_KEY_FILE and
-// OPSERVER_TOKEN (or OPSERVER_TOKEN_FILE), OPSERVER_PIPELINE and
-// OPSERVER_TRANSFER_CONNECTIONS. Files are checked now so a typo fails
-// aclInit, not the first call.
+// OPSERVER_TOKEN (or OPSERVER_TOKEN_FILE), OPSERVER_PIPELINE,
+// OPSERVER_DATA_PATH and OPSERVER_TRANSFER_CONNECTIONS. Files are checked now
+// so a typo fails aclInit, not the first call.
 absl::StatusOr<ConnectOptions> ConnectOptionsFromEnv() {
   auto env = [](const char* name) -> std::string {
     const char* value = std::getenv(name);
@@ -83,6 +83,11 @@ absl::StatusOr<ConnectOptions> ConnectOptionsFromEnv() {
   absl::StatusOr<bool> pipeline = BoolFromEnv("OPSERVER_PIPELINE", true);
   if (!pipeline.ok()) return pipeline.status();
   options.pipeline = *pipeline;
+  // The data path for large transfers is the default where the server has
+  // one; OPSERVER_DATA_PATH=0 keeps every transfer on gRPC.
+  absl::StatusOr<bool> data_path = BoolFromEnv("OPSERVER_DATA_PATH", true);
+  if (!data_path.ok()) return data_path.status();
+  options.data_path = *data_path;
   options.token = env("OPSERVER_TOKEN");
   if (options.token.empty() && !env("OPSERVER_TOKEN_FILE").empty()) {
     absl::StatusOr<std::string> token =

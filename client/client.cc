@@ -1,6 +1,9 @@
 #include "client/client.h"
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -14,6 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/data_path.h"
+#include "common/listen_address.h"
 #include "common/malloc_tuning.h"
 #include "common/op_call.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -270,18 +275,40 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
                            "certificate?)"
                          : ""));
   }
-  return std::unique_ptr<Client>(new Client(address, std::move(channel),
-                                            std::move(credentials),
-                                            std::move(args), options));
+  // The data path is plain TCP: never beside a TLS channel.
+  std::string data_path_host;
+  if (options.data_path && !tls) {
+    absl::StatusOr<ListenAddress> parsed = ParseListenAddress(address);
+    if (parsed.ok()) data_path_host = parsed->host;
+  }
+  return std::unique_ptr<Client>(
+      new Client(address, std::move(channel), std::move(credentials),
+                 std::move(args), options, std::move(data_path_host)));
+}
+
+std::string Client::DataPathHost() const {
+  return data_path_off_.load(std::memory_order_relaxed) ? std::string()
+                                                        : data_path_host_;
+}
+
+void Client::DisableDataPath(const absl::Status& why) {
+  if (!data_path_off_.exchange(true)) {
+    std::fprintf(stderr,
+                 "opserver client: transfers use gRPC from now on, not the "
+                 "data path: %s\n",
+                 std::string(why.message()).c_str());
+  }
 }
 
 Client::Client(std::string address, std::shared_ptr<grpc::Channel> channel,
                std::shared_ptr<grpc::ChannelCredentials> credentials,
-               grpc::ChannelArguments args, const ConnectOptions& options)
+               grpc::ChannelArguments args, const ConnectOptions& options,
+               std::string data_path_host)
     : address_(std::move(address)),
       options_(options),
       credentials_(std::move(credentials)),
       args_(std::move(args)),
+      data_path_host_(std::move(data_path_host)),
       channel_(std::move(channel)),
       runtime_(v1::Runtime::NewStub(channel_)),
       operators_(v1::Operators::NewStub(channel_)),
@@ -725,11 +752,99 @@ absl::Status Session::Upload(uint64_t buffer, uint64_t offset, const void* data,
                              uint64_t size, uint64_t stream) {
   if (absl::Status s = Ordered(); !s.ok()) return s;
   const char* bytes = static_cast<const char*>(data);
+  if (std::optional<absl::Status> moved = DataPathTransfer(
+          true, buffer, offset, const_cast<char*>(bytes), size, stream);
+      moved.has_value()) {
+    return *moved;
+  }
   return Transfer(
       buffer, offset, size, stream,
       [&](grpc::Channel* channel, uint64_t at, uint64_t n, uint64_t on) {
         return UploadCall(channel, buffer, offset + at, bytes + at, n, on);
       });
+}
+
+std::optional<absl::Status> Session::DataPathTransfer(bool upload,
+                                                      uint64_t buffer,
+                                                      uint64_t offset,
+                                                      char* data, uint64_t size,
+                                                      uint64_t stream) {
+  const std::string host = client_->DataPathHost();
+  if (host.empty() || size < client_->options().data_path_bytes) {
+    return std::nullopt;
+  }
+  grpc::ClientContext context;
+  client_->SetWaitDeadline(&context);
+  v1::OpenDataTransferRequest request;
+  request.set_session(token_);
+  request.set_buffer(buffer);
+  request.set_offset(offset);
+  request.set_size(size);
+  request.set_stream(stream);
+  request.set_direction(
+      upload ? v1::OpenDataTransferRequest::DIRECTION_HOST_TO_DEVICE
+             : v1::OpenDataTransferRequest::DIRECTION_DEVICE_TO_HOST);
+  const char* what = upload ? "Upload" : "Download";
+  std::unique_ptr<grpc::ClientReader<v1::OpenDataTransferResponse>> reader =
+      client_->runtime().OpenDataTransfer(&context, request);
+  v1::OpenDataTransferResponse event;
+  if (!reader->Read(&event)) {
+    absl::Status status = FromGrpcStatus(reader->Finish(), context, what);
+    // A server without the data path (or one older than it): nothing was
+    // queued.
+    if (absl::IsUnimplemented(status)) {
+      client_->DisableDataPath(status);
+      return std::nullopt;
+    }
+    return status;
+  }
+  absl::Status broken;
+  absl::StatusOr<UniqueFd> connection = absl::InternalError("");
+  if (event.ticket().size() != kDataTicketBytes || event.port() == 0 ||
+      event.port() > 65535) {
+    broken = absl::InternalError(
+        absl::StrCat(what,
+                     ": the server's data-path ticket or port is "
+                     "malformed"));
+  } else {
+    connection = ConnectTcp(host, static_cast<int>(event.port()),
+                            client_->options().connect_timeout,
+                            client_->options().wait_timeout);
+  }
+  if (!broken.ok() || !connection.ok()) {
+    // Nothing moves without the connection: cancelled, the call leaves
+    // nothing behind, and this transfer goes through gRPC instead.
+    context.TryCancel();
+    while (reader->Read(&event)) {
+    }
+    reader->Finish().IgnoreError();
+    client_->DisableDataPath(broken.ok() ? connection.status() : broken);
+    return std::nullopt;
+  }
+  const int fd = connection->get();
+  absl::Status moved = SendAll(fd, event.ticket().data(), kDataTicketBytes);
+  if (moved.ok() && upload) {
+    moved = SendAll(fd, data, size);
+    if (moved.ok()) shutdown(fd, SHUT_WR);
+  } else if (moved.ok()) {
+    absl::StatusOr<size_t> got = RecvFull(fd, data, size);
+    if (!got.ok()) {
+      moved = got.status();
+    } else if (*got != size) {
+      moved = absl::InternalError(
+          absl::StrCat(what, ": the server's data connection ended after ",
+                       *got, " of the ", size, " bytes"));
+    }
+  }
+  if (!moved.ok()) context.TryCancel();
+  while (reader->Read(&event)) {
+  }
+  // The server's verdict first: it says why a connection broke.
+  absl::Status status = FromGrpcStatus(reader->Finish(), context, what);
+  if (!status.ok() && !(absl::IsCancelled(status) && !moved.ok())) {
+    return status;
+  }
+  return moved;
 }
 
 absl::Status Session::Transfer(uint64_t buffer, uint64_t offset, uint64_t size,
@@ -869,6 +984,11 @@ absl::Status Session::Download(uint64_t buffer, uint64_t offset, void* data,
   // deferred errors.
   if (absl::Status s = Flush(); !s.ok()) return s;
   char* bytes = static_cast<char*>(data);
+  if (std::optional<absl::Status> moved =
+          DataPathTransfer(false, buffer, offset, bytes, size, stream);
+      moved.has_value()) {
+    return *moved;
+  }
   return Transfer(
       buffer, offset, size, stream,
       [&](grpc::Channel* channel, uint64_t at, uint64_t n, uint64_t on) {

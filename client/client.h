@@ -1,6 +1,7 @@
 #ifndef OPSERVER_CLIENT_CLIENT_H_
 #define OPSERVER_CLIENT_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -53,6 +54,15 @@ struct ConnectOptions {
   // From 1 to kMaxTransferConnections.
   int transfer_connections = 4;
   uint64_t transfer_split_bytes = 32ull << 20;
+  // An Upload or Download of at least data_path_bytes goes over the
+  // server's data path when it has one (common/data_path.h: a plain TCP
+  // connection per transfer that carries the raw bytes, so neither side
+  // copies them through gRPC's buffers; BENCHMARKS.md, "The data path").
+  // Never with TLS (the data path is not encrypted). Where the server has
+  // none or its port cannot be reached, the client says so once on stderr
+  // and uses Upload/Download (split as above) from then on.
+  bool data_path = true;
+  uint64_t data_path_bytes = 4ull << 20;
   // Largest message accepted from the server (review finding 16: the
   // client accepted any size, so a hostile server could make it allocate
   // without bound). A server sends at most its --max_message_bytes (64 MiB
@@ -158,10 +168,19 @@ class Client {
   // opened within connect_timeout (the next call tries again).
   absl::StatusOr<std::vector<grpc::Channel*>> TransferChannels();
 
+  // The host to reach the server's data path on (the one this client
+  // dialed); empty when transfers must not use it (ConnectOptions::
+  // data_path off, TLS, an address that is not HOST:PORT, or
+  // DisableDataPath was called).
+  std::string DataPathHost() const;
+  // Transfers stop using the data path, for `why` (printed once).
+  void DisableDataPath(const absl::Status& why);
+
  private:
   Client(std::string address, std::shared_ptr<grpc::Channel> channel,
          std::shared_ptr<grpc::ChannelCredentials> credentials,
-         grpc::ChannelArguments args, const ConnectOptions& options);
+         grpc::ChannelArguments args, const ConnectOptions& options,
+         std::string data_path_host);
 
   const std::string address_;
   const ConnectOptions options_;
@@ -171,6 +190,8 @@ class Client {
   absl::Mutex transfer_mu_;
   std::vector<std::shared_ptr<grpc::Channel>> transfer_channels_
       ABSL_GUARDED_BY(transfer_mu_);
+  const std::string data_path_host_;  // Empty: never.
+  std::atomic<bool> data_path_off_{false};
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Runtime::Stub> runtime_;
   std::unique_ptr<v1::Operators::Stub> operators_;
@@ -410,6 +431,12 @@ class Session {
   absl::Status DownloadCall(grpc::Channel* channel, uint64_t buffer,
                             uint64_t offset, char* data, uint64_t size,
                             uint64_t stream);
+  // The whole transfer over the server's data path; nullopt when it cannot
+  // be used (then nothing was moved or queued, and the caller uses
+  // Upload/Download). `upload`: `data` is read, else written.
+  std::optional<absl::Status> DataPathTransfer(bool upload, uint64_t buffer,
+                                               uint64_t offset, char* data,
+                                               uint64_t size, uint64_t stream);
   // One call of a transfer: `size` bytes at `offset` + `at`, over
   // `channel`, ordered on `stream` (size 0: the barrier of a split one).
   using TransferPart = std::function<absl::Status(

@@ -557,8 +557,8 @@ TEST_F(CApiTest, EnvironmentSwitchesAreCheckedByAclInit) {
   stream_ = nullptr;
   aclrtResetDevice(0);
   ASSERT_EQ(aclFinalize(), ACL_SUCCESS);
-  for (const char* name :
-       {"OPSERVER_PIPELINE", "OPSERVER_DETECT_MUTEX_DEADLOCKS"}) {
+  for (const char* name : {"OPSERVER_PIPELINE", "OPSERVER_DATA_PATH",
+                           "OPSERVER_DETECT_MUTEX_DEADLOCKS"}) {
     setenv(name, "maybe", 1);
     EXPECT_EQ(aclInit(nullptr), ACL_ERROR_INVALID_PARAM) << name;
     EXPECT_EQ(LastError(), absl::StrCat("aclInit: ", name,
@@ -571,13 +571,14 @@ TEST_F(CApiTest, EnvironmentSwitchesAreCheckedByAclInit) {
     }
   }
   unsetenv("OPSERVER_PIPELINE");
+  unsetenv("OPSERVER_DATA_PATH");
   setenv("OPSERVER_DETECT_MUTEX_DEADLOCKS", "1", 1);
   ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);  // For TearDown.
 }
 
 // OPSERVER_TRANSFER_CONNECTIONS: 1 to 16, anything else fails aclInit; a
-// copy of 32 MiB or more is split over that many connections and arrives
-// byte for byte.
+// copy of 32 MiB or more arrives byte for byte over the data path, and
+// with OPSERVER_DATA_PATH=0 split over that many gRPC connections.
 TEST_F(CApiTest, UploadConnectionsComeFromTheEnvironment) {
   aclrtDestroyStream(stream_);
   stream_ = nullptr;
@@ -594,8 +595,12 @@ TEST_F(CApiTest, UploadConnectionsComeFromTheEnvironment) {
   std::vector<char> data(size);
   std::mt19937 rng(23);
   for (char& byte : data) byte = static_cast<char>(rng());
-  for (const char* value : {"1", "3"}) {
-    SCOPED_TRACE(value);
+  // Over the data path (the default), and over gRPC split or not.
+  for (auto [data_path, value] :
+       {std::pair{"1", "1"}, std::pair{"0", "1"}, std::pair{"0", "3"}}) {
+    SCOPED_TRACE(
+        absl::StrCat("data path ", data_path, ", connections ", value));
+    setenv("OPSERVER_DATA_PATH", data_path, 1);
     setenv("OPSERVER_TRANSFER_CONNECTIONS", value, 1);
     ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS) << LastError();
     ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS) << LastError();
@@ -618,6 +623,7 @@ TEST_F(CApiTest, UploadConnectionsComeFromTheEnvironment) {
     ASSERT_EQ(aclFinalize(), ACL_SUCCESS);
   }
   unsetenv("OPSERVER_TRANSFER_CONNECTIONS");
+  unsetenv("OPSERVER_DATA_PATH");
   ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);  // For TearDown.
 }
 

@@ -109,11 +109,14 @@ class ClientTest : public ::testing::Test {
   // of kSplitChunk.
   static constexpr uint64_t kSplitChunk = 4096;
   static constexpr uint64_t kSplitBytes = 16 * kSplitChunk;
+  void TransfersAtChunkBoundariesAndBufferEnds(bool data_path);
+
   static ConnectOptions SplitOptions(int connections) {
     ConnectOptions options;
     options.upload_chunk_bytes = kSplitChunk;
     options.transfer_connections = connections;
     options.transfer_split_bytes = kSplitBytes;
+    options.data_path = false;  // These test gRPC's split transfers.
     return options;
   }
 
@@ -227,12 +230,23 @@ TEST_F(ClientTest, LargeTransfersAreByteExactAcrossChunks) {
 }
 
 // Upload sends slices of the caller's memory and Download parses chunks
-// straight into it: sizes at chunk boundaries and one byte either side, an
-// empty transfer, and ranges that end at (or run past) the buffer's end.
+// straight into it (or, over the data path, both are raw socket calls on
+// it): sizes at chunk boundaries and one byte either side, an empty
+// transfer, and ranges that end at (or run past) the buffer's end.
 TEST_F(ClientTest, TransfersAtChunkBoundariesAndBufferEnds) {
+  for (bool data_path : {false, true}) {
+    SCOPED_TRACE(data_path ? "data path" : "gRPC");
+    TransfersAtChunkBoundariesAndBufferEnds(data_path);
+  }
+}
+
+void ClientTest::TransfersAtChunkBoundariesAndBufferEnds(bool data_path) {
   constexpr uint64_t kChunk = 4096;
   ConnectOptions options;
   options.upload_chunk_bytes = kChunk;
+  // Every non-empty transfer over the data path, or none.
+  options.data_path = data_path;
+  options.data_path_bytes = 1;
   Connection c = Connect(options, "boundaries");
   ASSERT_NE(c.session, nullptr);
   Session* session = c.session.get();
