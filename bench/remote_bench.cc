@@ -21,6 +21,8 @@
 // TCP transfer just before it (see PairedRatios).
 // --transfer_connections=K: the client library's connections per transfer
 // of 32 MiB or more (ConnectOptions::transfer_connections).
+// --grpc_transfers: the library's transfers through gRPC, not the server's
+// data path (ConnectOptions::data_path = false).
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -76,6 +78,10 @@ bool pin_cores = false;
 // --transfer_connections=K: the client library's connections per large
 // transfer (0: the library's default).
 int transfer_connections = 0;
+// --grpc_transfers: the client library moves bytes through gRPC's
+// Upload/Download even where the server has a data path
+// (ConnectOptions::data_path = false), to compare the two.
+bool grpc_transfers = false;
 
 // Keeps the calling process on `cpu` (and the threads it starts later).
 void PinToCpu(int cpu) {
@@ -576,6 +582,7 @@ std::unique_ptr<remote::Session> LibrarySession(int port,
   if (transfer_connections > 0) {
     options.transfer_connections = transfer_connections;
   }
+  options.data_path = !grpc_transfers;
   auto connected =
       Client::Connect("127.0.0.1:" + std::to_string(port), options);
   if (!connected.ok()) return nullptr;
@@ -1016,6 +1023,7 @@ int main(int argc, char** argv) {
     transfer_connections = std::stoi(*k);
   }
   pin_cores = TakeFlag(&argc, argv, "--pin").has_value();
+  grpc_transfers = TakeFlag(&argc, argv, "--grpc_transfers").has_value();
   if (pin_cores && sysconf(_SC_NPROCESSORS_ONLN) < 2) {
     std::fprintf(stderr, "remote_bench --pin: needs two CPUs\n");
     return 1;
