@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -224,6 +225,35 @@ class RuntimeService::Transfer {
     service_->AddTransfer(link_);
   }
 
+  // From the body of a constructor that takes its request whole (Download,
+  // OpenDataTransfer): links the call, resolves what it touches with
+  // `start`, under the call's lock, and queues its gate on the stream
+  // `start` returns. A refusal ends the call through AbortLocked.
+  void Begin(
+      const std::function<absl::StatusOr<std::shared_ptr<Stream>>()>& start) {
+    Link();
+    std::shared_ptr<Stream> stream;
+    std::shared_ptr<Stream::Gate> gate;
+    {
+      absl::MutexLock lock(&link_->mu);
+      absl::StatusOr<std::shared_ptr<Stream>> target = start();
+      if (!target.ok()) {
+        AbortLocked(target.status());
+        return;
+      }
+      stream = *std::move(target);
+      gate = gate_ = std::make_shared<Stream::Gate>();
+      waiting_ = true;
+    }
+    // Nothing gRPC does for the call reaches the reactor before its
+    // constructor has returned it, so the call stays valid.
+    absl::Status held = HoldStream(*stream, gate);
+    if (!held.ok()) {
+      absl::MutexLock lock(&link_->mu);
+      AbortLocked(held);
+    }
+  }
+
   // From OnDone: no callback reaches the call after this.
   void Unlink() {
     {
@@ -422,27 +452,7 @@ class RuntimeService::Downloader final
   Downloader(RuntimeService* service, grpc::CallbackServerContext* context,
              const grpc::ByteBuffer* request)
       : Transfer(service), context_(context) {
-    Link();
-    std::shared_ptr<Stream> stream;
-    std::shared_ptr<Stream::Gate> gate;
-    {
-      absl::MutexLock lock(&link_->mu);
-      absl::StatusOr<std::shared_ptr<Stream>> target = StartLocked(request);
-      if (!target.ok()) {
-        FinishLocked(target.status());
-        return;
-      }
-      stream = *std::move(target);
-      gate = gate_ = std::make_shared<Stream::Gate>();
-      waiting_ = true;
-    }
-    // Nothing gRPC does for the call reaches the reactor before this
-    // constructor has returned it, so `this` stays valid.
-    absl::Status held = HoldStream(*stream, gate);
-    if (!held.ok()) {
-      absl::MutexLock lock(&link_->mu);
-      FinishLocked(held);
-    }
+    Begin([&] { return StartLocked(request); });
   }
 
   void OnWriteDone(bool ok) override {
@@ -599,27 +609,14 @@ class RuntimeService::DataTransfer final
   DataTransfer(RuntimeService* service, grpc::CallbackServerContext* context,
                const v1::OpenDataTransferRequest* request)
       : Transfer(service), context_(context) {
-    Link();
-    std::shared_ptr<Stream> stream;
-    std::shared_ptr<Stream::Gate> gate;
-    {
-      absl::MutexLock lock(&link_->mu);
-      absl::StatusOr<std::shared_ptr<Stream>> target = StartLocked(*request);
-      if (!target.ok()) {
-        FinishLocked(target.status());
-        return;
+    Begin([&]() -> absl::StatusOr<std::shared_ptr<Stream>> {
+      absl::StatusOr<std::shared_ptr<Stream>> stream = StartLocked(*request);
+      if (stream.ok()) {  // The ticket and port go out at once.
+        writing_ = true;
+        StartWrite(&event_);
       }
-      stream = *std::move(target);
-      gate = gate_ = std::make_shared<Stream::Gate>();
-      waiting_ = true;
-      writing_ = true;
-      StartWrite(&event_);
-    }
-    absl::Status held = HoldStream(*stream, gate);
-    if (!held.ok()) {
-      absl::MutexLock lock(&link_->mu);
-      AbortLocked(held);
-    }
+      return stream;
+    });
   }
 
   void OnWriteDone(bool ok) override {
