@@ -19,7 +19,7 @@ namespace {
 
 absl::Status SocketError(absl::string_view what) {
   return absl::UnavailableError(
-      absl::StrCat("data connection: ", what, ": ", std::strerror(errno)));
+      absl::StrCat("data path: ", what, ": ", std::strerror(errno)));
 }
 
 }  // namespace
@@ -60,69 +60,73 @@ absl::StatusOr<size_t> RecvFull(int fd, char* data, size_t size) {
   return got;
 }
 
-absl::StatusOr<UniqueFd> ConnectTcp(const std::string& host, int port,
-                                    absl::Duration timeout,
-                                    absl::Duration io_timeout) {
+absl::StatusOr<UniqueFd> FirstUsableSocket(
+    const std::string& host, int port, bool passive, absl::string_view what,
+    const std::function<bool(int fd, const addrinfo& address)>& use) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
+  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
   addrinfo* results = nullptr;
   const std::string port_text = std::to_string(port);
-  const std::string where = absl::StrCat(host, " port ", port);
   if (int rc = getaddrinfo(host.c_str(), port_text.c_str(), &hints, &results);
       rc != 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "data connection: cannot resolve ", host, ": ", gai_strerror(rc)));
+    return absl::UnavailableError(absl::StrCat("data path: cannot resolve ",
+                                               host, ": ", gai_strerror(rc)));
   }
   std::string why = "no address";
-  UniqueFd connected;
+  UniqueFd usable;
   for (addrinfo* ai = results; ai != nullptr; ai = ai->ai_next) {
     UniqueFd fd(socket(ai->ai_family,
                        ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
                        ai->ai_protocol));
-    if (!fd.valid()) {
-      why = std::strerror(errno);
-      continue;
+    if (fd.valid() && use(fd.get(), *ai)) {
+      usable = std::move(fd);
+      break;
     }
-    int rc = connect(fd.get(), ai->ai_addr, ai->ai_addrlen);
-    if (rc != 0 && errno == EINPROGRESS) {
-      pollfd p{fd.get(), POLLOUT, 0};
-      int ready;
-      do {
-        ready =
-            poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
-      } while (ready < 0 && errno == EINTR);
-      int error = 0;
-      socklen_t len = sizeof(error);
-      if (ready == 0) {
-        errno = ETIMEDOUT;
-      } else if (ready > 0 && getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &error,
-                                         &len) == 0) {
-        errno = error;
-      }
-      rc = (ready > 0 && error == 0) ? 0 : -1;
-    }
-    if (rc != 0) {
-      why = std::strerror(errno);
-      continue;
-    }
-    const int flags = fcntl(fd.get(), F_GETFL);
-    fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
-    if (io_timeout > absl::ZeroDuration()) {
-      const timeval tv = absl::ToTimeval(io_timeout);
-      setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-      setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    }
-    connected = std::move(fd);
-    break;
+    why = std::strerror(errno);
   }
   freeaddrinfo(results);
-  if (!connected.valid()) {
-    return absl::UnavailableError(
-        absl::StrCat("data connection: cannot connect to ", where, ": ", why));
+  if (!usable.valid()) {
+    return absl::UnavailableError(absl::StrCat(
+        "data path: cannot ", what, " ", host, " port ", port, ": ", why));
   }
-  return connected;
+  return usable;
+}
+
+absl::StatusOr<UniqueFd> ConnectTcp(const std::string& host, int port,
+                                    absl::Duration timeout,
+                                    absl::Duration io_timeout) {
+  absl::StatusOr<UniqueFd> fd = FirstUsableSocket(
+      host, port, /*passive=*/false, "connect to",
+      [&](int fd, const addrinfo& address) {
+        if (connect(fd, address.ai_addr, address.ai_addrlen) == 0) return true;
+        if (errno != EINPROGRESS) return false;
+        pollfd p{fd, POLLOUT, 0};
+        int ready;
+        do {
+          ready =
+              poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
+        } while (ready < 0 && errno == EINTR);
+        if (ready == 0) errno = ETIMEDOUT;
+        if (ready <= 0) return false;
+        int error = 0;
+        socklen_t len = sizeof(error);
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) != 0) {
+          return false;
+        }
+        errno = error;
+        return error == 0;
+      });
+  if (!fd.ok()) return fd.status();
+  const int flags = fcntl(fd->get(), F_GETFL);
+  fcntl(fd->get(), F_SETFL, flags & ~O_NONBLOCK);
+  if (io_timeout > absl::ZeroDuration()) {
+    const timeval tv = absl::ToTimeval(io_timeout);
+    setsockopt(fd->get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd->get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  }
+  return fd;
 }
 
 absl::StatusOr<std::string> RandomBytes(size_t bytes) {

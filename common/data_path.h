@@ -11,8 +11,11 @@
 #ifndef OPSERVER_COMMON_DATA_PATH_H_
 #define OPSERVER_COMMON_DATA_PATH_H_
 
+#include <netdb.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -68,6 +71,15 @@ absl::StatusOr<size_t> RecvFull(int fd, char* data, size_t size);
 absl::StatusOr<UniqueFd> ConnectTcp(const std::string& host, int port,
                                     absl::Duration timeout,
                                     absl::Duration io_timeout);
+
+// Tries a new non-blocking TCP socket for each address `host` resolves to
+// (`passive`: addresses to listen on) with `port`, in order, until
+// `use(fd, address)` returns true, and returns that socket. `use` leaves
+// errno set when it returns false. Otherwise UNAVAILABLE:
+// "data path: cannot WHAT HOST port PORT: <the last failure's reason>".
+absl::StatusOr<UniqueFd> FirstUsableSocket(
+    const std::string& host, int port, bool passive, absl::string_view what,
+    const std::function<bool(int fd, const addrinfo& address)>& use);
 
 // `bytes` random bytes from the kernel's CSPRNG (getrandom).
 absl::StatusOr<std::string> RandomBytes(size_t bytes);

@@ -32,45 +32,18 @@ struct Unclaimed {
 absl::StatusOr<std::unique_ptr<DataListener>> DataListener::Start(
     const Options& options) {
   std::unique_ptr<DataListener> listener(new DataListener(options));
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* results = nullptr;
-  const std::string port = std::to_string(options.port);
-  const std::string where = absl::StrCat(options.host, " port ", options.port);
-  if (int rc =
-          getaddrinfo(options.host.c_str(), port.c_str(), &hints, &results);
-      rc != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data path: cannot resolve ", options.host, ": ", gai_strerror(rc)));
-  }
-  std::string why = "no address";
   // The first address that binds: the one a client resolving the same host
   // name tries first.
-  for (addrinfo* ai = results; ai != nullptr; ai = ai->ai_next) {
-    UniqueFd fd(socket(ai->ai_family,
-                       ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                       ai->ai_protocol));
-    if (!fd.valid()) {
-      why = std::strerror(errno);
-      continue;
-    }
-    int one = 1;
-    setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 ||
-        listen(fd.get(), 128) != 0) {
-      why = std::strerror(errno);
-      continue;
-    }
-    listener->listen_fd_ = std::move(fd);
-    break;
-  }
-  freeaddrinfo(results);
-  if (!listener->listen_fd_.valid()) {
-    return absl::UnavailableError(
-        absl::StrCat("data path: cannot listen on ", where, ": ", why));
-  }
+  absl::StatusOr<UniqueFd> fd = FirstUsableSocket(
+      options.host, options.port, /*passive=*/true, "listen on",
+      [](int fd, const addrinfo& address) {
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        return bind(fd, address.ai_addr, address.ai_addrlen) == 0 &&
+               listen(fd, 128) == 0;
+      });
+  if (!fd.ok()) return fd.status();
+  listener->listen_fd_ = *std::move(fd);
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
   getsockname(listener->listen_fd_.get(), reinterpret_cast<sockaddr*>(&bound),
