@@ -17,8 +17,8 @@
 // they would not on two machines; unpinned, the scheduler moves both over
 // both cores and the receiver's work competes with the sender's.
 // --paired=N: instead of the benchmarks, N rounds of raw TCP next to a
-// library upload and a library download, each transfer divided by the raw
-// TCP transfer just before it (see PairedRatios).
+// library upload and download and an aclrtMemcpy each way, each transfer
+// divided by the raw TCP transfer just before it (see PairedRatios).
 // --transfer_connections=K: the client library's connections per transfer
 // of 32 MiB or more (ConnectOptions::transfer_connections).
 // --grpc_transfers: the library's transfers through gRPC, not the server's
@@ -39,13 +39,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "acl/acl.h"
 #include "bench/echo.grpc.pb.h"
 #include "benchmark/benchmark.h"
 #include "client/client.h"
@@ -918,12 +922,45 @@ void WindowCurve() {
   }
 }
 
-// --paired=N: N rounds of {raw TCP, library upload, raw TCP, library
-// download}, 256 MiB each from warm memory into resident memory. Each
-// transfer is divided by the raw TCP transfer just before it, so both see
-// the same neighbours: on a shared VM the speed of the machine drifts by
-// more than the differences measured, and benchmarks run one after another
-// (all TCP repetitions, then all uploads) turn that drift into the ratio.
+// A transfer that --paired times next to raw TCP.
+struct PairedCase {
+  const char* name;
+  std::function<absl::Status()> run;
+  std::vector<double> seconds, ratio;
+};
+
+// The C API's side of --paired: aclInit against the benchmark's opserver
+// (the C API reads its environment there), one 256 MiB device buffer.
+void* CApiBuffer() {
+  setenv("OPSERVER_ADDRESS", absl::StrCat("127.0.0.1:", opserver_port).c_str(),
+         1);
+  setenv("OPSERVER_DATA_PATH", grpc_transfers ? "0" : "1", 1);
+  if (transfer_connections > 0) {
+    setenv("OPSERVER_TRANSFER_CONNECTIONS",
+           std::to_string(transfer_connections).c_str(), 1);
+  }
+  void* device = nullptr;
+  if (aclInit(nullptr) != ACL_SUCCESS || aclrtSetDevice(0) != ACL_SUCCESS ||
+      aclrtMalloc(&device, kTransferBytes, ACL_MEM_MALLOC_HUGE_FIRST) !=
+          ACL_SUCCESS) {
+    std::fprintf(stderr, "C API: %s\n", aclGetRecentErrMsg());
+    std::abort();
+  }
+  return device;
+}
+
+absl::Status AclStatus(aclError error) {
+  return error == ACL_SUCCESS ? absl::OkStatus()
+                              : absl::InternalError(aclGetRecentErrMsg());
+}
+
+// --paired=N: N rounds of {raw TCP, transfer} for each transfer: library
+// upload and download, then the same through aclrtMemcpy; 256 MiB each from
+// warm memory into resident memory. Each transfer is divided by the raw TCP
+// transfer just before it, so both see the same neighbours: on a shared VM
+// the speed of the machine drifts by more than the differences measured,
+// and benchmarks run one after another (all TCP repetitions, then all
+// uploads) turn that drift into the ratio.
 void PairedRatios(int rounds) {
   std::unique_ptr<Client> client;
   auto session = LibrarySession(opserver_port, &client);
@@ -932,47 +969,62 @@ void PairedRatios(int rounds) {
   std::vector<char> back(kTransferBytes, 'b');  // Resident, as `data` is.
   auto buffer = session->Malloc(kTransferBytes);
   if (!buffer.ok()) std::abort();
-  auto upload = [&] {
-    return session->Upload(buffer->handle(), 0, data.at(0), kTransferBytes);
+  void* device = CApiBuffer();
+  PairedCase cases[] = {
+      {"library upload",
+       [&] {
+         return session->Upload(buffer->handle(), 0, data.at(0),
+                                kTransferBytes);
+       }},
+      {"library download",
+       [&] {
+         return session->Download(buffer->handle(), 0, back.data(),
+                                  kTransferBytes);
+       }},
+      {"aclrtMemcpy host->device",
+       [&] {
+         return AclStatus(aclrtMemcpy(device, kTransferBytes, data.at(0),
+                                      kTransferBytes,
+                                      ACL_MEMCPY_HOST_TO_DEVICE));
+       }},
+      {"aclrtMemcpy device->host",
+       [&] {
+         return AclStatus(aclrtMemcpy(back.data(), kTransferBytes, device,
+                                      kTransferBytes,
+                                      ACL_MEMCPY_DEVICE_TO_HOST));
+       }},
   };
-  auto download = [&] {
-    return session->Download(buffer->handle(), 0, back.data(), kTransferBytes);
-  };
-  RawTcpSeconds(data);  // Warm all three (see Source).
-  Seconds(upload);
-  Seconds(download);
-  std::vector<double> tcp, up, down, up_ratio, down_ratio;
+  RawTcpSeconds(data);  // Warm everything (see Source).
+  for (PairedCase& c : cases) Seconds(c.run);
+  std::vector<double> tcp;
   for (int r = 0; r < rounds; ++r) {
-    const double t1 = RawTcpSeconds(data);
-    const double u = Seconds(upload);
-    const double t2 = RawTcpSeconds(data);
-    const double d = Seconds(download);
-    tcp.push_back(t1);
-    tcp.push_back(t2);
-    up.push_back(u);
-    down.push_back(d);
-    up_ratio.push_back(t1 / u);
-    down_ratio.push_back(t2 / d);
+    for (PairedCase& c : cases) {
+      const double t = RawTcpSeconds(data);
+      const double s = Seconds(c.run);
+      tcp.push_back(t);
+      c.seconds.push_back(s);
+      c.ratio.push_back(t / s);
+    }
   }
-  std::sort(up_ratio.begin(), up_ratio.end());
-  std::sort(down_ratio.begin(), down_ratio.end());
   auto gbps = [](double s) { return kTransferBytes / s / 1e9; };
-  // Quartiles: the middle half of the rounds.
-  auto quartiles = [](const std::vector<double>& v) {
-    return std::make_pair(v[v.size() / 4], v[(3 * v.size()) / 4]);
-  };
-  const auto [up_lo, up_hi] = quartiles(up_ratio);
-  const auto [down_lo, down_hi] = quartiles(down_ratio);
   std::printf(
-      "%d rounds, 256 MiB each, warm source, resident destination%s\n"
-      "raw TCP one-way: %.2f GB/s (median)\n"
-      "library upload:   %.2f GB/s, %.2f of the raw TCP just before "
-      "(median; quartiles %.2f-%.2f)\n"
-      "library download: %.2f GB/s, %.2f of the raw TCP just before "
-      "(median; quartiles %.2f-%.2f)\n",
-      rounds, pin_cores ? ", pinned" : "", gbps(Median(tcp)), gbps(Median(up)),
-      Median(up_ratio), up_lo, up_hi, gbps(Median(down)), Median(down_ratio),
-      down_lo, down_hi);
+      "%d rounds, 256 MiB each, warm source, resident destination%s%s\n"
+      "raw TCP one-way: %.2f GB/s (median)\n",
+      rounds, pin_cores ? ", pinned" : "",
+      grpc_transfers ? ", through gRPC" : "", gbps(Median(tcp)));
+  for (PairedCase& c : cases) {
+    std::sort(c.ratio.begin(), c.ratio.end());
+    // Quartiles: the middle half of the rounds.
+    std::printf(
+        "%-25s %.2f GB/s, %.2f of the raw TCP just before (median; "
+        "quartiles %.2f-%.2f)\n",
+        (std::string(c.name) + ":").c_str(), gbps(Median(c.seconds)),
+        Median(c.ratio), c.ratio[c.ratio.size() / 4],
+        c.ratio[(3 * c.ratio.size()) / 4]);
+  }
+  aclrtFree(device);
+  aclrtResetDevice(0);
+  aclFinalize();
 }
 
 // Removes the first argument that is `flag` or starts with it (a flag that
