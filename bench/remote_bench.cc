@@ -55,6 +55,7 @@
 #include "client/client.h"
 #include "common/malloc_tuning.h"
 #include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/opserver.grpc.pb.h"
 #include "server/server.h"
@@ -346,7 +347,9 @@ struct Remote {
     ops = v1::Operators::NewStub(channel);
     grpc::ClientContext context;
     v1::CreateSessionResponse response;
-    runtime->CreateSession(&context, v1::CreateSessionRequest(), &response);
+    MustSucceed(
+        runtime->CreateSession(&context, v1::CreateSessionRequest(), &response),
+        "CreateSession");
     session = response.session();
   }
   ~Remote() {
@@ -362,7 +365,7 @@ struct Remote {
     request.set_session(session);
     request.set_size(size);
     v1::MallocResponse response;
-    runtime->Malloc(&context, request, &response);
+    MustSucceed(runtime->Malloc(&context, request, &response), "Malloc");
     return response.buffer();
   }
   uint64_t CreateStream() {
@@ -370,8 +373,16 @@ struct Remote {
     v1::CreateStreamRequest request;
     request.set_session(session);
     v1::CreateStreamResponse response;
-    runtime->CreateStream(&context, request, &response);
+    MustSucceed(runtime->CreateStream(&context, request, &response),
+                "CreateStream");
     return response.stream();
+  }
+  // A benchmark on handle 0 would measure an error path: stop instead.
+  static void MustSucceed(const grpc::Status& status, const char* what) {
+    if (status.ok()) return;
+    std::fprintf(stderr, "remote_bench: %s: %s\n", what,
+                 status.error_message().c_str());
+    std::abort();
   }
   // Streams `size` bytes of `data` (repeated) into the buffer.
   bool Upload(uint64_t buffer, const char* data, size_t size) {
@@ -418,7 +429,10 @@ struct Remote {
     do {  // At least one message: an empty upload is its header alone.
       const size_t n = std::min(chunk, size - at);
       uint8_t tag[11];
-      tag[0] = (6 << 3) | 2;  // Field 6 (data), length-delimited.
+      tag[0] = google::protobuf::internal::WireFormatLite::MakeTag(
+          v1::UploadRequest::kDataFieldNumber,
+          google::protobuf::internal::WireFormatLite::
+              WIRETYPE_LENGTH_DELIMITED);
       uint8_t* end =
           google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(
               n, tag + 1);

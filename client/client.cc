@@ -894,7 +894,8 @@ std::optional<absl::Status> Session::Split(uint64_t buffer, uint64_t offset,
       !reached.ok()) {
     return reached;
   }
-  // Equal parts, in whole messages.
+  // Equal parts, each a whole number of upload messages (downloads come in
+  // the server's --chunk_bytes messages; the rounding only evens parts).
   const uint64_t k = channels->size() + 1;
   const uint64_t chunk = std::max<uint64_t>(1, options.upload_chunk_bytes);
   const uint64_t per_part = size / k + (size % k != 0);  // Rounded up.
