@@ -171,6 +171,13 @@ int Stats(Client& client) {
               static_cast<unsigned long long>(stats.buffers()));
   std::printf("buffer_bytes: %llu\n",
               static_cast<unsigned long long>(stats.buffer_bytes()));
+  std::printf("data_port:    %u\n", stats.data_port());
+  std::printf("data path:    %llu transfers, %llu bytes\n",
+              static_cast<unsigned long long>(stats.data_path_transfers()),
+              static_cast<unsigned long long>(stats.data_path_bytes()));
+  std::printf("gRPC:         %llu transfers, %llu bytes\n",
+              static_cast<unsigned long long>(stats.grpc_transfers()),
+              static_cast<unsigned long long>(stats.grpc_transfer_bytes()));
   return 0;
 }
 

@@ -377,6 +377,7 @@ class RuntimeService::Uploader final
     if (status.ok()) {
       v1::UploadResponse response;
       response.set_bytes_written(writer_ ? writer_->written() : 0);
+      service_->grpc_count_.Add(response.bytes_written());
       bool own_buffer;
       grpc::Status serialized =
           grpc::SerializationTraits<v1::UploadResponse>::Serialize(
@@ -536,13 +537,14 @@ class RuntimeService::Downloader final
     session_ = target->session;
     buffer_ = target->buffer;
     device_stream_ = target->stream->device_stream();
-    next_ = request.offset();
+    start_ = next_ = request.offset();
     end_ = request.offset() + request.size();
     return target->stream;
   }
 
   void WriteNextLocked() {
     if (next_ == end_) {
+      service_->grpc_count_.Add(end_ - start_);
       FinishLocked(absl::OkStatus());
       return;
     }
@@ -586,6 +588,7 @@ class RuntimeService::Downloader final
   }
 
   grpc::CallbackServerContext* const context_;
+  uint64_t start_ = 0;
   uint64_t next_ = 0;
   uint64_t end_ = 0;
   bool writing_ = false;
@@ -760,6 +763,7 @@ class RuntimeService::DataTransfer final
     moving_ = false;
     done_ = true;
     result_ = abort_.ok() ? status : abort_;
+    if (result_.ok()) service_->data_path_count_.Add(size_);
     if (!writing_) FinishLocked(result_);
   }
 
@@ -986,6 +990,12 @@ grpc::ServerUnaryReactor* RuntimeService::GetServerStats(
   response->set_sessions(sessions_->session_count());
   response->set_buffer_bytes(sessions_->accounting().bytes.load());
   response->set_buffers(sessions_->accounting().buffers.load());
+  if (data_listener_ != nullptr)
+    response->set_data_port(data_listener_->port());
+  response->set_data_path_transfers(data_path_count_.transfers.load());
+  response->set_data_path_bytes(data_path_count_.bytes.load());
+  response->set_grpc_transfers(grpc_count_.transfers.load());
+  response->set_grpc_transfer_bytes(grpc_count_.bytes.load());
   return Reply(context, absl::OkStatus());
 }
 

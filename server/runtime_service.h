@@ -1,6 +1,7 @@
 #ifndef OPSERVER_SERVER_RUNTIME_SERVICE_H_
 #define OPSERVER_SERVER_RUNTIME_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <set>
@@ -167,6 +168,18 @@ class RuntimeService final : public RuntimeServiceBase {
   std::set<std::shared_ptr<TransferLink>> transfers_ ABSL_GUARDED_BY(mu_);
   bool destroying_ ABSL_GUARDED_BY(mu_) = false;
   std::thread watchdog_;
+  // Completed transfers and their bytes, for GetServerStats.
+  struct TransferCount {
+    std::atomic<uint64_t> transfers{0};
+    std::atomic<uint64_t> bytes{0};
+    void Add(uint64_t n) {
+      transfers.fetch_add(1, std::memory_order_relaxed);
+      bytes.fetch_add(n, std::memory_order_relaxed);
+    }
+  };
+  TransferCount data_path_count_;
+  TransferCount grpc_count_;
+
   // The threads moving data-path bytes; the destructor waits for them.
   struct DataMovers {
     absl::Mutex mu;

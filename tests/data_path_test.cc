@@ -159,6 +159,16 @@ class DataPathTest : public ::testing::Test {
     return out;
   }
 
+  v1::ServerStats Stats() {
+    grpc::ClientContext context;
+    v1::ServerStats stats;
+    EXPECT_TRUE(
+        client_->runtime()
+            .GetServerStats(&context, v1::GetServerStatsRequest(), &stats)
+            .ok());
+    return stats;
+  }
+
   uint64_t MustMalloc(uint64_t size) {
     auto buffer = session_->Malloc(size);
     EXPECT_TRUE(buffer.ok()) << buffer.status();
@@ -377,6 +387,11 @@ TEST_F(DataPathTest, TheClientLibraryUsesTheDataPath) {
   std::string back(size, '\0');
   ASSERT_TRUE(session_->Download(buffer->handle(), 0, back.data(), size).ok());
   EXPECT_TRUE(back == data);
+  v1::ServerStats stats = Stats();
+  EXPECT_EQ(stats.data_port(), static_cast<uint32_t>(server_->data_port()));
+  EXPECT_EQ(stats.data_path_transfers(), 2u);
+  EXPECT_EQ(stats.data_path_bytes(), 2 * size);
+  EXPECT_EQ(stats.grpc_transfer_bytes(), 0u);
   // Under data_path_bytes, and with the data path off: gRPC, which the
   // message cap refuses.
   const std::string small(2 << 20, 's');
@@ -418,6 +433,11 @@ TEST_F(DataPathTest, WithoutADataPathTheLibraryFallsBackToGrpc) {
         session_->Download(buffer->handle(), 0, back.data(), back.size()).ok());
     EXPECT_TRUE(back == data);
   }
+  v1::ServerStats stats = Stats();
+  EXPECT_EQ(stats.data_port(), 0u);
+  EXPECT_EQ(stats.data_path_transfers(), 0u);
+  EXPECT_EQ(stats.grpc_transfers(), 4u);
+  EXPECT_EQ(stats.grpc_transfer_bytes(), 4 * data.size());
 }
 
 TEST_F(DataPathTest, BadDataPortIsRefused) {
