@@ -752,13 +752,9 @@ absl::Status Session::Upload(uint64_t buffer, uint64_t offset, const void* data,
                              uint64_t size, uint64_t stream) {
   if (absl::Status s = Ordered(); !s.ok()) return s;
   const char* bytes = static_cast<const char*>(data);
-  if (std::optional<absl::Status> moved = DataPathTransfer(
-          true, buffer, offset, const_cast<char*>(bytes), size, stream);
-      moved.has_value()) {
-    return *moved;
-  }
+  // Only read: Transfer's `data` is written by downloads alone.
   return Transfer(
-      buffer, offset, size, stream,
+      true, buffer, offset, const_cast<char*>(bytes), size, stream,
       [&](grpc::Channel* channel, uint64_t at, uint64_t n, uint64_t on) {
         return UploadCall(channel, buffer, offset + at, bytes + at, n, on);
       });
@@ -798,27 +794,22 @@ std::optional<absl::Status> Session::DataPathTransfer(bool upload,
     }
     return status;
   }
-  absl::Status broken;
-  absl::StatusOr<UniqueFd> connection = absl::InternalError("");
-  if (event.ticket().size() != kDataTicketBytes || event.port() == 0 ||
-      event.port() > 65535) {
-    broken = absl::InternalError(
-        absl::StrCat(what,
-                     ": the server's data-path ticket or port is "
-                     "malformed"));
-  } else {
-    connection = ConnectTcp(host, static_cast<int>(event.port()),
-                            client_->options().connect_timeout,
-                            client_->options().wait_timeout);
-  }
-  if (!broken.ok() || !connection.ok()) {
+  absl::StatusOr<UniqueFd> connection =
+      event.ticket().size() != kDataTicketBytes || event.port() == 0 ||
+              event.port() > 65535
+          ? absl::InternalError(absl::StrCat(
+                what, ": the server's data-path ticket or port is malformed"))
+          : ConnectTcp(host, static_cast<int>(event.port()),
+                       client_->options().connect_timeout,
+                       client_->options().wait_timeout);
+  if (!connection.ok()) {
     // Nothing moves without the connection: cancelled, the call leaves
     // nothing behind, and this transfer goes through gRPC instead.
     context.TryCancel();
     while (reader->Read(&event)) {
     }
     reader->Finish().IgnoreError();
-    client_->DisableDataPath(broken.ok() ? connection.status() : broken);
+    client_->DisableDataPath(connection.status());
     return std::nullopt;
   }
   const int fd = connection->get();
@@ -847,8 +838,12 @@ std::optional<absl::Status> Session::DataPathTransfer(bool upload,
   return moved;
 }
 
-absl::Status Session::Transfer(uint64_t buffer, uint64_t offset, uint64_t size,
-                               uint64_t stream, const TransferPart& part_call) {
+absl::Status Session::Transfer(bool upload, uint64_t buffer, uint64_t offset,
+                               char* data, uint64_t size, uint64_t stream,
+                               const TransferPart& part_call) {
+  std::optional<absl::Status> moved =
+      DataPathTransfer(upload, buffer, offset, data, size, stream);
+  if (moved.has_value()) return *moved;
   std::optional<absl::Status> split =
       Split(buffer, offset, size, stream, part_call);
   if (split.has_value()) return *split;
@@ -985,13 +980,8 @@ absl::Status Session::Download(uint64_t buffer, uint64_t offset, void* data,
   // deferred errors.
   if (absl::Status s = Flush(); !s.ok()) return s;
   char* bytes = static_cast<char*>(data);
-  if (std::optional<absl::Status> moved =
-          DataPathTransfer(false, buffer, offset, bytes, size, stream);
-      moved.has_value()) {
-    return *moved;
-  }
   return Transfer(
-      buffer, offset, size, stream,
+      false, buffer, offset, bytes, size, stream,
       [&](grpc::Channel* channel, uint64_t at, uint64_t n, uint64_t on) {
         return DownloadCall(channel, buffer, offset + at, bytes + at, n, on);
       });

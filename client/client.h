@@ -441,9 +441,12 @@ class Session {
   // `channel`, ordered on `stream` (size 0: the barrier of a split one).
   using TransferPart = std::function<absl::Status(
       grpc::Channel* channel, uint64_t at, uint64_t size, uint64_t stream)>;
-  // Split (below), or else `part(&channel(), 0, size, stream)`.
-  absl::Status Transfer(uint64_t buffer, uint64_t offset, uint64_t size,
-                        uint64_t stream, const TransferPart& part);
+  // Moves buffer[offset, offset + size) to (`upload`) or from `data`: over
+  // the data path (DataPathTransfer) where it can, else Split (below), or
+  // else `part(&channel(), 0, size, stream)`.
+  absl::Status Transfer(bool upload, uint64_t buffer, uint64_t offset,
+                        char* data, uint64_t size, uint64_t stream,
+                        const TransferPart& part);
   // A transfer of buffer[offset, offset + size) split over the client's
   // transfer connections (see ConnectOptions::transfer_connections): first
   // `part(channel, 0, 0, stream)`, which the server answers once the work
