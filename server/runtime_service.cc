@@ -638,7 +638,6 @@ class RuntimeService::DataTransfer final
 
   void GateReachedLocked() override {
     waiting_ = false;
-    reached_ = true;
     if (finished_) return;
     last_progress_ = absl::Now();
     if (connection_ != nullptr) StartMovingLocked();
@@ -715,7 +714,9 @@ class RuntimeService::DataTransfer final
     if (finished_ || done_ || !abort_.ok()) return;  // Closed here.
     connection_ = std::make_shared<UniqueFd>(std::move(connection));
     last_progress_ = absl::Now();
-    if (reached_) StartMovingLocked();
+    // Begin set waiting_ under this lock before the ticket could be
+    // presented, so it is clear only once the gate was reached.
+    if (!waiting_) StartMovingLocked();
   }
 
   void StartMovingLocked() {
@@ -784,7 +785,6 @@ class RuntimeService::DataTransfer final
   uint64_t size_ = 0;
   std::shared_ptr<DeviceStream> device_stream_;
   bool writing_ = false;
-  bool reached_ = false;
   // Set once the client's connection arrived; shared with the mover.
   std::shared_ptr<UniqueFd> connection_;
   bool moving_ = false;
