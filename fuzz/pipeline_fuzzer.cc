@@ -86,7 +86,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const size_t n = request.commands_size();
     while (at < n) {
       auto resumed = std::make_shared<absl::Notification>();
-      at = pipeline.Apply(session, request.commands(), at,
+      at = pipeline.Apply(session, request.commands(), at, SIZE_MAX,
                           [resumed] { resumed->Notify(); });
       // What the reactor's writes would do: results leave, room returns.
       pipeline.FencesWritten(SIZE_MAX);

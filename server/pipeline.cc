@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/aclnn_status.h"
 #include "server/launch.h"
+#include "server/log.h"
 #include "server/stream.h"
 
 namespace opserver {
@@ -32,11 +34,12 @@ CommandPipeline::CommandPipeline(const SessionLimits& limits, size_t max_fences,
 size_t CommandPipeline::Apply(
     Session& session,
     const google::protobuf::RepeatedPtrField<v1::PipelineCommand>& commands,
-    size_t from, const Resume& resume) {
-  for (size_t i = from; i < static_cast<size_t>(commands.size()); ++i) {
+    size_t from, size_t to, const Resume& resume) {
+  to = std::min(to, static_cast<size_t>(commands.size()));
+  for (size_t i = from; i < to; ++i) {
     if (!ApplyOne(session, commands[static_cast<int>(i)], resume)) return i;
   }
-  return commands.size();
+  return std::max(from, to);
 }
 
 bool CommandPipeline::ApplyOne(Session& session,
@@ -62,18 +65,11 @@ bool CommandPipeline::ApplyOne(Session& session,
     }
     case v1::PipelineCommand::kDestroyExecutor: {
       const uint64_t id = command.destroy_executor();
-      {
-        absl::MutexLock lock(&mu_);
-        auto it = failed_plans_.find(id);
-        if (it != failed_plans_.end()) {
-          FailedPlan failed = std::move(it->second);
-          failed_plans_.erase(it);
-          // A refused plan nobody launched is reported now, once.
-          if (!failed.launched && session_error_.ok()) {
-            session_error_ = std::move(failed.error);
-          }
-          return true;
-        }
+      if (std::optional<absl::Status> refused = session.TakeRefusedPlan(id)) {
+        // A refused plan not reported yet (by a launch or a session fence)
+        // is reported now, once.
+        if (!refused->ok()) FailSession(*std::move(refused));
+        return true;
       }
       if (absl::Status s = session.DestroyExecutor(id); !s.ok()) {
         FailSession(Deferred(s, absl::StrCat("DestroyExecutor ", id)));
@@ -82,11 +78,8 @@ bool CommandPipeline::ApplyOne(Session& session,
     }
     case v1::PipelineCommand::kSetExecutorRepeatable: {
       const uint64_t id = command.set_executor_repeatable();
-      {
-        absl::MutexLock lock(&mu_);
-        // Its launches report the plan's error.
-        if (failed_plans_.contains(id)) return true;
-      }
+      // Its launches report the plan's error.
+      if (session.RefusedPlan(id, /*launch=*/false).has_value()) return true;
       if (absl::Status s = session.SetExecutorRepeatable(id); !s.ok()) {
         FailSession(Deferred(s, absl::StrCat("SetExecutorRepeatable ", id)));
       }
@@ -124,35 +117,33 @@ void CommandPipeline::Plan(Session& session, const v1::PlanCommand& plan) {
           ? session.AddExecutorAs(plan.executor(), *std::move(executor))
           : executor.status();
   if (status.ok()) return;
-  status = Deferred(
-      status, absl::StrCat(plan.request().op(), " GetWorkspaceSize (executor ",
-                           plan.executor(), ")"));
-  absl::MutexLock lock(&mu_);
+  // The op name is the client's: only its start goes into the message.
+  constexpr size_t kMaxOpNameBytes = 128;
+  status = Deferred(status, absl::StrCat(Truncated(plan.request().op(),
+                                                   kMaxOpNameBytes),
+                                         " GetWorkspaceSize (executor ",
+                                         plan.executor(), ")"));
   // An id in use stays what it is: a second plan under it is the session's
   // error, not its executor's.
-  if (failed_plans_.contains(plan.executor()) ||
+  if (session.RefusedPlan(plan.executor(), /*launch=*/false).has_value() ||
       session.ExecutorForLaunch(plan.executor(), /*consume=*/false).ok()) {
-    if (session_error_.ok()) session_error_ = std::move(status);
+    FailSession(std::move(status));
     return;
   }
-  if (failed_plans_.size() >= limits_.max_handles_per_session) {
-    // Its launches then fail as launches of an unknown executor.
-    if (session_error_.ok()) session_error_ = std::move(status);
-    return;
+  // Past the handle limit the refusal is the session's error at once, and
+  // its launches fail as launches of an unknown executor.
+  if (absl::Status kept = session.AddRefusedPlan(plan.executor(), status);
+      !kept.ok()) {
+    FailSession(std::move(status));
   }
-  failed_plans_[plan.executor()] = FailedPlan{std::move(status), false};
 }
 
 void CommandPipeline::Launch(Session& session,
                              const v1::ExecuteRequest& launch) {
   absl::Status status;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = failed_plans_.find(launch.executor());
-    if (it != failed_plans_.end()) {
-      status = it->second.error;
-      it->second.launched = true;
-    }
+  if (std::optional<absl::Status> refused =
+          session.RefusedPlan(launch.executor(), /*launch=*/true)) {
+    status = *std::move(refused);
   }
   if (status.ok()) {
     status = LaunchExecutor(launch, session);
@@ -182,6 +173,10 @@ void CommandPipeline::Fence(Session& session, const v1::FenceCommand& fence) {
       fence_done_(id, std::move(status));
     });
     return;
+  }
+  // Refused plans nobody launched are reported by the next session fence.
+  if (absl::Status refused = session.TakeUnreportedRefusal(); !refused.ok()) {
+    FailSession(std::move(refused));
   }
   std::vector<std::shared_ptr<Stream>> streams = session.AllStreams();
   auto remaining = std::make_shared<std::atomic<size_t>>(streams.size());

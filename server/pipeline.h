@@ -8,8 +8,10 @@
 // device does: a launch's, on its stream (Stream::Fail, reported by the
 // next synchronize of that stream); a free's, an executor call's or an
 // unlaunched plan's, on the session (reported by the next session fence).
-// A launch of an executor whose plan was refused is not run and fails its
-// stream with the plan's error.
+// A refused plan stays in the session (Session::AddRefusedPlan, charged as
+// a handle) until its id is destroyed: each launch of it is not run and
+// fails its stream with the plan's error; if none was launched by the next
+// session fence, that fence reports it, once.
 #ifndef OPSERVER_SERVER_PIPELINE_H_
 #define OPSERVER_SERVER_PIPELINE_H_
 
@@ -40,15 +42,16 @@ class CommandPipeline {
   CommandPipeline(const SessionLimits& limits, size_t max_fences,
                   FenceDone fence_done);
 
-  // Applies commands[from, size) in order to `session`; returns the index
-  // of the first command not applied (commands.size() when all were). It
-  // stops before a launch whose stream is full (it waits for the stream,
-  // never failing a launch only because the client is fast) and before a
-  // fence beyond max_fences; `resume` says when to call again.
+  // Applies commands[from, min(to, size)) in order to `session`; returns
+  // the index of the first command not applied (min(to, size) when all
+  // were). It stops before a launch whose stream is full (it waits for the
+  // stream, never failing a launch only because the client is fast) and
+  // before a fence beyond max_fences; `resume` says when to call again.
+  // `to` lets a caller apply a long batch in slices.
   size_t Apply(
       Session& session,
       const google::protobuf::RepeatedPtrField<v1::PipelineCommand>& commands,
-      size_t from, const Resume& resume);
+      size_t from, size_t to, const Resume& resume);
 
   // `count` fence results have left (were written to the client).
   void FencesWritten(size_t count);
@@ -71,13 +74,6 @@ class CommandPipeline {
 
   absl::Mutex mu_;
   absl::Status session_error_ ABSL_GUARDED_BY(mu_);
-  // Plans the server refused, by client-chosen executor id, until the id is
-  // launched or destroyed; at most max_handles_per_session of them.
-  struct FailedPlan {
-    absl::Status error;
-    bool launched = false;
-  };
-  absl::flat_hash_map<uint64_t, FailedPlan> failed_plans_ ABSL_GUARDED_BY(mu_);
   size_t fences_held_ ABSL_GUARDED_BY(mu_) = 0;
   Resume fence_waiter_ ABSL_GUARDED_BY(mu_);
 };

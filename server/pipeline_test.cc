@@ -88,7 +88,7 @@ class CommandPipelineTest : public ::testing::Test {
                size_t from = 0, CommandPipeline::Resume resume = [] {}) {
     batch_.Clear();
     for (const auto& c : commands) *batch_.Add() = c;
-    return pipeline_->Apply(*session_, batch_, from, resume);
+    return pipeline_->Apply(*session_, batch_, from, SIZE_MAX, resume);
   }
 
   absl::Status FenceResult(uint64_t id) {
@@ -223,6 +223,54 @@ TEST_F(CommandPipelineTest, EmptyAndUnknownHandlesAreSessionErrors) {
   EXPECT_EQ(Apply({free, Fence(3, true)}), 2u);
   EXPECT_EQ(FenceResult(3).code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(FenceResult(3).message(), HasSubstr("Free 999"));
+}
+
+// A refused plan that is never launched nor destroyed is still reported:
+// by the next session fence, once (it used to stay silent until its id was
+// destroyed, so a client that only fenced never heard of it).
+TEST_F(CommandPipelineTest, UnlaunchedRefusedPlanIsReportedBySessionFence) {
+  Open();
+  const uint64_t a = WriteFloats(*session_, {1, 2, 3, 4});
+  EXPECT_EQ(Apply({Plan(kId, a, a, a, 64), Fence(1, true), Fence(2, true)}),
+            3u);
+  EXPECT_EQ(kernels::GetAclnnStatus(FenceResult(1)), 161002);
+  EXPECT_TRUE(FenceResult(2).ok()) << "reported once";
+  // Its launch still fails, on the launch's stream, with the plan's error.
+  EXPECT_EQ(Apply({Launch(kId), Fence(3, false)}), 2u);
+  EXPECT_EQ(kernels::GetAclnnStatus(FenceResult(3)), 161002);
+  // Destroying it after it was reported reports nothing more.
+  v1::PipelineCommand destroy;
+  destroy.set_destroy_executor(kId);
+  EXPECT_EQ(Apply({destroy, Fence(4, true)}), 2u);
+  EXPECT_TRUE(FenceResult(4).ok());
+}
+
+// A refused plan costs the server a bounded amount whatever its request
+// holds: the client's op name is cut short in the kept error, and refused
+// plans count against the session's handle limit.
+TEST_F(CommandPipelineTest, RefusedPlansAreBoundedAndCharged) {
+  limits_.max_handles_per_session = 4;
+  Open();
+  const uint64_t a = WriteFloats(*session_, {1, 2, 3, 4});  // 1 handle.
+  v1::PipelineCommand huge = Plan(kId, a, a, a, 4);
+  huge.mutable_plan()->mutable_request()->set_op(std::string(16 << 20, 'x'));
+  EXPECT_EQ(Apply({huge, Plan(kId + 1, a, a, a, 64),
+                   Plan(kId + 2, a, a, a, 64)}),
+            3u);
+  EXPECT_EQ(session_->Stats().buffers, 1u);
+  std::optional<absl::Status> kept =
+      session_->RefusedPlan(kId, /*launch=*/false);
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_LE(kept->message().size(), 2048u);
+  EXPECT_THAT(kept->message(), HasSubstr("unknown operator"));
+  // 1 buffer + 3 refused plans: the handle limit is reached, so the next
+  // refusal is not kept but becomes the session's error at once.
+  EXPECT_EQ(Apply({Plan(kId + 3, a, a, a, 64), Fence(1, true)}), 2u);
+  EXPECT_FALSE(session_->RefusedPlan(kId + 3, false).has_value());
+  EXPECT_FALSE(FenceResult(1).ok());
+  // And a Malloc sees the handles the refusals hold.
+  EXPECT_EQ(session_->Malloc(64).status().code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 }  // namespace

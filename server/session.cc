@@ -115,6 +115,14 @@ void Session::CancelWork() {
   for (const std::shared_ptr<Stream>& stream : AllStreams()) {
     stream->Cancel("the stream's session was closed");
   }
+  absl::flat_hash_map<uint64_t, std::function<void()>> channels;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    channels.swap(channels_);
+  }
+  // Outside the lock: a channel ending may look at the session.
+  for (auto& [id, on_close] : channels) on_close();
 }
 
 bool Session::Busy() const {
@@ -140,7 +148,8 @@ Session::~Session() {
 }
 
 uint64_t Session::HandleCountLocked() const {
-  return buffers_.size() + streams_.size() + executors_.size();
+  return buffers_.size() + streams_.size() + executors_.size() +
+         refused_plans_.size();
 }
 
 absl::Status Session::CheckHandleLimitLocked() const {
@@ -397,6 +406,87 @@ absl::Status Session::DestroyExecutor(uint64_t executor) {
   doomed = std::move(it->second.executor);
   executors_.erase(it);
   return absl::OkStatus();
+}
+
+absl::Status Session::AddRefusedPlan(uint64_t id, absl::Status error) {
+  // Enough to say what was refused and why; the op name in it is the
+  // client's and may be megabytes long.
+  constexpr size_t kMaxRefusalBytes = 1024;
+  if (error.message().size() > kMaxRefusalBytes) {
+    error = kernels::AclnnError(
+        kernels::GetAclnnStatus(error), error.code(),
+        Truncated(error.message(), kMaxRefusalBytes));
+  }
+  absl::MutexLock lock(&mu_);
+  if (refused_plans_.count(id) != 0) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("executor ", id, " is a refused plan already"));
+  }
+  if (absl::Status s = CheckHandleLimitLocked(); !s.ok()) return s;
+  refused_plans_[id] = RefusedPlanEntry{std::move(error), false};
+  ++unreported_refusals_;
+  return absl::OkStatus();
+}
+
+std::optional<absl::Status> Session::RefusedPlan(uint64_t id, bool launch) {
+  absl::MutexLock lock(&mu_);
+  auto it = refused_plans_.find(id);
+  if (it == refused_plans_.end()) return std::nullopt;
+  if (launch && !it->second.reported) {
+    it->second.reported = true;
+    --unreported_refusals_;
+  }
+  return it->second.error;
+}
+
+std::optional<absl::Status> Session::TakeRefusedPlan(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto it = refused_plans_.find(id);
+  if (it == refused_plans_.end()) return std::nullopt;
+  absl::Status unreported;
+  if (!it->second.reported) {
+    unreported = std::move(it->second.error);
+    --unreported_refusals_;
+  }
+  refused_plans_.erase(it);
+  return unreported;
+}
+
+absl::Status Session::TakeUnreportedRefusal() {
+  absl::MutexLock lock(&mu_);
+  if (unreported_refusals_ == 0) return absl::OkStatus();
+  for (auto& [id, entry] : refused_plans_) {
+    if (!entry.reported) {
+      entry.reported = true;
+      --unreported_refusals_;
+      return entry.error;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Session::OpenChannel(std::function<void()> on_close) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) {
+    return absl::CancelledError("the session was closed");
+  }
+  if (channels_.size() >= limits_->max_pipelines_per_session) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the session already has ", channels_.size(),
+        " Pipeline channels open, the limit (--max_pipelines_per_session)"));
+  }
+  const uint64_t id = next_channel_++;
+  channels_[id] = std::move(on_close);
+  return id;
+}
+
+void Session::CloseChannel(uint64_t channel) {
+  std::function<void()> dropped;  // Destroyed outside the lock.
+  absl::MutexLock lock(&mu_);
+  auto it = channels_.find(channel);
+  if (it == channels_.end()) return;
+  dropped = std::move(it->second);
+  channels_.erase(it);
 }
 
 SessionStatsSnapshot Session::Stats() const {

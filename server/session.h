@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,9 +39,16 @@ struct SessionLimits {
   // ExecuteStream replies waiting for a client that does not read them;
   // reading stops at this many.
   uint32_t max_pending_replies = 1024;
-  // Evaluate calls computing at once (they run on RPC threads and need no
-  // session); more are RESOURCE_EXHAUSTED.
+  // Evaluate calls computing at once (they need no session); more are
+  // RESOURCE_EXHAUSTED.
   uint32_t max_concurrent_evaluates = 4;
+  // Operators.Pipeline: channels open on one session, and what one batch
+  // (one PipelineRequest) may hold. A batch is parsed and applied on the
+  // server's workers, so these bound the memory and the time one message
+  // can cost: a parsed batch takes about 15 times its wire size.
+  uint32_t max_pipelines_per_session = 8;
+  uint64_t max_pipeline_batch_bytes = 4ull << 20;
+  uint32_t max_pipeline_batch_commands = 65536;
   absl::Duration idle_timeout = absl::Minutes(5);
   // Per owner identity (a token's tenant, a client certificate), so one
   // tenant cannot starve the others; 0 = no limit beyond the ones above.
@@ -188,6 +197,31 @@ class Session {
   absl::Status SetExecutorRepeatable(uint64_t executor);
   absl::Status DestroyExecutor(uint64_t executor);
 
+  // Pipeline plans the server refused, under the id the client chose for
+  // them, until that id is destroyed or the session ends. They count as
+  // handles (--max_handles_per_session), and `error` is kept truncated, so a
+  // client cannot grow the server with refused plans. RESOURCE_EXHAUSTED
+  // past the handle limit, ALREADY_EXISTS when `id` is refused already.
+  absl::Status AddRefusedPlan(uint64_t id, absl::Status error);
+  // The error of refused plan `id`, if it is one; with `launch`, it counts
+  // as reported (its launch's stream reports it).
+  std::optional<absl::Status> RefusedPlan(uint64_t id, bool launch);
+  // Removes refused plan `id`. nullopt if it is not one; else OK if its
+  // error was reported already, or the error, which the caller reports.
+  std::optional<absl::Status> TakeRefusedPlan(uint64_t id);
+  // The error of the first refused plan not yet reported (OK if none),
+  // which counts as reported now: a session fence reports it.
+  absl::Status TakeUnreportedRefusal();
+
+  // Pipeline channels on this session. `on_close` runs once, when the
+  // session's work is cancelled (CloseSession, the idle timeout, shutdown),
+  // so a channel ends then, whether or not its client reads. The channel
+  // calls CloseChannel when it ends first. RESOURCE_EXHAUSTED past
+  // --max_pipelines_per_session; CANCELLED after the session's work was
+  // cancelled.
+  absl::StatusOr<uint64_t> OpenChannel(std::function<void()> on_close);
+  void CloseChannel(uint64_t channel);
+
   SessionStatsSnapshot Stats() const;
 
   // Idle bookkeeping for the manager.
@@ -242,6 +276,17 @@ class Session {
     bool repeatable = false;
   };
   absl::flat_hash_map<uint64_t, ExecutorEntry> executors_ ABSL_GUARDED_BY(mu_);
+  struct RefusedPlanEntry {
+    absl::Status error;
+    bool reported = false;
+  };
+  // std::map: TakeUnreportedRefusal reports the earliest id first.
+  std::map<uint64_t, RefusedPlanEntry> refused_plans_ ABSL_GUARDED_BY(mu_);
+  size_t unreported_refusals_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint64_t, std::function<void()>> channels_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t next_channel_ ABSL_GUARDED_BY(mu_) = 1;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_used_ ABSL_GUARDED_BY(mu_);
   bool attached_ ABSL_GUARDED_BY(mu_) = false;
   // Mallocs in progress: populating or clearing gigabytes takes longer than
