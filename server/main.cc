@@ -62,6 +62,17 @@ ABSL_FLAG(uint32_t, max_pending_replies, 1024,
           "read them; the server stops reading launches at this many.");
 ABSL_FLAG(uint32_t, max_concurrent_evaluates, 4,
           "Evaluate calls that may compute at once.");
+ABSL_FLAG(uint32_t, max_pipelines_per_session, 8,
+          "Operators/Pipeline channels one session may have open.");
+ABSL_FLAG(uint64_t, max_pipeline_batch_bytes, 4ull << 20,
+          "Largest Pipeline batch (one PipelineRequest message), in bytes; "
+          "a larger one ends its channel with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(uint32_t, max_pipeline_batch_commands, 65536,
+          "Most commands one Pipeline batch may hold.");
+ABSL_FLAG(int32_t, work_threads, 0,
+          "Threads that parse and apply Pipeline batches, clear new buffers "
+          "and run Evaluate calls, taking turns between sessions; 0 = one "
+          "per hardware thread (at least 2).");
 ABSL_FLAG(uint32_t, max_sessions_per_tenant, 0,
           "Sessions one client identity (token tenant or certificate) may "
           "hold at once; 0 = only --max_sessions.");
@@ -138,6 +149,13 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_pending_replies);
   options.session_limits.max_concurrent_evaluates =
       absl::GetFlag(FLAGS_max_concurrent_evaluates);
+  options.session_limits.max_pipelines_per_session =
+      absl::GetFlag(FLAGS_max_pipelines_per_session);
+  options.session_limits.max_pipeline_batch_bytes =
+      absl::GetFlag(FLAGS_max_pipeline_batch_bytes);
+  options.session_limits.max_pipeline_batch_commands =
+      absl::GetFlag(FLAGS_max_pipeline_batch_commands);
+  options.work_threads = absl::GetFlag(FLAGS_work_threads);
   options.session_limits.session_memory_bytes =
       absl::GetFlag(FLAGS_session_memory_bytes);
   options.session_limits.max_sessions = absl::GetFlag(FLAGS_max_sessions);

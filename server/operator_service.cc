@@ -12,6 +12,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "common/values.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
@@ -102,11 +104,12 @@ class EvaluateSlot {
 }  // namespace
 
 OperatorService::OperatorService(Device* device, SessionManager* sessions,
-                                 TransferLimits limits,
+                                 TransferLimits limits, WorkPool* workers,
                                  const Authenticator* authenticator)
     : device_(device),
       sessions_(sessions),
       limits_(limits),
+      workers_(workers),
       authenticator_(authenticator) {}
 
 grpc::ServerUnaryReactor* OperatorService::ListOperators(
@@ -264,25 +267,42 @@ OperatorService::ExecuteStream(grpc::CallbackServerContext* context) {
 }
 
 // Pipeline: batches of commands in, acknowledgements and fence results out
-// (CommandPipeline applies them). One batch is applied at a time, in order;
-// the next is read once it has been, so a client that sends faster than
-// the session runs is held back by HTTP/2 flow control, and the server
-// keeps one batch per channel. Events coalesce: the acknowledgement and
-// the fence results that arrive while a write is in flight go out together
-// in the next one, so at most two events exist at once.
+// (CommandPipeline applies them). A batch arrives as raw bytes: its size is
+// checked on gRPC's thread (--max_pipeline_batch_bytes), and it is parsed
+// and applied on the server's workers (WorkPool), in slices of
+// kSliceCommands with the session taking turns with other sessions in
+// between, so that one client's giant batch costs that client time and
+// nobody else's, and never holds the callback threads every call needs.
+// One batch is applied at a time, in order; the next is read once it has
+// been, so a client that sends faster than the session runs is held back by
+// HTTP/2 flow control, and the server keeps one batch per channel. Events
+// coalesce: the acknowledgement and the fence results that arrive while a
+// write is in flight go out together in the next one, so at most two
+// events exist at once.
+//
+// The channel holds its session only while a slice runs: a closed session
+// (CloseSession, the idle timeout, shutdown) ends the channel through
+// Session::OpenChannel's callback, and is released at once even if the
+// client never reads what the channel wrote.
 class OperatorService::Pipeliner final
-    : public grpc::ServerBidiReactor<v1::PipelineRequest, v1::PipelineEvent> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  Pipeliner(OperatorService* service, grpc::CallbackServerContext* context)
+  // Commands applied per turn on a worker.
+  static constexpr size_t kSliceCommands = 4096;
+
+  Pipeliner(OperatorService* service, grpc::CallbackServerContext* context,
+            std::string caller)
       : service_(service),
         context_(context),
-        caller_(service->Caller(context)),
-        pipeline_(service->sessions_->limits(),
-                  service->sessions_->limits().max_pending_replies,
+        caller_(std::move(caller)),
+        limits_(service->sessions_->limits()),
+        pipeline_(limits_, limits_.max_pending_replies,
                   [this](uint64_t id, absl::Status status) {
                     FenceDone(id, std::move(status));
-                  }) {
-    StartRead(&request_);
+                  }),
+        link_(std::make_shared<Link>()) {
+    link_->call = this;
+    StartRead(&incoming_);
   }
 
   void OnReadDone(bool ok) override {
@@ -292,22 +312,21 @@ class OperatorService::Pipeliner final
       MaybeFinishLocked();
       return;
     }
-    if (session_id_.empty()) {
-      // The first request opens the channel on its session.
-      session_id_ = request_.session();
-      if (absl::Status s = LookUpLocked(); !s.ok()) return;
-      if (request_.commands_size() == 0) {
-        session_ = nullptr;
-        AckLocked();
-        ReadNextLocked();
-        return;
-      }
-    } else if (absl::Status s = LookUpLocked(); !s.ok()) {
+    if (finished_ || failed_) return;
+    const size_t bytes = incoming_.Length();
+    if (bytes > limits_.max_pipeline_batch_bytes) {
+      EndLocked(absl::ResourceExhaustedError(absl::StrCat(
+          "a Pipeline batch of ", bytes, " bytes is over the limit of ",
+          limits_.max_pipeline_batch_bytes,
+          " (--max_pipeline_batch_bytes): send smaller batches")));
       return;
     }
+    batch_bytes_.Swap(&incoming_);
+    incoming_.Clear();
     in_batch_ = true;
+    parsed_ = false;
     position_ = 0;
-    ProcessLocked();
+    ScheduleLocked();
   }
 
   void OnWriteDone(bool ok) override {
@@ -340,69 +359,194 @@ class OperatorService::Pipeliner final
   }
 
   void OnDone() override {
-    { absl::MutexLock lock(&mu_); }  // A FenceDone may be leaving.
+    {
+      // The session's close callback no longer reaches this call.
+      absl::MutexLock lock(&link_->mu);
+      link_->call = nullptr;
+    }
+    std::shared_ptr<Session> session;
+    uint64_t channel = 0;
+    {
+      absl::MutexLock lock(&mu_);  // A FenceDone may be leaving.
+      session = session_.lock();
+      channel = channel_;
+    }
+    if (session != nullptr && channel != 0) session->CloseChannel(channel);
+    session.reset();
     delete this;
   }
 
  private:
-  // Finds the session (marking it used); a closed or foreign one ends the
-  // call with NOT_FOUND once nothing of it is pending.
-  absl::Status LookUpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    absl::StatusOr<std::shared_ptr<Session>> session =
-        service_->sessions_->Get(session_id_, caller_);
-    if (!session.ok()) {
-      end_status_ = session.status();
+  // What the session's close callback reaches the call through: it may run
+  // after the call is gone.
+  struct Link {
+    absl::Mutex mu;
+    Pipeliner* call ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
+  // The session was closed (or timed out, or the server is stopping): end
+  // the channel now, even when its client reads nothing.
+  void SessionClosed() {
+    bool cancel = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (end_status_.ok()) {
+        end_status_ = absl::NotFoundError(absl::StrCat(
+            "session ", session_id_, " was closed; the channel ended"));
+      }
       failed_ = true;
+      // A write the client does not read never completes: cancel the call.
+      cancel = writing_ && !finished_;
       MaybeFinishLocked();
-      return session.status();
     }
-    session_ = *std::move(session);
-    return absl::OkStatus();
+    if (cancel) context_->TryCancel();
+    pipeline_.FencesWritten(SIZE_MAX);
   }
 
-  // Applies the current batch from position_ until it is done or must
-  // wait; a resumption while this runs makes it go round again.
-  void ProcessLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (processing_) {
-      rerun_ = true;
-      return;
+  // Ends the call with `status` once nothing of it is pending.
+  void EndLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (end_status_.ok()) end_status_ = std::move(status);
+    failed_ = true;
+    MaybeFinishLocked();
+  }
+
+  // Has the current batch's next slice run on a worker. A resumption while
+  // a slice runs makes that slice go round again.
+  void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    rerun_ = true;
+    if (scheduled_) return;
+    scheduled_ = true;
+    const std::string owner =
+        session_id_.empty() ? caller_ : absl::StrCat("session:", session_id_);
+    absl::Status queued =
+        service_->workers_->Submit(owner, [this] { RunSlice(); });
+    if (!queued.ok()) {
+      scheduled_ = false;
+      in_batch_ = false;
+      EndLocked(queued);
     }
-    processing_ = true;
-    do {
+  }
+
+  // On a worker: parses the batch if it is new, then applies up to
+  // kSliceCommands of it.
+  void RunSlice() {
+    absl::MutexLock lock(&mu_);
+    for (;;) {
       rerun_ = false;
       if (failed_) {
-        // Nobody will hear about the rest of the batch.
+        in_batch_ = false;  // Nobody will hear about the rest of the batch.
+        break;
+      }
+      if (!parsed_) {
+        mu_.Unlock();
+        absl::Status parsed = Parse();
+        mu_.Lock();
+        if (!parsed.ok()) {
+          in_batch_ = false;
+          EndLocked(parsed);
+          break;
+        }
+        parsed_ = true;
+        if (session_id_.empty()) {
+          if (absl::Status s = OpenLocked(); !s.ok()) {
+            in_batch_ = false;
+            EndLocked(s);
+            break;
+          }
+        }
+      }
+      std::shared_ptr<Session> session = session_.lock();
+      if (session == nullptr) {
         in_batch_ = false;
-        session_ = nullptr;
-        processing_ = false;
-        MaybeFinishLocked();
-        return;
+        EndLocked(absl::NotFoundError(
+            absl::StrCat("session ", session_id_, " was closed")));
+        break;
       }
       const size_t from = position_;
-      std::shared_ptr<Session> session = session_;
+      const size_t size = static_cast<size_t>(batch_.commands_size());
       mu_.Unlock();
-      const size_t next =
-          pipeline_.Apply(*session, request_.commands(), from, [this] {
-            absl::MutexLock lock(&mu_);
-            if (in_batch_) ProcessLocked();
-          });
+      session->Touch();
+      const size_t next = pipeline_.Apply(*session, batch_.commands(), from,
+                                          from + kSliceCommands, [this] {
+                                            absl::MutexLock lock(&mu_);
+                                            if (in_batch_) ScheduleLocked();
+                                          });
+      session.reset();  // Not under mu_: it may be the last reference.
       mu_.Lock();
       for (size_t i = from; i < next; ++i) {
-        if (request_.commands(static_cast<int>(i)).has_fence()) ++fences_out_;
+        if (batch_.commands(static_cast<int>(i)).has_fence()) ++fences_out_;
       }
       acknowledged_ += next - from;
       position_ = next;
-      if (next == static_cast<size_t>(request_.commands_size())) {
+      if (next == size) {
         in_batch_ = false;
-        session_ = nullptr;
-        processing_ = false;
+        // Before the read: the next batch may arrive (and be scheduled) as
+        // soon as it is started, while this slice is still here.
+        scheduled_ = false;
         AckLocked();
         if (!failed_) ReadNextLocked();
         MaybeFinishLocked();
         return;
       }
-    } while (rerun_);
-    processing_ = false;
+      if (next == from + kSliceCommands) {
+        // More to do: take a turn behind the other sessions' work.
+        scheduled_ = false;
+        ScheduleLocked();
+        return;
+      }
+      // Stopped early: waits for `resume`, unless it came meanwhile.
+      if (!rerun_) break;
+    }
+    scheduled_ = false;
+    MaybeFinishLocked();
+  }
+
+  // Parses batch_bytes_ into batch_ (off gRPC's threads: a batch of the
+  // largest size parses in tens of milliseconds).
+  absl::Status Parse() {
+    batch_.Clear();
+    grpc::Status parsed =
+        grpc::SerializationTraits<v1::PipelineRequest>::Deserialize(
+            &batch_bytes_, &batch_);
+    batch_bytes_.Clear();
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          "a Pipeline batch that is not a PipelineRequest");
+    }
+    if (static_cast<size_t>(batch_.commands_size()) >
+        limits_.max_pipeline_batch_commands) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a Pipeline batch of ", batch_.commands_size(),
+          " commands is over the limit of ",
+          limits_.max_pipeline_batch_commands,
+          " (--max_pipeline_batch_commands): send smaller batches"));
+    }
+    return absl::OkStatus();
+  }
+
+  // The first batch opens the channel on its session.
+  absl::Status OpenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::StatusOr<std::shared_ptr<Session>> session =
+        service_->sessions_->Get(batch_.session(), caller_);
+    if (!session.ok()) return session.status();
+    std::shared_ptr<Link> link = link_;
+    absl::StatusOr<uint64_t> channel = (*session)->OpenChannel([link] {
+      absl::MutexLock lock(&link->mu);
+      if (link->call != nullptr) link->call->SessionClosed();
+    });
+    if (!channel.ok()) {
+      mu_.Unlock();
+      session->reset();  // Not under mu_.
+      mu_.Lock();
+      return channel.status();
+    }
+    session_id_ = batch_.session();
+    channel_ = *channel;
+    session_ = *session;
+    mu_.Unlock();
+    session->reset();
+    mu_.Lock();
+    return absl::OkStatus();
   }
 
   // Fence results leave with the next event.
@@ -431,22 +575,30 @@ class OperatorService::Pipeliner final
   }
 
   void WriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    writing_ = true;
-    in_flight_ = *std::move(pending_);
+    v1::PipelineEvent event = *std::move(pending_);
     pending_.reset();
     // Later events carry the count too, so a client never sees it go back.
-    in_flight_.set_acknowledged(acknowledged_);
-    written_fences_ = in_flight_.fences_size();
-    StartWrite(&in_flight_);
+    event.set_acknowledged(acknowledged_);
+    written_fences_ = event.fences_size();
+    bool own = false;
+    out_bytes_.Clear();
+    if (!grpc::SerializationTraits<v1::PipelineEvent>::Serialize(
+             event, &out_bytes_, &own)
+             .ok()) {
+      EndLocked(absl::InternalError("cannot serialize a PipelineEvent"));
+      return;
+    }
+    writing_ = true;
+    StartWrite(&out_bytes_);
   }
 
   void ReadNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    StartReadOutsideLock(*this, &request_, mu_, starting_reads_);
+    StartReadOutsideLock(*this, &incoming_, mu_, starting_reads_);
   }
 
   void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_ || writing_ || starting_reads_ > 0 || in_batch_ ||
-        fences_out_ > 0) {
+        scheduled_ || fences_out_ > 0) {
       return;
     }
     if (failed_ || (reads_done_ && !pending_.has_value())) {
@@ -460,19 +612,26 @@ class OperatorService::Pipeliner final
   OperatorService* const service_;
   grpc::CallbackServerContext* const context_;
   const std::string caller_;  // Whose session the channel may name.
+  const SessionLimits& limits_;
   CommandPipeline pipeline_;
-  v1::PipelineRequest request_;  // The batch being applied.
+  const std::shared_ptr<Link> link_;
+  grpc::ByteBuffer incoming_;     // The read in flight.
+  grpc::ByteBuffer batch_bytes_;  // The batch read, until parsed.
+  // The batch being applied; touched only by the slice that runs.
+  v1::PipelineRequest batch_;
+  grpc::ByteBuffer out_bytes_;  // The write in flight.
   absl::Mutex mu_;
   std::string session_id_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<Session> session_ ABSL_GUARDED_BY(mu_);
+  std::weak_ptr<Session> session_ ABSL_GUARDED_BY(mu_);
+  uint64_t channel_ ABSL_GUARDED_BY(mu_) = 0;
   bool in_batch_ ABSL_GUARDED_BY(mu_) = false;
+  bool parsed_ ABSL_GUARDED_BY(mu_) = false;
   size_t position_ ABSL_GUARDED_BY(mu_) = 0;
-  bool processing_ ABSL_GUARDED_BY(mu_) = false;
+  bool scheduled_ ABSL_GUARDED_BY(mu_) = false;
   bool rerun_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t acknowledged_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t fences_out_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<v1::PipelineEvent> pending_ ABSL_GUARDED_BY(mu_);
-  v1::PipelineEvent in_flight_ ABSL_GUARDED_BY(mu_);
   size_t written_fences_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   int starting_reads_ ABSL_GUARDED_BY(mu_) = 0;
@@ -482,9 +641,9 @@ class OperatorService::Pipeliner final
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);
 };
 
-grpc::ServerBidiReactor<v1::PipelineRequest, v1::PipelineEvent>*
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 OperatorService::Pipeline(grpc::CallbackServerContext* context) {
-  return new Pipeliner(this, context);
+  return new Pipeliner(this, context, Caller(context));
 }
 
 grpc::ServerUnaryReactor* OperatorService::SetExecutorRepeatable(

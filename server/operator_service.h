@@ -9,17 +9,37 @@
 #include "server/device.h"
 #include "server/runtime_service.h"
 #include "server/session.h"
+#include "server/work_pool.h"
 
 namespace opserver {
 
 // opserver.v1.Operators: the operator table and the aclnn two-phase call
 // (GetWorkspaceSize -> executor, Execute on a stream), plus Evaluate for
 // literal numbers. `device` and `sessions` must outlive the service.
-class OperatorService final : public v1::Operators::CallbackService {
+//
+// Pipeline is a raw method (bytes in and out): a batch's size is checked
+// before anything parses it, and it is parsed on a worker, not on gRPC's
+// callback threads. Its messages are still PipelineRequest/PipelineEvent,
+// as the service's descriptor (and reflection) says.
+// v1::Operators::CallbackService with Pipeline raw (every other method as
+// the generated CallbackService has it).
+using OperatorsBase = v1::Operators::WithCallbackMethod_ListOperators<
+    v1::Operators::WithCallbackMethod_GetWorkspaceSize<
+        v1::Operators::WithCallbackMethod_Execute<
+            v1::Operators::WithCallbackMethod_ExecuteStream<
+                v1::Operators::WithCallbackMethod_SetExecutorRepeatable<
+                    v1::Operators::WithCallbackMethod_DestroyExecutor<
+                        v1::Operators::WithCallbackMethod_Evaluate<
+                            v1::Operators::WithRawCallbackMethod_Pipeline<
+                                v1::Operators::Service>>>>>>>>;
+
+class OperatorService final : public OperatorsBase {
  public:
-  // `authenticator` (null without tokens) resolves callers' identities.
+  // `workers` (which must outlive the service) run the work too large for
+  // gRPC's threads; `authenticator` (null without tokens) resolves callers'
+  // identities.
   OperatorService(Device* device, SessionManager* sessions,
-                  TransferLimits limits,
+                  TransferLimits limits, WorkPool* workers,
                   const Authenticator* authenticator = nullptr);
 
   grpc::ServerUnaryReactor* ListOperators(
@@ -35,7 +55,7 @@ class OperatorService final : public v1::Operators::CallbackService {
                                     v1::ExecuteResponse* response) override;
   grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteResponse>*
   ExecuteStream(grpc::CallbackServerContext* context) override;
-  grpc::ServerBidiReactor<v1::PipelineRequest, v1::PipelineEvent>* Pipeline(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Pipeline(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* SetExecutorRepeatable(
       grpc::CallbackServerContext* context,
@@ -67,6 +87,7 @@ class OperatorService final : public v1::Operators::CallbackService {
   Device* const device_;
   SessionManager* const sessions_;
   const TransferLimits limits_;
+  WorkPool* const workers_;
   const Authenticator* const authenticator_;
   // Evaluate calls running now.
   std::atomic<uint32_t> evaluating_{0};

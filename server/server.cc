@@ -4,6 +4,7 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -153,6 +154,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   server->options_ = options;
   server->authenticator_ = std::move(authenticator);
   server->device_ = *std::move(device);
+  try {
+    WorkPool::Options work;
+    work.threads = options.work_threads > 0
+                       ? options.work_threads
+                       : std::max(2, static_cast<int>(
+                                         std::thread::hardware_concurrency()));
+    server->workers_ = std::make_unique<WorkPool>(work);
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("--work_threads: cannot start the threads: ", e.what()));
+  }
   server->sessions_ = std::make_unique<SessionManager>(server->device_.get(),
                                                        options.session_limits);
   if (!tls && options.data_port >= 0) {
@@ -173,7 +185,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
       server->authenticator_.get(), server->data_listener_.get());
   server->operator_service_ = std::make_unique<OperatorService>(
       server->device_.get(), server->sessions_.get(), transfer,
-      server->authenticator_.get());
+      server->workers_.get(), server->authenticator_.get());
   server->health_service_ = std::make_unique<HealthService>(
       std::set<std::string>{v1::Runtime::service_full_name(),
                             v1::Operators::service_full_name()});

@@ -13,6 +13,7 @@
 #include "server/health_service.h"
 #include "server/operator_service.h"
 #include "server/runtime_service.h"
+#include "server/work_pool.h"
 #include "server/session.h"
 
 namespace opserver {
@@ -23,6 +24,10 @@ struct Options {
   std::string listen = "127.0.0.1:50051";
   // Compute threads of the device; 0 = one per hardware thread.
   int threads = 0;
+  // Threads that parse and apply Pipeline batches, clear new buffers and
+  // run Evaluate calls, fairly between clients (server/work_pool.h); 0 =
+  // one per hardware thread, at least 2.
+  int work_threads = 0;
   // Device kind; "cpu" is built in.
   std::string device = "cpu";
   // How long Shutdown() lets in-flight calls finish before cancelling them.
@@ -127,6 +132,9 @@ class Server {
 
   Options options_;
   std::unique_ptr<Device> device_;
+  // Declared before the sessions: a session's streams may still hand work
+  // to it while they are torn down.
+  std::unique_ptr<WorkPool> workers_;
   std::unique_ptr<SessionManager> sessions_;
   // Outlives the runtime service, which forgets its tickets.
   std::unique_ptr<DataListener> data_listener_;
