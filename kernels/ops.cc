@@ -1,6 +1,7 @@
 #include "kernels/ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -22,6 +23,10 @@ constexpr int64_t kMinTaskElements = 32 * 1024;
 constexpr int64_t kTaskAlign = 1024;
 constexpr int64_t kTasksPerThread = 4;
 constexpr int64_t kStreamMinBytes = 4 * 1024 * 1024;
+// With a cancel flag, a launch looks at it after each piece of this many
+// elements (a millisecond or less), so a 2^31-element launch stops within
+// about that once cancelled. A multiple of kTaskAlign.
+constexpr int64_t kCancelCheckElements = 1024 * 1024;
 
 // Byte strides of `t` broadcast to `shape` (stride 0 on stretched dims).
 std::vector<int64_t> BroadcastByteStrides(const TensorView& t,
@@ -199,7 +204,7 @@ void GatherBytes(const TensorView& t, uint8_t* dst) {
 }  // namespace
 
 absl::Status RunPlan(const Plan& plan, void* workspace, uint64_t workspace_size,
-                     ThreadPool* pool) {
+                     ThreadPool* pool, const std::atomic<bool>* cancelled) {
   if (workspace_size < plan.workspace_size_) {
     return ParamInvalid(
         absl::StrCat("workspaceSize ", workspace_size, " is smaller than the ",
@@ -215,22 +220,40 @@ absl::Status RunPlan(const Plan& plan, void* workspace, uint64_t workspace_size,
     GatherBytes(*plan.call_.self, static_cast<uint8_t*>(workspace));
     s_base = static_cast<const char*>(workspace);
   }
+  // [begin, end) in pieces, checking the cancel flag between them.
+  auto run = [&](int64_t begin, int64_t end) {
+    if (cancelled == nullptr) {
+      plan.RunRange(s_base, begin, end, plan.stream_);
+      return;
+    }
+    for (int64_t at = begin; at < end; at += kCancelCheckElements) {
+      if (cancelled->load(std::memory_order_relaxed)) return;
+      plan.RunRange(s_base, at, std::min(end, at + kCancelCheckElements),
+                    plan.stream_);
+    }
+  };
   const int64_t numel = plan.numel_;
   const int threads = pool == nullptr ? 1 : pool->num_threads();
   if (threads <= 1 || numel < kMinParallelElements) {
-    plan.RunRange(s_base, 0, numel, plan.stream_);
-    return absl::OkStatus();
+    run(0, numel);
+  } else {
+    int64_t tasks = std::min<int64_t>(threads * kTasksPerThread,
+                                      numel / kMinTaskElements);
+    tasks = std::max<int64_t>(tasks, 1);
+    int64_t chunk = (numel + tasks - 1) / tasks;
+    chunk = (chunk + kTaskAlign - 1) / kTaskAlign * kTaskAlign;
+    tasks = (numel + chunk - 1) / chunk;
+    pool->ParallelFor(tasks, [&](int64_t t) {
+      const int64_t begin = t * chunk;
+      run(begin, std::min(numel, begin + chunk));
+    });
   }
-  int64_t tasks =
-      std::min<int64_t>(threads * kTasksPerThread, numel / kMinTaskElements);
-  tasks = std::max<int64_t>(tasks, 1);
-  int64_t chunk = (numel + tasks - 1) / tasks;
-  chunk = (chunk + kTaskAlign - 1) / kTaskAlign * kTaskAlign;
-  tasks = (numel + chunk - 1) / chunk;
-  pool->ParallelFor(tasks, [&](int64_t t) {
-    const int64_t begin = t * chunk;
-    plan.RunRange(s_base, begin, std::min(numel, begin + chunk), plan.stream_);
-  });
+  if (cancelled != nullptr && cancelled->load(std::memory_order_relaxed)) {
+    return absl::CancelledError(
+        "the launch was cancelled (its stream was destroyed, its session "
+        "closed, or the server is shutting down); its output is partly "
+        "written");
+  }
   return absl::OkStatus();
 }
 

@@ -11,6 +11,7 @@
 #define OPSERVER_KERNELS_OPS_H_
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -47,7 +48,8 @@ class Plan {
  private:
   friend absl::StatusOr<Plan> PrepareOp(const OpCall& call);
   friend absl::Status RunPlan(const Plan& plan, void* workspace,
-                              uint64_t workspace_size, ThreadPool* pool);
+                              uint64_t workspace_size, ThreadPool* pool,
+                              const std::atomic<bool>* cancelled);
   Plan() = default;
 
   void RunRange(const char* s_base, int64_t begin, int64_t end,
@@ -84,8 +86,13 @@ absl::StatusOr<Plan> PrepareOp(const OpCall& call);
 // tensors over `pool` (null = the calling thread only). 161002 when
 // `workspace_size` is below plan.workspace_size(), 161001 when a needed
 // workspace is null. `out` may alias an input with the identical layout.
+// With `cancelled`, the launch checks it between pieces of about a million
+// elements and, once it is set, stops early with CANCELLED (the output then
+// partly written): so a stream that is destroyed, or a server that shuts
+// down, need not wait for a launch of billions of elements.
 absl::Status RunPlan(const Plan& plan, void* workspace, uint64_t workspace_size,
-                     ThreadPool* pool);
+                     ThreadPool* pool,
+                     const std::atomic<bool>* cancelled = nullptr);
 
 }  // namespace opserver::kernels
 

@@ -5,6 +5,7 @@
 // its exact aclnn status. The reference below is written from the spec, one
 // element at a time, independently of the kernels.
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -1151,4 +1152,34 @@ TEST(Registry, ListsTheFiveOperatorsWithTheirArguments) {
 }
 
 }  // namespace
+// A launch with a cancel flag: unset, it computes everything; set, it stops
+// between pieces and says CANCELLED, so a destroyed stream or a shutdown
+// need not wait for billions of elements.
+TEST(Cancellation, ASetFlagStopsTheLaunchAndSaysSo) {
+  constexpr int64_t kN = int64_t{4} << 20;  // Several pieces.
+  auto filled = [](float v) {
+    Tensor t;
+    t.shape = {kN};
+    t.storage.resize(static_cast<size_t>(kN) * sizeof(float));
+    float* p = reinterpret_cast<float*>(t.storage.data());
+    for (int64_t i = 0; i < kN; ++i) p[i] = v;
+    return t;
+  };
+  Tensor grad = filled(2), self = filled(1), out = filled(7);
+  absl::StatusOr<Plan> plan = PrepareOp(
+      Call(OpKind::kThresholdBackward, grad, self, out, Threshold(0.5)));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ThreadPool pool(2);
+  std::atomic<bool> cancelled{true};
+  absl::Status stopped = RunPlan(*plan, nullptr, 0, &pool, &cancelled);
+  EXPECT_EQ(stopped.code(), absl::StatusCode::kCancelled) << stopped;
+  const float* o = reinterpret_cast<const float*>(out.storage.data());
+  EXPECT_EQ(o[0], 7) << "nothing was computed";
+  EXPECT_EQ(o[kN - 1], 7);
+  cancelled = false;
+  ASSERT_TRUE(RunPlan(*plan, nullptr, 0, &pool, &cancelled).ok());
+  EXPECT_EQ(o[0], 2);
+  EXPECT_EQ(o[kN - 1], 2);
+}
+
 }  // namespace opserver::kernels

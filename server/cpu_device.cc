@@ -86,7 +86,8 @@ absl::Status CpuStream::CopyFromDevice(void* host_dst, const void* device_src,
 
 absl::Status CpuStream::Launch(const kernels::Plan& plan, void* workspace,
                                uint64_t workspace_size) {
-  return kernels::RunPlan(plan, workspace, workspace_size, compute_);
+  return kernels::RunPlan(plan, workspace, workspace_size, compute_,
+                          &cancelled_);
 }
 
 }  // namespace opserver

@@ -1,6 +1,7 @@
 #ifndef OPSERVER_SERVER_CPU_DEVICE_H_
 #define OPSERVER_SERVER_CPU_DEVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 
@@ -24,9 +25,13 @@ class CpuStream : public DeviceStream {
   absl::Status Launch(const kernels::Plan& plan, void* workspace,
                       uint64_t workspace_size) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
+  void CancelRunning() override {
+    cancelled_.store(true, std::memory_order_relaxed);
+  }
 
  private:
   kernels::ThreadPool* const compute_;
+  std::atomic<bool> cancelled_{false};
 };
 
 // The embedded default device: host memory from a page-reusing pool and a

@@ -72,6 +72,13 @@ class DeviceStream {
   virtual absl::Status Launch(const kernels::Plan& plan, void* workspace,
                               uint64_t workspace_size) = 0;
 
+  // Asks the launch running now, and every later one, to stop early with
+  // CANCELLED: the host-side Stream calls it when it is cancelled (stream
+  // destroyed, session closed, shutdown), after which nothing it runs
+  // matters. The one call that may come from another thread than the
+  // stream's user. A device that cannot stop a launch ignores it.
+  virtual void CancelRunning() {}
+
   // Blocks until every operation issued on this stream so far has finished,
   // and returns the first error one of them hit since the previous call (OK
   // if none). A synchronous device (CpuDevice, whose operations are complete

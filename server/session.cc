@@ -531,11 +531,14 @@ SessionManager::~SessionManager() {
     stopping_ = true;
   }
   reaper_.join();
-  // Stream threads finish the task they run (bounded by
-  // --max_launch_elements) after their streams are gone; what those tasks
-  // use (the device) must outlive them.
-  if (!stream_threads_->WaitForZero(absl::Seconds(60))) {
-    LogLine("stream threads still running 60s after the sessions ended");
+  // Stream threads finish the task they run after their streams are gone;
+  // what those tasks use (the device) must outlive them, so this waits for
+  // every one. It is short: the streams were cancelled, and a cancelled
+  // launch stops within about a million elements (kernels::RunPlan).
+  while (!stream_threads_->WaitForZero(absl::Seconds(10))) {
+    LogLine(absl::StrCat(stream_threads_->count(),
+                         " stream threads still running after the sessions "
+                         "ended; waiting for them before the device goes"));
   }
 }
 

@@ -380,6 +380,9 @@ void Stream::Cancel(absl::string_view why) {
       s.OpenIfDoneLocked(*holder);
     }
   }
+  // The running launch stops early too: nothing it computes is wanted now,
+  // and teardown and shutdown wait for it.
+  if (state->device != nullptr) state->device->CancelRunning();
   for (std::function<void()>& cancelled : notify) cancelled();
 }
 
