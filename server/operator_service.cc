@@ -669,10 +669,10 @@ grpc::ServerUnaryReactor* OperatorService::DestroyExecutor(
 grpc::ServerUnaryReactor* OperatorService::Evaluate(
     grpc::CallbackServerContext* context, const v1::EvaluateRequest* request,
     v1::EvaluateResponse* response) {
-  // Evaluate computes on this RPC thread and needs no session: bound how
-  // many run at once (review finding 11).
-  EvaluateSlot slot(&evaluating_, sessions_->limits().max_concurrent_evaluates);
-  if (!slot.ok()) {
+  // Evaluate needs no session: bound how many run at once.
+  auto slot = std::make_shared<EvaluateSlot>(
+      &evaluating_, sessions_->limits().max_concurrent_evaluates);
+  if (!slot->ok()) {
     return Reply(context,
                  absl::ResourceExhaustedError(absl::StrCat(
                      "the server already runs ",
@@ -680,12 +680,21 @@ grpc::ServerUnaryReactor* OperatorService::Evaluate(
                      " Evaluate calls (--max_concurrent_evaluates); retry, or "
                      "use a session with GetWorkspaceSize/Execute")));
   }
-  absl::StatusOr<v1::ValueTensor> output =
-      RunEvaluate(*request, device_, limits_.max_values);
-  if (!output.ok()) return Reply(context, output.status());
-  response->set_aclnn_status(kernels::kAclnnSuccess);
-  *response->mutable_output() = *std::move(output);
-  return Reply(context, absl::OkStatus());
+  // It computes on a worker in its caller's turn, not on gRPC's threads.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status queued = workers_->Submit(
+      absl::StrCat("caller:", Caller(context)),
+      [this, reactor, context, request, response, slot] {
+        absl::StatusOr<v1::ValueTensor> output =
+            RunEvaluate(*request, device_, limits_.max_values);
+        if (output.ok()) {
+          response->set_aclnn_status(kernels::kAclnnSuccess);
+          *response->mutable_output() = *std::move(output);
+        }
+        reactor->Finish(ToGrpcStatus(output.status(), context));
+      });
+  if (!queued.ok()) reactor->Finish(ToGrpcStatus(queued, context));
+  return reactor;
 }
 
 }  // namespace opserver

@@ -16,6 +16,7 @@
 #include "server/data_listener.h"
 #include "server/device.h"
 #include "server/session.h"
+#include "server/work_pool.h"
 
 namespace opserver {
 
@@ -47,10 +48,14 @@ class RuntimeService final : public RuntimeServiceBase {
   // `authenticator` (null without tokens) resolves callers' identities.
   // `data_listener` (null: no data path; must outlive the service) takes
   // the connections of OpenDataTransfer calls.
+  // `workers` (null: gRPC's threads) clear and populate large new buffers,
+  // so a client allocating gigabytes costs its own turns, not the callback
+  // threads every call needs.
   RuntimeService(Device* device, SessionManager* sessions,
                  TransferLimits limits,
                  const Authenticator* authenticator = nullptr,
-                 DataListener* data_listener = nullptr);
+                 DataListener* data_listener = nullptr,
+                 WorkPool* workers = nullptr);
   ~RuntimeService() override;
 
   // Ends every Attach stream (without closing its session) so the server's
@@ -161,6 +166,7 @@ class RuntimeService final : public RuntimeServiceBase {
   const TransferLimits limits_;
   const Authenticator* const authenticator_;
   DataListener* const data_listener_;
+  WorkPool* const workers_;
 
   absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;

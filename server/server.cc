@@ -182,7 +182,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   }
   server->runtime_service_ = std::make_unique<RuntimeService>(
       server->device_.get(), server->sessions_.get(), transfer,
-      server->authenticator_.get(), server->data_listener_.get());
+      server->authenticator_.get(), server->data_listener_.get(),
+      server->workers_.get());
   server->operator_service_ = std::make_unique<OperatorService>(
       server->device_.get(), server->sessions_.get(), transfer,
       server->workers_.get(), server->authenticator_.get());
