@@ -379,6 +379,17 @@ void PipelineSeeds() {
   launch(r, id + 3, 0);
   for (uint64_t i = 1; i <= 6; ++i) fence(r, i, i % 2 == 0 ? 8 : 0, i > 4);
   Write(f, "full_stream_frees_unknown", r.SerializeAsString());
+
+  // A refused plan whose op name the driver grows to 1 MiB, launched, then
+  // the whole batch repeated 300 times (the driver's "repeat:" session).
+  r.Clear();
+  r.set_session("repeat:300");
+  plan(r, id, "*huge", Desc(6, FLOAT, {64}), Desc(6, FLOAT, {64}), "self",
+       Desc(5, FLOAT, {64}), "out");
+  launch(r, id, 0);
+  r.add_commands()->set_free(99);
+  fence(r, 1, 0, true);
+  Write(f, "huge_name_repeated_batch", r.SerializeAsString());
 }
 
 // What a server lists, as the client's op_catalog_fuzzer reads it: two real

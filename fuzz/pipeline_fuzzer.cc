@@ -9,15 +9,29 @@
 // would; then it synchronizes, closes the session and waits for its stream
 // threads, so no input leaves work behind for the next.
 //
+// Huge names and batches, beyond what libFuzzer's input length allows: an
+// op name starting with '*' is grown to 1 MiB, and a batch whose session
+// field is "repeat:N" has its commands repeated N times (N < 512), so a
+// batch holds tens of thousands of commands. The driver applies each batch
+// in slices of a size the input chooses (its first byte), as the reactor
+// does with its workers.
+//
 // Invariants besides memory and thread safety: Apply always finishes the
 // batch (a stop is always resumed), every fence is answered exactly once,
-// and no deferred error is INTERNAL.
+// no deferred error is INTERNAL, and every error the server keeps or
+// reports is short whatever the names in the batch (a refused plan's kept
+// error is at most 1 KiB, a reported one at most 2 KiB).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
+#include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -50,6 +64,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   QuietProtobuf();
   v1::PipelineRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
+  for (v1::PipelineCommand& command : *request.mutable_commands()) {
+    if (command.has_plan() && !command.plan().request().op().empty() &&
+        command.plan().request().op()[0] == '*') {
+      std::string* op = command.mutable_plan()->mutable_request()->mutable_op();
+      const std::string seed = *op;
+      while (op->size() < (size_t{1} << 20)) op->append(seed);
+    }
+  }
+  unsigned repeat = 0;
+  if (absl::SimpleAtoi(absl::StripPrefix(request.session(), "repeat:"),
+                       &repeat) &&
+      repeat > 1 && repeat < 512 && request.commands_size() <= 64) {
+    const auto once = request.commands();
+    for (unsigned i = 1; i < repeat; ++i) {
+      for (const v1::PipelineCommand& command : once) {
+        *request.add_commands() = command;
+      }
+    }
+  }
+  const size_t slice = size == 0 ? 1 : 1 + data[0] % 64;
   static HeapDevice* const device = new HeapDevice(uint64_t{1} << 30);
   static const SessionLimits limits = Limits();
   MemoryAccounting account;
@@ -79,6 +113,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                FUZZ_CHECK(
                                    status.code() != absl::StatusCode::kInternal,
                                    status.ToString());
+                               FUZZ_CHECK(status.message().size() <= 2048,
+                                          "a reported error of ",
+                                          status.message().size(), " bytes");
                                absl::MutexLock lock(&mu);
                                answered.insert(id);
                              });
@@ -86,17 +123,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const size_t n = request.commands_size();
     while (at < n) {
       auto resumed = std::make_shared<absl::Notification>();
-      at = pipeline.Apply(session, request.commands(), at, SIZE_MAX,
-                          [resumed] { resumed->Notify(); });
+      const size_t end = std::min(n, at + slice);
+      const size_t next = pipeline.Apply(session, request.commands(), at, end,
+                                         [resumed] { resumed->Notify(); });
+      const bool stopped = next < end;
+      at = next;
       // What the reactor's writes would do: results leave, room returns.
       pipeline.FencesWritten(SIZE_MAX);
-      if (at < n) {
+      if (stopped) {
         FUZZ_CHECK(resumed->WaitForNotificationWithTimeout(absl::Seconds(30)),
                    "a stopped pipeline was never resumed at command ", at);
       }
     }
     for (const std::shared_ptr<Stream>& s : session.AllStreams()) {
       s->SynchronizeAndWait().IgnoreError();
+    }
+    for (const v1::PipelineCommand& command : request.commands()) {
+      if (!command.has_plan()) continue;
+      std::optional<absl::Status> kept =
+          session.RefusedPlan(command.plan().executor(), /*launch=*/false);
+      FUZZ_CHECK(!kept.has_value() || kept->message().size() <= 1100,
+                 "a refused plan keeps ", kept->message().size(), " bytes");
     }
     absl::MutexLock lock(&mu);
     FUZZ_CHECK(answered.size() == fences, "answered ", answered.size(),
