@@ -160,6 +160,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
                        ? options.work_threads
                        : std::max(2, static_cast<int>(
                                          std::thread::hardware_concurrency()));
+    // Behind the RPC threads: a client's heavy requests must not delay
+    // other clients' small calls (WorkPool::Options::nice).
+    work.nice = 10;
     server->workers_ = std::make_unique<WorkPool>(work);
   } catch (const std::system_error& e) {
     return absl::ResourceExhaustedError(

@@ -36,6 +36,11 @@ public:
     int threads = 2;
     // Tasks one owner may have waiting; more are RESOURCE_EXHAUSTED.
     size_t max_queued_per_owner = 1024;
+    // Added to the threads' nice value (Linux: per thread; raising it needs
+    // no privilege). Above 0, the small calls gRPC's threads answer go
+    // before the heavy work here whenever both want the CPU, and the heavy
+    // work still has every cycle nobody else wants.
+    int nice = 0;
   };
 
   // Throws std::system_error when its threads cannot be started (at server
