@@ -667,9 +667,10 @@ grpc::ServerUnaryReactor* OperatorService::DestroyExecutor(
 }
 
 grpc::ServerUnaryReactor* OperatorService::Evaluate(
-    grpc::CallbackServerContext* context, const v1::EvaluateRequest* request,
-    v1::EvaluateResponse* response) {
-  // Evaluate needs no session: bound how many run at once.
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  // Evaluate needs no session: bound how many run at once. A refused call
+  // costs no parse: its request is still raw bytes.
   auto slot = std::make_shared<EvaluateSlot>(
       &evaluating_, sessions_->limits().max_concurrent_evaluates);
   if (!slot->ok()) {
@@ -680,21 +681,40 @@ grpc::ServerUnaryReactor* OperatorService::Evaluate(
                      " Evaluate calls (--max_concurrent_evaluates); retry, or "
                      "use a session with GetWorkspaceSize/Execute")));
   }
-  // It computes on a worker in its caller's turn, not on gRPC's threads.
+  // Parsed, computed and answered on a worker, in its caller's turn.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Status queued = workers_->Submit(
       absl::StrCat("caller:", Caller(context)),
       [this, reactor, context, request, response, slot] {
-        absl::StatusOr<v1::ValueTensor> output =
-            RunEvaluate(*request, device_, limits_.max_values);
-        if (output.ok()) {
-          response->set_aclnn_status(kernels::kAclnnSuccess);
-          *response->mutable_output() = *std::move(output);
-        }
-        reactor->Finish(ToGrpcStatus(output.status(), context));
+        reactor->Finish(ToGrpcStatus(EvaluateBytes(*request, response),
+                                     context));
       });
   if (!queued.ok()) reactor->Finish(ToGrpcStatus(queued, context));
   return reactor;
+}
+
+absl::Status OperatorService::EvaluateBytes(const grpc::ByteBuffer& request,
+                                            grpc::ByteBuffer* response) {
+  v1::EvaluateRequest parsed;
+  grpc::ByteBuffer bytes = request;  // Shares the slices; the parse eats it.
+  if (!grpc::SerializationTraits<v1::EvaluateRequest>::Deserialize(&bytes,
+                                                                   &parsed)
+           .ok()) {
+    return absl::InvalidArgumentError("the request is not an EvaluateRequest");
+  }
+  absl::StatusOr<v1::ValueTensor> output =
+      RunEvaluate(parsed, device_, limits_.max_values);
+  if (!output.ok()) return output.status();
+  v1::EvaluateResponse answer;
+  answer.set_aclnn_status(kernels::kAclnnSuccess);
+  *answer.mutable_output() = *std::move(output);
+  bool own = false;
+  if (!grpc::SerializationTraits<v1::EvaluateResponse>::Serialize(
+           answer, response, &own)
+           .ok()) {
+    return absl::InternalError("cannot serialize the EvaluateResponse");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace opserver

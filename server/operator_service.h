@@ -17,19 +17,20 @@ namespace opserver {
 // (GetWorkspaceSize -> executor, Execute on a stream), plus Evaluate for
 // literal numbers. `device` and `sessions` must outlive the service.
 //
-// Pipeline is a raw method (bytes in and out): a batch's size is checked
-// before anything parses it, and it is parsed on a worker, not on gRPC's
-// callback threads. Its messages are still PipelineRequest/PipelineEvent,
-// as the service's descriptor (and reflection) says.
-// v1::Operators::CallbackService with Pipeline raw (every other method as
-// the generated CallbackService has it).
+// Pipeline and Evaluate are raw methods (bytes in and out): what a message
+// holds is parsed on a worker, after the call was admitted (a channel's
+// batch size, an Evaluate slot), not on gRPC's callback threads, which
+// every call needs. Their messages are still the ones the service's
+// descriptor (and reflection) names.
+// v1::Operators::CallbackService with Pipeline and Evaluate raw (every
+// other method as the generated CallbackService has it).
 using OperatorsBase = v1::Operators::WithCallbackMethod_ListOperators<
     v1::Operators::WithCallbackMethod_GetWorkspaceSize<
         v1::Operators::WithCallbackMethod_Execute<
             v1::Operators::WithCallbackMethod_ExecuteStream<
                 v1::Operators::WithCallbackMethod_SetExecutorRepeatable<
                     v1::Operators::WithCallbackMethod_DestroyExecutor<
-                        v1::Operators::WithCallbackMethod_Evaluate<
+                        v1::Operators::WithRawCallbackMethod_Evaluate<
                             v1::Operators::WithRawCallbackMethod_Pipeline<
                                 v1::Operators::Service>>>>>>>>;
 
@@ -66,8 +67,8 @@ class OperatorService final : public OperatorsBase {
       const v1::DestroyExecutorRequest* request,
       v1::DestroyExecutorResponse* response) override;
   grpc::ServerUnaryReactor* Evaluate(grpc::CallbackServerContext* context,
-                                     const v1::EvaluateRequest* request,
-                                     v1::EvaluateResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
 
  private:
   class Launcher;
@@ -78,6 +79,11 @@ class OperatorService final : public OperatorsBase {
   // `caller` is the identity the session must belong to.
   absl::Status Launch(const v1::ExecuteRequest& request,
                       absl::string_view caller);
+
+  // Evaluate's work on a worker: parses `request`, computes, and writes the
+  // EvaluateResponse to `response`.
+  absl::Status EvaluateBytes(const grpc::ByteBuffer& request,
+                             grpc::ByteBuffer* response);
 
   // The identity whose sessions the call may name (CallerIdentity).
   std::string Caller(const grpc::ServerContextBase* context) const {

@@ -158,9 +158,18 @@ TEST_F(PipelineHostileTest, UnreadChannelDoesNotPinItsClosedSession) {
   ASSERT_TRUE(buffer.ok());
   const uint64_t handle = buffer->handle();
   buffer->Release(); // The server keeps it until the session goes.
+  // A connection whose receive window stays small (no BDP probing), so
+  // that what the server writes and nobody reads soon fills it and the
+  // channel's fence results stay unwritten, as with a stalled client.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 10);
+  auto stub = v1::Operators::NewStub(grpc::CreateCustomChannel(
+      server_->address(), grpc::InsecureChannelCredentials(), args));
   grpc::ClientContext context;
-  auto stream = Open(&context);
+  auto stream = stub->Pipeline(&context);
   v1::PipelineRequest batch;
+  batch.set_session(session_->token());
   constexpr uint64_t kId = uint64_t{1} << 62;
   v1::PlanCommand *plan = batch.add_commands()->mutable_plan();
   plan->set_executor(kId);
@@ -170,12 +179,13 @@ TEST_F(PipelineHostileTest, UnreadChannelDoesNotPinItsClosedSession) {
     (*plan->mutable_request()->mutable_tensors())[name] =
         Desc(handle, v1::FLOAT, {int64_t{1} << 30});
   }
-  for (int i = 0; i < 3000; ++i) {
+  for (int i = 0; i < 20000; ++i) {
     batch.add_commands()->mutable_launch()->set_executor(kId);
     batch.add_commands()->mutable_fence()->set_id(static_cast<uint64_t>(i));
   }
   ASSERT_TRUE(stream->Write(batch));
-  // Nothing is read. The batch stops once 4 fence results wait.
+  // Nothing is read. The batch stops once the window is full and 4 fence
+  // results wait.
   absl::SleepFor(absl::Milliseconds(200));
   EXPECT_EQ(server_->sessions().accounting().buffers.load(), 1u);
   ASSERT_TRUE(session_->Close().ok());
