@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <utility>
 
@@ -23,6 +24,9 @@ constexpr absl::string_view kBearer = "Bearer ";
 constexpr absl::string_view kHealthPrefix = "/grpc.health.v1.Health/";
 // v1alpha and v1: reflection clients try both.
 constexpr absl::string_view kReflectionPrefix = "/grpc.reflection.";
+constexpr char kSeveralAuthorizations[] =
+    "more than one authorization header: send one 'authorization: Bearer "
+    "TOKEN'";
 
 // Equality of `guess` and `secret` in time that depends only on
 // secret.size(): every byte of the secret is looked at, whatever matches.
@@ -74,16 +78,22 @@ void ProcessAuthMetadata(void* state, grpc_auth_context* /*context*/,
       static_cast<std::shared_ptr<Authenticator>*>(state)->get();
   absl::string_view path;
   absl::string_view authorization;
+  int authorizations = 0;
   for (size_t i = 0; i < num_md; ++i) {
     absl::string_view key = SliceView(md[i].key);
     if (key == ":path") {
       path = SliceView(md[i].value);
     } else if (key == "authorization") {
       authorization = SliceView(md[i].value);
+      ++authorizations;
     }
   }
+  // Handlers read the token from the call's metadata again
+  // (CallerIdentity): with several values, which one each side took would
+  // decide the identity, so such a call is refused here outright.
   absl::StatusOr<std::string> tenant =
-      authenticator->Check(path, authorization);
+      authorizations > 1 ? absl::UnauthenticatedError(kSeveralAuthorizations)
+                         : authenticator->Check(path, authorization);
   if (!tenant.ok()) {
     // The path only: the metadata holds the (wrong) secret.
     LogLine(absl::StrCat("rejected call to ", path, ": ",
@@ -297,20 +307,30 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   return std::shared_ptr<grpc::ServerCredentials>(std::move(credentials));
 }
 
-std::string CallerIdentity(const grpc::ServerContextBase* context,
-                           const Authenticator* authenticator) {
+absl::StatusOr<std::string> CallerIdentity(
+    const grpc::ServerContextBase* context,
+    const Authenticator* authenticator) {
   if (authenticator != nullptr) {
+    // The tenant is resolved again rather than trusted from the processor:
+    // the token may have been revoked since. Every way of not having
+    // exactly one known token fails, so no call ever acts as a fallback
+    // identity that several callers would share.
     const auto& metadata = context->client_metadata();
-    auto it = metadata.find("authorization");
-    std::optional<std::string> tenant;
-    if (it != metadata.end()) {
-      tenant = authenticator->TenantOf(
-          absl::string_view(it->second.data(), it->second.size()));
+    auto [first, last] = metadata.equal_range("authorization");
+    if (first == last) {
+      return absl::UnauthenticatedError(
+          "missing 'authorization: Bearer TOKEN' metadata");
     }
-    // No tenant: a call the processor lets through without a token (health,
-    // reflection), or a token revoked since: an identity that owns nothing.
-    return tenant.has_value() ? absl::StrCat("tenant:", *tenant)
-                              : "unauthenticated";
+    if (std::next(first) != last) {
+      return absl::UnauthenticatedError(kSeveralAuthorizations);
+    }
+    std::optional<std::string> tenant = authenticator->TenantOf(
+        absl::string_view(first->second.data(), first->second.size()));
+    if (!tenant.has_value()) {
+      return absl::UnauthenticatedError(
+          "unknown bearer token (revoked while the call started?)");
+    }
+    return absl::StrCat("tenant:", *tenant);
   }
   std::shared_ptr<const grpc::AuthContext> auth = context->auth_context();
   if (auth != nullptr) {
@@ -321,7 +341,7 @@ std::string CallerIdentity(const grpc::ServerContextBase* context,
           "cert:", absl::string_view(subject[0].data(), subject[0].size()));
     }
   }
-  return "anonymous";
+  return std::string("anonymous");
 }
 
 }  // namespace opserver

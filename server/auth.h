@@ -92,12 +92,17 @@ absl::Status CheckPemFile(absl::string_view flag, const std::string& path);
 // configured), "tenant:NAME" for the call's bearer token; else
 // "cert:SUBJECT" for a verified client certificate; else "anonymous" (shared
 // by every such caller, which is what a server without authentication
-// means). The tenant is looked up per call rather than stored in the auth
-// context: gRPC 1.51 hands the metadata processor the connection's auth
-// context, shared by every call on the connection, so a property set there
-// would leak one call's tenant to the next.
-std::string CallerIdentity(const grpc::ServerContextBase* context,
-                           const Authenticator* authenticator);
+// means). With tokens it fails closed: UNAUTHENTICATED unless the call
+// carries exactly one authorization value naming a token in force now (a
+// health or reflection call let in without one, several values, or a token
+// revoked since the call was let in). The tenant is looked up per call
+// rather than stored in the auth context: gRPC 1.51 hands the metadata
+// processor the connection's auth context, shared by every call on the
+// connection, so a property set there would leak one call's tenant to the
+// next.
+absl::StatusOr<std::string> CallerIdentity(
+    const grpc::ServerContextBase* context,
+    const Authenticator* authenticator);
 
 }  // namespace opserver
 

@@ -124,7 +124,7 @@ grpc::ServerUnaryReactor* OperatorService::GetWorkspaceSize(
     const v1::GetWorkspaceSizeRequest* request,
     v1::GetWorkspaceSizeResponse* response) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      SessionOf(context, request->session());
   if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<std::shared_ptr<Executor>> executor = PlanExecutor(
       *request, **session, sessions_->limits().max_launch_elements);
@@ -150,7 +150,9 @@ absl::Status OperatorService::Launch(const v1::ExecuteRequest& request,
 grpc::ServerUnaryReactor* OperatorService::Execute(
     grpc::CallbackServerContext* context, const v1::ExecuteRequest* request,
     v1::ExecuteResponse* response) {
-  absl::Status status = Launch(*request, Caller(context));
+  absl::StatusOr<std::string> caller = Caller(context);
+  absl::Status status =
+      caller.ok() ? Launch(*request, *caller) : caller.status();
   if (status.ok()) response->set_aclnn_status(kernels::kAclnnSuccess);
   return Reply(context, status);
 }
@@ -163,11 +165,15 @@ grpc::ServerUnaryReactor* OperatorService::Execute(
 class OperatorService::Launcher final
     : public grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteResponse> {
  public:
-  Launcher(OperatorService* service, std::string caller)
+  Launcher(OperatorService* service, grpc::CallbackServerContext* context)
       : service_(service),
-        caller_(std::move(caller)),
+        caller_(service->Caller(context)),
         max_pending_(std::max<size_t>(
             1, service->sessions_->limits().max_pending_replies)) {
+    if (!caller_.ok()) {
+      Finish(ToGrpcStatus(caller_.status(), context));
+      return;
+    }
     StartRead(&request_);
   }
 
@@ -178,7 +184,7 @@ class OperatorService::Launcher final
       MaybeFinishLocked();
       return;
     }
-    absl::Status status = service_->Launch(request_, caller_);
+    absl::Status status = service_->Launch(request_, *caller_);
     v1::ExecuteResponse response;
     response.set_executor(request_.executor());
     response.set_aclnn_status(kernels::GetAclnnStatus(status));
@@ -245,7 +251,8 @@ class OperatorService::Launcher final
   }
 
   OperatorService* const service_;
-  const std::string caller_;  // Whose sessions the launches may name.
+  // Whose sessions the launches may name.
+  const absl::StatusOr<std::string> caller_;
   const size_t max_pending_;
   v1::ExecuteRequest request_;  // Touched only by the read chain.
   absl::Mutex mu_;
@@ -260,7 +267,7 @@ class OperatorService::Launcher final
 
 grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteResponse>*
 OperatorService::ExecuteStream(grpc::CallbackServerContext* context) {
-  return new Launcher(this, Caller(context));
+  return new Launcher(this, context);
 }
 
 // Pipeline: batches of commands in, acknowledgements and fence results out
@@ -282,6 +289,10 @@ class OperatorService::Pipeliner final
                   [this](uint64_t id, absl::Status status) {
                     FenceDone(id, std::move(status));
                   }) {
+    if (!caller_.ok()) {
+      Finish(ToGrpcStatus(caller_.status(), context));
+      return;
+    }
     StartRead(&request_);
   }
 
@@ -349,7 +360,7 @@ class OperatorService::Pipeliner final
   // call with NOT_FOUND once nothing of it is pending.
   absl::Status LookUpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::StatusOr<std::shared_ptr<Session>> session =
-        service_->sessions_->Get(session_id_, caller_);
+        service_->sessions_->Get(session_id_, *caller_);
     if (!session.ok()) {
       end_status_ = session.status();
       failed_ = true;
@@ -459,7 +470,8 @@ class OperatorService::Pipeliner final
 
   OperatorService* const service_;
   grpc::CallbackServerContext* const context_;
-  const std::string caller_;  // Whose session the channel may name.
+  // Whose session the channel may name.
+  const absl::StatusOr<std::string> caller_;
   CommandPipeline pipeline_;
   v1::PipelineRequest request_;  // The batch being applied.
   absl::Mutex mu_;
@@ -492,7 +504,7 @@ grpc::ServerUnaryReactor* OperatorService::SetExecutorRepeatable(
     const v1::SetExecutorRepeatableRequest* request,
     v1::SetExecutorRepeatableResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      SessionOf(context, request->session());
   if (!session.ok()) return Reply(context, session.status());
   return Reply(context, (*session)->SetExecutorRepeatable(request->executor()));
 }
@@ -502,7 +514,7 @@ grpc::ServerUnaryReactor* OperatorService::DestroyExecutor(
     const v1::DestroyExecutorRequest* request,
     v1::DestroyExecutorResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      SessionOf(context, request->session());
   if (!session.ok()) return Reply(context, session.status());
   return Reply(context, (*session)->DestroyExecutor(request->executor()));
 }

@@ -862,10 +862,12 @@ void RuntimeService::Shutdown() {
 
 absl::StatusOr<RuntimeService::TransferTarget> RuntimeService::ResolveTransfer(
     absl::string_view session, uint64_t buffer, uint64_t offset, uint64_t size,
-    uint64_t stream, absl::string_view what, absl::string_view caller) {
+    uint64_t stream, absl::string_view what,
+    const absl::StatusOr<std::string>& caller) {
+  if (!caller.ok()) return caller.status();
   TransferTarget target;
   absl::StatusOr<std::shared_ptr<Session>> owner =
-      sessions_->Get(session, caller);
+      sessions_->Get(session, *caller);
   if (!owner.ok()) return owner.status();
   target.session = *std::move(owner);
   absl::StatusOr<std::shared_ptr<Buffer>> found =
@@ -917,8 +919,10 @@ grpc::ServerUnaryReactor* RuntimeService::CreateSession(
     grpc::CallbackServerContext* context,
     const v1::CreateSessionRequest* request,
     v1::CreateSessionResponse* response) {
+  absl::StatusOr<std::string> caller = Caller(context);
+  if (!caller.ok()) return Reply(context, caller.status());
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Create(request->client_name(), Caller(context));
+      sessions_->Create(request->client_name(), *caller);
   if (session.ok()) {
     response->set_session((*session)->id());
     response->set_idle_timeout_seconds(static_cast<uint32_t>(
@@ -932,9 +936,11 @@ grpc::ServerUnaryReactor* RuntimeService::CloseSession(
     const v1::CloseSessionRequest* request,
     v1::CloseSessionResponse* /*response*/) {
   // Answer once the session's memory is released, not merely scheduled.
+  absl::StatusOr<std::string> caller = Caller(context);
+  if (!caller.ok()) return Reply(context, caller.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Status status = sessions_->Close(
-      request->session(), Caller(context), "closed by the client",
+      request->session(), *caller, "closed by the client",
       [reactor] { reactor->Finish(grpc::Status::OK); });
   if (!status.ok()) {
     reactor->Finish(ToGrpcStatus(status, context));
@@ -952,7 +958,7 @@ grpc::ServerUnaryReactor* RuntimeService::CloseSession(
 grpc::ServerWriteReactor<v1::AttachEvent>* RuntimeService::Attach(
     grpc::CallbackServerContext* context, const v1::AttachRequest* request) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      SessionOf(context, request->session());
   if (!session.ok()) {
     // A reactor that only finishes with the error.
     class Failed final : public grpc::ServerWriteReactor<v1::AttachEvent> {
@@ -973,7 +979,7 @@ grpc::ServerUnaryReactor* RuntimeService::GetSessionStats(
     grpc::CallbackServerContext* context,
     const v1::GetSessionStatsRequest* request, v1::SessionStats* response) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      SessionOf(context, request->session());
   if (session.ok()) {
     SessionStatsSnapshot stats = (*session)->Stats();
     response->set_buffers(stats.buffers);
@@ -1004,7 +1010,7 @@ grpc::ServerUnaryReactor* RuntimeService::CreateStream(
     const v1::CreateStreamRequest* request,
     v1::CreateStreamResponse* response) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      SessionOf(context, request->session());
   if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<uint64_t> stream = (*session)->CreateStream();
   if (stream.ok()) response->set_stream(*stream);
@@ -1016,7 +1022,7 @@ grpc::ServerUnaryReactor* RuntimeService::DestroyStream(
     const v1::DestroyStreamRequest* request,
     v1::DestroyStreamResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      SessionOf(context, request->session());
   if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<std::shared_ptr<Stream>> stream =
       (*session)->TakeStream(request->stream());
@@ -1040,7 +1046,7 @@ grpc::ServerUnaryReactor* RuntimeService::SynchronizeStream(
     const v1::SynchronizeStreamRequest* request,
     v1::SynchronizeStreamResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      SessionOf(context, request->session());
   if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<std::shared_ptr<Stream>> stream =
       (*session)->GetStream(request->stream());
@@ -1056,7 +1062,7 @@ grpc::ServerUnaryReactor* RuntimeService::Malloc(
     grpc::CallbackServerContext* context, const v1::MallocRequest* request,
     v1::MallocResponse* response) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      SessionOf(context, request->session());
   if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<uint64_t> buffer = (*session)->Malloc(request->size());
   if (buffer.ok()) response->set_buffer(*buffer);
@@ -1067,7 +1073,7 @@ grpc::ServerUnaryReactor* RuntimeService::Free(
     grpc::CallbackServerContext* context, const v1::FreeRequest* request,
     v1::FreeResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      SessionOf(context, request->session());
   if (!session.ok()) return Reply(context, session.status());
   return Reply(context, (*session)->Free(request->buffer()));
 }

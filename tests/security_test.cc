@@ -450,6 +450,89 @@ TEST_F(SecurityTest, ReloadedTokensApplyToNewCalls) {
   EXPECT_TRUE(bob->GetDeviceInfo().ok());
 }
 
+// A unary call of `method` with `request` and every value of `authorizations`
+// as its own "authorization" header, in order; `response` gets the reply.
+grpc::Status CallWithHeaders(grpc::Channel* channel, const std::string& method,
+                             const google::protobuf::Message& request,
+                             const std::vector<std::string>& authorizations,
+                             google::protobuf::Message* response) {
+  grpc::GenericStub stub(std::shared_ptr<grpc::Channel>(channel, [](auto*) {}));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  for (const std::string& value : authorizations) {
+    context.AddMetadata("authorization", value);
+  }
+  std::string bytes = request.SerializeAsString();
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer wire(&slice, 1);
+  grpc::ByteBuffer reply;
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareUnaryCall(&context, method, wire, &cq);
+  call->StartCall();
+  grpc::Status status;
+  call->Finish(&reply, &status, reinterpret_cast<void*>(1));
+  void* tag;
+  bool ok;
+  EXPECT_TRUE(cq.Next(&tag, &ok));
+  if (status.ok()) {
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(reply.Dump(&slices).ok());
+    std::string text;
+    for (const grpc::Slice& s : slices) {
+      text.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    EXPECT_TRUE(response->ParseFromString(text));
+  }
+  return status;
+}
+
+// A tenant that sends a junk token before its own must not act as some
+// other identity: the call is refused, so it can neither escape its
+// per-tenant limits nor reach sessions others made the same way.
+TEST_F(SecurityTest, TwoAuthorizationHeadersAreUnauthenticated) {
+  Options options;
+  options.auth_token_file = TokenFile();
+  options.session_limits.max_sessions_per_tenant = 1;
+  Start(options);
+  auto channel = grpc::CreateChannel(server_->address(),
+                                     grpc::InsecureChannelCredentials());
+  const std::string alice = absl::StrCat("Bearer ", kAliceToken);
+  const std::string bob = absl::StrCat("Bearer ", kBobToken);
+  v1::CreateSessionRequest create;
+  create.set_client_name("one");
+  v1::CreateSessionResponse created;
+  ASSERT_TRUE(CallWithHeaders(channel.get(),
+                              "/opserver.v1.Runtime/CreateSession", create,
+                              {alice}, &created)
+                  .ok());
+  for (const std::vector<std::string>& headers :
+       std::vector<std::vector<std::string>>{{"Bearer junk", alice},
+                                             {alice, "Bearer junk"},
+                                             {alice, alice},
+                                             {bob, alice}}) {
+    // The second session would be past --max_sessions_per_tenant=1.
+    v1::CreateSessionResponse second;
+    grpc::Status status =
+        CallWithHeaders(channel.get(), "/opserver.v1.Runtime/CreateSession",
+                        create, headers, &second);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << headers[0] << ", " << headers[1] << ": session "
+        << second.session();
+    EXPECT_THAT(status.error_message(),
+                HasSubstr("more than one authorization"));
+    if (!status.ok()) continue;
+    // Made anyway: another tenant using the same trick must not close it.
+    v1::CloseSessionRequest close;
+    close.set_session(second.session());
+    v1::CloseSessionResponse closed;
+    EXPECT_FALSE(CallWithHeaders(channel.get(),
+                                 "/opserver.v1.Runtime/CloseSession", close,
+                                 {"Bearer junk", bob}, &closed)
+                     .ok());
+  }
+}
+
 // The C API takes its settings from the environment at aclInit.
 class CApiSecurityTest : public SecurityTest {
  protected:
