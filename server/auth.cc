@@ -201,10 +201,61 @@ Authenticator::Authenticator(TokenTable tokens, bool reflection_without_auth)
     : reflection_without_auth_(reflection_without_auth),
       tokens_(std::make_shared<const TokenTable>(std::move(tokens))) {}
 
-void Authenticator::SetTokens(TokenTable tokens) {
+size_t Authenticator::SetTokens(TokenTable tokens) {
   auto table = std::make_shared<const TokenTable>(std::move(tokens));
-  absl::MutexLock lock(&mu_);
-  tokens_ = std::move(table);
+  // Held across the swap and the scan, so a call binding meanwhile is
+  // checked against the new table (Bind) and none slips between the two.
+  absl::MutexLock calls_lock(&calls_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    tokens_ = table;
+  }
+  size_t cancelled = 0;
+  for (TokenBoundCall* call : calls_) {
+    if (call->revoked()) continue;
+    std::optional<std::string> tenant = TenantOf(call->authorization_);
+    if (tenant.has_value() &&
+        absl::StrCat("tenant:", *tenant) == call->identity_) {
+      continue;
+    }
+    // The context lives until the reactor's OnDone, which unbinds the call
+    // under calls_mu_ first. TryCancel runs no reaction inline (the
+    // reactors' OnCancel runs on gRPC's threads), and no reaction takes
+    // calls_mu_ anyway.
+    call->revoked_.store(true, std::memory_order_release);
+    call->context_->TryCancel();
+    ++cancelled;
+  }
+  return cancelled;
+}
+
+absl::StatusOr<std::string> Authenticator::Bind(TokenBoundCall* call) const {
+  absl::MutexLock calls_lock(&calls_mu_);
+  absl::StatusOr<std::string> caller = CallerIdentity(call->context_, this);
+  if (!caller.ok()) return caller;
+  // CallerIdentity succeeded, so there is exactly one value.
+  auto found = call->context_->client_metadata().find("authorization");
+  call->authorization_.assign(found->second.data(), found->second.size());
+  call->identity_ = *caller;
+  calls_.insert(call);
+  call->bound_ = true;
+  return caller;
+}
+
+void Authenticator::Unbind(TokenBoundCall* call) const {
+  absl::MutexLock calls_lock(&calls_mu_);
+  calls_.erase(call);
+}
+
+TokenBoundCall::TokenBoundCall(const Authenticator* authenticator,
+                               grpc::ServerContextBase* context)
+    : authenticator_(authenticator),
+      context_(context),
+      caller_(authenticator == nullptr ? CallerIdentity(context, nullptr)
+                                       : authenticator->Bind(this)) {}
+
+TokenBoundCall::~TokenBoundCall() {
+  if (bound_) authenticator_->Unbind(this);
 }
 
 absl::StatusOr<std::string> Authenticator::Check(

@@ -167,7 +167,8 @@ class OperatorService::Launcher final
  public:
   Launcher(OperatorService* service, grpc::CallbackServerContext* context)
       : service_(service),
-        caller_(service->Caller(context)),
+        binding_(service->authenticator_, context),
+        caller_(binding_.caller()),
         max_pending_(std::max<size_t>(
             1, service->sessions_->limits().max_pending_replies)) {
     if (!caller_.ok()) {
@@ -251,6 +252,7 @@ class OperatorService::Launcher final
   }
 
   OperatorService* const service_;
+  const TokenBoundCall binding_;  // Revoking the token ends the call.
   // Whose sessions the launches may name.
   const absl::StatusOr<std::string> caller_;
   const size_t max_pending_;
@@ -283,7 +285,8 @@ class OperatorService::Pipeliner final
   Pipeliner(OperatorService* service, grpc::CallbackServerContext* context)
       : service_(service),
         context_(context),
-        caller_(service->Caller(context)),
+        binding_(service->authenticator_, context),
+        caller_(binding_.caller()),
         pipeline_(service->sessions_->limits(),
                   service->sessions_->limits().max_pending_replies,
                   [this](uint64_t id, absl::Status status) {
@@ -470,6 +473,7 @@ class OperatorService::Pipeliner final
 
   OperatorService* const service_;
   grpc::CallbackServerContext* const context_;
+  const TokenBoundCall binding_;  // Revoking the token ends the call.
   // Whose session the channel may name.
   const absl::StatusOr<std::string> caller_;
   CommandPipeline pipeline_;

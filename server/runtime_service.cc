@@ -30,8 +30,11 @@ namespace opserver {
 class RuntimeService::Attacher final
     : public grpc::ServerWriteReactor<v1::AttachEvent> {
  public:
-  Attacher(RuntimeService* service, std::shared_ptr<Session> session)
-      : service_(service), session_(std::move(session)) {
+  Attacher(RuntimeService* service, std::shared_ptr<Session> session,
+           std::unique_ptr<TokenBoundCall> binding)
+      : service_(service),
+        session_(std::move(session)),
+        binding_(std::move(binding)) {
     session_->set_attached(true);
     absl::MutexLock lock(&mu_);
     event_.set_event("attached");
@@ -101,6 +104,8 @@ class RuntimeService::Attacher final
 
   RuntimeService* const service_;
   const std::shared_ptr<Session> session_;
+  // Revoking the token ends the call, which closes the session.
+  const std::unique_ptr<TokenBoundCall> binding_;
   absl::Mutex mu_;
   v1::AttachEvent event_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -212,8 +217,10 @@ class RuntimeService::Transfer {
   }
 
  protected:
-  explicit Transfer(RuntimeService* service)
-      : service_(service), link_(std::make_shared<TransferLink>()) {}
+  Transfer(RuntimeService* service, grpc::ServerContextBase* context)
+      : service_(service),
+        link_(std::make_shared<TransferLink>()),
+        binding_(service->authenticator_, context) {}
 
   // Makes the call reachable by the watchdog and the stream callbacks.
   // From the derived constructor's body: only then is the object whole.
@@ -287,6 +294,9 @@ class RuntimeService::Transfer {
 
   RuntimeService* const service_;
   const std::shared_ptr<TransferLink> link_;
+  // Whose sessions the transfer may name; revoking the token ends the call
+  // (and forgets a data-path ticket with it).
+  const TokenBoundCall binding_;
   bool finished_ = false;
   // Waiting for the work queued before it: not idle.
   bool waiting_ = false;
@@ -308,7 +318,7 @@ class RuntimeService::Uploader final
  public:
   Uploader(RuntimeService* service, grpc::CallbackServerContext* context,
            grpc::ByteBuffer* response)
-      : Transfer(service), context_(context), response_(response) {
+      : Transfer(service, context), context_(context), response_(response) {
     Link();
     absl::MutexLock lock(&link_->mu);
     StartRead(&message_);
@@ -405,7 +415,7 @@ class RuntimeService::Uploader final
     if (!header.ok()) return header.status();
     absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
         header->session(), header->buffer(), header->offset(), header->size(),
-        header->stream(), "upload range", service_->Caller(context_));
+        header->stream(), "upload range", binding_.caller());
     if (!target.ok()) return target.status();
     session_ = target->session;
     buffer_ = target->buffer;
@@ -452,7 +462,7 @@ class RuntimeService::Downloader final
  public:
   Downloader(RuntimeService* service, grpc::CallbackServerContext* context,
              const grpc::ByteBuffer* request)
-      : Transfer(service), context_(context) {
+      : Transfer(service, context), context_(context) {
     Begin([&] { return StartLocked(request); });
   }
 
@@ -532,7 +542,7 @@ class RuntimeService::Downloader final
     }
     absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
         request.session(), request.buffer(), request.offset(), request.size(),
-        request.stream(), "download range", service_->Caller(context_));
+        request.stream(), "download range", binding_.caller());
     if (!target.ok()) return target.status();
     session_ = target->session;
     buffer_ = target->buffer;
@@ -611,7 +621,7 @@ class RuntimeService::DataTransfer final
  public:
   DataTransfer(RuntimeService* service, grpc::CallbackServerContext* context,
                const v1::OpenDataTransferRequest* request)
-      : Transfer(service), context_(context) {
+      : Transfer(service, context), context_(context) {
     Begin([&]() -> absl::StatusOr<std::shared_ptr<Stream>> {
       absl::StatusOr<std::shared_ptr<Stream>> stream = StartLocked(*request);
       if (stream.ok()) {  // The ticket and port go out at once.
@@ -640,7 +650,8 @@ class RuntimeService::DataTransfer final
     waiting_ = false;
     if (finished_) return;
     last_progress_ = absl::Now();
-    if (connection_ != nullptr) StartMovingLocked();
+    // A revoked call ends on its own soon (OnCancel); no bytes move first.
+    if (connection_ != nullptr && !binding_.revoked()) StartMovingLocked();
   }
 
   void AbortLocked(const absl::Status& why) override {
@@ -684,7 +695,7 @@ class RuntimeService::DataTransfer final
     absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
         request.session(), request.buffer(), request.offset(), request.size(),
         request.stream(), upload_ ? "upload range" : "download range",
-        service_->Caller(context_));
+        binding_.caller());
     if (!target.ok()) return target.status();
     std::shared_ptr<TransferLink> link = link_;
     // Runs on the listener's thread: hands the connection over under the
@@ -711,7 +722,9 @@ class RuntimeService::DataTransfer final
   }
 
   void ConnectedLocked(UniqueFd connection) {
-    if (finished_ || done_ || !abort_.ok()) return;  // Closed here.
+    if (finished_ || done_ || !abort_.ok() || binding_.revoked()) {
+      return;  // Closed here.
+    }
     connection_ = std::make_shared<UniqueFd>(std::move(connection));
     last_progress_ = absl::Now();
     // Begin set waiting_ under this lock before the ticket could be
@@ -957,8 +970,13 @@ grpc::ServerUnaryReactor* RuntimeService::CloseSession(
 
 grpc::ServerWriteReactor<v1::AttachEvent>* RuntimeService::Attach(
     grpc::CallbackServerContext* context, const v1::AttachRequest* request) {
+  // Bound before the session is looked up: a revocation from here on ends
+  // the call.
+  auto binding = std::make_unique<TokenBoundCall>(authenticator_, context);
   absl::StatusOr<std::shared_ptr<Session>> session =
-      SessionOf(context, request->session());
+      binding->caller().ok()
+          ? sessions_->Get(request->session(), *binding->caller())
+          : binding->caller().status();
   if (!session.ok()) {
     // A reactor that only finishes with the error.
     class Failed final : public grpc::ServerWriteReactor<v1::AttachEvent> {
@@ -969,7 +987,8 @@ grpc::ServerWriteReactor<v1::AttachEvent>* RuntimeService::Attach(
     return new Failed(ToGrpcStatus(session.status(), context));
   }
   absl::MutexLock lock(&mu_);
-  auto* attacher = new Attacher(this, *std::move(session));
+  auto* attacher =
+      new Attacher(this, *std::move(session), std::move(binding));
   attachers_.insert(attacher);
   if (shutting_down_) attacher->Stop();
   return attacher;

@@ -223,9 +223,10 @@ absl::Status Server::ReloadTokens() {
       TokenTable::Load(options_.auth_token_file);
   if (!tokens.ok()) return tokens.status();
   const size_t count = tokens->size();
-  authenticator_->SetTokens(*std::move(tokens));
+  const size_t ended = authenticator_->SetTokens(*std::move(tokens));
   LogLine(absl::StrCat("reloaded ", count, " tokens from ",
-                       options_.auth_token_file));
+                       options_.auth_token_file, "; ended ", ended,
+                       " open calls made with tokens no longer in it"));
   return absl::OkStatus();
 }
 

@@ -114,7 +114,10 @@ class Server {
   const std::string& address() const { return address_; }
 
   // Re-reads Options::auth_token_file (SIGHUP): calls made afterwards are
-  // checked against the new tokens. On error the old tokens stay in force.
+  // checked against the new tokens, and the open streaming calls (Pipeline,
+  // ExecuteStream, Attach, transfers and their data-path tickets) made with
+  // a token the file no longer maps to the same tenant are cancelled. On
+  // error the old tokens stay in force.
   absl::Status ReloadTokens();
 
   // Stops accepting calls, reports NOT_SERVING, lets in-flight calls finish

@@ -13,6 +13,7 @@
 #include "absl/strings/str_replace.h"
 #include "acl/acl.h"
 #include "client/client.h"
+#include "common/data_path.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -531,6 +532,193 @@ TEST_F(SecurityTest, TwoAuthorizationHeadersAreUnauthenticated) {
                                  {"Bearer junk", bob}, &closed)
                      .ok());
   }
+}
+
+// One tenant's long-lived calls, each opened and answered once, so the
+// server holds them.
+struct OpenCalls {
+  grpc::ClientContext pipeline_context;
+  grpc::ClientContext execute_context;
+  grpc::ClientContext attach_context;
+  grpc::ClientContext transfer_context;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::PipelineRequest,
+                                           v1::PipelineEvent>>
+      pipeline;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::ExecuteRequest, v1::ExecuteResponse>>
+      execute;
+  std::unique_ptr<grpc::ClientReader<v1::AttachEvent>> attach;
+  std::unique_ptr<grpc::ClientReader<v1::OpenDataTransferResponse>> transfer;
+  std::string ticket;
+};
+
+// A Pipeline, an ExecuteStream, an Attach and a download over the data
+// path (its ticket issued, not presented) on `session`. Their deadline is
+// far beyond the one second a revocation may take, so a call that a
+// revocation failed to end shows as DEADLINE_EXCEEDED.
+std::unique_ptr<OpenCalls> OpenLongLivedCalls(Client& client,
+                                              const std::string& session,
+                                              uint64_t buffer) {
+  auto calls = std::make_unique<OpenCalls>();
+  for (grpc::ClientContext* context :
+       {&calls->pipeline_context, &calls->execute_context,
+        &calls->attach_context, &calls->transfer_context}) {
+    client.Authorize(context);
+    context->set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::seconds(30));
+  }
+  calls->pipeline = client.operators().Pipeline(&calls->pipeline_context);
+  v1::PipelineRequest open;
+  open.set_session(session);
+  EXPECT_TRUE(calls->pipeline->Write(open));
+  v1::PipelineEvent ack;
+  EXPECT_TRUE(calls->pipeline->Read(&ack));
+
+  calls->execute = client.operators().ExecuteStream(&calls->execute_context);
+  v1::ExecuteRequest launch;
+  launch.set_session(session);
+  launch.set_executor(12345);  // Unknown: answered with an error, in band.
+  EXPECT_TRUE(calls->execute->Write(launch));
+  v1::ExecuteResponse launched;
+  EXPECT_TRUE(calls->execute->Read(&launched));
+
+  v1::AttachRequest attach;
+  attach.set_session(session);
+  calls->attach = client.runtime().Attach(&calls->attach_context, attach);
+  v1::AttachEvent attached;
+  EXPECT_TRUE(calls->attach->Read(&attached));
+  EXPECT_EQ(attached.event(), "attached");
+
+  v1::OpenDataTransferRequest transfer;
+  transfer.set_session(session);
+  transfer.set_buffer(buffer);
+  transfer.set_size(16);
+  transfer.set_direction(v1::OpenDataTransferRequest::DIRECTION_DEVICE_TO_HOST);
+  calls->transfer =
+      client.runtime().OpenDataTransfer(&calls->transfer_context, transfer);
+  v1::OpenDataTransferResponse ticket;
+  EXPECT_TRUE(calls->transfer->Read(&ticket));
+  calls->ticket = ticket.ticket();
+  return calls;
+}
+
+void ExpectRevoked(const grpc::Status& status, absl::string_view what) {
+  EXPECT_TRUE(status.error_code() == grpc::StatusCode::CANCELLED ||
+              status.error_code() == grpc::StatusCode::UNAUTHENTICATED)
+      << what << ": " << status.error_code() << " " << status.error_message();
+}
+
+// Every call of `calls` ends without the client doing anything, and the
+// ticket no longer moves bytes.
+void ExpectEndedByRevocation(OpenCalls& calls, int data_port) {
+  v1::PipelineEvent event;
+  while (calls.pipeline->Read(&event)) {
+  }
+  ExpectRevoked(calls.pipeline->Finish(), "Pipeline");
+  v1::ExecuteResponse response;
+  while (calls.execute->Read(&response)) {
+  }
+  ExpectRevoked(calls.execute->Finish(), "ExecuteStream");
+  v1::AttachEvent attached;
+  while (calls.attach->Read(&attached)) {
+  }
+  ExpectRevoked(calls.attach->Finish(), "Attach");
+  v1::OpenDataTransferResponse more;
+  while (calls.transfer->Read(&more)) {
+  }
+  ExpectRevoked(calls.transfer->Finish(), "OpenDataTransfer");
+  absl::StatusOr<UniqueFd> fd = ConnectTcp("127.0.0.1", data_port,
+                                           absl::Seconds(5), absl::Seconds(30));
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  ASSERT_TRUE(SendAll(fd->get(), calls.ticket.data(), calls.ticket.size()).ok());
+  char bytes[16];
+  absl::StatusOr<size_t> got = RecvFull(fd->get(), bytes, sizeof(bytes));
+  EXPECT_TRUE(!got.ok() || *got == 0) << "the revoked ticket moved bytes";
+}
+
+// Every call of `calls` still works: they end as the client asks.
+void ExpectStillWorking(OpenCalls& calls, int data_port) {
+  // The download first: until it is done it holds the stream the fence
+  // below waits for.
+  absl::StatusOr<UniqueFd> fd = ConnectTcp("127.0.0.1", data_port,
+                                           absl::Seconds(5), absl::Seconds(30));
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  ASSERT_TRUE(SendAll(fd->get(), calls.ticket.data(), calls.ticket.size()).ok());
+  char bytes[16];
+  absl::StatusOr<size_t> got = RecvFull(fd->get(), bytes, sizeof(bytes));
+  EXPECT_TRUE(got.ok() && *got == sizeof(bytes));
+  v1::OpenDataTransferResponse more;
+  while (calls.transfer->Read(&more)) {
+  }
+  grpc::Status transfer = calls.transfer->Finish();
+  EXPECT_TRUE(transfer.ok()) << transfer.error_message();
+  v1::PipelineRequest fence;
+  fence.add_commands()->mutable_fence()->set_id(1);
+  EXPECT_TRUE(calls.pipeline->Write(fence));
+  EXPECT_TRUE(calls.pipeline->WritesDone());
+  v1::PipelineEvent event;
+  while (calls.pipeline->Read(&event)) {
+  }
+  grpc::Status pipeline = calls.pipeline->Finish();
+  EXPECT_TRUE(pipeline.ok()) << pipeline.error_message();
+  EXPECT_TRUE(calls.execute->WritesDone());
+  v1::ExecuteResponse response;
+  while (calls.execute->Read(&response)) {
+  }
+  grpc::Status execute = calls.execute->Finish();
+  EXPECT_TRUE(execute.ok()) << execute.error_message();
+  // Attach lasts until the client goes: it was still open.
+  calls.attach_context.TryCancel();
+  v1::AttachEvent attached;
+  while (calls.attach->Read(&attached)) {
+  }
+  EXPECT_EQ(calls.attach->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+TEST_F(SecurityTest, RevokingATokenEndsItsOpenCallsOnly) {
+  constexpr char kAliceNewToken[] = "alice-rotated-0123456789abcdef";
+  Options options;
+  options.auth_token_file = WriteFile(
+      "revoke_tokens", absl::StrCat("alice ", kAliceToken, "\nalice ",
+                                    kAliceNewToken, "\nbob ", kBobToken, "\n"));
+  Start(options);
+  ASSERT_NE(server_->data_port(), 0);
+  struct Tenant {
+    std::unique_ptr<Client> client;
+    std::unique_ptr<remote::Session> session;
+    std::unique_ptr<OpenCalls> calls;
+  };
+  auto open = [&](const char* token) {
+    Tenant tenant;
+    tenant.client = MustConnect(WithToken(token));
+    EXPECT_NE(tenant.client, nullptr);
+    if (tenant.client == nullptr) return tenant;
+    auto session = tenant.client->CreateSession("job", /*attach=*/false);
+    EXPECT_TRUE(session.ok()) << session.status();
+    if (!session.ok()) return tenant;
+    tenant.session = *std::move(session);
+    auto buffer = tenant.session->Malloc(16);
+    EXPECT_TRUE(buffer.ok()) << buffer.status();
+    if (!buffer.ok()) return tenant;
+    tenant.calls = OpenLongLivedCalls(
+        *tenant.client, tenant.session->token(), buffer->handle());
+    buffer->Release();
+    return tenant;
+  };
+  Tenant alice = open(kAliceToken);
+  Tenant rotated = open(kAliceNewToken);
+  Tenant bob = open(kBobToken);
+  ASSERT_TRUE(alice.calls && rotated.calls && bob.calls);
+
+  // Alice's token rotates: the old one goes, the new one stays.
+  WriteFile("revoke_tokens", absl::StrCat("alice ", kAliceNewToken, "\nbob ",
+                                          kBobToken, "\n"));
+  ASSERT_TRUE(server_->ReloadTokens().ok());
+  ExpectEndedByRevocation(*alice.calls, server_->data_port());
+  EXPECT_EQ(alice.client->GetDeviceInfo().status().code(),
+            absl::StatusCode::kUnauthenticated);
+  ExpectStillWorking(*rotated.calls, server_->data_port());
+  ExpectStillWorking(*bob.calls, server_->data_port());
 }
 
 // The C API takes its settings from the environment at aclInit.
