@@ -95,9 +95,9 @@ void ProcessAuthMetadata(void* state, grpc_auth_context* /*context*/,
       authorizations > 1 ? absl::UnauthenticatedError(kSeveralAuthorizations)
                          : authenticator->Check(path, authorization);
   if (!tenant.ok()) {
-    // The path only: the metadata holds the (wrong) secret.
-    LogLine(absl::StrCat("rejected call to ", path, ": ",
-                         tenant.status().message()));
+    // Never the metadata, which holds the (wrong) secret; the path only
+    // when it is one the server serves.
+    authenticator->LogRejection(path, tenant.status().message());
     std::string message(tenant.status().message());
     done(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_UNAUTHENTICATED,
          message.c_str());
@@ -197,8 +197,10 @@ std::optional<std::string> TokenTable::Lookup(absl::string_view token) const {
   return found->tenant;
 }
 
-Authenticator::Authenticator(TokenTable tokens, bool reflection_without_auth)
+Authenticator::Authenticator(TokenTable tokens, bool reflection_without_auth,
+                             const std::vector<std::string>& known_methods)
     : reflection_without_auth_(reflection_without_auth),
+      rejections_(std::make_unique<RejectionLog>(known_methods)),
       tokens_(std::make_shared<const TokenTable>(std::move(tokens))) {}
 
 size_t Authenticator::SetTokens(TokenTable tokens) {

@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
+#include "server/rejection_log.h"
 
 namespace opserver {
 
@@ -51,7 +52,10 @@ class TokenBoundCall;
 // swapped while calls are checked (SIGHUP reloads the token file).
 class Authenticator {
  public:
-  Authenticator(TokenTable tokens, bool reflection_without_auth);
+  // `known_methods`: the "/package.Service/Method" paths the server
+  // serves, the only ones the log of refused calls names (RejectionLog).
+  Authenticator(TokenTable tokens, bool reflection_without_auth,
+                const std::vector<std::string>& known_methods = {});
 
   // Puts `tokens` in force: later calls are checked against them, and every
   // open call bound to a token (TokenBoundCall) that no longer names the
@@ -69,6 +73,13 @@ class Authenticator {
   // The tenant named by an "authorization: Bearer TOKEN" value, if any.
   std::optional<std::string> TenantOf(absl::string_view authorization) const;
 
+  // Logs a call Check refused, rate-limited (RejectionLog).
+  void LogRejection(absl::string_view path, absl::string_view reason) const {
+    rejections_->Record(path, reason);
+  }
+  // Logs the refusals not yet summarized (at shutdown).
+  void FlushRejections() const { rejections_->Flush(); }
+
  private:
   friend class TokenBoundCall;
   // Resolves `call`'s identity and, when it is a tenant's, adds `call` to
@@ -80,6 +91,7 @@ class Authenticator {
   void Unbind(TokenBoundCall* call) const;
 
   const bool reflection_without_auth_;
+  const std::unique_ptr<RejectionLog> rejections_;
   // Taken before mu_. SetTokens holds it while it cancels calls, so a
   // bound call cannot be unbound (and its context freed) meanwhile.
   mutable absl::Mutex calls_mu_ ABSL_ACQUIRED_BEFORE(mu_);
