@@ -202,7 +202,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
       server->authenticator_.get());
   server->health_service_ = std::make_unique<HealthService>(
       std::set<std::string>{v1::Runtime::service_full_name(),
-                            v1::Operators::service_full_name()});
+                            v1::Operators::service_full_name()},
+      options.max_health_watches);
 
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

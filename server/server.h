@@ -74,6 +74,11 @@ struct Options {
   int data_port = 0;
   // Lets server reflection answer without a token.
   bool reflection_without_auth = false;
+  // grpc.health.v1 Health.Watch streams open at once, server-wide: they
+  // need no token, so without a bound anyone who can connect could hold
+  // memory with them. Beyond it Watch is RESOURCE_EXHAUSTED (Check still
+  // answers).
+  uint32_t max_health_watches = 100;
   // Serve a non-loopback address without TLS plus authentication (tokens or
   // client certificates) anyway; otherwise Start refuses.
   bool allow_insecure = false;

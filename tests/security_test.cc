@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
 
@@ -719,6 +720,75 @@ TEST_F(SecurityTest, RevokingATokenEndsItsOpenCallsOnly) {
             absl::StatusCode::kUnauthenticated);
   ExpectStillWorking(*rotated.calls, server_->data_port());
   ExpectStillWorking(*bob.calls, server_->data_port());
+}
+
+// Health.Watch needs no token: the streams open at once are bounded
+// server-wide, and one that ends gives its slot back.
+TEST_F(SecurityTest, HealthWatchStreamsAreBounded) {
+  Options options;
+  options.auth_token_file = TokenFile();
+  options.max_health_watches = 3;
+  Start(options);
+  auto channel = grpc::CreateChannel(server_->address(),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  struct Watch {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<grpc::health::v1::HealthCheckResponse>>
+        reader;
+  };
+  auto watch = [&] {
+    auto w = std::make_unique<Watch>();
+    w->context.set_deadline(std::chrono::system_clock::now() +
+                            std::chrono::seconds(30));
+    w->reader = stub->Watch(&w->context, grpc::health::v1::HealthCheckRequest());
+    return w;
+  };
+  std::vector<std::unique_ptr<Watch>> watches;
+  for (int i = 0; i < 3; ++i) {
+    watches.push_back(watch());
+    grpc::health::v1::HealthCheckResponse response;
+    ASSERT_TRUE(watches.back()->reader->Read(&response)) << i;
+    EXPECT_EQ(response.status(),
+              grpc::health::v1::HealthCheckResponse::SERVING);
+  }
+  auto refused = watch();
+  grpc::health::v1::HealthCheckResponse response;
+  EXPECT_FALSE(refused->reader->Read(&response));
+  grpc::Status status = refused->reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("--max_health_watches"));
+  // Check is not limited.
+  grpc::ClientContext check_context;
+  EXPECT_TRUE(stub->Check(&check_context,
+                          grpc::health::v1::HealthCheckRequest(), &response)
+                  .ok());
+  // A watch that ends frees its slot (the server notices the cancellation
+  // asynchronously: retry until it has).
+  watches.front()->context.TryCancel();
+  while (watches.front()->reader->Read(&response)) {
+  }
+  watches.front()->reader->Finish();
+  watches.erase(watches.begin());
+  bool admitted = false;
+  for (int attempt = 0; attempt < 100 && !admitted; ++attempt) {
+    auto again = watch();
+    if (again->reader->Read(&response)) {
+      admitted = true;
+      watches.push_back(std::move(again));
+    } else {
+      EXPECT_EQ(again->reader->Finish().error_code(),
+                grpc::StatusCode::RESOURCE_EXHAUSTED);
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+  EXPECT_TRUE(admitted);
+  for (auto& w : watches) w->context.TryCancel();
+  for (auto& w : watches) {
+    while (w->reader->Read(&response)) {
+    }
+    w->reader->Finish();
+  }
 }
 
 // The C API takes its settings from the environment at aclInit.
