@@ -1,5 +1,7 @@
 #include "server/auth.h"
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -11,6 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "grpc/grpc.h"
 #include "grpc/grpc_security.h"
@@ -144,6 +147,14 @@ class CoreServerCredentials final : public grpc::ServerCredentials {
 
 absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
   constexpr absl::string_view kFlag = "--auth_token_file";
+  // A file that cannot be stat'ed cannot be read either: ReadFile says so.
+  struct stat info;
+  const bool stated = stat(path.c_str(), &info) == 0;
+  if (stated && S_ISDIR(info.st_mode)) {
+    // Read as a file it would look empty ("no 'TENANT TOKEN' lines").
+    return absl::InvalidArgumentError(absl::StrCat(
+        kFlag, ": ", path, " is a directory, not a file of tokens"));
+  }
   absl::StatusOr<std::string> text = ReadFile(kFlag, path);
   if (!text.ok()) return text.status();
   std::vector<Entry> entries;
@@ -184,7 +195,15 @@ absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(kFlag, ": ", path, ": no 'TENANT TOKEN' lines"));
   }
-  return TokenTable(std::move(entries));
+  TokenTable table(std::move(entries));
+  if (stated && (info.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+    table.warning_ = absl::StrCat(
+        "warning: ", kFlag, ": ", path,
+        " is readable or writable by group or others (mode ",
+        absl::StrFormat("%04o", info.st_mode & 07777),
+        "): whoever can read it holds every tenant's token; chmod 600 it");
+  }
+  return table;
 }
 
 std::optional<std::string> TokenTable::Lookup(absl::string_view token) const {

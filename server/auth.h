@@ -42,8 +42,14 @@ class TokenTable {
 
   size_t size() const { return entries_.size(); }
 
+  // What the server should log about the file Load read (one line naming
+  // the file, never a token), or empty: the file is readable or writable
+  // by group or others.
+  const std::string& warning() const { return warning_; }
+
  private:
   std::vector<Entry> entries_;
+  std::string warning_;
 };
 
 class TokenBoundCall;

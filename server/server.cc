@@ -141,6 +141,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     absl::StatusOr<TokenTable> tokens =
         TokenTable::Load(options.auth_token_file);
     if (!tokens.ok()) return tokens.status();
+    if (!tokens->warning().empty()) LogLine(tokens->warning());
     authenticator = std::make_shared<Authenticator>(
         *std::move(tokens), options.reflection_without_auth, ServedMethods());
   }
@@ -249,6 +250,7 @@ absl::Status Server::ReloadTokens() {
   absl::StatusOr<TokenTable> tokens =
       TokenTable::Load(options_.auth_token_file);
   if (!tokens.ok()) return tokens.status();
+  if (!tokens->warning().empty()) LogLine(tokens->warning());
   const size_t count = tokens->size();
   const size_t ended = authenticator_->SetTokens(*std::move(tokens));
   LogLine(absl::StrCat("reloaded ", count, " tokens from ",
