@@ -61,7 +61,7 @@ void RejectionLog::FlushLocked(absl::Time now) {
   const absl::Duration elapsed = absl::Ceil(now - since_, absl::Seconds(1));
   std::string line =
       absl::StrCat("rejected ", total_, " unauthenticated calls in the last ",
-                   absl::FormatDuration(elapsed), ":");
+                   absl::ToInt64Seconds(elapsed), "s:");
   const char* separator = " ";
   uint64_t others = 0;
   for (size_t i = 0; i < methods.size(); ++i) {

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -88,6 +89,26 @@ TEST(RejectionLogTest, SummariesCountEveryRefusalByKnownMethod) {
               HasSubstr("rejected call to " + std::string(kExecute)));
   f.log.Flush();
   EXPECT_EQ(f.lines.size(), 4u);  // Nothing left to report.
+}
+
+TEST(RejectionLogTest, ASummaryNamesABoundedNumberOfMethods) {
+  std::vector<std::string> known;
+  for (int i = 0; i < 12; ++i) known.push_back(absl::StrCat("/s.S/M", i));
+  absl::Time now = absl::UnixEpoch();
+  std::vector<std::string> lines;
+  RejectionLog log(
+      known, absl::Seconds(10), [&] { return now; },
+      [&](absl::string_view line) { lines.emplace_back(line); });
+  log.Record(known[0], "unknown bearer token");
+  // M0 most often, then M1, ...: the summary names the 8 most refused.
+  for (int i = 0; i < 12; ++i) {
+    for (int n = 0; n < 20 - i; ++n) log.Record(known[i], "x");
+  }
+  log.Flush();
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_THAT(lines[1], AllOf(HasSubstr("20 to /s.S/M0, 19 to /s.S/M1"),
+                              HasSubstr("13 to /s.S/M7, 42 to other methods"),
+                              Not(HasSubstr("/s.S/M8"))));
 }
 
 }  // namespace
