@@ -1,7 +1,10 @@
 #include "server/auth.h"
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <utility>
 
@@ -10,6 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "grpc/grpc.h"
 #include "grpc/grpc_security.h"
@@ -23,6 +27,9 @@ constexpr absl::string_view kBearer = "Bearer ";
 constexpr absl::string_view kHealthPrefix = "/grpc.health.v1.Health/";
 // v1alpha and v1: reflection clients try both.
 constexpr absl::string_view kReflectionPrefix = "/grpc.reflection.";
+constexpr char kSeveralAuthorizations[] =
+    "more than one authorization header: send one 'authorization: Bearer "
+    "TOKEN'";
 
 // Equality of `guess` and `secret` in time that depends only on
 // secret.size(): every byte of the secret is looked at, whatever matches.
@@ -74,20 +81,26 @@ void ProcessAuthMetadata(void* state, grpc_auth_context* /*context*/,
       static_cast<std::shared_ptr<Authenticator>*>(state)->get();
   absl::string_view path;
   absl::string_view authorization;
+  int authorizations = 0;
   for (size_t i = 0; i < num_md; ++i) {
     absl::string_view key = SliceView(md[i].key);
     if (key == ":path") {
       path = SliceView(md[i].value);
     } else if (key == "authorization") {
       authorization = SliceView(md[i].value);
+      ++authorizations;
     }
   }
+  // Handlers read the token from the call's metadata again
+  // (CallerIdentity): with several values, which one each side took would
+  // decide the identity, so such a call is refused here outright.
   absl::StatusOr<std::string> tenant =
-      authenticator->Check(path, authorization);
+      authorizations > 1 ? absl::UnauthenticatedError(kSeveralAuthorizations)
+                         : authenticator->Check(path, authorization);
   if (!tenant.ok()) {
-    // The path only: the metadata holds the (wrong) secret.
-    LogLine(absl::StrCat("rejected call to ", path, ": ",
-                         tenant.status().message()));
+    // Never the metadata, which holds the (wrong) secret; the path only
+    // when it is one the server serves.
+    authenticator->LogRejection(path, tenant.status().message());
     std::string message(tenant.status().message());
     done(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_UNAUTHENTICATED,
          message.c_str());
@@ -134,6 +147,14 @@ class CoreServerCredentials final : public grpc::ServerCredentials {
 
 absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
   constexpr absl::string_view kFlag = "--auth_token_file";
+  // A file that cannot be stat'ed cannot be read either: ReadFile says so.
+  struct stat info;
+  const bool stated = stat(path.c_str(), &info) == 0;
+  if (stated && S_ISDIR(info.st_mode)) {
+    // Read as a file it would look empty ("no 'TENANT TOKEN' lines").
+    return absl::InvalidArgumentError(absl::StrCat(
+        kFlag, ": ", path, " is a directory, not a file of tokens"));
+  }
   absl::StatusOr<std::string> text = ReadFile(kFlag, path);
   if (!text.ok()) return text.status();
   std::vector<Entry> entries;
@@ -174,7 +195,15 @@ absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(kFlag, ": ", path, ": no 'TENANT TOKEN' lines"));
   }
-  return TokenTable(std::move(entries));
+  TokenTable table(std::move(entries));
+  if (stated && (info.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+    table.warning_ = absl::StrCat(
+        "warning: ", kFlag, ": ", path,
+        " is readable or writable by group or others (mode ",
+        absl::StrFormat("%04o", info.st_mode & 07777),
+        "): whoever can read it holds every tenant's token; chmod 600 it");
+  }
+  return table;
 }
 
 std::optional<std::string> TokenTable::Lookup(absl::string_view token) const {
@@ -187,14 +216,67 @@ std::optional<std::string> TokenTable::Lookup(absl::string_view token) const {
   return found->tenant;
 }
 
-Authenticator::Authenticator(TokenTable tokens, bool reflection_without_auth)
+Authenticator::Authenticator(TokenTable tokens, bool reflection_without_auth,
+                             const std::vector<std::string>& known_methods)
     : reflection_without_auth_(reflection_without_auth),
+      rejections_(std::make_unique<RejectionLog>(known_methods)),
       tokens_(std::make_shared<const TokenTable>(std::move(tokens))) {}
 
-void Authenticator::SetTokens(TokenTable tokens) {
+size_t Authenticator::SetTokens(TokenTable tokens) {
   auto table = std::make_shared<const TokenTable>(std::move(tokens));
-  absl::MutexLock lock(&mu_);
-  tokens_ = std::move(table);
+  // Held across the swap and the scan, so a call binding meanwhile is
+  // checked against the new table (Bind) and none slips between the two.
+  absl::MutexLock calls_lock(&calls_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    tokens_ = table;
+  }
+  size_t cancelled = 0;
+  for (TokenBoundCall* call : calls_) {
+    if (call->revoked()) continue;
+    std::optional<std::string> tenant = TenantOf(call->authorization_);
+    if (tenant.has_value() &&
+        absl::StrCat("tenant:", *tenant) == call->identity_) {
+      continue;
+    }
+    // The context lives until the reactor's OnDone, which unbinds the call
+    // under calls_mu_ first. TryCancel runs no reaction inline (the
+    // reactors' OnCancel runs on gRPC's threads), and no reaction takes
+    // calls_mu_ anyway.
+    call->revoked_.store(true, std::memory_order_release);
+    call->context_->TryCancel();
+    ++cancelled;
+  }
+  return cancelled;
+}
+
+absl::StatusOr<std::string> Authenticator::Bind(TokenBoundCall* call) const {
+  absl::MutexLock calls_lock(&calls_mu_);
+  absl::StatusOr<std::string> caller = CallerIdentity(call->context_, this);
+  if (!caller.ok()) return caller;
+  // CallerIdentity succeeded, so there is exactly one value.
+  auto found = call->context_->client_metadata().find("authorization");
+  call->authorization_.assign(found->second.data(), found->second.size());
+  call->identity_ = *caller;
+  calls_.insert(call);
+  call->bound_ = true;
+  return caller;
+}
+
+void Authenticator::Unbind(TokenBoundCall* call) const {
+  absl::MutexLock calls_lock(&calls_mu_);
+  calls_.erase(call);
+}
+
+TokenBoundCall::TokenBoundCall(const Authenticator* authenticator,
+                               grpc::ServerContextBase* context)
+    : authenticator_(authenticator),
+      context_(context),
+      caller_(authenticator == nullptr ? CallerIdentity(context, nullptr)
+                                       : authenticator->Bind(this)) {}
+
+TokenBoundCall::~TokenBoundCall() {
+  if (bound_) authenticator_->Unbind(this);
 }
 
 absl::StatusOr<std::string> Authenticator::Check(
@@ -297,20 +379,30 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   return std::shared_ptr<grpc::ServerCredentials>(std::move(credentials));
 }
 
-std::string CallerIdentity(const grpc::ServerContextBase* context,
-                           const Authenticator* authenticator) {
+absl::StatusOr<std::string> CallerIdentity(
+    const grpc::ServerContextBase* context,
+    const Authenticator* authenticator) {
   if (authenticator != nullptr) {
+    // The tenant is resolved again rather than trusted from the processor:
+    // the token may have been revoked since. Every way of not having
+    // exactly one known token fails, so no call ever acts as a fallback
+    // identity that several callers would share.
     const auto& metadata = context->client_metadata();
-    auto it = metadata.find("authorization");
-    std::optional<std::string> tenant;
-    if (it != metadata.end()) {
-      tenant = authenticator->TenantOf(
-          absl::string_view(it->second.data(), it->second.size()));
+    auto [first, last] = metadata.equal_range("authorization");
+    if (first == last) {
+      return absl::UnauthenticatedError(
+          "missing 'authorization: Bearer TOKEN' metadata");
     }
-    // No tenant: a call the processor lets through without a token (health,
-    // reflection), or a token revoked since: an identity that owns nothing.
-    return tenant.has_value() ? absl::StrCat("tenant:", *tenant)
-                              : "unauthenticated";
+    if (std::next(first) != last) {
+      return absl::UnauthenticatedError(kSeveralAuthorizations);
+    }
+    std::optional<std::string> tenant = authenticator->TenantOf(
+        absl::string_view(first->second.data(), first->second.size()));
+    if (!tenant.has_value()) {
+      return absl::UnauthenticatedError(
+          "unknown bearer token (revoked while the call started?)");
+    }
+    return absl::StrCat("tenant:", *tenant);
   }
   std::shared_ptr<const grpc::AuthContext> auth = context->auth_context();
   if (auth != nullptr) {
@@ -321,7 +413,7 @@ std::string CallerIdentity(const grpc::ServerContextBase* context,
           "cert:", absl::string_view(subject[0].data(), subject[0].size()));
     }
   }
-  return "anonymous";
+  return std::string("anonymous");
 }
 
 }  // namespace opserver

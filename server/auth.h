@@ -1,15 +1,18 @@
 #ifndef OPSERVER_SERVER_AUTH_H_
 #define OPSERVER_SERVER_AUTH_H_
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
+#include "server/rejection_log.h"
 
 namespace opserver {
 
@@ -39,17 +42,31 @@ class TokenTable {
 
   size_t size() const { return entries_.size(); }
 
+  // What the server should log about the file Load read (one line naming
+  // the file, never a token), or empty: the file is readable or writable
+  // by group or others.
+  const std::string& warning() const { return warning_; }
+
  private:
   std::vector<Entry> entries_;
+  std::string warning_;
 };
+
+class TokenBoundCall;
 
 // Which calls need a token, and the tokens. Thread-safe; the table can be
 // swapped while calls are checked (SIGHUP reloads the token file).
 class Authenticator {
  public:
-  Authenticator(TokenTable tokens, bool reflection_without_auth);
+  // `known_methods`: the "/package.Service/Method" paths the server
+  // serves, the only ones the log of refused calls names (RejectionLog).
+  Authenticator(TokenTable tokens, bool reflection_without_auth,
+                const std::vector<std::string>& known_methods = {});
 
-  void SetTokens(TokenTable tokens);
+  // Puts `tokens` in force: later calls are checked against them, and every
+  // open call bound to a token (TokenBoundCall) that no longer names the
+  // same tenant is cancelled now. Returns how many calls were cancelled.
+  size_t SetTokens(TokenTable tokens);
 
   // The tenant for a call to `path` ("/package.Service/Method") with the
   // `authorization` metadata value (empty when absent), or UNAUTHENTICATED
@@ -62,10 +79,72 @@ class Authenticator {
   // The tenant named by an "authorization: Bearer TOKEN" value, if any.
   std::optional<std::string> TenantOf(absl::string_view authorization) const;
 
+  // Logs a call Check refused, rate-limited (RejectionLog).
+  void LogRejection(absl::string_view path, absl::string_view reason) const {
+    rejections_->Record(path, reason);
+  }
+  // Logs the refusals not yet summarized (at shutdown).
+  void FlushRejections() const { rejections_->Flush(); }
+
  private:
+  friend class TokenBoundCall;
+  // Resolves `call`'s identity and, when it is a tenant's, adds `call` to
+  // the calls SetTokens checks, atomically with respect to SetTokens: a
+  // token revoked before this is refused here, one revoked after cancels
+  // the call. The set of open calls is bookkeeping, not configuration,
+  // hence const.
+  absl::StatusOr<std::string> Bind(TokenBoundCall* call) const;
+  void Unbind(TokenBoundCall* call) const;
+
   const bool reflection_without_auth_;
+  const std::unique_ptr<RejectionLog> rejections_;
+  // Taken before mu_. SetTokens holds it while it cancels calls, so a
+  // bound call cannot be unbound (and its context freed) meanwhile.
+  mutable absl::Mutex calls_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  mutable absl::flat_hash_set<TokenBoundCall*> calls_
+      ABSL_GUARDED_BY(calls_mu_);
   mutable absl::Mutex mu_;
   std::shared_ptr<const TokenTable> tokens_ ABSL_GUARDED_BY(mu_);
+};
+
+// Ties a long-lived call (a streaming reactor) to the bearer token it was
+// let in with, so revoking the token ends the call: a member of the
+// reactor, alive from its construction until it is deleted in OnDone.
+// While bound, Authenticator::SetTokens cancels the call's context
+// (TryCancel: the reactor's OnCancel runs, on a gRPC thread) when a new
+// token table no longer maps the token to the same tenant.
+class TokenBoundCall {
+ public:
+  // Resolves the call's identity (as CallerIdentity does) and binds the
+  // call when it is a tenant's. `authenticator` may be null (no tokens:
+  // nothing can be revoked).
+  TokenBoundCall(const Authenticator* authenticator,
+                 grpc::ServerContextBase* context);
+  ~TokenBoundCall();
+  TokenBoundCall(const TokenBoundCall&) = delete;
+  TokenBoundCall& operator=(const TokenBoundCall&) = delete;
+
+  // The identity whose sessions the call may name, or why it may name none
+  // (UNAUTHENTICATED); fixed for the call's life.
+  const absl::StatusOr<std::string>& caller() const { return caller_; }
+
+  // True once SetTokens has cancelled the call. The cancellation reaches
+  // the reactor later (OnCancel, on a gRPC thread); what must stop at once
+  // (a data-path ticket presented meanwhile) checks this.
+  bool revoked() const { return revoked_.load(std::memory_order_acquire); }
+
+ private:
+  friend class Authenticator;
+
+  const Authenticator* const authenticator_;
+  grpc::ServerContextBase* const context_;
+  // The call's one authorization value and the identity it gave, for
+  // SetTokens (caller_ is not yet constructed when the call is bound).
+  std::string authorization_;
+  std::string identity_;
+  bool bound_ = false;
+  std::atomic<bool> revoked_{false};
+  absl::StatusOr<std::string> caller_;
 };
 
 // What the server's port needs to be secured (the --tls_* flags).
@@ -92,12 +171,17 @@ absl::Status CheckPemFile(absl::string_view flag, const std::string& path);
 // configured), "tenant:NAME" for the call's bearer token; else
 // "cert:SUBJECT" for a verified client certificate; else "anonymous" (shared
 // by every such caller, which is what a server without authentication
-// means). The tenant is looked up per call rather than stored in the auth
-// context: gRPC 1.51 hands the metadata processor the connection's auth
-// context, shared by every call on the connection, so a property set there
-// would leak one call's tenant to the next.
-std::string CallerIdentity(const grpc::ServerContextBase* context,
-                           const Authenticator* authenticator);
+// means). With tokens it fails closed: UNAUTHENTICATED unless the call
+// carries exactly one authorization value naming a token in force now (a
+// health or reflection call let in without one, several values, or a token
+// revoked since the call was let in). The tenant is looked up per call
+// rather than stored in the auth context: gRPC 1.51 hands the metadata
+// processor the connection's auth context, shared by every call on the
+// connection, so a property set there would leak one call's tenant to the
+// next.
+absl::StatusOr<std::string> CallerIdentity(
+    const grpc::ServerContextBase* context,
+    const Authenticator* authenticator);
 
 }  // namespace opserver
 

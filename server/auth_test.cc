@@ -1,5 +1,8 @@
 #include "server/auth.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -69,6 +72,35 @@ TEST(TokenTableTest, MissingOrEmptyFileIsAnError) {
   EXPECT_THAT(
       TokenTable::Load(WriteFile("empty", "# nothing\n\n")).status().message(),
       HasSubstr("no 'TENANT TOKEN' lines"));
+}
+
+TEST(TokenTableTest, ADirectoryIsReportedAsOne) {
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/tokens.d";
+  ASSERT_TRUE(mkdir(dir.c_str(), 0700) == 0 || errno == EEXIST);
+  EXPECT_THAT(TokenTable::Load(dir).status().message(),
+              HasSubstr("--auth_token_file: " + dir + " is a directory"));
+}
+
+// Anyone else who may read the file holds every tenant's token: loading
+// works (refusing would break running deployments) but says so, naming the
+// file and never a token.
+TEST(TokenTableTest, AFileOthersMayReadLoadsWithAWarning) {
+  const std::string path =
+      WriteFile("shared_tokens", "alice alice-secret-0123456789\n");
+  for (mode_t mode : {0644, 0640, 0604}) {
+    ASSERT_EQ(chmod(path.c_str(), mode), 0);
+    absl::StatusOr<TokenTable> table = TokenTable::Load(path);
+    ASSERT_TRUE(table.ok()) << table.status();
+    EXPECT_THAT(table->warning(),
+                AllOf(HasSubstr("--auth_token_file: " + path),
+                      HasSubstr("group or others"), HasSubstr("chmod 600"),
+                      Not(HasSubstr("secret"))))
+        << mode;
+  }
+  ASSERT_EQ(chmod(path.c_str(), 0600), 0);
+  absl::StatusOr<TokenTable> table = TokenTable::Load(path);
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_EQ(table->warning(), "");
 }
 
 TEST(AuthenticatorTest, HealthIsOpenEverythingElseNeedsAToken) {

@@ -79,8 +79,9 @@ class HealthService::Watcher final
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-HealthService::HealthService(std::set<std::string> services)
-    : services_(std::move(services)) {}
+HealthService::HealthService(std::set<std::string> services,
+                             uint32_t max_watches)
+    : services_(std::move(services)), max_watches_(max_watches) {}
 
 HealthService::~HealthService() = default;
 
@@ -116,6 +117,21 @@ grpc::ServerUnaryReactor* HealthService::Check(
 grpc::ServerWriteReactor<HealthCheckResponse>* HealthService::Watch(
     grpc::CallbackServerContext* context, const HealthCheckRequest* request) {
   absl::MutexLock lock(&mu_);
+  if (watchers_.size() >= max_watches_) {
+    // A reactor that only finishes with the refusal.
+    class Refused final : public grpc::ServerWriteReactor<HealthCheckResponse> {
+     public:
+      explicit Refused(uint32_t max) {
+        Finish(grpc::Status(
+            grpc::StatusCode::RESOURCE_EXHAUSTED,
+            absl::StrCat("the server already serves ", max,
+                         " Health.Watch streams (--max_health_watches); "
+                         "retry later, or poll Health.Check")));
+      }
+      void OnDone() override { delete this; }
+    };
+    return new Refused(max_watches_);
+  }
   ServingStatus status;
   // As gRPC's own implementation does, an unknown service is watched as
   // SERVICE_UNKNOWN rather than failed: it may be registered later.

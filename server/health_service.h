@@ -1,6 +1,7 @@
 #ifndef OPSERVER_SERVER_HEALTH_SERVICE_H_
 #define OPSERVER_SERVER_HEALTH_SERVICE_H_
 
+#include <cstdint>
 #include <set>
 #include <string>
 
@@ -21,7 +22,9 @@ namespace opserver {
 class HealthService final : public grpc::health::v1::Health::CallbackService {
  public:
   // `services` are the fully qualified names Check answers for (besides "").
-  explicit HealthService(std::set<std::string> services);
+  // At most `max_watches` Watch streams are open at once (they need no
+  // token): more are RESOURCE_EXHAUSTED until one ends.
+  HealthService(std::set<std::string> services, uint32_t max_watches);
   ~HealthService() override;
 
   grpc::ServerUnaryReactor* Check(
@@ -46,6 +49,7 @@ class HealthService final : public grpc::health::v1::Health::CallbackService {
   void RemoveWatcher(Watcher* watcher);
 
   const std::set<std::string> services_;
+  const uint32_t max_watches_;
   mutable absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::set<Watcher*> watchers_ ABSL_GUARDED_BY(mu_);

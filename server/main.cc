@@ -95,6 +95,9 @@ ABSL_FLAG(std::string, auth_token_file, "",
           "re-reads it.");
 ABSL_FLAG(bool, reflection_without_auth, false,
           "Let server reflection answer calls without a token.");
+ABSL_FLAG(uint32_t, max_health_watches, 100,
+          "grpc.health.v1 Watch streams open at once, server-wide (they need "
+          "no token); more are RESOURCE_EXHAUSTED. Check is not limited.");
 ABSL_FLAG(bool, allow_insecure, false,
           "Serve a non-loopback --listen address without TLS and "
           "authentication anyway.");
@@ -180,6 +183,7 @@ int main(int argc, char** argv) {
   options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   options.reflection_without_auth =
       absl::GetFlag(FLAGS_reflection_without_auth);
+  options.max_health_watches = absl::GetFlag(FLAGS_max_health_watches);
   options.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
   options.transfer_limits.idle_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_transfer_idle_timeout_s));

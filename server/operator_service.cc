@@ -127,7 +127,7 @@ grpc::ServerUnaryReactor* OperatorService::GetWorkspaceSize(
     const v1::GetWorkspaceSizeRequest* request,
     v1::GetWorkspaceSizeResponse* response) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      SessionOf(context, request->session());
   if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<std::shared_ptr<Executor>> executor = PlanExecutor(
       *request, **session, sessions_->limits().max_launch_elements);
@@ -153,7 +153,9 @@ absl::Status OperatorService::Launch(const v1::ExecuteRequest& request,
 grpc::ServerUnaryReactor* OperatorService::Execute(
     grpc::CallbackServerContext* context, const v1::ExecuteRequest* request,
     v1::ExecuteResponse* response) {
-  absl::Status status = Launch(*request, Caller(context));
+  absl::StatusOr<std::string> caller = Caller(context);
+  absl::Status status =
+      caller.ok() ? Launch(*request, *caller) : caller.status();
   if (status.ok()) response->set_aclnn_status(kernels::kAclnnSuccess);
   return Reply(context, status);
 }
@@ -166,11 +168,16 @@ grpc::ServerUnaryReactor* OperatorService::Execute(
 class OperatorService::Launcher final
     : public grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteResponse> {
  public:
-  Launcher(OperatorService* service, std::string caller)
+  Launcher(OperatorService* service, grpc::CallbackServerContext* context)
       : service_(service),
-        caller_(std::move(caller)),
+        binding_(service->authenticator_, context),
+        caller_(binding_.caller()),
         max_pending_(std::max<size_t>(
             1, service->sessions_->limits().max_pending_replies)) {
+    if (!caller_.ok()) {
+      Finish(ToGrpcStatus(caller_.status(), context));
+      return;
+    }
     StartRead(&request_);
   }
 
@@ -181,7 +188,7 @@ class OperatorService::Launcher final
       MaybeFinishLocked();
       return;
     }
-    absl::Status status = service_->Launch(request_, caller_);
+    absl::Status status = service_->Launch(request_, *caller_);
     v1::ExecuteResponse response;
     response.set_executor(request_.executor());
     response.set_aclnn_status(kernels::GetAclnnStatus(status));
@@ -248,7 +255,9 @@ class OperatorService::Launcher final
   }
 
   OperatorService* const service_;
-  const std::string caller_;  // Whose sessions the launches may name.
+  const TokenBoundCall binding_;  // Revoking the token ends the call.
+  // Whose sessions the launches may name.
+  const absl::StatusOr<std::string> caller_;
   const size_t max_pending_;
   v1::ExecuteRequest request_;  // Touched only by the read chain.
   absl::Mutex mu_;
@@ -263,7 +272,7 @@ class OperatorService::Launcher final
 
 grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteResponse>*
 OperatorService::ExecuteStream(grpc::CallbackServerContext* context) {
-  return new Launcher(this, Caller(context));
+  return new Launcher(this, context);
 }
 
 // Pipeline: batches of commands in, acknowledgements and fence results out
@@ -290,11 +299,11 @@ class OperatorService::Pipeliner final
   // Commands applied per turn on a worker.
   static constexpr size_t kSliceCommands = 4096;
 
-  Pipeliner(OperatorService* service, grpc::CallbackServerContext* context,
-            std::string caller)
+  Pipeliner(OperatorService* service, grpc::CallbackServerContext* context)
       : service_(service),
         context_(context),
-        caller_(std::move(caller)),
+        binding_(service->authenticator_, context),
+        caller_(binding_.caller()),
         limits_(service->sessions_->limits()),
         pipeline_(limits_, limits_.max_pending_replies,
                   [this](uint64_t id, absl::Status status) {
@@ -302,6 +311,12 @@ class OperatorService::Pipeliner final
                   }),
         link_(std::make_shared<Link>()) {
     link_->call = this;
+    if (!caller_.ok()) {
+      absl::MutexLock lock(&mu_);
+      finished_ = true;
+      Finish(ToGrpcStatus(caller_.status(), context));
+      return;
+    }
     StartRead(&incoming_);
   }
 
@@ -417,7 +432,7 @@ class OperatorService::Pipeliner final
     if (scheduled_) return;
     scheduled_ = true;
     const std::string owner =
-        session_id_.empty() ? caller_ : absl::StrCat("session:", session_id_);
+        session_id_.empty() ? *caller_ : absl::StrCat("session:", session_id_);
     absl::Status queued =
         service_->workers_->Submit(owner, [this] { RunSlice(); });
     if (!queued.ok()) {
@@ -527,7 +542,7 @@ class OperatorService::Pipeliner final
   // The first batch opens the channel on its session.
   absl::Status OpenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::StatusOr<std::shared_ptr<Session>> session =
-        service_->sessions_->Get(batch_.session(), caller_);
+        service_->sessions_->Get(batch_.session(), *caller_);
     if (!session.ok()) return session.status();
     std::shared_ptr<Link> link = link_;
     absl::StatusOr<uint64_t> channel = (*session)->OpenChannel([link] {
@@ -611,7 +626,9 @@ class OperatorService::Pipeliner final
 
   OperatorService* const service_;
   grpc::CallbackServerContext* const context_;
-  const std::string caller_;  // Whose session the channel may name.
+  const TokenBoundCall binding_;  // Revoking the token ends the call.
+  // Whose session the channel may name.
+  const absl::StatusOr<std::string> caller_;
   const SessionLimits& limits_;
   CommandPipeline pipeline_;
   const std::shared_ptr<Link> link_;
@@ -643,7 +660,7 @@ class OperatorService::Pipeliner final
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 OperatorService::Pipeline(grpc::CallbackServerContext* context) {
-  return new Pipeliner(this, context, Caller(context));
+  return new Pipeliner(this, context);
 }
 
 grpc::ServerUnaryReactor* OperatorService::SetExecutorRepeatable(
@@ -651,7 +668,7 @@ grpc::ServerUnaryReactor* OperatorService::SetExecutorRepeatable(
     const v1::SetExecutorRepeatableRequest* request,
     v1::SetExecutorRepeatableResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      SessionOf(context, request->session());
   if (!session.ok()) return Reply(context, session.status());
   return Reply(context, (*session)->SetExecutorRepeatable(request->executor()));
 }
@@ -661,7 +678,7 @@ grpc::ServerUnaryReactor* OperatorService::DestroyExecutor(
     const v1::DestroyExecutorRequest* request,
     v1::DestroyExecutorResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      SessionOf(context, request->session());
   if (!session.ok()) return Reply(context, session.status());
   return Reply(context, (*session)->DestroyExecutor(request->executor()));
 }
@@ -669,6 +686,8 @@ grpc::ServerUnaryReactor* OperatorService::DestroyExecutor(
 grpc::ServerUnaryReactor* OperatorService::Evaluate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
+  absl::StatusOr<std::string> caller = Caller(context);
+  if (!caller.ok()) return Reply(context, caller.status());
   // Evaluate needs no session: bound how many run at once. A refused call
   // costs no parse: its request is still raw bytes.
   auto slot = std::make_shared<EvaluateSlot>(
@@ -684,7 +703,7 @@ grpc::ServerUnaryReactor* OperatorService::Evaluate(
   // Parsed, computed and answered on a worker, in its caller's turn.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Status queued = workers_->Submit(
-      absl::StrCat("caller:", Caller(context)),
+      absl::StrCat("caller:", *caller),
       [this, reactor, context, request, response, slot] {
         reactor->Finish(ToGrpcStatus(EvaluateBytes(*request, response),
                                      context));

@@ -85,9 +85,18 @@ class OperatorService final : public OperatorsBase {
   absl::Status EvaluateBytes(const grpc::ByteBuffer& request,
                              grpc::ByteBuffer* response);
 
-  // The identity whose sessions the call may name (CallerIdentity).
-  std::string Caller(const grpc::ServerContextBase* context) const {
+  // The identity whose sessions the call may name (CallerIdentity):
+  // UNAUTHENTICATED when the call has no single token in force.
+  absl::StatusOr<std::string> Caller(
+      const grpc::ServerContextBase* context) const {
     return CallerIdentity(context, authenticator_);
+  }
+  // Session `id` when the call's identity owns it.
+  absl::StatusOr<std::shared_ptr<Session>> SessionOf(
+      const grpc::ServerContextBase* context, absl::string_view id) const {
+    absl::StatusOr<std::string> caller = Caller(context);
+    if (!caller.ok()) return caller.status();
+    return sessions_->Get(id, *caller);
   }
 
   Device* const device_;

@@ -30,8 +30,11 @@ namespace opserver {
 class RuntimeService::Attacher final
     : public grpc::ServerWriteReactor<v1::AttachEvent> {
  public:
-  Attacher(RuntimeService* service, std::shared_ptr<Session> session)
-      : service_(service), session_(std::move(session)) {
+  Attacher(RuntimeService* service, std::shared_ptr<Session> session,
+           std::unique_ptr<TokenBoundCall> binding)
+      : service_(service),
+        session_(std::move(session)),
+        binding_(std::move(binding)) {
     session_->set_attached(true);
     absl::MutexLock lock(&mu_);
     event_.set_event("attached");
@@ -101,6 +104,8 @@ class RuntimeService::Attacher final
 
   RuntimeService* const service_;
   const std::shared_ptr<Session> session_;
+  // Revoking the token ends the call, which closes the session.
+  const std::unique_ptr<TokenBoundCall> binding_;
   absl::Mutex mu_;
   v1::AttachEvent event_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -212,8 +217,10 @@ class RuntimeService::Transfer {
   }
 
  protected:
-  explicit Transfer(RuntimeService* service)
-      : service_(service), link_(std::make_shared<TransferLink>()) {}
+  Transfer(RuntimeService* service, grpc::ServerContextBase* context)
+      : service_(service),
+        link_(std::make_shared<TransferLink>()),
+        binding_(service->authenticator_, context) {}
 
   // Makes the call reachable by the watchdog and the stream callbacks.
   // From the derived constructor's body: only then is the object whole.
@@ -287,6 +294,9 @@ class RuntimeService::Transfer {
 
   RuntimeService* const service_;
   const std::shared_ptr<TransferLink> link_;
+  // Whose sessions the transfer may name; revoking the token ends the call
+  // (and forgets a data-path ticket with it).
+  const TokenBoundCall binding_;
   bool finished_ = false;
   // Waiting for the work queued before it: not idle.
   bool waiting_ = false;
@@ -308,7 +318,7 @@ class RuntimeService::Uploader final
  public:
   Uploader(RuntimeService* service, grpc::CallbackServerContext* context,
            grpc::ByteBuffer* response)
-      : Transfer(service), context_(context), response_(response) {
+      : Transfer(service, context), context_(context), response_(response) {
     Link();
     absl::MutexLock lock(&link_->mu);
     StartRead(&message_);
@@ -405,7 +415,7 @@ class RuntimeService::Uploader final
     if (!header.ok()) return header.status();
     absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
         header->session(), header->buffer(), header->offset(), header->size(),
-        header->stream(), "upload range", service_->Caller(context_));
+        header->stream(), "upload range", binding_.caller());
     if (!target.ok()) return target.status();
     session_ = target->session;
     buffer_ = target->buffer;
@@ -452,7 +462,7 @@ class RuntimeService::Downloader final
  public:
   Downloader(RuntimeService* service, grpc::CallbackServerContext* context,
              const grpc::ByteBuffer* request)
-      : Transfer(service), context_(context) {
+      : Transfer(service, context), context_(context) {
     Begin([&] { return StartLocked(request); });
   }
 
@@ -532,7 +542,7 @@ class RuntimeService::Downloader final
     }
     absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
         request.session(), request.buffer(), request.offset(), request.size(),
-        request.stream(), "download range", service_->Caller(context_));
+        request.stream(), "download range", binding_.caller());
     if (!target.ok()) return target.status();
     session_ = target->session;
     buffer_ = target->buffer;
@@ -611,7 +621,7 @@ class RuntimeService::DataTransfer final
  public:
   DataTransfer(RuntimeService* service, grpc::CallbackServerContext* context,
                const v1::OpenDataTransferRequest* request)
-      : Transfer(service), context_(context) {
+      : Transfer(service, context), context_(context) {
     Begin([&]() -> absl::StatusOr<std::shared_ptr<Stream>> {
       absl::StatusOr<std::shared_ptr<Stream>> stream = StartLocked(*request);
       if (stream.ok()) {  // The ticket and port go out at once.
@@ -640,7 +650,8 @@ class RuntimeService::DataTransfer final
     waiting_ = false;
     if (finished_) return;
     last_progress_ = absl::Now();
-    if (connection_ != nullptr) StartMovingLocked();
+    // A revoked call ends on its own soon (OnCancel); no bytes move first.
+    if (connection_ != nullptr && !binding_.revoked()) StartMovingLocked();
   }
 
   void AbortLocked(const absl::Status& why) override {
@@ -684,7 +695,7 @@ class RuntimeService::DataTransfer final
     absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
         request.session(), request.buffer(), request.offset(), request.size(),
         request.stream(), upload_ ? "upload range" : "download range",
-        service_->Caller(context_));
+        binding_.caller());
     if (!target.ok()) return target.status();
     std::shared_ptr<TransferLink> link = link_;
     // Runs on the listener's thread: hands the connection over under the
@@ -711,7 +722,9 @@ class RuntimeService::DataTransfer final
   }
 
   void ConnectedLocked(UniqueFd connection) {
-    if (finished_ || done_ || !abort_.ok()) return;  // Closed here.
+    if (finished_ || done_ || !abort_.ok() || binding_.revoked()) {
+      return;  // Closed here.
+    }
     connection_ = std::make_shared<UniqueFd>(std::move(connection));
     last_progress_ = absl::Now();
     // Begin set waiting_ under this lock before the ticket could be
@@ -863,10 +876,12 @@ void RuntimeService::Shutdown() {
 
 absl::StatusOr<RuntimeService::TransferTarget> RuntimeService::ResolveTransfer(
     absl::string_view session, uint64_t buffer, uint64_t offset, uint64_t size,
-    uint64_t stream, absl::string_view what, absl::string_view caller) {
+    uint64_t stream, absl::string_view what,
+    const absl::StatusOr<std::string>& caller) {
+  if (!caller.ok()) return caller.status();
   TransferTarget target;
   absl::StatusOr<std::shared_ptr<Session>> owner =
-      sessions_->Get(session, caller);
+      sessions_->Get(session, *caller);
   if (!owner.ok()) return owner.status();
   target.session = *std::move(owner);
   absl::StatusOr<std::shared_ptr<Buffer>> found =
@@ -918,8 +933,10 @@ grpc::ServerUnaryReactor* RuntimeService::CreateSession(
     grpc::CallbackServerContext* context,
     const v1::CreateSessionRequest* request,
     v1::CreateSessionResponse* response) {
+  absl::StatusOr<std::string> caller = Caller(context);
+  if (!caller.ok()) return Reply(context, caller.status());
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Create(request->client_name(), Caller(context));
+      sessions_->Create(request->client_name(), *caller);
   if (session.ok()) {
     response->set_session((*session)->id());
     response->set_idle_timeout_seconds(static_cast<uint32_t>(
@@ -933,9 +950,11 @@ grpc::ServerUnaryReactor* RuntimeService::CloseSession(
     const v1::CloseSessionRequest* request,
     v1::CloseSessionResponse* /*response*/) {
   // Answer once the session's memory is released, not merely scheduled.
+  absl::StatusOr<std::string> caller = Caller(context);
+  if (!caller.ok()) return Reply(context, caller.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Status status = sessions_->Close(
-      request->session(), Caller(context), "closed by the client",
+      request->session(), *caller, "closed by the client",
       [reactor] { reactor->Finish(grpc::Status::OK); });
   if (!status.ok()) {
     reactor->Finish(ToGrpcStatus(status, context));
@@ -952,8 +971,13 @@ grpc::ServerUnaryReactor* RuntimeService::CloseSession(
 
 grpc::ServerWriteReactor<v1::AttachEvent>* RuntimeService::Attach(
     grpc::CallbackServerContext* context, const v1::AttachRequest* request) {
+  // Bound before the session is looked up: a revocation from here on ends
+  // the call.
+  auto binding = std::make_unique<TokenBoundCall>(authenticator_, context);
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      binding->caller().ok()
+          ? sessions_->Get(request->session(), *binding->caller())
+          : binding->caller().status();
   if (!session.ok()) {
     // A reactor that only finishes with the error.
     class Failed final : public grpc::ServerWriteReactor<v1::AttachEvent> {
@@ -964,7 +988,8 @@ grpc::ServerWriteReactor<v1::AttachEvent>* RuntimeService::Attach(
     return new Failed(ToGrpcStatus(session.status(), context));
   }
   absl::MutexLock lock(&mu_);
-  auto* attacher = new Attacher(this, *std::move(session));
+  auto* attacher =
+      new Attacher(this, *std::move(session), std::move(binding));
   attachers_.insert(attacher);
   if (shutting_down_) attacher->Stop();
   return attacher;
@@ -974,7 +999,7 @@ grpc::ServerUnaryReactor* RuntimeService::GetSessionStats(
     grpc::CallbackServerContext* context,
     const v1::GetSessionStatsRequest* request, v1::SessionStats* response) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      SessionOf(context, request->session());
   if (session.ok()) {
     SessionStatsSnapshot stats = (*session)->Stats();
     response->set_buffers(stats.buffers);
@@ -1005,7 +1030,7 @@ grpc::ServerUnaryReactor* RuntimeService::CreateStream(
     const v1::CreateStreamRequest* request,
     v1::CreateStreamResponse* response) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      SessionOf(context, request->session());
   if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<uint64_t> stream = (*session)->CreateStream();
   if (stream.ok()) response->set_stream(*stream);
@@ -1017,7 +1042,7 @@ grpc::ServerUnaryReactor* RuntimeService::DestroyStream(
     const v1::DestroyStreamRequest* request,
     v1::DestroyStreamResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      SessionOf(context, request->session());
   if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<std::shared_ptr<Stream>> stream =
       (*session)->TakeStream(request->stream());
@@ -1041,7 +1066,7 @@ grpc::ServerUnaryReactor* RuntimeService::SynchronizeStream(
     const v1::SynchronizeStreamRequest* request,
     v1::SynchronizeStreamResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      SessionOf(context, request->session());
   if (!session.ok()) return Reply(context, session.status());
   absl::StatusOr<std::shared_ptr<Stream>> stream =
       (*session)->GetStream(request->stream());
@@ -1057,7 +1082,7 @@ grpc::ServerUnaryReactor* RuntimeService::Malloc(
     grpc::CallbackServerContext* context, const v1::MallocRequest* request,
     v1::MallocResponse* response) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      SessionOf(context, request->session());
   if (!session.ok()) return Reply(context, session.status());
   // Clearing another owner's bytes or populating fresh pages costs about
   // 50 ms per 256 MiB: large buffers are made on a worker, in the session's
@@ -1086,7 +1111,7 @@ grpc::ServerUnaryReactor* RuntimeService::Free(
     grpc::CallbackServerContext* context, const v1::FreeRequest* request,
     v1::FreeResponse* /*response*/) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request->session(), Caller(context));
+      SessionOf(context, request->session());
   if (!session.ok()) return Reply(context, session.status());
   return Reply(context, (*session)->Free(request->buffer()));
 }

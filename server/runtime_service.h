@@ -144,13 +144,22 @@ class RuntimeService final : public RuntimeServiceBase {
                                                  uint64_t offset, uint64_t size,
                                                  uint64_t stream,
                                                  absl::string_view what,
-                                                 absl::string_view caller);
+                                                 const absl::StatusOr<std::string>& caller);
 
   void RemoveAttacher(Attacher* attacher);
 
-  // The identity whose sessions the call may name (CallerIdentity).
-  std::string Caller(const grpc::ServerContextBase* context) const {
+  // The identity whose sessions the call may name (CallerIdentity):
+  // UNAUTHENTICATED when the call has no single token in force.
+  absl::StatusOr<std::string> Caller(
+      const grpc::ServerContextBase* context) const {
     return CallerIdentity(context, authenticator_);
+  }
+  // Session `id` when the call's identity owns it.
+  absl::StatusOr<std::shared_ptr<Session>> SessionOf(
+      const grpc::ServerContextBase* context, absl::string_view id) const {
+    absl::StatusOr<std::string> caller = Caller(context);
+    if (!caller.ok()) return caller.status();
+    return sessions_->Get(id, *caller);
   }
 
   // Registers a live Upload/Download (through the link by which it can be

@@ -15,11 +15,37 @@
 #include "absl/time/clock.h"
 #include "common/listen_address.h"
 #include "common/malloc_tuning.h"
+#include "google/protobuf/descriptor.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "server/device_factory.h"
 #include "server/log.h"
 
 namespace opserver {
+namespace {
+
+// Every "/package.Service/Method" path the server serves: the log of
+// refused calls names these and counts any other path as unknown.
+std::vector<std::string> ServedMethods() {
+  // Reflection clients try v1 and v1alpha (gRPC 1.51 serves v1alpha only).
+  std::vector<std::string> methods = {
+      "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"};
+  for (const std::string service :
+       {v1::Runtime::service_full_name(), v1::Operators::service_full_name(),
+        "grpc.health.v1.Health"}) {
+    const google::protobuf::ServiceDescriptor* descriptor =
+        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+            service);
+    if (descriptor == nullptr) continue;  // Not linked into this build.
+    for (int i = 0; i < descriptor->method_count(); ++i) {
+      methods.push_back(
+          absl::StrCat("/", service, "/", descriptor->method(i)->name()));
+    }
+  }
+  return methods;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
   return Start(options, nullptr);
@@ -116,8 +142,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     absl::StatusOr<TokenTable> tokens =
         TokenTable::Load(options.auth_token_file);
     if (!tokens.ok()) return tokens.status();
+    if (!tokens->warning().empty()) LogLine(tokens->warning());
     authenticator = std::make_shared<Authenticator>(
-        *std::move(tokens), options.reflection_without_auth);
+        *std::move(tokens), options.reflection_without_auth, ServedMethods());
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       MakeServerCredentials(
@@ -192,7 +219,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
       server->workers_.get(), server->authenticator_.get());
   server->health_service_ = std::make_unique<HealthService>(
       std::set<std::string>{v1::Runtime::service_full_name(),
-                            v1::Operators::service_full_name()});
+                            v1::Operators::service_full_name()},
+      options.max_health_watches);
 
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -238,10 +266,12 @@ absl::Status Server::ReloadTokens() {
   absl::StatusOr<TokenTable> tokens =
       TokenTable::Load(options_.auth_token_file);
   if (!tokens.ok()) return tokens.status();
+  if (!tokens->warning().empty()) LogLine(tokens->warning());
   const size_t count = tokens->size();
-  authenticator_->SetTokens(*std::move(tokens));
+  const size_t ended = authenticator_->SetTokens(*std::move(tokens));
   LogLine(absl::StrCat("reloaded ", count, " tokens from ",
-                       options_.auth_token_file));
+                       options_.auth_token_file, "; ended ", ended,
+                       " open calls made with tokens no longer in it"));
   return absl::OkStatus();
 }
 
@@ -274,6 +304,7 @@ void Server::Shutdown() {
   grpc_server_->Wait();
   stopped.Notify();
   canceller.join();
+  if (authenticator_ != nullptr) authenticator_->FlushRejections();
 }
 
 }  // namespace opserver

@@ -79,6 +79,11 @@ struct Options {
   int data_port = 0;
   // Lets server reflection answer without a token.
   bool reflection_without_auth = false;
+  // grpc.health.v1 Health.Watch streams open at once, server-wide: they
+  // need no token, so without a bound anyone who can connect could hold
+  // memory with them. Beyond it Watch is RESOURCE_EXHAUSTED (Check still
+  // answers).
+  uint32_t max_health_watches = 100;
   // Serve a non-loopback address without TLS plus authentication (tokens or
   // client certificates) anyway; otherwise Start refuses.
   bool allow_insecure = false;
@@ -119,7 +124,10 @@ class Server {
   const std::string& address() const { return address_; }
 
   // Re-reads Options::auth_token_file (SIGHUP): calls made afterwards are
-  // checked against the new tokens. On error the old tokens stay in force.
+  // checked against the new tokens, and the open streaming calls (Pipeline,
+  // ExecuteStream, Attach, transfers and their data-path tickets) made with
+  // a token the file no longer maps to the same tenant are cancelled. On
+  // error the old tokens stay in force.
   absl::Status ReloadTokens();
 
   // Stops accepting calls, reports NOT_SERVING, lets in-flight calls finish

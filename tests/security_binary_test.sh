@@ -19,6 +19,8 @@ bob="bob-token-9a1e7c3b5d2f4860"
 carol="carol-token-0c4d6e8f1a3b5c7d"
 wrong="wrong-token-1234567890abcdef"
 printf '# tenants\nalice %s\n\nbob\t%s  # second tenant\n' "$alice" "$bob" >"$tmp/tokens"
+# Readable by others: served, with a warning naming the file.
+chmod 644 "$tmp/tokens"
 echo "$alice" >"$tmp/alice.token"
 echo "$wrong" >"$tmp/wrong.token"
 echo "$carol" >"$tmp/carol.token"
@@ -99,8 +101,14 @@ trap - EXIT
 for token in "$alice" "$bob" "$carol" "$wrong"; do
   grep -qF -- "$token" "$tmp/err" "$tmp/out" && fail "token $token appears in the server's output"
 done
-grep -q "rejected call to /opserver.v1.Runtime/GetDeviceInfo: unknown bearer token" "$tmp/err" ||
+grep -qF "warning: --auth_token_file: $tmp/tokens is readable or writable by group or others (mode 0644)" "$tmp/err" ||
+  fail "no warning about the token file's mode: $(cat "$tmp/err")"
+# The first rejection is logged on its own, the rest summarized (the last
+# summary at shutdown).
+grep -q "rejected call to /opserver.v1.Runtime/GetDeviceInfo: missing .*authorization" "$tmp/err" ||
   fail "rejections are not logged: $(cat "$tmp/err")"
+grep -q "unauthenticated calls in the last .*to /opserver.v1.Runtime/GetDeviceInfo" "$tmp/err" ||
+  fail "rejections are not summarized: $(cat "$tmp/err")"
 
 # A malformed token file: refuses to start, one line naming file and line.
 printf 'alice %s\nbob\n' "$alice" >"$tmp/bad_tokens"

@@ -13,9 +13,11 @@
 #include "absl/strings/str_replace.h"
 #include "acl/acl.h"
 #include "client/client.h"
+#include "common/data_path.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
 
@@ -448,6 +450,345 @@ TEST_F(SecurityTest, ReloadedTokensApplyToNewCalls) {
   WriteFile("reload_tokens", "bob\n");
   EXPECT_FALSE(server_->ReloadTokens().ok());
   EXPECT_TRUE(bob->GetDeviceInfo().ok());
+}
+
+// A unary call of `method` with `request` and every value of `authorizations`
+// as its own "authorization" header, in order; `response` gets the reply.
+grpc::Status CallWithHeaders(grpc::Channel* channel, const std::string& method,
+                             const google::protobuf::Message& request,
+                             const std::vector<std::string>& authorizations,
+                             google::protobuf::Message* response) {
+  grpc::GenericStub stub(std::shared_ptr<grpc::Channel>(channel, [](auto*) {}));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  for (const std::string& value : authorizations) {
+    context.AddMetadata("authorization", value);
+  }
+  std::string bytes = request.SerializeAsString();
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer wire(&slice, 1);
+  grpc::ByteBuffer reply;
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareUnaryCall(&context, method, wire, &cq);
+  call->StartCall();
+  grpc::Status status;
+  call->Finish(&reply, &status, reinterpret_cast<void*>(1));
+  void* tag;
+  bool ok;
+  EXPECT_TRUE(cq.Next(&tag, &ok));
+  if (status.ok()) {
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(reply.Dump(&slices).ok());
+    std::string text;
+    for (const grpc::Slice& s : slices) {
+      text.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    EXPECT_TRUE(response->ParseFromString(text));
+  }
+  return status;
+}
+
+// A tenant that sends a junk token before its own must not act as some
+// other identity: the call is refused, so it can neither escape its
+// per-tenant limits nor reach sessions others made the same way.
+TEST_F(SecurityTest, TwoAuthorizationHeadersAreUnauthenticated) {
+  Options options;
+  options.auth_token_file = TokenFile();
+  options.session_limits.max_sessions_per_tenant = 1;
+  Start(options);
+  auto channel = grpc::CreateChannel(server_->address(),
+                                     grpc::InsecureChannelCredentials());
+  const std::string alice = absl::StrCat("Bearer ", kAliceToken);
+  const std::string bob = absl::StrCat("Bearer ", kBobToken);
+  v1::CreateSessionRequest create;
+  create.set_client_name("one");
+  v1::CreateSessionResponse created;
+  ASSERT_TRUE(CallWithHeaders(channel.get(),
+                              "/opserver.v1.Runtime/CreateSession", create,
+                              {alice}, &created)
+                  .ok());
+  for (const std::vector<std::string>& headers :
+       std::vector<std::vector<std::string>>{{"Bearer junk", alice},
+                                             {alice, "Bearer junk"},
+                                             {alice, alice},
+                                             {bob, alice}}) {
+    // The second session would be past --max_sessions_per_tenant=1.
+    v1::CreateSessionResponse second;
+    grpc::Status status =
+        CallWithHeaders(channel.get(), "/opserver.v1.Runtime/CreateSession",
+                        create, headers, &second);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << headers[0] << ", " << headers[1] << ": session "
+        << second.session();
+    EXPECT_THAT(status.error_message(),
+                HasSubstr("more than one authorization"));
+    if (!status.ok()) continue;
+    // Made anyway: another tenant using the same trick must not close it.
+    v1::CloseSessionRequest close;
+    close.set_session(second.session());
+    v1::CloseSessionResponse closed;
+    EXPECT_FALSE(CallWithHeaders(channel.get(),
+                                 "/opserver.v1.Runtime/CloseSession", close,
+                                 {"Bearer junk", bob}, &closed)
+                     .ok());
+  }
+}
+
+// One tenant's long-lived calls, each opened and answered once, so the
+// server holds them.
+struct OpenCalls {
+  grpc::ClientContext pipeline_context;
+  grpc::ClientContext execute_context;
+  grpc::ClientContext attach_context;
+  grpc::ClientContext transfer_context;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::PipelineRequest,
+                                           v1::PipelineEvent>>
+      pipeline;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::ExecuteRequest, v1::ExecuteResponse>>
+      execute;
+  std::unique_ptr<grpc::ClientReader<v1::AttachEvent>> attach;
+  std::unique_ptr<grpc::ClientReader<v1::OpenDataTransferResponse>> transfer;
+  std::string ticket;
+};
+
+// A Pipeline, an ExecuteStream, an Attach and a download over the data
+// path (its ticket issued, not presented) on `session`. Their deadline is
+// far beyond the one second a revocation may take, so a call that a
+// revocation failed to end shows as DEADLINE_EXCEEDED.
+std::unique_ptr<OpenCalls> OpenLongLivedCalls(Client& client,
+                                              const std::string& session,
+                                              uint64_t buffer) {
+  auto calls = std::make_unique<OpenCalls>();
+  for (grpc::ClientContext* context :
+       {&calls->pipeline_context, &calls->execute_context,
+        &calls->attach_context, &calls->transfer_context}) {
+    client.Authorize(context);
+    context->set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::seconds(30));
+  }
+  calls->pipeline = client.operators().Pipeline(&calls->pipeline_context);
+  v1::PipelineRequest open;
+  open.set_session(session);
+  EXPECT_TRUE(calls->pipeline->Write(open));
+  v1::PipelineEvent ack;
+  EXPECT_TRUE(calls->pipeline->Read(&ack));
+
+  calls->execute = client.operators().ExecuteStream(&calls->execute_context);
+  v1::ExecuteRequest launch;
+  launch.set_session(session);
+  launch.set_executor(12345);  // Unknown: answered with an error, in band.
+  EXPECT_TRUE(calls->execute->Write(launch));
+  v1::ExecuteResponse launched;
+  EXPECT_TRUE(calls->execute->Read(&launched));
+
+  v1::AttachRequest attach;
+  attach.set_session(session);
+  calls->attach = client.runtime().Attach(&calls->attach_context, attach);
+  v1::AttachEvent attached;
+  EXPECT_TRUE(calls->attach->Read(&attached));
+  EXPECT_EQ(attached.event(), "attached");
+
+  v1::OpenDataTransferRequest transfer;
+  transfer.set_session(session);
+  transfer.set_buffer(buffer);
+  transfer.set_size(16);
+  transfer.set_direction(v1::OpenDataTransferRequest::DIRECTION_DEVICE_TO_HOST);
+  calls->transfer =
+      client.runtime().OpenDataTransfer(&calls->transfer_context, transfer);
+  v1::OpenDataTransferResponse ticket;
+  EXPECT_TRUE(calls->transfer->Read(&ticket));
+  calls->ticket = ticket.ticket();
+  return calls;
+}
+
+void ExpectRevoked(const grpc::Status& status, absl::string_view what) {
+  EXPECT_TRUE(status.error_code() == grpc::StatusCode::CANCELLED ||
+              status.error_code() == grpc::StatusCode::UNAUTHENTICATED)
+      << what << ": " << status.error_code() << " " << status.error_message();
+}
+
+// Every call of `calls` ends without the client doing anything, and the
+// ticket no longer moves bytes.
+void ExpectEndedByRevocation(OpenCalls& calls, int data_port) {
+  v1::PipelineEvent event;
+  while (calls.pipeline->Read(&event)) {
+  }
+  ExpectRevoked(calls.pipeline->Finish(), "Pipeline");
+  v1::ExecuteResponse response;
+  while (calls.execute->Read(&response)) {
+  }
+  ExpectRevoked(calls.execute->Finish(), "ExecuteStream");
+  v1::AttachEvent attached;
+  while (calls.attach->Read(&attached)) {
+  }
+  ExpectRevoked(calls.attach->Finish(), "Attach");
+  v1::OpenDataTransferResponse more;
+  while (calls.transfer->Read(&more)) {
+  }
+  ExpectRevoked(calls.transfer->Finish(), "OpenDataTransfer");
+  absl::StatusOr<UniqueFd> fd = ConnectTcp("127.0.0.1", data_port,
+                                           absl::Seconds(5), absl::Seconds(30));
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  ASSERT_TRUE(SendAll(fd->get(), calls.ticket.data(), calls.ticket.size()).ok());
+  char bytes[16];
+  absl::StatusOr<size_t> got = RecvFull(fd->get(), bytes, sizeof(bytes));
+  EXPECT_TRUE(!got.ok() || *got == 0) << "the revoked ticket moved bytes";
+}
+
+// Every call of `calls` still works: they end as the client asks.
+void ExpectStillWorking(OpenCalls& calls, int data_port) {
+  // The download first: until it is done it holds the stream the fence
+  // below waits for.
+  absl::StatusOr<UniqueFd> fd = ConnectTcp("127.0.0.1", data_port,
+                                           absl::Seconds(5), absl::Seconds(30));
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  ASSERT_TRUE(SendAll(fd->get(), calls.ticket.data(), calls.ticket.size()).ok());
+  char bytes[16];
+  absl::StatusOr<size_t> got = RecvFull(fd->get(), bytes, sizeof(bytes));
+  EXPECT_TRUE(got.ok() && *got == sizeof(bytes));
+  v1::OpenDataTransferResponse more;
+  while (calls.transfer->Read(&more)) {
+  }
+  grpc::Status transfer = calls.transfer->Finish();
+  EXPECT_TRUE(transfer.ok()) << transfer.error_message();
+  v1::PipelineRequest fence;
+  fence.add_commands()->mutable_fence()->set_id(1);
+  EXPECT_TRUE(calls.pipeline->Write(fence));
+  EXPECT_TRUE(calls.pipeline->WritesDone());
+  v1::PipelineEvent event;
+  while (calls.pipeline->Read(&event)) {
+  }
+  grpc::Status pipeline = calls.pipeline->Finish();
+  EXPECT_TRUE(pipeline.ok()) << pipeline.error_message();
+  EXPECT_TRUE(calls.execute->WritesDone());
+  v1::ExecuteResponse response;
+  while (calls.execute->Read(&response)) {
+  }
+  grpc::Status execute = calls.execute->Finish();
+  EXPECT_TRUE(execute.ok()) << execute.error_message();
+  // Attach lasts until the client goes: it was still open.
+  calls.attach_context.TryCancel();
+  v1::AttachEvent attached;
+  while (calls.attach->Read(&attached)) {
+  }
+  EXPECT_EQ(calls.attach->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+TEST_F(SecurityTest, RevokingATokenEndsItsOpenCallsOnly) {
+  constexpr char kAliceNewToken[] = "alice-rotated-0123456789abcdef";
+  Options options;
+  options.auth_token_file = WriteFile(
+      "revoke_tokens", absl::StrCat("alice ", kAliceToken, "\nalice ",
+                                    kAliceNewToken, "\nbob ", kBobToken, "\n"));
+  Start(options);
+  ASSERT_NE(server_->data_port(), 0);
+  struct Tenant {
+    std::unique_ptr<Client> client;
+    std::unique_ptr<remote::Session> session;
+    std::unique_ptr<OpenCalls> calls;
+  };
+  auto open = [&](const char* token) {
+    Tenant tenant;
+    tenant.client = MustConnect(WithToken(token));
+    EXPECT_NE(tenant.client, nullptr);
+    if (tenant.client == nullptr) return tenant;
+    auto session = tenant.client->CreateSession("job", /*attach=*/false);
+    EXPECT_TRUE(session.ok()) << session.status();
+    if (!session.ok()) return tenant;
+    tenant.session = *std::move(session);
+    auto buffer = tenant.session->Malloc(16);
+    EXPECT_TRUE(buffer.ok()) << buffer.status();
+    if (!buffer.ok()) return tenant;
+    tenant.calls = OpenLongLivedCalls(
+        *tenant.client, tenant.session->token(), buffer->handle());
+    buffer->Release();
+    return tenant;
+  };
+  Tenant alice = open(kAliceToken);
+  Tenant rotated = open(kAliceNewToken);
+  Tenant bob = open(kBobToken);
+  ASSERT_TRUE(alice.calls && rotated.calls && bob.calls);
+
+  // Alice's token rotates: the old one goes, the new one stays.
+  WriteFile("revoke_tokens", absl::StrCat("alice ", kAliceNewToken, "\nbob ",
+                                          kBobToken, "\n"));
+  ASSERT_TRUE(server_->ReloadTokens().ok());
+  ExpectEndedByRevocation(*alice.calls, server_->data_port());
+  EXPECT_EQ(alice.client->GetDeviceInfo().status().code(),
+            absl::StatusCode::kUnauthenticated);
+  ExpectStillWorking(*rotated.calls, server_->data_port());
+  ExpectStillWorking(*bob.calls, server_->data_port());
+}
+
+// Health.Watch needs no token: the streams open at once are bounded
+// server-wide, and one that ends gives its slot back.
+TEST_F(SecurityTest, HealthWatchStreamsAreBounded) {
+  Options options;
+  options.auth_token_file = TokenFile();
+  options.max_health_watches = 3;
+  Start(options);
+  auto channel = grpc::CreateChannel(server_->address(),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  struct Watch {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<grpc::health::v1::HealthCheckResponse>>
+        reader;
+  };
+  auto watch = [&] {
+    auto w = std::make_unique<Watch>();
+    w->context.set_deadline(std::chrono::system_clock::now() +
+                            std::chrono::seconds(30));
+    w->reader = stub->Watch(&w->context, grpc::health::v1::HealthCheckRequest());
+    return w;
+  };
+  std::vector<std::unique_ptr<Watch>> watches;
+  for (int i = 0; i < 3; ++i) {
+    watches.push_back(watch());
+    grpc::health::v1::HealthCheckResponse response;
+    ASSERT_TRUE(watches.back()->reader->Read(&response)) << i;
+    EXPECT_EQ(response.status(),
+              grpc::health::v1::HealthCheckResponse::SERVING);
+  }
+  auto refused = watch();
+  grpc::health::v1::HealthCheckResponse response;
+  EXPECT_FALSE(refused->reader->Read(&response));
+  grpc::Status status = refused->reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("--max_health_watches"));
+  // Check is not limited.
+  grpc::ClientContext check_context;
+  EXPECT_TRUE(stub->Check(&check_context,
+                          grpc::health::v1::HealthCheckRequest(), &response)
+                  .ok());
+  // A watch that ends frees its slot (the server notices the cancellation
+  // asynchronously: retry until it has).
+  watches.front()->context.TryCancel();
+  while (watches.front()->reader->Read(&response)) {
+  }
+  watches.front()->reader->Finish();
+  watches.erase(watches.begin());
+  bool admitted = false;
+  for (int attempt = 0; attempt < 100 && !admitted; ++attempt) {
+    auto again = watch();
+    if (again->reader->Read(&response)) {
+      admitted = true;
+      watches.push_back(std::move(again));
+    } else {
+      EXPECT_EQ(again->reader->Finish().error_code(),
+                grpc::StatusCode::RESOURCE_EXHAUSTED);
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+  EXPECT_TRUE(admitted);
+  for (auto& w : watches) w->context.TryCancel();
+  for (auto& w : watches) {
+    while (w->reader->Read(&response)) {
+    }
+    w->reader->Finish();
+  }
 }
 
 // The C API takes its settings from the environment at aclInit.
