@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -728,10 +729,13 @@ class RuntimeService::DataTransfer final
     }
     // Everything the mover touches is its own reference: it may outlive
     // the call object only until it has reported through the link.
-    std::thread([service = service_, movers = std::move(movers), link = link_,
-                 connection = connection_, gate = gate_, buffer = buffer_,
-                 session = session_, device_stream = device_stream_,
-                 upload = upload_, target = target_, size = size_]() mutable {
+    std::function<void()> move([service = service_, movers = std::move(movers),
+                                link = link_, connection = connection_,
+                                gate = gate_, buffer = buffer_,
+                                session = session_,
+                                device_stream = device_stream_,
+                                upload = upload_, target = target_,
+                                size = size_]() mutable {
       absl::Status status = MoveDataPathBytes(
           upload, connection->get(), service->device_, device_stream.get(),
           target, size, service->limits_.chunk_bytes, [&] {
@@ -757,7 +761,28 @@ class RuntimeService::DataTransfer final
       // Shared, so the count outlives a service that stops waiting now.
       absl::MutexLock lock(&movers->mu);
       --movers->count;
-    }).detach();
+    });
+    // No thread (RLIMIT_NPROC, a pids limit) must fail this transfer, not
+    // the server: this runs on the listener's thread or a gate callback,
+    // where an escaping exception is std::terminate.
+    try {
+      if (service_->limits_.start_thread) {
+        service_->limits_.start_thread(std::move(move));
+      } else {
+        std::thread(std::move(move)).detach();
+      }
+    } catch (const std::system_error& e) {
+      {
+        absl::MutexLock lock(&service_->movers_->mu);
+        --service_->movers_->count;
+      }
+      // Nothing was moved: close the connection now, not when the reply
+      // in flight (if any) is written.
+      if (connection_ != nullptr) shutdown(connection_->get(), SHUT_RDWR);
+      MovedLocked(absl::ResourceExhaustedError(absl::StrCat(
+          "data transfer: cannot start a thread to move the bytes: ",
+          e.what())));
+    }
   }
 
   void MovedLocked(const absl::Status& status) {

@@ -10,11 +10,14 @@
 
 #include <sys/socket.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -369,6 +372,39 @@ TEST_F(DataPathTest, ShutdownEndsATransferInFlight) {
   EXPECT_FALSE(open->Finish().ok());
   EXPECT_TRUE(ClosedByServer(fd.get()));
   server_.reset();  // Waits for the transfer's thread; must not hang.
+}
+
+// A transfer whose bytes need a thread when none can be started (as under
+// RLIMIT_NPROC or a container's pids limit) is refused with
+// RESOURCE_EXHAUSTED and its connection closed; the server goes on, and
+// the next transfer, with threads again, works.
+TEST_F(DataPathTest, NoThreadForTheBytesIsResourceExhausted) {
+  std::atomic<bool> refuse{true};
+  Options options;
+  options.transfer_limits.start_thread = [&](std::function<void()> run) {
+    if (refuse.load()) {
+      throw std::system_error(EAGAIN, std::generic_category(),
+                              "Resource temporarily unavailable");
+    }
+    std::thread(std::move(run)).detach();
+  };
+  Start(options);
+  const uint64_t buffer = MustMalloc(1 << 20);
+  const std::string data = RandomData(1 << 20, 11);
+  auto open = OpenTransfer(kUp, buffer, 0, data.size());
+  ASSERT_TRUE(open->has_event);
+  UniqueFd fd = Dial(open->event.ticket());
+  // The server may close the connection while this is sent: either way.
+  SendAll(fd.get(), data.data(), data.size()).IgnoreError();
+  grpc::Status refused = open->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("cannot start a thread"));
+  EXPECT_TRUE(ClosedByServer(fd.get()));
+
+  refuse = false;
+  ASSERT_TRUE(RawUpload(buffer, 0, data).ok());
+  EXPECT_TRUE(GrpcDownload(buffer, 0, data.size()) == data);
+  EXPECT_EQ(Stats().data_path_transfers(), 1u);
 }
 
 // The client library moves large transfers over the data path: with
