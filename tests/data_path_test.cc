@@ -324,6 +324,28 @@ TEST_F(DataPathTest, IdleClientsAreEndedByTheTransferIdleTimeout) {
   ASSERT_TRUE(RawUpload(buffer, 0, data).ok());
 }
 
+// A slow upload that keeps moving is not idle, however far it is from
+// the end of a chunk: here 25 KiB in 1 KiB pieces, 100 ms apart, take
+// 2.5 s against a 1 s idle timeout and a 4 MiB chunk.
+TEST_F(DataPathTest, ASlowButMovingUploadIsNotIdle) {
+  Options options;
+  options.transfer_limits.idle_timeout = absl::Seconds(1);
+  Start(options);
+  const std::string data = RandomData(25 << 10, 12);
+  const uint64_t buffer = MustMalloc(data.size());
+  auto open = OpenTransfer(kUp, buffer, 0, data.size());
+  ASSERT_TRUE(open->has_event);
+  UniqueFd fd = Dial(open->event.ticket());
+  for (size_t at = 0; at < data.size(); at += 1024) {
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(SendAll(fd.get(), data.data() + at, 1024).ok());
+  }
+  shutdown(fd.get(), SHUT_WR);
+  grpc::Status status = open->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(GrpcDownload(buffer, 0, data.size()) == data);
+}
+
 TEST_F(DataPathTest, CancellingTheCallClosesTheDataConnection) {
   Start();
   const uint64_t buffer = MustMalloc(1 << 20);
