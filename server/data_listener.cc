@@ -305,6 +305,7 @@ void DataListener::Run() {
           }
           break;  // EAGAIN, or an aborted connection.
         }
+        if (options_.drop_accepted && options_.drop_accepted()) continue;
         Unclaimed connection{std::move(fd),
                              absl::Now() + options_.ticket_timeout,
                              SourceOf(peer),

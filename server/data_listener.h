@@ -44,6 +44,9 @@ class DataListener {
     // Connections waiting to be claimed, in all and from one source address.
     size_t max_unclaimed = 64;
     size_t max_unclaimed_per_source = 16;
+    // For tests: called for each accepted connection; true closes it at
+    // once, unread (as a listener that has no room for it does).
+    std::function<bool()> drop_accepted;
   };
 
   // Binds and starts the listener's thread. UNAVAILABLE (with the OS's

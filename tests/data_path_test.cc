@@ -468,6 +468,53 @@ TEST_F(DataPathTest, TheClientLibraryUsesTheDataPath) {
             absl::StatusCode::kResourceExhausted);
 }
 
+// Data connections that the server closes before taking their ticket (as
+// a listener flooded with connections may): the library retries the same
+// ticket on a new connection, and once retries are spent it cancels the
+// call and moves the bytes through gRPC instead. Either way the user's
+// Upload and Download succeed, byte-exact.
+TEST_F(DataPathTest, TheLibraryRetriesADroppedConnectionThenFallsBack) {
+  std::atomic<int> drop{0};  // How many accepted connections to close.
+  std::atomic<int> accepted{0};
+  Options options;
+  options.data_drop_accepted = [&] {
+    accepted.fetch_add(1);
+    int left = drop.load();
+    while (left > 0 && !drop.compare_exchange_weak(left, left - 1)) {
+    }
+    return left > 0;
+  };
+  Start(options);
+  const uint64_t size = (8 << 20) + 5;
+  auto buffer = session_->Malloc(size);
+  ASSERT_TRUE(buffer.ok());
+
+  // One connection dropped per transfer: the retry goes through.
+  const std::string data = RandomData(size, 13);
+  drop = 1;
+  ASSERT_TRUE(session_->Upload(buffer->handle(), 0, data.data(), size).ok());
+  drop = 1;
+  std::string back(size, '\0');
+  ASSERT_TRUE(session_->Download(buffer->handle(), 0, back.data(), size).ok());
+  EXPECT_TRUE(back == data);
+  EXPECT_EQ(accepted.load(), 4);
+  v1::ServerStats stats = Stats();
+  EXPECT_EQ(stats.data_path_transfers(), 2u);
+  EXPECT_EQ(stats.grpc_transfers(), 0u);
+
+  // Every connection dropped: gRPC moves the bytes.
+  const std::string other = RandomData(size, 14);
+  drop = 1000;
+  ASSERT_TRUE(session_->Upload(buffer->handle(), 0, other.data(), size).ok());
+  ASSERT_TRUE(session_->Download(buffer->handle(), 0, back.data(), size).ok());
+  EXPECT_TRUE(back == other);
+  EXPECT_TRUE(GrpcDownload(buffer->handle(), 0, size) == other);
+  stats = Stats();
+  EXPECT_EQ(stats.data_path_transfers(), 2u);
+  EXPECT_GE(stats.grpc_transfers(), 2u);
+  drop = 0;
+}
+
 // A server without the data path answers UNIMPLEMENTED, and the library
 // falls back to gRPC's Upload and Download, byte-exact.
 TEST_F(DataPathTest, WithoutADataPathTheLibraryFallsBackToGrpc) {
