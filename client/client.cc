@@ -1,8 +1,10 @@
 #include "client/client.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -289,6 +291,15 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
 std::string Client::DataPathHost() const {
   return data_path_off_.load(std::memory_order_relaxed) ? std::string()
                                                         : data_path_host_;
+}
+
+void Client::NoteDataPathFallback(const absl::Status& why) {
+  if (!data_path_fallback_noted_.exchange(true)) {
+    std::fprintf(stderr,
+                 "opserver client: a transfer went through gRPC: the server "
+                 "kept closing its data-path connection (%s)\n",
+                 std::string(why.message()).c_str());
+  }
 }
 
 void Client::DisableDataPath(const absl::Status& why) {
@@ -760,6 +771,62 @@ absl::Status Session::Upload(uint64_t buffer, uint64_t offset, const void* data,
       });
 }
 
+namespace {
+
+// True when the peer has closed or reset `fd` (without waiting).
+bool PeerClosed(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 &&
+         (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+}  // namespace
+
+Session::DataPathAttempt Session::MoveOverDataPath(int fd,
+                                                   const std::string& ticket,
+                                                   bool upload, char* data,
+                                                   uint64_t size,
+                                                   const char* what) {
+  absl::Status sent = SendAll(fd, ticket.data(), ticket.size());
+  if (upload) {
+    if (sent.ok()) sent = SendAll(fd, data, size);
+    // A server that took the ticket closes the connection only after the
+    // half-close that ends the bytes: closed before, it did not take it
+    // (or its transfer failed, which a retry cannot make worse).
+    if (!sent.ok()) return {sent, PeerClosed(fd)};
+    if (PeerClosed(fd)) {
+      return {absl::UnavailableError(absl::StrCat(
+                  what, ": the server closed the data connection early")),
+              true};
+    }
+    shutdown(fd, SHUT_WR);
+    // The server closes once it has read the end of the bytes; a reset
+    // says it closed without reading them.
+    char byte;
+    ssize_t n;
+    do {
+      n = recv(fd, &byte, 1, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0 && (errno == ECONNRESET || errno == EPIPE)) {
+      return {absl::UnavailableError(absl::StrCat(
+                  what, ": the server reset the data connection")),
+              true};
+    }
+    return {absl::OkStatus(), false};  // The call says how it went.
+  }
+  if (!sent.ok()) return {sent, PeerClosed(fd)};
+  bool any = false;  // Once a byte came, the server had taken the ticket.
+  absl::StatusOr<size_t> got = RecvFull(fd, data, size, [&] { any = true; });
+  if (!got.ok()) return {got.status(), !any && PeerClosed(fd)};
+  if (*got != size) {
+    return {absl::InternalError(absl::StrCat(
+                what, ": the server's data connection ended after ", *got,
+                " of the ", size, " bytes")),
+            *got == 0};
+  }
+  return {absl::OkStatus(), false};
+}
+
 std::optional<absl::Status> Session::DataPathTransfer(bool upload,
                                                       uint64_t buffer,
                                                       uint64_t offset,
@@ -794,39 +861,50 @@ std::optional<absl::Status> Session::DataPathTransfer(bool upload,
     }
     return status;
   }
-  absl::StatusOr<UniqueFd> connection =
-      event.ticket().size() != kDataTicketBytes || event.port() == 0 ||
-              event.port() > 65535
-          ? absl::InternalError(absl::StrCat(
-                what, ": the server's data-path ticket or port is malformed"))
-          : ConnectTcp(host, static_cast<int>(event.port()),
-                       client_->options().connect_timeout,
-                       client_->options().wait_timeout);
-  if (!connection.ok()) {
-    // Nothing moves without the connection: cancelled, the call leaves
-    // nothing behind, and this transfer goes through gRPC instead.
+  const bool malformed = event.ticket().size() != kDataTicketBytes ||
+                         event.port() == 0 || event.port() > 65535;
+  // A connection the server closes before taking the ticket (it may drop
+  // waiting connections when flooded) is tried again with the same ticket:
+  // a ticket claims one connection at most, so a retry cannot move the
+  // bytes twice.
+  constexpr int kConnections = 3;
+  DataPathAttempt attempt;
+  for (int i = 0; i < kConnections; ++i) {
+    absl::StatusOr<UniqueFd> connection =
+        malformed
+            ? absl::InternalError(absl::StrCat(
+                  what, ": the server's data-path ticket or port is malformed"))
+            : ConnectTcp(host, static_cast<int>(event.port()),
+                         client_->options().connect_timeout,
+                         client_->options().wait_timeout);
+    if (!connection.ok()) {
+      // Nothing moves without the connection: cancelled, the call leaves
+      // nothing behind, and this transfer goes through gRPC instead.
+      context.TryCancel();
+      while (reader->Read(&event)) {
+      }
+      reader->Finish().IgnoreError();
+      client_->DisableDataPath(connection.status());
+      return std::nullopt;
+    }
+    attempt = MoveOverDataPath(connection->get(), event.ticket(), upload, data,
+                               size, what);
+    if (!attempt.dropped) break;
+  }
+  if (attempt.dropped) {
+    // The server kept closing the connection: this transfer goes through
+    // gRPC. Cancelled, the call moves nothing more: the server ends its
+    // mover, if the ticket was taken at all, before it releases the
+    // stream, and the gRPC transfer is ordered on that stream after it, so
+    // the two never write the same bytes at once.
     context.TryCancel();
     while (reader->Read(&event)) {
     }
     reader->Finish().IgnoreError();
-    client_->DisableDataPath(connection.status());
+    client_->NoteDataPathFallback(attempt.moved);
     return std::nullopt;
   }
-  const int fd = connection->get();
-  absl::Status moved = SendAll(fd, event.ticket().data(), kDataTicketBytes);
-  if (moved.ok() && upload) {
-    moved = SendAll(fd, data, size);
-    if (moved.ok()) shutdown(fd, SHUT_WR);
-  } else if (moved.ok()) {
-    absl::StatusOr<size_t> got = RecvFull(fd, data, size);
-    if (!got.ok()) {
-      moved = got.status();
-    } else if (*got != size) {
-      moved = absl::InternalError(
-          absl::StrCat(what, ": the server's data connection ended after ",
-                       *got, " of the ", size, " bytes"));
-    }
-  }
+  const absl::Status moved = attempt.moved;
   if (!moved.ok()) context.TryCancel();
   while (reader->Read(&event)) {
   }

@@ -175,6 +175,10 @@ class Client {
   std::string DataPathHost() const;
   // Transfers stop using the data path, for `why` (printed once).
   void DisableDataPath(const absl::Status& why);
+  // One transfer went through gRPC after its data-path connections kept
+  // failing, for `why` (printed the first time only); the next transfers
+  // still try the data path.
+  void NoteDataPathFallback(const absl::Status& why);
 
  private:
   Client(std::string address, std::shared_ptr<grpc::Channel> channel,
@@ -192,6 +196,7 @@ class Client {
       ABSL_GUARDED_BY(transfer_mu_);
   const std::string data_path_host_;  // Empty: never.
   std::atomic<bool> data_path_off_{false};
+  std::atomic<bool> data_path_fallback_noted_{false};
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Runtime::Stub> runtime_;
   std::unique_ptr<v1::Operators::Stub> operators_;
@@ -432,11 +437,23 @@ class Session {
                             uint64_t offset, char* data, uint64_t size,
                             uint64_t stream);
   // The whole transfer over the server's data path; nullopt when it cannot
-  // be used (then nothing was moved or queued, and the caller uses
-  // Upload/Download). `upload`: `data` is read, else written.
+  // be used or its connections kept being closed (then the caller uses
+  // Upload/Download: nothing was queued, or the call was cancelled and the
+  // server orders what comes next on the stream after it). `upload`:
+  // `data` is read, else written.
   std::optional<absl::Status> DataPathTransfer(bool upload, uint64_t buffer,
                                                uint64_t offset, char* data,
                                                uint64_t size, uint64_t stream);
+  // One data-path connection's try at a transfer: `moved` is how the bytes
+  // went on it; `dropped`, that the server closed it in a way that says it
+  // may never have taken the ticket (so the same ticket may be tried again).
+  struct DataPathAttempt {
+    absl::Status moved;
+    bool dropped = false;
+  };
+  static DataPathAttempt MoveOverDataPath(int fd, const std::string& ticket,
+                                          bool upload, char* data,
+                                          uint64_t size, const char* what);
   // One call of a transfer: `size` bytes at `offset` + `at`, over
   // `channel`, ordered on `stream` (size 0: the barrier of a split one).
   using TransferPart = std::function<absl::Status(

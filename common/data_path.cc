@@ -29,7 +29,8 @@ void UniqueFd::reset(int fd) {
   fd_ = fd;
 }
 
-absl::Status SendAll(int fd, const char* data, size_t size) {
+absl::Status SendAll(int fd, const char* data, size_t size,
+                     const std::function<void()>& moved) {
   // At most 4 MiB per send(): one call of 256 MiB held the socket for its
   // whole length and moved 0.63-0.76 of a raw TCP stream on loopback where
   // 4 MiB calls moved 0.97-1.03 (BENCHMARKS.md, "The data path").
@@ -42,11 +43,13 @@ absl::Status SendAll(int fd, const char* data, size_t size) {
     }
     data += n;
     size -= static_cast<size_t>(n);
+    if (moved && n > 0) moved();
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<size_t> RecvFull(int fd, char* data, size_t size) {
+absl::StatusOr<size_t> RecvFull(int fd, char* data, size_t size,
+                                const std::function<void()>& moved) {
   size_t got = 0;
   while (got < size) {
     ssize_t n = recv(fd, data + got, size - got, 0);
@@ -56,6 +59,7 @@ absl::StatusOr<size_t> RecvFull(int fd, char* data, size_t size) {
     }
     if (n == 0) break;  // The peer half-closed.
     got += static_cast<size_t>(n);
+    if (moved) moved();
   }
   return got;
 }

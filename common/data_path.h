@@ -57,12 +57,17 @@ class UniqueFd {
 
 // Writes all of data[0, size) to the socket `fd` (blocking), without
 // SIGPIPE. UNAVAILABLE naming the OS's reason when the peer went away.
-absl::Status SendAll(int fd, const char* data, size_t size);
+// `moved`, if set, is called after each send that moved bytes (so a slow
+// peer that keeps moving can be told from a stalled one; keep it cheap).
+absl::Status SendAll(int fd, const char* data, size_t size,
+                     const std::function<void()>& moved = nullptr);
 
 // Reads into data[0, size) until it is full or the peer half-closed
 // (blocking). Returns the bytes read: fewer than `size` only at the end of
 // the stream. UNAVAILABLE naming the OS's reason on a socket error.
-absl::StatusOr<size_t> RecvFull(int fd, char* data, size_t size);
+// `moved`, if set, is called after each receive that moved bytes.
+absl::StatusOr<size_t> RecvFull(int fd, char* data, size_t size,
+                                const std::function<void()>& moved = nullptr);
 
 // Connects to HOST:PORT (each address the host resolves to in turn, each
 // for at most `timeout`) and returns the blocking socket, with

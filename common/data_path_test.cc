@@ -31,6 +31,27 @@ TEST(DataPathTest, SendAllAndRecvFullMoveEveryByte) {
   EXPECT_EQ(got, sent);
 }
 
+// Each socket call that moved bytes is reported, so a caller can keep an
+// idle clock per call rather than per buffer.
+TEST(DataPathTest, EachMoveIsReported) {
+  int fds[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  UniqueFd a(fds[0]), b(fds[1]);
+  int sends = 0;
+  ASSERT_TRUE(SendAll(a.get(), "abc", 3, [&] { ++sends; }).ok());
+  ASSERT_TRUE(SendAll(a.get(), "de", 2, [&] { ++sends; }).ok());
+  shutdown(a.get(), SHUT_WR);
+  EXPECT_EQ(sends, 2);
+  int receives = 0;
+  char got[10];
+  absl::StatusOr<size_t> n =
+      RecvFull(b.get(), got, sizeof(got), [&] { ++receives; });
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(std::string(got, *n), "abcde");
+  EXPECT_GE(receives, 1);  // The end of the stream is not a move.
+  EXPECT_LE(receives, 2);
+}
+
 TEST(DataPathTest, SendToAClosedPeerIsUnavailableNotSigpipe) {
   int fds[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);

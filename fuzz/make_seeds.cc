@@ -442,6 +442,31 @@ void OpCatalogSeeds() {
   Write(f, "two_ops_and_a_clash", r.SerializeAsString());
 }
 
+// data_listener_fuzzer's scripts (its header comment gives the format):
+// limits, tickets, then steps; 0 connect, 1 send, 2 close, 3 sleep,
+// 4 forget.
+void DataListenerSeeds() {
+  const std::string f = "data_listener_fuzzer";
+  auto bytes = [](std::initializer_list<int> values) {
+    std::string out;
+    for (int v : values) out.push_back(static_cast<char>(v));
+    return out;
+  };
+  // One connection sends its whole ticket at once.
+  Write(f, "whole_ticket", bytes({0x09, 0, 0, 1, 0, 0, 15}));
+  // The second of two tickets in two pieces, 2 ms apart.
+  Write(f, "ticket_in_pieces",
+        bytes({0x09, 1, 0, 1, 0, 4, 4, 3, 2, 1, 0, 4, 10}));
+  // Silent connections past both limits, then the last one's ticket.
+  Write(f, "flood_then_ticket", bytes({0x00, 0, 0, 0, 0, 0, 1, 3, 0, 15}));
+  // A flipped byte, a forgotten ticket, and a reset.
+  Write(f, "wrong_byte_and_forget",
+        bytes({0x12, 2, 0, 1, 0, 2, 15, 0, 1, 1, 8, 15, 4, 1, 12, 0}));
+  // Raw bytes, then a valid ticket on another connection.
+  Write(f, "raw_bytes",
+        bytes({0x3F, 0, 0, 1, 0, 3, 3, 'A', 'B', 'C', 'D', 0, 1, 1, 0, 15}));
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: make_seeds CORPUS_ROOT\n");
@@ -455,5 +480,6 @@ int main(int argc, char** argv) {
   TensorViewSeeds();
   PipelineSeeds();
   OpCatalogSeeds();
+  DataListenerSeeds();
   return 0;
 }

@@ -7,7 +7,8 @@
 #   scripts/fuzz.sh values_fuzzer crash-1234...    # reproduce one input
 #
 # Targets: workspace_fuzzer, evaluate_fuzzer, values_fuzzer, upload_fuzzer,
-# tensor_view_fuzzer, pipeline_fuzzer (fuzz/BUILD.bazel). What libFuzzer finds goes to
+# tensor_view_fuzzer, pipeline_fuzzer, data_listener_fuzzer (fuzz/BUILD.bazel).
+# What libFuzzer finds goes to
 # $FUZZ_OUT/<target>/ (default /tmp/opserver-fuzz): new corpus entries to
 # corpus/, a crashing input to crash-<sha1>; never into fuzz/corpus/. Memory
 # is capped as in the smoke tests (2 GiB RSS, 256 MiB per allocation): an
@@ -15,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if (($# < 1)); then
-  sed -n '2,15p' "$0" >&2
+  sed -n '2,16p' "$0" >&2
   exit 2
 fi
 name=$1

@@ -8,24 +8,64 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <deque>
+#include <list>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace opserver {
-namespace {
-
 // A connection that has not yet sent a whole ticket.
-struct Unclaimed {
+struct DataListener::Unclaimed {
   UniqueFd fd;
   absl::Time deadline;
-  std::string ticket;  // What it sent so far.
+  std::string source;  // The peer's address (without the port).
+  std::string ticket;  // What it sent so far: part of an expected ticket.
 };
+
+// The connections waiting to be claimed, oldest first, and how many come
+// from each address.
+struct DataListener::Waiting {
+  std::list<Unclaimed> connections;
+  absl::flat_hash_map<std::string, size_t> per_source;
+
+  void Add(Unclaimed connection) {
+    ++per_source[connection.source];
+    connections.push_back(std::move(connection));
+  }
+  std::list<Unclaimed>::iterator Erase(std::list<Unclaimed>::iterator it) {
+    auto count = per_source.find(it->source);
+    if (--count->second == 0) per_source.erase(count);
+    return connections.erase(it);
+  }
+  size_t From(const std::string& source) const {
+    auto count = per_source.find(source);
+    return count == per_source.end() ? 0 : count->second;
+  }
+};
+
+namespace {
+
+// The address part of a peer's socket address, as bytes.
+std::string SourceOf(const sockaddr_storage& peer) {
+  if (peer.ss_family == AF_INET6) {
+    const auto& address = reinterpret_cast<const sockaddr_in6&>(peer);
+    return std::string(reinterpret_cast<const char*>(&address.sin6_addr),
+                       sizeof(address.sin6_addr));
+  }
+  const auto& address = reinterpret_cast<const sockaddr_in&>(peer);
+  return std::string(reinterpret_cast<const char*>(&address.sin_addr),
+                     sizeof(address.sin_addr));
+}
+
+// Accepts per turn of the loop: under a flood of connections the accept
+// loop would otherwise never end, and never read or hand over tickets.
+constexpr int kAcceptsPerTurn = 64;
 
 }  // namespace
 
@@ -96,9 +136,115 @@ size_t DataListener::expected() const {
   return expected_.size();
 }
 
+DataListener::Progress DataListener::Advance(Unclaimed& connection,
+                                             Claims* claims) {
+  char bytes[kDataTicketBytes];
+  // No more than the rest of the ticket: what follows it is the transfer's.
+  const size_t want = kDataTicketBytes - connection.ticket.size();
+  ssize_t n;
+  do {
+    n = recv(connection.fd.get(), bytes, want, MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+    return Progress::kGone;  // Closed or failed before its ticket.
+  }
+  if (n > 0) connection.ticket.append(bytes, static_cast<size_t>(n));
+  if (connection.ticket.empty()) return Progress::kSilent;
+  std::function<void(UniqueFd)> on_connect;
+  {
+    absl::MutexLock lock(&mu_);
+    // Checked again even without new bytes: its ticket may be forgotten.
+    auto found = expected_.lower_bound(connection.ticket);
+    if (found == expected_.end() ||
+        found->first.compare(0, connection.ticket.size(), connection.ticket) !=
+            0) {
+      return Progress::kGone;  // No ticket starts so: closed at once.
+    }
+    if (connection.ticket.size() < kDataTicketBytes) return Progress::kPartial;
+    on_connect = std::move(found->second);
+    expected_.erase(found);
+  }
+  const int flags = fcntl(connection.fd.get(), F_GETFL);
+  fcntl(connection.fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+  claims->emplace_back(std::move(on_connect), std::move(connection.fd));
+  return Progress::kGone;
+}
+
+bool DataListener::EvictSilent(const std::string* source, Waiting& waiting,
+                               Claims* claims) {
+  for (;;) {
+    // The address to take from: the given one, or the one with the most
+    // connections among those with a silent one. (On loopback every client
+    // is 127.0.0.1, so this spares nobody there: what protects a client
+    // that shares its address with a flood is that its ticket, once
+    // sent, keeps its connection.)
+    const std::string* from = source;
+    if (from == nullptr) {
+      size_t most = 0;
+      for (const Unclaimed& u : waiting.connections) {
+        if (!u.ticket.empty()) continue;
+        const size_t count = waiting.From(u.source);
+        if (count > most) {
+          most = count;
+          from = &u.source;
+        }
+      }
+    }
+    auto victim = waiting.connections.end();
+    if (from != nullptr) {
+      for (auto it = waiting.connections.begin();
+           it != waiting.connections.end(); ++it) {
+        if (it->ticket.empty() && it->source == *from) {
+          victim = it;
+          break;
+        }
+      }
+    }
+    if (victim == waiting.connections.end()) {
+      // None silent. A partial ticket whose transfer has ended since is no
+      // longer worth its place.
+      bool freed = false;
+      for (auto it = waiting.connections.begin();
+           it != waiting.connections.end();) {
+        if ((source == nullptr || it->source == *source) &&
+            Advance(*it, claims) == Progress::kGone) {
+          it = waiting.Erase(it);
+          freed = true;
+        } else {
+          ++it;
+        }
+      }
+      return freed;
+    }
+    // Its ticket may have arrived since it was last read: read it first.
+    const Progress progress = Advance(*victim, claims);
+    if (progress == Progress::kPartial) continue;  // Kept; look again.
+    waiting.Erase(victim);  // Closed, claimed, or silent: it goes.
+    return true;
+  }
+}
+
+void DataListener::Admit(Unclaimed connection, Waiting& waiting,
+                         Claims* claims) {
+  // A source at its cap makes room among its own connections only. A
+  // flood can hold a place past a silent connection only by guessing the
+  // first byte of an expected ticket (one time in 256 per ticket), and then
+  // only until its ticket timeout or a wrong next byte.
+  if (waiting.From(connection.source) >= options_.max_unclaimed_per_source &&
+      !EvictSilent(&connection.source, waiting, claims)) {
+    return;  // Every one of them has part of a ticket: the newcomer goes.
+  }
+  if (waiting.connections.size() >= options_.max_unclaimed &&
+      !EvictSilent(nullptr, waiting, claims)) {
+    return;
+  }
+  waiting.Add(std::move(connection));
+}
+
 void DataListener::Run() {
-  std::deque<Unclaimed> unclaimed;
+  Waiting waiting;
   std::vector<pollfd> polled;
+  std::vector<std::list<Unclaimed>::iterator> polled_connections;
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
@@ -107,19 +253,24 @@ void DataListener::Run() {
     const absl::Time now = absl::Now();
     // Drop connections past their deadline; wait for the next deadline.
     absl::Duration wait = absl::InfiniteDuration();
-    for (auto it = unclaimed.begin(); it != unclaimed.end();) {
+    for (auto it = waiting.connections.begin();
+         it != waiting.connections.end();) {
       if (it->deadline <= now) {
-        it = unclaimed.erase(it);
+        it = waiting.Erase(it);
       } else {
         wait = std::min(wait, it->deadline - now);
         ++it;
       }
     }
     polled.clear();
+    polled_connections.clear();
     polled.push_back({wake_fd_.get(), POLLIN, 0});
     polled.push_back({listen_fd_.get(), POLLIN, 0});
-    for (const Unclaimed& u : unclaimed)
-      polled.push_back({u.fd.get(), POLLIN, 0});
+    for (auto it = waiting.connections.begin(); it != waiting.connections.end();
+         ++it) {
+      polled.push_back({it->fd.get(), POLLIN, 0});
+      polled_connections.push_back(it);
+    }
     const int timeout_ms = wait == absl::InfiniteDuration()
                                ? -1
                                : static_cast<int>(absl::ToInt64Milliseconds(
@@ -130,51 +281,20 @@ void DataListener::Run() {
     }
     if (polled[0].revents != 0) continue;  // Stopping: checked above.
     // Read from the connections first (their pollfds follow the two
-    // fixed ones in order), then accept: accepting changes the deque.
-    std::vector<std::pair<std::function<void(UniqueFd)>, UniqueFd>> claimed;
-    size_t index = 2;
-    for (auto it = unclaimed.begin(); it != unclaimed.end(); ++index) {
-      if (polled[index].revents == 0) {
-        ++it;
-        continue;
+    // fixed ones in order), then accept: accepting changes the list.
+    Claims claims;
+    for (size_t i = 0; i < polled_connections.size(); ++i) {
+      if (polled[i + 2].revents == 0) continue;
+      if (Advance(*polled_connections[i], &claims) == Progress::kGone) {
+        waiting.Erase(polled_connections[i]);
       }
-      char bytes[kDataTicketBytes];
-      const size_t want = kDataTicketBytes - it->ticket.size();
-      ssize_t n = recv(it->fd.get(), bytes, want, 0);
-      if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-        ++it;
-        continue;
-      }
-      if (n <= 0) {  // Closed or failed before its ticket.
-        it = unclaimed.erase(it);
-        continue;
-      }
-      it->ticket.append(bytes, static_cast<size_t>(n));
-      if (it->ticket.size() < kDataTicketBytes) {
-        ++it;
-        continue;
-      }
-      std::function<void(UniqueFd)> on_connect;
-      {
-        absl::MutexLock lock(&mu_);
-        auto found = expected_.find(it->ticket);
-        if (found != expected_.end()) {
-          on_connect = std::move(found->second);
-          expected_.erase(found);
-        }
-      }
-      if (on_connect) {
-        const int flags = fcntl(it->fd.get(), F_GETFL);
-        fcntl(it->fd.get(), F_SETFL, flags & ~O_NONBLOCK);
-        claimed.emplace_back(std::move(on_connect), std::move(it->fd));
-      }
-      it = unclaimed.erase(it);  // Claimed, or a wrong ticket: closed.
     }
-    // Handed over outside the lock: the transfer takes its own.
-    for (auto& [on_connect, fd] : claimed) on_connect(std::move(fd));
     if (polled[1].revents != 0) {
-      for (;;) {
-        UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr,
+      for (int accepted = 0; accepted < kAcceptsPerTurn; ++accepted) {
+        sockaddr_storage peer{};
+        socklen_t peer_len = sizeof(peer);
+        UniqueFd fd(accept4(listen_fd_.get(),
+                            reinterpret_cast<sockaddr*>(&peer), &peer_len,
                             SOCK_CLOEXEC | SOCK_NONBLOCK));
         if (!fd.valid()) {
           // Out of descriptors or memory: the listening socket stays
@@ -185,11 +305,19 @@ void DataListener::Run() {
           }
           break;  // EAGAIN, or an aborted connection.
         }
-        if (unclaimed.size() >= options_.max_unclaimed) unclaimed.pop_front();
-        unclaimed.push_back(
-            {std::move(fd), absl::Now() + options_.ticket_timeout, {}});
+        if (options_.drop_accepted && options_.drop_accepted()) continue;
+        Unclaimed connection{std::move(fd),
+                             absl::Now() + options_.ticket_timeout,
+                             SourceOf(peer),
+                             {}};
+        // Clients send their ticket right after connecting: it is often
+        // in already, and then the connection never has to wait.
+        if (Advance(connection, &claims) == Progress::kGone) continue;
+        Admit(std::move(connection), waiting, &claims);
       }
     }
+    // Handed over outside the lock: the transfer takes its own.
+    for (auto& [on_connect, fd] : claims) on_connect(std::move(fd));
   }
 }
 

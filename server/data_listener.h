@@ -2,12 +2,14 @@
 #define OPSERVER_SERVER_DATA_LISTENER_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -23,10 +25,14 @@ namespace opserver {
 //   ... tell the client ticket and (*listener)->port() ...
 //   (*listener)->Forget(ticket);  // when the transfer ends either way
 //
-// Every connection is hostile until it has sent a ticket that is expected:
-// one that sends anything else, nothing within `ticket_timeout`, or that
-// would exceed `max_unclaimed` connections waiting to be claimed, is
-// closed. A ticket claims one connection only.
+// Every connection is hostile until it has sent a ticket that is expected.
+// One is closed when what it sent so far is no expected ticket's prefix
+// (tickets are random, so a wrong first byte is enough), when it sends no
+// whole ticket within `ticket_timeout`, or when it has sent nothing yet and
+// room is needed: at most `max_unclaimed` connections wait, at most
+// `max_unclaimed_per_source` from one address. A connection that has sent
+// part of an expected ticket is never closed to make room (a newcomer is,
+// instead). A ticket claims one connection only.
 class DataListener {
  public:
   struct Options {
@@ -35,7 +41,12 @@ class DataListener {
     std::string host = "127.0.0.1";
     int port = 0;
     absl::Duration ticket_timeout = absl::Seconds(10);
+    // Connections waiting to be claimed, in all and from one source address.
     size_t max_unclaimed = 64;
+    size_t max_unclaimed_per_source = 16;
+    // For tests: called for each accepted connection; true closes it at
+    // once, unread (as a listener that has no room for it does).
+    std::function<bool()> drop_accepted;
   };
 
   // Binds and starts the listener's thread. UNAVAILABLE (with the OS's
@@ -61,8 +72,26 @@ class DataListener {
   size_t expected() const;
 
  private:
+  struct Unclaimed;
+  struct Waiting;
+  using Claims =
+      std::vector<std::pair<std::function<void(UniqueFd)>, UniqueFd>>;
+  enum class Progress { kSilent, kPartial, kGone };
+
   explicit DataListener(const Options& options) : options_(options) {}
   void Run();
+  // Reads what `connection` sent of its ticket, without blocking. kGone:
+  // it is claimed (its callback and socket are added to `claims`), closed
+  // by its peer, or sent what no expected ticket starts with; otherwise
+  // whether it has sent part of an expected ticket.
+  Progress Advance(Unclaimed& connection, Claims* claims);
+  // Makes `waiting` take the newly accepted `connection`, closing a silent one
+  // to make room where needed, or closing the newcomer when there is none.
+  void Admit(Unclaimed connection, Waiting& waiting, Claims* claims);
+  // Closes one waiting connection that has sent nothing (from `source`, or
+  // else from the address with the most waiting) after a last read; false
+  // when every candidate holds part of an expected ticket.
+  bool EvictSilent(const std::string* source, Waiting& waiting, Claims* claims);
 
   const Options options_;
   UniqueFd listen_fd_;
@@ -72,7 +101,9 @@ class DataListener {
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  absl::flat_hash_map<std::string, std::function<void(UniqueFd)>> expected_
+  // Ordered, so that whether a partial ticket is some ticket's prefix is
+  // one lower_bound.
+  std::map<std::string, std::function<void(UniqueFd)>> expected_
       ABSL_GUARDED_BY(mu_);
 };
 

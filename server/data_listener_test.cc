@@ -1,11 +1,19 @@
 #include "server/data_listener.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <cerrno>
+#include <deque>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "common/data_path.h"
 #include "gtest/gtest.h"
 
@@ -129,8 +137,10 @@ TEST(DataListenerTest, SilentConnectionIsClosedAfterTheTicketTimeout) {
   options.ticket_timeout = absl::Milliseconds(200);
   auto listener = StartListener(options);
   ASSERT_NE(listener, nullptr);
+  auto ticket = listener->Expect([](UniqueFd) {});
+  ASSERT_TRUE(ticket.ok());
   UniqueFd client = Dial(*listener);
-  ASSERT_TRUE(SendAll(client.get(), "abc", 3).ok());  // Part of a ticket.
+  ASSERT_TRUE(SendAll(client.get(), ticket->data(), 3).ok());  // Part of it.
   EXPECT_TRUE(ClosedByServer(client.get()));
 }
 
@@ -152,6 +162,149 @@ TEST(DataListenerTest, UnclaimedConnectionsAreBoundedOldestFirst) {
   ASSERT_TRUE(ticket.ok());
   ASSERT_TRUE(SendAll(c.get(), ticket->data(), ticket->size()).ok());
   EXPECT_TRUE(got.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
+// A connection whose ticket is in, unread, when more connections arrive
+// than may wait is claimed: newcomers never push it out. The listener's
+// thread is held in a claim callback so that the ticket and the newcomers
+// queue up behind it and are taken in one go.
+TEST(DataListenerTest, ATicketWaitingUnreadIsNotDroppedForNewcomers) {
+  DataListener::Options options;
+  options.max_unclaimed = 4;
+  auto listener = StartListener(options);
+  ASSERT_NE(listener, nullptr);
+  absl::Notification holding, release;
+  auto hold = listener->Expect([&](UniqueFd) {
+    holding.Notify();
+    release.WaitForNotification();
+  });
+  absl::Notification got;
+  auto ticket = listener->Expect([&](UniqueFd) { got.Notify(); });
+  ASSERT_TRUE(hold.ok() && ticket.ok());
+  UniqueFd holder = Dial(*listener);
+  ASSERT_TRUE(SendAll(holder.get(), hold->data(), hold->size()).ok());
+  ASSERT_TRUE(holding.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  UniqueFd victim = Dial(*listener);
+  ASSERT_TRUE(SendAll(victim.get(), ticket->data(), ticket->size()).ok());
+  std::vector<UniqueFd> silent;
+  for (int i = 0; i < 10; ++i) silent.push_back(Dial(*listener));
+  release.Notify();
+  EXPECT_TRUE(got.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
+// Tickets are random, so a first byte no expected ticket starts with is
+// enough to close the connection (it does not wait for 16 bytes or the
+// ticket timeout); a right first byte keeps it.
+TEST(DataListenerTest, AWrongFirstByteIsClosedAtOnce) {
+  DataListener::Options options;
+  options.ticket_timeout = absl::Seconds(60);  // Longer than Dial's reads.
+  auto listener = StartListener(options);
+  ASSERT_NE(listener, nullptr);
+  absl::Notification got;
+  auto ticket = listener->Expect([&](UniqueFd) { got.Notify(); });
+  ASSERT_TRUE(ticket.ok());
+  const char wrong = static_cast<char>((*ticket)[0] ^ 1);
+  UniqueFd intruder = Dial(*listener);
+  ASSERT_TRUE(SendAll(intruder.get(), &wrong, 1).ok());
+  EXPECT_TRUE(ClosedByServer(intruder.get()));
+  UniqueFd client = Dial(*listener);
+  ASSERT_TRUE(SendAll(client.get(), ticket->data(), 1).ok());
+  ASSERT_TRUE(
+      SendAll(client.get(), ticket->data() + 1, ticket->size() - 1).ok());
+  EXPECT_TRUE(got.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
+// Waits until `want` of `fds` are closed by the server (or 10 s pass) and
+// returns which are.
+std::vector<bool> WaitUntilClosed(const std::vector<UniqueFd>& fds,
+                                  size_t want) {
+  std::vector<bool> closed(fds.size(), false);
+  size_t count = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (count < want && absl::Now() < deadline) {
+    std::vector<pollfd> polled;
+    for (const UniqueFd& fd : fds) polled.push_back({fd.get(), POLLIN, 0});
+    if (poll(polled.data(), polled.size(), 100) <= 0) continue;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (closed[i] || polled[i].revents == 0) continue;
+      closed[i] = ClosedByServer(fds[i].get());
+      count += closed[i];
+    }
+  }
+  return closed;
+}
+
+TEST(DataListenerTest, WaitingConnectionsPerSourceAreCappedOldestFirst) {
+  DataListener::Options options;
+  options.max_unclaimed_per_source = 3;
+  auto listener = StartListener(options);
+  ASSERT_NE(listener, nullptr);
+  std::vector<UniqueFd> silent;
+  for (int i = 0; i < 8; ++i) silent.push_back(Dial(*listener));
+  std::vector<bool> closed = WaitUntilClosed(silent, 5);
+  EXPECT_EQ(closed, std::vector<bool>(
+                        {true, true, true, true, true, false, false, false}));
+  absl::Notification got;
+  auto ticket = listener->Expect([&](UniqueFd) { got.Notify(); });
+  ASSERT_TRUE(ticket.ok());
+  ASSERT_TRUE(SendAll(silent[7].get(), ticket->data(), ticket->size()).ok());
+  EXPECT_TRUE(got.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
+// Connects from `source` (any loopback address: 127.0.0.0/8) to the
+// listener; invalid when that fails.
+UniqueFd DialFrom(const char* source, int port) {
+  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  inet_pton(AF_INET, source, &from.sin_addr);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0 ||
+      connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+    return UniqueFd();
+  }
+  return fd;
+}
+
+// Thousands of connections that send nothing, opened and closed from
+// another source address as fast as two threads can, while clients present
+// their tickets: every client is claimed.
+TEST(DataListenerTest, AChurnOfSilentConnectionsLosesNoTicket) {
+  auto listener = StartListener();
+  ASSERT_NE(listener, nullptr);
+  const int port = listener->port();
+  std::atomic<bool> stop{false};
+  std::atomic<int> churned{0};
+  std::vector<std::thread> churn;
+  for (int t = 0; t < 2; ++t) {
+    churn.emplace_back([&] {
+      // Each thread keeps up to 40 open: together past max_unclaimed.
+      std::deque<UniqueFd> open;
+      for (int i = 0; i < 2000 && !stop.load(); ++i) {
+        UniqueFd fd = DialFrom("127.0.0.2", port);
+        if (!fd.valid()) continue;
+        open.push_back(std::move(fd));
+        if (open.size() > 40) open.pop_front();
+        churned.fetch_add(1);
+      }
+    });
+  }
+  for (int i = 0; i < 30; ++i) {
+    absl::Notification got;
+    auto ticket = listener->Expect([&](UniqueFd) { got.Notify(); });
+    ASSERT_TRUE(ticket.ok());
+    UniqueFd client = Dial(*listener);
+    ASSERT_TRUE(SendAll(client.get(), ticket->data(), ticket->size()).ok());
+    EXPECT_TRUE(got.WaitForNotificationWithTimeout(absl::Seconds(10)))
+        << "client " << i;
+    if (!got.HasBeenNotified()) listener->Forget(*ticket);
+  }
+  stop = true;
+  for (std::thread& t : churn) t.join();
+  EXPECT_GT(churned.load(), 100);
 }
 
 TEST(DataListenerTest, PortInUseIsUnavailable) {

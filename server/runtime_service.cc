@@ -3,10 +3,12 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -129,11 +131,14 @@ absl::Status NoDeviceStream() {
 // Moves the bytes of a data-path transfer between the socket `fd` and
 // device memory [target, target + size), `chunk` bytes at a time: straight
 // into or out of memory the host can address, else through a staging chunk
-// copied on `stream`. Calls `progress` after each chunk. An upload must
-// end with the client's half-close right after its last byte.
+// copied on `stream`. Calls `moved` after each socket call that moved
+// bytes (the idle clock: a chunk can take a slow client far longer than the
+// idle timeout) and `progress` after each chunk. An upload must end with
+// the client's half-close right after its last byte.
 absl::Status MoveDataPathBytes(bool upload, int fd, Device* device,
                                DeviceStream* stream, char* target,
                                uint64_t size, uint64_t chunk,
+                               const std::function<void()>& moved,
                                const std::function<void()>& progress) {
   std::string staging;
   for (uint64_t at = 0; at < size;) {
@@ -151,7 +156,7 @@ absl::Status MoveDataPathBytes(bool upload, int fd, Device* device,
       }
     }
     if (upload) {
-      absl::StatusOr<size_t> got = RecvFull(fd, host, n);
+      absl::StatusOr<size_t> got = RecvFull(fd, host, n, moved);
       if (!got.ok()) return got.status();
       if (*got < n) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -163,7 +168,7 @@ absl::Status MoveDataPathBytes(bool upload, int fd, Device* device,
         if (copied.ok()) copied = stream->Synchronize();
         if (!copied.ok()) return copied;
       }
-    } else if (absl::Status sent = SendAll(fd, host, n); !sent.ok()) {
+    } else if (absl::Status sent = SendAll(fd, host, n, moved); !sent.ok()) {
       return sent;
     }
     at += n;
@@ -192,6 +197,9 @@ absl::Status MoveDataPathBytes(bool upload, int fd, Device* device,
 struct RuntimeService::TransferLink {
   absl::Mutex mu;
   Transfer* call ABSL_GUARDED_BY(mu) = nullptr;
+  // When a data-path mover last moved bytes (absl::GetCurrentTimeNanos):
+  // set after every socket call, so without taking `mu`.
+  std::atomic<int64_t> moved_ns{0};
 };
 
 // Common to Upload and Download: the hold on the stream (review finding
@@ -212,8 +220,10 @@ class RuntimeService::Transfer {
   // True when the call has waited on its client (not on its stream) for
   // longer than `timeout`.
   bool IdleLocked(absl::Time now, absl::Duration timeout) const {
+    const absl::Time moved =
+        absl::FromUnixNanos(link_->moved_ns.load(std::memory_order_relaxed));
     return !finished_ && abort_.ok() && !waiting_ &&
-           now - last_progress_ > timeout;
+           now - std::max(last_progress_, moved) > timeout;
   }
 
  protected:
@@ -741,36 +751,56 @@ class RuntimeService::DataTransfer final
     }
     // Everything the mover touches is its own reference: it may outlive
     // the call object only until it has reported through the link.
-    std::thread([service = service_, movers = std::move(movers), link = link_,
-                 connection = connection_, gate = gate_, buffer = buffer_,
-                 session = session_, device_stream = device_stream_,
-                 upload = upload_, target = target_, size = size_]() mutable {
-      absl::Status status = MoveDataPathBytes(
-          upload, connection->get(), service->device_, device_stream.get(),
-          target, size, service->limits_.chunk_bytes, [&] {
-            session->Touch();
+    std::function<void()> move(
+        [service = service_, movers = std::move(movers), link = link_,
+         connection = connection_, gate = gate_, buffer = buffer_,
+         session = session_, device_stream = device_stream_, upload = upload_,
+         target = target_, size = size_]() mutable {
+          absl::Status status = MoveDataPathBytes(
+              upload, connection->get(), service->device_, device_stream.get(),
+              target, size, service->limits_.chunk_bytes,
+              [&] {
+                link->moved_ns.store(absl::GetCurrentTimeNanos(),
+                                     std::memory_order_relaxed);
+              },
+              [&] { session->Touch(); });
+          {
             absl::MutexLock lock(&link->mu);
             if (link->call != nullptr) {
-              static_cast<DataTransfer*>(link->call)->last_progress_ =
-                  absl::Now();
+              static_cast<DataTransfer*>(link->call)->MovedLocked(status);
             }
-          });
-      {
-        absl::MutexLock lock(&link->mu);
-        if (link->call != nullptr) {
-          static_cast<DataTransfer*>(link->call)->MovedLocked(status);
-        }
+          }
+          // The memory and the stream are released before the service may go.
+          connection.reset();
+          gate.reset();
+          buffer.reset();
+          session.reset();
+          device_stream.reset();
+          // Shared, so the count outlives a service that stops waiting now.
+          absl::MutexLock lock(&movers->mu);
+          --movers->count;
+        });
+    // No thread (RLIMIT_NPROC, a pids limit) must fail this transfer, not
+    // the server: this runs on the listener's thread or a gate callback,
+    // where an escaping exception is std::terminate.
+    try {
+      if (service_->limits_.start_thread) {
+        service_->limits_.start_thread(std::move(move));
+      } else {
+        std::thread(std::move(move)).detach();
       }
-      // The memory and the stream are released before the service may go.
-      connection.reset();
-      gate.reset();
-      buffer.reset();
-      session.reset();
-      device_stream.reset();
-      // Shared, so the count outlives a service that stops waiting now.
-      absl::MutexLock lock(&movers->mu);
-      --movers->count;
-    }).detach();
+    } catch (const std::system_error& e) {
+      {
+        absl::MutexLock lock(&service_->movers_->mu);
+        --service_->movers_->count;
+      }
+      // Nothing was moved: close the connection now, not when the reply
+      // in flight (if any) is written.
+      if (connection_ != nullptr) shutdown(connection_->get(), SHUT_RDWR);
+      MovedLocked(absl::ResourceExhaustedError(absl::StrCat(
+          "data transfer: cannot start a thread to move the bytes: ",
+          e.what())));
+    }
   }
 
   void MovedLocked(const absl::Status& status) {

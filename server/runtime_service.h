@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <set>
 #include <thread>
@@ -31,6 +32,11 @@ struct TransferLimits {
   // neither sends nor reads) is ended with DEADLINE_EXCEEDED, so a stalled
   // client cannot hold its stream, buffer and session (review finding 5c).
   absl::Duration idle_timeout = absl::Seconds(60);
+  // Starts the thread that moves a data-path transfer's bytes. Like
+  // std::thread, it throws std::system_error when no thread can be started
+  // (RLIMIT_NPROC, a container's pids limit). Empty: a detached
+  // std::thread; tests replace it to make thread creation fail.
+  std::function<void(std::function<void()>)> start_thread;
 };
 
 // Upload and Download are served on raw gRPC byte buffers: the data field

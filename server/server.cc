@@ -201,6 +201,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     DataListener::Options data;
     data.host = listen->host;
     data.port = options.data_port;
+    data.drop_accepted = options.data_drop_accepted;
     absl::StatusOr<std::unique_ptr<DataListener>> listener =
         DataListener::Start(data);
     if (!listener.ok()) {

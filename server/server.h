@@ -1,6 +1,7 @@
 #ifndef OPSERVER_SERVER_SERVER_H_
 #define OPSERVER_SERVER_SERVER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -77,6 +78,9 @@ struct Options {
   // -1: off. Always off with TLS: the data path is plain TCP, and TLS
   // transfers stay on the encrypted channel.
   int data_port = 0;
+  // For tests: DataListener::Options::drop_accepted (closes chosen data
+  // connections as soon as they are accepted).
+  std::function<bool()> data_drop_accepted;
   // Lets server reflection answer without a token.
   bool reflection_without_auth = false;
   // grpc.health.v1 Health.Watch streams open at once, server-wide: they

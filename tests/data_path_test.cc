@@ -10,11 +10,14 @@
 
 #include <sys/socket.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -321,6 +324,28 @@ TEST_F(DataPathTest, IdleClientsAreEndedByTheTransferIdleTimeout) {
   ASSERT_TRUE(RawUpload(buffer, 0, data).ok());
 }
 
+// A slow upload that keeps moving is not idle, however far it is from
+// the end of a chunk: here 25 KiB in 1 KiB pieces, 100 ms apart, take
+// 2.5 s against a 1 s idle timeout and a 4 MiB chunk.
+TEST_F(DataPathTest, ASlowButMovingUploadIsNotIdle) {
+  Options options;
+  options.transfer_limits.idle_timeout = absl::Seconds(1);
+  Start(options);
+  const std::string data = RandomData(25 << 10, 12);
+  const uint64_t buffer = MustMalloc(data.size());
+  auto open = OpenTransfer(kUp, buffer, 0, data.size());
+  ASSERT_TRUE(open->has_event);
+  UniqueFd fd = Dial(open->event.ticket());
+  for (size_t at = 0; at < data.size(); at += 1024) {
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(SendAll(fd.get(), data.data() + at, 1024).ok());
+  }
+  shutdown(fd.get(), SHUT_WR);
+  grpc::Status status = open->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(GrpcDownload(buffer, 0, data.size()) == data);
+}
+
 TEST_F(DataPathTest, CancellingTheCallClosesTheDataConnection) {
   Start();
   const uint64_t buffer = MustMalloc(1 << 20);
@@ -371,6 +396,39 @@ TEST_F(DataPathTest, ShutdownEndsATransferInFlight) {
   server_.reset();  // Waits for the transfer's thread; must not hang.
 }
 
+// A transfer whose bytes need a thread when none can be started (as under
+// RLIMIT_NPROC or a container's pids limit) is refused with
+// RESOURCE_EXHAUSTED and its connection closed; the server goes on, and
+// the next transfer, with threads again, works.
+TEST_F(DataPathTest, NoThreadForTheBytesIsResourceExhausted) {
+  std::atomic<bool> refuse{true};
+  Options options;
+  options.transfer_limits.start_thread = [&](std::function<void()> run) {
+    if (refuse.load()) {
+      throw std::system_error(EAGAIN, std::generic_category(),
+                              "Resource temporarily unavailable");
+    }
+    std::thread(std::move(run)).detach();
+  };
+  Start(options);
+  const uint64_t buffer = MustMalloc(1 << 20);
+  const std::string data = RandomData(1 << 20, 11);
+  auto open = OpenTransfer(kUp, buffer, 0, data.size());
+  ASSERT_TRUE(open->has_event);
+  UniqueFd fd = Dial(open->event.ticket());
+  // The server may close the connection while this is sent: either way.
+  SendAll(fd.get(), data.data(), data.size()).IgnoreError();
+  grpc::Status refused = open->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("cannot start a thread"));
+  EXPECT_TRUE(ClosedByServer(fd.get()));
+
+  refuse = false;
+  ASSERT_TRUE(RawUpload(buffer, 0, data).ok());
+  EXPECT_TRUE(GrpcDownload(buffer, 0, data.size()) == data);
+  EXPECT_EQ(Stats().data_path_transfers(), 1u);
+}
+
 // The client library moves large transfers over the data path: with
 // messages capped below the library's upload chunk, gRPC's Upload cannot
 // work, and with the data path the same upload does.
@@ -408,6 +466,53 @@ TEST_F(DataPathTest, TheClientLibraryUsesTheDataPath) {
   ASSERT_TRUE(other.ok());
   EXPECT_EQ((*session)->Upload(other->handle(), 0, data.data(), size).code(),
             absl::StatusCode::kResourceExhausted);
+}
+
+// Data connections that the server closes before taking their ticket (as
+// a listener flooded with connections may): the library retries the same
+// ticket on a new connection, and once retries are spent it cancels the
+// call and moves the bytes through gRPC instead. Either way the user's
+// Upload and Download succeed, byte-exact.
+TEST_F(DataPathTest, TheLibraryRetriesADroppedConnectionThenFallsBack) {
+  std::atomic<int> drop{0};  // How many accepted connections to close.
+  std::atomic<int> accepted{0};
+  Options options;
+  options.data_drop_accepted = [&] {
+    accepted.fetch_add(1);
+    int left = drop.load();
+    while (left > 0 && !drop.compare_exchange_weak(left, left - 1)) {
+    }
+    return left > 0;
+  };
+  Start(options);
+  const uint64_t size = (8 << 20) + 5;
+  auto buffer = session_->Malloc(size);
+  ASSERT_TRUE(buffer.ok());
+
+  // One connection dropped per transfer: the retry goes through.
+  const std::string data = RandomData(size, 13);
+  drop = 1;
+  ASSERT_TRUE(session_->Upload(buffer->handle(), 0, data.data(), size).ok());
+  drop = 1;
+  std::string back(size, '\0');
+  ASSERT_TRUE(session_->Download(buffer->handle(), 0, back.data(), size).ok());
+  EXPECT_TRUE(back == data);
+  EXPECT_EQ(accepted.load(), 4);
+  v1::ServerStats stats = Stats();
+  EXPECT_EQ(stats.data_path_transfers(), 2u);
+  EXPECT_EQ(stats.grpc_transfers(), 0u);
+
+  // Every connection dropped: gRPC moves the bytes.
+  const std::string other = RandomData(size, 14);
+  drop = 1000;
+  ASSERT_TRUE(session_->Upload(buffer->handle(), 0, other.data(), size).ok());
+  ASSERT_TRUE(session_->Download(buffer->handle(), 0, back.data(), size).ok());
+  EXPECT_TRUE(back == other);
+  EXPECT_TRUE(GrpcDownload(buffer->handle(), 0, size) == other);
+  stats = Stats();
+  EXPECT_EQ(stats.data_path_transfers(), 2u);
+  EXPECT_GE(stats.grpc_transfers(), 2u);
+  drop = 0;
 }
 
 // A server without the data path answers UNIMPLEMENTED, and the library

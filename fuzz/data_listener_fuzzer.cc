@@ -1,0 +1,283 @@
+// The data listener's handshake (server/data_listener.h) over real loopback
+// sockets. The input is a script: the listener's limits, how many tickets
+// it expects, then up to 24 steps, each one of
+//   - connect a new connection (at most 8),
+//   - send on a connection the next piece of a ticket (so pieces in order
+//     make the whole ticket), possibly with one byte flipped, or raw bytes,
+//   - close a connection (a plain close, or a reset),
+//   - sleep up to 3 ms,
+//   - forget a ticket.
+// Tickets time out after 5 ms, so an input takes a few milliseconds.
+//
+// Invariants besides memory safety and a clean destruction:
+//   - a ticket's callback runs at most once, and is handed a connection
+//     whose first 16 bytes sent were exactly that ticket;
+//   - every connection that was not handed over is closed by the listener
+//     once the ticket timeout has passed (none is kept waiting);
+//   - afterwards the listener still works: a new ticket is claimed (a
+//     client that finds its connection closed tries again, as the client
+//     library does).
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/data_path.h"
+#include "fuzz/fuzz_support.h"
+#include "server/data_listener.h"
+
+namespace {
+
+using opserver::DataListener;
+using opserver::kDataTicketBytes;
+using opserver::UniqueFd;
+
+constexpr absl::Duration kTicketTimeout = absl::Milliseconds(5);
+constexpr size_t kMaxConnections = 8;
+constexpr size_t kMaxSteps = 24;
+
+// Reads the input a byte at a time; zeros once it is used up.
+class Script {
+ public:
+  Script(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  uint8_t Next() { return at_ < size_ ? data_[at_++] : 0; }
+  bool Done() const { return at_ >= size_; }
+
+ private:
+  const uint8_t* data_;
+  size_t size_;
+  size_t at_ = 0;
+};
+
+struct Connection {
+  UniqueFd fd;
+  int port = 0;      // Its local port: how the listener's end is known.
+  std::string sent;  // Everything sent, recorded before it is sent.
+  bool closed_here = false;
+};
+
+// What the listener handed over, recorded on its thread.
+struct Claims {
+  absl::Mutex mu;
+  std::vector<int> calls ABSL_GUARDED_BY(mu);  // Per ticket.
+  std::vector<int> ports ABSL_GUARDED_BY(mu);  // Per ticket: the peer's port.
+  std::vector<UniqueFd> fds ABSL_GUARDED_BY(mu);
+};
+
+int PortOf(int fd, bool peer) {
+  sockaddr_storage address{};
+  socklen_t len = sizeof(address);
+  const int rc =
+      peer ? getpeername(fd, reinterpret_cast<sockaddr*>(&address), &len)
+           : getsockname(fd, reinterpret_cast<sockaddr*>(&address), &len);
+  if (rc != 0) return -1;
+  return ntohs(address.ss_family == AF_INET6
+                   ? reinterpret_cast<sockaddr_in6*>(&address)->sin6_port
+                   : reinterpret_cast<sockaddr_in*>(&address)->sin_port);
+}
+
+// Closes without TIME_WAIT on this side (a reset), so that thousands of
+// inputs do not use up the loopback's ports.
+void Abort(UniqueFd& fd) {
+  linger hard{1, 0};
+  setsockopt(fd.get(), SOL_SOCKET, SO_LINGER, &hard, sizeof(hard));
+  fd.reset();
+}
+
+// True once the listener closed `fd` (end of stream or reset) within
+// `timeout`.
+bool ClosedByListener(int fd, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+    const int wait = static_cast<int>(absl::ToInt64Milliseconds(
+        std::max(deadline - absl::Now(), absl::ZeroDuration())));
+    if (poll(&p, 1, wait) <= 0) return false;
+    char byte;
+    const ssize_t n = recv(fd, &byte, 1, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return true;
+    FUZZ_CHECK(n < 0, "the listener sent bytes on an unclaimed connection");
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  Script script(data, size);
+  DataListener::Options options;
+  options.host = "127.0.0.1";
+  options.ticket_timeout = kTicketTimeout;
+  const uint8_t limits = script.Next();
+  options.max_unclaimed = 1 + (limits & 7);
+  options.max_unclaimed_per_source = 1 + ((limits >> 3) & 7);
+  auto started = DataListener::Start(options);
+  FUZZ_CHECK(started.ok(), started.status().ToString());
+  std::unique_ptr<DataListener> listener = *std::move(started);
+
+  const size_t ticket_count = 1 + script.Next() % 3;
+  auto claims = std::make_shared<Claims>();
+  {
+    absl::MutexLock lock(&claims->mu);
+    claims->calls.assign(ticket_count + 1, 0);
+    claims->ports.assign(ticket_count + 1, -1);
+  }
+  auto expect = [&](size_t index) {
+    auto ticket = listener->Expect([claims, index](UniqueFd fd) {
+      absl::MutexLock lock(&claims->mu);
+      ++claims->calls[index];
+      claims->ports[index] = PortOf(fd.get(), /*peer=*/true);
+      claims->fds.push_back(std::move(fd));
+    });
+    FUZZ_CHECK(ticket.ok(), ticket.status().ToString());
+    return *std::move(ticket);
+  };
+  std::vector<std::string> tickets;
+  for (size_t i = 0; i < ticket_count; ++i) tickets.push_back(expect(i));
+
+  std::vector<Connection> connections;
+  for (size_t step = 0; step < kMaxSteps && !script.Done(); ++step) {
+    const uint8_t op = script.Next();
+    switch (op % 5) {
+      case 0: {  // Connect.
+        if (connections.size() >= kMaxConnections) break;
+        auto fd = opserver::ConnectTcp("127.0.0.1", listener->port(),
+                                       absl::Seconds(5), absl::Seconds(5));
+        FUZZ_CHECK(fd.ok(), fd.status().ToString());
+        Connection connection;
+        connection.port = PortOf(fd->get(), /*peer=*/false);
+        connection.fd = *std::move(fd);
+        connections.push_back(std::move(connection));
+        break;
+      }
+      case 1: {  // Send.
+        if (connections.empty()) break;
+        Connection& c = connections[script.Next() % connections.size()];
+        if (c.closed_here) break;
+        const uint8_t how = script.Next();
+        const size_t length = 1 + script.Next() % kDataTicketBytes;
+        std::string bytes;
+        if ((how & 3) == 3) {  // Raw bytes from the input.
+          for (size_t i = 0; i < length; ++i) bytes.push_back(script.Next());
+        } else {  // The next piece of a ticket.
+          const std::string& ticket = tickets[(how >> 2) % ticket_count];
+          if (c.sent.size() < ticket.size()) {
+            bytes = ticket.substr(c.sent.size(), length);
+          } else {
+            bytes = ticket.substr(0, length);
+          }
+          if ((how & 3) == 2) bytes[(how >> 4) % bytes.size()] ^= 1;
+        }
+        {
+          absl::MutexLock lock(&claims->mu);  // Before the listener sees it.
+          c.sent += bytes;
+        }
+        // The listener may have closed it: either way.
+        opserver::SendAll(c.fd.get(), bytes.data(), bytes.size()).IgnoreError();
+        break;
+      }
+      case 2: {  // Close.
+        if (connections.empty()) break;
+        Connection& c = connections[script.Next() % connections.size()];
+        if (c.closed_here) break;
+        c.closed_here = true;
+        if (op & 8) {
+          Abort(c.fd);
+        } else {
+          c.fd.reset();
+        }
+        break;
+      }
+      case 3:  // Sleep.
+        absl::SleepFor(absl::Microseconds(script.Next() % 4 * 1000));
+        break;
+      case 4:  // Forget.
+        listener->Forget(tickets[script.Next() % ticket_count]);
+        break;
+    }
+  }
+
+  // Every connection not handed over is closed once its ticket timeout
+  // has passed: by then the listener has read it or given up on it.
+  auto claimed = [&](int port) {
+    absl::MutexLock lock(&claims->mu);
+    for (int p : claims->ports) {
+      if (p == port) return true;
+    }
+    return false;
+  };
+  for (Connection& c : connections) {
+    if (c.closed_here) continue;
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (!claimed(c.port) &&
+           !ClosedByListener(c.fd.get(), absl::Milliseconds(1))) {
+      FUZZ_CHECK(absl::Now() < deadline,
+                 "a connection that was not handed over is still open "
+                 "after its ticket timeout; it sent ",
+                 c.sent.size(), " bytes");
+    }
+  }
+
+  // A fresh ticket still claims a connection.
+  const std::string last = expect(ticket_count);
+  bool got = false;
+  for (int attempt = 0; attempt < 20 && !got; ++attempt) {
+    auto fd = opserver::ConnectTcp("127.0.0.1", listener->port(),
+                                   absl::Seconds(5), absl::Seconds(5));
+    FUZZ_CHECK(fd.ok(), fd.status().ToString());
+    opserver::SendAll(fd->get(), last.data(), last.size()).IgnoreError();
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    for (;;) {
+      {
+        absl::MutexLock lock(&claims->mu);
+        if (claims->calls[ticket_count] > 0) {
+          got = true;
+          break;
+        }
+      }
+      if (ClosedByListener(fd->get(), absl::Milliseconds(1))) {
+        // Closed before it was read (no room): try again.
+        absl::MutexLock lock(&claims->mu);
+        got = claims->calls[ticket_count] > 0;
+        break;
+      }
+      FUZZ_CHECK(absl::Now() < deadline, "a valid ticket was never claimed");
+    }
+    Abort(*fd);
+    if (!got) absl::SleepFor(kTicketTimeout);
+  }
+  FUZZ_CHECK(got, "a valid ticket was refused 20 times in a row");
+
+  listener.reset();  // Joins its thread: must not hang.
+  absl::MutexLock lock(&claims->mu);
+  for (size_t i = 0; i <= ticket_count; ++i) {
+    FUZZ_CHECK(claims->calls[i] <= 1, "ticket ", i, " claimed ",
+               claims->calls[i], " connections");
+    // Its peer is unknown when the client reset it before the listener
+    // asked (-1); a port closed by a reset may have been reused.
+    if (claims->calls[i] == 0 || i == ticket_count || claims->ports[i] < 0) {
+      continue;
+    }
+    bool sent_it = false;
+    for (const Connection& c : connections) {
+      sent_it |= c.port == claims->ports[i] &&
+                 c.sent.substr(0, kDataTicketBytes) == tickets[i];
+    }
+    FUZZ_CHECK(sent_it, "ticket ", i,
+               " was handed a connection that did not send it first");
+  }
+  for (Connection& c : connections) {
+    if (!c.closed_here) Abort(c.fd);
+  }
+  for (UniqueFd& fd : claims->fds) Abort(fd);
+  return 0;
+}
