@@ -30,8 +30,13 @@
 
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -50,6 +55,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
@@ -58,6 +64,23 @@
 #include "server/server.h"
 
 ABSL_FLAG(int, phase_s, 8, "Seconds each phase runs.");
+ABSL_FLAG(std::string, phases, "",
+          "Comma-separated attacker phases to run (default: all); the "
+          "victim alone always runs first and last.");
+ABSL_FLAG(int, attacker_nice, 0,
+          "Nice value of the attacker processes. On this one host the "
+          "attackers' clients share the server's two cores; at 19 their own "
+          "work (building and sending requests) yields to the server and the "
+          "victim, as if they ran on machines of their own.");
+// Internal: the bench runs each attacker as a child process of itself.
+ABSL_FLAG(std::string, attack, "", "(internal) run this attacker and exit");
+ABSL_FLAG(std::string, address, "", "(internal) the server's address");
+ABSL_FLAG(int, data_port, 0, "(internal) the server's data port");
+ABSL_FLAG(int, attack_s, 0, "(internal) seconds the attacker runs");
+ABSL_FLAG(bool, oversized_batches, true,
+          "giant_batches also sends one 60 MiB batch per channel a second.");
+
+extern char** environ;
 
 namespace opserver {
 namespace {
@@ -72,8 +95,8 @@ constexpr char kVictimToken[] = "victim-token-0123456789abcdef";
 constexpr char kAttackerToken[] = "attacker-token-0123456789abcdef";
 constexpr int64_t kStepElements = 4096;
 
-std::unique_ptr<Client> Connect(const std::string &address,
-                                const std::string &token, bool pipeline) {
+std::unique_ptr<Client> Connect(const std::string& address,
+                                const std::string& token, bool pipeline) {
   ConnectOptions options;
   options.token = token;
   options.pipeline = pipeline;
@@ -85,7 +108,7 @@ std::unique_ptr<Client> Connect(const std::string &address,
   return *std::move(client);
 }
 
-std::unique_ptr<Session> Open(Client &client, const std::string &name) {
+std::unique_ptr<Session> Open(Client& client, const std::string& name) {
   auto session = client.CreateSession(name, /*attach=*/false);
   if (!session.ok()) {
     std::fprintf(stderr, "session: %s\n", session.status().ToString().c_str());
@@ -96,8 +119,8 @@ std::unique_ptr<Session> Open(Client &client, const std::string &name) {
 
 // Runs `body(stop)` on `threads` threads until `stop` is set.
 class Attack {
-public:
-  Attack(int threads, std::function<void(const std::atomic<bool> &, int)> body)
+ public:
+  Attack(int threads, std::function<void(const std::atomic<bool>&, int)> body)
       : stop_(false) {
     for (int i = 0; i < threads; ++i) {
       threads_.emplace_back([this, body, i] { body(stop_, i); });
@@ -105,11 +128,10 @@ public:
   }
   ~Attack() {
     stop_ = true;
-    for (std::thread &t : threads_)
-      t.join();
+    for (std::thread& t : threads_) t.join();
   }
 
-private:
+ private:
   std::atomic<bool> stop_;
   std::vector<std::thread> threads_;
 };
@@ -123,9 +145,9 @@ struct PhaseResult {
   std::string first_error;
 };
 
-PhaseResult RunVictim(const std::string &name, Session &session,
-                      const remote::DeviceBuffer &a,
-                      const remote::DeviceBuffer &b, absl::Duration length) {
+PhaseResult RunVictim(const std::string& name, Session& session,
+                      const remote::DeviceBuffer& a,
+                      const remote::DeviceBuffer& b, absl::Duration length) {
   PhaseResult result;
   result.name = name;
   std::vector<double> ms;
@@ -150,8 +172,7 @@ PhaseResult RunVictim(const std::string &name, Session &session,
       }
     }
     if (!status.ok()) {
-      if (result.failures++ == 0)
-        result.first_error = status.ToString();
+      if (result.failures++ == 0) result.first_error = status.ToString();
       continue;
     }
     ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
@@ -167,10 +188,10 @@ PhaseResult RunVictim(const std::string &name, Session &session,
 
 // Attackers. Each returns an Attack that runs until destroyed.
 
-std::unique_ptr<Attack> GiantBatches(const std::string &address,
-                                     const SessionLimits &limits) {
+std::unique_ptr<Attack> GiantBatches(const std::string& address) {
+  const SessionLimits limits;  // The server's defaults.
   return std::make_unique<Attack>(2, [address, limits](
-                                         const std::atomic<bool> &stop, int) {
+                                         const std::atomic<bool>& stop, int) {
     std::unique_ptr<Client> client = Connect(address, kAttackerToken, false);
     std::unique_ptr<Session> session = Open(*client, "giant");
     v1::PipelineRequest batch;
@@ -182,6 +203,7 @@ std::unique_ptr<Attack> GiantBatches(const std::string &address,
     oversized.set_session(session->token());
     oversized.add_commands()->mutable_plan()->mutable_request()->set_op(
         std::string(60 << 20, 'x'));
+    const bool send_oversized = absl::GetFlag(FLAGS_oversized_batches);
     absl::Time next_oversized = absl::Now();
     while (!stop) {
       grpc::ClientContext context;
@@ -194,13 +216,10 @@ std::unique_ptr<Attack> GiantBatches(const std::string &address,
         }
       });
       while (!stop) {
-        const bool big = absl::Now() >= next_oversized;
-        if (big)
-          next_oversized = absl::Now() + absl::Seconds(1);
-        if (!stream->Write(big ? oversized : batch))
-          break;
-        if (big)
-          break; // The channel ends; open another.
+        const bool big = send_oversized && absl::Now() >= next_oversized;
+        if (big) next_oversized = absl::Now() + absl::Seconds(1);
+        if (!stream->Write(big ? oversized : batch)) break;
+        if (big) break;  // The channel ends; open another.
       }
       context.TryCancel();
       reader.join();
@@ -209,34 +228,32 @@ std::unique_ptr<Attack> GiantBatches(const std::string &address,
   });
 }
 
-std::unique_ptr<Attack> MallocChurn(const std::string &address) {
-  return std::make_unique<Attack>(4, [address](const std::atomic<bool> &stop,
+std::unique_ptr<Attack> MallocChurn(const std::string& address) {
+  return std::make_unique<Attack>(4, [address](const std::atomic<bool>& stop,
                                                int) {
     std::unique_ptr<Client> client = Connect(address, kAttackerToken, false);
     std::unique_ptr<Session> sessions[2] = {Open(*client, "churn0"),
                                             Open(*client, "churn1")};
     for (int i = 0; !stop; ++i) {
       auto buffer = sessions[i % 2]->Malloc(256 << 20);
-      if (buffer.ok())
-        buffer->Free().IgnoreError();
+      if (buffer.ok()) buffer->Free().IgnoreError();
     }
   });
 }
 
-std::unique_ptr<Attack> BigEvaluates(const std::string &address) {
+std::unique_ptr<Attack> BigEvaluates(const std::string& address) {
   return std::make_unique<Attack>(
-      8, [address](const std::atomic<bool> &stop, int) {
+      8, [address](const std::atomic<bool>& stop, int) {
         auto channel =
             grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
         auto stub = v1::Operators::NewStub(channel);
         v1::EvaluateRequest request;
         request.set_op("HardswishBackward");
-        for (const char *name : {"gradOutput", "self"}) {
-          v1::ValueTensor &t = (*request.mutable_inputs())[name];
+        for (const char* name : {"gradOutput", "self"}) {
+          v1::ValueTensor& t = (*request.mutable_inputs())[name];
           t.set_dtype(v1::FLOAT);
           t.add_shape(int64_t{1} << 20);
-          for (int i = 0; i < (1 << 20); ++i)
-            t.add_values(i % 7 - 3);
+          for (int i = 0; i < (1 << 20); ++i) t.add_values(i % 7 - 3);
         }
         request.mutable_output()->set_dtype(v1::FLOAT);
         request.mutable_output()->add_shape(int64_t{1} << 20);
@@ -252,24 +269,23 @@ std::unique_ptr<Attack> BigEvaluates(const std::string &address) {
 
 std::unique_ptr<Attack> DataPortChurn(int port) {
   return std::make_unique<Attack>(
-      2, [port](const std::atomic<bool> &stop, int) {
+      2, [port](const std::atomic<bool>& stop, int) {
         sockaddr_in address{};
         address.sin_family = AF_INET;
         address.sin_port = htons(static_cast<uint16_t>(port));
         address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         while (!stop) {
           int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-          if (fd < 0)
-            continue;
-          connect(fd, reinterpret_cast<sockaddr *>(&address), sizeof(address));
+          if (fd < 0) continue;
+          connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
           close(fd);
         }
       });
 }
 
-std::unique_ptr<Attack> UnauthenticatedFlood(const std::string &address) {
+std::unique_ptr<Attack> UnauthenticatedFlood(const std::string& address) {
   return std::make_unique<Attack>(
-      4, [address](const std::atomic<bool> &stop, int) {
+      4, [address](const std::atomic<bool>& stop, int) {
         auto channel =
             grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
         auto stub = v1::Runtime::NewStub(channel);
@@ -283,44 +299,69 @@ std::unique_ptr<Attack> UnauthenticatedFlood(const std::string &address) {
       });
 }
 
-std::unique_ptr<Attack> ComputeHog(const std::string &address) {
+std::unique_ptr<Attack> ComputeHog(const std::string& address) {
   return std::make_unique<Attack>(
-      4, [address](const std::atomic<bool> &stop, int) {
+      4, [address](const std::atomic<bool>& stop, int) {
         std::unique_ptr<Client> client = Connect(address, kAttackerToken, true);
         std::unique_ptr<Session> session = Open(*client, "hog");
         constexpr int64_t kN = int64_t{1} << 25;
         auto buffer = session->Malloc(kN);
-        if (!buffer.ok())
-          return;
+        if (!buffer.ok()) return;
         const TensorDesc t =
             TensorDesc::Contiguous(buffer->handle(), DType::kInt8, {kN});
         auto executor = session->ThresholdBackward(t, t, 0.5, t);
-        if (!executor.ok() || !executor->SetRepeatable().ok())
-          return;
+        if (!executor.ok() || !executor->SetRepeatable().ok()) return;
         auto streams = std::vector<remote::Stream>();
         for (int i = 0; i < 2; ++i) {
           auto stream = session->CreateStream();
-          if (stream.ok())
-            streams.push_back(*std::move(stream));
+          if (stream.ok()) streams.push_back(*std::move(stream));
         }
         while (!stop) {
-          for (const remote::Stream &stream : streams) {
+          for (const remote::Stream& stream : streams) {
             executor->Execute(stream.handle()).IgnoreError();
           }
-          for (const remote::Stream &stream : streams) {
+          for (const remote::Stream& stream : streams) {
             session->Synchronize(stream.handle()).IgnoreError();
           }
         }
       });
 }
 
-int Main(int argc, char **argv) {
+// One attacker, in a process of its own, until --attack_s seconds passed
+// (the bench kills it sooner).
+int RunAttacker() {
+  const int nice = absl::GetFlag(FLAGS_attacker_nice);
+  if (nice > 0) (void)setpriority(PRIO_PROCESS, 0, nice);
+  const std::string name = absl::GetFlag(FLAGS_attack);
+  const std::string address = absl::GetFlag(FLAGS_address);
+  std::unique_ptr<Attack> attack;
+  if (name == "giant_batches") {
+    attack = GiantBatches(address);
+  } else if (name == "malloc_churn") {
+    attack = MallocChurn(address);
+  } else if (name == "big_evaluates") {
+    attack = BigEvaluates(address);
+  } else if (name == "data_port") {
+    attack = DataPortChurn(absl::GetFlag(FLAGS_data_port));
+  } else if (name == "unauth_flood") {
+    attack = UnauthenticatedFlood(address);
+  } else if (name == "compute_hog") {
+    attack = ComputeHog(address);
+  } else {
+    std::fprintf(stderr, "unknown attacker %s\n", name.c_str());
+    return 2;
+  }
+  absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_attack_s)));
+  std::_Exit(0);  // Whatever its threads are doing.
+}
+
+int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (!absl::GetFlag(FLAGS_attack).empty()) return RunAttacker();
   const absl::Duration phase = absl::Seconds(absl::GetFlag(FLAGS_phase_s));
   char dir_template[] = "/tmp/fairness_bench.XXXXXX";
-  const char *dir = mkdtemp(dir_template);
-  if (dir == nullptr)
-    return 1;
+  const char* dir = mkdtemp(dir_template);
+  if (dir == nullptr) return 1;
   const std::string tokens = absl::StrCat(dir, "/tokens");
   {
     std::ofstream out(tokens);
@@ -339,48 +380,69 @@ int Main(int argc, char **argv) {
     return 1;
   }
   const std::string address = (*server)->address();
-  const SessionLimits &limits = (*server)->sessions().limits();
 
   std::unique_ptr<Client> victim = Connect(address, kVictimToken, false);
   std::unique_ptr<Session> session = Open(*victim, "victim");
   auto a = session->Malloc(kStepElements * 4);
   auto b = session->Malloc(kStepElements * 4);
-  if (!a.ok() || !b.ok())
-    return 1;
+  if (!a.ok() || !b.ok()) return 1;
   RunVictim("warmup", *session, *a, *b, absl::Seconds(1));
 
   struct Phase {
-    const char *name;
-    std::function<std::unique_ptr<Attack>()> attack;
-    bool compute; // The p50 target instead of the p99 one.
+    const char* name;
+    bool compute;  // The p50 target instead of the p99 one.
   };
-  const int data_port = (*server)->data_port();
   const std::vector<Phase> phases = {
-      {"alone", [] { return nullptr; }, false},
-      {"giant_batches", [&] { return GiantBatches(address, limits); }, false},
-      {"malloc_churn", [&] { return MallocChurn(address); }, false},
-      {"big_evaluates", [&] { return BigEvaluates(address); }, false},
-      {"data_port", [&] { return DataPortChurn(data_port); }, false},
-      {"unauth_flood", [&] { return UnauthenticatedFlood(address); }, false},
-      {"compute_hog", [&] { return ComputeHog(address); }, true},
-      {"alone", [] { return nullptr; }, false},
+      {"alone", false},        {"giant_batches", false},
+      {"malloc_churn", false}, {"big_evaluates", false},
+      {"data_port", false},    {"unauth_flood", false},
+      {"compute_hog", true},   {"alone", false},
   };
-  std::printf("fairness_bench: victim step = WriteValues + GetWorkspaceSize "
-              "+ Execute + ReadValues (4096 fp32), %d s per phase\n",
-              absl::GetFlag(FLAGS_phase_s));
+  const std::string data_port = absl::StrCat((*server)->data_port());
+  std::printf(
+      "fairness_bench: victim step = WriteValues + GetWorkspaceSize "
+      "+ Execute + ReadValues (4096 fp32), %d s per phase, attacker "
+      "processes at nice %d\n",
+      absl::GetFlag(FLAGS_phase_s), absl::GetFlag(FLAGS_attacker_nice));
   std::printf("%-14s %7s %6s %9s %9s %8s %8s  %s\n", "phase", "steps", "fail",
               "p50 ms", "p99 ms", "p50 x", "p99 x", "target");
   PhaseResult alone;
   bool all_met = true;
-  for (const Phase &p : phases) {
-    std::unique_ptr<Attack> attack = p.attack();
-    // Let the attack reach its steady state first.
-    if (attack != nullptr)
-      absl::SleepFor(absl::Milliseconds(500));
+  const std::vector<std::string> wanted =
+      absl::StrSplit(absl::GetFlag(FLAGS_phases), ',', absl::SkipEmpty());
+  for (const Phase& p : phases) {
+    if (std::string(p.name) != "alone" && !wanted.empty() &&
+        std::find(wanted.begin(), wanted.end(), p.name) == wanted.end()) {
+      continue;
+    }
+    // The attacker is a process of its own, as a tenant's client would
+    // be: its threads (gRPC's included) are not the server's.
+    pid_t attacker = 0;
+    if (std::string(p.name) != "alone") {
+      std::vector<std::string> args = {
+          "/proc/self/exe",
+          absl::StrCat("--attack=", p.name),
+          absl::StrCat("--address=", address),
+          absl::StrCat("--data_port=", data_port),
+          absl::StrCat("--attack_s=", absl::GetFlag(FLAGS_phase_s) + 5),
+          absl::StrCat("--attacker_nice=", absl::GetFlag(FLAGS_attacker_nice))};
+      std::vector<char*> argv_child;
+      for (std::string& arg : args) argv_child.push_back(arg.data());
+      argv_child.push_back(nullptr);
+      if (posix_spawn(&attacker, "/proc/self/exe", nullptr, nullptr,
+                      argv_child.data(), environ) != 0) {
+        std::fprintf(stderr, "cannot start the %s attacker\n", p.name);
+        return 1;
+      }
+      // Let the attack reach its steady state first.
+      absl::SleepFor(absl::Seconds(1));
+    }
     PhaseResult r = RunVictim(p.name, *session, *a, *b, phase);
-    attack.reset();
-    if (alone.steps == 0)
-      alone = r;
+    if (attacker != 0) {
+      kill(attacker, SIGKILL);
+      waitpid(attacker, nullptr, 0);
+    }
+    if (alone.steps == 0) alone = r;
     const double p50x = alone.p50_ms > 0 ? r.p50_ms / alone.p50_ms : 0;
     const double p99x = alone.p99_ms > 0 ? r.p99_ms / alone.p99_ms : 0;
     std::string target;
@@ -408,7 +470,7 @@ int Main(int argc, char **argv) {
   return 0;
 }
 
-} // namespace
-} // namespace opserver
+}  // namespace
+}  // namespace opserver
 
-int main(int argc, char **argv) { return opserver::Main(argc, argv); }
+int main(int argc, char** argv) { return opserver::Main(argc, argv); }

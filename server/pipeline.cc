@@ -77,7 +77,8 @@ bool CommandPipeline::ApplyOne(Session& session,
         return true;
       }
       if (absl::Status s = session.DestroyExecutor(id); !s.ok()) {
-        FailSession(Deferred(s, absl::StrCat("DestroyExecutor ", id)));
+        FailSessionLazily(
+            [&] { return Deferred(s, absl::StrCat("DestroyExecutor ", id)); });
       }
       return true;
     }
@@ -86,13 +87,16 @@ bool CommandPipeline::ApplyOne(Session& session,
       // Its launches report the plan's error.
       if (session.RefusedPlan(id, /*launch=*/false).has_value()) return true;
       if (absl::Status s = session.SetExecutorRepeatable(id); !s.ok()) {
-        FailSession(Deferred(s, absl::StrCat("SetExecutorRepeatable ", id)));
+        FailSessionLazily([&] {
+          return Deferred(s, absl::StrCat("SetExecutorRepeatable ", id));
+        });
       }
       return true;
     }
     case v1::PipelineCommand::kFree:
       if (absl::Status s = session.Free(command.free()); !s.ok()) {
-        FailSession(Deferred(s, absl::StrCat("Free ", command.free())));
+        FailSessionLazily(
+            [&] { return Deferred(s, absl::StrCat("Free ", command.free())); });
       }
       return true;
     case v1::PipelineCommand::kFence: {
@@ -124,10 +128,10 @@ void CommandPipeline::Plan(Session& session, const v1::PlanCommand& plan) {
   if (status.ok()) return;
   // The op name is the client's: only its start goes into the message.
   constexpr size_t kMaxOpNameBytes = 128;
-  status = Deferred(status, absl::StrCat(Truncated(plan.request().op(),
-                                                   kMaxOpNameBytes),
-                                         " GetWorkspaceSize (executor ",
-                                         plan.executor(), ")"));
+  status = Deferred(
+      status,
+      absl::StrCat(Truncated(plan.request().op(), kMaxOpNameBytes),
+                   " GetWorkspaceSize (executor ", plan.executor(), ")"));
   // An id in use stays what it is: a second plan under it is the session's
   // error, not its executor's.
   if (session.RefusedPlan(plan.executor(), /*launch=*/false).has_value() ||

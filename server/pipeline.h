@@ -66,6 +66,18 @@ class CommandPipeline {
   // Charges `error` to the session (the first one is kept until a session
   // fence reports it).
   void FailSession(absl::Status error);
+  // The same with the error `make()` returns, called only when no error is
+  // kept yet: only the first is reported, and a hostile batch can fail
+  // tens of thousands of commands, each of whose messages would be
+  // formatted for nothing.
+  template <typename Make>
+  void FailSessionLazily(const Make& make) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!session_error_.ok()) return;
+    }
+    FailSession(make());
+  }
   absl::Status TakeSessionError();
 
   const SessionLimits& limits_;

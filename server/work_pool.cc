@@ -11,19 +11,28 @@
 
 namespace opserver {
 
-WorkPool::WorkPool(const Options &options) : options_(options) {
+WorkPool::WorkPool(const Options& options) : options_(options) {
   const int threads = std::max(1, options.threads);
   threads_.reserve(static_cast<size_t>(threads));
   try {
-    for (int i = 0; i < threads; ++i)
-      threads_.emplace_back([this] { Loop(); });
+    for (int i = 0; i < threads; ++i) {
+      threads_.emplace_back([this] {
+        if (options_.nice > 0) {
+          // Best effort: a thread left at the process's priority still
+          // runs its turns.
+          (void)setpriority(PRIO_PROCESS,
+                            static_cast<id_t>(syscall(SYS_gettid)),
+                            options_.nice);
+        }
+        Loop();
+      });
+    }
   } catch (...) {
     {
       absl::MutexLock lock(&mu_);
       stopping_ = true;
     }
-    for (std::thread &thread : threads_)
-      thread.join();
+    for (std::thread& thread : threads_) thread.join();
     throw;
   }
 }
@@ -33,17 +42,15 @@ WorkPool::~WorkPool() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  for (std::thread &thread : threads_)
-    thread.join();
+  for (std::thread& thread : threads_) thread.join();
 }
 
 absl::Status WorkPool::Submit(absl::string_view owner,
                               std::function<void()> task) {
   absl::MutexLock lock(&mu_);
-  Owner &entry = owners_[owner];
+  Owner& entry = owners_[owner];
   if (entry.tasks.size() >= options_.max_queued_per_owner) {
-    if (entry.tasks.empty() && !entry.running)
-      owners_.erase(owner);
+    if (entry.tasks.empty() && !entry.running) owners_.erase(owner);
     return absl::ResourceExhaustedError(absl::StrCat(
         "this client already has ", options_.max_queued_per_owner,
         " requests waiting for the server's workers; retry later"));
@@ -67,16 +74,15 @@ void WorkPool::Loop() {
     // Stops once nothing is queued or running: a running task may still
     // submit the next slice of its work, which runs before the pool goes.
     mu_.Await(absl::Condition(
-        +[](WorkPool *pool) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        +[](WorkPool* pool) ABSL_NO_THREAD_SAFETY_ANALYSIS {
           return !pool->turns_.empty() ||
                  (pool->stopping_ && pool->running_ == 0);
         },
         this));
-    if (turns_.empty())
-      return;
+    if (turns_.empty()) return;
     std::string owner = std::move(turns_.front());
     turns_.pop_front();
-    Owner &entry = owners_[owner];
+    Owner& entry = owners_[owner];
     std::function<void()> task = std::move(entry.tasks.front());
     entry.tasks.pop_front();
     entry.running = true;
@@ -84,17 +90,17 @@ void WorkPool::Loop() {
     ++running_;
     mu_.Unlock();
     task();
-    task = nullptr; // Its captures go before the next turn is taken.
+    task = nullptr;  // Its captures go before the next turn is taken.
     mu_.Lock();
     --running_;
-    Owner &after = owners_[owner];
+    Owner& after = owners_[owner];
     after.running = false;
     if (after.tasks.empty()) {
       owners_.erase(owner);
     } else {
-      turns_.push_back(std::move(owner)); // Behind everyone waiting.
+      turns_.push_back(std::move(owner));  // Behind everyone waiting.
     }
   }
 }
 
-} // namespace opserver
+}  // namespace opserver

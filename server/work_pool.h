@@ -31,7 +31,7 @@ namespace opserver {
 // submits the next, so that other owners get their turns in between.
 // Thread-safe.
 class WorkPool {
-public:
+ public:
   struct Options {
     int threads = 2;
     // Tasks one owner may have waiting; more are RESOURCE_EXHAUSTED.
@@ -45,11 +45,11 @@ public:
 
   // Throws std::system_error when its threads cannot be started (at server
   // start, before anything else is served).
-  explicit WorkPool(const Options &options);
+  explicit WorkPool(const Options& options);
   // Runs every task still queued (and those they submit), then joins.
   ~WorkPool();
-  WorkPool(const WorkPool &) = delete;
-  WorkPool &operator=(const WorkPool &) = delete;
+  WorkPool(const WorkPool&) = delete;
+  WorkPool& operator=(const WorkPool&) = delete;
 
   // Queues `task` behind `owner`'s earlier ones. RESOURCE_EXHAUSTED (and
   // `task` is dropped unrun) when the owner already has
@@ -59,10 +59,10 @@ public:
   // Tasks waiting, all owners together (for tests and stats).
   size_t queued() const;
 
-private:
+ private:
   struct Owner {
     std::deque<std::function<void()>> tasks;
-    bool running = false; // One of its tasks runs now.
+    bool running = false;  // One of its tasks runs now.
   };
   void Loop();
 
@@ -77,6 +77,6 @@ private:
   std::vector<std::thread> threads_;
 };
 
-} // namespace opserver
+}  // namespace opserver
 
-#endif // OPSERVER_SERVER_WORK_POOL_H_
+#endif  // OPSERVER_SERVER_WORK_POOL_H_

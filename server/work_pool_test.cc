@@ -37,7 +37,7 @@ TEST(WorkPoolTest, OwnersTakeTurnsAndKeepTheirOrder) {
   ASSERT_TRUE(pool->Submit("victim", record("victim0")).ok());
   ASSERT_TRUE(pool->Submit("victim", record("victim1")).ok());
   release.Notify();
-  pool.reset(); // Runs everything queued.
+  pool.reset();  // Runs everything queued.
   // The hog's queue does not delay the victim by more than one turn.
   EXPECT_THAT(
       ran, ElementsAre("victim0", "hog0", "victim1", "hog1", "hog2", "hog3"));
@@ -53,7 +53,7 @@ TEST(WorkPoolTest, AnOwnersQueueIsBounded) {
                             release.WaitForNotification();
                           })
                   .ok());
-  started.WaitForNotification(); // Running: no longer waiting.
+  started.WaitForNotification();  // Running: no longer waiting.
   EXPECT_TRUE(pool.Submit("a", [] {}).ok());
   EXPECT_TRUE(pool.Submit("a", [] {}).ok());
   absl::Status refused = pool.Submit("a", [] {});
@@ -83,7 +83,7 @@ TEST(WorkPoolTest, AnOwnersTasksNeverOverlap) {
   }
   absl::MutexLock lock(&mu);
   mu.Await(absl::Condition(
-      +[](int *d) { return *d == 200; }, &done));
+      +[](int* d) { return *d == 200; }, &done));
   EXPECT_EQ(most, 1);
 }
 
@@ -91,17 +91,16 @@ TEST(WorkPoolTest, AnOwnersTasksNeverOverlap) {
 // tasks (a sliced batch submits its next slice).
 TEST(WorkPoolTest, DestructionRunsQueuedAndChainedWork) {
   int slices = 0;
-  std::function<void()> slice; // Outlives the pool that runs it.
+  std::function<void()> slice;  // Outlives the pool that runs it.
   {
     WorkPool pool({.threads = 2});
     slice = [&] {
-      if (++slices < 50)
-        ASSERT_TRUE(pool.Submit("chain", slice).ok());
+      if (++slices < 50) ASSERT_TRUE(pool.Submit("chain", slice).ok());
     };
     ASSERT_TRUE(pool.Submit("chain", slice).ok());
   }
   EXPECT_EQ(slices, 50);
 }
 
-} // namespace
-} // namespace opserver
+}  // namespace
+}  // namespace opserver

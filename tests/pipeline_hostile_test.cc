@@ -8,10 +8,10 @@
 
 #include "absl/time/clock.h"
 #include "client/client.h"
-#include "server/server.h"
-#include "tests/tensor_desc.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/server.h"
+#include "tests/tensor_desc.h"
 
 namespace opserver {
 namespace remote {
@@ -20,8 +20,8 @@ namespace {
 using ::testing::HasSubstr;
 
 class PipelineHostileTest : public ::testing::Test {
-protected:
-  void Start(const opserver::Options &base) {
+ protected:
+  void Start(const opserver::Options& base) {
     opserver::Options options = base;
     options.listen = "127.0.0.1:0";
     options.threads = 2;
@@ -29,7 +29,7 @@ protected:
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     ConnectOptions connect;
-    connect.pipeline = false; // This test speaks the channel by hand.
+    connect.pipeline = false;  // This test speaks the channel by hand.
     auto client = Client::Connect(server_->address(), connect);
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = *std::move(client);
@@ -41,7 +41,7 @@ protected:
   // Opens a channel on the session and waits for its first acknowledgement.
   std::unique_ptr<
       grpc::ClientReaderWriter<v1::PipelineRequest, v1::PipelineEvent>>
-  Open(grpc::ClientContext *context) {
+  Open(grpc::ClientContext* context) {
     auto stream = client_->operators().Pipeline(context);
     v1::PipelineRequest open;
     open.set_session(session_->token());
@@ -51,11 +51,10 @@ protected:
 
   // Polls until `done` holds, for at most 20 s (a bounded wait, not a
   // timing assertion: the test fails only if it never holds).
-  static bool Eventually(const std::function<bool()> &done) {
+  static bool Eventually(const std::function<bool()>& done) {
     const absl::Time deadline = absl::Now() + absl::Seconds(20);
     while (absl::Now() < deadline) {
-      if (done())
-        return true;
+      if (done()) return true;
       absl::SleepFor(absl::Milliseconds(20));
     }
     return done();
@@ -94,8 +93,7 @@ TEST_F(PipelineHostileTest, BatchWithTooManyCommandsEndsTheChannel) {
   grpc::ClientContext context;
   auto stream = Open(&context);
   v1::PipelineRequest batch;
-  for (int i = 0; i < 101; ++i)
-    batch.add_commands()->set_free(12345);
+  for (int i = 0; i < 101; ++i) batch.add_commands()->set_free(12345);
   stream->Write(batch);
   v1::PipelineEvent event;
   while (stream->Read(&event)) {
@@ -152,12 +150,11 @@ TEST_F(PipelineHostileTest, UnreadChannelDoesNotPinItsClosedSession) {
   opserver::Options options;
   options.session_limits.max_pending_replies = 4;
   Start(options);
-  for (int i = 0; i < 4; ++i)
-    ASSERT_TRUE(session_->CreateStream().ok());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(session_->CreateStream().ok());
   auto buffer = session_->Malloc(32 << 20);
   ASSERT_TRUE(buffer.ok());
   const uint64_t handle = buffer->handle();
-  buffer->Release(); // The server keeps it until the session goes.
+  buffer->Release();  // The server keeps it until the session goes.
   // A connection whose receive window stays small (no BDP probing), so
   // that what the server writes and nobody reads soon fills it and the
   // channel's fence results stay unwritten, as with a stalled client.
@@ -171,11 +168,11 @@ TEST_F(PipelineHostileTest, UnreadChannelDoesNotPinItsClosedSession) {
   v1::PipelineRequest batch;
   batch.set_session(session_->token());
   constexpr uint64_t kId = uint64_t{1} << 62;
-  v1::PlanCommand *plan = batch.add_commands()->mutable_plan();
+  v1::PlanCommand* plan = batch.add_commands()->mutable_plan();
   plan->set_executor(kId);
   plan->mutable_request()->set_op("ThresholdBackward");
   // A view past its buffer: the plan is refused, and each launch fails.
-  for (const char *name : {"gradOutput", "self", "out"}) {
+  for (const char* name : {"gradOutput", "self", "out"}) {
     (*plan->mutable_request()->mutable_tensors())[name] =
         Desc(handle, v1::FLOAT, {int64_t{1} << 30});
   }
@@ -197,6 +194,6 @@ TEST_F(PipelineHostileTest, UnreadChannelDoesNotPinItsClosedSession) {
   stream->Finish();
 }
 
-} // namespace
-} // namespace remote
-} // namespace opserver
+}  // namespace
+}  // namespace remote
+}  // namespace opserver
