@@ -12,9 +12,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/values.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/proto_buffer_reader.h"
-#include "common/values.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
@@ -194,8 +194,7 @@ class OperatorService::Launcher final
     response.set_aclnn_status(kernels::GetAclnnStatus(status));
     if (!status.ok()) {
       response.set_code(static_cast<int32_t>(status.code()));
-      response.set_message(
-          Truncated(status.message(), kMaxErrorMessageBytes));
+      response.set_message(Truncated(status.message(), kMaxErrorMessageBytes));
     }
     absl::MutexLock lock(&mu_);
     if (finished_) return;  // Never act on the call after Finish.
@@ -380,13 +379,10 @@ class OperatorService::Pipeliner final
       link_->call = nullptr;
     }
     std::shared_ptr<Session> session;
-    uint64_t channel = 0;
     {
       absl::MutexLock lock(&mu_);  // A FenceDone may be leaving.
-      session = session_.lock();
-      channel = channel_;
+      session = std::move(closing_session_);
     }
-    if (session != nullptr && channel != 0) session->CloseChannel(channel);
     session.reset();
     delete this;
   }
@@ -618,6 +614,15 @@ class OperatorService::Pipeliner final
     }
     if (failed_ || (reads_done_ && !pending_.has_value())) {
       finished_ = true;
+      // The channel's place on its session is free before the client hears
+      // the call ended (OnDone comes later). The reference taken here is
+      // dropped in OnDone, outside every lock: it may be the session's last.
+      if (channel_ != 0) {
+        closing_session_ = session_.lock();
+        if (closing_session_ != nullptr)
+          closing_session_->CloseChannel(channel_);
+        channel_ = 0;
+      }
       Finish(!end_status_.ok() ? ToGrpcStatus(end_status_, context_)
              : failed_         ? grpc::Status::CANCELLED
                                : grpc::Status::OK);
@@ -641,6 +646,7 @@ class OperatorService::Pipeliner final
   std::string session_id_ ABSL_GUARDED_BY(mu_);
   std::weak_ptr<Session> session_ ABSL_GUARDED_BY(mu_);
   uint64_t channel_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<Session> closing_session_ ABSL_GUARDED_BY(mu_);
   bool in_batch_ ABSL_GUARDED_BY(mu_) = false;
   bool parsed_ ABSL_GUARDED_BY(mu_) = false;
   size_t position_ ABSL_GUARDED_BY(mu_) = 0;
@@ -702,12 +708,12 @@ grpc::ServerUnaryReactor* OperatorService::Evaluate(
   }
   // Parsed, computed and answered on a worker, in its caller's turn.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status queued = workers_->Submit(
-      absl::StrCat("caller:", *caller),
-      [this, reactor, context, request, response, slot] {
-        reactor->Finish(ToGrpcStatus(EvaluateBytes(*request, response),
-                                     context));
-      });
+  absl::Status queued =
+      workers_->Submit(absl::StrCat("caller:", *caller),
+                       [this, reactor, context, request, response, slot] {
+                         reactor->Finish(ToGrpcStatus(
+                             EvaluateBytes(*request, response), context));
+                       });
   if (!queued.ok()) reactor->Finish(ToGrpcStatus(queued, context));
   return reactor;
 }
