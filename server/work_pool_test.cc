@@ -95,7 +95,9 @@ TEST(WorkPoolTest, DestructionRunsQueuedAndChainedWork) {
   {
     WorkPool pool({.threads = 2});
     slice = [&] {
-      if (++slices < 50) ASSERT_TRUE(pool.Submit("chain", slice).ok());
+      if (++slices < 50) {
+        ASSERT_TRUE(pool.Submit("chain", slice).ok());
+      }
     };
     ASSERT_TRUE(pool.Submit("chain", slice).ok());
   }

@@ -609,25 +609,23 @@ void ExpectRevoked(const grpc::Status& status, absl::string_view what) {
       << what << ": " << status.error_code() << " " << status.error_message();
 }
 
+// Reads `call` to its end and returns its status.
+template <typename Message, typename Call>
+grpc::Status Drain(Call& call) {
+  Message message;
+  while (call->Read(&message)) {
+  }
+  return call->Finish();
+}
+
 // Every call of `calls` ends without the client doing anything, and the
 // ticket no longer moves bytes.
 void ExpectEndedByRevocation(OpenCalls& calls, int data_port) {
-  v1::PipelineEvent event;
-  while (calls.pipeline->Read(&event)) {
-  }
-  ExpectRevoked(calls.pipeline->Finish(), "Pipeline");
-  v1::ExecuteResponse response;
-  while (calls.execute->Read(&response)) {
-  }
-  ExpectRevoked(calls.execute->Finish(), "ExecuteStream");
-  v1::AttachEvent attached;
-  while (calls.attach->Read(&attached)) {
-  }
-  ExpectRevoked(calls.attach->Finish(), "Attach");
-  v1::OpenDataTransferResponse more;
-  while (calls.transfer->Read(&more)) {
-  }
-  ExpectRevoked(calls.transfer->Finish(), "OpenDataTransfer");
+  ExpectRevoked(Drain<v1::PipelineEvent>(calls.pipeline), "Pipeline");
+  ExpectRevoked(Drain<v1::ExecuteResponse>(calls.execute), "ExecuteStream");
+  ExpectRevoked(Drain<v1::AttachEvent>(calls.attach), "Attach");
+  ExpectRevoked(Drain<v1::OpenDataTransferResponse>(calls.transfer),
+                "OpenDataTransfer");
   absl::StatusOr<UniqueFd> fd = ConnectTcp("127.0.0.1", data_port,
                                            absl::Seconds(5), absl::Seconds(30));
   ASSERT_TRUE(fd.ok()) << fd.status();
