@@ -188,7 +188,11 @@ class OperatorService::Launcher final
       MaybeFinishLocked();
       return;
     }
-    absl::Status status = service_->Launch(request_, *caller_);
+    // Revoked, and the cancellation not here yet: nothing more runs.
+    absl::Status status =
+        binding_.revoked()
+            ? absl::UnauthenticatedError("the call's token was revoked")
+            : service_->Launch(request_, *caller_);
     v1::ExecuteResponse response;
     response.set_executor(request_.executor());
     response.set_aclnn_status(kernels::GetAclnnStatus(status));
@@ -447,6 +451,12 @@ class OperatorService::Pipeliner final
     absl::MutexLock lock(&mu_);
     for (;;) {
       rerun_ = false;
+      if (binding_.revoked() && end_status_.ok()) {
+        // The cancellation is on its way; nothing more of the batch runs.
+        end_status_ = absl::UnauthenticatedError(
+            "the channel's token was revoked");
+        failed_ = true;
+      }
       if (failed_) {
         in_batch_ = false;  // Nobody will hear about the rest of the batch.
         break;
