@@ -1,6 +1,7 @@
 #include "server/stream.h"
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
@@ -10,6 +11,8 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/ops.h"
+#include "server/cpu_device.h"
 #include "server/fake_device.h"
 
 namespace opserver {
@@ -405,6 +408,49 @@ TEST(StreamTest, ADeviceStreamsErrorIsTheTasksError) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
   EXPECT_EQ(status.message(), "kernel fault");
   EXPECT_TRUE(stream.SynchronizeAndWait().ok()) << "reported once";
+}
+
+// Cancelling a stream (DestroyStream, CloseSession, the end of shutdown's
+// grace) stops the launch it runs now, between pieces of elements, with
+// CANCELLED: teardown and SIGTERM need not wait for a launch of billions of
+// elements. (Before, the launch ran to its end and reported OK.)
+TEST(StreamTest, CancelStopsTheRunningLaunch) {
+  CpuDevice device(/*threads=*/2, /*pool_cache_bytes=*/0);
+  absl::StatusOr<std::unique_ptr<DeviceStream>> device_stream =
+      device.CreateStream();
+  ASSERT_TRUE(device_stream.ok());
+  Stream stream(*std::move(device_stream), 0, nullptr);
+  // ThresholdBackward in place over 2^28 int8 elements (tens to hundreds of
+  // milliseconds), the gradient a broadcast scalar.
+  constexpr int64_t kN = int64_t{1} << 28;
+  std::vector<int8_t> self(kN, 1);
+  int8_t grad = 3;
+  kernels::TensorView s;
+  s.dtype = kernels::DType::kInt8;
+  s.shape = {kN};
+  s.data = self.data();
+  kernels::TensorView g = s;
+  g.shape = {1};
+  g.data = &grad;
+  kernels::OpCall call;
+  call.op = kernels::OpKind::kThresholdBackward;
+  call.grad_output = g;
+  call.self = s;
+  call.out = s;
+  call.params.threshold = 0;
+  absl::StatusOr<kernels::Plan> plan = kernels::PrepareOp(call);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::shared_ptr<DeviceStream> target = stream.device_stream();
+  absl::Notification started;
+  Enq(stream, [&] {
+    started.Notify();
+    return target->Launch(*plan, nullptr, 0);
+  });
+  started.WaitForNotification();
+  stream.Cancel("the test cancelled it");
+  absl::Status status = stream.SynchronizeAndWait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  EXPECT_EQ(self[kN - 1], 1) << "the launch ran to its end";
 }
 
 }  // namespace
