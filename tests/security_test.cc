@@ -95,31 +95,53 @@ class SecurityTest : public ::testing::Test {
   std::unique_ptr<Server> server_;
 };
 
+// A unary call of `method` with `request` and every value of `authorizations`
+// as its own "authorization" header, in order; `response` (if any) gets the
+// reply.
+grpc::Status CallWithHeaders(grpc::Channel* channel, const std::string& method,
+                             const google::protobuf::Message& request,
+                             const std::vector<std::string>& authorizations,
+                             google::protobuf::Message* response) {
+  grpc::GenericStub stub(std::shared_ptr<grpc::Channel>(channel, [](auto*) {}));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  for (const std::string& value : authorizations) {
+    context.AddMetadata("authorization", value);
+  }
+  std::string bytes = request.SerializeAsString();
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer wire(&slice, 1);
+  grpc::ByteBuffer reply;
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareUnaryCall(&context, method, wire, &cq);
+  call->StartCall();
+  grpc::Status status;
+  call->Finish(&reply, &status, reinterpret_cast<void*>(1));
+  void* tag;
+  bool ok;
+  EXPECT_TRUE(cq.Next(&tag, &ok));
+  if (status.ok() && response != nullptr) {
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(reply.Dump(&slices).ok());
+    std::string text;
+    for (const grpc::Slice& s : slices) {
+      text.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    EXPECT_TRUE(response->ParseFromString(text));
+  }
+  return status;
+}
+
 // Calls `method` ("/pkg.Service/Method") with an empty message; for a
 // streaming method that is one message and a half-close, which is all the
 // authentication check (it runs on the headers) needs.
 grpc::Status RawCall(grpc::Channel* channel, const std::string& method,
                      const std::string& authorization) {
-  grpc::GenericStub stub(std::shared_ptr<grpc::Channel>(channel, [](auto*) {}));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(10));
-  if (!authorization.empty()) {
-    context.AddMetadata("authorization", authorization);
-  }
-  grpc::CompletionQueue cq;
-  grpc::ByteBuffer request;
-  grpc::ByteBuffer response;
-  grpc::Slice empty("");
-  request = grpc::ByteBuffer(&empty, 1);
-  auto call = stub.PrepareUnaryCall(&context, method, request, &cq);
-  call->StartCall();
-  grpc::Status status;
-  call->Finish(&response, &status, reinterpret_cast<void*>(1));
-  void* tag;
-  bool ok;
-  EXPECT_TRUE(cq.Next(&tag, &ok));
-  return status;
+  std::vector<std::string> authorizations;
+  if (!authorization.empty()) authorizations.push_back(authorization);
+  return CallWithHeaders(channel, method, v1::GetDeviceInfoRequest(),
+                         authorizations, nullptr);
 }
 
 std::vector<std::string> AllOpserverMethods() {
@@ -450,43 +472,6 @@ TEST_F(SecurityTest, ReloadedTokensApplyToNewCalls) {
   WriteFile("reload_tokens", "bob\n");
   EXPECT_FALSE(server_->ReloadTokens().ok());
   EXPECT_TRUE(bob->GetDeviceInfo().ok());
-}
-
-// A unary call of `method` with `request` and every value of `authorizations`
-// as its own "authorization" header, in order; `response` gets the reply.
-grpc::Status CallWithHeaders(grpc::Channel* channel, const std::string& method,
-                             const google::protobuf::Message& request,
-                             const std::vector<std::string>& authorizations,
-                             google::protobuf::Message* response) {
-  grpc::GenericStub stub(std::shared_ptr<grpc::Channel>(channel, [](auto*) {}));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(10));
-  for (const std::string& value : authorizations) {
-    context.AddMetadata("authorization", value);
-  }
-  std::string bytes = request.SerializeAsString();
-  grpc::Slice slice(bytes);
-  grpc::ByteBuffer wire(&slice, 1);
-  grpc::ByteBuffer reply;
-  grpc::CompletionQueue cq;
-  auto call = stub.PrepareUnaryCall(&context, method, wire, &cq);
-  call->StartCall();
-  grpc::Status status;
-  call->Finish(&reply, &status, reinterpret_cast<void*>(1));
-  void* tag;
-  bool ok;
-  EXPECT_TRUE(cq.Next(&tag, &ok));
-  if (status.ok()) {
-    std::vector<grpc::Slice> slices;
-    EXPECT_TRUE(reply.Dump(&slices).ok());
-    std::string text;
-    for (const grpc::Slice& s : slices) {
-      text.append(reinterpret_cast<const char*>(s.begin()), s.size());
-    }
-    EXPECT_TRUE(response->ParseFromString(text));
-  }
-  return status;
 }
 
 // A tenant that sends a junk token before its own must not act as some
