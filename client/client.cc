@@ -868,6 +868,13 @@ std::optional<absl::Status> Session::DataPathTransfer(bool upload,
   // a ticket claims one connection at most, so a retry cannot move the
   // bytes twice.
   constexpr int kConnections = 3;
+  // Gives the call up, so this transfer goes through gRPC instead.
+  auto abandon = [&] {
+    context.TryCancel();
+    while (reader->Read(&event)) {
+    }
+    reader->Finish().IgnoreError();
+  };
   DataPathAttempt attempt;
   for (int i = 0; i < kConnections; ++i) {
     absl::StatusOr<UniqueFd> connection =
@@ -879,11 +886,8 @@ std::optional<absl::Status> Session::DataPathTransfer(bool upload,
                          client_->options().wait_timeout);
     if (!connection.ok()) {
       // Nothing moves without the connection: cancelled, the call leaves
-      // nothing behind, and this transfer goes through gRPC instead.
-      context.TryCancel();
-      while (reader->Read(&event)) {
-      }
-      reader->Finish().IgnoreError();
+      // nothing behind.
+      abandon();
       client_->DisableDataPath(connection.status());
       return std::nullopt;
     }
@@ -897,10 +901,7 @@ std::optional<absl::Status> Session::DataPathTransfer(bool upload,
     // mover, if the ticket was taken at all, before it releases the
     // stream, and the gRPC transfer is ordered on that stream after it, so
     // the two never write the same bytes at once.
-    context.TryCancel();
-    while (reader->Read(&event)) {
-    }
-    reader->Finish().IgnoreError();
+    abandon();
     client_->NoteDataPathFallback(attempt.moved);
     return std::nullopt;
   }

@@ -14,7 +14,6 @@
 #include "absl/strings/str_join.h"
 #include "common/values.h"
 #include "grpcpp/support/byte_buffer.h"
-#include "grpcpp/support/proto_buffer_reader.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
@@ -25,6 +24,7 @@
 #include "server/log.h"
 #include "server/op_requests.h"
 #include "server/pipeline.h"
+#include "server/raw_message.h"
 
 namespace opserver {
 namespace {
@@ -434,10 +434,10 @@ class OperatorService::Pipeliner final
     rerun_ = true;
     if (scheduled_) return;
     scheduled_ = true;
-    const std::string owner =
-        session_id_.empty() ? *caller_ : absl::StrCat("session:", session_id_);
-    absl::Status queued =
-        service_->workers_->Submit(owner, [this] { RunSlice(); });
+    // Before its first batch names the session, the channel takes its
+    // caller's turn.
+    absl::Status queued = service_->workers_->Submit(
+        work_owner_.empty() ? *caller_ : work_owner_, [this] { RunSlice(); });
     if (!queued.ok()) {
       scheduled_ = false;
       in_batch_ = false;
@@ -529,14 +529,10 @@ class OperatorService::Pipeliner final
   // largest size parses in tens of milliseconds).
   absl::Status Parse() {
     batch_.Clear();
-    grpc::Status parsed =
-        grpc::SerializationTraits<v1::PipelineRequest>::Deserialize(
-            &batch_bytes_, &batch_);
+    absl::Status parsed = ParseRaw(
+        batch_bytes_, &batch_, "a Pipeline batch that is not a PipelineRequest");
     batch_bytes_.Clear();
-    if (!parsed.ok()) {
-      return absl::InvalidArgumentError(
-          "a Pipeline batch that is not a PipelineRequest");
-    }
+    if (!parsed.ok()) return parsed;
     if (static_cast<size_t>(batch_.commands_size()) >
         limits_.max_pipeline_batch_commands) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -558,19 +554,16 @@ class OperatorService::Pipeliner final
       absl::MutexLock lock(&link->mu);
       if (link->call != nullptr) link->call->SessionClosed();
     });
-    if (!channel.ok()) {
-      mu_.Unlock();
-      session->reset();  // Not under mu_.
-      mu_.Lock();
-      return channel.status();
+    if (channel.ok()) {
+      session_id_ = batch_.session();
+      work_owner_ = (*session)->work_owner();
+      channel_ = *channel;
+      session_ = *session;
     }
-    session_id_ = batch_.session();
-    channel_ = *channel;
-    session_ = *session;
     mu_.Unlock();
-    session->reset();
+    session->reset();  // Not under mu_: it may be the last reference.
     mu_.Lock();
-    return absl::OkStatus();
+    return channel.status();
   }
 
   // Fence results leave with the next event.
@@ -604,12 +597,9 @@ class OperatorService::Pipeliner final
     // Later events carry the count too, so a client never sees it go back.
     event.set_acknowledged(acknowledged_);
     written_fences_ = event.fences_size();
-    bool own = false;
     out_bytes_.Clear();
-    if (!grpc::SerializationTraits<v1::PipelineEvent>::Serialize(
-             event, &out_bytes_, &own)
-             .ok()) {
-      EndLocked(absl::InternalError("cannot serialize a PipelineEvent"));
+    if (absl::Status s = SerializeRaw(event, &out_bytes_); !s.ok()) {
+      EndLocked(s);
       return;
     }
     writing_ = true;
@@ -657,6 +647,7 @@ class OperatorService::Pipeliner final
   grpc::ByteBuffer out_bytes_;  // The write in flight.
   absl::Mutex mu_;
   std::string session_id_ ABSL_GUARDED_BY(mu_);
+  std::string work_owner_ ABSL_GUARDED_BY(mu_);  // The session's.
   std::weak_ptr<Session> session_ ABSL_GUARDED_BY(mu_);
   uint64_t channel_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<Session> closing_session_ ABSL_GUARDED_BY(mu_);
@@ -734,11 +725,10 @@ grpc::ServerUnaryReactor* OperatorService::Evaluate(
 absl::Status OperatorService::EvaluateBytes(const grpc::ByteBuffer& request,
                                             grpc::ByteBuffer* response) {
   v1::EvaluateRequest parsed;
-  grpc::ByteBuffer bytes = request;  // Shares the slices; the parse eats it.
-  if (!grpc::SerializationTraits<v1::EvaluateRequest>::Deserialize(&bytes,
-                                                                   &parsed)
-           .ok()) {
-    return absl::InvalidArgumentError("the request is not an EvaluateRequest");
+  if (absl::Status s =
+          ParseRaw(request, &parsed, "the request is not an EvaluateRequest");
+      !s.ok()) {
+    return s;
   }
   absl::StatusOr<v1::ValueTensor> output =
       RunEvaluate(parsed, device_, limits_.max_values);
@@ -746,13 +736,7 @@ absl::Status OperatorService::EvaluateBytes(const grpc::ByteBuffer& request,
   v1::EvaluateResponse answer;
   answer.set_aclnn_status(kernels::kAclnnSuccess);
   *answer.mutable_output() = *std::move(output);
-  bool own = false;
-  if (!grpc::SerializationTraits<v1::EvaluateResponse>::Serialize(
-           answer, response, &own)
-           .ok()) {
-    return absl::InternalError("cannot serialize the EvaluateResponse");
-  }
-  return absl::OkStatus();
+  return SerializeRaw(answer, response);
 }
 
 }  // namespace opserver

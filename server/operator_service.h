@@ -13,15 +13,6 @@
 
 namespace opserver {
 
-// opserver.v1.Operators: the operator table and the aclnn two-phase call
-// (GetWorkspaceSize -> executor, Execute on a stream), plus Evaluate for
-// literal numbers. `device` and `sessions` must outlive the service.
-//
-// Pipeline and Evaluate are raw methods (bytes in and out): what a message
-// holds is parsed on a worker, after the call was admitted (a channel's
-// batch size, an Evaluate slot), not on gRPC's callback threads, which
-// every call needs. Their messages are still the ones the service's
-// descriptor (and reflection) names.
 // v1::Operators::CallbackService with Pipeline and Evaluate raw (every
 // other method as the generated CallbackService has it).
 using OperatorsBase = v1::Operators::WithCallbackMethod_ListOperators<
@@ -34,6 +25,15 @@ using OperatorsBase = v1::Operators::WithCallbackMethod_ListOperators<
                             v1::Operators::WithRawCallbackMethod_Pipeline<
                                 v1::Operators::Service>>>>>>>>;
 
+// opserver.v1.Operators: the operator table and the aclnn two-phase call
+// (GetWorkspaceSize -> executor, Execute on a stream), plus Evaluate for
+// literal numbers. `device` and `sessions` must outlive the service.
+//
+// Pipeline and Evaluate are raw methods (bytes in and out): what a message
+// holds is parsed on a worker, after the call was admitted (a channel's
+// batch size, an Evaluate slot), not on gRPC's callback threads, which
+// every call needs. Their messages are still the ones the service's
+// descriptor (and reflection) names.
 class OperatorService final : public OperatorsBase {
  public:
   // `workers` (which must outlive the service) run the work too large for
@@ -94,9 +94,7 @@ class OperatorService final : public OperatorsBase {
   // Session `id` when the call's identity owns it.
   absl::StatusOr<std::shared_ptr<Session>> SessionOf(
       const grpc::ServerContextBase* context, absl::string_view id) const {
-    absl::StatusOr<std::string> caller = Caller(context);
-    if (!caller.ok()) return caller.status();
-    return sessions_->Get(id, *caller);
+    return sessions_->GetForCaller(id, Caller(context));
   }
 
   Device* const device_;

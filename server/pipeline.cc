@@ -17,11 +17,9 @@ namespace opserver {
 namespace {
 
 // `error` with `context` before its message and its aclnn status kept, so a
-// deferred error says which command it came from. Cut to 1 KiB: it is kept
-// until reported, and may quote what the client sent (an op name of
-// megabytes).
+// deferred error says which command it came from, cut to
+// kMaxKeptErrorBytes (it is kept until reported).
 absl::Status Deferred(const absl::Status& error, absl::string_view context) {
-  constexpr size_t kMaxKeptErrorBytes = 1024;
   return kernels::AclnnError(
       kernels::GetAclnnStatus(error), error.code(),
       Truncated(absl::StrCat(context, ": ", error.message()),

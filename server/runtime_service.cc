@@ -22,6 +22,7 @@
 #include "server/auth.h"
 #include "server/grpc_status_util.h"
 #include "server/log.h"
+#include "server/raw_message.h"
 #include "server/upload_parser.h"
 #include "server/value_requests.h"
 #include "server/version.h"
@@ -544,11 +545,10 @@ class RuntimeService::Downloader final
   absl::StatusOr<std::shared_ptr<Stream>> StartLocked(
       const grpc::ByteBuffer* raw) {
     v1::DownloadRequest request;
-    grpc::ByteBuffer copy(*raw);  // Shares the slices.
-    if (!grpc::SerializationTraits<v1::DownloadRequest>::Deserialize(&copy,
-                                                                     &request)
-             .ok()) {
-      return absl::InvalidArgumentError("malformed DownloadRequest message");
+    if (absl::Status s =
+            ParseRaw(*raw, &request, "malformed DownloadRequest message");
+        !s.ok()) {
+      return s;
     }
     absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
         request.session(), request.buffer(), request.offset(), request.size(),
@@ -908,10 +908,9 @@ absl::StatusOr<RuntimeService::TransferTarget> RuntimeService::ResolveTransfer(
     absl::string_view session, uint64_t buffer, uint64_t offset, uint64_t size,
     uint64_t stream, absl::string_view what,
     const absl::StatusOr<std::string>& caller) {
-  if (!caller.ok()) return caller.status();
   TransferTarget target;
   absl::StatusOr<std::shared_ptr<Session>> owner =
-      sessions_->Get(session, *caller);
+      sessions_->GetForCaller(session, caller);
   if (!owner.ok()) return owner.status();
   target.session = *std::move(owner);
   absl::StatusOr<std::shared_ptr<Buffer>> found =
@@ -1005,9 +1004,7 @@ grpc::ServerWriteReactor<v1::AttachEvent>* RuntimeService::Attach(
   // the call.
   auto binding = std::make_unique<TokenBoundCall>(authenticator_, context);
   absl::StatusOr<std::shared_ptr<Session>> session =
-      binding->caller().ok()
-          ? sessions_->Get(request->session(), *binding->caller())
-          : binding->caller().status();
+      sessions_->GetForCaller(request->session(), binding->caller());
   if (!session.ok()) {
     // A reactor that only finishes with the error.
     class Failed final : public grpc::ServerWriteReactor<v1::AttachEvent> {
@@ -1124,7 +1121,7 @@ grpc::ServerUnaryReactor* RuntimeService::Malloc(
     return Reply(context, buffer.status());
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const std::string owner = absl::StrCat("session:", (*session)->id());
+  const std::string owner = (*session)->work_owner();
   absl::Status queued = workers_->Submit(
       owner, [reactor, context, response, size = request->size(),
               session = *std::move(session)]() mutable {

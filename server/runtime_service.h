@@ -163,9 +163,7 @@ class RuntimeService final : public RuntimeServiceBase {
   // Session `id` when the call's identity owns it.
   absl::StatusOr<std::shared_ptr<Session>> SessionOf(
       const grpc::ServerContextBase* context, absl::string_view id) const {
-    absl::StatusOr<std::string> caller = Caller(context);
-    if (!caller.ok()) return caller.status();
-    return sessions_->Get(id, *caller);
+    return sessions_->GetForCaller(id, Caller(context));
   }
 
   // Registers a live Upload/Download (through the link by which it can be

@@ -409,13 +409,9 @@ absl::Status Session::DestroyExecutor(uint64_t executor) {
 }
 
 absl::Status Session::AddRefusedPlan(uint64_t id, absl::Status error) {
-  // Enough to say what was refused and why; the op name in it is the
-  // client's and may be megabytes long.
-  constexpr size_t kMaxRefusalBytes = 1024;
-  if (error.message().size() > kMaxRefusalBytes) {
-    error = kernels::AclnnError(
-        kernels::GetAclnnStatus(error), error.code(),
-        Truncated(error.message(), kMaxRefusalBytes));
+  if (error.message().size() > kMaxKeptErrorBytes) {
+    error = kernels::AclnnError(kernels::GetAclnnStatus(error), error.code(),
+                                Truncated(error.message(), kMaxKeptErrorBytes));
   }
   absl::MutexLock lock(&mu_);
   if (refused_plans_.count(id) != 0) {

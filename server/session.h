@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/ops.h"
@@ -66,6 +67,11 @@ struct TenantUsage {
 
 // CreateSession's client_name is for logs and stats: at most this long.
 inline constexpr size_t kMaxClientNameBytes = 256;
+
+// Errors the server keeps for a client until they are reported (a Pipeline
+// channel's deferred errors, refused plans) are cut to this many bytes:
+// they may quote what the client sent, such as an op name of megabytes.
+inline constexpr size_t kMaxKeptErrorBytes = 1024;
 
 // Server-wide accounting of device memory held by buffers.
 struct MemoryAccounting {
@@ -148,6 +154,9 @@ class Session {
   const std::string& id() const { return id_; }
   const std::string& client_name() const { return client_name_; }
   const std::string& owner() const { return owner_; }
+  // The WorkPool owner of this session's heavy requests (Pipeline batches,
+  // large Mallocs): they share one turn, whichever call made them.
+  std::string work_owner() const { return absl::StrCat("session:", id_); }
 
   // Drops the work queued on every stream; later launches fail. For Close.
   void CancelWork();
@@ -317,6 +326,13 @@ class SessionManager {
   // different identity, and probing reveals nothing. Marks it used.
   absl::StatusOr<std::shared_ptr<Session>> Get(absl::string_view id,
                                                absl::string_view caller);
+  // The same for a caller whose identity could not be resolved
+  // (CallerIdentity's UNAUTHENTICATED): that error, as it is.
+  absl::StatusOr<std::shared_ptr<Session>> GetForCaller(
+      absl::string_view id, const absl::StatusOr<std::string>& caller) {
+    if (!caller.ok()) return caller.status();
+    return Get(id, *caller);
+  }
   // Ends the session if `caller` owns it (else NOT_FOUND as for an unknown
   // one); `on_freed` (if given) runs on the teardown thread once its streams
   // have drained and its memory is released, so a caller can report
