@@ -1,0 +1,584 @@
+// The C++ client (client/client.h) as the Python module opserver._opserver.
+// Python reaches the server only through this binding, so pipelining, the
+// local phase one, split transfers, the data path, TLS and tokens are the
+// C++ client's own; the Python package (opserver/__init__.py) adds the
+// conveniences (numpy and torch arrays, result allocation) on top.
+//
+// Every call that can wait for the network or the device releases the GIL.
+// A failed call raises the exception opserver.errors.from_status builds
+// from its gRPC code, aclnn status and message.
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "client/op_signatures.h"
+#include "google/protobuf/util/json_util.h"
+#include "kernels/aclnn_status.h"
+#include "kernels/dtype.h"
+#include "kernels/element_io.h"
+#include "kernels/validate.h"
+
+namespace opserver::python {
+namespace {
+
+namespace py = pybind11;
+using remote::ScalarValue;
+using remote::TensorDesc;
+
+// Carries a failed absl::Status out of a binding; the translator registered
+// in the module turns it into the Python exception.
+struct StatusError {
+  absl::Status status;
+};
+
+void ThrowIfError(const absl::Status& status) {
+  if (!status.ok()) throw StatusError{status};
+}
+
+template <typename T>
+T ValueOrThrow(absl::StatusOr<T> value) {
+  if (!value.ok()) throw StatusError{value.status()};
+  return *std::move(value);
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  if (!google::protobuf::util::MessageToJsonString(message, &json, options)
+           .ok()) {
+    throw StatusError{absl::InternalError("a reply could not be printed")};
+  }
+  return json;
+}
+
+// A connected client. Shared by its sessions, which must not outlive it.
+struct PyClient {
+  std::unique_ptr<remote::Client> client;
+};
+
+// A session and the client it was opened on. Buffers, streams and
+// executors hold it, so it lives until the last of them is gone; close()
+// ends it on the server earlier, after which their frees are no-ops.
+struct PySession {
+  std::shared_ptr<PyClient> client;
+  std::unique_ptr<remote::Session> session;
+  absl::Mutex mu;
+  bool closed ABSL_GUARDED_BY(mu) = false;
+
+  bool Closed() {
+    absl::MutexLock lock(&mu);
+    return closed;
+  }
+  absl::Status Close() {
+    {
+      absl::MutexLock lock(&mu);
+      if (closed) return absl::OkStatus();
+      closed = true;
+    }
+    return session->Close();
+  }
+  ~PySession() {
+    py::gil_scoped_release release;
+    session.reset();
+  }
+};
+
+// A device buffer. Freed when the last Python reference goes (queued on the
+// pipelined channel: no wait), or at once by free().
+struct PyBuffer {
+  PyBuffer() = default;
+  PyBuffer(const PyBuffer&) = delete;
+  PyBuffer& operator=(const PyBuffer&) = delete;
+  std::shared_ptr<PySession> session;
+  uint64_t handle = 0;
+  uint64_t size = 0;
+  bool freed = false;
+
+  absl::Status Free() {
+    if (freed) return absl::OkStatus();
+    freed = true;
+    if (session->Closed()) return absl::OkStatus();
+    return session->session->FreeBuffer(handle);
+  }
+  ~PyBuffer() {
+    py::gil_scoped_release release;
+    Free().IgnoreError();
+  }
+};
+
+struct PyStream {
+  PyStream() = default;
+  PyStream(const PyStream&) = delete;
+  PyStream& operator=(const PyStream&) = delete;
+  std::shared_ptr<PySession> session;
+  uint64_t handle = 0;
+  bool destroyed = false;
+
+  absl::Status Destroy() {
+    if (destroyed) return absl::OkStatus();
+    destroyed = true;
+    if (session->Closed()) return absl::OkStatus();
+    return session->session->DestroyStream(handle);
+  }
+  ~PyStream() {
+    py::gil_scoped_release release;
+    Destroy().IgnoreError();
+  }
+};
+
+// GetWorkspaceSize's plan (phase one), launched by execute() (phase two).
+struct PyExecutor {
+  PyExecutor() = default;
+  PyExecutor(const PyExecutor&) = delete;
+  PyExecutor& operator=(const PyExecutor&) = delete;
+  std::shared_ptr<PySession> session;
+  remote::Executor executor;
+
+  ~PyExecutor() {
+    py::gil_scoped_release release;
+    if (session->Closed()) executor.Release();
+    executor = remote::Executor();
+  }
+};
+
+// The host bytes of a buffer-protocol object: C-contiguous, and writable
+// when `writable`.
+py::buffer_info HostBytes(const py::buffer& data, bool writable) {
+  py::buffer_info info = data.request(writable);
+  int64_t expected = info.itemsize;
+  for (int i = info.ndim - 1; i >= 0; --i) {
+    if (info.shape[i] > 1 && info.strides[i] != expected) {
+      throw StatusError{absl::InvalidArgumentError(
+          "the host array is not C-contiguous; pass a contiguous copy")};
+    }
+    expected *= info.shape[i];
+  }
+  return info;
+}
+
+uint64_t ByteSize(const py::buffer_info& info) {
+  return static_cast<uint64_t>(info.size) * info.itemsize;
+}
+
+// The operators' typed calls, from op_signatures.h: in Python
+// session.ThresholdBackward(gradOutput, self, threshold, out, stream=0,
+// launch=True). With launch, the plan is executed on `stream` at once
+// (without a workspace: only a strided dropout mask needs one) and None is
+// returned; without, the Executor.
+#define OPSERVER_PY_PARAM_FLOAT double
+#define OPSERVER_PY_PARAM_DOUBLE double
+#define OPSERVER_PY_PARAM_BOOL bool
+#define OPSERVER_PY_PARAM_SCALAR const ScalarValue&
+#define OPSERVER_PY_PARAM(KIND, aclnn_name, field) \
+  , OPSERVER_PY_PARAM_##KIND field
+#define OPSERVER_PY_ARG(KIND, aclnn_name, field) , field
+#define OPSERVER_PY_OP(Name, in0, in1, out, PARAMS)                           \
+  session.def(                                                                \
+      #Name,                                                                  \
+      [](const std::shared_ptr<PySession>& s, const TensorDesc& in0,          \
+         const TensorDesc& in1 PARAMS(OPSERVER_PY_PARAM),                     \
+         const TensorDesc& out, uint64_t stream, bool launch) -> py::object { \
+        absl::StatusOr<remote::Executor> executor;                            \
+        {                                                                     \
+          py::gil_scoped_release release;                                     \
+          executor = s->session->Name(in0, in1 PARAMS(OPSERVER_PY_ARG), out); \
+          if (executor.ok() && launch) {                                      \
+            absl::Status launched = executor->Execute(stream);                \
+            if (!launched.ok()) executor = launched;                          \
+          }                                                                   \
+        }                                                                     \
+        if (!executor.ok()) throw StatusError{executor.status()};             \
+        if (launch) return py::none();                                        \
+        auto result = std::make_unique<PyExecutor>();                         \
+        result->session = s;                                                  \
+        result->executor = *std::move(executor);                              \
+        return py::cast(std::move(result));                                   \
+      },                                                                      \
+      py::arg(ArgName(#in0)),                                                 \
+      py::arg(ArgName(#in1)) PARAMS(OPSERVER_PY_ARG_NAME), py::arg(#out),     \
+      py::arg("stream") = 0, py::arg("launch") = true);
+#define OPSERVER_PY_ARG_NAME(KIND, aclnn_name, field) , py::arg(#field)
+
+// A tensor argument's keyword: its wire name, except "self", which pybind11
+// already gives the bound Session.
+constexpr const char* ArgName(const char* name) {
+  return std::string_view(name) == "self" ? "input" : name;
+}
+
+void DefineOperators(
+    py::class_<PySession, std::shared_ptr<PySession>>& session){
+    OPSERVER_OPERATORS(OPSERVER_PY_OP)}
+#undef OPSERVER_PY_ARG_NAME
+
+#undef OPSERVER_PY_OP
+#undef OPSERVER_PY_ARG
+#undef OPSERVER_PY_PARAM
+
+remote::ConnectOptions MakeOptions(const py::dict& kw) {
+  remote::ConnectOptions o;
+  auto seconds = [](const py::handle& v) {
+    return absl::Seconds(v.cast<double>());
+  };
+  for (const auto& [key, value] : kw) {
+    const std::string name = key.cast<std::string>();
+    if (value.is_none()) continue;
+    if (name == "connect_timeout") {
+      o.connect_timeout = seconds(value);
+    } else if (name == "call_timeout") {
+      o.call_timeout = seconds(value);
+    } else if (name == "wait_timeout") {
+      o.wait_timeout = seconds(value);
+    } else if (name == "tls_ca_file") {
+      o.tls_ca_file = value.cast<std::string>();
+    } else if (name == "tls_cert_file") {
+      o.tls_cert_file = value.cast<std::string>();
+    } else if (name == "tls_key_file") {
+      o.tls_key_file = value.cast<std::string>();
+    } else if (name == "tls_server_name") {
+      o.tls_server_name = value.cast<std::string>();
+    } else if (name == "token") {
+      o.token = value.cast<std::string>();
+    } else if (name == "pipeline") {
+      o.pipeline = value.cast<bool>();
+    } else if (name == "data_path") {
+      o.data_path = value.cast<bool>();
+    } else if (name == "transfer_connections") {
+      o.transfer_connections = value.cast<int>();
+    } else if (name == "max_message_bytes") {
+      o.max_message_bytes = value.cast<uint64_t>();
+    } else {
+      throw StatusError{absl::InvalidArgumentError(
+          absl::StrCat("connect() got an unknown option '", name, "'"))};
+    }
+  }
+  return o;
+}
+
+py::list Registry() {
+  py::list ops;
+  for (const kernels::OpInfo& info : kernels::OpRegistry()) {
+    py::list tensors;
+    for (const kernels::TensorArgInfo& t : info.tensors) {
+      py::list dtypes;
+      for (kernels::DType d : t.dtypes) dtypes.append(static_cast<int>(d));
+      tensors.append(py::dict(py::arg("name") = std::string(t.name),
+                              py::arg("is_output") = t.is_output,
+                              py::arg("dtypes") = dtypes));
+    }
+    py::list scalars;
+    for (const kernels::ScalarArgInfo& s : info.scalars) {
+      py::object default_value = py::none();
+      if (s.default_value.has_value())
+        default_value = py::float_(*s.default_value);
+      scalars.append(py::dict(py::arg("name") = std::string(s.name),
+                              py::arg("type") = std::string(s.type),
+                              py::arg("default") = default_value));
+    }
+    ops.append(
+        py::dict(py::arg("name") = std::string(info.name),
+                 py::arg("tensors") = tensors, py::arg("scalars") = scalars,
+                 py::arg("bit_mask_input") = info.bit_mask_input,
+                 py::arg("description") = std::string(info.description)));
+  }
+  return ops;
+}
+
+PYBIND11_MODULE(_opserver, m) {
+  m.doc() = "opserver's C++ client; use the opserver package instead.";
+
+  // Failures become the exception opserver.errors.from_status makes.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      py::object make =
+          py::module_::import("opserver.errors").attr("from_status");
+      py::object error = make(static_cast<int>(e.status.code()),
+                              kernels::GetAclnnStatus(e.status),
+                              std::string(e.status.message()));
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())),
+                      error.ptr());
+    }
+  });
+
+  m.def("operators", &Registry,
+        "The operators' registry: names, tensor and scalar arguments.");
+  m.def(
+      "dtype_name",
+      [](int dtype) {
+        return std::string(
+            kernels::DTypeName(static_cast<kernels::DType>(dtype)));
+      },
+      "aclDataType's name without ACL_ ('FLOAT', 'BFLOAT16', ...).");
+  m.def(
+      "dtype_size",
+      [](int dtype) {
+        return kernels::DTypeSize(static_cast<kernels::DType>(dtype));
+      },
+      "Bytes per element (0 for an unknown value).");
+  m.def(
+      "promote",
+      [](int a, int b) {
+        return static_cast<int>(kernels::PromoteDType(
+            static_cast<kernels::DType>(a), static_cast<kernels::DType>(b)));
+      },
+      "The compute dtype of two floating dtypes (the spec's promotion).");
+
+  py::class_<TensorDesc>(m, "TensorDesc",
+                         "aclCreateTensor's description of a tensor in a "
+                         "device buffer (strides and offset in elements).")
+      .def(py::init([](uint64_t buffer, int dtype, std::vector<int64_t> shape,
+                       std::vector<int64_t> strides, int64_t offset,
+                       uint64_t buffer_offset,
+                       std::vector<int64_t> storage_shape) {
+             TensorDesc d;
+             d.buffer = buffer;
+             d.dtype = static_cast<kernels::DType>(dtype);
+             d.shape = std::move(shape);
+             d.strides = std::move(strides);
+             d.offset = offset;
+             d.buffer_offset = buffer_offset;
+             d.storage_shape = std::move(storage_shape);
+             return d;
+           }),
+           py::arg("buffer"), py::arg("dtype"), py::arg("shape"),
+           py::arg("strides") = std::vector<int64_t>(), py::arg("offset") = 0,
+           py::arg("buffer_offset") = 0,
+           py::arg("storage_shape") = std::vector<int64_t>())
+      .def_readonly("buffer", &TensorDesc::buffer)
+      .def_readonly("buffer_offset", &TensorDesc::buffer_offset)
+      .def_property_readonly(
+          "dtype",
+          [](const TensorDesc& d) { return static_cast<int>(d.dtype); })
+      .def_readonly("shape", &TensorDesc::shape)
+      .def_readonly("strides", &TensorDesc::strides)
+      .def_readonly("offset", &TensorDesc::offset)
+      .def_readonly("storage_shape", &TensorDesc::storage_shape);
+
+  py::class_<ScalarValue>(m, "Scalar", "aclCreateScalar: a typed value.")
+      .def(py::init([](double value, int dtype) {
+             return ScalarValue{static_cast<kernels::DType>(dtype), value};
+           }),
+           py::arg("value"), py::arg("dtype") = 0)
+      .def_property_readonly(
+          "dtype",
+          [](const ScalarValue& s) { return static_cast<int>(s.dtype); })
+      .def_readonly("value", &ScalarValue::value);
+  py::implicitly_convertible<py::float_, ScalarValue>();
+  py::implicitly_convertible<py::int_, ScalarValue>();
+
+  py::class_<PyClient, std::shared_ptr<PyClient>>(m, "Client")
+      .def_static(
+          "connect",
+          [](const std::string& address, const py::kwargs& kw) {
+            remote::ConnectOptions options = MakeOptions(kw);
+            absl::StatusOr<std::unique_ptr<remote::Client>> client;
+            {
+              py::gil_scoped_release release;
+              client = remote::Client::Connect(address, options);
+            }
+            return std::make_shared<PyClient>(
+                PyClient{ValueOrThrow(std::move(client))});
+          },
+          py::arg("address"))
+      .def_property_readonly("address",
+                             [](PyClient& c) { return c.client->address(); })
+      .def(
+          "device_info",
+          [](PyClient& c) {
+            absl::StatusOr<v1::GetDeviceInfoResponse> info;
+            {
+              py::gil_scoped_release release;
+              info = c.client->GetDeviceInfo();
+            }
+            return ToJson(ValueOrThrow(std::move(info)));
+          },
+          "GetDeviceInfo as JSON.")
+      .def(
+          "health",
+          [](PyClient& c, const std::string& service) {
+            py::gil_scoped_release release;
+            return ValueOrThrow(c.client->CheckHealth(service));
+          },
+          py::arg("service") = "")
+      .def(
+          "create_session",
+          [](const std::shared_ptr<PyClient>& c, const std::string& name,
+             bool attach) {
+            absl::StatusOr<std::unique_ptr<remote::Session>> session;
+            {
+              py::gil_scoped_release release;
+              session = c->client->CreateSession(name, attach);
+            }
+            auto s = std::make_shared<PySession>();
+            s->client = c;
+            s->session = ValueOrThrow(std::move(session));
+            return s;
+          },
+          py::arg("name"), py::arg("attach") = true);
+
+  py::class_<PySession, std::shared_ptr<PySession>> session(m, "Session");
+  session
+      .def_property_readonly("token",
+                             [](PySession& s) { return s.session->token(); })
+      .def_property_readonly(
+          "pipelined", [](PySession& s) { return s.session->pipelined(); })
+      .def_property_readonly("closed", &PySession::Closed)
+      .def("close",
+           [](PySession& s) {
+             py::gil_scoped_release release;
+             ThrowIfError(s.Close());
+           })
+      .def("flush",
+           [](PySession& s) {
+             py::gil_scoped_release release;
+             ThrowIfError(s.session->Flush());
+           })
+      .def("lost",
+           [](PySession& s) {
+             absl::Status lost = s.session->Lost();
+             return lost.ok()
+                        ? py::object(py::none())
+                        : py::object(py::str(std::string(lost.message())));
+           })
+      .def("stats",
+           [](PySession& s) {
+             absl::StatusOr<v1::SessionStats> stats;
+             {
+               py::gil_scoped_release release;
+               stats = s.session->Stats();
+             }
+             return ToJson(ValueOrThrow(std::move(stats)));
+           })
+      .def("malloc",
+           [](const std::shared_ptr<PySession>& s, uint64_t size) {
+             absl::StatusOr<remote::DeviceBuffer> buffer;
+             {
+               py::gil_scoped_release release;
+               buffer = s->session->Malloc(size);
+             }
+             remote::DeviceBuffer b = ValueOrThrow(std::move(buffer));
+             auto result = std::make_unique<PyBuffer>();
+             result->session = s;
+             result->size = b.size();
+             result->handle = b.Release();
+             return result;
+           })
+      .def("create_stream",
+           [](const std::shared_ptr<PySession>& s) {
+             absl::StatusOr<remote::Stream> stream;
+             {
+               py::gil_scoped_release release;
+               stream = s->session->CreateStream();
+             }
+             auto result = std::make_unique<PyStream>();
+             result->session = s;
+             result->handle = ValueOrThrow(std::move(stream)).Release();
+             return result;
+           })
+      .def(
+          "synchronize",
+          [](PySession& s, uint64_t stream) {
+            py::gil_scoped_release release;
+            ThrowIfError(s.session->Synchronize(stream));
+          },
+          py::arg("stream") = 0)
+      .def(
+          "upload",
+          [](PySession& s, uint64_t buffer, uint64_t offset,
+             const py::buffer& data, uint64_t stream) {
+            py::buffer_info info = HostBytes(data, /*writable=*/false);
+            py::gil_scoped_release release;
+            ThrowIfError(s.session->Upload(buffer, offset, info.ptr,
+                                           ByteSize(info), stream));
+          },
+          py::arg("buffer"), py::arg("offset"), py::arg("data"),
+          py::arg("stream") = 0,
+          "Copies a C-contiguous host array into buffer[offset:], after the "
+          "work queued on `stream`.")
+      .def(
+          "download",
+          [](PySession& s, uint64_t buffer, uint64_t offset,
+             const py::buffer& data, uint64_t stream) {
+            py::buffer_info info = HostBytes(data, /*writable=*/true);
+            py::gil_scoped_release release;
+            ThrowIfError(s.session->Download(buffer, offset, info.ptr,
+                                             ByteSize(info), stream));
+          },
+          py::arg("buffer"), py::arg("offset"), py::arg("data"),
+          py::arg("stream") = 0,
+          "Fills a writable C-contiguous host array from buffer[offset:], "
+          "after the work queued on `stream`; reports its deferred error.");
+  DefineOperators(session);
+
+  py::class_<PyBuffer>(m, "Buffer", "A device buffer (Malloc).")
+      .def_readonly("handle", &PyBuffer::handle)
+      .def_readonly("nbytes", &PyBuffer::size)
+      .def_readonly("freed", &PyBuffer::freed)
+      .def("free", [](PyBuffer& b) {
+        py::gil_scoped_release release;
+        ThrowIfError(b.Free());
+      });
+
+  py::class_<PyStream>(m, "Stream", "A device stream besides stream 0.")
+      .def_readonly("handle", &PyStream::handle)
+      .def("synchronize",
+           [](PyStream& st) {
+             py::gil_scoped_release release;
+             ThrowIfError(st.session->session->Synchronize(st.handle));
+           })
+      .def("destroy", [](PyStream& st) {
+        py::gil_scoped_release release;
+        ThrowIfError(st.Destroy());
+      });
+
+  py::class_<PyExecutor>(m, "Executor",
+                         "The plan of phase one; execute() is phase two.")
+      .def_property_readonly(
+          "workspace_size",
+          [](PyExecutor& e) { return e.executor.workspace_size(); })
+      .def_property_readonly("handle",
+                             [](PyExecutor& e) { return e.executor.handle(); })
+      .def("set_repeatable",
+           [](PyExecutor& e) {
+             py::gil_scoped_release release;
+             ThrowIfError(e.executor.SetRepeatable());
+           })
+      .def(
+          "execute",
+          [](PyExecutor& e, uint64_t stream, uint64_t workspace,
+             uint64_t workspace_offset,
+             std::optional<uint64_t> workspace_size) {
+            py::gil_scoped_release release;
+            ThrowIfError(
+                workspace_size.has_value()
+                    ? e.executor.Execute(stream, workspace, workspace_offset,
+                                         *workspace_size)
+                    : e.executor.Execute(stream, workspace, workspace_offset));
+          },
+          py::arg("stream") = 0, py::arg("workspace") = 0,
+          py::arg("workspace_offset") = 0,
+          py::arg("workspace_size") = py::none())
+      .def("destroy", [](PyExecutor& e) {
+        py::gil_scoped_release release;
+        ThrowIfError(e.executor.Destroy());
+      });
+}
+
+}  // namespace
+}  // namespace opserver::python
