@@ -4,7 +4,7 @@
 # nothing when everything is already present.
 #
 #   scripts/install-deps.sh          build + test dependencies
-#   scripts/install-deps.sh --bench  also PyTorch, the benchmarks' peer
+#   scripts/install-deps.sh --bench  the same (kept for older commands)
 set -euo pipefail
 
 packages=(
@@ -18,14 +18,13 @@ packages=(
   libbenchmark-dev       # Google Benchmark
   libhwy-dev             # Google Highway: SIMD kernels with runtime dispatch
   grpc-proto             # grpc/health/v1/health.proto, compiled for reflection
-  python3-numpy          # .npy handling in tests/scripts
+  python3-numpy          # .npy handling in tests/scripts; the Python package
+  python3-dev pybind11-dev  # the Python package's C++ extension
+  python3-torch          # opserver.torch, its tests, and the benchmarks' peer
   openssl                # tests generate TLS certificates at run time
   clang-14               # the fuzz configuration's compiler (libFuzzer)
   libclang-rt-14-dev     # libFuzzer + ASan/UBSan runtimes for clang-14
 )
-if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch)  # the peer the kernel benchmarks compare with
-fi
 
 missing=()
 # Node.js + npm run buf (the reflection client the tests use). Some images

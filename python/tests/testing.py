@@ -1,0 +1,89 @@
+"""What the Python tests share: a sanitizer-aware start, and an opserver
+binary on a free loopback port.
+
+    import testing
+    testing.prepare()          # first: may re-execute the test (ASan)
+    with testing.Server(binary) as server:
+        client = opserver.connect(server.address)
+"""
+
+import faulthandler
+import os
+import re
+import subprocess
+import sys
+import time
+
+
+def prepare(timeout_s=600):
+    """Re-executes the test with the sanitizer runtimes preloaded when the
+    extension was built with them (--config=asan): an ASan library loaded
+    into an interpreter that was not started with ASan aborts. Leak checking
+    is off, since the interpreter keeps its objects to the end. Also dumps
+    every thread's stack and exits if the test runs past `timeout_s`, so a
+    hang is reported, not waited for."""
+    faulthandler.dump_traceback_later(timeout_s, exit=True)
+    if os.environ.get("OPSERVER_SANITIZERS_PRELOADED"):
+        return
+    import importlib.util
+    spec = importlib.util.find_spec("opserver")
+    extension = os.path.join(os.path.dirname(spec.origin), "_opserver.so")
+    libs = subprocess.run(["ldd", extension], capture_output=True,
+                          text=True).stdout
+    preload = re.findall(r"=> (\S*lib(?:asan|ubsan)\.so\S*)", libs)
+    if not preload:
+        return
+    env = dict(os.environ, OPSERVER_SANITIZERS_PRELOADED="1",
+               LD_PRELOAD=":".join(preload),
+               ASAN_OPTIONS="detect_leaks=0:abort_on_error=1")
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
+class Server:
+    """The opserver binary on 127.0.0.1:0 with `flags`; stopped (SIGTERM,
+    then SIGKILL) when the block ends. ``address`` is HOST:PORT."""
+
+    def __init__(self, binary, *flags):
+        tmp = os.environ.get("TEST_TMPDIR", "/tmp")
+        self._log = open(os.path.join(tmp, "opserver-%d.log" % os.getpid()),
+                         "ab")
+        self.process = subprocess.Popen(
+            [binary, "--listen=127.0.0.1:0"] + list(flags),
+            stdout=subprocess.PIPE, stderr=self._log)
+        self.address = None
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            line = self.process.stdout.readline().decode()
+            if not line:
+                break
+            m = re.match(r"listening on (127\.0\.0\.1:\d+)$", line.strip())
+            if m:
+                self.address = m.group(1)
+                break
+        if self.address is None:
+            self.stop()
+            raise RuntimeError("opserver did not start; see its log in " +
+                               self._log.name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    def kill(self):
+        """SIGKILL: the server is gone at once."""
+        self.process.kill()
+        self.process.wait()
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process.stdout.close()
+        self._log.close()
