@@ -1,0 +1,167 @@
+"""Per-operator cost from Python against the C++ client, and one training
+step with remote and local backward passes.
+
+    bazel run -c opt //bench:python_step_bench
+
+Starts the opserver binary (CPU device) on a free loopback port. Then, in
+alternating rounds against that one server:
+
+* the C++ client (bench/client_step): step_bench's 250 dependent operators
+  on 4096-element fp32 tensors, the five in turn, one Synchronize;
+* the same step from Python (opserver.Session's methods on resident
+  DeviceTensors, results checked against numpy at the end).
+
+Per round: the median step / 250 and the mean idle synchronize (the round
+trip). Reported: the medians over rounds, the ratio Python / C++ (target
+<= 1.5) and Python's round trips per operator (target <= 0.2).
+
+Last, one SGD step of the 784-256-128-10 MLP of python/tests/torch_test.py
+(batch 32), median of 20, with opserver.torch.nn's modules (backward on the
+server) and with torch.nn's: on loopback with a CPU device remote cannot
+win; the point is that its cost is per step, not per operator.
+"""
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+import opserver
+import opserver.torch as ot
+import testing  # python/tests/testing.py
+
+OPS = 250
+N = 4096
+
+
+def python_step_round(session, steps):
+    rng = np.random.default_rng(0)
+    self_host = rng.uniform(-4, 4, N).astype(np.float32)
+    x = session.to_device(self_host)
+    mask = session.to_device(np.full(N // 8, 0xFF, np.uint8))
+    bufs = [session.empty([N], opserver.DType.FLOAT) for _ in range(2)]
+    session.upload(bufs[0].buffer, np.ones(N, np.float32))
+    calls = [
+        lambda g, o: session.threshold_backward(g, x, -3.875, out=o),
+        lambda g, o: session.softshrink_backward(g, x, 0.0625, out=o),
+        lambda g, o: session.hardswish_backward(g, x, out=o),
+        lambda g, o: session.leaky_relu_backward(g, x, 0.5, False, out=o),
+        lambda g, o: session.dropout_backward(g, mask, 1.0, out=o),
+    ]
+
+    def step():
+        for i in range(OPS):
+            calls[i % 5](bufs[i % 2], bufs[(i + 1) % 2])
+        session.synchronize()
+
+    for _ in range(3):
+        step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    rtts = []
+    for _ in range(200):
+        start = time.perf_counter()
+        session.synchronize()
+        rtts.append(time.perf_counter() - start)
+    # One more step from a known gradient, checked bit for bit.
+    session.upload(bufs[0].buffer, np.ones(N, np.float32))
+    step()
+    return statistics.median(times) / OPS * 1e6, statistics.mean(rtts) * 1e6, \
+        np.array_equal(bufs[0].numpy(), host_chain(self_host))
+
+
+def host_chain(x):
+    """The step's 250 operators in numpy, fp32, from a gradient of ones
+    (250 is even: the step ends in the buffer it started from)."""
+    f = np.float32
+    g = np.ones(N, f)
+    for i in range(OPS):
+        k = i % 5
+        if k == 0:
+            g = np.where(x <= f(-3.875), f(0), g)
+        elif k == 1:
+            g = np.where(np.abs(x) <= f(0.0625), f(0), g)
+        elif k == 2:
+            g = g * np.where(x < -3, f(0), np.where(x <= 3, x / f(3) + f(0.5),
+                                                    f(1)))
+        elif k == 3:
+            g = np.where(x > 0, g, g * f(0.5))
+    return g
+
+
+def mlp(remote):
+    nn = ot.nn if remote else torch.nn
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(784, 256), nn.Hardswish(), nn.Dropout(0.2),
+        torch.nn.Linear(256, 128), nn.LeakyReLU(0.05),
+        torch.nn.Linear(128, 10))
+
+
+def training_step_ms(remote, steps=20):
+    model = mlp(remote)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, label = torch.randn(32, 784), torch.randint(0, 10, (32,))
+    times = []
+    for i in range(steps + 3):
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), label).backward()
+        optimizer.step()
+        if i >= 3:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("opserver")
+    parser.add_argument("client_step")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    with testing.Server(args.opserver) as server:
+        client = opserver.connect(server.address)
+        cpp, py, rtts = [], [], []
+        with client.session("python_step_bench") as session:
+            for _ in range(args.rounds):
+                line = subprocess.run(
+                    [args.client_step, "--address=" + server.address,
+                     "--steps=%d" % args.steps],
+                    check=True, capture_output=True, text=True).stdout
+                fields = dict(f.split("=") for f in line.split()[1:])
+                cpp.append(float(fields["us_per_op"]))
+                us, rtt, ok = python_step_round(session, args.steps)
+                if not ok:
+                    sys.exit("the step's result differs from the host's")
+                py.append(us)
+                rtts.append(rtt)
+            cpp_us, py_us, rtt_us = (statistics.median(cpp),
+                                     statistics.median(py),
+                                     statistics.median(rtts))
+            print("250-operator step, loopback, %d rounds x %d steps" %
+                  (args.rounds, args.steps))
+            print("  C++ client   %7.2f us/op" % cpp_us)
+            print("  Python       %7.2f us/op   %.2fx C++ (target <= 1.5)" %
+                  (py_us, py_us / cpp_us))
+            print("  round trip   %7.1f us      Python: %.3f round trips/op "
+                  "(target <= 0.2)" % (rtt_us, py_us / rtt_us))
+            with ot.remote(session):
+                remote_ms = training_step_ms(True)
+            local_ms = training_step_ms(False)
+            print("MLP 784-256-128-10, batch 32, one SGD step (median of 20)")
+            print("  remote backward %7.2f ms   local %7.2f ms   ratio %.1fx"
+                  % (remote_ms, local_ms, remote_ms / local_ms))
+
+
+if __name__ == "__main__":
+    testing.prepare(timeout_s=1800)
+    main()
