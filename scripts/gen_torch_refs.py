@@ -2,7 +2,7 @@
 """Writes kernels/testdata/torch_reference.txt: PyTorch's outputs for the
 backward operators, as independent reference data for the kernel tests.
 
-Run with Debian's python3-torch (scripts/install-deps.sh --bench installs
+Run with Debian's python3-torch (scripts/install-deps.sh installs
 it):  /usr/bin/python3 scripts/gen_torch_refs.py
 
 Only cases where PyTorch implements the op with the spec's semantics are
