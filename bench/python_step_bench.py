@@ -15,7 +15,7 @@ Per round: the median step / 250 and the mean idle synchronize (the round
 trip). Reported: the medians over rounds, the ratio Python / C++ (target
 <= 1.5) and Python's round trips per operator (target <= 0.2).
 
-Last, one SGD step of the 784-256-128-10 MLP of python/tests/torch_test.py
+Last, one SGD step of the 784-256-128-10 MLP of python/tests/testing.py
 (batch 32), median of 20, with opserver.torch.nn's modules (backward on the
 server) and with torch.nn's: on loopback with a CPU device remote cannot
 win; the point is that its cost is per step, not per operator.
@@ -96,17 +96,8 @@ def host_chain(x):
     return g
 
 
-def mlp(remote):
-    nn = ot.nn if remote else torch.nn
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(784, 256), nn.Hardswish(), nn.Dropout(0.2),
-        torch.nn.Linear(256, 128), nn.LeakyReLU(0.05),
-        torch.nn.Linear(128, 10))
-
-
 def training_step_ms(remote, steps=20):
-    model = mlp(remote)
+    model = testing.mlp(remote)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     x, label = torch.randn(32, 784), torch.randint(0, 10, (32,))
     times = []

@@ -98,48 +98,33 @@ struct PySession {
   }
 };
 
-// A device buffer. Freed when the last Python reference goes (queued on the
-// pipelined channel: no wait), or at once by free().
-struct PyBuffer {
-  PyBuffer() = default;
-  PyBuffer(const PyBuffer&) = delete;
-  PyBuffer& operator=(const PyBuffer&) = delete;
+// A buffer or stream of a session, released on the server by `kRelease`
+// (FreeBuffer, DestroyStream) when the last Python reference goes (queued
+// on the pipelined channel: no wait), or at once by Release(). Once the
+// session is closed, releasing is a no-op: the server freed it already.
+template <absl::Status (remote::Session::*kRelease)(uint64_t)>
+struct SessionHandle {
+  SessionHandle() = default;
+  SessionHandle(const SessionHandle&) = delete;
+  SessionHandle& operator=(const SessionHandle&) = delete;
   std::shared_ptr<PySession> session;
   uint64_t handle = 0;
-  uint64_t size = 0;
-  bool freed = false;
+  uint64_t size = 0;  // Bytes, for buffers.
+  bool released = false;
 
-  absl::Status Free() {
-    if (freed) return absl::OkStatus();
-    freed = true;
+  absl::Status Release() {
+    if (released) return absl::OkStatus();
+    released = true;
     if (session->Closed()) return absl::OkStatus();
-    return session->session->FreeBuffer(handle);
+    return (session->session.get()->*kRelease)(handle);
   }
-  ~PyBuffer() {
+  ~SessionHandle() {
     py::gil_scoped_release release;
-    Free().IgnoreError();
+    Release().IgnoreError();
   }
 };
-
-struct PyStream {
-  PyStream() = default;
-  PyStream(const PyStream&) = delete;
-  PyStream& operator=(const PyStream&) = delete;
-  std::shared_ptr<PySession> session;
-  uint64_t handle = 0;
-  bool destroyed = false;
-
-  absl::Status Destroy() {
-    if (destroyed) return absl::OkStatus();
-    destroyed = true;
-    if (session->Closed()) return absl::OkStatus();
-    return session->session->DestroyStream(handle);
-  }
-  ~PyStream() {
-    py::gil_scoped_release release;
-    Destroy().IgnoreError();
-  }
-};
+using PyBuffer = SessionHandle<&remote::Session::FreeBuffer>;
+using PyStream = SessionHandle<&remote::Session::DestroyStream>;
 
 // GetWorkspaceSize's plan (phase one), launched by execute() (phase two).
 struct PyExecutor {
@@ -529,10 +514,10 @@ PYBIND11_MODULE(_opserver, m) {
   py::class_<PyBuffer>(m, "Buffer", "A device buffer (Malloc).")
       .def_readonly("handle", &PyBuffer::handle)
       .def_readonly("nbytes", &PyBuffer::size)
-      .def_readonly("freed", &PyBuffer::freed)
+      .def_readonly("freed", &PyBuffer::released)
       .def("free", [](PyBuffer& b) {
         py::gil_scoped_release release;
-        ThrowIfError(b.Free());
+        ThrowIfError(b.Release());
       });
 
   py::class_<PyStream>(m, "Stream", "A device stream besides stream 0.")
@@ -544,7 +529,7 @@ PYBIND11_MODULE(_opserver, m) {
            })
       .def("destroy", [](PyStream& st) {
         py::gil_scoped_release release;
-        ThrowIfError(st.Destroy());
+        ThrowIfError(st.Release());
       });
 
   py::class_<PyExecutor>(m, "Executor",

@@ -6,9 +6,7 @@ two threads that must not wait for each other.
     client_test.py OPSERVER_BINARY
 """
 
-import sys
 import threading
-import unittest
 
 import testing
 
@@ -20,7 +18,6 @@ import torch  # noqa: E402
 import opserver  # noqa: E402
 from opserver import DType  # noqa: E402
 
-BINARY = None
 D = torch.float32
 # The spec's dtypes per operator (gradOutput, self and out the same here;
 # promotion is tested on its own below).
@@ -59,20 +56,9 @@ def bits_equal(a, b):
     return bool(((a == b) | both_nan).all())
 
 
-class ClientTest(unittest.TestCase):
+class ClientTest(testing.ServerTestCase):
 
-    @classmethod
-    def setUpClass(cls):
-        cls.server = testing.Server(BINARY, "--device_memory_bytes=268435456")
-        cls.client = opserver.connect(cls.server.address)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.server.stop()
-
-    def setUp(self):
-        self.session = self.client.session(self.id())
-        self.addCleanup(self.session.close)
+    server_flags = ("--device_memory_bytes=268435456",)
 
     def assertBits(self, got, want):
         self.assertTrue(bits_equal(got, want), "got %s\nwant %s" % (got, want))
@@ -351,5 +337,4 @@ class ClientTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    BINARY = sys.argv.pop(1)
-    unittest.main()
+    testing.main()

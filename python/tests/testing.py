@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import time
+import unittest
 
 
 def prepare(timeout_s=600):
@@ -87,3 +88,46 @@ class Server:
                 self.process.wait()
         self.process.stdout.close()
         self._log.close()
+
+
+class ServerTestCase(unittest.TestCase):
+    """A server per test class (the binary `main` takes from argv[1], with
+    the class's `server_flags`), ``self.client`` on it, and a new
+    ``self.session`` per test, closed after it."""
+
+    binary = None
+    server_flags = ()
+
+    @classmethod
+    def setUpClass(cls):
+        import opserver  # After prepare(): it loads the extension.
+        cls.server = Server(cls.binary, *cls.server_flags)
+        cls.client = opserver.connect(cls.server.address)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def setUp(self):
+        self.session = self.client.session(self.id())
+        self.addCleanup(self.session.close)
+
+
+def main():
+    """unittest.main() for tests taking the opserver binary as argv[1]."""
+    ServerTestCase.binary = sys.argv.pop(1)
+    unittest.main()
+
+
+def mlp(remote):
+    """The MLP the tests and python_step_bench train: 784-256-128-10 with
+    Hardswish, Dropout and LeakyReLU, opserver.torch.nn's (remote) or
+    torch.nn's, from the same seed."""
+    import torch
+    import opserver.torch as ot
+    nn = ot.nn if remote else torch.nn
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(784, 256), nn.Hardswish(), nn.Dropout(0.2),
+        torch.nn.Linear(256, 128), nn.LeakyReLU(0.05),
+        torch.nn.Linear(128, 10))

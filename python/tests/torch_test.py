@@ -6,9 +6,7 @@ and the session's resolution.
     torch_test.py OPSERVER_BINARY
 """
 
-import sys
 import threading
-import unittest
 
 import testing
 
@@ -19,7 +17,6 @@ import torch  # noqa: E402
 import opserver  # noqa: E402
 import opserver.torch as ot  # noqa: E402
 
-BINARY = None
 
 
 def pairs():
@@ -33,30 +30,10 @@ def pairs():
     ]
 
 
-def mlp(remote):
-    """784-256-10 with Hardswish, LeakyReLU and Dropout, ours or torch's."""
-    nn = ot.nn if remote else torch.nn
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(784, 256), nn.Hardswish(), nn.Dropout(0.2),
-        torch.nn.Linear(256, 128), nn.LeakyReLU(0.05),
-        torch.nn.Linear(128, 10))
-
-
-class TorchTest(unittest.TestCase):
-
-    @classmethod
-    def setUpClass(cls):
-        cls.server = testing.Server(BINARY)
-        cls.client = opserver.connect(cls.server.address)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.server.stop()
+class TorchTest(testing.ServerTestCase):
 
     def setUp(self):
-        self.session = self.client.session(self.id())
-        self.addCleanup(self.session.close)
+        super().setUp()
         remote = ot.remote(self.session)
         remote.__enter__()
         self.addCleanup(remote.__exit__, None, None, None)
@@ -148,7 +125,7 @@ class TorchTest(unittest.TestCase):
                    for _ in range(50)]
         results = []
         for remote in (True, False):
-            model = mlp(remote)
+            model = testing.mlp(remote)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.05,
                                         momentum=0.9)
             torch.manual_seed(123)
@@ -162,7 +139,7 @@ class TorchTest(unittest.TestCase):
             self.assertTrue(torch.equal(ours, theirs))
         # And training moved them: the comparison is not of two initial
         # states.
-        self.assertFalse(torch.equal(results[0][0], mlp(False)[0].weight))
+        self.assertFalse(torch.equal(results[0][0], testing.mlp(False)[0].weight))
 
     def test_dropout_outside_training_is_the_identity(self):
         x = torch.randn(8, requires_grad=True)
@@ -207,5 +184,4 @@ class TorchTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    BINARY = sys.argv.pop(1)
-    unittest.main()
+    testing.main()
