@@ -578,8 +578,8 @@ void Session::StartAttach() {
     if (closed_) return;
     // The server freed the session (review finding 16: this went unnoticed
     // and later calls failed with a bare "no session", or not at all).
-    std::string why = status.ok() ? "the server ended it"
-                                  : status.error_message();
+    std::string why =
+        status.ok() ? "the server ended it" : status.error_message();
     if (!last.empty() && last != "attached") why = last;
     if (why.size() > 256) why.resize(256);  // A hostile server's text.
     lost_ = absl::NotFoundError(absl::StrCat(
@@ -759,6 +759,89 @@ absl::Status Session::Synchronize(uint64_t stream) {
                &response, "SynchronizeStream", /*wait=*/true);
 }
 
+absl::Status Session::CheckLocalRange(uint64_t buffer, uint64_t offset,
+                                      uint64_t size, uint64_t stream) {
+  absl::MutexLock lock(&handles_mu_);
+  if (stream != 0 && !streams_.contains(stream)) {
+    return absl::NotFoundError(absl::StrCat(
+        "no stream ", stream,
+        " in this session (never created, freed, or another session's)"));
+  }
+  auto it = buffer_sizes_.find(buffer);
+  if (it == buffer_sizes_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no buffer ", buffer,
+        " in this session (never created, freed, or another session's)"));
+  }
+  if (offset > it->second || size > it->second - offset) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "[", offset, ", ", offset, " + ", size, ") is outside buffer ", buffer,
+        " of ", it->second, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::WriteAsync(uint64_t buffer, uint64_t offset,
+                                 const void* data, uint64_t size,
+                                 uint64_t stream) {
+  if (channel_ == nullptr || size > kMaxPipelinedBytes) {
+    return Upload(buffer, offset, data, size, stream);
+  }
+  if (absl::Status s = CheckLocalRange(buffer, offset, size, stream); !s.ok()) {
+    return s;
+  }
+  v1::PipelineCommand command;
+  v1::WriteCommand& write = *command.mutable_write();
+  write.set_buffer(buffer);
+  write.set_offset(offset);
+  write.set_data(static_cast<const char*>(data), size);
+  write.set_stream(stream);
+  return channel_->Send(std::move(command));
+}
+
+absl::StatusOr<PendingRead> Session::ReadAsync(uint64_t buffer, uint64_t offset,
+                                               void* data, uint64_t size,
+                                               uint64_t stream) {
+  if (channel_ == nullptr || size > kMaxPipelinedBytes) {
+    return PendingRead(Download(buffer, offset, data, size, stream));
+  }
+  if (absl::Status s = CheckLocalRange(buffer, offset, size, stream); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<uint64_t> id =
+      channel_->SendRead(stream, buffer, offset, size, data);
+  if (!id.ok()) return id.status();
+  return PendingRead(this, *id);
+}
+
+PendingRead& PendingRead::operator=(PendingRead&& other) noexcept {
+  if (this != &other) {
+    if (session_ != nullptr && session_->channel_ != nullptr) {
+      session_->channel_->ForgetRead(id_);
+    }
+    session_ = std::exchange(other.session_, nullptr);
+    id_ = std::exchange(other.id_, 0);
+    done_ = std::move(other.done_);
+  }
+  return *this;
+}
+
+PendingRead::~PendingRead() {
+  if (session_ != nullptr && session_->channel_ != nullptr) {
+    session_->channel_->ForgetRead(id_);
+  }
+}
+
+absl::Status PendingRead::Wait() {
+  if (session_ == nullptr) return std::exchange(done_, absl::OkStatus());
+  Session* session = std::exchange(session_, nullptr);
+  if (session->channel_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "the session was closed before the read was waited for");
+  }
+  return session->channel_->WaitRead(id_);
+}
+
 absl::Status Session::Upload(uint64_t buffer, uint64_t offset, const void* data,
                              uint64_t size, uint64_t stream) {
   if (absl::Status s = Ordered(); !s.ok()) return s;
@@ -808,8 +891,8 @@ Session::DataPathAttempt Session::MoveOverDataPath(int fd,
       n = recv(fd, &byte, 1, 0);
     } while (n < 0 && errno == EINTR);
     if (n < 0 && (errno == ECONNRESET || errno == EPIPE)) {
-      return {absl::UnavailableError(absl::StrCat(
-                  what, ": the server reset the data connection")),
+      return {absl::UnavailableError(
+                  absl::StrCat(what, ": the server reset the data connection")),
               true};
     }
     return {absl::OkStatus(), false};  // The call says how it went.

@@ -310,6 +310,28 @@ class Executor {
   bool repeatable_ = false;
 };
 
+// A read queued by Session::ReadAsync. Wait() for its bytes; dropped
+// without Wait(), its destination is never written.
+class PendingRead {
+ public:
+  PendingRead() = default;
+  PendingRead(PendingRead&& other) noexcept { *this = std::move(other); }
+  PendingRead& operator=(PendingRead&& other) noexcept;
+  ~PendingRead();
+
+  // Waits until the bytes are in the destination. The stream's deferred
+  // error otherwise (consumed, as Synchronize does). Once only.
+  absl::Status Wait();
+
+ private:
+  friend class Session;
+  PendingRead(Session* session, uint64_t id) : session_(session), id_(id) {}
+  explicit PendingRead(absl::Status done) : done_(std::move(done)) {}
+  Session* session_ = nullptr;
+  uint64_t id_ = 0;
+  absl::Status done_;
+};
+
 // A session on the server: owns every buffer, stream and executor made
 // through it. Destroying it closes the session (freeing all of them on the
 // server). It must not outlive its Client, and the RAII handles made through
@@ -364,6 +386,27 @@ class Session {
   // then hold part of the range. Large downloads are split like uploads.
   absl::Status Download(uint64_t buffer, uint64_t offset, void* data,
                         uint64_t size, uint64_t stream = 0);
+
+  // Small transfers that cost no round trip of their own: on a pipelined
+  // session, `size` up to kMaxPipelinedBytes travels on the command
+  // channel, in order with the launches around it.
+  //
+  // WriteAsync copies `data` and returns at once; the bytes land in
+  // buffer[offset, offset + size) after the work queued on `stream` before
+  // it. Errors only the server finds are the stream's deferred errors.
+  // Larger writes, or any on a session that is not pipelined, are Uploads
+  // (and wait).
+  absl::Status WriteAsync(uint64_t buffer, uint64_t offset, const void* data,
+                          uint64_t size, uint64_t stream = 0);
+  // Queues a read of buffer[offset, offset + size) into `data` after the
+  // work queued on `stream`, and returns at once; PendingRead::Wait() waits
+  // for the bytes and reports the stream's deferred error (consuming it, as
+  // Synchronize does). `data` must stay valid until Wait() returns or the
+  // PendingRead is gone. Larger reads, or any on a session that is not
+  // pipelined, are Downloads made here (Wait() returns their status).
+  absl::StatusOr<PendingRead> ReadAsync(uint64_t buffer, uint64_t offset,
+                                        void* data, uint64_t size,
+                                        uint64_t stream = 0);
 
   // Typed values (converted by the server).
   absl::Status WriteValues(uint64_t buffer, uint64_t offset,
@@ -421,7 +464,13 @@ class Session {
  private:
   friend class Client;
   Session(Client* client, std::string token);
+  friend class PendingRead;
   void StartAttach();
+  // NOT_FOUND / OUT_OF_RANGE unless buffer[offset, offset + size) is in a
+  // buffer this session allocated, and `stream` one it created (pipelined
+  // sessions, which know them).
+  absl::Status CheckLocalRange(uint64_t buffer, uint64_t offset, uint64_t size,
+                               uint64_t stream);
   // Pipelined: waits until the channel's commands took effect, so the
   // unary call that follows sees them (calls take effect in issue order).
   absl::Status Ordered();

@@ -1,6 +1,7 @@
 #include "client/command_channel.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -127,29 +128,95 @@ bool CommandChannel::Idle() {
   return broken_.ok() && issued_ == acknowledged_;
 }
 
-absl::Status CommandChannel::Fence(uint64_t stream, bool session) {
-  v1::PipelineCommand command;
+absl::StatusOr<uint64_t> CommandChannel::SendFence(
+    v1::PipelineCommand command) {
   uint64_t id;
   {
     absl::MutexLock lock(&mu_);
     id = next_fence_++;
   }
   command.mutable_fence()->set_id(id);
-  command.mutable_fence()->set_stream(stream);
-  command.mutable_fence()->set_session(session);
   if (absl::Status s = Send(std::move(command)); !s.ok()) return s;
+  return id;
+}
+
+absl::StatusOr<v1::FenceResult> CommandChannel::TakeFence(
+    uint64_t id, absl::string_view what) {
   absl::MutexLock lock(&mu_);
   absl::Status waited = WaitLocked(
       [this, id]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
         return fence_results_.contains(id);
       },
-      client_.options().wait_timeout,
-      session ? "waiting for the session's work" : "SynchronizeStream");
+      client_.options().wait_timeout, what);
   auto it = fence_results_.find(id);
   if (it == fence_results_.end()) return waited;
-  absl::Status result = FenceStatus(it->second, session);
+  v1::FenceResult result = std::move(it->second);
   fence_results_.erase(it);
   return result;
+}
+
+absl::Status CommandChannel::Fence(uint64_t stream, bool session) {
+  v1::PipelineCommand command;
+  command.mutable_fence()->set_stream(stream);
+  command.mutable_fence()->set_session(session);
+  absl::StatusOr<uint64_t> id = SendFence(std::move(command));
+  if (!id.ok()) return id.status();
+  absl::StatusOr<v1::FenceResult> result = TakeFence(
+      *id, session ? "waiting for the session's work" : "SynchronizeStream");
+  if (!result.ok()) return result.status();
+  return FenceStatus(*result, session);
+}
+
+absl::StatusOr<uint64_t> CommandChannel::SendRead(uint64_t stream,
+                                                  uint64_t buffer,
+                                                  uint64_t offset,
+                                                  uint64_t size, void* data) {
+  v1::PipelineCommand command;
+  v1::FenceCommand& fence = *command.mutable_fence();
+  fence.set_stream(stream);
+  fence.set_read_buffer(buffer);
+  fence.set_read_offset(offset);
+  fence.set_read_size(size);
+  absl::StatusOr<uint64_t> id = SendFence(std::move(command));
+  if (id.ok()) {
+    absl::MutexLock lock(&mu_);
+    reads_[*id] = ReadTarget{data, size};
+  }
+  return id;
+}
+
+void CommandChannel::ForgetRead(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  if (reads_.erase(id) == 0) return;
+  if (fence_results_.erase(id) == 0) forgotten_.insert(id);
+}
+
+absl::Status CommandChannel::WaitRead(uint64_t id) {
+  ReadTarget target{nullptr, 0};
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = reads_.find(id);
+    if (it == reads_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("no pipelined read ", id, " is waiting"));
+    }
+    target = it->second;
+    reads_.erase(it);
+  }
+  absl::StatusOr<v1::FenceResult> result = TakeFence(id, "a pipelined read");
+  if (!result.ok()) return result.status();
+  if (absl::Status s = FenceStatus(*result, /*session=*/false); !s.ok()) {
+    return s;
+  }
+  if (result->data().size() != target.size) {
+    return absl::InternalError(
+        absl::StrCat("the server sent ", result->data().size(),
+                     " bytes for a read of ", target.size));
+  }
+  if (target.size > 0) {
+    std::memcpy(target.data, result->data().data(), target.size);
+  }
+  return absl::OkStatus();
 }
 
 void CommandChannel::WriteLoop() {
@@ -199,6 +266,7 @@ void CommandChannel::ReadLoop() {
     for (const v1::FenceResult& result : event.fences()) {
       // Only fences this client is waiting for (bounded by its threads).
       if (result.id() == 0 || result.id() >= next_fence_) continue;
+      if (forgotten_.erase(result.id()) > 0) continue;
       fence_results_[result.id()] = result;
     }
   }

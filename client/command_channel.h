@@ -15,6 +15,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -31,6 +32,10 @@ class Client;
 // Executor ids a client chooses start here (the server's own handles count
 // up from 1 and never get there); see PlanCommand in proto/opserver.proto.
 inline constexpr uint64_t kClientExecutorBase = uint64_t{1} << 62;
+
+// The most bytes one pipelined write or read carries (the server's
+// PipelineCommand limit); larger transfers are Uploads and Downloads.
+inline constexpr uint64_t kMaxPipelinedBytes = 1 << 20;
 
 // Back-pressure: at most this much is sent and not yet acknowledged.
 struct ChannelWindow {
@@ -71,12 +76,31 @@ class CommandChannel {
   // session (session = true), with its aclnn status.
   absl::Status Fence(uint64_t stream, bool session);
 
+  // A fence on `stream` that also reads buffer[offset, offset + size)
+  // (size at most kMaxPipelinedBytes) once the stream's work before it has
+  // run; returns at once with its id, which WaitRead takes. `data` must
+  // stay valid until then.
+  absl::StatusOr<uint64_t> SendRead(uint64_t stream, uint64_t buffer,
+                                    uint64_t offset, uint64_t size, void* data);
+  // Waits for the read `id` and copies its bytes into its `data`; returns
+  // the stream's deferred error, as Fence does (the bytes are not copied
+  // then), or INTERNAL if the server sent another number of bytes.
+  absl::Status WaitRead(uint64_t id);
+  // Read `id` will not be waited for: its result is dropped when it comes,
+  // and its `data` is never written.
+  void ForgetRead(uint64_t id);
+
  private:
   CommandChannel(Client& client, ChannelWindow window);
   void WriteLoop();
   void ReadLoop();
   // Waits for `ready` (evaluated under mu_) or the channel to break, at
   // most `timeout`.
+  // Sends a fence command with a new id; its result is collected by id.
+  absl::StatusOr<uint64_t> SendFence(v1::PipelineCommand command);
+  // Waits for fence `id`'s result and takes it.
+  absl::StatusOr<v1::FenceResult> TakeFence(uint64_t id,
+                                            absl::string_view what);
   absl::Status WaitLocked(absl::FunctionRef<bool()> ready,
                           absl::Duration timeout, absl::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -112,6 +136,13 @@ class CommandChannel {
   uint64_t next_fence_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, v1::FenceResult> fence_results_
       ABSL_GUARDED_BY(mu_);
+  // Where each read fence not yet waited for puts its bytes.
+  struct ReadTarget {
+    void* data;
+    uint64_t size;
+  };
+  absl::flat_hash_map<uint64_t, ReadTarget> reads_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<uint64_t> forgotten_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace remote

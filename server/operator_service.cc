@@ -312,8 +312,8 @@ class OperatorService::Pipeliner final
         caller_(binding_.caller()),
         limits_(service->sessions_->limits()),
         pipeline_(limits_, limits_.max_pending_replies,
-                  [this](uint64_t id, absl::Status status) {
-                    FenceDone(id, std::move(status));
+                  [this](uint64_t id, absl::Status status, std::string data) {
+                    FenceDone(id, std::move(status), std::move(data));
                   }),
         link_(std::make_shared<Link>()) {
     link_->call = this;
@@ -352,11 +352,14 @@ class OperatorService::Pipeliner final
 
   void OnWriteDone(bool ok) override {
     size_t fences = 0;
+    uint64_t data_bytes = 0;
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
       fences = written_fences_;
+      data_bytes = written_data_bytes_;
       written_fences_ = 0;
+      written_data_bytes_ = 0;
       if (!ok) {
         failed_ = true;
         fences = SIZE_MAX;  // Nothing more is written: wake a waiting batch.
@@ -367,7 +370,7 @@ class OperatorService::Pipeliner final
     }
     // May resume a batch waiting for fence room (outside the lock: the
     // resumption takes it).
-    if (fences > 0) pipeline_.FencesWritten(fences);
+    if (fences > 0) pipeline_.FencesWritten(fences, data_bytes);
   }
 
   // The client went away: a batch waiting for room stops where it is.
@@ -376,7 +379,7 @@ class OperatorService::Pipeliner final
       absl::MutexLock lock(&mu_);
       failed_ = true;
     }
-    pipeline_.FencesWritten(SIZE_MAX);
+    pipeline_.FencesWritten(SIZE_MAX, 0);
   }
 
   void OnDone() override {
@@ -418,7 +421,7 @@ class OperatorService::Pipeliner final
       MaybeFinishLocked();
     }
     if (cancel) context_->TryCancel();
-    pipeline_.FencesWritten(SIZE_MAX);
+    pipeline_.FencesWritten(SIZE_MAX, 0);
   }
 
   // Ends the call with `status` once nothing of it is pending.
@@ -453,8 +456,8 @@ class OperatorService::Pipeliner final
       rerun_ = false;
       if (binding_.revoked() && end_status_.ok()) {
         // The cancellation is on its way; nothing more of the batch runs.
-        end_status_ = absl::UnauthenticatedError(
-            "the channel's token was revoked");
+        end_status_ =
+            absl::UnauthenticatedError("the channel's token was revoked");
         failed_ = true;
       }
       if (failed_) {
@@ -529,8 +532,9 @@ class OperatorService::Pipeliner final
   // largest size parses in tens of milliseconds).
   absl::Status Parse() {
     batch_.Clear();
-    absl::Status parsed = ParseRaw(
-        batch_bytes_, &batch_, "a Pipeline batch that is not a PipelineRequest");
+    absl::Status parsed =
+        ParseRaw(batch_bytes_, &batch_,
+                 "a Pipeline batch that is not a PipelineRequest");
     batch_bytes_.Clear();
     if (!parsed.ok()) return parsed;
     if (static_cast<size_t>(batch_.commands_size()) >
@@ -567,11 +571,12 @@ class OperatorService::Pipeliner final
   }
 
   // Fence results leave with the next event.
-  void FenceDone(uint64_t id, absl::Status status) {
+  void FenceDone(uint64_t id, absl::Status status, std::string data) {
     absl::MutexLock lock(&mu_);
     --fences_out_;
     v1::FenceResult* result = Pending().add_fences();
     result->set_id(id);
+    *result->mutable_data() = std::move(data);
     if (!status.ok()) {
       result->set_code(static_cast<int32_t>(status.code()));
       result->set_aclnn_status(kernels::GetAclnnStatus(status));
@@ -597,6 +602,10 @@ class OperatorService::Pipeliner final
     // Later events carry the count too, so a client never sees it go back.
     event.set_acknowledged(acknowledged_);
     written_fences_ = event.fences_size();
+    written_data_bytes_ = 0;
+    for (const v1::FenceResult& fence : event.fences()) {
+      written_data_bytes_ += fence.data().size();
+    }
     out_bytes_.Clear();
     if (absl::Status s = SerializeRaw(event, &out_bytes_); !s.ok()) {
       EndLocked(s);
@@ -660,6 +669,7 @@ class OperatorService::Pipeliner final
   int64_t fences_out_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<v1::PipelineEvent> pending_ ABSL_GUARDED_BY(mu_);
   size_t written_fences_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t written_data_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   int starting_reads_ ABSL_GUARDED_BY(mu_) = 0;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;

@@ -98,21 +98,52 @@ bool CommandPipeline::ApplyOne(Session& session,
       }
       return true;
     case v1::PipelineCommand::kFence: {
+      const v1::FenceCommand& fence = command.fence();
+      // What a read fence holds once read, counted from now on (a read
+      // over the limit holds nothing: it is refused).
+      const uint64_t read =
+          !fence.session() && fence.read_size() <= kMaxCommandBytes
+              ? fence.read_size()
+              : 0;
       absl::MutexLock lock(&mu_);
-      if (fences_held_ >= max_fences_) {
+      if (fences_held_ >= max_fences_ ||
+          (read_bytes_held_ > 0 && read_bytes_held_ + read > kMaxHeldBytes)) {
         fence_waiter_ = resume;
         return false;
       }
       ++fences_held_;
+      read_bytes_held_ += read;
     }
       Fence(session, command.fence());
       return true;
+    case v1::PipelineCommand::kWrite: {
+      // Like a launch, a write waits for room on its stream, and for the
+      // channel's queued writes to shrink below kMaxHeldBytes.
+      absl::StatusOr<std::shared_ptr<Stream>> stream =
+          session.GetStream(command.write().stream());
+      if (stream.ok() && (*stream)->CheckRoom().code() ==
+                             absl::StatusCode::kResourceExhausted) {
+        (*stream)->WhenReached(resume);
+        return false;
+      }
+      {
+        absl::MutexLock lock(&writes_->mu);
+        if (writes_->held > 0 &&
+            writes_->held + command.write().data().size() > kMaxHeldBytes) {
+          writes_->waiter = resume;
+          return false;
+        }
+      }
+      Write(session, command.write());
+      return true;
+    }
     case v1::PipelineCommand::COMMAND_NOT_SET:
       break;
   }
   FailSession(absl::InvalidArgumentError(
       "an empty or unknown Pipeline command (this server knows plan, "
-      "launch, destroy_executor, set_executor_repeatable, free and fence)"));
+      "launch, destroy_executor, set_executor_repeatable, free, fence and "
+      "write)"));
   return true;
 }
 
@@ -170,14 +201,23 @@ void CommandPipeline::Launch(Session& session,
 void CommandPipeline::Fence(Session& session, const v1::FenceCommand& fence) {
   const uint64_t id = fence.id();
   if (!fence.session()) {
+    const uint64_t size = fence.read_size();
     absl::StatusOr<std::shared_ptr<Stream>> stream =
         session.GetStream(fence.stream());
-    if (!stream.ok()) {
-      fence_done_(id, stream.status());
+    absl::StatusOr<std::shared_ptr<Buffer>> buffer = std::shared_ptr<Buffer>();
+    if (stream.ok() && size > 0) {
+      buffer = CheckRange(session, fence.read_buffer(), fence.read_offset(),
+                          size, "read");
+    }
+    if (!stream.ok() || !buffer.ok()) {
+      FinishRead(id, !stream.ok() ? stream.status() : buffer.status(), nullptr,
+                 nullptr, 0, size);
       return;
     }
-    (*stream)->Synchronize([this, id](absl::Status status) {
-      fence_done_(id, std::move(status));
+    (*stream)->Synchronize([this, id, buffer = *std::move(buffer),
+                            stream = *stream, offset = fence.read_offset(),
+                            size](absl::Status status) {
+      FinishRead(id, std::move(status), buffer, stream, offset, size);
     });
     return;
   }
@@ -189,22 +229,128 @@ void CommandPipeline::Fence(Session& session, const v1::FenceCommand& fence) {
   auto remaining = std::make_shared<std::atomic<size_t>>(streams.size());
   for (const std::shared_ptr<Stream>& stream : streams) {
     stream->WhenReached([this, id, remaining] {
-      if (remaining->fetch_sub(1) == 1) fence_done_(id, TakeSessionError());
+      if (remaining->fetch_sub(1) == 1) {
+        fence_done_(id, TakeSessionError(), std::string());
+      }
     });
   }
 }
 
-void CommandPipeline::FencesWritten(size_t count) {
+absl::StatusOr<std::shared_ptr<Buffer>> CommandPipeline::CheckRange(
+    Session& session, uint64_t buffer, uint64_t offset, uint64_t size,
+    absl::string_view what) {
+  if (size > kMaxCommandBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a pipelined ", what, " of ", size, " bytes is over the limit of ",
+        kMaxCommandBytes, ": use ", what == "read" ? "Download" : "Upload"));
+  }
+  absl::StatusOr<std::shared_ptr<Buffer>> found = session.GetBuffer(buffer);
+  if (!found.ok()) return found.status();
+  const uint64_t capacity = (*found)->size();
+  if (offset > capacity || size > capacity - offset) {
+    return absl::OutOfRangeError(absl::StrCat(
+        what, " of [", offset, ", ", offset, " + ", size,
+        ") is outside buffer ", buffer, " of ", capacity, " bytes"));
+  }
+  return found;
+}
+
+void CommandPipeline::FinishRead(uint64_t id, absl::Status status,
+                                 const std::shared_ptr<Buffer>& buffer,
+                                 const std::shared_ptr<Stream>& stream,
+                                 uint64_t offset, uint64_t size) {
+  std::string data;
+  if (status.ok() && size > 0) {
+    // The stream reached the fence and runs nothing else meanwhile: its
+    // device stream is free for the copy.
+    const std::shared_ptr<DeviceStream>& device = stream->device_stream();
+    if (device == nullptr) {
+      status = absl::FailedPreconditionError("the stream has no device");
+    } else {
+      data.resize(size);
+      status = device->CopyFromDevice(
+          data.data(), static_cast<const char*>(buffer->data()) + offset, size);
+      if (status.ok()) status = device->Synchronize();
+    }
+    if (!status.ok()) data.clear();
+  }
+  const uint64_t unused = size <= kMaxCommandBytes ? size - data.size() : 0;
+  if (unused > 0) {
+    absl::MutexLock lock(&mu_);
+    read_bytes_held_ -= std::min(read_bytes_held_, unused);
+  }
+  fence_done_(id, std::move(status), std::move(data));
+}
+
+void CommandPipeline::Write(Session& session, const v1::WriteCommand& write) {
+  absl::StatusOr<std::shared_ptr<Stream>> stream =
+      session.GetStream(write.stream());
+  if (!stream.ok()) {
+    FailSessionLazily([&] {
+      return Deferred(stream.status(),
+                      absl::StrCat("write to buffer ", write.buffer()));
+    });
+    return;
+  }
+  const uint64_t size = write.data().size();
+  absl::StatusOr<std::shared_ptr<Buffer>> buffer =
+      CheckRange(session, write.buffer(), write.offset(), size, "write");
+  absl::Status status = buffer.status();
+  if (status.ok() && (*stream)->device_stream() == nullptr) {
+    status = absl::FailedPreconditionError("the stream has no device");
+  }
+  if (status.ok()) {
+    // Returned to the budget when the copy has run or was dropped.
+    struct Held {
+      std::shared_ptr<WriteBudget> budget;
+      uint64_t bytes;
+      ~Held() { budget->Release(bytes); }
+    };
+    {
+      absl::MutexLock lock(&writes_->mu);
+      writes_->held += size;
+    }
+    std::shared_ptr<Held> held(new Held{writes_, size});
+    status = (*stream)->Enqueue(
+        [held, buffer = *std::move(buffer), device = (*stream)->device_stream(),
+         offset = write.offset(), data = write.data()]() {
+          absl::Status copied =
+              device->CopyToDevice(static_cast<char*>(buffer->data()) + offset,
+                                   data.data(), data.size());
+          return copied.ok() ? device->Synchronize() : copied;
+        });
+  }
+  if (!status.ok()) {
+    (*stream)->Fail(
+        Deferred(status, absl::StrCat("write to buffer ", write.buffer())));
+  }
+}
+
+void CommandPipeline::WriteBudget::Release(uint64_t bytes) {
+  Resume woken;
+  {
+    absl::MutexLock lock(&mu);
+    held -= std::min(held, bytes);
+    woken = std::exchange(waiter, nullptr);
+  }
+  if (woken) woken();
+}
+
+void CommandPipeline::FencesWritten(size_t count, uint64_t data_bytes) {
   Resume waiter;
   {
     absl::MutexLock lock(&mu_);
     fences_held_ -= std::min(fences_held_, count);
+    read_bytes_held_ -= std::min(read_bytes_held_, data_bytes);
+    if (count == SIZE_MAX) read_bytes_held_ = 0;
     if (fences_held_ < max_fences_) {
       waiter = std::move(fence_waiter_);
       fence_waiter_ = nullptr;
     }
   }
   if (waiter) waiter();
+  // Nothing more is written: a batch waiting for write room stops too.
+  if (count == SIZE_MAX) writes_->Release(0);
 }
 
 void CommandPipeline::FailSession(absl::Status error) {

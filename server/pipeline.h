@@ -17,21 +17,28 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/opserver.pb.h"
 #include "server/session.h"
+#include "server/stream.h"
 
 namespace opserver {
 
 class CommandPipeline {
  public:
   // Called once per fence command, on any thread (also inside Apply), with
-  // its id and the deferred error it reports (OK if none).
-  using FenceDone = std::function<void(uint64_t id, absl::Status status)>;
+  // its id, the deferred error it reports (OK if none) and, for a read
+  // fence without error, the bytes read.
+  using FenceDone =
+      std::function<void(uint64_t id, absl::Status status, std::string data)>;
   // Called when a command that had to wait may be retried: once per Apply
   // that stopped early, on any thread (also inside that Apply).
   using Resume = std::function<void()>;
@@ -53,8 +60,16 @@ class CommandPipeline {
       const google::protobuf::RepeatedPtrField<v1::PipelineCommand>& commands,
       size_t from, size_t to, const Resume& resume);
 
-  // `count` fence results have left (were written to the client).
-  void FencesWritten(size_t count);
+  // `count` fence results carrying `data_bytes` of read data have left
+  // (were written to the client). SIZE_MAX: nothing more will be written;
+  // every command waiting for room is let go.
+  void FencesWritten(size_t count, uint64_t data_bytes);
+
+  // The largest write or read one command may carry, and the most read
+  // bytes held (read, not yet written) and write bytes held (received,
+  // not yet copied) per channel, beyond which its commands wait.
+  static constexpr uint64_t kMaxCommandBytes = 1 << 20;
+  static constexpr uint64_t kMaxHeldBytes = 8 << 20;
 
  private:
   // Applies one command; false if it must wait (then `resume` is arranged).
@@ -63,6 +78,17 @@ class CommandPipeline {
   void Plan(Session& session, const v1::PlanCommand& plan);
   void Launch(Session& session, const v1::ExecuteRequest& launch);
   void Fence(Session& session, const v1::FenceCommand& fence);
+  // A read fence's copy, on its stream's thread once the stream reached it.
+  void FinishRead(uint64_t id, absl::Status status,
+                  const std::shared_ptr<Buffer>& buffer,
+                  const std::shared_ptr<Stream>& stream, uint64_t offset,
+                  uint64_t size);
+  void Write(Session& session, const v1::WriteCommand& write);
+  // buffer[offset, offset + size) of `session`, checked (size at most
+  // kMaxCommandBytes); `what` names the command in errors.
+  static absl::StatusOr<std::shared_ptr<Buffer>> CheckRange(
+      Session& session, uint64_t buffer, uint64_t offset, uint64_t size,
+      absl::string_view what);
   // Charges `error` to the session (the first one is kept until a session
   // fence reports it).
   void FailSession(absl::Status error);
@@ -87,7 +113,19 @@ class CommandPipeline {
   absl::Mutex mu_;
   absl::Status session_error_ ABSL_GUARDED_BY(mu_);
   size_t fences_held_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t read_bytes_held_ ABSL_GUARDED_BY(mu_) = 0;
   Resume fence_waiter_ ABSL_GUARDED_BY(mu_);
+
+  // Bytes of writes queued on streams and not yet copied: shared with the
+  // queued copies, which may run after this pipeline is gone.
+  struct WriteBudget {
+    absl::Mutex mu;
+    uint64_t held ABSL_GUARDED_BY(mu) = 0;
+    Resume waiter ABSL_GUARDED_BY(mu);
+    // Returns `bytes` and wakes the waiting batch, if any.
+    void Release(uint64_t bytes);
+  };
+  const std::shared_ptr<WriteBudget> writes_ = std::make_shared<WriteBudget>();
 };
 
 }  // namespace opserver

@@ -1,7 +1,10 @@
 #include "server/pipeline.h"
 
+#include <initializer_list>
+#include <iterator>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -32,13 +35,15 @@ class CommandPipelineTest : public ::testing::Test {
   }
 
   void Open(size_t max_fences = 16) {
-    session_ = std::make_unique<Session>("s", 1, "pipeline_test",
-                                         device_.get(), &limits_, &account_,
+    session_ = std::make_unique<Session>("s", 1, "pipeline_test", device_.get(),
+                                         &limits_, &account_,
                                          std::make_shared<StreamThreads>());
     pipeline_ = std::make_unique<CommandPipeline>(
-        limits_, max_fences, [this](uint64_t id, absl::Status status) {
+        limits_, max_fences,
+        [this](uint64_t id, absl::Status status, std::string data) {
           absl::MutexLock lock(&mu_);
           fences_[id] = std::move(status);
+          data_[id] = std::move(data);
         });
   }
 
@@ -84,11 +89,36 @@ class CommandPipelineTest : public ::testing::Test {
     return command;
   }
 
-  size_t Apply(const std::vector<v1::PipelineCommand>& commands,
-               size_t from = 0, CommandPipeline::Resume resume = [] {}) {
+  size_t Apply(
+      const std::vector<v1::PipelineCommand>& commands, size_t from = 0,
+      CommandPipeline::Resume resume = [] {}) {
     batch_.Clear();
     for (const auto& c : commands) *batch_.Add() = c;
     return pipeline_->Apply(*session_, batch_, from, SIZE_MAX, resume);
+  }
+
+  static v1::PipelineCommand Write(uint64_t buffer, uint64_t offset,
+                                   std::string data, uint64_t stream = 0) {
+    v1::PipelineCommand command;
+    command.mutable_write()->set_buffer(buffer);
+    command.mutable_write()->set_offset(offset);
+    command.mutable_write()->set_data(std::move(data));
+    command.mutable_write()->set_stream(stream);
+    return command;
+  }
+  static v1::PipelineCommand Read(uint64_t id, uint64_t buffer, uint64_t offset,
+                                  uint64_t size, uint64_t stream = 0) {
+    v1::PipelineCommand command = Fence(id, false, stream);
+    command.mutable_fence()->set_read_buffer(buffer);
+    command.mutable_fence()->set_read_offset(offset);
+    command.mutable_fence()->set_read_size(size);
+    return command;
+  }
+  // A fence's bytes, once it has its result.
+  std::string FenceData(uint64_t id) {
+    FenceResult(id).IgnoreError();
+    absl::MutexLock lock(&mu_);
+    return data_[id];
   }
 
   absl::Status FenceResult(uint64_t id) {
@@ -96,9 +126,9 @@ class CommandPipelineTest : public ::testing::Test {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
         +[](std::pair<CommandPipelineTest*, uint64_t>* a)
-            ABSL_NO_THREAD_SAFETY_ANALYSIS {
-              return a->first->fences_.count(a->second) > 0;
-            },
+             ABSL_NO_THREAD_SAFETY_ANALYSIS {
+               return a->first->fences_.count(a->second) > 0;
+             },
         &args));
     return fences_[id];
   }
@@ -111,6 +141,7 @@ class CommandPipelineTest : public ::testing::Test {
   google::protobuf::RepeatedPtrField<v1::PipelineCommand> batch_;
   absl::Mutex mu_;
   std::map<uint64_t, absl::Status> fences_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::string> data_ ABSL_GUARDED_BY(mu_);
 };
 
 constexpr uint64_t kId = kClientExecutorBase;
@@ -120,9 +151,8 @@ TEST_F(CommandPipelineTest, PlanLaunchFenceRunInOrder) {
   const uint64_t grad = WriteFloats(*session_, {4.5, 4.4, 4.3, 4.2});
   const uint64_t self = WriteFloats(*session_, {0.2, 1.2, 2.2, 3.2});
   const uint64_t out = WriteFloats(*session_, {-1, -1, -1, -1});
-  EXPECT_EQ(Apply({Plan(kId, grad, self, out, 4), Launch(kId),
-                   Fence(1, false)}),
-            3u);
+  EXPECT_EQ(
+      Apply({Plan(kId, grad, self, out, 4), Launch(kId), Fence(1, false)}), 3u);
   EXPECT_TRUE(FenceResult(1).ok()) << FenceResult(1);
   EXPECT_THAT(ReadFloats(*session_, out, 4),
               ::testing::ElementsAre(0, 4.4f, 4.3f, 4.2f));
@@ -139,10 +169,10 @@ TEST_F(CommandPipelineTest, RefusedPlanFailsItsLaunchesStreamOnly) {
   ASSERT_TRUE(other.ok());
   // A view past its buffer: 161002. Its launch is not run; the error goes
   // to the launch's stream, the other stream stays clean.
-  EXPECT_EQ(Apply({Plan(kId, a, a, a, 64), Launch(kId, *other),
-                   Fence(1, false, *other), Fence(2, false, 0),
-                   Fence(3, true)}),
-            5u);
+  EXPECT_EQ(
+      Apply({Plan(kId, a, a, a, 64), Launch(kId, *other),
+             Fence(1, false, *other), Fence(2, false, 0), Fence(3, true)}),
+      5u);
   EXPECT_EQ(kernels::GetAclnnStatus(FenceResult(1)), 161002);
   EXPECT_THAT(FenceResult(1).message(), HasSubstr("ThresholdBackward"));
   EXPECT_TRUE(FenceResult(2).ok());
@@ -179,7 +209,10 @@ TEST_F(CommandPipelineTest, FullStreamWaitsAndResumes) {
   const uint64_t a = WriteFloats(*session_, {1, 2, 3, 4});
   std::shared_ptr<Stream> stream = *session_->GetStream(0);
   auto gate = std::make_shared<Stream::Gate>();
-  ASSERT_TRUE(stream->Hold(gate, [] {}, [] {}).ok());  // Busy until reset.
+  ASSERT_TRUE(stream
+                  ->Hold(
+                      gate, [] {}, [] {})
+                  .ok());  // Busy until reset.
   std::vector<v1::PipelineCommand> commands;
   for (uint64_t i = 0; i < 5; ++i) {
     commands.push_back(Plan(kId + i, a, a, a, 4));
@@ -190,7 +223,7 @@ TEST_F(CommandPipelineTest, FullStreamWaitsAndResumes) {
   const size_t stopped = Apply(commands, 0, [&] { resumed.Notify(); });
   EXPECT_EQ(stopped, 5u) << "two launches queued, the third waits";
   EXPECT_FALSE(resumed.HasBeenNotified());
-  gate.reset();  // The stream runs what it holds...
+  gate.reset();                   // The stream runs what it holds...
   resumed.WaitForNotification();  // ...and the channel may go on.
   EXPECT_EQ(Apply(commands, stopped), commands.size());
   EXPECT_TRUE(FenceResult(1).ok()) << FenceResult(1);
@@ -205,7 +238,7 @@ TEST_F(CommandPipelineTest, FenceBudgetHoldsTheChannel) {
   EXPECT_EQ(Apply(commands, 0, [&] { resumed.Notify(); }), 1u);
   EXPECT_TRUE(FenceResult(1).ok());
   EXPECT_FALSE(resumed.HasBeenNotified());
-  pipeline_->FencesWritten(1);
+  pipeline_->FencesWritten(1, 0);
   EXPECT_TRUE(resumed.HasBeenNotified());
   EXPECT_EQ(Apply(commands, 1), 2u);
   EXPECT_TRUE(FenceResult(2).ok());
@@ -215,9 +248,8 @@ TEST_F(CommandPipelineTest, EmptyAndUnknownHandlesAreSessionErrors) {
   Open();
   v1::PipelineCommand free;
   free.set_free(999);
-  EXPECT_EQ(Apply({v1::PipelineCommand(), free, Fence(1, true),
-                   Fence(2, true)}),
-            4u);
+  EXPECT_EQ(
+      Apply({v1::PipelineCommand(), free, Fence(1, true), Fence(2, true)}), 4u);
   EXPECT_EQ(FenceResult(1).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(FenceResult(2).ok()) << "only the first error is kept";
   EXPECT_EQ(Apply({free, Fence(3, true)}), 2u);
@@ -254,9 +286,9 @@ TEST_F(CommandPipelineTest, RefusedPlansAreBoundedAndCharged) {
   const uint64_t a = WriteFloats(*session_, {1, 2, 3, 4});  // 1 handle.
   v1::PipelineCommand huge = Plan(kId, a, a, a, 4);
   huge.mutable_plan()->mutable_request()->set_op(std::string(16 << 20, 'x'));
-  EXPECT_EQ(Apply({huge, Plan(kId + 1, a, a, a, 64),
-                   Plan(kId + 2, a, a, a, 64)}),
-            3u);
+  EXPECT_EQ(
+      Apply({huge, Plan(kId + 1, a, a, a, 64), Plan(kId + 2, a, a, a, 64)}),
+      3u);
   EXPECT_EQ(session_->Stats().buffers, 1u);
   std::optional<absl::Status> kept =
       session_->RefusedPlan(kId, /*launch=*/false);
@@ -273,5 +305,92 @@ TEST_F(CommandPipelineTest, RefusedPlansAreBoundedAndCharged) {
             absl::StatusCode::kResourceExhausted);
 }
 
+std::string Floats(std::initializer_list<float> values) {
+  return std::string(reinterpret_cast<const char*>(std::data(values)),
+                     values.size() * sizeof(float));
+}
+
+// Writes and read fences move bytes in order with the launches around them,
+// without a call of their own.
+TEST_F(CommandPipelineTest, WritesAndReadFencesAreOrderedWithLaunches) {
+  Open();
+  auto grad = session_->Malloc(16);
+  auto self = session_->Malloc(16);
+  auto out = session_->Malloc(16);
+  ASSERT_TRUE(grad.ok() && self.ok() && out.ok());
+  const std::vector<v1::PipelineCommand> commands = {
+      Write(*grad, 0, Floats({4.5, 4.4, 4.3, 4.2})),
+      Write(*self, 0, Floats({0.2, 1.2, 2.2, 3.2})),
+      Plan(kId, *grad, *self, *out, 4),
+      Launch(kId),
+      Read(1, *out, 0, 16),
+      Read(2, *out, 4, 8),
+      Fence(3, true)};
+  EXPECT_EQ(Apply(commands), commands.size());
+  EXPECT_TRUE(FenceResult(1).ok()) << FenceResult(1);
+  EXPECT_EQ(FenceData(1), Floats({0, 4.4, 4.3, 4.2}));
+  EXPECT_EQ(FenceData(2), Floats({4.4, 4.3}));
+  EXPECT_TRUE(FenceResult(3).ok()) << FenceResult(3);
+}
+
+TEST_F(CommandPipelineTest, BadWritesAndReadsAreReportedWhereTheyBelong) {
+  Open();
+  auto buffer = session_->Malloc(16);
+  ASSERT_TRUE(buffer.ok());
+  // A write past the end fails its stream: the next fence on it says so,
+  // and reads nothing.
+  EXPECT_EQ(Apply({Write(*buffer, 12, Floats({1, 2})), Read(1, *buffer, 0, 4)}),
+            2u);
+  EXPECT_EQ(FenceResult(1).code(), absl::StatusCode::kOutOfRange)
+      << FenceResult(1);
+  EXPECT_EQ(FenceData(1), "");
+  // The stream's error was consumed by that fence; a bad read is the
+  // read's own error.
+  EXPECT_EQ(Apply({Read(2, *buffer, 8, 16), Read(3, 999, 0, 4),
+                   Read(4, *buffer, 0, (1 << 20) + 1),
+                   Read(5, *buffer, UINT64_MAX, 2)}),
+            4u);
+  EXPECT_EQ(FenceResult(2).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(FenceResult(3).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(FenceResult(4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FenceResult(5).code(), absl::StatusCode::kOutOfRange);
+  // A write on an unknown stream, or over 1 MiB, is the session's (resp.
+  // the stream's) error.
+  EXPECT_EQ(
+      Apply({Write(*buffer, 0, Floats({1}), /*stream=*/77), Fence(6, true)}),
+      2u);
+  EXPECT_EQ(FenceResult(6).code(), absl::StatusCode::kNotFound)
+      << FenceResult(6);
+  EXPECT_EQ(Apply({Write(*buffer, 0, std::string((1 << 20) + 1, 'x')),
+                   Fence(7, false)}),
+            2u);
+  EXPECT_EQ(FenceResult(7).code(), absl::StatusCode::kInvalidArgument);
+  // And the stream still works.
+  EXPECT_EQ(Apply({Write(*buffer, 0, Floats({7})), Read(8, *buffer, 0, 4)}),
+            2u);
+  EXPECT_EQ(FenceData(8), Floats({7}));
+}
+
+// Read results the client has not read hold the channel past 8 MiB.
+TEST_F(CommandPipelineTest, ReadBytesHoldTheChannel) {
+  Open();
+  const uint64_t mib = 1 << 20;
+  auto buffer = session_->Malloc(mib);
+  ASSERT_TRUE(buffer.ok());
+  std::vector<v1::PipelineCommand> commands;
+  for (uint64_t id = 1; id <= 9; ++id) {
+    commands.push_back(Read(id, *buffer, 0, mib));
+  }
+  absl::Notification resumed;
+  EXPECT_EQ(Apply(commands, 0, [&] { resumed.Notify(); }), 8u);
+  EXPECT_EQ(FenceData(8).size(), mib);
+  EXPECT_FALSE(resumed.HasBeenNotified());
+  pipeline_->FencesWritten(1, mib);
+  EXPECT_TRUE(resumed.HasBeenNotified());
+  EXPECT_EQ(Apply(commands, 8), 9u);
+  EXPECT_EQ(FenceData(9).size(), mib);
+}
+
 }  // namespace
 }  // namespace opserver
+

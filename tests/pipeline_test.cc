@@ -274,6 +274,73 @@ TEST_F(PipelineTest, ServerRefusalIsReportedBySynchronizeWithItsCode) {
   EXPECT_EQ(Read(s, small_out, 4), (std::vector<float>{0, 2, 3, 4}));
 }
 
+// WriteAsync and ReadAsync ride the channel in order with the launches
+// around them, on both kinds of session (unary: an Upload and a Download);
+// a launch's error is the read's, and reads dropped unwaited write nothing.
+TEST_F(PipelineTest, AsyncWritesAndReadsAreOrderedWithLaunches) {
+  for (Side* side : {&piped_, &unary_}) {
+    Session& s = *side->session;
+    auto grad = s.Malloc(16);
+    auto self = s.Malloc(16);
+    auto out = s.Malloc(16);
+    auto stream = s.CreateStream();
+    ASSERT_TRUE(grad.ok() && self.ok() && out.ok() && stream.ok());
+    const uint64_t on = stream->handle();
+    const std::vector<float> g = {4.5, 4.4, 4.3, 4.2};
+    const std::vector<float> x = {0.2, 1.2, 2.2, 3.2};
+    std::vector<float> result(4, -1), middle(2, -1);
+    ASSERT_TRUE(s.WriteAsync(grad->handle(), 0, g.data(), 16, on).ok());
+    ASSERT_TRUE(s.WriteAsync(self->handle(), 0, x.data(), 16, on).ok());
+    auto plan = s.ThresholdBackward(F32(*grad, {4}), F32(*self, {4}), 1.0,
+                                    F32(*out, {4}));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_TRUE(plan->Execute(on).ok());
+    auto read = s.ReadAsync(out->handle(), 0, result.data(), 16, on);
+    auto part = s.ReadAsync(out->handle(), 4, middle.data(), 8, on);
+    ASSERT_TRUE(read.ok() && part.ok());
+    // Written before the launch ran: the write is ordered after it.
+    const std::vector<float> zeros(4, 0);
+    ASSERT_TRUE(s.WriteAsync(out->handle(), 0, zeros.data(), 16, on).ok());
+    EXPECT_TRUE(read->Wait().ok());
+    EXPECT_TRUE(part->Wait().ok());
+    EXPECT_EQ(result, (std::vector<float>{0, 4.4f, 4.3f, 4.2f}));
+    EXPECT_EQ(middle, (std::vector<float>{4.4f, 4.3f}));
+    EXPECT_EQ(Read(s, *out, 4), zeros);
+
+    // Unknown buffer, out of range, unknown stream (a unary session's
+    // read learns it from its Download, when it is waited for).
+    EXPECT_EQ(s.WriteAsync(999, 0, g.data(), 4).code(),
+              absl::StatusCode::kNotFound);
+    auto outside = s.ReadAsync(out->handle(), 8, result.data(), 16);
+    EXPECT_TRUE(!outside.ok() || !outside->Wait().ok());
+    EXPECT_FALSE(s.WriteAsync(out->handle(), 0, g.data(), 4, 12345).ok());
+    const bool piped = side == &piped_;
+    if (piped) {
+      // A failed launch is the next read's error; the read writes nothing.
+      DeviceBuffer big = Floats(s, std::vector<float>(2048, 1));
+      auto bad = s.HardswishBackward(F32(big, {2048}), F32(big, {2048}),
+                                     F32(big, {2048}));
+      ASSERT_TRUE(bad.ok());
+      ASSERT_TRUE(bad->Execute(on).ok());
+      std::vector<float> untouched(4, -7);
+      auto after = s.ReadAsync(out->handle(), 0, untouched.data(), 16, on);
+      ASSERT_TRUE(after.ok());
+      absl::Status waited = after->Wait();
+      EXPECT_EQ(waited.code(), absl::StatusCode::kResourceExhausted) << waited;
+      EXPECT_EQ(untouched, std::vector<float>(4, -7));
+    }
+    // Reads dropped without Wait leave their destination alone.
+    {
+      std::vector<float> dropped(4, -9);
+      auto forgotten = s.ReadAsync(out->handle(), 0, dropped.data(), 16, on);
+      ASSERT_TRUE(forgotten.ok());
+      forgotten = PendingRead();
+      EXPECT_TRUE(stream->Synchronize().ok());
+      if (piped) EXPECT_EQ(dropped, std::vector<float>(4, -9));
+    }
+  }
+}
+
 // Upload, launch, launch, download on one stream; a second stream after a
 // synchronize; unary WriteValues/ReadValues between pipelined launches:
 // always the issue-order result.
