@@ -246,6 +246,17 @@ class DeviceTensor:
             self.dtype.name, list(self.shape), self.buffer.handle)
 
 
+class _PendingRead:
+    __slots__ = ("_read", "_out")
+
+    def __init__(self, read, out):
+        self._read, self._out = read, out
+
+    def wait(self):
+        self._read.wait()
+        return self._out
+
+
 class Executor:
     """Phase one's plan (``launch=False``): ``workspace_size`` bytes of
     workspace, launched by ``execute``. Single use unless
@@ -334,6 +345,23 @@ class Session:
         `data` may then be reused."""
         self._s.upload(buffer.handle, int(offset), _host_bytes(data),
                        _stream(stream))
+
+    def write(self, buffer, data, offset=0, stream=None):
+        """Like ``upload``, without waiting: up to 1 MiB is copied and
+        queued on the session's command channel, in order with the
+        launches around it (larger: an upload). Errors only the server
+        finds are reported by the stream's next synchronize."""
+        self._s.write(buffer.handle, int(offset), _host_bytes(data),
+                      _stream(stream))
+
+    def read_async(self, buffer, out, offset=0, stream=None):
+        """Queues a download into the contiguous array or tensor `out`
+        after the work on `stream`, without waiting; ``.wait()`` on the
+        result waits for the bytes, raises the stream's deferred error, and
+        returns `out`. Until then `out` must not be read."""
+        return _PendingRead(self._s.read_async(
+            buffer.handle, int(offset), _host_bytes(out, writable=True),
+            _stream(stream)), out)
 
     def download(self, buffer, out, offset=0, stream=None):
         """Fills the contiguous array or tensor `out` from buffer[offset:],

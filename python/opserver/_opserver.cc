@@ -126,6 +126,32 @@ struct SessionHandle {
 using PyBuffer = SessionHandle<&remote::Session::FreeBuffer>;
 using PyStream = SessionHandle<&remote::Session::DestroyStream>;
 
+// A queued read and the array it fills (kept alive until it is done).
+struct PyPendingRead {
+  std::shared_ptr<PySession> session;
+  py::object target;
+  remote::PendingRead read;
+  bool waited = false;
+
+  absl::Status Wait() {
+    if (waited) return absl::OkStatus();
+    waited = true;
+    if (session->Closed()) {
+      return absl::FailedPreconditionError(
+          "the session was closed before the read was waited for");
+    }
+    return read.Wait();
+  }
+  ~PyPendingRead() {
+    // Dropped unwaited: the destination is never written (and the read is
+    // forgotten before the array may go).
+    {
+      py::gil_scoped_release release;
+      if (!session->Closed()) read = remote::PendingRead();
+    }
+  }
+};
+
 // GetWorkspaceSize's plan (phase one), launched by execute() (phase two).
 struct PyExecutor {
   PyExecutor() = default;
@@ -509,7 +535,54 @@ PYBIND11_MODULE(_opserver, m) {
           py::arg("stream") = 0,
           "Fills a writable C-contiguous host array from buffer[offset:], "
           "after the work queued on `stream`; reports its deferred error.");
+  session
+      .def(
+          "write",
+          [](PySession& s, uint64_t buffer, uint64_t offset,
+             const py::buffer& data, uint64_t stream) {
+            py::buffer_info info = HostBytes(data, /*writable=*/false);
+            py::gil_scoped_release release;
+            ThrowIfError(s.session->WriteAsync(buffer, offset, info.ptr,
+                                               ByteSize(info), stream));
+          },
+          py::arg("buffer"), py::arg("offset"), py::arg("data"),
+          py::arg("stream") = 0,
+          "Like upload, without waiting: up to 1 MiB is copied and queued on "
+          "the command channel, after the work on `stream`.")
+      .def(
+          "read_async",
+          [](const std::shared_ptr<PySession>& s, uint64_t buffer,
+             uint64_t offset, const py::buffer& data, uint64_t stream) {
+            py::buffer_info info = HostBytes(data, /*writable=*/true);
+            absl::StatusOr<remote::PendingRead> read;
+            {
+              py::gil_scoped_release release;
+              read = s->session->ReadAsync(buffer, offset, info.ptr,
+                                           ByteSize(info), stream);
+            }
+            auto pending = std::make_unique<PyPendingRead>();
+            pending->session = s;
+            pending->target = data;
+            pending->read = ValueOrThrow(std::move(read));
+            return pending;
+          },
+          py::arg("buffer"), py::arg("offset"), py::arg("data"),
+          py::arg("stream") = 0,
+          "Queues a download into the writable array `data` after the work "
+          "on `stream`; wait() on the result waits for it.");
   DefineOperators(session);
+
+  py::class_<PyPendingRead>(m, "PendingRead",
+                            "A queued read; wait() for its bytes.")
+      .def("wait", [](PyPendingRead& p) {
+        absl::Status waited;
+        {
+          py::gil_scoped_release release;
+          waited = p.Wait();
+        }
+        ThrowIfError(waited);
+        return p.target;
+      });
 
   py::class_<PyBuffer>(m, "Buffer", "A device buffer (Malloc).")
       .def_readonly("handle", &PyBuffer::handle)

@@ -228,6 +228,40 @@ class ClientTest(testing.ServerTestCase):
         plan.execute(workspace=s.malloc(plan.workspace_size))
         np.testing.assert_array_equal(plan.out.numpy(), np.full(8, 2, np.float32))
 
+    def test_queued_writes_and_reads(self):
+        s = self.session
+        g = s.empty([4], DType.FLOAT)
+        x = s.empty([4], DType.FLOAT)
+        s.write(g.buffer, np.float32([4.5, 4.4, 4.3, 4.2]))
+        s.write(x.buffer, torch.tensor([0.2, 1.2, 2.2, 3.2]))
+        out = s.threshold_backward(g, x, 1.0)
+        host = np.full(4, -1, np.float32)
+        pending = s.read_async(out.buffer, host)
+        # Queued after the read: it must not change what the read sees.
+        s.write(out.buffer, np.zeros(4, np.float32))
+        self.assertIs(pending.wait(), host)
+        np.testing.assert_array_equal(host, np.float32([0, 4.4, 4.3, 4.2]))
+        np.testing.assert_array_equal(out.numpy(), np.zeros(4, np.float32))
+        t = torch.empty(2, dtype=torch.bfloat16)
+        s.write(g.buffer, torch.tensor([1.5, -2], dtype=torch.bfloat16))
+        s.read_async(g.buffer, t).wait()
+        self.assertTrue(torch.equal(t, torch.tensor([1.5, -2],
+                                                    dtype=torch.bfloat16)))
+        # Bigger than one command (1 MiB): an upload and a download.
+        big = np.arange(1 << 19, dtype=np.float32)
+        d = s.empty([1 << 19], DType.FLOAT)
+        s.write(d.buffer, big)
+        back = np.empty_like(big)
+        s.read_async(d.buffer, back).wait()
+        np.testing.assert_array_equal(back, big)
+        # Errors: out of range at once; a failed launch at wait().
+        with self.assertRaises(opserver.OutOfRange):
+            s.write(g.buffer, np.zeros(8, np.float32))
+        with self.assertRaises(opserver.OutOfRange):
+            s.read_async(g.buffer, np.zeros(8, np.float32))
+        with self.assertRaises(opserver.InvalidArgument):
+            s.read_async(g.buffer, np.zeros((2, 2), np.float32).T)
+
     def test_torch_transfers_without_numpy_types(self):
         s = self.session
         for dtype in FLOATS + [torch.float64, torch.int32, torch.uint8]:

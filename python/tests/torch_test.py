@@ -83,6 +83,60 @@ class TorchTest(testing.ServerTestCase):
             y2.sum().backward()
             self.assertTrue(torch.equal(a.grad, b.grad))
 
+    def test_a_chain_of_remote_operators_waits_once(self):
+        """40 remote activations in a row: every gradient but the last stays
+        on the device, so the backward waits once, and the result is
+        torch's."""
+        x0 = torch.randn(3, 50, generator=torch.Generator().manual_seed(9))
+        ours = [ot.nn.LeakyReLU(0.5), ot.nn.Hardswish(), ot.nn.Softshrink(0.01),
+                ot.nn.Threshold(-2.0, 0.0)] * 10
+        theirs = [torch.nn.LeakyReLU(0.5), torch.nn.Hardswish(),
+                  torch.nn.Softshrink(0.01), torch.nn.Threshold(-2.0, 0.0)] * 10
+        grads = []
+        for chain in (ours, theirs):
+            x = (x0 * 1).requires_grad_()
+            y = x * 2  # Not a leaf, and not ours: its gradient is torch's.
+            for module in chain:
+                y = module(y)
+            before = ot.stats()["waits"]
+            y.backward(torch.ones_like(y))
+            grads.append((x.grad, ot.stats()["waits"] - before))
+        (ours_grad, waits), (torch_grad, _) = grads
+        self.assertEqual(waits, 1)
+        self.assertTrue(torch.equal(ours_grad, torch_grad))
+
+    def test_pending_gradients_that_torch_touches_are_read(self):
+        # y feeds a remote activation and a local one: the two gradients
+        # are summed by torch, which reads the pending one first.
+        x0 = torch.randn(64, generator=torch.Generator().manual_seed(6))
+        results = []
+        for nn in (ot.nn, torch.nn):
+            x = x0.clone().requires_grad_()
+            y = nn.Hardswish()(x * 3)
+            z = nn.LeakyReLU(0.2)(y) + y.sin()
+            z.sum().backward()
+            results.append(x.grad)
+        self.assertTrue(torch.equal(*results))
+
+    def test_a_training_step_waits_once_per_remote_gradient_torch_needs(self):
+        # Linear -> Hardswish -> Dropout -> Linear -> LeakyReLU -> Linear:
+        # Dropout's gradient goes straight into Hardswish's backward, so
+        # only Hardswish's and LeakyReLU's reach torch: two waits a step,
+        # and the first step's buffers are reused by the next ones.
+        model = testing.mlp(True)
+        x, label = torch.randn(8, 784), torch.randint(0, 10, (8,))
+        waits = []
+        for _ in range(3):
+            before = ot.stats()["waits"]
+            model.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), label).backward()
+            waits.append(ot.stats()["waits"] - before)
+        self.assertEqual(waits, [2, 2, 2])
+        buffers = self.session.stats()
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), label).backward()
+        self.assertEqual(self.session.stats()["buffers"], buffers["buffers"])
+
     def test_gradcheck(self):
         x = torch.randn(32, dtype=torch.double, requires_grad=True,
                         generator=torch.Generator().manual_seed(2))

@@ -3,9 +3,10 @@ opserver.
 
 Each forward runs locally in torch, exactly as torch computes it, and keeps
 what the backward needs (the input, the result or the dropout mask) resident
-on the remote device: it is uploaded once, during the forward. The backward
-sends only ``grad_output`` and gets the gradient back, computed by the
-remote backward operator with aclnn's semantics.
+on the remote device: it is sent once, during the forward, queued on the
+session's command channel without waiting. The backward sends only
+``grad_output`` (queued the same way), launches the remote backward
+operator with aclnn's semantics, and reads the gradient back.
 
     import opserver, opserver.torch
     client = opserver.connect("127.0.0.1:50051")
@@ -13,13 +14,23 @@ remote backward operator with aclnn's semantics.
         y = opserver.torch.hardswish(x)   # or opserver.torch.nn.Hardswish()
         y.sum().backward()                # x.grad computed remotely
 
-The session is passed explicitly (``session=``) or taken from the innermost
-``with opserver.torch.remote(session):`` of the calling thread.
+Pipelined across the step: when the gradient a backward computes goes
+straight into another of these backwards (remote activations applied one
+after another), it stays on the device and is handed over as a pending
+tensor; only what torch itself computes with waits for a gradient. So a
+chain of remote operators waits once, at its end, and a remote activation
+between local layers waits once per backward, for the round trip that
+carries its gradient in and out. A pending tensor that torch touches is read
+then (any operation on it waits for its bytes, then runs on them).
 
-Where aclnn and torch define different results (both are aclnn's here):
-DropoutBackward gives exactly 0 for a dropped element, where torch's
-``grad * mask`` gives NaN for a NaN or infinite gradient and -0.0 for a
-negative one. Everywhere else, fp32 gradients are torch's bit for bit.
+The session is passed explicitly (``session=``) or taken from the innermost
+``with opserver.torch.remote(session):`` of the calling thread. Buffers are
+kept per session and reused from step to step, so a step allocates nothing
+once the first one has run.
+
+Where aclnn and torch define different results (aclnn's here): see
+README.md, "Python and PyTorch". Everywhere else, fp32 gradients are
+torch's bit for bit.
 """
 
 import contextlib
@@ -27,13 +38,28 @@ import threading
 
 import numpy as np
 import torch
+from torch.utils._pytree import tree_map
 
 import opserver
 
 __all__ = ["remote", "current_session", "threshold", "softshrink",
-           "hardswish", "leaky_relu", "dropout", "nn"]
+           "hardswish", "leaky_relu", "dropout", "nn", "stats"]
 
 _state = threading.local()
+_stats_lock = threading.Lock()
+_stats = {"waits": 0}
+
+
+def stats():
+    """{"waits": n}: how many times a backward (or torch, touching a pending
+    gradient) has waited for a gradient from the server, since the start."""
+    with _stats_lock:
+        return dict(_stats)
+
+
+def _count_wait():
+    with _stats_lock:
+        _stats["waits"] += 1
 
 
 @contextlib.contextmanager
@@ -61,16 +87,152 @@ def current_session(session=None):
     return stack[-1]
 
 
+class _Pool:
+    """A session's free device buffers by size, reused by later steps. All
+    of this module's work is on stream 0, in order, so a buffer returned
+    here once its tensor is gone is only written after the work that read
+    it."""
+
+    MAX_PER_SIZE = 64
+
+    def __init__(self, session):
+        self.session = session
+        self.lock = threading.RLock()  # A return may come from a GC pass.
+        self.free = {}
+
+    def take(self, nbytes):
+        with self.lock:
+            free = self.free.get(nbytes)
+            if free:
+                return _Pooled(self, free.pop())
+        return _Pooled(self, self.session.malloc(nbytes))
+
+    def give_back(self, buffer):
+        with self.lock:
+            free = self.free.setdefault(buffer.nbytes, [])
+            if len(free) < self.MAX_PER_SIZE and not self.session.closed:
+                free.append(buffer)
+
+
+class _Pooled:
+    """A pooled buffer, returned to its pool when no tensor uses it."""
+
+    __slots__ = ("pool", "buffer", "handle", "nbytes")
+
+    def __init__(self, pool, buffer):
+        self.pool, self.buffer = pool, buffer
+        self.handle, self.nbytes = buffer.handle, buffer.nbytes
+
+    def __del__(self):
+        try:
+            self.pool.give_back(self.buffer)
+        except Exception:  # Interpreter shutdown: the session frees it.
+            pass
+
+
+_pools_lock = threading.Lock()
+
+
+def _pool(session):
+    pool = getattr(session, "_torch_pool", None)
+    if pool is None:
+        with _pools_lock:
+            pool = getattr(session, "_torch_pool", None)
+            if pool is None:
+                pool = session._torch_pool = _Pool(session)
+    return pool
+
+
+def _empty(session, shape, dtype):
+    """A device tensor of a pooled buffer."""
+    n = 1
+    for d in shape:
+        n *= int(d)
+    nbytes = max(n * opserver._opserver.dtype_size(int(dtype)), 1)
+    return opserver.DeviceTensor(session, _pool(session).take(nbytes), dtype,
+                                 tuple(shape))
+
+
+def _send(session, array):
+    """`array` (a torch tensor or numpy array) in a pooled device tensor;
+    queued, not waited for (up to 1 MiB; larger is an upload)."""
+    if isinstance(array, torch.Tensor):
+        array = array.detach().contiguous()
+    t = _empty(session, tuple(array.shape), opserver.dtype_of(array))
+    if t.numel:
+        session.write(t.buffer, array)
+    return t
+
+
+def _receive(session, device, dtype):
+    """The bytes of `device` in a new torch tensor: waits once."""
+    out = torch.empty(device.shape, dtype=dtype)
+    if out.numel():
+        _count_wait()
+        session.read_async(device.buffer, out).wait()
+    return out
+
+
+class _Pending(torch.Tensor):
+    """A gradient still on the device. Another of this module's backwards
+    takes it as it is; anything else torch does with it reads it first."""
+
+    @staticmethod
+    def __new__(cls, session, device, dtype):
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, device.shape, dtype=dtype, device="cpu")
+        r._session, r._device, r._value = session, device, None
+        return r
+
+    def value(self):
+        if self._value is None:
+            self._value = _receive(self._session, self._device, self.dtype)
+            self._device = None  # Its buffer goes back to the pool.
+        return self._value
+
+    def on_device(self, session):
+        """The device tensor, if it is still there and in `session`."""
+        if self._value is None and self._session is session:
+            return self._device
+        return None
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        unwrap = lambda t: t.value() if isinstance(t, _Pending) else t
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+
+    def __repr__(self):
+        return repr(self.value())
+
+
+def _feeds_remote(x):
+    """Whether the gradient of `x` goes straight into one of this module's
+    backwards: it was made by one of its functions."""
+    return getattr(type(x.grad_fn), "_forward_cls", None) in _FUNCTIONS
+
+
 def _resident(session, tensor):
-    """`tensor` uploaded for a later backward."""
-    return session.to_device(tensor.detach().contiguous())
+    """`tensor` sent for a later backward (queued)."""
+    return _send(session, tensor)
 
 
-def _backward(session, operator, grad_output, *args):
-    """Runs `operator` (a Session method) on the uploaded gradient and
-    `args` (resident tensors and scalars); the gradient as a torch tensor."""
-    grad = session.to_device(grad_output.contiguous())
-    return operator(session, grad, *args).torch()
+def _backward(ctx, operator, grad_output, *args):
+    """Runs `operator` (a Session method) on the gradient and `args`
+    (resident tensors and scalars) into a pooled buffer; returns the
+    gradient, pending when it feeds another remote backward."""
+    session = ctx.session
+    grad = (grad_output.on_device(session)
+            if isinstance(grad_output, _Pending) else None)
+    if grad is None:
+        grad = _send(session, grad_output)
+    out = _empty(session, grad.shape, grad.dtype)
+    operator(session, grad, *args, out=out)
+    dtype = getattr(torch, opserver._TORCH_NAMES[out.dtype])
+    if ctx.pending:
+        return _Pending(session, out, dtype)
+    return _receive(session, out, dtype)
 
 
 class ThresholdFunction(torch.autograd.Function):
@@ -80,6 +242,7 @@ class ThresholdFunction(torch.autograd.Function):
     def forward(ctx, x, threshold, value, inplace, session):
         session = current_session(session)
         ctx.session, ctx.threshold = session, float(threshold)
+        ctx.pending = _feeds_remote(x)
         ctx.x = _resident(session, x) if ctx.needs_input_grad[0] else None
         if inplace:
             torch.nn.functional.threshold(x, threshold, value, inplace=True)
@@ -89,7 +252,7 @@ class ThresholdFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = _backward(ctx.session, opserver.Session.threshold_backward,
+        grad = _backward(ctx, opserver.Session.threshold_backward,
                          grad_output, ctx.x, ctx.threshold)
         return grad, None, None, None, None
 
@@ -101,12 +264,13 @@ class SoftshrinkFunction(torch.autograd.Function):
     def forward(ctx, x, lambd, session):
         session = current_session(session)
         ctx.session, ctx.lambd = session, float(lambd)
+        ctx.pending = _feeds_remote(x)
         ctx.x = _resident(session, x) if ctx.needs_input_grad[0] else None
         return torch.nn.functional.softshrink(x, lambd)
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = _backward(ctx.session, opserver.Session.softshrink_backward,
+        grad = _backward(ctx, opserver.Session.softshrink_backward,
                          grad_output, ctx.x, ctx.lambd)
         return grad, None, None
 
@@ -117,7 +281,7 @@ class HardswishFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, inplace, session):
         session = current_session(session)
-        ctx.session = session
+        ctx.session, ctx.pending = session, _feeds_remote(x)
         ctx.x = _resident(session, x) if ctx.needs_input_grad[0] else None
         if inplace:
             torch.nn.functional.hardswish(x, inplace=True)
@@ -127,7 +291,7 @@ class HardswishFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = _backward(ctx.session, opserver.Session.hardswish_backward,
+        grad = _backward(ctx, opserver.Session.hardswish_backward,
                          grad_output, ctx.x)
         return grad, None, None
 
@@ -141,6 +305,7 @@ class LeakyReluFunction(torch.autograd.Function):
     def forward(ctx, x, negative_slope, inplace, session):
         session = current_session(session)
         ctx.session, ctx.slope = session, float(negative_slope)
+        ctx.pending = _feeds_remote(x)
         ctx.self_is_result = bool(inplace)
         if inplace:
             torch.nn.functional.leaky_relu(x, negative_slope, inplace=True)
@@ -155,7 +320,7 @@ class LeakyReluFunction(torch.autograd.Function):
         # A DOUBLE slope, as torch's Scalar is: the kernel rounds it to the
         # compute dtype.
         slope = opserver.Scalar(ctx.slope, opserver.DType.DOUBLE)
-        grad = _backward(ctx.session, opserver.Session.leaky_relu_backward,
+        grad = _backward(ctx, opserver.Session.leaky_relu_backward,
                          grad_output, ctx.x, slope, ctx.self_is_result)
         return grad, None, None, None
 
@@ -177,7 +342,7 @@ class DropoutFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p, inplace, session):
         session = current_session(session)
-        ctx.session = session
+        ctx.session, ctx.pending = session, _feeds_remote(x)
         noise = torch.empty_like(x, memory_format=torch.contiguous_format)
         noise.bernoulli_(1 - p)
         noise.div_(1 - p)
@@ -186,7 +351,7 @@ class DropoutFunction(torch.autograd.Function):
             # value, in x's dtype, is the scale.
             ctx.scale = (0.0 if p == 1 else
                          float(torch.ones((), dtype=x.dtype).div_(1 - p)))
-            ctx.mask = session.to_device(_pack_mask(noise != 0))
+            ctx.mask = _send(session, _pack_mask(noise != 0))
         if inplace:
             x.mul_(noise)
             ctx.mark_dirty(x)
@@ -195,9 +360,13 @@ class DropoutFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = _backward(ctx.session, opserver.Session.dropout_backward,
+        grad = _backward(ctx, opserver.Session.dropout_backward,
                          grad_output, ctx.mask, ctx.scale)
         return grad, None, None, None
+
+
+_FUNCTIONS = (ThresholdFunction, SoftshrinkFunction, HardswishFunction,
+              LeakyReluFunction, DropoutFunction)
 
 
 def threshold(x, threshold, value, inplace=False, session=None):
