@@ -15,10 +15,16 @@ Per round: the median step / 250 and the mean idle synchronize (the round
 trip). Reported: the medians over rounds, the ratio Python / C++ (target
 <= 1.5) and Python's round trips per operator (target <= 0.2).
 
+Then the same 250 operators as opserver.torch modules in one autograd
+graph (4096 fp32 elements): forward and backward per operator, and how
+many times a backward waited (once: every gradient but the last stays on
+the device).
+
 Last, one SGD step of the 784-256-128-10 MLP of python/tests/testing.py
 (batch 32), median of 20, with opserver.torch.nn's modules (backward on the
 server) and with torch.nn's: on loopback with a CPU device remote cannot
-win; the point is that its cost is per step, not per operator.
+win. Its extra cost is one wait per remote gradient torch needs (here two
+a step), not a round trip per transfer.
 """
 
 import argparse
@@ -96,6 +102,35 @@ def host_chain(x):
     return g
 
 
+def autograd_chain_us(session, steps):
+    """250 opserver.torch modules in a row on 4096 fp32 elements: the
+    median backward (and forward) per operator, and waits per backward."""
+    modules = [ot.nn.LeakyReLU(0.5, session=session),
+               ot.nn.Hardswish(session=session),
+               ot.nn.Softshrink(0.0625, session=session),
+               ot.nn.Threshold(-3.875, 0.0, session=session)]
+    chain = [modules[i % 4] for i in range(OPS)]
+    x0 = torch.rand(N, generator=torch.Generator().manual_seed(0)) * 8 - 4
+    grad = torch.ones(N)
+    forward, backward, waits = [], [], []
+    for i in range(steps + 3):
+        x = x0.clone().requires_grad_()
+        start = time.perf_counter()
+        y = x * 1
+        for module in chain:
+            y = module(y)
+        middle = time.perf_counter()
+        before = ot.stats()["waits"]
+        y.backward(grad)
+        end = time.perf_counter()
+        if i >= 3:
+            forward.append(middle - start)
+            backward.append(end - middle)
+            waits.append(ot.stats()["waits"] - before)
+    return (statistics.median(forward) / OPS * 1e6,
+            statistics.median(backward) / OPS * 1e6, max(waits))
+
+
 def training_step_ms(remote, steps=20):
     model = testing.mlp(remote)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -145,6 +180,11 @@ def main():
                   (py_us, py_us / cpp_us))
             print("  round trip   %7.1f us      Python: %.3f round trips/op "
                   "(target <= 0.2)" % (rtt_us, py_us / rtt_us))
+            fwd_us, bwd_us, waits = autograd_chain_us(session, args.steps)
+            print("250 opserver.torch modules in a row (autograd)")
+            print("  forward  %7.2f us/op   backward %7.2f us/op = %.3f round "
+                  "trips/op, %d wait per backward" %
+                  (fwd_us, bwd_us, bwd_us / rtt_us, waits))
             with ot.remote(session):
                 remote_ms = training_step_ms(True)
             local_ms = training_step_ms(False)

@@ -93,25 +93,30 @@ class _Pool:
     here once its tensor is gone is only written after the work that read
     it."""
 
-    MAX_PER_SIZE = 64
+    # Free bytes kept (beyond them, returned buffers are freed): a step's
+    # worth of activations and gradients for most models.
+    MAX_BYTES = 256 << 20
 
     def __init__(self, session):
         self.session = session
         self.lock = threading.RLock()  # A return may come from a GC pass.
         self.free = {}
+        self.free_bytes = 0
 
     def take(self, nbytes):
         with self.lock:
             free = self.free.get(nbytes)
             if free:
+                self.free_bytes -= nbytes
                 return _Pooled(self, free.pop())
         return _Pooled(self, self.session.malloc(nbytes))
 
     def give_back(self, buffer):
         with self.lock:
-            free = self.free.setdefault(buffer.nbytes, [])
-            if len(free) < self.MAX_PER_SIZE and not self.session.closed:
-                free.append(buffer)
+            if (self.free_bytes + buffer.nbytes <= self.MAX_BYTES and
+                    not self.session.closed):
+                self.free.setdefault(buffer.nbytes, []).append(buffer)
+                self.free_bytes += buffer.nbytes
 
 
 class _Pooled:
