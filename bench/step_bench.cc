@@ -91,9 +91,9 @@ Op OpAt(int i) { return static_cast<Op>(i % 5); }
 // What the backward pass reads besides the gradient: each operator's saved
 // forward input (or dropout mask), different per operator as in a network.
 struct Inputs {
-  std::vector<float> grad;               // kElements
-  std::vector<float> selfs;              // kOps x kElements
-  std::vector<uint8_t> masks;            // kOps x kMaskBytes (dropout only)
+  std::vector<float> grad;     // kElements
+  std::vector<float> selfs;    // kOps x kElements
+  std::vector<uint8_t> masks;  // kOps x kMaskBytes (dropout only)
 };
 
 Inputs MakeInputs() {
@@ -177,8 +177,8 @@ void* Offset(void* base, size_t bytes) {
 }
 
 struct Device {
-  void* grad = nullptr;      // The step's incoming gradient.
-  void* ping_pong[2] = {};   // Operator i writes ping_pong[i % 2].
+  void* grad = nullptr;     // The step's incoming gradient.
+  void* ping_pong[2] = {};  // Operator i writes ping_pong[i % 2].
   void* selfs = nullptr;
   void* masks = nullptr;
   void* workspace = nullptr;  // Grown on demand; the operators want none.
@@ -189,8 +189,8 @@ aclTensor* Tensor(void* data, int64_t elements, aclDataType dtype) {
   const int64_t shape[] = {elements};
   aclTensor* tensor = aclCreateTensor(shape, 1, dtype, nullptr, 0,
                                       ACL_FORMAT_ND, shape, 1, data);
-  if (tensor == nullptr) Die(absl::StrCat("aclCreateTensor: ",
-                                          aclGetRecentErrMsg()));
+  if (tensor == nullptr)
+    Die(absl::StrCat("aclCreateTensor: ", aclGetRecentErrMsg()));
   return tensor;
 }
 
@@ -254,9 +254,9 @@ void LaunchStep(Device& device, aclrtStream stream) {
       device.workspace = DeviceAlloc(workspace_bytes);
       device.workspace_bytes = workspace_bytes;
     }
-    const aclnnStatus launched = launch(
-        workspace_bytes > 0 ? device.workspace : nullptr, workspace_bytes,
-        executor, stream);
+    const aclnnStatus launched =
+        launch(workspace_bytes > 0 ? device.workspace : nullptr,
+               workspace_bytes, executor, stream);
     if (launched != ACLNN_SUCCESS) {
       Die(absl::StrCat("aclnn", kOpNames[static_cast<int>(OpAt(op))],
                        " (operator ", op, ") returned ", launched, ": ",
@@ -276,8 +276,7 @@ void CheckResult(const Device& device, const std::vector<float>& expected) {
   std::vector<float> actual(kElements);
   CHECK_ACL(aclrtMemcpy(actual.data(), kElements * sizeof(float),
                         device.ping_pong[(kOps - 1) % 2],
-                        kElements * sizeof(float),
-                        ACL_MEMCPY_DEVICE_TO_HOST));
+                        kElements * sizeof(float), ACL_MEMCPY_DEVICE_TO_HOST));
   for (int64_t i = 0; i < kElements; ++i) {
     if (std::memcmp(&actual[i], &expected[i], sizeof(float)) != 0) {
       Die(absl::StrCat("result differs from the host chain at element ", i,
@@ -394,17 +393,18 @@ int Main() {
   options.listen = "127.0.0.1:0";
   options.detect_mutex_deadlocks = false;  // As the opserver binary runs.
   auto server = Server::Start(options);
-  if (!server.ok()) Die(absl::StrCat("Server::Start: ", server.status().ToString()));
+  if (!server.ok())
+    Die(absl::StrCat("Server::Start: ", server.status().ToString()));
   const std::string direct = (*server)->address();
   auto proxy = bench::DelayProxy::Start(direct, kOneWayDelay);
-  if (!proxy.ok()) Die(absl::StrCat("DelayProxy::Start: ", proxy.status().ToString()));
+  if (!proxy.ok())
+    Die(absl::StrCat("DelayProxy::Start: ", proxy.status().ToString()));
   const std::string delayed = absl::StrCat("127.0.0.1:", (*proxy)->port());
 
   const Inputs inputs = MakeInputs();
   const std::vector<float> expected = HostChain(inputs);
-  const int64_t nonzero =
-      std::count_if(expected.begin(), expected.end(),
-                    [](float v) { return v != 0.0f; });
+  const int64_t nonzero = std::count_if(expected.begin(), expected.end(),
+                                        [](float v) { return v != 0.0f; });
   float largest = 0;
   float smallest = INFINITY;
   for (float v : expected) {
@@ -428,12 +428,43 @@ int Main() {
       smallest, largest);
   std::fflush(stdout);
 
+  // What counting metrics costs: the same pipelined loopback step against
+  // a second server that counts nothing, alternating, three rounds each.
+  Options uncounted_options = options;
+  uncounted_options.metrics = false;
+  auto uncounted = Server::Start(uncounted_options);
+  if (!uncounted.ok()) {
+    Die(absl::StrCat("Server::Start: ", uncounted.status().ToString()));
+  }
+  std::vector<double> counted_us, uncounted_us, counted_rate, uncounted_rate;
+  for (int round = 0; round < 3; ++round) {
+    Result on = RunConfiguration("loopback", direct, "1", inputs, expected);
+    Result off = RunConfiguration("loopback", (*uncounted)->address(), "1",
+                                  inputs, expected);
+    counted_us.push_back(on.step_median_us);
+    uncounted_us.push_back(off.step_median_us);
+    counted_rate.push_back(on.launches_per_s);
+    uncounted_rate.push_back(off.launches_per_s);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::printf(
+      "metrics A/B (loopback, pipelined, median of 3 alternating rounds): "
+      "step %.2f ms counted vs %.2f ms not (%.3fx); launches/s %.0f vs %.0f "
+      "(%.3fx)\n\n",
+      median(counted_us) / 1000, median(uncounted_us) / 1000,
+      median(counted_us) / median(uncounted_us), median(counted_rate),
+      median(uncounted_rate), median(counted_rate) / median(uncounted_rate));
+  std::fflush(stdout);
+
   std::vector<Result> results;
   for (const char* pipeline : {"0", "1"}) {
     results.push_back(
         RunConfiguration("loopback", direct, pipeline, inputs, expected));
-    results.push_back(RunConfiguration("proxy 250us", delayed, pipeline,
-                                       inputs, expected));
+    results.push_back(
+        RunConfiguration("proxy 250us", delayed, pipeline, inputs, expected));
   }
 
   std::printf("%-12s %-8s %9s %11s %11s %11s %9s %8s %11s   %s\n", "path",

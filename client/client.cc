@@ -34,6 +34,15 @@ namespace opserver {
 namespace remote {
 namespace {
 
+// NOT_FOUND for a handle this session does not have, as the server words
+// it; `what` prefixes the message (e.g. "Free: ").
+absl::Status UnknownHandle(absl::string_view what, absl::string_view kind,
+                           uint64_t handle) {
+  return absl::NotFoundError(absl::StrCat(
+      what, "no ", kind, " ", handle,
+      " in this session (never created, freed, or another session's)"));
+}
+
 constexpr char kAclnnStatusKey[] = "opserver-aclnn-status";
 
 v1::DataType ToProtoDType(kernels::DType dtype) {
@@ -642,9 +651,7 @@ absl::StatusOr<Executor> Session::PlanLocally(
     auto lookup = [&](uint64_t handle) -> absl::StatusOr<DeviceBytes> {
       auto it = buffer_sizes_.find(handle);
       if (it == buffer_sizes_.end()) {
-        return absl::NotFoundError(absl::StrCat(
-            "no buffer ", handle,
-            " in this session (never created, freed, or another session's)"));
+        return UnknownHandle("", "buffer", handle);
       }
       return DeviceBytes{reinterpret_cast<void*>(uintptr_t{1} << 44),
                          it->second};
@@ -698,9 +705,7 @@ absl::Status Session::FreeBuffer(uint64_t buffer) {
     {
       absl::MutexLock lock(&handles_mu_);
       if (buffer_sizes_.erase(buffer) == 0) {
-        return absl::NotFoundError(absl::StrCat(
-            "Free: no buffer ", buffer,
-            " in this session (never created, freed, or another session's)"));
+        return UnknownHandle("Free: ", "buffer", buffer);
       }
     }
     v1::PipelineCommand command;
@@ -763,15 +768,11 @@ absl::Status Session::CheckLocalRange(uint64_t buffer, uint64_t offset,
                                       uint64_t size, uint64_t stream) {
   absl::MutexLock lock(&handles_mu_);
   if (stream != 0 && !streams_.contains(stream)) {
-    return absl::NotFoundError(absl::StrCat(
-        "no stream ", stream,
-        " in this session (never created, freed, or another session's)"));
+    return UnknownHandle("", "stream", stream);
   }
   auto it = buffer_sizes_.find(buffer);
   if (it == buffer_sizes_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "no buffer ", buffer,
-        " in this session (never created, freed, or another session's)"));
+    return UnknownHandle("", "buffer", buffer);
   }
   if (offset > it->second || size > it->second - offset) {
     return absl::OutOfRangeError(absl::StrCat(
@@ -1305,9 +1306,7 @@ absl::Status Session::ExecuteHandle(uint64_t executor, uint64_t stream,
     {
       absl::MutexLock lock(&handles_mu_);
       if (stream != 0 && !streams_.contains(stream)) {
-        return absl::NotFoundError(absl::StrCat(
-            "Execute: no stream ", stream,
-            " in this session (never created, freed, or another session's)"));
+        return UnknownHandle("Execute: ", "stream", stream);
       }
       auto it = executors_.find(executor);
       if (it == executors_.end()) {

@@ -21,6 +21,8 @@ packages=(
   python3-numpy          # .npy handling in tests/scripts; the Python package
   python3-dev pybind11-dev  # the Python package's C++ extension
   python3-torch          # opserver.torch, its tests, and the benchmarks' peer
+  prometheus-cpp-dev     # the server's /metrics (--metrics_listen)
+  python3-prometheus-client python3-grpcio  # metrics_test: parser, raw calls
   openssl                # tests generate TLS certificates at run time
   clang-14               # the fuzz configuration's compiler (libFuzzer)
   libclang-rt-14-dev     # libFuzzer + ASan/UBSan runtimes for clang-14

@@ -42,6 +42,7 @@ class CpuDevice : public Device {
   // freed memory kept for reuse. `memory_bytes` bounds everything allocated
   // plus that cache; 0 = DefaultMemoryBytes().
   CpuDevice(int threads, uint64_t pool_cache_bytes, uint64_t memory_bytes = 0);
+  uint64_t CachedBytes() const override { return memory_.cached_bytes(); }
 
   // Half of physical memory: room for the server's own heap, gRPC's buffers
   // and the host's other processes, so a full device is an allocation

@@ -218,7 +218,8 @@ bool DataListener::EvictSilent(const std::string* source, Waiting& waiting,
     }
     // Its ticket may have arrived since it was last read: read it first.
     const Progress progress = Advance(*victim, claims);
-    if (progress == Progress::kPartial) continue;  // Kept; look again.
+    if (progress == Progress::kPartial) continue;   // Kept; look again.
+    if (progress == Progress::kSilent) ++refused_;  // Evicted for room.
     waiting.Erase(victim);  // Closed, claimed, or silent: it goes.
     return true;
   }
@@ -232,10 +233,12 @@ void DataListener::Admit(Unclaimed connection, Waiting& waiting,
   // only until its ticket timeout or a wrong next byte.
   if (waiting.From(connection.source) >= options_.max_unclaimed_per_source &&
       !EvictSilent(&connection.source, waiting, claims)) {
+    ++refused_;
     return;  // Every one of them has part of a ticket: the newcomer goes.
   }
   if (waiting.connections.size() >= options_.max_unclaimed &&
       !EvictSilent(nullptr, waiting, claims)) {
+    ++refused_;
     return;
   }
   waiting.Add(std::move(connection));

@@ -59,6 +59,9 @@ class DataListener {
   DataListener& operator=(const DataListener&) = delete;
 
   int port() const { return port_; }
+  // Connections closed without a transfer so far: turned away or evicted
+  // for room (for metrics).
+  uint64_t refused() const { return refused_.load(); }
 
   // A new ticket; the connection that presents it is handed, as a blocking
   // socket, to `on_connect`, on the listener's thread (so it must not
@@ -105,6 +108,7 @@ class DataListener {
   // one lower_bound.
   std::map<std::string, std::function<void(UniqueFd)>> expected_
       ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> refused_{0};
 };
 
 }  // namespace opserver

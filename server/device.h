@@ -102,6 +102,8 @@ class Device {
  public:
   virtual ~Device() = default;
   virtual DeviceDescription Describe() const = 0;
+  // Freed memory the device keeps for reuse (for metrics); 0 if none.
+  virtual uint64_t CachedBytes() const { return 0; }
 
   // At least `bytes` of device memory (0 is allowed) for `owner` (a session
   // serial; 0 = nobody in particular). RESOURCE_EXHAUSTED when the device's

@@ -5,7 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/aclnn_status.h"
+#include "kernels/validate.h"
 #include "server/byte_range.h"
+#include "server/metrics.h"
 #include "server/op_requests.h"
 #include "server/stream.h"
 
@@ -32,7 +34,16 @@ absl::StatusOr<std::shared_ptr<Executor>> PlanExecutor(
   };
   absl::StatusOr<kernels::Plan> plan =
       PlanGetWorkspaceSize(request, lookup, max_launch_elements);
-  if (!plan.ok()) return plan.status();
+  if (!plan.ok()) {
+    // Counted under the operator's name only when it has one: a made-up
+    // name must not become a label.
+    if (const kernels::OpInfo* op = kernels::FindOp(request.op());
+        op != nullptr && session.metrics() != nullptr) {
+      session.metrics()->PlanRefused(op->kind,
+                                     kernels::GetAclnnStatus(plan.status()));
+    }
+    return plan.status();
+  }
   return std::make_shared<Executor>(
       Executor{*std::move(plan), std::move(buffers)});
 }
@@ -87,10 +98,26 @@ absl::Status LaunchExecutor(const v1::ExecuteRequest& request,
       request.executor(), **stream, /*inline_if_idle=*/tiny,
       [device_stream = std::move(device_stream),
        workspace = std::move(workspace), workspace_data,
-       size = request.workspace_size()](std::shared_ptr<Executor> executor) {
+       size = request.workspace_size(),
+       metrics = session.metrics()](std::shared_ptr<Executor> executor) {
+        if (metrics == nullptr) {
+          return Stream::Task([device_stream, executor = std::move(executor),
+                               workspace, workspace_data, size] {
+            return device_stream->Launch(executor->plan, workspace_data, size);
+          });
+        }
+        const kernels::OpCall& call = executor->plan.call();
+        Metrics::LaunchRecord record = metrics->LaunchQueued(
+            call.op, call.grad_output.has_value() ? call.grad_output->dtype
+                                                  : kernels::DType::kFloat);
         return Stream::Task([device_stream, executor = std::move(executor),
-                             workspace, workspace_data, size] {
-          return device_stream->Launch(executor->plan, workspace_data, size);
+                             workspace, workspace_data, size,
+                             record]() mutable {
+          record.Started();
+          absl::Status status =
+              device_stream->Launch(executor->plan, workspace_data, size);
+          record.Finished(kernels::GetAclnnStatus(status));
+          return status;
         });
       });
 }

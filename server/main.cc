@@ -98,6 +98,11 @@ ABSL_FLAG(bool, reflection_without_auth, false,
 ABSL_FLAG(uint32_t, max_health_watches, 100,
           "grpc.health.v1 Watch streams open at once, server-wide (they need "
           "no token); more are RESOURCE_EXHAUSTED. Check is not limited.");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT to serve Prometheus metrics on (/metrics, text format); "
+          "port 0 picks a free port (printed as 'metrics on HOST:PORT'). "
+          "Off when empty. A non-loopback address needs --allow_insecure: "
+          "the page names tenants.");
 ABSL_FLAG(bool, allow_insecure, false,
           "Serve a non-loopback --listen address without TLS and "
           "authentication anyway.");
@@ -140,6 +145,7 @@ int main(int argc, char** argv) {
 
   opserver::Options options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.device = absl::GetFlag(FLAGS_device);
   options.memory_cache_bytes = absl::GetFlag(FLAGS_memory_cache_bytes);
@@ -205,6 +211,10 @@ int main(int argc, char** argv) {
   if (!server.ok()) {
     opserver::LogLine(absl::StrCat("error: ", server.status().message()));
     return 2;
+  }
+  if (!(*server)->metrics_address().empty()) {
+    // Before "listening on", which tools wait for: both are known then.
+    std::printf("metrics on %s\n", (*server)->metrics_address().c_str());
   }
   std::printf("listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);

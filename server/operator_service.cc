@@ -22,6 +22,7 @@
 #include "server/grpc_status_util.h"
 #include "server/launch.h"
 #include "server/log.h"
+#include "server/metrics.h"
 #include "server/op_requests.h"
 #include "server/pipeline.h"
 #include "server/raw_message.h"
@@ -311,10 +312,12 @@ class OperatorService::Pipeliner final
         binding_(service->authenticator_, context),
         caller_(binding_.caller()),
         limits_(service->sessions_->limits()),
-        pipeline_(limits_, limits_.max_pending_replies,
-                  [this](uint64_t id, absl::Status status, std::string data) {
-                    FenceDone(id, std::move(status), std::move(data));
-                  }),
+        pipeline_(
+            limits_, limits_.max_pending_replies,
+            [this](uint64_t id, absl::Status status, std::string data) {
+              FenceDone(id, std::move(status), std::move(data));
+            },
+            service->sessions_->metrics()),
         link_(std::make_shared<Link>()) {
     link_->call = this;
     if (!caller_.ok()) {
@@ -474,6 +477,9 @@ class OperatorService::Pipeliner final
           break;
         }
         parsed_ = true;
+        if (Metrics* metrics = service_->sessions_->metrics()) {
+          metrics->PipelineBatch(static_cast<size_t>(batch_.commands_size()));
+        }
         if (session_id_.empty()) {
           if (absl::Status s = OpenLocked(); !s.ok()) {
             in_batch_ = false;

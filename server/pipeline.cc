@@ -11,6 +11,7 @@
 #include "kernels/aclnn_status.h"
 #include "server/launch.h"
 #include "server/log.h"
+#include "server/metrics.h"
 #include "server/stream.h"
 
 namespace opserver {
@@ -29,10 +30,15 @@ absl::Status Deferred(const absl::Status& error, absl::string_view context) {
 }  // namespace
 
 CommandPipeline::CommandPipeline(const SessionLimits& limits, size_t max_fences,
-                                 FenceDone fence_done)
+                                 FenceDone fence_done, Metrics* metrics)
     : limits_(limits),
       max_fences_(std::max<size_t>(1, max_fences)),
-      fence_done_(std::move(fence_done)) {}
+      fence_done_([done = std::move(fence_done), metrics](
+                      uint64_t id, absl::Status status, std::string data) {
+        if (!status.ok() && metrics != nullptr) metrics->DeferredError();
+        done(id, std::move(status), std::move(data));
+      }),
+      metrics_(metrics) {}
 
 size_t CommandPipeline::Apply(
     Session& session,
@@ -48,6 +54,7 @@ size_t CommandPipeline::Apply(
 bool CommandPipeline::ApplyOne(Session& session,
                                const v1::PipelineCommand& command,
                                const Resume& resume) {
+  if (metrics_ != nullptr) metrics_->PipelineCommand(command.command_case());
   switch (command.command_case()) {
     case v1::PipelineCommand::kPlan:
       Plan(session, command.plan());

@@ -32,6 +32,8 @@
 
 namespace opserver {
 
+class Metrics;
+
 class CommandPipeline {
  public:
   // Called once per fence command, on any thread (also inside Apply), with
@@ -46,8 +48,9 @@ class CommandPipeline {
   // At most `max_fences` fences are held at once (answered or not) until
   // released with FencesWritten: a client that sends fences and never reads
   // their results stops being served instead of growing memory.
+  // `metrics` (may be null) counts the commands and deferred errors.
   CommandPipeline(const SessionLimits& limits, size_t max_fences,
-                  FenceDone fence_done);
+                  FenceDone fence_done, Metrics* metrics = nullptr);
 
   // Applies commands[from, min(to, size)) in order to `session`; returns
   // the index of the first command not applied (min(to, size) when all
@@ -109,6 +112,7 @@ class CommandPipeline {
   const SessionLimits& limits_;
   const size_t max_fences_;
   const FenceDone fence_done_;
+  Metrics* const metrics_;
 
   absl::Mutex mu_;
   absl::Status session_error_ ABSL_GUARDED_BY(mu_);

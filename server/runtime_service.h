@@ -130,6 +130,15 @@ class RuntimeService final : public RuntimeServiceBase {
       const v1::ReadValuesRequest* request,
       v1::ReadValuesResponse* response) override;
 
+  // Completed transfer calls and their bytes, by path (for metrics).
+  struct TransferTotals {
+    uint64_t data_path_transfers, data_path_bytes, grpc_transfers, grpc_bytes;
+  };
+  TransferTotals Totals() const {
+    return {data_path_count_.transfers.load(), data_path_count_.bytes.load(),
+            grpc_count_.transfers.load(), grpc_count_.bytes.load()};
+  }
+
  private:
   class Attacher;
   struct TransferLink;
@@ -145,12 +154,10 @@ class RuntimeService final : public RuntimeServiceBase {
     std::shared_ptr<Buffer> buffer;
     std::shared_ptr<Stream> stream;
   };
-  absl::StatusOr<TransferTarget> ResolveTransfer(absl::string_view session,
-                                                 uint64_t buffer,
-                                                 uint64_t offset, uint64_t size,
-                                                 uint64_t stream,
-                                                 absl::string_view what,
-                                                 const absl::StatusOr<std::string>& caller);
+  absl::StatusOr<TransferTarget> ResolveTransfer(
+      absl::string_view session, uint64_t buffer, uint64_t offset,
+      uint64_t size, uint64_t stream, absl::string_view what,
+      const absl::StatusOr<std::string>& caller);
 
   void RemoveAttacher(Attacher* attacher);
 

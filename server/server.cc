@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <set>
 #include <string>
 #include <system_error>
@@ -137,6 +138,28 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
                              ? "TLS or authentication"
                              : (tls ? "authentication" : "TLS")));
   }
+  std::optional<ListenAddress> metrics_listen;
+  if (!options.metrics_listen.empty()) {
+    absl::StatusOr<ListenAddress> parsed =
+        ParseListenAddress(options.metrics_listen);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--metrics_listen: ", parsed.status().message()));
+    }
+    // The page names tenants and shows their activity, and is plain HTTP.
+    if (!IsLoopback(*parsed) && !options.allow_insecure) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--metrics_listen: ", parsed->host,
+          " is reachable from other machines, and the page names tenants: "
+          "serve it on loopback (and scrape through a proxy), or pass "
+          "--allow_insecure"));
+    }
+    if (!options.metrics) {
+      return absl::InvalidArgumentError(
+          "--metrics_listen: metrics are turned off (Options::metrics)");
+    }
+    metrics_listen = *parsed;
+  }
   std::shared_ptr<Authenticator> authenticator;
   if (!options.auth_token_file.empty()) {
     absl::StatusOr<TokenTable> tokens =
@@ -179,14 +202,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   }
   std::unique_ptr<Server> server(new Server());
   server->options_ = options;
+  if (options.metrics) server->metrics_ = std::make_unique<Metrics>();
   server->authenticator_ = std::move(authenticator);
   server->device_ = *std::move(device);
   try {
     WorkPool::Options work;
-    work.threads = options.work_threads > 0
-                       ? options.work_threads
-                       : std::max(2, static_cast<int>(
-                                         std::thread::hardware_concurrency()));
+    work.threads =
+        options.work_threads > 0
+            ? options.work_threads
+            : std::max(2,
+                       static_cast<int>(std::thread::hardware_concurrency()));
     // Behind the RPC threads: a client's heavy requests must not delay
     // other clients' small calls (WorkPool::Options::nice).
     work.nice = 10;
@@ -195,8 +220,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     return absl::ResourceExhaustedError(
         absl::StrCat("--work_threads: cannot start the threads: ", e.what()));
   }
-  server->sessions_ = std::make_unique<SessionManager>(server->device_.get(),
-                                                       options.session_limits);
+  server->sessions_ = std::make_unique<SessionManager>(
+      server->device_.get(), options.session_limits, server->metrics_.get());
   if (!tls && options.data_port >= 0) {
     DataListener::Options data;
     data.host = listen->host;
@@ -248,6 +273,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   builder.RegisterService(server->runtime_service_.get());
   builder.RegisterService(server->operator_service_.get());
   builder.RegisterService(server->health_service_.get());
+  if (server->metrics_ != nullptr) {
+    builder.experimental().SetInterceptorCreators(
+        server->metrics_->Interceptors());
+  }
   server->grpc_server_ = builder.BuildAndStart();
   if (server->grpc_server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(
@@ -256,7 +285,40 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   ListenAddress bound = *listen;
   bound.port = server->port_;
   server->address_ = bound.ToString();
+  if (metrics_listen.has_value()) {
+    Server* s = server.get();
+    s->metrics_->SetSnapshot([s] { return s->MetricsSnapshotNow(); });
+    absl::StatusOr<int> port = s->metrics_->Serve(metrics_listen->ToString());
+    if (!port.ok()) {
+      return absl::Status(
+          port.status().code(),
+          absl::StrCat("--metrics_listen: ", port.status().message()));
+    }
+    metrics_listen->port = *port;
+    s->metrics_address_ = metrics_listen->ToString();
+  }
   return server;
+}
+
+MetricsSnapshot Server::MetricsSnapshotNow() const {
+  MetricsSnapshot s;
+  for (const SessionManager::OwnerStats& owner : sessions_->StatsByOwner()) {
+    s.tenants.push_back(MetricsSnapshot::Tenant{
+        owner.owner, owner.sessions, owner.streams, owner.executors,
+        owner.buffers, owner.buffer_bytes});
+    s.queued_launches += owner.queued_launches;
+  }
+  s.device_memory_capacity_bytes = device_->Describe().memory_bytes;
+  s.device_memory_used_bytes = sessions_->accounting().bytes.load();
+  s.device_memory_cached_bytes = device_->CachedBytes();
+  const RuntimeService::TransferTotals totals = runtime_service_->Totals();
+  s.data_path_transfers = totals.data_path_transfers;
+  s.data_path_bytes = totals.data_path_bytes;
+  s.grpc_transfers = totals.grpc_transfers;
+  s.grpc_transfer_bytes = totals.grpc_bytes;
+  if (data_listener_ != nullptr)
+    s.data_port_refused = data_listener_->refused();
+  return s;
 }
 
 absl::Status Server::ReloadTokens() {
@@ -277,6 +339,8 @@ absl::Status Server::ReloadTokens() {
 }
 
 Server::~Server() {
+  // No scrape reads the sessions or services once they start going.
+  if (metrics_ != nullptr) metrics_->SetSnapshot(nullptr);
   Shutdown();
   // Services are gone from gRPC now; end the sessions (their streams finish
   // queued work) before the device they allocate from.

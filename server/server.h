@@ -12,10 +12,11 @@
 #include "server/data_listener.h"
 #include "server/device.h"
 #include "server/health_service.h"
+#include "server/metrics.h"
 #include "server/operator_service.h"
 #include "server/runtime_service.h"
-#include "server/work_pool.h"
 #include "server/session.h"
+#include "server/work_pool.h"
 
 namespace opserver {
 
@@ -29,6 +30,13 @@ struct Options {
   // run Evaluate calls, fairly between clients (server/work_pool.h); 0 =
   // one per hardware thread, at least 2.
   int work_threads = 0;
+  // HOST:PORT to serve Prometheus metrics on (/metrics; port 0: any, see
+  // Server::metrics_port()); empty: none. Like `listen`, an address other
+  // machines can reach needs allow_insecure: the page names tenants.
+  std::string metrics_listen;
+  // Count metrics at all (the interceptor and the event counters). Off
+  // only to measure what counting costs (bench/step_bench's A/B).
+  bool metrics = true;
   // Device kind; "cpu" is built in.
   std::string device = "cpu";
   // How long Shutdown() lets in-flight calls finish before cancelling them.
@@ -126,6 +134,9 @@ class Server {
   }
   // Host and bound port, ready for a client to dial.
   const std::string& address() const { return address_; }
+  // HOST:PORT /metrics is served on (the bound port); empty without
+  // Options::metrics_listen.
+  const std::string& metrics_address() const { return metrics_address_; }
 
   // Re-reads Options::auth_token_file (SIGHUP): calls made afterwards are
   // checked against the new tokens, and the open streaming calls (Pipeline,
@@ -141,8 +152,13 @@ class Server {
 
  private:
   Server() = default;
+  // What /metrics reports beyond its counters, read now.
+  MetricsSnapshot MetricsSnapshotNow() const;
 
   Options options_;
+  // First in, last out: sessions and services count into it until they go.
+  std::unique_ptr<Metrics> metrics_;
+  std::string metrics_address_;
   std::unique_ptr<Device> device_;
   // Declared before the sessions: a session's streams may still hand work
   // to it while they are torn down.

@@ -196,8 +196,8 @@ absl::StatusOr<uint64_t> Session::Malloc(uint64_t size) {
             tenant_held, " of its ", tenant_limit,
             " bytes (--tenant_memory_bytes)"));
       }
-    } while (
-        !tenant_->bytes.compare_exchange_weak(tenant_held, tenant_held + charge));
+    } while (!tenant_->bytes.compare_exchange_weak(tenant_held,
+                                                   tenant_held + charge));
     // Reserve before allocating outside the lock.
     *held_bytes_ += charge;
   }
@@ -516,8 +516,40 @@ bool Session::attached() const {
   return attached_;
 }
 
-SessionManager::SessionManager(Device* device, SessionLimits limits)
-    : device_(device), limits_(limits), reaper_([this] { ReaperLoop(); }) {}
+SessionManager::SessionManager(Device* device, SessionLimits limits,
+                               Metrics* metrics)
+    : device_(device),
+      limits_(limits),
+      metrics_(metrics),
+      reaper_([this] { ReaperLoop(); }) {}
+
+std::vector<SessionManager::OwnerStats> SessionManager::StatsByOwner() const {
+  std::vector<std::shared_ptr<Session>> sessions;
+  {
+    absl::MutexLock lock(&mu_);
+    sessions.reserve(sessions_.size());
+    for (const auto& [id, session] : sessions_) sessions.push_back(session);
+  }
+  std::map<std::string, OwnerStats> owners;
+  for (const std::shared_ptr<Session>& session : sessions) {
+    OwnerStats& o = owners[session->owner()];
+    const SessionStatsSnapshot stats = session->Stats();
+    ++o.sessions;
+    o.streams += stats.streams;
+    o.executors += stats.executors;
+    o.buffers += stats.buffers;
+    o.buffer_bytes += stats.buffer_bytes;
+    for (const std::shared_ptr<Stream>& stream : session->AllStreams()) {
+      o.queued_launches += stream->queued();
+    }
+  }
+  std::vector<OwnerStats> result;
+  for (auto& [owner, stats] : owners) {
+    stats.owner = owner;
+    result.push_back(std::move(stats));
+  }
+  return result;
+}
 
 SessionManager::~SessionManager() {
   {
@@ -542,8 +574,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
     std::string client_name, std::string owner) {
   if (client_name.size() > kMaxClientNameBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat("client_name has ", client_name.size(),
-                     " bytes; at most ", kMaxClientNameBytes, " allowed"));
+        absl::StrCat("client_name has ", client_name.size(), " bytes; at most ",
+                     kMaxClientNameBytes, " allowed"));
   }
   // 128 random bits: another client cannot guess a session's name.
   std::string id;
@@ -583,6 +615,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot start the session's stream thread: ", e.what()));
   }
+  session->set_metrics(metrics_);
   ++tenant->sessions;
   sessions_[id] = session;
   return session;
@@ -597,9 +630,9 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Get(
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second->owner() != caller) {
-    return absl::NotFoundError(absl::StrCat(
-        "no session ", Quoted(id),
-        " (closed, timed out after inactivity, or never opened)"));
+    return absl::NotFoundError(
+        absl::StrCat("no session ", Quoted(id),
+                     " (closed, timed out after inactivity, or never opened)"));
   }
   it->second->Touch();
   return it->second;

@@ -24,6 +24,8 @@
 
 namespace opserver {
 
+class Metrics;
+
 // Limits on what clients may hold; each is a server flag.
 struct SessionLimits {
   uint64_t session_memory_bytes = 16ull << 30;
@@ -154,6 +156,9 @@ class Session {
   const std::string& id() const { return id_; }
   const std::string& client_name() const { return client_name_; }
   const std::string& owner() const { return owner_; }
+  // The server's metrics (null in tests that make sessions by hand).
+  Metrics* metrics() const { return metrics_; }
+  void set_metrics(Metrics* metrics) { metrics_ = metrics; }
   // The WorkPool owner of this session's heavy requests (Pipeline batches,
   // large Mallocs): they share one turn, whichever call made them.
   std::string work_owner() const { return absl::StrCat("session:", id_); }
@@ -302,6 +307,7 @@ class Session {
   // a short idle timeout, and the reaper must not take the session
   // meanwhile.
   std::atomic<int> allocating_{0};
+  Metrics* metrics_ = nullptr;
   // Declared last: destroyed first, so queued work finishes while the
   // buffers it may use are still registered.
   std::shared_ptr<Stream> default_stream_;
@@ -312,10 +318,13 @@ class Session {
 // streams finish their queued work first).
 class SessionManager {
  public:
-  SessionManager(Device* device, SessionLimits limits);
+  // `metrics` (may be null) counts what the sessions do.
+  SessionManager(Device* device, SessionLimits limits,
+                 Metrics* metrics = nullptr);
   ~SessionManager();  // Closes every session and waits for the teardown.
 
   const SessionLimits& limits() const { return limits_; }
+  Metrics* metrics() const { return metrics_; }
 
   // A session owned by `owner` (the caller's identity). RESOURCE_EXHAUSTED
   // past --max_sessions or the owner's --max_sessions_per_tenant.
@@ -350,6 +359,17 @@ class SessionManager {
   void DestroyLater(std::shared_ptr<Stream> stream);
 
   uint64_t session_count() const;
+  // What each owner's sessions hold now, for metrics.
+  struct OwnerStats {
+    std::string owner;
+    uint64_t sessions = 0;
+    uint64_t streams = 0;
+    uint64_t executors = 0;
+    uint64_t buffers = 0;
+    uint64_t buffer_bytes = 0;
+    uint64_t queued_launches = 0;
+  };
+  std::vector<OwnerStats> StatsByOwner() const;
   const MemoryAccounting& accounting() const { return account_; }
 
   // Blocks until everything handed to the teardown thread so far is gone.
@@ -366,6 +386,7 @@ class SessionManager {
 
   Device* const device_;
   const SessionLimits limits_;
+  Metrics* const metrics_;
   MemoryAccounting account_;
   // Every session's stream threads (see the destructor).
   const std::shared_ptr<StreamThreads> stream_threads_ =

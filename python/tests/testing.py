@@ -52,11 +52,15 @@ class Server:
             [binary, "--listen=127.0.0.1:0"] + list(flags),
             stdout=subprocess.PIPE, stderr=self._log)
         self.address = None
+        self.metrics_address = None  # With --metrics_listen.
         deadline = time.time() + 60
         while time.time() < deadline:
             line = self.process.stdout.readline().decode()
             if not line:
                 break
+            m = re.match(r"metrics on (\S+)$", line.strip())
+            if m:
+                self.metrics_address = m.group(1)
             m = re.match(r"listening on (127\.0\.0\.1:\d+)$", line.strip())
             if m:
                 self.address = m.group(1)

@@ -1,0 +1,149 @@
+"""/metrics of a live opserver (--metrics_listen), read with the Prometheus
+client's own parser before and after known work: each counter and
+histogram count moves by exactly what the work did, a refused plan is
+counted under its aclnn status, and the scrape-time gauges show the
+session's tenant and memory.
+
+    metrics_test.py OPSERVER_BINARY
+"""
+
+import subprocess
+import sys
+import unittest
+import urllib.request
+
+import testing
+
+testing.prepare()
+
+import grpc  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+import opserver  # noqa: E402
+
+BINARY = None
+
+
+def scrape(address):
+    """{(sample name, sorted labels): value} of one scrape."""
+    with urllib.request.urlopen("http://%s/metrics" % address, timeout=30) as r:
+        text = r.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def value(samples, name, **labels):
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+class MetricsTest(unittest.TestCase):
+
+    def test_counters_move_by_exactly_the_work_done(self):
+        with testing.Server(BINARY, "--metrics_listen=127.0.0.1:0",
+                            "--max_launch_elements=1024",
+                            "--data_port=-1") as server:
+            self.assertIsNotNone(server.metrics_address)
+            client = opserver.connect(server.address)
+            before = scrape(server.metrics_address)
+            with client.session("metered") as s:
+                g = s.to_device(np.ones(256, np.float32))
+                x = s.to_device(np.linspace(-4, 4, 256, dtype=np.float32))
+                for _ in range(3):
+                    s.threshold_backward(g, x, 0.5)
+                gb = s.to_device(torch.ones(8, dtype=torch.bfloat16))
+                for _ in range(2):
+                    s.hardswish_backward(gb, gb)
+                s.synchronize()
+                # Over --max_launch_elements: the server refuses the plan
+                # (161002) and the synchronize reports it.
+                big = s.empty([2048], opserver.DType.FLOAT)
+                s.hardswish_backward(big, big, out=big)
+                with self.assertRaises(opserver.ResourceExhausted) as e:
+                    s.synchronize()
+                self.assertEqual(e.exception.aclnn_status, 161002)
+                s.upload(g.buffer, np.zeros(256, np.float32))  # 1 KiB
+                during = scrape(server.metrics_address)
+            after = scrape(server.metrics_address)
+
+        def delta(name, **labels):
+            return value(after, name, **labels) - value(before, name, **labels)
+
+        self.assertEqual(delta("opserver_launches_total",
+                               op="ThresholdBackward", dtype="FLOAT"), 3)
+        self.assertEqual(delta("opserver_launches_total",
+                               op="HardswishBackward", dtype="BFLOAT16"), 2)
+        self.assertEqual(delta("opserver_launches_total",
+                               op="HardswishBackward", dtype="FLOAT"), 0)
+        self.assertEqual(delta("opserver_plan_refusals_total",
+                               op="HardswishBackward", aclnn_status="161002"),
+                         1)
+        self.assertEqual(delta("opserver_pipeline_deferred_errors_total"), 1)
+        self.assertEqual(delta("opserver_stream_queue_wait_seconds_count"), 5)
+        self.assertEqual(delta("opserver_pipeline_commands_total",
+                               command="launch"), 6)
+        self.assertEqual(delta("opserver_pipeline_commands_total",
+                               command="plan"), 6)
+        self.assertGreaterEqual(delta("opserver_pipeline_batches_total"), 1)
+        self.assertEqual(delta("grpc_server_call_started_total",
+                               grpc_method="opserver.v1.Runtime/CreateSession"),
+                         1)
+        self.assertEqual(delta("grpc_server_call_duration_seconds_count",
+                               grpc_method="opserver.v1.Runtime/CreateSession",
+                               grpc_status="OK"), 1)
+        self.assertEqual(delta("grpc_server_call_duration_seconds_count",
+                               grpc_method="opserver.v1.Runtime/CloseSession",
+                               grpc_status="OK"), 1)
+        # Every Upload is one transfer over gRPC (the data path is off).
+        uploads = delta("grpc_server_call_duration_seconds_count",
+                        grpc_method="opserver.v1.Runtime/Upload",
+                        grpc_status="OK")
+        self.assertEqual(uploads, 4)
+        self.assertEqual(delta("opserver_transfers_total", path="grpc"), 4)
+        self.assertEqual(delta("opserver_transfer_bytes_total", path="grpc"),
+                         1024 + 1024 + 16 + 1024)
+        # Scrape-time gauges, with the session open and after it closed.
+        self.assertEqual(value(during, "opserver_sessions", device="0",
+                               tenant="anonymous"), 1)
+        self.assertEqual(value(during, "opserver_buffers", device="0",
+                               tenant="anonymous"), 4)
+        self.assertGreater(value(during, "opserver_device_memory_used_bytes",
+                                 device="0"), 0)
+        self.assertGreater(
+            value(during, "opserver_device_memory_capacity_bytes", device="0"),
+            0)
+        self.assertEqual(value(after, "opserver_sessions", device="0",
+                               tenant="anonymous"), 0)
+
+    def test_a_made_up_method_is_other(self):
+        with testing.Server(BINARY, "--metrics_listen=127.0.0.1:0") as server:
+            # A raw call to a method no service has.
+            channel = grpc.insecure_channel(server.address)
+            with self.assertRaises(grpc.RpcError):
+                channel.unary_unary("/opserver.v1.Runtime/NoSuchMethod")(
+                    b"", timeout=10)
+            with self.assertRaises(grpc.RpcError):
+                channel.unary_unary("/made.up/" + "x" * 100)(b"", timeout=10)
+            samples = scrape(server.metrics_address)
+            methods = {dict(labels).get("grpc_method")
+                       for (name, labels) in samples
+                       if name == "grpc_server_call_started_total"}
+            self.assertNotIn("opserver.v1.Runtime/NoSuchMethod", methods)
+            self.assertFalse(any(m and "made.up" in m for m in methods))
+
+    def test_non_loopback_needs_allow_insecure(self):
+        result = subprocess.run([BINARY, "--listen=127.0.0.1:0",
+                                 "--metrics_listen=0.0.0.0:0"],
+                                capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("--metrics_listen", result.stderr)
+        self.assertIn("--allow_insecure", result.stderr)
+
+
+if __name__ == "__main__":
+    BINARY = sys.argv.pop(1)
+    unittest.main()

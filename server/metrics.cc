@@ -1,0 +1,380 @@
+#include "server/metrics.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
+#include "google/protobuf/descriptor.h"
+#include "grpcpp/support/status_code_enum.h"
+#include "kernels/validate.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
+#include "proto/opserver.pb.h"
+
+namespace opserver {
+namespace {
+
+// gRFC A66's latency buckets, in seconds.
+const prometheus::Histogram::BucketBoundaries& A66Buckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0,     0.00001, 0.00005, 0.0001, 0.0003, 0.0006, 0.0008, 0.001, 0.002,
+      0.003, 0.004,   0.005,   0.006,  0.008,  0.01,   0.013,  0.016, 0.02,
+      0.025, 0.03,    0.04,    0.05,   0.065,  0.08,   0.1,    0.13,  0.16,
+      0.2,   0.25,    0.3,     0.4,    0.5,    0.65,   0.8,    1,     2,
+      5,     10,      20,      50,     100};
+  return *buckets;
+}
+
+// The gRPC status code's name, as A66's grpc.status label carries it.
+std::string CodeName(grpc::StatusCode code) {
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
+  const int i = static_cast<int>(code);
+  return i >= 0 && i < 17 ? kNames[i] : "UNKNOWN";
+}
+
+// A66's grpc.method: the full method name for a method of a service this
+// server knows ("opserver.v1.Runtime/Malloc"), else "other", so a client
+// calling made-up names cannot grow the label set.
+std::string MethodLabel(const char* path) {
+  absl::string_view name(path == nullptr ? "" : path);
+  if (absl::ConsumePrefix(&name, "/")) {
+    const std::string dotted = absl::StrReplaceAll(name, {{"/", "."}});
+    if (google::protobuf::DescriptorPool::generated_pool()->FindMethodByName(
+            dotted) != nullptr ||
+        absl::StartsWith(name, "grpc.health.v1.Health/") ||
+        absl::StartsWith(name, "grpc.reflection.v1alpha.ServerReflection/")) {
+      return std::string(name);
+    }
+  }
+  return "other";
+}
+
+std::string OpName(kernels::OpKind op) {
+  return std::string(kernels::GetOpInfo(op).name);
+}
+
+}  // namespace
+
+// One per call: started when gRPC creates it, recorded when the status is
+// sent.
+class Metrics::Interceptor final : public grpc::experimental::Interceptor {
+ public:
+  Interceptor(Metrics* metrics, std::string method)
+      : metrics_(metrics), method_(std::move(method)), start_(absl::Now()) {
+    metrics_->RpcStarted(method_).Increment();
+  }
+
+  void Intercept(
+      grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      metrics_
+          ->RpcDuration(method_,
+                        CodeName(methods->GetSendStatus().error_code()))
+          .Observe(absl::ToDoubleSeconds(absl::Now() - start_));
+    }
+    methods->Proceed();
+  }
+
+ private:
+  Metrics* const metrics_;
+  const std::string method_;
+  const absl::Time start_;
+};
+
+class Metrics::InterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit InterceptorFactory(Metrics* metrics) : metrics_(metrics) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new Interceptor(metrics_, MethodLabel(info->method()));
+  }
+
+ private:
+  Metrics* const metrics_;
+};
+
+// The scrape-time families, from the snapshot function.
+class Metrics::SnapshotCollector final : public prometheus::Collectable {
+ public:
+  void Set(std::function<MetricsSnapshot()> snapshot) {
+    absl::MutexLock lock(&mu_);
+    snapshot_ = std::move(snapshot);
+  }
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    // Under the lock: once Set(nullptr) returns, no snapshot is running,
+    // so what it reads may go.
+    absl::MutexLock lock(&mu_);
+    if (!snapshot_) return {};
+    const MetricsSnapshot s = snapshot_();
+    std::vector<prometheus::MetricFamily> families;
+    auto family =
+        [&](const char* name, const char* help,
+            prometheus::MetricType type) -> prometheus::MetricFamily& {
+      families.push_back(prometheus::MetricFamily{name, help, type, {}});
+      return families.back();
+    };
+    auto add = [](prometheus::MetricFamily& f,
+                  std::vector<prometheus::ClientMetric::Label> labels,
+                  double value) {
+      prometheus::ClientMetric m;
+      m.label = std::move(labels);
+      if (f.type == prometheus::MetricType::Counter) {
+        m.counter.value = value;
+      } else {
+        m.gauge.value = value;
+      }
+      f.metric.push_back(std::move(m));
+    };
+    using prometheus::MetricType;
+    const struct {
+      const char* name;
+      const char* help;
+      uint64_t MetricsSnapshot::Tenant::*field;
+    } per_tenant[] = {
+        {"opserver_sessions", "Open sessions, per tenant.",
+         &MetricsSnapshot::Tenant::sessions},
+        {"opserver_streams",
+         "Streams besides each session's default stream, per tenant.",
+         &MetricsSnapshot::Tenant::streams},
+        {"opserver_executors", "Executors (planned operators), per tenant.",
+         &MetricsSnapshot::Tenant::executors},
+        {"opserver_buffers", "Device buffers, per tenant.",
+         &MetricsSnapshot::Tenant::buffers},
+        {"opserver_buffer_bytes", "Bytes of device buffers, per tenant.",
+         &MetricsSnapshot::Tenant::buffer_bytes},
+    };
+    for (const auto& m : per_tenant) {
+      prometheus::MetricFamily& f = family(m.name, m.help, MetricType::Gauge);
+      for (const MetricsSnapshot::Tenant& t : s.tenants) {
+        add(f, {{"device", s.device}, {"tenant", t.name}},
+            static_cast<double>(t.*(m.field)));
+      }
+    }
+    const struct {
+      const char* name;
+      const char* help;
+      MetricType type;
+      uint64_t value;
+    } per_device[] = {
+        {"opserver_device_memory_capacity_bytes",
+         "The device's memory capacity (--device_memory_bytes).",
+         MetricType::Gauge, s.device_memory_capacity_bytes},
+        {"opserver_device_memory_used_bytes", "Device memory held by buffers.",
+         MetricType::Gauge, s.device_memory_used_bytes},
+        {"opserver_device_memory_cached_bytes",
+         "Freed device memory kept for reuse.", MetricType::Gauge,
+         s.device_memory_cached_bytes},
+        {"opserver_stream_queued_launches",
+         "Launches waiting on streams (all sessions).", MetricType::Gauge,
+         s.queued_launches},
+    };
+    for (const auto& m : per_device) {
+      add(family(m.name, m.help, m.type), {{"device", s.device}},
+          static_cast<double>(m.value));
+    }
+    prometheus::MetricFamily& transfers =
+        family("opserver_transfers_total",
+               "Completed transfer calls, by path (data_path: the raw TCP "
+               "data port; grpc: Upload/Download).",
+               MetricType::Counter);
+    add(transfers, {{"path", "data_path"}},
+        static_cast<double>(s.data_path_transfers));
+    add(transfers, {{"path", "grpc"}}, static_cast<double>(s.grpc_transfers));
+    prometheus::MetricFamily& bytes =
+        family("opserver_transfer_bytes_total",
+               "Bytes moved by completed transfer calls, by path.",
+               MetricType::Counter);
+    add(bytes, {{"path", "data_path"}}, static_cast<double>(s.data_path_bytes));
+    add(bytes, {{"path", "grpc"}}, static_cast<double>(s.grpc_transfer_bytes));
+    add(family("opserver_data_port_refused_connections_total",
+               "Connections to the data port closed without a transfer "
+               "(no room, too many from one source, no valid ticket in time).",
+               MetricType::Counter),
+        {}, static_cast<double>(s.data_port_refused));
+    return families;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::function<MetricsSnapshot()> snapshot_ ABSL_GUARDED_BY(mu_);
+};
+
+Metrics::Metrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      collector_(std::make_shared<SnapshotCollector>()),
+      rpc_started_(prometheus::BuildCounter()
+                       .Name("grpc_server_call_started_total")
+                       .Help("Calls started, by method (gRFC A66).")
+                       .Register(*registry_)),
+      rpc_duration_(
+          prometheus::BuildHistogram()
+              .Name("grpc_server_call_duration_seconds")
+              .Help("Calls finished: from start to the status sent, by "
+                    "method and status code (gRFC A66).")
+              .Register(*registry_)),
+      launches_(prometheus::BuildCounter()
+                    .Name("opserver_launches_total")
+                    .Help("Launches queued, by operator and gradOutput dtype.")
+                    .Register(*registry_)),
+      launch_failures_(
+          prometheus::BuildCounter()
+              .Name("opserver_launch_failures_total")
+              .Help("Launches that ran and failed, by operator and aclnn "
+                    "status.")
+              .Register(*registry_)),
+      plan_refusals_(prometheus::BuildCounter()
+                         .Name("opserver_plan_refusals_total")
+                         .Help("GetWorkspaceSize calls refused, by operator "
+                               "and aclnn status.")
+                         .Register(*registry_)),
+      queue_wait_(prometheus::BuildHistogram()
+                      .Name("opserver_stream_queue_wait_seconds")
+                      .Help("How long launches waited on their stream.")
+                      .Register(*registry_)
+                      .Add({}, A66Buckets())),
+      pipeline_batches_(prometheus::BuildCounter()
+                            .Name("opserver_pipeline_batches_total")
+                            .Help("Pipeline batches applied.")
+                            .Register(*registry_)
+                            .Add({})),
+      pipeline_commands_(prometheus::BuildCounter()
+                             .Name("opserver_pipeline_commands_total")
+                             .Help("Pipeline commands applied, by kind.")
+                             .Register(*registry_)),
+      deferred_errors_(prometheus::BuildCounter()
+                           .Name("opserver_pipeline_deferred_errors_total")
+                           .Help("Deferred errors reported by fences.")
+                           .Register(*registry_)
+                           .Add({})) {
+  for (const kernels::OpInfo& info : kernels::OpRegistry()) {
+    std::array<prometheus::Counter*, kDTypeSlots> counters{};
+    for (const kernels::TensorArgInfo& t : info.tensors) {
+      if (t.name != "gradOutput") continue;
+      for (kernels::DType d : t.dtypes) {
+        const int slot = static_cast<int>(d);
+        if (slot >= 0 && slot < kDTypeSlots) {
+          counters[slot] =
+              &launches_.Add({{"op", std::string(info.name)},
+                              {"dtype", std::string(kernels::DTypeName(d))}});
+        }
+      }
+    }
+    launch_counters_.push_back(counters);
+  }
+  const google::protobuf::Descriptor* command =
+      v1::PipelineCommand::descriptor();
+  for (int i = 0; i < command->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = command->field(i);
+    if (field->number() > 0 && field->number() < kCommandSlots) {
+      command_counters_[field->number()] =
+          &pipeline_commands_.Add({{"command", field->name()}});
+    }
+  }
+}
+
+Metrics::~Metrics() = default;
+
+std::vector<
+    std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+Metrics::Interceptors() {
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      factories;
+  factories.push_back(std::make_unique<InterceptorFactory>(this));
+  return factories;
+}
+
+absl::StatusOr<int> Metrics::Serve(const std::string& host_port) {
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(host_port);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", host_port, ": ", e.what()));
+  }
+  exposer_->RegisterCollectable(registry_);
+  exposer_->RegisterCollectable(collector_);
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  if (ports.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", host_port));
+  }
+  return ports.front();
+}
+
+void Metrics::SetSnapshot(std::function<MetricsSnapshot()> snapshot) {
+  collector_->Set(std::move(snapshot));
+}
+
+prometheus::Counter& Metrics::RpcStarted(const std::string& method) {
+  return rpc_started_.Add({{"grpc_method", method}});
+}
+
+prometheus::Histogram& Metrics::RpcDuration(const std::string& method,
+                                            const std::string& status) {
+  return rpc_duration_.Add({{"grpc_method", method}, {"grpc_status", status}},
+                           A66Buckets());
+}
+
+Metrics::LaunchRecord Metrics::LaunchQueued(kernels::OpKind op,
+                                            kernels::DType dtype) {
+  const size_t index = static_cast<size_t>(op);
+  const int slot = static_cast<int>(dtype);
+  if (index < launch_counters_.size() && slot >= 0 && slot < kDTypeSlots &&
+      launch_counters_[index][slot] != nullptr) {
+    launch_counters_[index][slot]->Increment();
+  }
+  return LaunchRecord{this, op, absl::Now()};
+}
+
+void Metrics::LaunchRecord::Started() {
+  metrics->queue_wait_.Observe(absl::ToDoubleSeconds(absl::Now() - queued));
+}
+
+void Metrics::LaunchRecord::Finished(int32_t aclnn_status) {
+  if (aclnn_status == 0) return;
+  metrics->launch_failures_
+      .Add({{"op", OpName(op)}, {"aclnn_status", absl::StrCat(aclnn_status)}})
+      .Increment();
+}
+
+void Metrics::PlanRefused(kernels::OpKind op, int32_t aclnn_status) {
+  plan_refusals_
+      .Add({{"op", OpName(op)}, {"aclnn_status", absl::StrCat(aclnn_status)}})
+      .Increment();
+}
+
+void Metrics::PipelineBatch(size_t /*commands*/) {
+  pipeline_batches_.Increment();
+}
+
+void Metrics::PipelineCommand(int command_case) {
+  if (command_case > 0 && command_case < kCommandSlots &&
+      command_counters_[command_case] != nullptr) {
+    command_counters_[command_case]->Increment();
+  }
+}
+
+void Metrics::DeferredError() { deferred_errors_.Increment(); }
+
+}  // namespace opserver

@@ -1,0 +1,147 @@
+// The server's Prometheus metrics (prometheus-cpp), served on
+// --metrics_listen as /metrics in Prometheus' text format.
+//
+// Three kinds, by what they cost:
+//  - per call, from a gRPC server interceptor: every RPC's start and its
+//    latency by method and status, with gRFC A66's names and buckets
+//    (grpc_server_call_started_total, grpc_server_call_duration_seconds);
+//  - per event, where the event happens: launches by operator and dtype,
+//    their queue wait and failures by aclnn status, plans refused, Pipeline
+//    batches, commands and deferred errors. Each is a few atomic adds on
+//    counters resolved once (a launch's counter is an array lookup);
+//  - per scrape, from a snapshot the server takes only when /metrics is
+//    read (Snapshot below): sessions, streams, executors and memory per
+//    tenant, device capacity and reuse cache, queued launches, transfer
+//    bytes over the data path and over gRPC, refused data-port
+//    connections.
+//
+//   Metrics metrics;                        // owned by the Server
+//   builder.experimental().SetInterceptorCreators(metrics.Interceptors());
+//   metrics.SetSnapshot([&] { return ...; });
+//   auto served = metrics.Serve("127.0.0.1:0");   // port: Serve's result
+#ifndef OPSERVER_SERVER_METRICS_H_
+#define OPSERVER_SERVER_METRICS_H_
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/support/server_interceptor.h"
+#include "kernels/dtype.h"
+#include "kernels/op_kind.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace opserver {
+
+// What a scrape reports beyond the event counters, taken when /metrics is
+// read.
+struct MetricsSnapshot {
+  struct Tenant {
+    std::string name;  // The token's tenant; "anonymous" without tokens.
+    uint64_t sessions = 0;
+    uint64_t streams = 0;  // Besides each session's default stream.
+    uint64_t executors = 0;
+    uint64_t buffers = 0;
+    uint64_t buffer_bytes = 0;
+  };
+  std::vector<Tenant> tenants;
+  // Per device (one today: "0").
+  std::string device = "0";
+  uint64_t device_memory_capacity_bytes = 0;
+  uint64_t device_memory_used_bytes = 0;
+  uint64_t device_memory_cached_bytes = 0;
+  uint64_t queued_launches = 0;
+  uint64_t data_path_transfers = 0;
+  uint64_t data_path_bytes = 0;
+  uint64_t grpc_transfers = 0;
+  uint64_t grpc_transfer_bytes = 0;
+  uint64_t data_port_refused = 0;
+};
+
+class Metrics {
+ public:
+  Metrics();
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // For ServerBuilder::experimental().SetInterceptorCreators: one
+  // interceptor per call, recording it.
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+  Interceptors();
+
+  // Serves /metrics on HOST:PORT (port 0: any) until this object is gone;
+  // the port it listens on. UNAVAILABLE when it cannot listen.
+  absl::StatusOr<int> Serve(const std::string& host_port);
+
+  // The scrape-time part (called on the exposer's thread for each scrape).
+  void SetSnapshot(std::function<MetricsSnapshot()> snapshot);
+
+  // A launch of `op` on `dtype` (its gradOutput's) was queued; `waited` is
+  // called when it starts, `done` when it ends. Both are cheap.
+  struct LaunchRecord {
+    Metrics* metrics;
+    kernels::OpKind op;
+    absl::Time queued;
+    void Started();
+    void Finished(int32_t aclnn_status);  // 0: it succeeded.
+  };
+  LaunchRecord LaunchQueued(kernels::OpKind op, kernels::DType dtype);
+  // GetWorkspaceSize refused a plan of `op` (unary or pipelined).
+  void PlanRefused(kernels::OpKind op, int32_t aclnn_status);
+  // A Pipeline batch of `commands` commands was applied.
+  void PipelineBatch(size_t commands);
+  // One Pipeline command of this oneof case (PipelineCommand's field name).
+  void PipelineCommand(int command_case);
+  // A fence reported a deferred error to its client.
+  void DeferredError();
+
+  // The registry the event metrics live in (for tests).
+  prometheus::Registry& registry() { return *registry_; }
+
+ private:
+  class Interceptor;
+  class InterceptorFactory;
+  class SnapshotCollector;
+
+  prometheus::Counter& RpcStarted(const std::string& method);
+  prometheus::Histogram& RpcDuration(const std::string& method,
+                                     const std::string& status);
+
+  const std::shared_ptr<prometheus::Registry> registry_;
+  const std::shared_ptr<SnapshotCollector> collector_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+
+  prometheus::Family<prometheus::Counter>& rpc_started_;
+  prometheus::Family<prometheus::Histogram>& rpc_duration_;
+  prometheus::Family<prometheus::Counter>& launches_;
+  prometheus::Family<prometheus::Counter>& launch_failures_;
+  prometheus::Family<prometheus::Counter>& plan_refusals_;
+  prometheus::Histogram& queue_wait_;
+  prometheus::Counter& pipeline_batches_;
+  prometheus::Family<prometheus::Counter>& pipeline_commands_;
+  prometheus::Counter& deferred_errors_;
+
+  // Resolved once: launches by (operator, aclDataType value).
+  static constexpr int kDTypeSlots = 32;
+  std::vector<std::array<prometheus::Counter*, kDTypeSlots>> launch_counters_;
+  // Pipeline commands by PipelineCommand field number.
+  static constexpr int kCommandSlots = 32;
+  std::array<prometheus::Counter*, kCommandSlots> command_counters_{};
+};
+
+}  // namespace opserver
+
+#endif  // OPSERVER_SERVER_METRICS_H_
