@@ -1,9 +1,11 @@
 #include "server/metrics.h"
 
+#include <algorithm>
+#include <limits>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "google/protobuf/descriptor.h"
@@ -116,18 +118,21 @@ class Metrics::InterceptorFactory final
 // The scrape-time families, from the snapshot function.
 class Metrics::SnapshotCollector final : public prometheus::Collectable {
  public:
+  explicit SnapshotCollector(const Metrics* metrics) : metrics_(metrics) {}
+
   void Set(std::function<MetricsSnapshot()> snapshot) {
     absl::MutexLock lock(&mu_);
     snapshot_ = std::move(snapshot);
   }
 
   std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> families;
+    metrics_->CollectEvents(&families);
     // Under the lock: once Set(nullptr) returns, no snapshot is running,
     // so what it reads may go.
     absl::MutexLock lock(&mu_);
-    if (!snapshot_) return {};
+    if (!snapshot_) return families;
     const MetricsSnapshot s = snapshot_();
-    std::vector<prometheus::MetricFamily> families;
     auto family =
         [&](const char* name, const char* help,
             prometheus::MetricType type) -> prometheus::MetricFamily& {
@@ -216,13 +221,14 @@ class Metrics::SnapshotCollector final : public prometheus::Collectable {
   }
 
  private:
+  const Metrics* const metrics_;
   mutable absl::Mutex mu_;
   std::function<MetricsSnapshot()> snapshot_ ABSL_GUARDED_BY(mu_);
 };
 
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
-      collector_(std::make_shared<SnapshotCollector>()),
+      collector_(std::make_shared<SnapshotCollector>(this)),
       rpc_started_(prometheus::BuildCounter()
                        .Name("grpc_server_call_started_total")
                        .Help("Calls started, by method (gRFC A66).")
@@ -233,10 +239,6 @@ Metrics::Metrics()
               .Help("Calls finished: from start to the status sent, by "
                     "method and status code (gRFC A66).")
               .Register(*registry_)),
-      launches_(prometheus::BuildCounter()
-                    .Name("opserver_launches_total")
-                    .Help("Launches queued, by operator and gradOutput dtype.")
-                    .Register(*registry_)),
       launch_failures_(
           prometheus::BuildCounter()
               .Name("opserver_launch_failures_total")
@@ -248,50 +250,7 @@ Metrics::Metrics()
                          .Help("GetWorkspaceSize calls refused, by operator "
                                "and aclnn status.")
                          .Register(*registry_)),
-      queue_wait_(prometheus::BuildHistogram()
-                      .Name("opserver_stream_queue_wait_seconds")
-                      .Help("How long launches waited on their stream.")
-                      .Register(*registry_)
-                      .Add({}, A66Buckets())),
-      pipeline_batches_(prometheus::BuildCounter()
-                            .Name("opserver_pipeline_batches_total")
-                            .Help("Pipeline batches applied.")
-                            .Register(*registry_)
-                            .Add({})),
-      pipeline_commands_(prometheus::BuildCounter()
-                             .Name("opserver_pipeline_commands_total")
-                             .Help("Pipeline commands applied, by kind.")
-                             .Register(*registry_)),
-      deferred_errors_(prometheus::BuildCounter()
-                           .Name("opserver_pipeline_deferred_errors_total")
-                           .Help("Deferred errors reported by fences.")
-                           .Register(*registry_)
-                           .Add({})) {
-  for (const kernels::OpInfo& info : kernels::OpRegistry()) {
-    std::array<prometheus::Counter*, kDTypeSlots> counters{};
-    for (const kernels::TensorArgInfo& t : info.tensors) {
-      if (t.name != "gradOutput") continue;
-      for (kernels::DType d : t.dtypes) {
-        const int slot = static_cast<int>(d);
-        if (slot >= 0 && slot < kDTypeSlots) {
-          counters[slot] =
-              &launches_.Add({{"op", std::string(info.name)},
-                              {"dtype", std::string(kernels::DTypeName(d))}});
-        }
-      }
-    }
-    launch_counters_.push_back(counters);
-  }
-  const google::protobuf::Descriptor* command =
-      v1::PipelineCommand::descriptor();
-  for (int i = 0; i < command->field_count(); ++i) {
-    const google::protobuf::FieldDescriptor* field = command->field(i);
-    if (field->number() > 0 && field->number() < kCommandSlots) {
-      command_counters_[field->number()] =
-          &pipeline_commands_.Add({{"command", field->name()}});
-    }
-  }
-}
+      launches_(new LaunchCounts[kernels::OpRegistry().size()]) {}
 
 Metrics::~Metrics() = default;
 
@@ -340,15 +299,25 @@ Metrics::LaunchRecord Metrics::LaunchQueued(kernels::OpKind op,
                                             kernels::DType dtype) {
   const size_t index = static_cast<size_t>(op);
   const int slot = static_cast<int>(dtype);
-  if (index < launch_counters_.size() && slot >= 0 && slot < kDTypeSlots &&
-      launch_counters_[index][slot] != nullptr) {
-    launch_counters_[index][slot]->Increment();
+  if (index < kernels::OpRegistry().size() && slot >= 0 && slot < kDTypeSlots) {
+    launches_[index].by_dtype[slot].fetch_add(1, std::memory_order_relaxed);
   }
   return LaunchRecord{this, op, absl::Now()};
 }
 
 void Metrics::LaunchRecord::Started() {
-  metrics->queue_wait_.Observe(absl::ToDoubleSeconds(absl::Now() - queued));
+  const absl::Duration waited = absl::Now() - queued;
+  const double seconds = absl::ToDoubleSeconds(waited);
+  const auto& bounds = A66Buckets();
+  // The first bucket whose upper bound holds the wait (le is inclusive).
+  const size_t bucket =
+      std::lower_bound(bounds.begin(), bounds.end(), seconds) - bounds.begin();
+  WaitHistogram& h = metrics->queue_wait_;
+  h.buckets[std::min<size_t>(bucket, kWaitBuckets)].fetch_add(
+      1, std::memory_order_relaxed);
+  h.sum_ns.fetch_add(static_cast<uint64_t>(std::max<int64_t>(
+                         0, absl::ToInt64Nanoseconds(waited))),
+                     std::memory_order_relaxed);
 }
 
 void Metrics::LaunchRecord::Finished(int32_t aclnn_status) {
@@ -365,16 +334,96 @@ void Metrics::PlanRefused(kernels::OpKind op, int32_t aclnn_status) {
 }
 
 void Metrics::PipelineBatch(size_t /*commands*/) {
-  pipeline_batches_.Increment();
+  commands_.batches.fetch_add(1, std::memory_order_relaxed);
 }
 
 void Metrics::PipelineCommand(int command_case) {
-  if (command_case > 0 && command_case < kCommandSlots &&
-      command_counters_[command_case] != nullptr) {
-    command_counters_[command_case]->Increment();
+  if (command_case > 0 && command_case < kCommandSlots) {
+    commands_.by_case[command_case].fetch_add(1, std::memory_order_relaxed);
   }
 }
 
-void Metrics::DeferredError() { deferred_errors_.Increment(); }
+void Metrics::DeferredError() {
+  commands_.deferred_errors.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Metrics::CollectEvents(
+    std::vector<prometheus::MetricFamily>* families) const {
+  using prometheus::MetricType;
+  auto counter = [](std::vector<prometheus::ClientMetric::Label> labels,
+                    uint64_t value) {
+    prometheus::ClientMetric m;
+    m.label = std::move(labels);
+    m.counter.value = static_cast<double>(value);
+    return m;
+  };
+  prometheus::MetricFamily launches{
+      "opserver_launches_total",
+      "Launches queued, by operator and gradOutput dtype.",
+      MetricType::Counter,
+      {}};
+  const std::vector<kernels::OpInfo>& ops = kernels::OpRegistry();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    for (const kernels::TensorArgInfo& t : ops[i].tensors) {
+      if (t.name != "gradOutput") continue;
+      for (kernels::DType d : t.dtypes) {
+        const int slot = static_cast<int>(d);
+        if (slot < 0 || slot >= kDTypeSlots) continue;
+        launches.metric.push_back(counter(
+            {{"dtype", std::string(kernels::DTypeName(d))},
+             {"op", std::string(ops[i].name)}},
+            launches_[i].by_dtype[slot].load(std::memory_order_relaxed)));
+      }
+    }
+  }
+  families->push_back(std::move(launches));
+
+  prometheus::MetricFamily commands{"opserver_pipeline_commands_total",
+                                    "Pipeline commands applied, by kind.",
+                                    MetricType::Counter,
+                                    {}};
+  const google::protobuf::Descriptor* command =
+      v1::PipelineCommand::descriptor();
+  for (int i = 0; i < command->field_count(); ++i) {
+    const int number = command->field(i)->number();
+    if (number <= 0 || number >= kCommandSlots) continue;
+    commands.metric.push_back(
+        counter({{"command", command->field(i)->name()}},
+                commands_.by_case[number].load(std::memory_order_relaxed)));
+  }
+  families->push_back(std::move(commands));
+  families->push_back(prometheus::MetricFamily{
+      "opserver_pipeline_batches_total",
+      "Pipeline batches applied.",
+      MetricType::Counter,
+      {counter({}, commands_.batches.load(std::memory_order_relaxed))}});
+  families->push_back(prometheus::MetricFamily{
+      "opserver_pipeline_deferred_errors_total",
+      "Deferred errors reported by fences.",
+      MetricType::Counter,
+      {counter({},
+               commands_.deferred_errors.load(std::memory_order_relaxed))}});
+
+  prometheus::ClientMetric wait;
+  wait.histogram.sample_sum =
+      static_cast<double>(queue_wait_.sum_ns.load(std::memory_order_relaxed)) /
+      1e9;
+  uint64_t cumulative = 0;
+  const auto& bounds = A66Buckets();
+  for (int i = 0; i <= kWaitBuckets; ++i) {
+    cumulative += queue_wait_.buckets[i].load(std::memory_order_relaxed);
+    prometheus::ClientMetric::Bucket bucket;
+    bucket.cumulative_count = cumulative;
+    bucket.upper_bound =
+        i < kWaitBuckets ? bounds[i] : std::numeric_limits<double>::infinity();
+    wait.histogram.bucket.push_back(bucket);
+  }
+  wait.histogram.sample_count = cumulative;
+  families->push_back(
+      prometheus::MetricFamily{"opserver_stream_queue_wait_seconds",
+                               "How long launches waited on their stream.",
+                               MetricType::Histogram,
+                               {std::move(wait)}});
+}
 
 }  // namespace opserver
