@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The example programs against a live opserver: each prints the numbers the
 # spec's worked examples give. Then the same sources are compiled outside
-# Bazel with exactly the README's command (g++ prog.cpp -I<include>
+# Bazel with exactly the command of docs/c-api.md (g++ prog.cpp -I<include>
 # -L<dir> -laclnn_remote) and must print the same.
 set -uo pipefail
 opserver="$1"
@@ -48,7 +48,7 @@ done
 got=$(sed -n 's/^result\[[0-9]*\] is: \(.*\)$/\1/p' "$tmp/cpp.out" | tr '\n' ' ' | sed 's/ $//')
 [[ "$got" == "$(expected threshold_backward)" ]] || fail "cpp_client printed '$got'"
 
-# Outside Bazel: the README's command. An ASan build of the library needs the
+# Outside Bazel: the command of docs/c-api.md. An ASan build of the library needs the
 # program built with the same sanitizers.
 include_dir=$(cd "$(dirname "$acl_h")/.." && pwd)
 lib_dir=$(cd "$(dirname "$library")" && pwd)

@@ -130,7 +130,7 @@ ValueTensor Values(DataType dtype, std::vector<int64_t> shape,
 void EvaluateSeeds() {
   const std::string f = "evaluate_fuzzer";
   EvaluateRequest r;
-  // The README's example.
+  // The example in docs/by-hand.md.
   r.set_op("ThresholdBackward");
   r.mutable_params()->set_threshold(1.0);
   (*r.mutable_inputs())["gradOutput"] =

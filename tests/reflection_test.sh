@@ -44,7 +44,7 @@ info=$(bufcurl -d '{}' "$url/opserver.v1.Runtime/GetDeviceInfo" 2>&1) || fail "i
 grep -q '"kind": "cpu"' <<<"$info" || fail "device info: $info"
 grep -q '"apiVersion": "opserver.v1"' <<<"$info" || fail "device info: $info"
 
-# The README's walk-through: an operator on literal numbers, by hand.
+# The walk-through of docs/by-hand.md: an operator on literal numbers, by hand.
 call() { bufcurl -d "$2" "$url/opserver.v1.$1" 2>&1; }
 json() { python3 -c "import json,sys; print(json.load(sys.stdin)$1)"; }
 ops=$(call Operators/ListOperators '{}') || fail "ListOperators: $ops"

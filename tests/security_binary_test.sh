@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The opserver binary secured the way the README says: TLS + mTLS +
+# The opserver binary secured the way docs/network.md says: TLS + mTLS +
 # bearer tokens, driven by opctl and `buf curl -H` as people would; tokens
 # never reach the log; SIGHUP reloads the token file.
 set -uo pipefail

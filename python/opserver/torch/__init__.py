@@ -29,7 +29,7 @@ kept per session and reused from step to step, so a step allocates nothing
 once the first one has run.
 
 Where aclnn and torch define different results (aclnn's here): see
-README.md, "Python and PyTorch". Everywhere else, fp32 gradients are
+docs/python.md. Everywhere else, fp32 gradients are
 torch's bit for bit.
 """
 
