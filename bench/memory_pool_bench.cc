@@ -1,5 +1,5 @@
 // What tenant isolation costs: a buffer handed from one session to another
-// is zeroed (review finding 3). Measured in the same run against the
+// is zeroed. Measured in the same run against the
 // machine's limit for that work (a plain memset of the same bytes) and
 // against reuse within one session (no zeroing: the steady state).
 //

@@ -198,7 +198,7 @@ aclError aclFinalize(void) {
   absl::Status pending = state.DropSession();
   state.client.reset();
   // The addresses are kept: a pointer from before aclFinalize must never
-  // name an allocation made after the next aclInit (review finding 16).
+  // name an allocation made after the next aclInit.
   state.initialized = false;
   if (!pending.ok()) return FailAcl(pending);
   return ACL_SUCCESS;
@@ -213,7 +213,7 @@ aclError aclrtSetDevice(int32_t deviceId) {
   }
   if (state.session != nullptr) {
     // Already set, unless the server lost the session meanwhile: say so
-    // rather than pretend the device is usable (review finding 16).
+    // rather than pretend the device is usable.
     auto current = opserver::SessionOf(state);
     if (!current.ok()) {
       return opserver::SessionError(absl::Status(
@@ -271,7 +271,7 @@ aclError aclrtCreateStream(aclrtStream* stream) {
     }
     pinned = state.Pin();
   }
-  // Calls run without the lock (review finding 16).
+  // Calls run without the lock.
   auto created = pinned.session->CreateStream();
   if (!created.ok()) return FailAcl(created.status());
   absl::MutexLock lock(&state.mu);
@@ -305,7 +305,7 @@ aclError aclrtDestroyStream(aclrtStream stream) {
     state.streams.erase(it);
   }
   // The call waits for the stream's running launch: not under the lock, so
-  // other threads' calls go on meanwhile (review finding 16).
+  // other threads' calls go on meanwhile.
   const uint64_t handle = doomed.handle();
   absl::Status status = doomed.Destroy();
   if (!status.ok()) {
@@ -361,7 +361,7 @@ aclError aclrtMalloc(void** devPtr, size_t size,
     }
     pinned = state.Pin();
   }
-  // Calls run without the lock (review finding 16).
+  // Calls run without the lock.
   auto buffer = pinned.session->Malloc(size);
   if (!buffer.ok()) return FailAcl(buffer.status());
   absl::MutexLock lock(&state.mu);
@@ -393,7 +393,7 @@ aclError aclrtFree(void* devPtr) {
     pinned = state.Pin();
     doomed = *std::move(removed);
   }
-  // The call runs without the lock (review finding 16).
+  // The call runs without the lock.
   absl::Status status = doomed.Free();
   if (!status.ok()) return FailAcl(status);
   return ACL_SUCCESS;
@@ -558,7 +558,7 @@ aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor* executor) {
     doomed = std::move(it->second.executor);
     state.executors.erase(it);
   }
-  // The call runs without the lock (review finding 16).
+  // The call runs without the lock.
   absl::Status status = doomed.Destroy();
   if (!status.ok()) return opserver::FailAclnn(status);
   return ACLNN_SUCCESS;

@@ -162,7 +162,7 @@ aclOpExecutor* AddExecutor(State& state, Executor executor) {
 
 // Phase one of every operator: nullptr checks, descriptors, the call. The
 // call runs without `state.mu`, so one thread's slow call does not stop the
-// others (review finding 16).
+// others.
 aclnnStatus Plan(const char* function, const std::string& op,
                  const v1::OpParams& params,
                  std::vector<std::pair<const char*, const aclTensor*>> tensors,
@@ -257,7 +257,7 @@ aclnnStatus Launch(const char* function, void* workspace,
     buffer = range->buffer;
     offset = range->offset;
   }
-  // The call runs without the lock (review finding 16). A single-use
+  // The call runs without the lock. A single-use
   // executor is taken out meanwhile (a second launch of it is an error
   // anyway) and put back if the launch failed.
   const uintptr_t key = it->first;

@@ -84,7 +84,7 @@ struct State {
   // Both, for use after `mu` is released; call with `mu` held.
   Pinned Pin() const { return {client, session}; }
   // Kept across aclFinalize: a pointer from before must never name an
-  // allocation made after the next aclInit (review finding 16).
+  // allocation made after the next aclInit.
   DeviceAddressSpace addresses;
   uint64_t next_stream = 1;
   std::map<uintptr_t, remote::Stream> streams;
@@ -129,7 +129,7 @@ aclOpExecutor* AddExecutor(State& state, remote::Executor executor);
 
 // Phase one of every operator: nullptr checks, descriptors, the call. The
 // call runs without `state.mu`, so one thread's slow call does not stop the
-// others (review finding 16).
+// others.
 aclnnStatus Plan(const char* function, const std::string& op,
                  const v1::OpParams& params,
                  std::vector<std::pair<const char*, const aclTensor*>> tensors,

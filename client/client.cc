@@ -249,7 +249,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   // Download chunks are up to the server's --chunk_bytes (4 MiB by default)
   // plus framing, over gRPC's 4 MiB receive default; nothing the server
   // sends is larger than its --max_message_bytes. The bound keeps a hostile
-  // server from making the client allocate without limit (finding 16).
+  // server from making the client allocate without limit.
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   args.SetMaxSendMessageSize(-1);
   const bool tls = !options.tls_ca_file.empty() ||
@@ -585,7 +585,7 @@ void Session::StartAttach() {
     grpc::Status status = reader->Finish();
     absl::MutexLock lock(&mu_);
     if (closed_) return;
-    // The server freed the session (review finding 16: this went unnoticed
+    // The server freed the session (this went unnoticed
     // and later calls failed with a bare "no session", or not at all).
     std::string why =
         status.ok() ? "the server ended it" : status.error_message();

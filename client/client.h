@@ -63,7 +63,7 @@ struct ConnectOptions {
   // and uses Upload/Download (split as above) from then on.
   bool data_path = true;
   uint64_t data_path_bytes = 4ull << 20;
-  // Largest message accepted from the server (review finding 16: the
+  // Largest message accepted from the server (the
   // client accepted any size, so a hostile server could make it allocate
   // without bound). A server sends at most its --max_message_bytes (64 MiB
   // by default); raise this for one configured higher. At most 2 GiB - 1.

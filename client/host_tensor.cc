@@ -213,7 +213,7 @@ absl::StatusOr<HostTensor> ReadNpy(const std::string& path) {
     tensor.shape.push_back(d);
   }
   // The shape comes from the file: multiply with overflow checks before
-  // trusting numel() (review finding 16).
+  // trusting numel().
   uint64_t want = kernels::DTypeSize(tensor.dtype);
   for (int64_t d : tensor.shape) {
     if (__builtin_mul_overflow(want, static_cast<uint64_t>(d), &want)) {

@@ -105,15 +105,15 @@ TEST(HostTensorTest, NpyRoundTripAndErrors) {
   EXPECT_EQ(ReadNpy(dir + "/d.npy")->numel(), 0);
 }
 
-// Review finding 16: a .npy header's shape is hostile input; its size is
+// A .npy header's shape is hostile input; its size is
 // computed with overflow checks (once UB, fatal under --config=asan).
 TEST(HostTensorTest, NpyShapesThatOverflowAreRefused) {
   const std::string dir = ::testing::TempDir();
-  for (const char* shape : {"(4294967296, 4294967296)",
-                            "(4611686018427387904, 4)",
-                            "(9223372036854775807, 9223372036854775807)"}) {
-    std::string header = absl::StrCat("{'descr': '<f4', 'fortran_order': False, 'shape': ",
-                                      shape, ", }");
+  for (const char* shape :
+       {"(4294967296, 4294967296)", "(4611686018427387904, 4)",
+        "(9223372036854775807, 9223372036854775807)"}) {
+    std::string header = absl::StrCat(
+        "{'descr': '<f4', 'fortran_order': False, 'shape': ", shape, ", }");
     while ((10 + header.size() + 1) % 64 != 0) header += ' ';
     header += '\n';
     std::string file = std::string("\x93NUMPY\x01\x00", 8);

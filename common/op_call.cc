@@ -75,7 +75,7 @@ absl::Status SetParams(const OpInfo& op, const v1::OpParams& in,
     } else if (*dtype == DType::kBool) {
       out->negative_slope = kernels::Scalar::Bool(v != 0);
     } else {
-      // Range first: casting NaN or 1e300 to int64 is undefined (finding 14).
+      // Range first: casting NaN or 1e300 to int64 is undefined.
       if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0) ||
           v != std::trunc(v)) {
         return kernels::ParamInvalid(absl::StrCat(

@@ -214,8 +214,8 @@ void ValuesSeeds() {
   for (double v : {1.0, 65535.0}) w.add_values(v);
   r.Clear();
   r.set_count(2);
-  Write(f, "write_and_read_uint16", w.SerializeAsString() +
-                                        r.SerializeAsString());
+  Write(f, "write_and_read_uint16",
+        w.SerializeAsString() + r.SerializeAsString());
 }
 
 void UploadSeeds() {
@@ -253,7 +253,7 @@ void UploadSeeds() {
   two += data.SerializeAsString() + data.SerializeAsString();
   Write(f, "two_data_fields", two);
 
-  // Review finding 1: a data length of 2^31 after a header.
+  // A data length of 2^31 after a header.
   h.Clear();
   h.set_buffer(1);
   h.set_size(16);
@@ -272,7 +272,8 @@ struct ViewBytes {
       return;
     }
     Byte(2);
-    for (int i = 0; i < 8; ++i) Byte(static_cast<uint8_t>(uint64_t(v) >> (8 * i)));
+    for (int i = 0; i < 8; ++i)
+      Byte(static_cast<uint8_t>(uint64_t(v) >> (8 * i)));
   }
 };
 

@@ -745,8 +745,8 @@ void SessionManager::ReaperLoop() {
       // Touched on every tick while busy, not only once it looks idle:
       // otherwise a synchronize that waited for seconds of work left its
       // session looking idle the moment the work ended, and it could be
-      // reaped before the client's next call (hardening_test's Finding10
-      // saw it under load).
+      // reaped before the client's next call (hardening_test's
+      // BusySessionsAreNotIdle saw it under load).
       if (session->Busy()) {
         session->Touch();
       } else if (session->last_used() < cutoff) {

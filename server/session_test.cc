@@ -55,8 +55,9 @@ class SessionLaunchTest : public ::testing::Test {
   // Launches `executor`, running `meanwhile` after the executor was taken
   // and before the stream is asked to queue it: what another call can do to
   // the stream in that moment.
-  absl::Status Launch(uint64_t executor, Stream& stream,
-                      const std::function<void()>& meanwhile = [] {}) {
+  absl::Status Launch(
+      uint64_t executor, Stream& stream,
+      const std::function<void()>& meanwhile = [] {}) {
     return session_->Launch(executor, stream, /*inline_if_idle=*/false,
                             [&](std::shared_ptr<Executor>) {
                               meanwhile();
@@ -184,9 +185,9 @@ class SlowAllocationDevice : public Device {
 };
 
 // A session is in use while a Malloc allocates (populating or clearing a
-// large block can outlast a short idle timeout: hardening_test's Finding10
-// saw its session reaped during a 256 MiB Malloc), and counts as used when
-// the allocation ends.
+// large block can outlast a short idle timeout: hardening_test's
+// BusySessionsAreNotIdle saw its session reaped during a 256 MiB Malloc), and
+// counts as used when the allocation ends.
 TEST_F(SessionLaunchTest, SessionIsBusyWhileMallocAllocates) {
   SlowAllocationDevice device;
   Session session("slow", 2, "session_test", &device, &limits_, &account_,

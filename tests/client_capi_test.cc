@@ -712,11 +712,11 @@ TEST_F(CApiTest, ServerRestartedUnderTheProgram) {
   EXPECT_THAT(Host<float>(r, 4), ElementsAre(1, 2, 3, 4));
 }
 
-// Review finding 16: when the server frees the session under the program
+// When the server frees the session under the program
 // (its Attach call ended: a restart here, a network blip in real life),
 // aclrtSetDevice and later calls say so instead of succeeding or failing
 // with a bare "no session"; resetting the device starts over.
-TEST_F(CApiTest, Finding16_LostAttachIsReported) {
+TEST_F(CApiTest, LostAttachIsReported) {
   void* p = Device(std::vector<float>{1, 2, 3, 4});
   const std::string address = server_->address();
   server_.reset();
@@ -750,7 +750,7 @@ TEST_F(CApiTest, Finding16_LostAttachIsReported) {
   EXPECT_THAT(Host<float>(r, 4), ElementsAre(5, 6, 7, 8));
 }
 
-// Review finding 16: a pointer from before aclFinalize never names an
+// A pointer from before aclFinalize never names an
 // allocation made after the next aclInit (it is unknown instead).
 TEST_F(CApiTest, StalePointersDoNotAliasAfterReinit) {
   void* before = nullptr;

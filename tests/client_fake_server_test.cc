@@ -1,7 +1,7 @@
 // The clients (C++ and the aclnn C API) against a fake opserver whose
 // answers the test controls: a call that does not return until the test
-// says so, and a message far larger than the protocol needs (review
-// finding 16).
+// says so, and a message far larger than the protocol needs: a hostile
+// or broken server must not hang or exhaust its clients.
 
 #include <atomic>
 #include <cstdint>
@@ -157,7 +157,7 @@ class FakeServerTest : public ::testing::Test {
 // Finding 16(c): a server's message is bounded by what the protocol needs
 // (the server's --max_message_bytes, 64 MiB by default), not accepted
 // whatever its size.
-TEST_F(FakeServerTest, Finding16_OversizedMessagesAreRefused) {
+TEST_F(FakeServerTest, OversizedMessagesAreRefused) {
   runtime_.device_name_bytes = 80 << 20;
   auto client = Client::Connect(address_);
   ASSERT_TRUE(client.ok()) << client.status();
@@ -222,7 +222,7 @@ TEST_F(FakeServerTest, DownloadChecksWhatTheServerSends) {
 
 // Finding 16(a): a thread blocked in an operator call (planning, then
 // launching) does not stop other threads' API calls.
-TEST_F(FakeServerTest, Finding16_OperatorCallsDoNotHoldTheGlobalLock) {
+TEST_F(FakeServerTest, OperatorCallsDoNotHoldTheGlobalLock) {
   setenv("OPSERVER_ADDRESS", address_.c_str(), 1);
   setenv("OPSERVER_TIMEOUT_MS", "20000", 1);
   ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);
@@ -230,16 +230,15 @@ TEST_F(FakeServerTest, Finding16_OperatorCallsDoNotHoldTheGlobalLock) {
   void* data = nullptr;
   ASSERT_EQ(aclrtMalloc(&data, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
   int64_t shape[] = {16};
-  aclTensor* t = aclCreateTensor(shape, 1, ACL_FLOAT, nullptr, 0,
-                                 ACL_FORMAT_ND, shape, 1, data);
+  aclTensor* t = aclCreateTensor(shape, 1, ACL_FLOAT, nullptr, 0, ACL_FORMAT_ND,
+                                 shape, 1, data);
 
   for (Gate* gate : {&operators_.plan, &operators_.execute}) {
     const bool planning = gate == &operators_.plan;
     aclOpExecutor* executor = nullptr;
     uint64_t ws = 0;
     if (!planning) {
-      ASSERT_EQ(aclnnHardswishBackwardGetWorkspaceSize(t, t, t, &ws,
-                                                       &executor),
+      ASSERT_EQ(aclnnHardswishBackwardGetWorkspaceSize(t, t, t, &ws, &executor),
                 ACLNN_SUCCESS);
     }
     gate->armed = true;
@@ -248,9 +247,9 @@ TEST_F(FakeServerTest, Finding16_OperatorCallsDoNotHoldTheGlobalLock) {
       if (planning) {
         aclOpExecutor* planned = nullptr;
         uint64_t size = 0;
-        EXPECT_EQ(aclnnHardswishBackwardGetWorkspaceSize(t, t, t, &size,
-                                                         &planned),
-                  ACLNN_SUCCESS);
+        EXPECT_EQ(
+            aclnnHardswishBackwardGetWorkspaceSize(t, t, t, &size, &planned),
+            ACLNN_SUCCESS);
       } else {
         EXPECT_EQ(aclnnHardswishBackward(nullptr, 0, executor, nullptr),
                   ACLNN_SUCCESS);
@@ -260,8 +259,7 @@ TEST_F(FakeServerTest, Finding16_OperatorCallsDoNotHoldTheGlobalLock) {
     gate->entered.WaitForNotification();
     // While that call waits on the server, this thread's calls go on.
     void* other = nullptr;
-    EXPECT_EQ(aclrtMalloc(&other, 16, ACL_MEM_MALLOC_HUGE_FIRST),
-              ACL_SUCCESS)
+    EXPECT_EQ(aclrtMalloc(&other, 16, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS)
         << aclGetRecentErrMsg();
     EXPECT_FALSE(blocked_call_done.load())
         << (planning ? "planning" : "launching")

@@ -1,11 +1,11 @@
 // Hostile and greedy clients against a real Server: each test reproduces a
-// finding of ../shared/reviews/security-review.md (numbers in the names)
-// and checks that it is refused cleanly and costs other sessions nothing.
+// way a client once could hurt the server or other sessions, and checks
+// that it is refused cleanly and costs other sessions nothing.
 
 #include <atomic>
 #include <cmath>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -58,7 +58,8 @@ class HardeningTest : public ::testing::Test {
     const auto& trailers = context.GetServerTrailingMetadata();
     auto it = trailers.find("opserver-aclnn-status");
     if (it != trailers.end()) {
-      result.aclnn = std::stoi(std::string(it->second.data(), it->second.size()));
+      result.aclnn =
+          std::stoi(std::string(it->second.data(), it->second.size()));
     }
     return result;
   }
@@ -80,7 +81,8 @@ class HardeningTest : public ::testing::Test {
     request.set_session(session);
     request.set_size(size);
     v1::MallocResponse response;
-    Result r = Rpc([&](auto* c) { return runtime_->Malloc(c, request, &response); });
+    Result r =
+        Rpc([&](auto* c) { return runtime_->Malloc(c, request, &response); });
     if (buffer != nullptr) *buffer = response.buffer();
     return r;
   }
@@ -228,9 +230,7 @@ class HardeningTest : public ::testing::Test {
     request.set_stream(stream);
     v1::DestroyStreamResponse response;
     return Rpc(
-        [&](auto* c) {
-          return runtime_->DestroyStream(c, request, &response);
-        },
+        [&](auto* c) { return runtime_->DestroyStream(c, request, &response); },
         deadline);
   }
 
@@ -335,8 +335,7 @@ class PausedUpload {
  public:
   explicit PausedUpload(const std::shared_ptr<grpc::Channel>& channel)
       : stub_(channel) {
-    context_.set_deadline(
-        absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
     call_ = stub_.PrepareCall(&context_, "/opserver.v1.Runtime/Upload", &cq_);
     call_->StartCall(Tag(1));
     writable_ = Next();
@@ -407,7 +406,7 @@ std::string FloatBytes(int count, float value) {
 // Finding 1: a data length of 2^31 in an Upload's second message crashed the
 // server (a negative int reached protobuf's ReadRaw). Lengths longer than
 // what is left in the message are refused, whatever their size.
-TEST_F(HardeningTest, Finding1_UploadLengthsBeyondTheMessageAreRefused) {
+TEST_F(HardeningTest, UploadLengthsBeyondTheMessageAreRefused) {
   Options options;
   options.device_memory_bytes = uint64_t{3} << 30;
   Start(options);
@@ -443,15 +442,15 @@ TEST_F(HardeningTest, Finding1_UploadLengthsBeyondTheMessageAreRefused) {
   small.set_size(4);
   v1::UploadRequest data;
   data.set_data(std::string("\x00\x00\x80\x3f", 4));  // 1.0f
-  status = RawUpload(channel,
-                     {small.SerializeAsString(), data.SerializeAsString()});
+  status =
+      RawUpload(channel, {small.SerializeAsString(), data.SerializeAsString()});
   EXPECT_TRUE(status.ok()) << status.error_message();
   EXPECT_THAT(ReadValues(session, buffer, 1), ElementsAre(1.0));
   EXPECT_FALSE(NewSession().empty());
 }
 
 // Finding 3: a freed buffer's bytes never reach another session.
-TEST_F(HardeningTest, Finding3_ReusedMemoryShowsAnotherSessionZeros) {
+TEST_F(HardeningTest, ReusedMemoryShowsAnotherSessionZeros) {
   Start(Options());
   std::string a = NewSession(), b = NewSession();
   uint64_t secret = MustMalloc(a, 65536);
@@ -469,7 +468,7 @@ TEST_F(HardeningTest, Finding3_ReusedMemoryShowsAnotherSessionZeros) {
 
 // Finding 5: --device_memory_bytes bounds the sum over all sessions;
 // beyond it Malloc is RESOURCE_EXHAUSTED and other sessions keep working.
-TEST_F(HardeningTest, Finding5_DeviceMemoryIsARealCapacity) {
+TEST_F(HardeningTest, DeviceMemoryIsARealCapacity) {
   Options options;
   options.device_memory_bytes = 64 << 20;
   Start(options);
@@ -495,7 +494,7 @@ TEST_F(HardeningTest, Finding5_DeviceMemoryIsARealCapacity) {
 
 // Finding 5(b): freeing a handle that an executor still uses does not give
 // the session its memory back until the executor is gone.
-TEST_F(HardeningTest, Finding5_FreedButReferencedMemoryStillCounts) {
+TEST_F(HardeningTest, FreedButReferencedMemoryStillCounts) {
   Options options;
   options.session_limits.session_memory_bytes = 1 << 20;
   Start(options);
@@ -511,7 +510,7 @@ TEST_F(HardeningTest, Finding5_FreedButReferencedMemoryStillCounts) {
 }
 
 // Finding 13: Malloc(0) holds a page and is charged one.
-TEST_F(HardeningTest, Finding13_TinyBuffersAreChargedWhatTheyHold) {
+TEST_F(HardeningTest, TinyBuffersAreChargedWhatTheyHold) {
   Options options;
   options.session_limits.session_memory_bytes = 16 * 4096;
   Start(options);
@@ -522,7 +521,7 @@ TEST_F(HardeningTest, Finding13_TinyBuffersAreChargedWhatTheyHold) {
 }
 
 // Finding 2: a few bytes may not describe 2^34..2^62 elements of output.
-TEST_F(HardeningTest, Finding2_HugeStrideZeroViewsAreRefused) {
+TEST_F(HardeningTest, HugeStrideZeroViewsAreRefused) {
   Start(Options());
   std::string s = NewSession();
   uint64_t buffer = MustMalloc(s, 4096);
@@ -536,7 +535,7 @@ TEST_F(HardeningTest, Finding2_HugeStrideZeroViewsAreRefused) {
 }
 
 // Finding 2: --max_launch_elements caps one launch's work.
-TEST_F(HardeningTest, Finding2_LaunchesAreCappedByMaxLaunchElements) {
+TEST_F(HardeningTest, LaunchesAreCappedByMaxLaunchElements) {
   Options options;
   options.session_limits.max_launch_elements = 1000;
   Start(options);
@@ -551,7 +550,7 @@ TEST_F(HardeningTest, Finding2_LaunchesAreCappedByMaxLaunchElements) {
 
 // Findings 2 and 7: closing a session drops its queued work, so neither its
 // own CloseSession nor another session's waits for that queue.
-TEST_F(HardeningTest, Finding2_ClosingASessionCancelsItsQueuedWork) {
+TEST_F(HardeningTest, ClosingASessionCancelsItsQueuedWork) {
   Start(Options());
   std::string busy = NewSession(), other = NewSession();
   // 2000 launches over 256 MiB: 10 s or more of queued work.
@@ -564,7 +563,7 @@ TEST_F(HardeningTest, Finding2_ClosingASessionCancelsItsQueuedWork) {
 
 // Finding 2: SIGTERM's path (Server::Shutdown and destruction) ends in time
 // whatever is queued.
-TEST_F(HardeningTest, Finding2_ShutdownDoesNotRunQueuedWork) {
+TEST_F(HardeningTest, ShutdownDoesNotRunQueuedWork) {
   Start(Options());
   std::string s = NewSession();
   // 3000 launches over 256 MiB: 15 s or more of queued work.
@@ -577,7 +576,7 @@ TEST_F(HardeningTest, Finding2_ShutdownDoesNotRunQueuedWork) {
 
 // Findings 6 and 7: a stream's queue is bounded, a refused launch does not
 // consume its executor, and destroyed streams count until their thread ends.
-TEST_F(HardeningTest, Finding6_StreamQueuesAreBounded) {
+TEST_F(HardeningTest, StreamQueuesAreBounded) {
   Options options;
   options.session_limits.max_queued_per_stream = 4;
   Start(options);
@@ -591,7 +590,8 @@ TEST_F(HardeningTest, Finding6_StreamQueuesAreBounded) {
     Result r = Execute(s, slow);
     if (!r.status.ok()) {
       EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-      EXPECT_THAT(r.status.error_message(), HasSubstr("--max_queued_per_stream"));
+      EXPECT_THAT(r.status.error_message(),
+                  HasSubstr("--max_queued_per_stream"));
       ++refused;
     }
   }
@@ -606,7 +606,7 @@ TEST_F(HardeningTest, Finding6_StreamQueuesAreBounded) {
   }
 }
 
-TEST_F(HardeningTest, Finding7_DestroyedStreamsCountUntilTheirWorkEnds) {
+TEST_F(HardeningTest, DestroyedStreamsCountUntilTheirWorkEnds) {
   Options options;
   options.session_limits.max_streams_per_session = 1;
   Start(options);
@@ -672,8 +672,7 @@ TEST_F(HardeningTest, Soak_ExecuteStreamResumingReadsStartsOneWriteAtATime) {
   Start(options);
   const std::string s = NewSession();
   const uint64_t buffer = MustMalloc(s, 64);
-  const uint64_t executor =
-      MustPlanThreshold(s, Desc(buffer, v1::FLOAT, {16}));
+  const uint64_t executor = MustPlanThreshold(s, Desc(buffer, v1::FLOAT, {16}));
   ASSERT_TRUE(SetRepeatable(s, executor).status.ok());
   constexpr int kCalls = 8, kLaunches = 3000;
   std::vector<std::thread> calls;
@@ -711,7 +710,7 @@ TEST_F(HardeningTest, Soak_ExecuteStreamResumingReadsStartsOneWriteAtATime) {
 }
 
 // Finding 9: what a client sends is bounded and escaped in replies and logs.
-TEST_F(HardeningTest, Finding9_EchoedClientStringsAreBounded) {
+TEST_F(HardeningTest, EchoedClientStringsAreBounded) {
   Start(Options());
   Result r = Malloc(std::string(8 << 20, 'x'), 16);
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::NOT_FOUND);
@@ -727,7 +726,7 @@ TEST_F(HardeningTest, Finding9_EchoedClientStringsAreBounded) {
 }
 
 // Finding 11: Evaluate (no session needed) cannot occupy every RPC thread.
-TEST_F(HardeningTest, Finding11_ConcurrentEvaluatesAreBounded) {
+TEST_F(HardeningTest, ConcurrentEvaluatesAreBounded) {
   Options options;
   options.session_limits.max_concurrent_evaluates = 1;
   Start(options);
@@ -749,8 +748,8 @@ TEST_F(HardeningTest, Finding11_ConcurrentEvaluatesAreBounded) {
     threads.emplace_back([&] {
       for (int j = 0; j < 4; ++j) {
         v1::EvaluateResponse response;
-        Result r = Rpc(
-            [&](auto* c) { return ops_->Evaluate(c, request, &response); });
+        Result r =
+            Rpc([&](auto* c) { return ops_->Evaluate(c, request, &response); });
         if (r.status.ok()) {
           ++ok;
           EXPECT_FLOAT_EQ(response.output().values(7), 1.0f / 3 + 0.5f);
@@ -769,7 +768,7 @@ TEST_F(HardeningTest, Finding11_ConcurrentEvaluatesAreBounded) {
 
 // Finding 8: CloseSession ends the session's Attach calls, so they do not
 // keep its memory alive after it was closed.
-TEST_F(HardeningTest, Finding8_CloseSessionEndsItsAttachCalls) {
+TEST_F(HardeningTest, CloseSessionEndsItsAttachCalls) {
   Start(Options());
   std::string s = NewSession();
   grpc::ClientContext attach_context;
@@ -803,7 +802,7 @@ TEST_F(HardeningTest, Finding8_CloseSessionEndsItsAttachCalls) {
 }
 
 // Finding 10: a session whose stream still works is not reaped as idle.
-TEST_F(HardeningTest, Finding10_BusySessionsAreNotIdle) {
+TEST_F(HardeningTest, BusySessionsAreNotIdle) {
   Options options;
   options.session_limits.idle_timeout = absl::Milliseconds(250);
   Start(options);
@@ -820,7 +819,7 @@ TEST_F(HardeningTest, Finding10_BusySessionsAreNotIdle) {
 
 // Finding 14: an integer-typed negativeSlope of NaN or 1e300 is refused
 // (it was cast to int64: undefined behaviour).
-TEST_F(HardeningTest, Finding14_NonIntegralIntegerSlopeIsRefused) {
+TEST_F(HardeningTest, NonIntegralIntegerSlopeIsRefused) {
   Start(Options());
   std::string s = NewSession();
   uint64_t buffer = MustMalloc(s, 64);
@@ -844,7 +843,7 @@ TEST_F(HardeningTest, Finding14_NonIntegralIntegerSlopeIsRefused) {
 
 // Finding 17: limits whose sums could wrap are refused at start, and
 // --max_values is held to what fits in a message.
-TEST_F(HardeningTest, Finding17_ConfigurationCannotWrap) {
+TEST_F(HardeningTest, ConfigurationCannotWrap) {
   Options options;
   options.listen = "127.0.0.1:0";
   options.transfer_limits.chunk_bytes = ~uint64_t{0} - 100;
@@ -868,19 +867,19 @@ TEST_F(HardeningTest, Finding17_ConfigurationCannotWrap) {
 // Finding 12: an upload occupies its stream until its last byte is in, so a
 // kernel queued on that stream after the upload started reads the uploaded
 // data, not what was there before.
-TEST_F(HardeningTest, Finding12_KernelsWaitForAnUploadOnTheirStream) {
+TEST_F(HardeningTest, KernelsWaitForAnUploadOnTheirStream) {
   Start(Options());
   const std::string s = NewSession();
   const uint64_t in = MustMalloc(s, 64), out = MustMalloc(s, 64);
-  const uint64_t executor = MustPlanThreshold(
-      s, Desc(in, v1::FLOAT, {16}), Desc(in, v1::FLOAT, {16}),
-      Desc(out, v1::FLOAT, {16}));
+  const uint64_t executor =
+      MustPlanThreshold(s, Desc(in, v1::FLOAT, {16}), Desc(in, v1::FLOAT, {16}),
+                        Desc(out, v1::FLOAT, {16}));
   v1::UploadRequest header;
   header.set_session(s);
   header.set_buffer(in);
   header.set_size(64);
-  PausedUpload upload(grpc::CreateChannel(
-      server_->address(), grpc::InsecureChannelCredentials()));
+  PausedUpload upload(grpc::CreateChannel(server_->address(),
+                                          grpc::InsecureChannelCredentials()));
   ASSERT_TRUE(upload.Send(header.SerializeAsString()));
   WaitUntilStreamBusy(s);
   // The client queues a kernel that reads `in` while the upload is paused.
@@ -897,7 +896,7 @@ TEST_F(HardeningTest, Finding12_KernelsWaitForAnUploadOnTheirStream) {
 // Finding 12: a download occupies its stream until its last chunk has left,
 // so a kernel queued after it cannot change bytes not sent yet (chunks are
 // zero-copy views of the buffer).
-TEST_F(HardeningTest, Finding12_KernelsWaitForADownloadOnTheirStream) {
+TEST_F(HardeningTest, KernelsWaitForADownloadOnTheirStream) {
   Options options;
   // The test's channel takes gRPC's default 4 MiB messages.
   options.transfer_limits.chunk_bytes = 1 << 20;
@@ -915,13 +914,12 @@ TEST_F(HardeningTest, Finding12_KernelsWaitForADownloadOnTheirStream) {
   // big = -1 everywhere, then a kernel that would make it 7 everywhere
   // (stride-0 inputs broadcast one value).
   const v1::TensorDesc all = Desc(big, v1::FLOAT, {n});
-  ASSERT_TRUE(Execute(s, MustPlanThreshold(
-                             s, Desc(minus_one, v1::FLOAT, {n}, {0}),
-                             Desc(one, v1::FLOAT, {n}, {0}), all))
-                  .status.ok());
+  ASSERT_TRUE(
+      Execute(s, MustPlanThreshold(s, Desc(minus_one, v1::FLOAT, {n}, {0}),
+                                   Desc(one, v1::FLOAT, {n}, {0}), all))
+          .status.ok());
   const uint64_t to_seven = MustPlanThreshold(
-      s, Desc(seven, v1::FLOAT, {n}, {0}), Desc(one, v1::FLOAT, {n}, {0}),
-      all);
+      s, Desc(seven, v1::FLOAT, {n}, {0}), Desc(one, v1::FLOAT, {n}, {0}), all);
   ASSERT_TRUE(Synchronize(s).status.ok());
 
   grpc::ClientContext context;
@@ -947,12 +945,14 @@ TEST_F(HardeningTest, Finding12_KernelsWaitForADownloadOnTheirStream) {
   // stream. Give it time to run if it (wrongly) does not wait: the
   // synchronize does not return while the download holds the stream.
   ASSERT_TRUE(Execute(s, to_seven).status.ok());
-  Rpc([&](auto* c) {
-    v1::SynchronizeStreamRequest sync;
-    sync.set_session(s);
-    v1::SynchronizeStreamResponse response;
-    return runtime_->SynchronizeStream(c, sync, &response);
-  }, absl::Seconds(2));
+  Rpc(
+      [&](auto* c) {
+        v1::SynchronizeStreamRequest sync;
+        sync.set_session(s);
+        v1::SynchronizeStreamResponse response;
+        return runtime_->SynchronizeStream(c, sync, &response);
+      },
+      absl::Seconds(2));
   while (reader->Read(&chunk)) {
     received += chunk.data().size();
     count_wrong(chunk.data());
@@ -970,7 +970,7 @@ TEST_F(HardeningTest, Finding12_KernelsWaitForADownloadOnTheirStream) {
 // Finding 5(c): CloseSession and DestroyStream end the transfers in flight
 // on the session's streams, however stalled their clients are, so a closed
 // session's memory goes.
-TEST_F(HardeningTest, Finding5c_ClosingEndsStalledTransfers) {
+TEST_F(HardeningTest, ClosingEndsStalledTransfers) {
   Options options;
   // The test's channel takes gRPC's default 4 MiB messages.
   options.transfer_limits.chunk_bytes = 1 << 20;
@@ -985,8 +985,8 @@ TEST_F(HardeningTest, Finding5c_ClosingEndsStalledTransfers) {
   header.set_session(s);
   header.set_buffer(small);
   header.set_size(1 << 20);
-  PausedUpload upload(grpc::CreateChannel(
-      server_->address(), grpc::InsecureChannelCredentials()));
+  PausedUpload upload(grpc::CreateChannel(server_->address(),
+                                          grpc::InsecureChannelCredentials()));
   ASSERT_TRUE(upload.Send(header.SerializeAsString()));
   WaitUntilStreamBusy(s);
   // A download whose client does not read, on the other stream.
@@ -1021,7 +1021,7 @@ TEST_F(HardeningTest, Finding5c_ClosingEndsStalledTransfers) {
 
 // Finding 5(c): a transfer that moves nothing for --transfer_idle_timeout_s
 // is ended, and its stream goes on with the work queued behind it.
-TEST_F(HardeningTest, Finding5c_StalledTransfersTimeOut) {
+TEST_F(HardeningTest, StalledTransfersTimeOut) {
   Options options;
   options.transfer_limits.idle_timeout = absl::Seconds(1);
   options.transfer_limits.chunk_bytes = 1 << 20;
@@ -1032,15 +1032,14 @@ TEST_F(HardeningTest, Finding5c_StalledTransfersTimeOut) {
   header.set_session(s);
   header.set_buffer(small);
   header.set_size(64);
-  PausedUpload upload(grpc::CreateChannel(
-      server_->address(), grpc::InsecureChannelCredentials()));
+  PausedUpload upload(grpc::CreateChannel(server_->address(),
+                                          grpc::InsecureChannelCredentials()));
   ASSERT_TRUE(upload.Send(header.SerializeAsString()));
   WaitUntilStreamBusy(s);
   grpc::Status uploaded = upload.Finish(/*half_close=*/false);
   EXPECT_EQ(uploaded.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
       << uploaded.error_message();
-  EXPECT_THAT(uploaded.error_message(),
-              HasSubstr("--transfer_idle_timeout_s"));
+  EXPECT_THAT(uploaded.error_message(), HasSubstr("--transfer_idle_timeout_s"));
   // The stream and the session still work.
   ASSERT_TRUE(Synchronize(s).status.ok());
   WriteValues(s, small, {3});
@@ -1067,7 +1066,7 @@ TEST_F(HardeningTest, Finding5c_StalledTransfersTimeOut) {
 }
 
 // Finding 5(c): a stalled transfer does not hold up the server's shutdown.
-TEST_F(HardeningTest, Finding5c_ShutdownEndsStalledTransfers) {
+TEST_F(HardeningTest, ShutdownEndsStalledTransfers) {
   Options options;
   options.shutdown_grace = absl::Milliseconds(200);
   options.transfer_limits.chunk_bytes = 1 << 20;
@@ -1079,8 +1078,8 @@ TEST_F(HardeningTest, Finding5c_ShutdownEndsStalledTransfers) {
   header.set_session(s);
   header.set_buffer(small);
   header.set_size(64);
-  PausedUpload upload(grpc::CreateChannel(
-      server_->address(), grpc::InsecureChannelCredentials()));
+  PausedUpload upload(grpc::CreateChannel(server_->address(),
+                                          grpc::InsecureChannelCredentials()));
   ASSERT_TRUE(upload.Send(header.SerializeAsString()));
   WaitUntilStreamBusy(s);
   grpc::ClientContext context;
