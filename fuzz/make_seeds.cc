@@ -391,6 +391,41 @@ void PipelineSeeds() {
   r.add_commands()->set_free(99);
   fence(r, 1, 0, true);
   Write(f, "huge_name_repeated_batch", r.SerializeAsString());
+
+  // Writes and read fences around a launch; one write and one read out of
+  // range, one read over the 1 MiB limit, and the batch repeated so that
+  // held writes and reads reach their budgets.
+  r.Clear();
+  r.set_session("repeat:40");
+  auto write = [](PipelineRequest& r, uint64_t buffer, uint64_t offset,
+                  std::string data, uint64_t stream) {
+    WriteCommand* w = r.add_commands()->mutable_write();
+    w->set_buffer(buffer);
+    w->set_offset(offset);
+    w->set_data(std::move(data));
+    w->set_stream(stream);
+  };
+  auto read = [](PipelineRequest& r, uint64_t fence_id, uint64_t buffer,
+                 uint64_t offset, uint64_t size, uint64_t stream) {
+    FenceCommand* c = r.add_commands()->mutable_fence();
+    c->set_id(fence_id);
+    c->set_stream(stream);
+    c->set_read_buffer(buffer);
+    c->set_read_offset(offset);
+    c->set_read_size(size);
+  };
+  write(r, 5, 0, std::string(256, '\x3f'), 0);
+  write(r, 7, 0, std::string(65600, '\x01'), 8);
+  plan(r, id, "ThresholdBackward", Desc(5, FLOAT, {64}), Desc(5, FLOAT, {64}),
+       "self", Desc(4, FLOAT, {16}), "out");
+  launch(r, id, 0);
+  read(r, 1, 4, 0, 64, 0);
+  read(r, 2, 7, 0, 65600, 8);
+  write(r, 3, 8, std::string(16, '\x02'), 0);
+  read(r, 3, 3, 8, 16, 0);
+  read(r, 4, 2, 0, (1 << 20) + 1, 0);
+  fence(r, 5, 0, true);
+  Write(f, "writes_and_reads", r.SerializeAsString());
 }
 
 // What a server lists, as the client's op_catalog_fuzzer reads it: two real

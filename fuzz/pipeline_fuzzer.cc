@@ -108,8 +108,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& command : request.commands())
       fences += command.has_fence();
     CommandPipeline pipeline(limits, /*max_fences=*/4,
-                             [&](uint64_t id, absl::Status status) {
+                             [&](uint64_t id, absl::Status status,
+                                 std::string data) {
                                Report("fence", status);
+                               FUZZ_CHECK(data.size() <=
+                                              CommandPipeline::kMaxCommandBytes,
+                                          "a read of ", data.size(), " bytes");
+                               FUZZ_CHECK(status.ok() || data.empty(),
+                                          "a failed read carried bytes");
                                FUZZ_CHECK(
                                    status.code() != absl::StatusCode::kInternal,
                                    status.ToString());
@@ -129,7 +135,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const bool stopped = next < end;
       at = next;
       // What the reactor's writes would do: results leave, room returns.
-      pipeline.FencesWritten(SIZE_MAX);
+      pipeline.FencesWritten(SIZE_MAX, 0);
       if (stopped) {
         FUZZ_CHECK(resumed->WaitForNotificationWithTimeout(absl::Seconds(30)),
                    "a stopped pipeline was never resumed at command ", at);
