@@ -4,6 +4,7 @@
 #include <limits>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -29,27 +30,10 @@ const prometheus::Histogram::BucketBoundaries& A66Buckets() {
   return *buckets;
 }
 
-// The gRPC status code's name, as A66's grpc.status label carries it.
+// The gRPC status code's name, as A66's grpc.status label carries it
+// ("OK", "INVALID_ARGUMENT", ...: gRPC's codes are Abseil's).
 std::string CodeName(grpc::StatusCode code) {
-  static const char* const kNames[] = {"OK",
-                                       "CANCELLED",
-                                       "UNKNOWN",
-                                       "INVALID_ARGUMENT",
-                                       "DEADLINE_EXCEEDED",
-                                       "NOT_FOUND",
-                                       "ALREADY_EXISTS",
-                                       "PERMISSION_DENIED",
-                                       "RESOURCE_EXHAUSTED",
-                                       "FAILED_PRECONDITION",
-                                       "ABORTED",
-                                       "OUT_OF_RANGE",
-                                       "UNIMPLEMENTED",
-                                       "INTERNAL",
-                                       "UNAVAILABLE",
-                                       "DATA_LOSS",
-                                       "UNAUTHENTICATED"};
-  const int i = static_cast<int>(code);
-  return i >= 0 && i < 17 ? kNames[i] : "UNKNOWN";
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
 }
 
 // A66's grpc.method: the full method name for a method of a service this
