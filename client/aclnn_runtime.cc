@@ -472,7 +472,7 @@ aclError aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count,
 
 aclTensor* aclCreateTensor(const int64_t* viewDims, uint64_t viewDimsNum,
                            aclDataType dataType, const int64_t* stride,
-                           int64_t offset, aclFormat /*format*/,
+                           int64_t offset, aclFormat format,
                            const int64_t* storageDims, uint64_t storageDimsNum,
                            void* tensorData) {
   if (viewDimsNum > 0 && viewDims == nullptr) {
@@ -494,6 +494,7 @@ aclTensor* aclCreateTensor(const int64_t* viewDims, uint64_t viewDimsNum,
     tensor->storage_shape.assign(storageDims, storageDims + storageDimsNum);
   }
   tensor->dtype = dataType;
+  tensor->format = format;
   tensor->offset = offset;
   tensor->data = reinterpret_cast<uintptr_t>(tensorData);
   return tensor;

@@ -32,6 +32,7 @@ struct aclTensor {
   std::vector<int64_t> strides;
   std::vector<int64_t> storage_shape;
   aclDataType dtype;
+  aclFormat format;  // Kept and reported back (aclGetFormat); not used.
   int64_t offset;
   uintptr_t data;
 };

@@ -54,6 +54,9 @@ typedef enum {
   ACL_BF16 = 27
 } aclDataType;
 
+// CANN's values; the format given to aclCreateTensor is kept and reported
+// back by aclGetFormat (frameworks pass e.g. NCL for every 3-D tensor), and
+// does not change how a tensor is read: strides do.
 typedef enum {
   ACL_FORMAT_UNDEFINED = -1,
   ACL_FORMAT_NCHW = 0,
@@ -61,8 +64,15 @@ typedef enum {
   ACL_FORMAT_ND = 2,
   ACL_FORMAT_NC1HWC0 = 3,
   ACL_FORMAT_FRACTAL_Z = 4,
+  ACL_FORMAT_NC1HWC0_C04 = 12,
+  ACL_FORMAT_HWCN = 16,
+  ACL_FORMAT_NDHWC = 27,
+  ACL_FORMAT_FRACTAL_NZ = 29,
   ACL_FORMAT_NCDHW = 30,
-  ACL_FORMAT_NDHWC = 27
+  ACL_FORMAT_NDC1HWC0 = 32,
+  ACL_FRACTAL_Z_3D = 33,
+  ACL_FORMAT_NC = 35,
+  ACL_FORMAT_NCL = 47
 } aclFormat;
 
 // The message of the last failed call on this thread ("" when none).
