@@ -305,8 +305,9 @@ aclError aclrtDestroyStream(aclrtStream stream) {
     state.streams.erase(it);
   }
   // The call waits for the stream's running launch: not under the lock, so
-  // other threads' calls go on meanwhile.
+  // other threads' calls go on meanwhile. Its copies land first.
   const uint64_t handle = doomed.handle();
+  opserver::WaitPendingReads(state, handle).IgnoreError();
   absl::Status status = doomed.Destroy();
   if (!status.ok()) {
     // Not destroyed (e.g. the deadline passed): the stream stays usable and
@@ -339,8 +340,12 @@ aclError aclrtSynchronizeStream(aclrtStream stream) {
     pinned = state.Pin();
     handle = *stream_handle;
   }
-  // Other threads may use the API while this one waits.
-  absl::Status status = pinned.session->Synchronize(handle);
+  // Other threads may use the API while this one waits. The stream's
+  // aclrtMemcpyAsync reads land first; one that failed took the stream's
+  // error with it, so it is the synchronize's.
+  absl::Status status = opserver::WaitPendingReads(state, handle);
+  absl::Status synchronized = pinned.session->Synchronize(handle);
+  if (status.ok()) status = synchronized;
   if (!status.ok()) return FailAcl(status);
   return ACL_SUCCESS;
 }

@@ -50,8 +50,33 @@ absl::Status State::DropSession() {
   for (auto& [id, entry] : executors) entry.executor.Release();
   streams.clear();
   executors.clear();
-  session.reset();  // Closes the session.
+  pending_reads.clear();  // Their bytes never come: the copies die too.
+  session.reset();        // Closes the session.
   return pending;
+}
+
+absl::Status WaitPendingReads(State& state, std::optional<uint64_t> handle) {
+  std::vector<remote::PendingRead> reads;
+  {
+    absl::MutexLock lock(&state.mu);
+    for (auto it = state.pending_reads.begin();
+         it != state.pending_reads.end();) {
+      if (handle.has_value() && it->first != *handle) {
+        ++it;
+        continue;
+      }
+      for (remote::PendingRead& read : it->second) {
+        reads.push_back(std::move(read));
+      }
+      it = state.pending_reads.erase(it);
+    }
+  }
+  absl::Status first;
+  for (remote::PendingRead& read : reads) {
+    absl::Status waited = read.Wait();
+    if (first.ok()) first = waited;
+  }
+  return first;
 }
 
 State& GetState() {

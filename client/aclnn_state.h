@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -91,6 +92,13 @@ struct State {
   std::map<uintptr_t, remote::Stream> streams;
   uint64_t next_executor = 1;
   std::map<uintptr_t, ExecutorEntry> executors;
+  // aclrtMemcpyAsync device-to-host copies not yet waited for, by stream
+  // handle: their bytes land when the stream is synchronized.
+  std::map<uint64_t, std::vector<remote::PendingRead>> pending_reads;
+  // aclrtMallocHost blocks and their sizes.
+  std::map<void*, size_t> host_blocks;
+  // aclrtGetSocName's answer, kept until aclFinalize.
+  std::string soc_name;
 
   // Closes the session. What was queued is delivered first, and a deferred
   // error still pending is returned (a session the server no longer has
@@ -122,6 +130,12 @@ absl::StatusOr<DeviceRange> Resolve(State& state, const void* pointer,
                                     absl::string_view what);
 
 absl::StatusOr<uint64_t> StreamHandle(State& state, aclrtStream stream);
+
+// Waits for the aclrtMemcpyAsync reads queued on stream `handle` (every
+// stream's when `handle` is nullopt) and returns the first error; call
+// without `state.mu` (it is taken to collect them). A read's error is its
+// stream's deferred error, which the read consumed: the caller reports it.
+absl::Status WaitPendingReads(State& state, std::optional<uint64_t> handle);
 
 absl::StatusOr<remote::TensorDesc> ToDesc(State& state, const aclTensor* tensor,
                                           absl::string_view name);

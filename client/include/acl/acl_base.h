@@ -33,6 +33,8 @@ static const int ACL_ERROR_STORAGE_OVER_LIMIT = 300000;
 static const int ACL_ERROR_INTERNAL_ERROR = 500000;
 static const int ACL_ERROR_FAILURE = 500001;
 static const int ACL_ERROR_RT_FAILURE = 500003;
+// A call that needs a device found none set on the thread.
+static const int ACL_ERROR_RT_CONTEXT_NULL = 107002;
 
 typedef enum {
   ACL_DT_UNDEFINED = -1,
