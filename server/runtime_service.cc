@@ -995,6 +995,15 @@ grpc::ServerUnaryReactor* RuntimeService::CreateSession(
     v1::CreateSessionResponse* response) {
   absl::StatusOr<std::string> caller = Caller(context);
   if (!caller.ok()) return Reply(context, caller.status());
+  if (draining_.load(std::memory_order_relaxed)) {
+    // UNAVAILABLE: retryable, and a client that retries reaches another
+    // server once the load balancer has seen this one's NOT_SERVING.
+    return Reply(context,
+                 absl::UnavailableError(
+                     "server draining: it is shutting down and takes no new "
+                     "sessions (open sessions are served until they close); "
+                     "use another server"));
+  }
   absl::StatusOr<std::shared_ptr<Session>> session =
       sessions_->Create(request->client_name(), *caller);
   if (session.ok()) {
@@ -1080,6 +1089,7 @@ grpc::ServerUnaryReactor* RuntimeService::GetServerStats(
   response->set_data_path_bytes(data_path_count_.bytes.load());
   response->set_grpc_transfers(grpc_count_.transfers.load());
   response->set_grpc_transfer_bytes(grpc_count_.bytes.load());
+  response->set_draining(draining_.load(std::memory_order_relaxed));
   return Reply(context, absl::OkStatus());
 }
 

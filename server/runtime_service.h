@@ -69,6 +69,11 @@ class RuntimeService final : public RuntimeServiceBase {
   // finish within the shutdown grace; gRPC cancels the rest.
   void Shutdown();
 
+  // The server is draining (Server::BeginDrain): CreateSession is refused
+  // with UNAVAILABLE, every other call is served as before, and
+  // GetServerStats reports it. Idempotent.
+  void BeginDrain() { draining_.store(true, std::memory_order_relaxed); }
+
   grpc::ServerUnaryReactor* GetDeviceInfo(
       grpc::CallbackServerContext* context,
       const v1::GetDeviceInfoRequest* request,
@@ -186,6 +191,7 @@ class RuntimeService final : public RuntimeServiceBase {
   std::set<Attacher*> attachers_ ABSL_GUARDED_BY(mu_);
   std::set<std::shared_ptr<TransferLink>> transfers_ ABSL_GUARDED_BY(mu_);
   bool destroying_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> draining_{false};
   std::thread watchdog_;
   // Completed transfers and their bytes, for GetServerStats.
   struct TransferCount {
