@@ -66,11 +66,11 @@ constexpr char kUsage[] =
     "             [--tls_cert_file=PEM --tls_key_file=PEM]] [--token_file=F]\n"
     "             COMMAND [ARGS]\n"
     "Commands:\n"
-    "  info    device, server version and health\n"
+    "  info    device, server version, health, and whether it drains\n"
     "  ops     operators with their tensor arguments, dtypes and parameters\n"
     "  run     one operator on values from the command line or .npy files\n"
     "          (opctl run --help for the details)\n"
-    "  stats   sessions and device memory in use on the server\n"
+    "  stats   sessions, device memory in use, transfers, draining\n"
     "  bench   transfer throughput, per-operator latency and the\n"
     "          pipelined vs unary cost of a backward step\n"
     "          (opctl bench --help for the details)";
