@@ -230,7 +230,7 @@ class RuntimeService::Transfer {
   // longer than kStuckWriteGrace for a write in flight (see
   // CancelLaterLocked).
   void CancelIfStuckLocked(absl::Time now) {
-    if (now < cancel_at_) return;
+    if (finished_ || now < cancel_at_) return;
     cancel_at_ = absl::InfiniteFuture();
     context_base_->TryCancel();
   }
@@ -504,8 +504,13 @@ class RuntimeService::Downloader final
   }
 
   void OnWriteDone(bool ok) override {
+    if (service_->limits_.before_write_done) {
+      service_->limits_.before_write_done();
+    }
     absl::MutexLock lock(&link_->mu);
     writing_ = false;
+    // The write is done: nothing to cancel it for.
+    cancel_at_ = absl::InfiniteFuture();
     if (finished_) return;
     if (!abort_.ok()) {
       FinishLocked(abort_);
@@ -670,8 +675,13 @@ class RuntimeService::DataTransfer final
   }
 
   void OnWriteDone(bool ok) override {
+    if (service_->limits_.before_write_done) {
+      service_->limits_.before_write_done();
+    }
     absl::MutexLock lock(&link_->mu);
     writing_ = false;
+    // The write is done: nothing to cancel it for.
+    cancel_at_ = absl::InfiniteFuture();
     if (finished_) return;
     if (done_) {
       FinishLocked(result_);

@@ -37,6 +37,10 @@ struct TransferLimits {
   // (RLIMIT_NPROC, a container's pids limit). Empty: a detached
   // std::thread; tests replace it to make thread creation fail.
   std::function<void(std::function<void()>)> start_thread;
+  // For tests: runs at the start of every Download's and OpenDataTransfer's
+  // reaction to a completed write, before it takes the call's lock, so a
+  // test can delay that reaction as a loaded machine may. Empty: nothing.
+  std::function<void()> before_write_done;
 };
 
 // Upload and Download are served on raw gRPC byte buffers: the data field
