@@ -13,10 +13,7 @@
 set -uo pipefail
 opserver="$1"
 opctl="$2"
-# A directory of its own: Bazel gives concurrent runs of one test
-# (--runs_per_test) the same TEST_TMPDIR, and one run's server output must
-# not overwrite another's.
-tmp=$(mktemp -d "${TEST_TMPDIR:-/tmp}/drain.XXXXXX")
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 failures=0
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
 
