@@ -5,9 +5,8 @@
 # soon as it closes; a second SIGTERM ends the drain; a session that does
 # not close is cut off once the drain time and the grace are over.
 # Sessions are made and closed with `buf curl`, which leaves them open
-# between calls. buf reads the schema from proto/opserver.proto rather than
-# through reflection: its first reflection call on a fresh cache now and
-# then answered 'failed to find service named "opserver.v1.Runtime"'.
+# between calls. buf reads the schema from proto/opserver.proto, so this
+# test does not depend on reflection (reflection_test.sh covers that).
 #
 # Time limits are upper bounds far above what the behaviour needs.
 set -uo pipefail
