@@ -66,11 +66,11 @@ constexpr char kUsage[] =
     "             [--tls_cert_file=PEM --tls_key_file=PEM]] [--token_file=F]\n"
     "             COMMAND [ARGS]\n"
     "Commands:\n"
-    "  info    device, server version and health\n"
+    "  info    device, server version, health, and whether it drains\n"
     "  ops     operators with their tensor arguments, dtypes and parameters\n"
     "  run     one operator on values from the command line or .npy files\n"
     "          (opctl run --help for the details)\n"
-    "  stats   sessions and device memory in use on the server\n"
+    "  stats   sessions, device memory in use, transfers, draining\n"
     "  bench   transfer throughput, per-operator latency and the\n"
     "          pipelined vs unary cost of a backward step\n"
     "          (opctl bench --help for the details)";
@@ -153,6 +153,18 @@ int Info(Client& client) {
               info->server_version().c_str(), info->api_version().c_str(),
               info->grpc_version().c_str());
   std::printf("health:   %s\n", health->c_str());
+  // A draining server (--drain_s, after SIGTERM) is NOT_SERVING but still
+  // serves its open sessions: say so, so NOT_SERVING does not read as down.
+  grpc::ClientContext context;
+  client.SetDeadline(&context);
+  v1::ServerStats stats;
+  if (client.runtime()
+          .GetServerStats(&context, v1::GetServerStatsRequest(), &stats)
+          .ok() &&
+      stats.draining()) {
+    std::printf("draining: yes (no new sessions; %llu open)\n",
+                static_cast<unsigned long long>(stats.sessions()));
+  }
   return 0;
 }
 
@@ -178,6 +190,7 @@ int Stats(Client& client) {
   std::printf("gRPC:         %llu transfers, %llu bytes\n",
               static_cast<unsigned long long>(stats.grpc_transfers()),
               static_cast<unsigned long long>(stats.grpc_transfer_bytes()));
+  std::printf("draining:     %s\n", stats.draining() ? "yes" : "no");
   return 0;
 }
 

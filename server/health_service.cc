@@ -15,9 +15,25 @@ using grpc::health::v1::HealthCheckResponse;
 class HealthService::Watcher final
     : public grpc::ServerWriteReactor<HealthCheckResponse> {
  public:
-  Watcher(HealthService* service, ServingStatus initial) : service_(service) {
+  // `known`: the watched service is "" or a registered one, so its status
+  // follows the server's (Drain), where an unknown one stays
+  // SERVICE_UNKNOWN.
+  Watcher(HealthService* service, ServingStatus initial, bool known)
+      : service_(service), known_(known) {
     absl::MutexLock lock(&mu_);
+    wanted_ = initial;
     WriteLocked(initial);
+  }
+
+  bool known() const { return known_; }
+
+  // Reports `status`, once the write in flight (if any) is done; the
+  // stream stays open.
+  void Update(ServingStatus status) {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || stopping_) return;
+    wanted_ = status;
+    if (!writing_ && last_written_ != status) WriteLocked(status);
   }
 
   // Reports NOT_SERVING and ends the stream.
@@ -25,7 +41,13 @@ class HealthService::Watcher final
     absl::MutexLock lock(&mu_);
     if (finished_) return;
     stopping_ = true;
-    if (!writing_) WriteLocked(HealthCheckResponse::NOT_SERVING);
+    if (writing_) return;  // OnWriteDone goes on.
+    // A drained server has reported NOT_SERVING already.
+    if (last_written_ == HealthCheckResponse::NOT_SERVING) {
+      FinishLocked(grpc::Status::OK);
+    } else {
+      WriteLocked(HealthCheckResponse::NOT_SERVING);
+    }
   }
 
   void OnWriteDone(bool ok) override {
@@ -39,6 +61,8 @@ class HealthService::Watcher final
       } else {
         FinishLocked(grpc::Status::OK);
       }
+    } else if (wanted_ != last_written_) {
+      WriteLocked(wanted_);
     }
   }
 
@@ -69,8 +93,11 @@ class HealthService::Watcher final
   }
 
   HealthService* const service_;
+  const bool known_;
   absl::Mutex mu_;
   HealthCheckResponse response_ ABSL_GUARDED_BY(mu_);
+  // The status to report once the write in flight is done.
+  ServingStatus wanted_ ABSL_GUARDED_BY(mu_) = HealthCheckResponse::UNKNOWN;
   ServingStatus last_written_ ABSL_GUARDED_BY(mu_) =
       HealthCheckResponse::UNKNOWN;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -88,8 +115,8 @@ HealthService::~HealthService() = default;
 bool HealthService::StatusOf(const std::string& service,
                              ServingStatus* status) const {
   if (!service.empty() && services_.count(service) == 0) return false;
-  *status = shutting_down_ ? HealthCheckResponse::NOT_SERVING
-                           : HealthCheckResponse::SERVING;
+  *status = shutting_down_ || draining_ ? HealthCheckResponse::NOT_SERVING
+                                        : HealthCheckResponse::SERVING;
   return true;
 }
 
@@ -135,10 +162,9 @@ grpc::ServerWriteReactor<HealthCheckResponse>* HealthService::Watch(
   ServingStatus status;
   // As gRPC's own implementation does, an unknown service is watched as
   // SERVICE_UNKNOWN rather than failed: it may be registered later.
-  if (!StatusOf(request->service(), &status)) {
-    status = HealthCheckResponse::SERVICE_UNKNOWN;
-  }
-  auto* watcher = new Watcher(this, status);
+  const bool known = StatusOf(request->service(), &status);
+  if (!known) status = HealthCheckResponse::SERVICE_UNKNOWN;
+  auto* watcher = new Watcher(this, status, known);
   watchers_.insert(watcher);
   if (shutting_down_) watcher->Stop();
   return watcher;
@@ -147,6 +173,15 @@ grpc::ServerWriteReactor<HealthCheckResponse>* HealthService::Watch(
 void HealthService::RemoveWatcher(Watcher* watcher) {
   absl::MutexLock lock(&mu_);
   watchers_.erase(watcher);
+}
+
+void HealthService::Drain() {
+  absl::MutexLock lock(&mu_);
+  if (draining_ || shutting_down_) return;
+  draining_ = true;
+  for (Watcher* watcher : watchers_) {
+    if (watcher->known()) watcher->Update(HealthCheckResponse::NOT_SERVING);
+  }
 }
 
 void HealthService::Shutdown() {

@@ -16,9 +16,9 @@ namespace opserver {
 // described through reflection, which breaks grpcurl/buf curl listings).
 //
 // Check("") and Check(<each registered service>) answer SERVING until
-// Shutdown(); unknown services are NOT_FOUND. Watch streams the current
-// status and every change; Shutdown() reports NOT_SERVING to every watcher
-// and ends its stream so the server's shutdown does not wait on them.
+// Drain() or Shutdown(); unknown services are NOT_FOUND. Watch streams the
+// current status and every change; Shutdown() reports NOT_SERVING to every
+// watcher and ends its stream so the server's shutdown does not wait on them.
 class HealthService final : public grpc::health::v1::Health::CallbackService {
  public:
   // `services` are the fully qualified names Check answers for (besides "").
@@ -36,6 +36,10 @@ class HealthService final : public grpc::health::v1::Health::CallbackService {
       grpc::CallbackServerContext* context,
       const grpc::health::v1::HealthCheckRequest* request) override;
 
+  // Marks "" and every registered service NOT_SERVING and reports it to
+  // their watchers, whose streams stay open (a load balancer watching sees
+  // the change, not an ended stream it would retry). Idempotent.
+  void Drain();
   // Marks everything NOT_SERVING and finishes all Watch streams. Idempotent.
   void Shutdown();
 
@@ -52,6 +56,7 @@ class HealthService final : public grpc::health::v1::Health::CallbackService {
   const uint32_t max_watches_;
   mutable absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   std::set<Watcher*> watchers_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -4,14 +4,18 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "grpc/grpc.h"
 #include "server/log.h"
 #include "server/server.h"
@@ -125,7 +129,13 @@ ABSL_FLAG(bool, detect_mutex_deadlocks, false,
           "records every lock order and halves the pipelined launch rate).");
 ABSL_FLAG(int, shutdown_grace_ms, 5000,
           "On SIGINT/SIGTERM, how long in-flight calls may finish before "
-          "they are cancelled.");
+          "they are cancelled (after the drain, if any).");
+ABSL_FLAG(int, drain_s, 0,
+          "On SIGTERM, first drain for up to this many seconds: health "
+          "turns NOT_SERVING, CreateSession is refused (UNAVAILABLE, "
+          "\"server draining\") and open sessions go on until they close; "
+          "the server exits as soon as none is left. A second SIGTERM (or "
+          "SIGINT) ends the drain. 0 = no drain; SIGINT never drains.");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -198,6 +208,7 @@ int main(int argc, char** argv) {
   options.shutdown_grace =
       absl::Milliseconds(std::max(0, absl::GetFlag(FLAGS_shutdown_grace_ms)));
   options.detect_mutex_deadlocks = absl::GetFlag(FLAGS_detect_mutex_deadlocks);
+  options.drain = absl::Seconds(std::max(0, absl::GetFlag(FLAGS_drain_s)));
 
   // The last grpc_shutdown() (destroying the last grpc::Server runs it)
   // does gRPC's library-wide cleanup, which joins gRPC's executor threads;
@@ -231,8 +242,49 @@ int main(int argc, char** argv) {
       opserver::LogLine(absl::StrCat("SIGHUP: ", status.message()));
     }
   }
-  opserver::LogLine(
-      absl::StrCat("received ", strsignal(signal_number), ", shutting down"));
+  if (signal_number == SIGTERM && options.drain > absl::ZeroDuration()) {
+    opserver::LogLine(absl::StrCat(
+        "received ", strsignal(signal_number), ", draining for up to ",
+        absl::FormatDuration(options.drain), " (",
+        (*server)->sessions().session_count(),
+        " sessions open; a second SIGTERM ends the drain)"));
+    // The drain waits on its own thread so that this one stays the only
+    // receiver of signals; when it ends, it wakes the sigwait below.
+    std::atomic<bool> drained{false};
+    const pthread_t main_thread = pthread_self();
+    std::thread drainer([&] {
+      const opserver::Server::DrainEnd end = (*server)->Drain();
+      if (end == opserver::Server::DrainEnd::kSessionsClosed) {
+        opserver::LogLine("drained: every session has closed");
+      } else if (end == opserver::Server::DrainEnd::kTimeUp) {
+        opserver::LogLine(absl::StrCat("drain time is over with ",
+                                       (*server)->sessions().session_count(),
+                                       " sessions open"));
+      }
+      drained.store(true);
+      pthread_kill(main_thread, SIGTERM);
+    });
+    for (;;) {
+      sigwait(&signals, &signal_number);
+      if (signal_number == SIGHUP) {
+        if (absl::Status status = (*server)->ReloadTokens(); !status.ok()) {
+          opserver::LogLine(absl::StrCat("SIGHUP: ", status.message()));
+        }
+        continue;
+      }
+      break;
+    }
+    if (!drained.load()) {
+      opserver::LogLine(absl::StrCat("received ", strsignal(signal_number),
+                                     " while draining: ending the drain"));
+      (*server)->EndDrain();
+    }
+    drainer.join();
+    opserver::LogLine("shutting down");
+  } else {
+    opserver::LogLine(
+        absl::StrCat("received ", strsignal(signal_number), ", shutting down"));
+  }
   (*server)->Shutdown();
   // Sessions (their memory, their streams' running launches), the device
   // and the gRPC server.

@@ -226,12 +226,35 @@ class RuntimeService::Transfer {
     return !finished_ && abort_.ok() && !waiting_ &&
            now - std::max(last_progress_, moved) > timeout;
   }
+  // The watchdog's second duty: cancels a call whose abort has waited
+  // longer than kStuckWriteGrace for a write in flight (see
+  // CancelLaterLocked).
+  void CancelIfStuckLocked(absl::Time now) {
+    if (finished_ || now < cancel_at_) return;
+    cancel_at_ = absl::InfiniteFuture();
+    context_base_->TryCancel();
+  }
 
  protected:
   Transfer(RuntimeService* service, grpc::ServerContextBase* context)
       : service_(service),
+        context_base_(context),
         link_(std::make_shared<TransferLink>()),
         binding_(service->authenticator_, context) {}
+
+  // How long an abort waits for the write in flight before cancelling the
+  // call. The call is ended by the reaction to that write, with the abort's
+  // reason: cancelling at once raced the write's completion, and a client
+  // that had already received the message got gRPC's "Cancelled on the
+  // server side" instead of the reason. Only a write the client does not
+  // read (its flow-control window full) never completes: that call is
+  // cancelled once this grace has passed.
+  static constexpr absl::Duration kStuckWriteGrace = absl::Seconds(3);
+  // For an abort that must wait on a write in flight: the watchdog cancels
+  // the call if it is still there after kStuckWriteGrace.
+  void CancelLaterLocked() {
+    cancel_at_ = std::min(cancel_at_, absl::Now() + kStuckWriteGrace);
+  }
 
   // Makes the call reachable by the watchdog and the stream callbacks.
   // From the derived constructor's body: only then is the object whole.
@@ -304,6 +327,7 @@ class RuntimeService::Transfer {
   }
 
   RuntimeService* const service_;
+  grpc::ServerContextBase* const context_base_;
   const std::shared_ptr<TransferLink> link_;
   // Whose sessions the transfer may name; revoking the token ends the call
   // (and forgets a data-path ticket with it).
@@ -312,6 +336,8 @@ class RuntimeService::Transfer {
   // Waiting for the work queued before it: not idle.
   bool waiting_ = false;
   absl::Time last_progress_ = absl::Now();
+  // When the watchdog cancels an aborted call still waiting on its write.
+  absl::Time cancel_at_ = absl::InfiniteFuture();
   // Why the call is being ended, once an abort waits for an operation.
   absl::Status abort_;
   std::shared_ptr<Stream::Gate> gate_;
@@ -478,8 +504,13 @@ class RuntimeService::Downloader final
   }
 
   void OnWriteDone(bool ok) override {
+    if (service_->limits_.before_write_done) {
+      service_->limits_.before_write_done();
+    }
     absl::MutexLock lock(&link_->mu);
     writing_ = false;
+    // The write is done: nothing to cancel it for.
+    cancel_at_ = absl::InfiniteFuture();
     if (finished_) return;
     if (!abort_.ok()) {
       FinishLocked(abort_);
@@ -506,10 +537,11 @@ class RuntimeService::Downloader final
       FinishLocked(why);
       return;
     }
-    // A write a client does not read never completes, and a status could
-    // only follow it: cancel the call, which completes the write.
+    // OnWriteDone ends the call with `why`. A write a client does not read
+    // never completes, and a status could only follow it: such a call is
+    // cancelled after a grace, which completes the write.
     abort_ = why;
-    context_->TryCancel();
+    CancelLaterLocked();
   }
 
   void OnCancel() override {
@@ -643,8 +675,13 @@ class RuntimeService::DataTransfer final
   }
 
   void OnWriteDone(bool ok) override {
+    if (service_->limits_.before_write_done) {
+      service_->limits_.before_write_done();
+    }
     absl::MutexLock lock(&link_->mu);
     writing_ = false;
+    // The write is done: nothing to cancel it for.
+    cancel_at_ = absl::InfiniteFuture();
     if (finished_) return;
     if (done_) {
       FinishLocked(result_);
@@ -669,8 +706,10 @@ class RuntimeService::DataTransfer final
     abort_ = why;
     // Wakes the mover from its blocking socket call; it reports back.
     if (moving_) shutdown(connection_->get(), SHUT_RDWR);
-    // A write a client does not read never completes: cancel the call.
-    if (writing_) context_->TryCancel();
+    // OnWriteDone (or the mover's report) ends the call with `why`; a
+    // write a client does not read never completes: such a call is
+    // cancelled after a grace.
+    if (writing_) CancelLaterLocked();
     if (!moving_ && !writing_) FinishLocked(why);
   }
 
@@ -889,9 +928,11 @@ void RuntimeService::WatchTransfers() {
     const absl::Time now = absl::Now();
     for (const std::shared_ptr<TransferLink>& link : links) {
       absl::MutexLock call_lock(&link->mu);
-      if (link->call != nullptr && link->call->IdleLocked(now, timeout)) {
+      if (link->call == nullptr) continue;
+      if (link->call->IdleLocked(now, timeout)) {
         link->call->AbortLocked(expired);
       }
+      link->call->CancelIfStuckLocked(now);
     }
     links.clear();
     mu_.Lock();
@@ -964,6 +1005,15 @@ grpc::ServerUnaryReactor* RuntimeService::CreateSession(
     v1::CreateSessionResponse* response) {
   absl::StatusOr<std::string> caller = Caller(context);
   if (!caller.ok()) return Reply(context, caller.status());
+  if (draining_.load(std::memory_order_relaxed)) {
+    // UNAVAILABLE: retryable, and a client that retries reaches another
+    // server once the load balancer has seen this one's NOT_SERVING.
+    return Reply(context,
+                 absl::UnavailableError(
+                     "server draining: it is shutting down and takes no new "
+                     "sessions (open sessions are served until they close); "
+                     "use another server"));
+  }
   absl::StatusOr<std::shared_ptr<Session>> session =
       sessions_->Create(request->client_name(), *caller);
   if (session.ok()) {
@@ -1049,6 +1099,7 @@ grpc::ServerUnaryReactor* RuntimeService::GetServerStats(
   response->set_data_path_bytes(data_path_count_.bytes.load());
   response->set_grpc_transfers(grpc_count_.transfers.load());
   response->set_grpc_transfer_bytes(grpc_count_.bytes.load());
+  response->set_draining(draining_.load(std::memory_order_relaxed));
   return Reply(context, absl::OkStatus());
 }
 

@@ -37,6 +37,10 @@ struct TransferLimits {
   // (RLIMIT_NPROC, a container's pids limit). Empty: a detached
   // std::thread; tests replace it to make thread creation fail.
   std::function<void(std::function<void()>)> start_thread;
+  // For tests: runs at the start of every Download's and OpenDataTransfer's
+  // reaction to a completed write, before it takes the call's lock, so a
+  // test can delay that reaction as a loaded machine may. Empty: nothing.
+  std::function<void()> before_write_done;
 };
 
 // Upload and Download are served on raw gRPC byte buffers: the data field
@@ -68,6 +72,11 @@ class RuntimeService final : public RuntimeServiceBase {
   // shutdown does not wait on them. Idempotent. Transfers in flight may
   // finish within the shutdown grace; gRPC cancels the rest.
   void Shutdown();
+
+  // The server is draining (Server::BeginDrain): CreateSession is refused
+  // with UNAVAILABLE, every other call is served as before, and
+  // GetServerStats reports it. Idempotent.
+  void BeginDrain() { draining_.store(true, std::memory_order_relaxed); }
 
   grpc::ServerUnaryReactor* GetDeviceInfo(
       grpc::CallbackServerContext* context,
@@ -193,6 +202,7 @@ class RuntimeService final : public RuntimeServiceBase {
   std::set<Attacher*> attachers_ ABSL_GUARDED_BY(mu_);
   std::set<std::shared_ptr<TransferLink>> transfers_ ABSL_GUARDED_BY(mu_);
   bool destroying_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> draining_{false};
   std::thread watchdog_;
   // Completed transfers and their bytes, for GetServerStats.
   struct TransferCount {

@@ -117,6 +117,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     return absl::InvalidArgumentError(
         "--data_port: 0 (any free port), 1-65535, or -1 (off)");
   }
+  if (options.drain < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--drain_s: must not be negative");
+  }
   if (options.tls_refresh_interval_s <= 0) {
     return absl::InvalidArgumentError(
         "--tls_refresh_interval_s: must be positive");
@@ -347,7 +350,45 @@ Server::~Server() {
   sessions_.reset();
 }
 
+void Server::BeginDrain() {
+  {
+    absl::MutexLock lock(&drain_mu_);
+    if (draining_ || grpc_server_ == nullptr) return;
+    draining_ = true;
+  }
+  health_service_->Drain();
+  runtime_service_->BeginDrain();
+}
+
+bool Server::draining() const {
+  absl::MutexLock lock(&drain_mu_);
+  return draining_;
+}
+
+Server::DrainEnd Server::Drain() {
+  BeginDrain();
+  const absl::Time deadline = absl::Now() + options_.drain;
+  // Sessions end on many paths (CloseSession, an Attach stream's end, the
+  // idle timeout): their count is polled rather than signalled.
+  constexpr absl::Duration kPoll = absl::Milliseconds(50);
+  absl::MutexLock lock(&drain_mu_);
+  for (;;) {
+    if (drain_ended_) return DrainEnd::kEnded;
+    if (sessions_->session_count() == 0) return DrainEnd::kSessionsClosed;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return DrainEnd::kTimeUp;
+    drain_mu_.AwaitWithDeadline(absl::Condition(&drain_ended_),
+                                std::min(deadline, now + kPoll));
+  }
+}
+
+void Server::EndDrain() {
+  absl::MutexLock lock(&drain_mu_);
+  drain_ended_ = true;
+}
+
 void Server::Shutdown() {
+  EndDrain();
   absl::MutexLock lock(&shutdown_mu_);
   if (shut_down_ || grpc_server_ == nullptr) return;
   shut_down_ = true;

@@ -41,6 +41,9 @@ struct Options {
   std::string device = "cpu";
   // How long Shutdown() lets in-flight calls finish before cancelling them.
   absl::Duration shutdown_grace = absl::Seconds(5);
+  // How long Drain() lets open sessions go on (opserver --drain_s, after
+  // SIGTERM) before the shutdown; zero: no drain.
+  absl::Duration drain = absl::ZeroDuration();
   // Abseil's Mutex deadlock detection (on in Debian's Abseil build) records
   // every lock order in a process-wide graph. Tests keep it (it aborts on a
   // lock-order inversion); the opserver binary turns it off
@@ -145,6 +148,28 @@ class Server {
   // error the old tokens stay in force.
   absl::Status ReloadTokens();
 
+  // Draining, the step before Shutdown() that lets a load balancer move
+  // clients elsewhere without cutting off those the server still serves:
+  // health turns NOT_SERVING ("" and every service, Watch streams stay
+  // open), CreateSession is refused with UNAVAILABLE "server draining", and
+  // open sessions are served as before. GetServerStats reports it.
+  // Idempotent and thread-safe; it cannot be undone.
+  void BeginDrain();
+  bool draining() const;
+
+  // How Drain() ended.
+  enum class DrainEnd {
+    kSessionsClosed,  // No session was left open.
+    kTimeUp,          // Options::drain passed with sessions still open.
+    kEnded,           // EndDrain() (a second SIGTERM) or Shutdown().
+  };
+  // BeginDrain(), then waits until every session has closed, Options::drain
+  // has passed, or EndDrain() or Shutdown() is called from another thread.
+  // The caller shuts down next; sessions still open are ended by that.
+  DrainEnd Drain();
+  // Makes a Drain() in progress (or the next one) return at once.
+  void EndDrain();
+
   // Stops accepting calls, reports NOT_SERVING, lets in-flight calls finish
   // for up to Options::shutdown_grace and cancels the rest. Idempotent and
   // thread-safe; returns when the server has stopped.
@@ -173,6 +198,9 @@ class Server {
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;
   std::string address_;
+  mutable absl::Mutex drain_mu_;
+  bool draining_ ABSL_GUARDED_BY(drain_mu_) = false;
+  bool drain_ended_ ABSL_GUARDED_BY(drain_mu_) = false;
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };

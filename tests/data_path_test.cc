@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
@@ -377,6 +378,44 @@ TEST_F(DataPathTest, DestroyingTheStreamEndsATransferInFlight) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_THAT(status.error_message(), HasSubstr("stream was destroyed"));
   EXPECT_TRUE(ClosedByServer(fd.get()));
+}
+
+// The race behind a rare failure of the test above, made certain: the
+// client has the reply (ticket and port), but the server's reaction to
+// that write has not run yet when the stream is destroyed. The client must
+// still get the server's reason, not gRPC's "Cancelled on the server
+// side" (the call used to be cancelled at once when a write was in
+// flight).
+TEST_F(DataPathTest, DestroyingTheStreamDuringALateWriteKeepsTheReason) {
+  absl::Notification release;
+  std::atomic<bool> hold{false};
+  Options options;
+  options.transfer_limits.before_write_done = [&] {
+    if (hold.exchange(false)) {
+      release.WaitForNotificationWithTimeout(absl::Seconds(30));
+    }
+  };
+  Start(options);
+  const uint64_t buffer = MustMalloc(1 << 20);
+  auto stream = session_->CreateStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const uint64_t handle = stream->handle();
+  hold = true;  // The reply's write is the next one done.
+  auto open = OpenTransfer(kUp, buffer, 0, 1 << 20, handle);
+  ASSERT_TRUE(open->has_event);
+  UniqueFd fd = Dial(open->event.ticket());
+  ASSERT_TRUE(SendAll(fd.get(), "some", 4).ok());
+  std::thread destroy(
+      [&] { EXPECT_TRUE(session_->DestroyStream(handle).ok()); });
+  // The connection closes when the transfer is aborted: the abort has
+  // happened while its write still counts as in flight.
+  EXPECT_TRUE(ClosedByServer(fd.get()));
+  EXPECT_FALSE(release.HasBeenNotified());
+  release.Notify();
+  grpc::Status status = open->Finish();
+  destroy.join();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_THAT(status.error_message(), HasSubstr("stream was destroyed"));
 }
 
 TEST_F(DataPathTest, ShutdownEndsATransferInFlight) {

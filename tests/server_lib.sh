@@ -9,6 +9,11 @@
 start_opserver() {
   local out=$1 err=$2 binary=$3
   shift 3
+  # Emptied here, not only by the redirections below: those run in the
+  # child, and until it has run them the loop below could read the
+  # "listening on" line a previous server left in OUT and return its port.
+  : >"$out"
+  : >"$err"
   "$binary" --listen=127.0.0.1:0 "$@" >"$out" 2>"$err" &
   pid=$!
   port=""
