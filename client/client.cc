@@ -23,6 +23,7 @@
 #include "common/listen_address.h"
 #include "common/malloc_tuning.h"
 #include "common/op_call.h"
+#include "common/transfer_framing.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/grpcpp.h"
@@ -148,19 +149,8 @@ class LentSlices {
 // (the serialized fields other than data, possibly none) and the data
 // field's tag and length. The data itself follows as its own slice.
 std::string UploadPrefix(std::string header, uint64_t data_size) {
-  using google::protobuf::internal::WireFormatLite;
-  using google::protobuf::io::CodedOutputStream;
   if (data_size == 0) return header;  // proto3 leaves an empty field out.
-  // A tag takes at most 5 bytes, a 64-bit varint at most 10.
-  uint8_t tag_and_length[16];
-  uint8_t* end = CodedOutputStream::WriteTagToArray(
-      WireFormatLite::MakeTag(v1::UploadRequest::kDataFieldNumber,
-                              WireFormatLite::WIRETYPE_LENGTH_DELIMITED),
-      tag_and_length);
-  end = CodedOutputStream::WriteVarint64ToArray(data_size, end);
-  header.append(reinterpret_cast<const char*>(tag_and_length),
-                end - tag_and_length);
-  return header;
+  return header + UploadDataPrefix(data_size);
 }
 
 // Parses one DownloadResponse from `message`, copying its data straight

@@ -51,6 +51,11 @@ struct TransferLimits {
 using RuntimeServiceBase = v1::Runtime::WithRawCallbackMethod_Upload<
     v1::Runtime::WithRawCallbackMethod_Download<v1::Runtime::CallbackService>>;
 
+// The error of a copy through a stream without a device stream (only a
+// session built without one: see Session's constructor); shared by
+// runtime_service.cc and transfers.cc.
+absl::Status NoDeviceStream();
+
 // opserver.v1.Runtime: device info, sessions, streams, memory, transfers.
 // `device` and `sessions` must outlive the service.
 class RuntimeService final : public RuntimeServiceBase {
