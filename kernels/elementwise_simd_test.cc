@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "hwy/targets.h"
 #include "kernels/half.h"
 #include "kernels/ops/dropout_backward.h"
 #include "kernels/ops/hardswish_backward.h"
@@ -217,27 +218,33 @@ TEST(BFloat16Kernels, BitIdenticalToTheScalarFormulas) {
   // each around that, smaller targets' widths, and large.
   const int64_t sizes[] = {1,  2,  3,  7,  8,  9,  15, 16, 17,   31,   32,
                            33, 47, 48, 63, 64, 65, 95, 97, 1000, 4099, 100003};
-  uint32_t seed = 7;
-  for (const BF16Case& c : BF16Cases()) {
-    int64_t ties = 0;
-    for (int64_t n : sizes) {
-      for (size_t offset : {size_t{0}, size_t{1}, size_t{7}}) {
-        for (bool stream : {false, true}) {
-          ties += CheckBF16(c, n, offset, Alias::kNone, stream, 0, seed++);
+  // Every instruction set this CPU runs, not just the one dispatch picks.
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    uint32_t seed = 7;
+    for (const BF16Case& c : BF16Cases()) {
+      int64_t ties = 0;
+      for (int64_t n : sizes) {
+        for (size_t offset : {size_t{0}, size_t{1}, size_t{7}}) {
+          for (bool stream : {false, true}) {
+            ties += CheckBF16(c, n, offset, Alias::kNone, stream, 0, seed++);
+          }
+        }
+        ties += CheckBF16(c, n, 0, Alias::kOutIsGrad, true, 0, seed++);
+        ties += CheckBF16(c, n, 3, Alias::kOutIsGrad, false, 0, seed++);
+        if (c.op == OpKind::kDropoutBackward) {
+          for (int64_t bit0 : {1, 5, 8, 13}) {
+            ties += CheckBF16(c, n, 0, Alias::kNone, true, bit0, seed++);
+          }
+        } else {
+          ties += CheckBF16(c, n, 0, Alias::kOutIsSelf, true, 0, seed++);
         }
       }
-      ties += CheckBF16(c, n, 0, Alias::kOutIsGrad, true, 0, seed++);
-      ties += CheckBF16(c, n, 3, Alias::kOutIsGrad, false, 0, seed++);
-      if (c.op == OpKind::kDropoutBackward) {
-        for (int64_t bit0 : {1, 5, 8, 13}) {
-          ties += CheckBF16(c, n, 0, Alias::kNone, true, bit0, seed++);
-        }
-      } else {
-        ties += CheckBF16(c, n, 0, Alias::kOutIsSelf, true, 0, seed++);
-      }
+      if (c.ties) EXPECT_GT(ties, 100) << c.name << " never ties";
     }
-    if (c.ties) EXPECT_GT(ties, 100) << c.name << " never ties";
   }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 }  // namespace
