@@ -177,8 +177,8 @@ HWY_INLINE void LoadPairBF16(D d, const BF16* p, hn::VFromD<D>* even,
 // halfway point, or at it with the kept part odd. NaN keeps its upper bits
 // and gets the quiet bit instead (the add could carry it into Inf).
 // FloatToBFloat16 is the same rule for one element; Highway's DemoteTo to
-// bfloat16 truncates instead.
-template <class D>
+// bfloat16 truncates instead. kArithmeticNaNs: see ArithmeticNaNs.
+template <bool kArithmeticNaNs, class D>
 HWY_INLINE hn::VFromD<hn::RebindToUnsigned<D>> RoundToBF16Bits(
     D d, hn::VFromD<D> v) {
   (void)d;
@@ -189,23 +189,41 @@ HWY_INLINE hn::VFromD<hn::RebindToUnsigned<D>> RoundToBF16Bits(
   const auto r = hn::IfThenElse(hn::TestBit(u, hn::Set(du, 0x10000u)),
                                 hn::Add(u, hn::Set(du, 0x8000u)),
                                 hn::Add(u, hn::Set(du, 0x7FFFu)));
+  if constexpr (kArithmeticNaNs) return r;
   return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)),
                         hn::Or(u, hn::Set(du, 0x00400000u)), r);
 }
 
 // The 2N bfloat16 of the (even, odd) vectors LoadPairBF16 split, in order,
 // rounded to nearest-even, as 16-bit lanes.
-template <class D>
+template <bool kArithmeticNaNs, class D>
 HWY_INLINE hn::VFromD<hn::Repartition<uint16_t, D>> PackBF16(
     D d, hn::VFromD<D> even, hn::VFromD<D> odd) {
   const hn::RebindToUnsigned<D> du;
   const hn::Repartition<uint16_t, D> d16;
   return hn::BitCast(
-      d16, hn::Or(hn::ShiftRight<16>(RoundToBF16Bits(d, even)),
-                  hn::And(RoundToBF16Bits(d, odd), hn::Set(du, 0xFFFF0000u))));
+      d16, hn::Or(hn::ShiftRight<16>(RoundToBF16Bits<kArithmeticNaNs>(d, even)),
+                  hn::And(RoundToBF16Bits<kArithmeticNaNs>(d, odd),
+                          hn::Set(du, 0xFFFF0000u))));
 }
 
 #endif  // OPSERVER_BF16_PAIRS
+
+// Whether every NaN the vector form Op returns comes out of a float
+// operation on bf16 inputs and non-NaN constants, none passed through by a
+// select: the operator says so with `static constexpr bool kArithmeticNaNs
+// = true`. Such a NaN is quiet, and its low 16 bits are zero because x86
+// and Arm return either an input NaN's payload (whose low bits a bf16
+// input leaves zero) or the default NaN: it rounds to itself, so the store
+// skips the NaN test, which took a sixth of a bf16 kernel's time in cache.
+// A NaN passed through (gradOutput in ThresholdBackward, SoftshrinkBackward
+// and LeakyReluBackward) may be signalling and needs the test.
+// elementwise_simd_test would see a wrong claim (it plants NaNs).
+template <class Op, class = void>
+struct ArithmeticNaNs : std::false_type {};
+template <class Op>
+struct ArithmeticNaNs<Op, std::void_t<decltype(Op::kArithmeticNaNs)>>
+    : std::bool_constant<Op::kArithmeticNaNs> {};
 
 // Skips to the first element whose output address is aligned for streaming
 // stores, returning how many leading elements to handle one by one, or
@@ -262,8 +280,10 @@ HWY_INLINE void BinaryLoop(D d, const T* g, const T* s, T* o, size_t n,
       hn::VFromD<D> g0, g1, s0, s1;
       LoadPairBF16(d, g + i, &g0, &g1);
       LoadPairBF16(d, s + i, &s0, &s1);
-      StoreBits16(d16, PackBF16(d, op(d, g0, s0), op(d, g1, s1)),
-                  reinterpret_cast<uint16_t*>(o + i), stream);
+      StoreBits16(
+          d16,
+          PackBF16<ArithmeticNaNs<Op>::value>(d, op(d, g0, s0), op(d, g1, s1)),
+          reinterpret_cast<uint16_t*>(o + i), stream);
     }
 #else
     stream = false;

@@ -200,7 +200,9 @@ struct DropoutBackwardSimd {
       for (; i + 2 * N <= n; i += 2 * N) {
         hn::VFromD<decltype(d)> g0, g1;
         LoadPairBF16(d, g + i, &g0, &g1);
-        const auto r = PackBF16(d, hn::Mul(g0, vscale), hn::Mul(g1, vscale));
+        // Every kept result is a product: see ArithmeticNaNs.
+        const auto r =
+            PackBF16<true>(d, hn::Mul(g0, vscale), hn::Mul(g1, vscale));
         StoreBits16(d16, hn::IfThenElseZero(mask_at(d16, i), r),
                     reinterpret_cast<uint16_t*>(o + i), stream);
       }

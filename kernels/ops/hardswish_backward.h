@@ -78,6 +78,8 @@ template <class CT>
 struct HardswishVec : HardswishFormula<CT> {
   using HardswishFormula<CT>::HardswishFormula;
   using HardswishFormula<CT>::operator();
+  // The result is always g * deriv (see ArithmeticNaNs).
+  static constexpr bool kArithmeticNaNs = true;
   template <class D, class V>
   HWY_INLINE V operator()(D d, V g, V x) const {
     const V three = hn::Set(d, 3.0f);
