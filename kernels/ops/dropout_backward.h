@@ -164,37 +164,60 @@ struct DropoutBackwardSimd {
     const hn::ScalableTag<float> d;
     const size_t N = hn::Lanes(d);
     const DropoutFormula formula(p);
-    // Bits of N elements starting at element i as a mask. Whole bytes are
-    // read directly; otherwise the (at most 3) bytes covering them are
-    // shifted into place, never reading past the last byte holding one of
-    // the bits.
-    auto mask_at = [&](size_t i) {
+    // Bits of Lanes(dm) elements starting at element i as a mask of dm.
+    // Whole bytes are read directly; otherwise the (at most 5) bytes
+    // covering them are shifted into place, never reading past the last
+    // byte holding one of the bits.
+    auto mask_at = [&](auto dm, size_t i) {
+      const size_t M = hn::Lanes(dm);
       const uint64_t pos = bit0 + i;
-      if (N >= 8 && (pos & 7) == 0) {
-        return hn::LoadMaskBits(d, bits + (pos >> 3));
+      if (M >= 8 && (pos & 7) == 0) {
+        return hn::LoadMaskBits(dm, bits + (pos >> 3));
       }
       const unsigned shift = static_cast<unsigned>(pos & 7);
-      const size_t nbytes = (shift + N + 7) / 8;
-      uint32_t w = 0;
+      const size_t nbytes = (shift + M + 7) / 8;
+      uint64_t w = 0;
       std::memcpy(&w, bits + (pos >> 3), nbytes);
       w >>= shift;
       uint8_t tmp[8] = {0};
       std::memcpy(tmp, &w, sizeof(w));
-      return hn::LoadMaskBits(d, tmp);
+      return hn::LoadMaskBits(dm, tmp);
     };
     auto scalar = [&](size_t i) {
       StoreS(formula(LoadS<float>(g + i), MaskBit(bits, bit0 + i)), o + i);
     };
-    static_assert(HWY_MAX_BYTES / sizeof(float) <= 16, "mask_at reads 3 bytes");
-    size_t i = 0;
-    const size_t head = StreamHead(d, o, n, &stream);
-    for (; i < head; ++i) scalar(i);
+    static_assert(HWY_MAX_BYTES / sizeof(uint16_t) <= 56,
+                  "mask_at shifts the bits within 8 bytes");
     const auto vscale = hn::Set(d, formula.scale);
-    for (; i + N <= n; i += N) {
-      // A select, not a multiply by 0/1: dropped NaN/Inf become exactly 0.
-      const auto r =
-          hn::IfThenElseZero(mask_at(i), hn::Mul(LoadV(d, g + i), vscale));
-      StoreV(d, r, o + i, stream);
+    size_t i = 0;
+    if constexpr (std::is_same_v<T, BF16>) {
+#if OPSERVER_BF16_PAIRS
+      // 2N elements per step (see LoadPairBF16); the dropped ones are
+      // zeroed after packing, as 16-bit lanes in element order.
+      const hn::Repartition<uint16_t, decltype(d)> d16;
+      const size_t head = StreamHead(d16, o, n, &stream);
+      for (; i < head; ++i) scalar(i);
+      for (; i + 2 * N <= n; i += 2 * N) {
+        hn::VFromD<decltype(d)> g0, g1;
+        LoadPairBF16(d, g + i, &g0, &g1);
+        // Every kept result is a product: see ArithmeticNaNs.
+        const auto r =
+            PackBF16<true>(d, hn::Mul(g0, vscale), hn::Mul(g1, vscale));
+        StoreBits16(d16, hn::IfThenElseZero(mask_at(d16, i), r),
+                    reinterpret_cast<uint16_t*>(o + i), stream);
+      }
+#else
+      stream = false;
+#endif
+    } else {
+      const size_t head = StreamHead(d, o, n, &stream);
+      for (; i < head; ++i) scalar(i);
+      for (; i + N <= n; i += N) {
+        // A select, not a multiply by 0/1: dropped NaN/Inf become exactly 0.
+        const auto r =
+            hn::IfThenElseZero(mask_at(d, i), hn::Mul(LoadV(d, g + i), vscale));
+        StoreV(d, r, o + i, stream);
+      }
     }
     for (; i < n; ++i) scalar(i);
     StreamFence(stream);
