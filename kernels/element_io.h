@@ -112,7 +112,7 @@ using ComputeType =
 
 // Stores a result computed for compute dtype C into an `out` of dtype O:
 // rounded to C first, then cast to O, as aclnn's Cast after the kernel and
-// PyTorch's out= do (../shared/spec/operators.md, common rules). FLOAT16
+// PyTorch's out= do (docs/operators.md, common rules). FLOAT16
 // 65504 * 2.5 is inf in a FLOAT `out` too, not 163760. Same-dtype stores
 // (every SIMD path) round once, as before.
 template <DType C, DType O, class CT>

@@ -1,4 +1,4 @@
-// The five operators against ../shared/spec/operators.md: worked examples,
+// The five operators against docs/operators.md: worked examples,
 // hand-computed boundaries, NaN/Inf, every dtype, broadcast and strided
 // layouts, sizes around the vector width and above the parallel and
 // streaming thresholds, in-place and misaligned data, and every check with
@@ -443,10 +443,10 @@ TEST(SpecBoundaries, ThresholdIntegerSelfWithThresholdsOutsideTheDType) {
       double threshold;
       std::vector<double> want;
     };
-    std::vector<Case> cases = {{-inf, grads},          {-1e300, grads},
-                               {-3e9, grads},          {lo, {0, 6, 7, 8}},
-                               {3e9, {0, 0, 0, 0}},    {1e300, {0, 0, 0, 0}},
-                               {inf, {0, 0, 0, 0}},    {nan, {0, 0, 0, 0}}};
+    std::vector<Case> cases = {{-inf, grads},       {-1e300, grads},
+                               {-3e9, grads},       {lo, {0, 6, 7, 8}},
+                               {3e9, {0, 0, 0, 0}}, {1e300, {0, 0, 0, 0}},
+                               {inf, {0, 0, 0, 0}}, {nan, {0, 0, 0, 0}}};
     if (d != DType::kInt32) {
       // Just outside and at the ends of the range (exact as FLOAT, the
       // threshold's dtype; INT32's ends are not).
@@ -712,8 +712,8 @@ TEST(MixedDTypes, ResultIsRoundedToTheComputeDTypeBeforeTheCast) {
   const Case cases[] = {
       {DType::kFloat16, 65504, 2.5, kInf},
       {DType::kBFloat16, 255, 1.5, 382},
-      {DType::kFloat, 0.1, 3, static_cast<double>(
-                                  static_cast<float>(0.1f) * 3.0f)},
+      {DType::kFloat, 0.1, 3,
+       static_cast<double>(static_cast<float>(0.1f) * 3.0f)},
   };
   for (const Case& c : cases) {
     for (DType out : {DType::kFloat, DType::kDouble}) {
@@ -731,9 +731,9 @@ TEST(MixedDTypes, ResultIsRoundedToTheComputeDTypeBeforeTheCast) {
           g.Set(i, c.grad);
           s.Set(i, -1);
         }
-        ASSERT_TRUE(Launch(Call(OpKind::kLeakyReluBackward, g, s, o,
-                                Slope(c.factor)))
-                        .ok())
+        ASSERT_TRUE(
+            Launch(Call(OpKind::kLeakyReluBackward, g, s, o, Slope(c.factor)))
+                .ok())
             << what;
         for (int64_t i = 0; i < 4; ++i) {
           EXPECT_EQ(o.Get(i), c.expected) << "LeakyRelu " << what;
@@ -956,11 +956,10 @@ std::vector<ErrorCase> CommonErrors(absl::string_view out_name) {
          c.out->shape = {2, 2};
        },
        kAclnnErrParamInvalid, out},
-      // Security review finding 2: an output may not overlap itself, so a
+      // An output may not overlap itself, so a
       // few bytes cannot describe ~2^62 elements of work.
-      {"out with a stride-0 dimension",
-       [](OpCall& c) { c.out->strides = {0}; }, kAclnnErrParamInvalid,
-       "overlap in memory"},
+      {"out with a stride-0 dimension", [](OpCall& c) { c.out->strides = {0}; },
+       kAclnnErrParamInvalid, "overlap in memory"},
       {"out with interleaved strides",
        [](OpCall& c) {
          c.out->shape = {2, 2};
@@ -975,7 +974,7 @@ std::vector<ErrorCase> CommonErrors(absl::string_view out_name) {
   };
 }
 
-// Security review finding 2's reproduction: 4 bytes describing 2^62 INT8
+// A hostile view: 4 bytes describing 2^62 INT8
 // elements through stride 0 everywhere are refused at planning time.
 TEST(Checks, HugeViewsOverFewBytesAreRefused) {
   for (int64_t n : {int64_t{1} << 62, int64_t{17179869184},
@@ -1116,8 +1115,8 @@ TEST(Checks, DropoutBackward) {
   // (UB, fatal under --config=asan) for a gradOutput of 2^63-1 elements.
   cases.push_back({"gradOutput of 2^63-1 elements",
                    [](OpCall& c) {
-                     c.grad_output->shape = c.out->shape = {
-                         std::numeric_limits<int64_t>::max()};
+                     c.grad_output->shape =
+                         c.out->shape = {std::numeric_limits<int64_t>::max()};
                      c.grad_output->strides = c.out->strides = {0};
                    },
                    kAclnnErrParamInvalid, "align(9223372036854775807, 128)"});

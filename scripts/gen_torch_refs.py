@@ -6,7 +6,7 @@ Run with Debian's python3-torch (scripts/install-deps.sh installs
 it):  /usr/bin/python3 scripts/gen_torch_refs.py
 
 Only cases where PyTorch implements the op with the spec's semantics are
-written (see ../shared/spec/operators.md):
+written (see docs/operators.md):
 - threshold_backward, leaky_relu_backward: same semantics, NaN handling
   included; float32 and whichever 16-bit dtypes
   PyTorch 1.13 implements on CPU (tried, skipped if not implemented).

@@ -63,7 +63,7 @@ TEST(MemoryPoolTest, AbsurdSizeIsResourceExhausted) {
   EXPECT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted);
 }
 
-// Review finding 3: a block handed to another owner never shows the bytes
+// A block handed to another owner never shows the bytes
 // the previous owner wrote; the same owner gets its block back as it left it
 // (no zeroing cost in the steady state).
 TEST(MemoryPoolTest, ReuseAcrossOwnersIsZeroed) {
@@ -90,7 +90,7 @@ TEST(MemoryPoolTest, ReuseAcrossOwnersIsZeroed) {
   }
 }
 
-// Review finding 5: blocks in use plus the cache stay within the capacity.
+// Blocks in use plus the cache stay within the capacity.
 TEST(MemoryPoolTest, CapacityBoundsUseAndTheCacheGivesWay) {
   MemoryPool pool(/*max_cached_bytes=*/64 << 20, /*capacity_bytes=*/8 << 20);
   EXPECT_EQ(pool.capacity_bytes(), 8u << 20);

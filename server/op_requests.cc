@@ -11,10 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
+#include "common/values.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
 #include "kernels/tensor.h"
-#include "common/values.h"
 
 namespace opserver {
 namespace {
@@ -22,7 +22,7 @@ namespace {
 using kernels::DType;
 using kernels::OpInfo;
 
-// The work one launch may ask for is bounded (review finding 2): 161002
+// The work one launch may ask for is bounded: 161002
 // with RESOURCE_EXHAUSTED past --max_launch_elements.
 absl::Status CheckLaunchSize(const kernels::Plan& plan,
                              uint64_t max_launch_elements) {
@@ -159,9 +159,9 @@ absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
       bytes.assign(*numel * kernels::DTypeSize(*dtype), '\0');
     } else {
       if (t->values_size() != *numel) {
-        return kernels::ParamInvalid(
-            absl::StrCat(name, " has shape of ", *numel, " elements but ",
-                         t->values_size(), " values"));
+        return kernels::ParamInvalid(absl::StrCat(name, " has shape of ",
+                                                  *numel, " elements but ",
+                                                  t->values_size(), " values"));
       }
       absl::StatusOr<std::string> encoded = EncodeValues(
           *dtype, absl::MakeConstSpan(t->values().data(), t->values_size()));

@@ -206,7 +206,7 @@ class OperatorService::Launcher final
     pending_.push_back(std::move(response));
     if (!writing_) WriteFrontLocked();
     // A client that does not read its replies stops being read from: the
-    // replies waiting for it stay bounded (review finding 6).
+    // replies waiting for it stay bounded.
     if (pending_.size() < max_pending_) {
       ReadNextLocked();
     } else {

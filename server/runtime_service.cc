@@ -47,7 +47,7 @@ class RuntimeService::Attacher final
 
   // Server shutdown or the session closed by CloseSession: tell the client
   // why and end the call (which drops its hold on the session, so a closed
-  // session's memory is not kept alive by its Attach call; finding 8).
+  // session's memory is not kept alive by its Attach call.
   void Stop(absl::string_view why = "server shutting down") {
     absl::MutexLock lock(&mu_);
     stopping_ = true;

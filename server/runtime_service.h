@@ -30,7 +30,7 @@ struct TransferLimits {
   uint32_t max_values = 1u << 20;
   // An Upload or Download that moves no data for this long (its client
   // neither sends nor reads) is ended with DEADLINE_EXCEEDED, so a stalled
-  // client cannot hold its stream, buffer and session (review finding 5c).
+  // client cannot hold its stream, buffer and session.
   absl::Duration idle_timeout = absl::Seconds(60);
   // Starts the thread that moves a data-path transfer's bytes. Like
   // std::thread, it throws std::system_error when no thread can be started

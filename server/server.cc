@@ -60,7 +60,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
         absl::StrCat("--listen: ", listen.status().message()));
   }
   TransferLimits transfer = options.transfer_limits;
-  // Written so that no sum can wrap (review finding 17).
+  // Written so that no sum can wrap.
   if (transfer.chunk_bytes == 0 || transfer.max_message_bytes < 1024 ||
       transfer.chunk_bytes > transfer.max_message_bytes - 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -78,7 +78,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   }
   // A WriteValues/ReadValues/Evaluate tensor of max_values doubles (8 bytes
   // each, packed) must fit in one message: the limit in force (and reported
-  // by GetDeviceInfo) is the smaller one (review finding 17).
+  // by GetDeviceInfo) is the smaller one.
   transfer.max_values = static_cast<uint32_t>(std::min<uint64_t>(
       transfer.max_values, (transfer.max_message_bytes - 1024) / 8));
   if (options.session_limits.max_launch_elements == 0 ||
@@ -258,7 +258,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // A peer that vanished without closing its connection (host down, cable
   // out) is noticed within about a minute, so the sessions bound to its
-  // Attach call are freed then, not after TCP's two hours (finding 10).
+  // Attach call are freed then, not after TCP's two hours.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);

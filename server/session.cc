@@ -763,7 +763,7 @@ void SessionManager::ReaperLoop() {
       // Logged outside the lock: a stalled stderr must not stall lookups.
       mu_.Unlock();
       // As for Close: a transfer that started after the idle check would
-      // otherwise hold the reaped session (review finding 5c); cancelling
+      // otherwise hold the reaped session; cancelling
       // its stream ends it.
       for (const std::shared_ptr<Session>& session : reaped) {
         session->CancelWork();

@@ -106,7 +106,7 @@ class Stream {
   // the group's count without this stream.
   void WhenStopped(std::function<void()> stopped);
 
-  // Holds the stream for the length of a transfer (review finding 12): once
+  // Holds the stream for the length of a transfer: once
   // everything queued before this call has run, `reached` is called and
   // the stream stays busy, so work queued after the gate waits, until
   // `gate` is destroyed (whoever holds the last reference: the transfer, or

@@ -87,7 +87,8 @@ TEST(StreamTest, DifferentStreamsRunConcurrently) {
 TEST(StreamTest, IdleStreamRunsInlineWorkOnTheCaller) {
   Stream stream;
   std::thread::id ran_on;
-  Enq(stream, 
+  Enq(
+      stream,
       [&] {
         ran_on = std::this_thread::get_id();
         return absl::InternalError("inline failure");
@@ -108,7 +109,8 @@ TEST(StreamTest, BusyStreamQueuesInlineWorkBehindEarlierWork) {
     return absl::OkStatus();
   });
   std::thread::id ran_on;
-  Enq(stream, 
+  Enq(
+      stream,
       [&] {
         ran_on = std::this_thread::get_id();
         order.push_back(2);
@@ -121,7 +123,7 @@ TEST(StreamTest, BusyStreamQueuesInlineWorkBehindEarlierWork) {
   EXPECT_NE(ran_on, std::this_thread::get_id());
 }
 
-// Security review findings 2 and 7: destroying a stream (or closing its
+// Destroying a stream (or closing its
 // session) must not wait for the work a client queued on it.
 TEST(StreamTest, DestructorDropsQueuedWorkAndDoesNotWaitForTheRunningTask) {
   std::atomic<int> ran{0};
@@ -290,8 +292,8 @@ TEST(StreamTest, GateHoldsLaterWorkUntilReleased) {
   auto gate = std::make_shared<Stream::Gate>();
   std::atomic<bool> reached{false}, cancelled{false}, after{false};
   ASSERT_TRUE(stream
-                  .Hold(gate, [&] { reached = true; },
-                        [&] { cancelled = true; })
+                  .Hold(
+                      gate, [&] { reached = true; }, [&] { cancelled = true; })
                   .ok());
   Enq(stream, [&] {
     after = true;
@@ -314,13 +316,18 @@ TEST(StreamTest, IdleStreamIsHeldAtOnceAndAReleasedGateIsSkipped) {
   Stream stream;
   auto first = std::make_shared<Stream::Gate>();
   bool reached_inline = false;
-  ASSERT_TRUE(
-      stream.Hold(first, [&] { reached_inline = true; }, [] {}).ok());
+  ASSERT_TRUE(stream
+                  .Hold(
+                      first, [&] { reached_inline = true; }, [] {})
+                  .ok());
   EXPECT_TRUE(reached_inline);
   // Queued behind `first`, then given up before it is reached.
   auto second = std::make_shared<Stream::Gate>();
   std::atomic<bool> second_reached{false};
-  ASSERT_TRUE(stream.Hold(second, [&] { second_reached = true; }, [] {}).ok());
+  ASSERT_TRUE(stream
+                  .Hold(
+                      second, [&] { second_reached = true; }, [] {})
+                  .ok());
   second.reset();
   first.reset();
   // Returns: neither gate holds the stream any more.
@@ -336,18 +343,25 @@ TEST(StreamTest, CancelOpensGatesAndTellsTheirTransfers) {
   auto queued = std::make_shared<Stream::Gate>();
   std::atomic<int> cancelled{0};
   std::atomic<bool> queued_reached{false};
-  ASSERT_TRUE(stream.Hold(held, [] {}, [&] { ++cancelled; }).ok());
   ASSERT_TRUE(stream
-                  .Hold(queued, [&] { queued_reached = true; },
-                        [&] { ++cancelled; })
+                  .Hold(
+                      held, [] {}, [&] { ++cancelled; })
                   .ok());
+  ASSERT_TRUE(
+      stream
+          .Hold(
+              queued, [&] { queued_reached = true; }, [&] { ++cancelled; })
+          .ok());
   stream.Cancel();
   EXPECT_EQ(cancelled.load(), 2);
   // The stream goes on although both gates are still referenced.
   EXPECT_TRUE(stream.SynchronizeAndWait().ok());
   EXPECT_FALSE(queued_reached.load());
   auto late = std::make_shared<Stream::Gate>();
-  EXPECT_EQ(stream.Hold(late, [] {}, [] {}).code(),
+  EXPECT_EQ(stream
+                .Hold(
+                    late, [] {}, [] {})
+                .code(),
             absl::StatusCode::kCancelled);
 }
 
@@ -356,7 +370,10 @@ TEST(StreamTest, DestroyingAStreamWithAHeldGateDoesNotWait) {
   std::atomic<bool> cancelled{false};
   {
     Stream stream;
-    ASSERT_TRUE(stream.Hold(gate, [] {}, [&] { cancelled = true; }).ok());
+    ASSERT_TRUE(stream
+                    .Hold(
+                        gate, [] {}, [&] { cancelled = true; })
+                    .ok());
   }
   EXPECT_TRUE(cancelled.load());
   gate.reset();  // After the stream: still fine.

@@ -105,11 +105,11 @@ struct RuntimeService::TransferLink {
   std::atomic<int64_t> moved_ns{0};
 };
 
-// Common to Upload and Download: the hold on the stream (review finding
-// 12: a transfer occupies its stream from start to end, so later work on
-// that stream waits for it), the idle clock, and being ended early by
-// CloseSession, DestroyStream, the idle timeout or cancellation (finding
-// 5c: a stalled transfer must not pin a closed session). Members are
+// Common to Upload and Download: the hold on the stream (a transfer
+// occupies its stream from start to end, so later work on that stream
+// waits for it), the idle clock, and being ended early by CloseSession,
+// DestroyStream, the idle timeout or cancellation (a stalled transfer must
+// not pin a closed session). Members are
 // guarded by link_->mu; a session reference is never dropped under it (a
 // session's teardown cancels its streams, which takes that lock).
 class RuntimeService::Transfer {

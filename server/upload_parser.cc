@@ -37,7 +37,7 @@ absl::Status ParseUploadRequest(grpc::ByteBuffer* message,
                                 UploadDataHandler on_data) {
   // The wire's length prefixes are hostile: gRPC never compares them with
   // the message (Upload is served on raw bytes), and protobuf's ReadRaw
-  // takes an int and does not refuse a negative one (review finding 1: a
+  // takes an int and does not refuse a negative one (a
   // length of 2^31 became a memcpy of 2^64 - 2^31 bytes). So every length is
   // checked against the bytes really left in this message first.
   const size_t message_size = message->Length();
