@@ -57,10 +57,12 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/match.h"
@@ -70,6 +72,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/soak_hostile.h"
+#include "bench/soak_library_scenarios.h"
 #include "bench/soak_processes.h"
 #include "bench/soak_report.h"
 #include "bench/soak_scenarios.h"
@@ -110,6 +114,17 @@ ABSL_FLAG(std::string, server, "", "Internal: the server a fault child dials.");
 ABSL_FLAG(bool, attach, false,
           "Internal: the fault child attaches its session.");
 ABSL_FLAG(int, parent_pid, 0, "Internal: the soak process.");
+ABSL_FLAG(std::string, token, "", "Internal: the fault child's bearer token.");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "Internal: the CA a fault child trusts (secure mode).");
+ABSL_FLAG(std::string, mode, "plain",
+          "plain: no TLS and no tokens; the clients' large transfers use the "
+          "server's data path, and a hostile client floods its port. secure: "
+          "TLS (certificates made for the run with openssl in a temporary "
+          "directory) and bearer tokens for three tenants, alice, bob and "
+          "mallory; mallory also calls with wrong tokens and none and names "
+          "the others' sessions. TLS turns the data path off, so the "
+          "data-port flood runs in the plain mode only.");
 
 namespace opserver::soak {
 namespace {
@@ -117,9 +132,15 @@ namespace {
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   if (!absl::GetFlag(FLAGS_fault_child).empty()) {
+    if (!absl::GetFlag(FLAGS_tls_ca_file).empty()) {
+      std::ifstream ca(absl::GetFlag(FLAGS_tls_ca_file));
+      std::stringstream pem;
+      pem << ca.rdbuf();
+      SetTlsRoots(pem.str());
+    }
     RunFaultChild(absl::GetFlag(FLAGS_fault_child), absl::GetFlag(FLAGS_server),
                   absl::GetFlag(FLAGS_attach), absl::GetFlag(FLAGS_parent_pid),
-                  "");
+                  absl::GetFlag(FLAGS_token));
   }
   signal(SIGPIPE, SIG_IGN);
   const std::string opserver = absl::GetFlag(FLAGS_opserver);
@@ -132,6 +153,13 @@ int Main(int argc, char** argv) {
   const ssize_t self_len = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (self_len <= 0) return 2;
   self[self_len] = '\0';
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode != "plain" && mode != "secure") {
+    std::fprintf(stderr, "soak: --mode=%s is neither plain nor secure\n",
+                 mode.c_str());
+    return 2;
+  }
+  const bool secure = mode == "secure";
   const int clients = absl::GetFlag(FLAGS_clients);
   const absl::Duration duration = absl::GetFlag(FLAGS_duration);
   uint64_t seed = absl::GetFlag(FLAGS_seed);
@@ -160,6 +188,33 @@ int Main(int argc, char** argv) {
   for (const std::string& f : absl::GetFlag(FLAGS_server_flags)) {
     if (!f.empty()) server_argv.push_back(f);
   }
+  // The secure mode's tenants: alice and bob do the work, mallory is
+  // hostile. Tokens are fresh for every run.
+  Tenants tenants;
+  std::string cert_dir;
+  if (secure) {
+    std::string error;
+    if (!MakeSecureSetup(&tenants, &cert_dir, &error)) {
+      std::fprintf(stderr, "soak: secure mode: %s\n", error.c_str());
+      if (!cert_dir.empty()) RemoveSecureSetup(cert_dir);
+      return 2;
+    }
+    server_argv.push_back(
+        absl::StrCat("--tls_cert_file=", cert_dir, "/server.pem"));
+    server_argv.push_back(
+        absl::StrCat("--tls_key_file=", cert_dir, "/server.key"));
+    server_argv.push_back(
+        absl::StrCat("--auth_token_file=", cert_dir, "/tokens"));
+    std::ifstream ca(cert_dir + "/ca.pem");
+    std::stringstream pem;
+    pem << ca.rdbuf();
+    SetTlsRoots(pem.str());
+  }
+  // The keys and tokens go whichever way the program ends (but for the
+  // watchdog's _exit: they are the run's own, in a temporary directory).
+  absl::Cleanup remove_cert_dir = [&] {
+    if (!cert_dir.empty()) RemoveSecureSetup(cert_dir);
+  };
   std::vector<std::string> failures;
   std::string report;
   auto out = [&](const std::string& text) { absl::StrAppend(&report, text); };
@@ -172,7 +227,7 @@ int Main(int argc, char** argv) {
   std::fprintf(stderr, "soak: server pid %d on %s, log %s, seed %llu\n", pid,
                address.c_str(), log.c_str(),
                static_cast<unsigned long long>(seed));
-  auto monitor = Connect(address, true);
+  auto monitor = Connect(address, true, tenants.alice);
   if (!monitor->channel->WaitForConnected(
           absl::ToChronoTime(absl::Now() + absl::Seconds(30)))) {
     std::fprintf(stderr, "soak: cannot connect to %s\n", address.c_str());
@@ -242,25 +297,80 @@ int Main(int argc, char** argv) {
   std::unique_ptr<Killer> killer;
   std::thread killer_thread;
   if (kill_interval > absl::ZeroDuration()) {
-    killer =
-        std::make_unique<Killer>(self, address, kill_interval, seed ^ 0x5eed);
+    std::vector<std::string> child_flags;
+    if (secure) {
+      child_flags = {absl::StrCat("--token=", tenants.bob),
+                     absl::StrCat("--tls_ca_file=", cert_dir, "/ca.pem")};
+    }
+    killer = std::make_unique<Killer>(self, address, kill_interval,
+                                      seed ^ 0x5eed, child_flags);
     killer_thread = std::thread([&] { killer->Run(&stop); });
   }
-  // A quarter of the clients share four channels (one connection each);
-  // the rest have a connection of their own.
+  // Which client does what (i counts from 0):
+  //  - i % 8 == 7: hostile: the data-port flood (plain mode) or the tenant
+  //    mallory (secure mode);
+  //  - else i % 4 == 1: the C++ client library (plain mode: every other
+  //    one may use the data path, the rest split large transfers);
+  //  - else raw RPCs; i % 4 == 0 of them share four channels (one
+  //    connection each), the rest have a connection of their own.
+  // Secure mode: the raw clients on shared channels and i % 4 == 2 are
+  // alice, the library clients and i % 4 == 3 bob.
   std::vector<std::shared_ptr<Conn>> shared;
-  for (int i = 0; i < 4; ++i) shared.push_back(Connect(address, true));
+  for (int i = 0; i < 4; ++i) {
+    shared.push_back(Connect(address, true, tenants.alice));
+  }
   std::vector<std::thread> threads;
+  int library_clients = 0, hostile_clients = 0;
   for (int i = 0; i < clients; ++i) {
-    threads.emplace_back([&, i] {
-      ClientOptions o;
-      o.id = i;
-      o.address = address;
-      if (i % 4 == 0) o.shared = shared[(i / 4) % 4];
-      o.stats = &stats;
-      o.seed = seed + 1000 + i;
-      RunRpcClient(o, load_end, &stop);
-    });
+    const bool bob = i % 4 == 1 || i % 4 == 3;
+    const std::string tenant = !secure ? "anonymous" : bob ? "bob" : "alice";
+    const std::string token = !secure ? "" : bob ? tenants.bob : tenants.alice;
+    if (i % 8 == 7) {
+      ++hostile_clients;
+      threads.emplace_back([&, i] {
+        HostileOptions o;
+        o.id = i;
+        o.address = address;
+        o.tenant = secure ? "mallory" : "anonymous";
+        o.token = tenants.mallory;
+        o.wrong_token = tenants.wrong;
+        o.stats = &stats;
+        o.seed = seed + 1000 + i;
+        if (secure) {
+          RunHostileTenant(o, load_end, &stop);
+        } else {
+          RunDataPortFlood(o, load_end, &stop);
+        }
+      });
+    } else if (i % 4 == 1) {
+      ++library_clients;
+      threads.emplace_back([&, i, tenant, token] {
+        LibraryClientOptions o;
+        o.id = i;
+        o.address = address;
+        o.tenant = tenant;
+        if (secure) {
+          o.connect.tls_ca_file = cert_dir + "/ca.pem";
+          o.connect.token = token;
+        }
+        o.data_path = (i / 4) % 2 == 0;
+        o.stats = &stats;
+        o.seed = seed + 1000 + i;
+        RunLibraryClient(o, load_end, &stop);
+      });
+    } else {
+      threads.emplace_back([&, i, tenant, token] {
+        ClientOptions o;
+        o.id = i;
+        o.address = address;
+        o.tenant = tenant;
+        o.token = token;
+        if (i % 4 == 0) o.shared = shared[(i / 4) % 4];
+        o.stats = &stats;
+        o.seed = seed + 1000 + i;
+        RunRpcClient(o, load_end, &stop);
+      });
+    }
   }
   while (absl::Now() < load_end) {
     absl::SleepFor(std::min(absl::Milliseconds(200), load_end - absl::Now()));
@@ -272,10 +382,12 @@ int Main(int argc, char** argv) {
     }
   }
   ProcSample end_of_load = ReadProc(pid);
+  v1::ServerStats load_stats;
   end_of_load.t = absl::ToDoubleSeconds(absl::Now() - load_start);
   {
     bool ok;
     v1::ServerStats s = QueryServerStats(monitor.get(), &ok);
+    load_stats = s;
     end_of_load.sessions = s.sessions();
     end_of_load.buffers = s.buffers();
     end_of_load.buffer_bytes = s.buffer_bytes();
@@ -354,6 +466,7 @@ int Main(int argc, char** argv) {
         o.stats = &shutdown_stats;
         o.seed = seed + 50000 + i;
         o.mode = Mode::kShutdown;
+        o.token = tenants.alice;
         RunRpcClient(o, absl::InfiniteFuture(), &stop_load, i < 2 ? 1 + i : 0);
       });
     }
@@ -366,7 +479,7 @@ int Main(int argc, char** argv) {
     calls_before_term = shutdown_stats.total_calls();
     // Held across the signal: an Attach call must get the "server shutting
     // down" event and a health Watch NOT_SERVING, and both must end.
-    auto held = Connect(address, true);
+    auto held = Connect(address, true, tenants.alice);
     std::string attach_events, watch_statuses;
     grpc::Status attach_status, watch_status;
     grpc::ClientContext create_context, attach_context, watch_context;
@@ -464,7 +577,10 @@ int Main(int argc, char** argv) {
       if (at != std::string::npos) {
         const std::string rest = line.substr(at + 11);
         for (const char* known :
-             {"started: ", "call failed: ", "received ", "stopped"}) {
+             {"started: ", "call failed: ", "received ", "stopped",
+              // Calls refused for their token (secure mode), the first
+              // in full and then a summary every 10 s.
+              "rejected "}) {
           if (absl::StartsWith(rest, known)) kind = known;
         }
         if (absl::StartsWith(rest, "session ")) {
@@ -473,6 +589,7 @@ int Main(int argc, char** argv) {
                      ? "session attach ended"
                      : "session closed";
         }
+        if (kind == "rejected " && !secure) kind = "other";  // No tokens.
         if (kind == "stopped") stopped_line = true;
       }
       ++log_kinds[kind];
@@ -551,6 +668,18 @@ int Main(int argc, char** argv) {
     failures.push_back(absl::StrCat(shutdown_stats.unexpected(),
                                     " unexpected outcomes around SIGTERM"));
   }
+  // Large transfers went where the mode sends them: over the data path
+  // for the library clients that may use it (plain mode), never with TLS.
+  const bool data_path_clients = !secure && clients >= 2;
+  if (!server_died) {
+    if (data_path_clients && load_stats.data_path_transfers() == 0) {
+      failures.push_back(
+          "no transfer used the data path, though library clients had it");
+    }
+    if (secure && load_stats.data_path_transfers() != 0) {
+      failures.push_back("transfers used the data path with TLS on");
+    }
+  }
   if (killer != nullptr && killer->failures() > 0) {
     failures.push_back(absl::StrCat(killer->failures(),
                                     " fault children did not die as planned"));
@@ -571,6 +700,14 @@ int Main(int argc, char** argv) {
   out(absl::StrCat("- machine: ", std::thread::hardware_concurrency(),
                    " hardware threads; load average before ", load_before,
                    ", at the end of the load ", load_during, "\n"));
+  out(absl::StrCat(
+      "- mode: ", mode,
+      secure ? " (TLS with a CA made for the run, bearer tokens; tenants "
+               "alice and bob do the work, mallory is hostile)"
+             : " (no TLS, no tokens; the data path is on)",
+      "; ", clients - library_clients - hostile_clients, " raw-RPC clients, ",
+      library_clients, " client-library clients, ", hostile_clients,
+      secure ? " hostile-tenant clients\n" : " data-port flooders\n"));
   out(absl::StrCat("- server log: ", log, "\n\n"));
   out(absl::StrFormat(
       "## Calls by RPC\n\n%llu calls in %.0f s (%.0f/s): %llu expected "
@@ -595,6 +732,14 @@ int Main(int argc, char** argv) {
     out(absl::StrCat("\n## Client processes killed with SIGKILL\n\n",
                      killer->Report()));
   }
+  out(absl::StrFormat(
+      "\n## Transfers\n\nBy the end of the load the server had completed "
+      "%llu transfers over the data path (%s MiB) and %llu Upload/Download "
+      "calls (%s MiB; a split transfer is several calls).\n",
+      static_cast<unsigned long long>(load_stats.data_path_transfers()),
+      Mib(load_stats.data_path_bytes() / 1024),
+      static_cast<unsigned long long>(load_stats.grpc_transfers()),
+      Mib(load_stats.grpc_transfer_bytes() / 1024)));
   out("\n## Server memory and resources\n\n"
       "| when | t (s) | VmRSS MiB | VmHWM MiB | threads | fds | sessions | "
       "buffers | buffer MiB "

@@ -11,10 +11,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <random>
+#include <sstream>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -307,6 +310,80 @@ v1::ServerStats QueryServerStats(Conn* conn, bool* ok) {
   *ok = conn->rt->GetServerStats(&context, v1::GetServerStatsRequest(), &stats)
             .ok();
   return stats;
+}
+
+namespace {
+
+std::string RandomToken() {
+  std::random_device device;
+  std::string token;
+  for (int i = 0; i < 4; ++i) {
+    absl::StrAppend(&token, absl::Hex(device(), absl::kZeroPad8));
+  }
+  return token;
+}
+
+}  // namespace
+
+bool MakeSecureSetup(Tenants* tenants, std::string* dir, std::string* error) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string pattern =
+      absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/opserver-soak-tls.XXXXXX");
+  if (mkdtemp(pattern.data()) == nullptr) {
+    *error = absl::StrCat("mkdtemp: ", std::strerror(errno));
+    return false;
+  }
+  *dir = pattern;
+  // As tests/gen_certs.sh makes them: a CA, and a server certificate it
+  // signed for the loopback address the server listens on. openssl may
+  // want a random seed file under $HOME; keep it in the directory.
+  const std::string script = absl::StrCat(
+      "set -e; cd '", *dir, "'; export RANDFILE=\"$PWD/.rnd\"; ",
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 ",
+      "-subj '/CN=opserver soak CA' -keyout ca.key -out ca.pem; ",
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=localhost ",
+      "-keyout server.key -out server.csr; ",
+      "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n",
+      "extendedKeyUsage=serverAuth\\n' >server.ext; ",
+      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key ",
+      "-CAcreateserial -days 2 -extfile server.ext -out server.pem; ",
+      "rm -f server.csr server.ext");
+  const std::string command =
+      absl::StrCat("(", script, ") >'", *dir, "/openssl.log' 2>&1");
+  const int rc = std::system(command.c_str());
+  if (rc != 0) {
+    std::ifstream log(*dir + "/openssl.log");
+    std::stringstream text;
+    text << log.rdbuf();
+    *error = absl::StrCat("openssl failed (", rc, "): ", text.str());
+    return false;
+  }
+  tenants->alice = RandomToken();
+  tenants->bob = RandomToken();
+  tenants->mallory = RandomToken();
+  tenants->wrong = RandomToken();
+  const std::string tokens = absl::StrCat(
+      "# The soak's tenants (made for one run).\nalice ", tenants->alice,
+      "\nbob ", tenants->bob, "\nmallory ", tenants->mallory, "\n");
+  const std::string path = *dir + "/tokens";
+  const int fd =
+      open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0 || write(fd, tokens.data(), tokens.size()) !=
+                    static_cast<ssize_t>(tokens.size())) {
+    *error = absl::StrCat(path, ": ", std::strerror(errno));
+    if (fd >= 0) close(fd);
+    return false;
+  }
+  close(fd);
+  return true;
+}
+
+void RemoveSecureSetup(const std::string& dir) {
+  for (const char* name : {"ca.pem", "ca.key", "ca.srl", "server.pem",
+                           "server.key", "tokens", "openssl.log", ".rnd"}) {
+    unlink(absl::StrCat(dir, "/", name).c_str());
+  }
+  rmdir(dir.c_str());
 }
 
 }  // namespace opserver::soak

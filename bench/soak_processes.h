@@ -86,6 +86,19 @@ void Watchdog();
 
 v1::ServerStats QueryServerStats(Conn* conn, bool* ok);
 
+// The secure mode's bearer tokens: three tenants and one nobody has.
+struct Tenants {
+  std::string alice, bob, mallory, wrong;
+};
+// Makes a new temporary directory (`dir`, under $TEST_TMPDIR when set)
+// holding a CA (ca.pem), a server certificate for 127.0.0.1 and localhost
+// that it signed (server.pem, server.key), both made with openssl, and a
+// token file (tokens) naming alice, bob and mallory with fresh random
+// tokens. False with the reason when openssl fails.
+bool MakeSecureSetup(Tenants* tenants, std::string* dir, std::string* error);
+// Removes what MakeSecureSetup made.
+void RemoveSecureSetup(const std::string& dir);
+
 }  // namespace opserver::soak
 
 #endif  // OPSERVER_BENCH_SOAK_PROCESSES_H_

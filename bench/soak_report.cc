@@ -183,6 +183,22 @@ const std::map<std::string, std::string>& Explanations() {
        "reply, under a 1-3 s deadline: DEADLINE_EXCEEDED once the server "
        "stops reading at --max_pending_replies and flow control blocks the "
        "writer; OK when the transport absorbed every reply first"},
+      {"wrong_token",
+       "secure mode: the hostile tenant's calls with a bearer token the "
+       "server does not know (CreateSession, GetDeviceInfo, Malloc, "
+       "ListOperators, CloseSession of another tenant's session, Attach): "
+       "UNAUTHENTICATED"},
+      {"no_token",
+       "secure mode: the same calls without a token: UNAUTHENTICATED "
+       "(grpc.health.v1 needs none and answers)"},
+      {"other_tenant_session",
+       "secure mode: the hostile tenant's valid token with another "
+       "tenant's session name (Malloc, GetSessionStats, CloseSession, Free, "
+       "ReadValues, CreateStream, Download, Attach): NOT_FOUND, as for a "
+       "session that does not exist; the session goes on unharmed"},
+      {"data_port_flood",
+       "plain mode: connections to the data port that send a ticket nobody "
+       "was given: the server closes each at once"},
       {"server_shutdown",
        "calls running or starting while the server stops after SIGTERM: "
        "UNAVAILABLE (connection closing or refused) or CANCELLED (still "
