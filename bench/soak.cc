@@ -20,8 +20,12 @@
 //     thread starts child client processes (this binary in --fault_child
 //     mode) every --kill_interval and SIGKILLs each in the middle of an
 //     upload, a download or a pipeline, so the server sees real connection
-//     resets. Every call's outcome is classified: OK, an expected error (the
-//     category of invalid request or fault that provoked it) or unexpected.
+//     resets. A quarter of the clients go through the C++ client library
+//     instead, as its users do (pipelined sessions, the data path for
+//     transfers of 4 MiB and more, transfers split over connections), and
+//     an eighth are hostile (below). Every call's outcome is classified:
+//     OK, an expected error (the category of invalid request or fault that
+//     provoked it) or unexpected.
 //  3. Clients end (closing, dropping their Attach call, or abandoning their
 //     session to the idle reaper), then GetServerStats must reach zero
 //     sessions, buffers and bytes, and the server's fds their idle count.
@@ -32,15 +36,34 @@
 //     grace (5 s) + 3 s; the Attach must see "server shutting down" and the
 //     Watch NOT_SERVING.
 //
+// Two modes (--mode):
+//  - plain: no TLS and no tokens. The server's data path is on, so half the
+//    library clients move large transfers over it (the other half split
+//    them), and the hostile clients flood the data port with connections
+//    that send wrong tickets, part of one or nothing.
+//  - secure: TLS (a CA and a server certificate made for the run with
+//    openssl in a temporary directory, removed at the end) and bearer
+//    tokens for three tenants: alice and bob do the work, mallory is
+//    hostile (wrong tokens, no token, other tenants' session names; see
+//    soak_hostile.h). TLS turns the data path off, so the data-port flood
+//    belongs to the plain mode; here large transfers are split.
+//
+// The parts: soak_scenarios (raw-RPC clients, fault children, connections),
+// soak_library_scenarios (clients on //client), soak_hostile, soak_reference
+// (checks against the kernels' own formulas), soak_processes (the server,
+// the killer, /proc, certificates) and soak_report (classification, stats
+// and the Markdown report). This file has the flags and the phases.
+//
 // The report (Markdown, on stdout and in --report) has calls by RPC, results
 // by gRPC code and aclnn status with what provoked each, server RSS at
-// start/middle/end, leaks and the exit status. The exit status is 1 when
-// anything was unexpected: an error no request provoked on purpose, a wrong
-// result, a leak, RSS growth in the second half of the load (the last
-// third's median more than 10% + 32 MiB above the middle third's, or its
-// peak more than 25% + 64 MiB above; enforced for runs of 3 minutes or
-// more), a server crash, a slow or non-zero exit after SIGTERM, or a server
-// log line of a kind it should not write.
+// start/middle/end, transfers by path, leaks and the exit status. The exit
+// status is 1 when anything was unexpected: an error no request provoked on
+// purpose, a wrong result, a leak, RSS growth in the second half of the load
+// (the last third's median more than 10% + 32 MiB above the middle third's, or
+// its peak more than 25% + 64 MiB above; enforced for runs of 3 minutes or
+// more), a server crash, a slow or non-zero exit after SIGTERM, a server
+// log line of a kind it should not write, or transfers on the wrong path (no
+// data-path transfer in the plain mode, any with TLS).
 
 #include <signal.h>
 #include <sys/types.h>
@@ -216,8 +239,6 @@ int Main(int argc, char** argv) {
     if (!cert_dir.empty()) RemoveSecureSetup(cert_dir);
   };
   std::vector<std::string> failures;
-  std::string report;
-  auto out = [&](const std::string& text) { absl::StrAppend(&report, text); };
 
   std::thread(Watchdog).detach();
   SetPhase("server start", absl::Seconds(90));
@@ -565,42 +586,12 @@ int Main(int argc, char** argv) {
   SetPhase("report", absl::Minutes(2));
 
   // ---- the server's log
-  std::map<std::string, uint64_t> log_kinds;
-  std::vector<std::string> odd_lines;
-  bool stopped_line = false;
-  {
-    std::ifstream file(log);
-    std::string line;
-    while (std::getline(file, line)) {
-      const size_t at = line.find(" opserver: ");
-      std::string kind = "other";
-      if (at != std::string::npos) {
-        const std::string rest = line.substr(at + 11);
-        for (const char* known :
-             {"started: ", "call failed: ", "received ", "stopped",
-              // Calls refused for their token (secure mode), the first
-              // in full and then a summary every 10 s.
-              "rejected "}) {
-          if (absl::StartsWith(rest, known)) kind = known;
-        }
-        if (absl::StartsWith(rest, "session ")) {
-          kind = absl::StrContains(rest, "closed: idle") ? "session idle"
-                 : absl::StrContains(rest, "attached client went away")
-                     ? "session attach ended"
-                     : "session closed";
-        }
-        if (kind == "rejected " && !secure) kind = "other";  // No tokens.
-        if (kind == "stopped") stopped_line = true;
-      }
-      ++log_kinds[kind];
-      if (kind == "other" && odd_lines.size() < 10) odd_lines.push_back(line);
-    }
-  }
-  if (!odd_lines.empty()) {
-    failures.push_back(absl::StrCat(log_kinds["other"],
+  const ServerLog server_log = ReadServerLog(log, /*tokens=*/secure);
+  if (!server_log.odd_lines.empty()) {
+    failures.push_back(absl::StrCat(server_log.kinds.at("other"),
                                     " server log lines of an unknown kind"));
   }
-  if (!server_died && !stopped_line) {
+  if (!server_died && !server_log.stopped) {
     failures.push_back("no 'stopped' line in the server log");
   }
 
@@ -611,53 +602,13 @@ int Main(int argc, char** argv) {
     load_samples = samples;
   }
   load_samples.push_back(end_of_load);
-  ProcSample middle = load_samples.front();
-  const double total_s = absl::ToDoubleSeconds(duration);
-  for (const ProcSample& s : load_samples) {
-    if (std::fabs(s.t - total_s / 2) < std::fabs(middle.t - total_s / 2)) {
-      middle = s;
-    }
-  }
-  // Flat: after the first third (warm-up: the reuse cache, gRPC's and
-  // malloc's pools reach their working size), the last third's median RSS
-  // is at most 10% + 32 MiB above the middle third's, and its peak at most
-  // 25% + 64 MiB above the middle third's peak.
-  std::vector<double> mid_third, last_third;
-  for (const ProcSample& s : load_samples) {
-    if (s.rss_kb < 0) continue;
-    if (s.t >= total_s / 3 && s.t < 2 * total_s / 3)
-      mid_third.push_back(s.rss_kb);
-    if (s.t >= 2 * total_s / 3) last_third.push_back(s.rss_kb);
-  }
-  const double mid_median = Median(mid_third), last_median = Median(last_third);
-  const double mid_peak =
-      mid_third.empty() ? 0
-                        : *std::max_element(mid_third.begin(), mid_third.end());
-  const double last_peak =
-      last_third.empty()
-          ? 0
-          : *std::max_element(last_third.begin(), last_third.end());
-  const bool flat = last_median <= mid_median * 1.10 + 32 * 1024 &&
-                    last_peak <= mid_peak * 1.25 + 64 * 1024;
   const std::string rss_check = absl::GetFlag(FLAGS_rss_check);
   const bool check_rss = rss_check == "on" ||
                          (rss_check == "auto" && duration >= absl::Minutes(3));
-  std::string rss_verdict;
-  if (mid_third.empty() || last_third.empty()) {
-    rss_verdict = "not enough samples";
-  } else {
-    rss_verdict = absl::StrFormat(
-        "median of the last third %.1f MiB vs the middle third %.1f MiB "
-        "(limit %.1f); peaks %.1f vs %.1f MiB (limit %.1f): %s",
-        last_median / 1024, mid_median / 1024,
-        (mid_median * 1.10 + 32 * 1024) / 1024, last_peak / 1024,
-        mid_peak / 1024, (mid_peak * 1.25 + 64 * 1024) / 1024,
-        flat ? "flat" : "GROWING");
-    if (!check_rss) {
-      absl::StrAppend(&rss_verdict, " (not enforced: runs under 3 minutes)");
-    } else if (!flat) {
-      failures.push_back(absl::StrCat("RSS not flat: ", rss_verdict));
-    }
+  const RssAnalysis rss =
+      AnalyzeRss(load_samples, absl::ToDoubleSeconds(duration), check_rss);
+  if (check_rss && rss.enough && !rss.flat) {
+    failures.push_back(absl::StrCat("RSS not flat: ", rss.verdict));
   }
 
   if (stats.unexpected() > 0) {
@@ -686,141 +637,43 @@ int Main(int argc, char** argv) {
   }
 
   // ---- report
-  std::string command;
-  for (int i = 0; i < argc; ++i)
-    absl::StrAppend(&command, i ? " " : "", argv[i]);
-  out("# opserver soak and faults\n\n");
-  out(absl::StrCat("- command: `", command, "`\n"));
-  out(absl::StrCat("- server: `", absl::StrJoin(server_argv, " "), "`\n"));
-  out(absl::StrCat("- seed ", seed, "; ", clients, " clients for ",
-                   absl::FormatDuration(duration), " (ran ",
-                   absl::FormatDuration(absl::Trunc(ran, absl::Seconds(1))),
-                   "); a child process killed every ",
-                   absl::FormatDuration(kill_interval), "\n"));
-  out(absl::StrCat("- machine: ", std::thread::hardware_concurrency(),
-                   " hardware threads; load average before ", load_before,
-                   ", at the end of the load ", load_during, "\n"));
-  out(absl::StrCat(
-      "- mode: ", mode,
-      secure ? " (TLS with a CA made for the run, bearer tokens; tenants "
-               "alice and bob do the work, mallory is hostile)"
-             : " (no TLS, no tokens; the data path is on)",
-      "; ", clients - library_clients - hostile_clients, " raw-RPC clients, ",
-      library_clients, " client-library clients, ", hostile_clients,
-      secure ? " hostile-tenant clients\n" : " data-port flooders\n"));
-  out(absl::StrCat("- server log: ", log, "\n\n"));
-  out(absl::StrFormat(
-      "## Calls by RPC\n\n%llu calls in %.0f s (%.0f/s): %llu expected "
-      "errors, %llu unexpected.\n\n",
-      static_cast<unsigned long long>(stats.total_calls()),
-      absl::ToDoubleSeconds(duration),
-      stats.total_calls() / std::max(1.0, absl::ToDoubleSeconds(duration)),
-      static_cast<unsigned long long>(stats.expected_errors()),
-      static_cast<unsigned long long>(stats.unexpected())));
-  out("## Results by code\n\n");
-  out(stats.Report(true));
-  out("\n## What provoked each expected error\n\n| category | explanation |\n"
-      "|---|---|\n");
-  std::set<std::string> seen = stats.categories();
-  for (const std::string& c : shutdown_stats.categories()) seen.insert(c);
-  for (const std::string& c : seen) {
-    auto it = Explanations().find(c);
-    out(absl::StrCat("| ", c, " | ",
-                     it == Explanations().end() ? "?" : it->second, " |\n"));
+  RunSummary r;
+  for (int i = 0; i < argc; ++i) {
+    absl::StrAppend(&r.command, i ? " " : "", argv[i]);
   }
-  if (killer != nullptr) {
-    out(absl::StrCat("\n## Client processes killed with SIGKILL\n\n",
-                     killer->Report()));
-  }
-  out(absl::StrFormat(
-      "\n## Transfers\n\nBy the end of the load the server had completed "
-      "%llu transfers over the data path (%s MiB) and %llu Upload/Download "
-      "calls (%s MiB; a split transfer is several calls).\n",
-      static_cast<unsigned long long>(load_stats.data_path_transfers()),
-      Mib(load_stats.data_path_bytes() / 1024),
-      static_cast<unsigned long long>(load_stats.grpc_transfers()),
-      Mib(load_stats.grpc_transfer_bytes() / 1024)));
-  out("\n## Server memory and resources\n\n"
-      "| when | t (s) | VmRSS MiB | VmHWM MiB | threads | fds | sessions | "
-      "buffers | buffer MiB "
-      "|\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-  auto row = [&](const char* when, const ProcSample& s) {
-    out(absl::StrFormat(
-        "| %s | %.0f | %s | %s | %lld | %lld | %lld | %lld | %s |\n", when, s.t,
-        Mib(s.rss_kb), Mib(s.hwm_kb), static_cast<long long>(s.threads),
-        static_cast<long long>(s.fds), static_cast<long long>(s.sessions),
-        static_cast<long long>(s.buffers),
-        s.buffer_bytes < 0 ? "?" : Mib(s.buffer_bytes / 1024)));
-  };
-  row("start (idle)", start);
-  row("middle", middle);
-  row("end of load", end_of_load);
-  if (!server_died) row("after the clients ended", after_clients);
-  out(absl::StrCat("\nRSS: ", rss_verdict, ".\n"));
-  {
-    // Twenty samples across the load, for the shape of the curve.
-    std::vector<std::string> series;
-    double next = 0;
-    for (const ProcSample& s : load_samples) {
-      if (s.t + 1e-9 < next || s.rss_kb < 0) continue;
-      series.push_back(absl::StrFormat("%.0fs %.0f", s.t, s.rss_kb / 1024.0));
-      next = s.t + total_s / 20;
-    }
-    out(absl::StrCat(
-        "\nVmRSS over the load (MiB): ", absl::StrJoin(series, ", "), ".\n"));
-  }
-  out(absl::StrCat("\nServer threads by name at the start: ",
-                   FormatNames(start.thread_names),
-                   "; after the clients "
-                   "ended: ",
-                   FormatNames(after_clients.thread_names), ".\n"));
-  out("\n## Leaks after every client ended\n\n");
-  if (server_died) {
-    out("Not checked: the server died.\n");
-  } else {
-    out(absl::StrCat(
-        "First GetServerStats: ", first_stats.sessions(), " sessions, ",
-        first_stats.buffers(), " buffers, ", first_stats.buffer_bytes(),
-        " bytes (sessions of unattached killed children and abandoning "
-        "clients wait for the idle reaper, --idle_timeout_s=",
-        idle_timeout_s, ").\n"));
-    if (zero_after_s >= 0) {
-      out(absl::StrFormat(
-          "Zero sessions, buffers and bytes %.1f s after the clients "
-          "ended.\n",
-          zero_after_s));
-    } else {
-      out(absl::StrCat("**Still ", last_stats.sessions(), " sessions, ",
-                       last_stats.buffers(), " buffers, ",
-                       last_stats.buffer_bytes(), " bytes.**\n"));
-    }
-  }
-  out("\n## SIGTERM under load\n\n");
-  out(absl::StrFormat(
-      "%d client threads doing valid work, two of them a 64 MiB transfer "
-      "paced to take 20 s (a slow writer and a slow reader), %llu calls "
-      "before the signal, %llu in all: the server exited with **%s** %.0f "
-      "ms after SIGTERM (--shutdown_grace_ms=5000: calls still running "
-      "then are cancelled).\n\n",
-      absl::GetFlag(FLAGS_sigterm_clients),
-      static_cast<unsigned long long>(calls_before_term),
-      static_cast<unsigned long long>(shutdown_stats.total_calls()), exit_text,
-      exit_ms));
-  out(absl::StrCat(held_text, "\n\n"));
-  out(shutdown_stats.Report(false));
-  out("\n## Server log\n\n| kind | lines |\n|---|---:|\n");
-  for (const auto& [kind, count] : log_kinds) {
-    out(absl::StrCat("| ", kind, " | ", count, " |\n"));
-  }
-  for (const std::string& line : odd_lines) out(absl::StrCat("\n    ", line));
-  out("\n## Verdict\n\n");
-  if (failures.empty()) {
-    out("PASS: no unexpected outcome, no leak, RSS flat, exit status 0 after "
-        "SIGTERM.\n");
-  } else {
-    out("FAIL:\n\n");
-    for (const std::string& f : failures) out(absl::StrCat("- ", f, "\n"));
-  }
+  r.server_argv = server_argv;
+  r.seed = seed;
+  r.clients = clients;
+  r.duration = duration;
+  r.ran = ran;
+  r.kill_interval = kill_interval;
+  r.load_before = load_before;
+  r.load_during = load_during;
+  r.secure = secure;
+  r.library_clients = library_clients;
+  r.hostile_clients = hostile_clients;
+  r.log = log;
+  r.stats = &stats;
+  r.shutdown_stats = &shutdown_stats;
+  if (killer != nullptr) r.killer_report = killer->Report();
+  r.load_stats = load_stats;
+  r.start = start;
+  r.end_of_load = end_of_load;
+  r.after_clients = after_clients;
+  r.rss = rss;
+  r.server_died = server_died;
+  r.first_stats = first_stats;
+  r.last_stats = last_stats;
+  r.zero_after_s = zero_after_s;
+  r.idle_timeout_s = idle_timeout_s;
+  r.sigterm_clients = absl::GetFlag(FLAGS_sigterm_clients);
+  r.calls_before_term = calls_before_term;
+  r.exit_text = exit_text;
+  r.exit_ms = exit_ms;
+  r.held_text = held_text;
+  r.server_log = server_log;
+  r.failures = failures;
+  const std::string report = FormatReport(r);
   std::fwrite(report.data(), 1, report.size(), stdout);
   std::fflush(stdout);
   if (!absl::GetFlag(FLAGS_report).empty()) {

@@ -48,13 +48,6 @@ std::map<std::string, int> ThreadNames(pid_t pid) {
   return names;
 }
 
-std::string FormatNames(const std::map<std::string, int>& names) {
-  std::vector<std::string> parts;
-  for (const auto& [name, n] : names)
-    parts.push_back(absl::StrCat(name, " ", n));
-  return absl::StrJoin(parts, ", ");
-}
-
 ProcSample ReadProc(pid_t pid) {
   ProcSample s;
   std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
@@ -324,6 +317,39 @@ std::string RandomToken() {
 }
 
 }  // namespace
+
+ServerLog ReadServerLog(const std::string& path, bool tokens) {
+  ServerLog log;
+  std::ifstream file(path);
+  std::string line;
+  while (std::getline(file, line)) {
+    const size_t at = line.find(" opserver: ");
+    std::string kind = "other";
+    if (at != std::string::npos) {
+      const std::string rest = line.substr(at + 11);
+      for (const char* known :
+           {"started: ", "call failed: ", "received ", "stopped",
+            // Calls refused for their token, the first in full and then a
+            // summary every 10 s: only when the server has tokens.
+            "rejected "}) {
+        if (absl::StartsWith(rest, known)) kind = known;
+      }
+      if (absl::StartsWith(rest, "session ")) {
+        kind = absl::StrContains(rest, "closed: idle") ? "session idle"
+               : absl::StrContains(rest, "attached client went away")
+                   ? "session attach ended"
+                   : "session closed";
+      }
+      if (kind == "rejected " && !tokens) kind = "other";
+      if (kind == "stopped") log.stopped = true;
+    }
+    ++log.kinds[kind];
+    if (kind == "other" && log.odd_lines.size() < 10) {
+      log.odd_lines.push_back(line);
+    }
+  }
+  return log;
+}
 
 bool MakeSecureSetup(Tenants* tenants, std::string* dir, std::string* error) {
   const char* tmp = std::getenv("TEST_TMPDIR");

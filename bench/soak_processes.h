@@ -23,16 +23,11 @@
 
 namespace opserver::soak {
 
-struct ProcSample {
-  double t = 0;  // Seconds since the load started (negative: before).
-  int64_t rss_kb = -1, hwm_kb = -1, threads = -1, fds = -1;
-  int64_t sessions = -1, buffers = -1, buffer_bytes = -1;
-  std::map<std::string, int> thread_names;  // Only when asked for.
-};
+// The server's stderr by kind of line (see ServerLog).
+ServerLog ReadServerLog(const std::string& path, bool tokens);
 
 // The names of the process's threads, with how many have each.
 std::map<std::string, int> ThreadNames(pid_t pid);
-std::string FormatNames(const std::map<std::string, int>& names);
 // RSS, peak RSS, threads and fds of `pid` now.
 ProcSample ReadProc(pid_t pid);
 std::string LoadAverage();

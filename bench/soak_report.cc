@@ -1,7 +1,9 @@
 #include "bench/soak_report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -205,6 +207,192 @@ const std::map<std::string, std::string>& Explanations() {
        "running when the grace period ended)"},
   };
   return *kText;
+}
+
+RssAnalysis AnalyzeRss(const std::vector<ProcSample>& samples, double total_s,
+                       bool enforced) {
+  RssAnalysis a;
+  if (samples.empty()) {
+    a.verdict = "not enough samples";
+    return a;
+  }
+  a.middle = samples.front();
+  for (const ProcSample& s : samples) {
+    if (std::fabs(s.t - total_s / 2) < std::fabs(a.middle.t - total_s / 2)) {
+      a.middle = s;
+    }
+  }
+  std::vector<double> mid_third, last_third;
+  for (const ProcSample& s : samples) {
+    if (s.rss_kb < 0) continue;
+    if (s.t >= total_s / 3 && s.t < 2 * total_s / 3) {
+      mid_third.push_back(s.rss_kb);
+    }
+    if (s.t >= 2 * total_s / 3) last_third.push_back(s.rss_kb);
+  }
+  double next = 0;
+  for (const ProcSample& s : samples) {
+    if (s.t + 1e-9 < next || s.rss_kb < 0) continue;
+    a.series.push_back(absl::StrFormat("%.0fs %.0f", s.t, s.rss_kb / 1024.0));
+    next = s.t + total_s / 20;
+  }
+  if (mid_third.empty() || last_third.empty()) {
+    a.verdict = "not enough samples";
+    return a;
+  }
+  a.enough = true;
+  const double mid_median = Median(mid_third), last_median = Median(last_third);
+  const double mid_peak = *std::max_element(mid_third.begin(), mid_third.end());
+  const double last_peak =
+      *std::max_element(last_third.begin(), last_third.end());
+  a.flat = last_median <= mid_median * 1.10 + 32 * 1024 &&
+           last_peak <= mid_peak * 1.25 + 64 * 1024;
+  a.verdict = absl::StrFormat(
+      "median of the last third %.1f MiB vs the middle third %.1f MiB "
+      "(limit %.1f); peaks %.1f vs %.1f MiB (limit %.1f): %s",
+      last_median / 1024, mid_median / 1024,
+      (mid_median * 1.10 + 32 * 1024) / 1024, last_peak / 1024, mid_peak / 1024,
+      (mid_peak * 1.25 + 64 * 1024) / 1024, a.flat ? "flat" : "GROWING");
+  if (!enforced) {
+    absl::StrAppend(&a.verdict, " (not enforced: runs under 3 minutes)");
+  }
+  return a;
+}
+
+std::string FormatReport(const RunSummary& r) {
+  std::string report;
+  auto out = [&](const std::string& text) { absl::StrAppend(&report, text); };
+  out("# opserver soak and faults\n\n");
+  out(absl::StrCat("- command: `", r.command, "`\n"));
+  out(absl::StrCat("- server: `", absl::StrJoin(r.server_argv, " "), "`\n"));
+  out(absl::StrCat("- r.seed ", r.seed, "; ", r.clients, " r.clients for ",
+                   absl::FormatDuration(r.duration), " (r.ran ",
+                   absl::FormatDuration(absl::Trunc(r.ran, absl::Seconds(1))),
+                   "); a child process killed every ",
+                   absl::FormatDuration(r.kill_interval), "\n"));
+  out(absl::StrCat("- machine: ", std::thread::hardware_concurrency(),
+                   " hardware threads; load average before ", r.load_before,
+                   ", at the end of the load ", r.load_during, "\n"));
+  out(absl::StrCat(
+      "- mode: ", r.secure ? "secure" : "plain",
+      r.secure ? " (TLS with a CA made for the run, bearer tokens; tenants "
+                 "alice and bob do the work, mallory is hostile)"
+               : " (no TLS, no tokens; the data path is on)",
+      "; ", r.clients - r.library_clients - r.hostile_clients,
+      " raw-RPC r.clients, ", r.library_clients, " client-library r.clients, ",
+      r.hostile_clients,
+      r.secure ? " hostile-tenant r.clients\n" : " data-port flooders\n"));
+  out(absl::StrCat("- server r.log: ", r.log, "\n\n"));
+  out(absl::StrFormat(
+      "## Calls by RPC\n\n%llu calls in %.0f s (%.0f/s): %llu expected "
+      "errors, %llu unexpected.\n\n",
+      static_cast<unsigned long long>(r.stats->total_calls()),
+      absl::ToDoubleSeconds(r.duration),
+      r.stats->total_calls() / std::max(1.0, absl::ToDoubleSeconds(r.duration)),
+      static_cast<unsigned long long>(r.stats->expected_errors()),
+      static_cast<unsigned long long>(r.stats->unexpected())));
+  out("## Results by code\n\n");
+  out(r.stats->Report(true));
+  out("\n## What provoked each expected error\n\n| category | explanation |\n"
+      "|---|---|\n");
+  std::set<std::string> seen = r.stats->categories();
+  for (const std::string& c : r.shutdown_stats->categories()) seen.insert(c);
+  for (const std::string& c : seen) {
+    auto it = Explanations().find(c);
+    out(absl::StrCat("| ", c, " | ",
+                     it == Explanations().end() ? "?" : it->second, " |\n"));
+  }
+  if (!r.killer_report.empty()) {
+    out(absl::StrCat("\n## Client processes killed with SIGKILL\n\n",
+                     r.killer_report));
+  }
+  out(absl::StrFormat(
+      "\n## Transfers\n\nBy the end of the load the server had completed "
+      "%llu transfers over the data path (%s MiB) and %llu Upload/Download "
+      "calls (%s MiB; a split transfer is several calls).\n",
+      static_cast<unsigned long long>(r.load_stats.data_path_transfers()),
+      Mib(r.load_stats.data_path_bytes() / 1024),
+      static_cast<unsigned long long>(r.load_stats.grpc_transfers()),
+      Mib(r.load_stats.grpc_transfer_bytes() / 1024)));
+  out("\n## Server memory and resources\n\n"
+      "| when | t (s) | VmRSS MiB | VmHWM MiB | threads | fds | sessions | "
+      "buffers | buffer MiB "
+      "|\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  auto row = [&](const char* when, const ProcSample& s) {
+    out(absl::StrFormat(
+        "| %s | %.0f | %s | %s | %lld | %lld | %lld | %lld | %s |\n", when, s.t,
+        Mib(s.rss_kb), Mib(s.hwm_kb), static_cast<long long>(s.threads),
+        static_cast<long long>(s.fds), static_cast<long long>(s.sessions),
+        static_cast<long long>(s.buffers),
+        s.buffer_bytes < 0 ? "?" : Mib(s.buffer_bytes / 1024)));
+  };
+  row("start (idle)", r.start);
+  row("middle", r.rss.middle);
+  row("end of load", r.end_of_load);
+  if (!r.server_died) row("after the r.clients ended", r.after_clients);
+  out(absl::StrCat("\nRSS: ", r.rss.verdict, ".\n"));
+  out(absl::StrCat("\nVmRSS over the load (MiB): ",
+                   absl::StrJoin(r.rss.series, ", "), ".\n"));
+  out(absl::StrCat("\nServer threads by name at the r.start: ",
+                   FormatNames(r.start.thread_names),
+                   "; after the r.clients "
+                   "ended: ",
+                   FormatNames(r.after_clients.thread_names), ".\n"));
+  out("\n## Leaks after every client ended\n\n");
+  if (r.server_died) {
+    out("Not checked: the server died.\n");
+  } else {
+    out(absl::StrCat(
+        "First GetServerStats: ", r.first_stats.sessions(), " sessions, ",
+        r.first_stats.buffers(), " buffers, ", r.first_stats.buffer_bytes(),
+        " bytes (sessions of unattached killed children and abandoning "
+        "clients wait for the idle reaper, --r.idle_timeout_s=",
+        r.idle_timeout_s, ").\n"));
+    if (r.zero_after_s >= 0) {
+      out(absl::StrFormat(
+          "Zero sessions, buffers and bytes %.1f s after the r.clients "
+          "ended.\n",
+          r.zero_after_s));
+    } else {
+      out(absl::StrCat("**Still ", r.last_stats.sessions(), " sessions, ",
+                       r.last_stats.buffers(), " buffers, ",
+                       r.last_stats.buffer_bytes(), " bytes.**\n"));
+    }
+  }
+  out("\n## SIGTERM under load\n\n");
+  out(absl::StrFormat(
+      "%d client threads doing valid work, two of them a 64 MiB transfer "
+      "paced to take 20 s (a slow writer and a slow reader), %llu calls "
+      "before the signal, %llu in all: the server exited with **%s** %.0f "
+      "ms after SIGTERM (--shutdown_grace_ms=5000: calls still running "
+      "then are cancelled).\n\n",
+      r.sigterm_clients, static_cast<unsigned long long>(r.calls_before_term),
+      static_cast<unsigned long long>(r.shutdown_stats->total_calls()),
+      r.exit_text, r.exit_ms));
+  out(absl::StrCat(r.held_text, "\n\n"));
+  out(r.shutdown_stats->Report(false));
+  out("\n## Server r.log\n\n| kind | lines |\n|---|---:|\n");
+  for (const auto& [kind, count] : r.server_log.kinds) {
+    out(absl::StrCat("| ", kind, " | ", count, " |\n"));
+  }
+  for (const std::string& line : r.server_log.odd_lines)
+    out(absl::StrCat("\n    ", line));
+  out("\n## Verdict\n\n");
+  if (r.failures.empty()) {
+    out("PASS: no unexpected outcome, no leak, RSS flat, exit status 0 after "
+        "SIGTERM.\n");
+  } else {
+    out("FAIL:\n\n");
+    for (const std::string& f : r.failures) out(absl::StrCat("- ", f, "\n"));
+  }
+  return report;
+}
+
+std::string FormatNames(const std::map<std::string, int>& names) {
+  std::vector<std::string> parts;
+  for (const auto& [name, n] : names)
+    parts.push_back(absl::StrCat(name, " ", n));
+  return absl::StrJoin(parts, ", ");
 }
 
 double Median(std::vector<double> v) {

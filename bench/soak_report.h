@@ -21,7 +21,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/opserver.pb.h"
 
 namespace opserver::soak {
 
@@ -228,6 +230,71 @@ class Stats {
   int printed_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// One sample of the server process (ReadProc) and its GetServerStats.
+struct ProcSample {
+  double t = 0;  // Seconds since the load started (negative: before).
+  int64_t rss_kb = -1, hwm_kb = -1, threads = -1, fds = -1;
+  int64_t sessions = -1, buffers = -1, buffer_bytes = -1;
+  std::map<std::string, int> thread_names;  // Only when asked for.
+};
+
+// Whether the server's RSS grew in the second half of the load. Flat:
+// after the first third (warm-up: the reuse cache, gRPC's and malloc's
+// pools reach their working size), the last third's median RSS is at most
+// 10% + 32 MiB above the middle third's, and its peak at most 25% + 64 MiB
+// above the middle third's peak.
+struct RssAnalysis {
+  bool enough = false;  // Samples in both thirds.
+  bool flat = true;
+  std::string verdict;
+  ProcSample middle;  // The sample nearest the middle of the load.
+  // Twenty samples across the load, for the shape of the curve.
+  std::vector<std::string> series;
+};
+RssAnalysis AnalyzeRss(const std::vector<ProcSample>& samples, double total_s,
+                       bool enforced);
+
+// The server's stderr: lines by kind, the first lines of no known kind
+// (each is a failure), and whether it said "stopped".
+struct ServerLog {
+  std::map<std::string, uint64_t> kinds;
+  std::vector<std::string> odd_lines;
+  bool stopped = false;
+};
+
+// Everything the Markdown report shows.
+struct RunSummary {
+  std::string command;
+  std::vector<std::string> server_argv;
+  uint64_t seed = 0;
+  int clients = 0;
+  absl::Duration duration, ran, kill_interval;
+  std::string load_before, load_during;
+  bool secure = false;
+  int library_clients = 0, hostile_clients = 0;
+  std::string log;
+  const Stats* stats = nullptr;
+  const Stats* shutdown_stats = nullptr;
+  std::string killer_report;   // Empty: no fault children.
+  v1::ServerStats load_stats;  // At the end of the load.
+  ProcSample start, end_of_load, after_clients;
+  RssAnalysis rss;
+  bool server_died = false;
+  v1::ServerStats first_stats, last_stats;  // After the clients ended.
+  double zero_after_s = -1;
+  int idle_timeout_s = 0;
+  int sigterm_clients = 0;
+  uint64_t calls_before_term = 0;
+  std::string exit_text;
+  double exit_ms = -1;
+  std::string held_text;
+  ServerLog server_log;
+  std::vector<std::string> failures;
+};
+std::string FormatReport(const RunSummary& r);
+
+// "name count, ..." of ThreadNames.
+std::string FormatNames(const std::map<std::string, int>& names);
 double Median(std::vector<double> v);
 // Kilobytes as MiB with one decimal; "?" when unknown (negative).
 std::string Mib(int64_t kb);
