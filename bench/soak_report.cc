@@ -265,8 +265,8 @@ std::string FormatReport(const RunSummary& r) {
   out("# opserver soak and faults\n\n");
   out(absl::StrCat("- command: `", r.command, "`\n"));
   out(absl::StrCat("- server: `", absl::StrJoin(r.server_argv, " "), "`\n"));
-  out(absl::StrCat("- r.seed ", r.seed, "; ", r.clients, " r.clients for ",
-                   absl::FormatDuration(r.duration), " (r.ran ",
+  out(absl::StrCat("- seed ", r.seed, "; ", r.clients, " clients for ",
+                   absl::FormatDuration(r.duration), " (ran ",
                    absl::FormatDuration(absl::Trunc(r.ran, absl::Seconds(1))),
                    "); a child process killed every ",
                    absl::FormatDuration(r.kill_interval), "\n"));
@@ -279,10 +279,10 @@ std::string FormatReport(const RunSummary& r) {
                  "alice and bob do the work, mallory is hostile)"
                : " (no TLS, no tokens; the data path is on)",
       "; ", r.clients - r.library_clients - r.hostile_clients,
-      " raw-RPC r.clients, ", r.library_clients, " client-library r.clients, ",
+      " raw-RPC clients, ", r.library_clients, " client-library clients, ",
       r.hostile_clients,
-      r.secure ? " hostile-tenant r.clients\n" : " data-port flooders\n"));
-  out(absl::StrCat("- server r.log: ", r.log, "\n\n"));
+      r.secure ? " hostile-tenant clients\n" : " data-port flooders\n"));
+  out(absl::StrCat("- server log: ", r.log, "\n\n"));
   out(absl::StrFormat(
       "## Calls by RPC\n\n%llu calls in %.0f s (%.0f/s): %llu expected "
       "errors, %llu unexpected.\n\n",
@@ -329,13 +329,13 @@ std::string FormatReport(const RunSummary& r) {
   row("start (idle)", r.start);
   row("middle", r.rss.middle);
   row("end of load", r.end_of_load);
-  if (!r.server_died) row("after the r.clients ended", r.after_clients);
+  if (!r.server_died) row("after the clients ended", r.after_clients);
   out(absl::StrCat("\nRSS: ", r.rss.verdict, ".\n"));
   out(absl::StrCat("\nVmRSS over the load (MiB): ",
                    absl::StrJoin(r.rss.series, ", "), ".\n"));
-  out(absl::StrCat("\nServer threads by name at the r.start: ",
+  out(absl::StrCat("\nServer threads by name at the start: ",
                    FormatNames(r.start.thread_names),
-                   "; after the r.clients "
+                   "; after the clients "
                    "ended: ",
                    FormatNames(r.after_clients.thread_names), ".\n"));
   out("\n## Leaks after every client ended\n\n");
@@ -346,11 +346,11 @@ std::string FormatReport(const RunSummary& r) {
         "First GetServerStats: ", r.first_stats.sessions(), " sessions, ",
         r.first_stats.buffers(), " buffers, ", r.first_stats.buffer_bytes(),
         " bytes (sessions of unattached killed children and abandoning "
-        "clients wait for the idle reaper, --r.idle_timeout_s=",
+        "clients wait for the idle reaper, --idle_timeout_s=",
         r.idle_timeout_s, ").\n"));
     if (r.zero_after_s >= 0) {
       out(absl::StrFormat(
-          "Zero sessions, buffers and bytes %.1f s after the r.clients "
+          "Zero sessions, buffers and bytes %.1f s after the clients "
           "ended.\n",
           r.zero_after_s));
     } else {
@@ -371,7 +371,7 @@ std::string FormatReport(const RunSummary& r) {
       r.exit_text, r.exit_ms));
   out(absl::StrCat(r.held_text, "\n\n"));
   out(r.shutdown_stats->Report(false));
-  out("\n## Server r.log\n\n| kind | lines |\n|---|---:|\n");
+  out("\n## Server log\n\n| kind | lines |\n|---|---:|\n");
   for (const auto& [kind, count] : r.server_log.kinds) {
     out(absl::StrCat("| ", kind, " | ", count, " |\n"));
   }
