@@ -35,6 +35,9 @@ class LibraryClient {
     // and 16 MiB are split where the data path is not used.
     o_.connect.transfer_split_bytes = 8ull << 20;
     o_.connect.transfer_connections = 3;
+    // A loaded machine (64 clients, ASan) may take more than the default
+    // 5 s to connect; that is not what the soak checks.
+    o_.connect.connect_timeout = absl::Seconds(30);
     o_.connect.wait_timeout = kTransferDeadline;
     o_.connect.call_timeout = kCallDeadline;
   }
