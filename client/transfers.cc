@@ -1,0 +1,488 @@
+// The client's transfers: Session::Upload and Download, over the server's
+// data path, split over several connections, or as one gRPC call whose
+// messages are framed by hand so the data is never copied into a message.
+// Part of the client library (client.h declares them).
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "client/client.h"
+#include "common/data_path.h"
+#include "common/transfer_framing.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+
+namespace opserver {
+namespace remote {
+namespace {
+
+// The Upload and Download methods, called with raw messages so the client
+// serializes and parses their data itself (the stub's `bytes` fields would
+// cost a copy each way). Built from the generated service name so a rename
+// in the .proto cannot leave them behind.
+const std::string& UploadMethodName() {
+  static const std::string* name = new std::string(
+      absl::StrCat("/", v1::Runtime::service_full_name(), "/Upload"));
+  return *name;
+}
+const std::string& DownloadMethodName() {
+  static const std::string* name = new std::string(
+      absl::StrCat("/", v1::Runtime::service_full_name(), "/Download"));
+  return *name;
+}
+
+// Slices of the caller's memory lent to gRPC for one Upload. gRPC may hold a
+// slice after the Write that took it returns (the sync API's Write completes
+// when the message is handed to the transport, not when it is on the wire),
+// so Upload waits in WaitUntilReturned() until gRPC has dropped every one:
+// nothing refers to the caller's memory once Upload returns.
+class LentSlices {
+ public:
+  LentSlices() = default;
+  LentSlices(const LentSlices&) = delete;
+  LentSlices& operator=(const LentSlices&) = delete;
+  ~LentSlices() { WaitUntilReturned(); }
+
+  grpc::Slice Lend(const char* data, size_t size) {
+    {
+      absl::MutexLock lock(&mu_);
+      ++out_;
+    }
+    // gRPC never writes through a slice it sends.
+    return grpc::Slice(const_cast<char*>(data), size, &LentSlices::Returned,
+                       this);
+  }
+
+  void WaitUntilReturned() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int64_t* out) { return *out == 0; }, &out_));
+  }
+
+ private:
+  // gRPC's destroy callback: the last reference to one lent slice is gone.
+  static void Returned(void* self) {
+    auto* lent = static_cast<LentSlices*>(self);
+    absl::MutexLock lock(&lent->mu_);
+    --lent->out_;
+  }
+
+  absl::Mutex mu_;
+  int64_t out_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The bytes that precede a chunk's data in its UploadRequest: `header`
+// (the serialized fields other than data, possibly none) and the data
+// field's tag and length. The data itself follows as its own slice.
+std::string UploadPrefix(std::string header, uint64_t data_size) {
+  if (data_size == 0) return header;  // proto3 leaves an empty field out.
+  return header + UploadDataPrefix(data_size);
+}
+
+// Parses one DownloadResponse from `message`, copying its data straight
+// from gRPC's slices into out[at, capacity) (the only copy of the data on
+// this side). Returns the bytes of data, or -1 when the message is not a
+// DownloadResponse or its data does not fit (a hostile or broken server).
+// Unknown fields are skipped; a repeated data field replaces the previous
+// one, as protobuf's own parser would.
+int64_t ParseDownloadChunk(grpc::ByteBuffer* message, char* out, uint64_t at,
+                           uint64_t capacity) {
+  using google::protobuf::internal::WireFormatLite;
+  grpc::ProtoBufferReader reader(message);
+  if (!reader.status().ok()) return -1;
+  google::protobuf::io::CodedInputStream input(&reader);
+  const uint32_t data_tag =
+      WireFormatLite::MakeTag(v1::DownloadResponse::kDataFieldNumber,
+                              WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+  int64_t data_size = 0;
+  for (;;) {
+    const uint32_t tag = input.ReadTag();
+    if (tag == 0) {
+      // The end of the message, or a malformed tag.
+      return input.ConsumedEntireMessage() ? data_size : -1;
+    }
+    if (tag != data_tag) {
+      if (!WireFormatLite::SkipField(&input, tag)) return -1;
+      continue;
+    }
+    uint32_t size = 0;
+    if (!input.ReadVarint32(&size) || size > capacity - at) return -1;
+    if (!input.ReadRaw(out + at, static_cast<int>(size))) return -1;
+    data_size = size;
+  }
+}
+
+}  // namespace
+
+absl::Status Session::Upload(uint64_t buffer, uint64_t offset, const void* data,
+                             uint64_t size, uint64_t stream) {
+  if (absl::Status s = Ordered(); !s.ok()) return s;
+  const char* bytes = static_cast<const char*>(data);
+  // Only read: Transfer's `data` is written by downloads alone.
+  return Transfer(
+      true, buffer, offset, const_cast<char*>(bytes), size, stream,
+      [&](grpc::Channel* channel, uint64_t at, uint64_t n, uint64_t on) {
+        return UploadCall(channel, buffer, offset + at, bytes + at, n, on);
+      });
+}
+
+namespace {
+
+// True when the peer has closed or reset `fd` (without waiting).
+bool PeerClosed(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 &&
+         (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+}  // namespace
+
+Session::DataPathAttempt Session::MoveOverDataPath(int fd,
+                                                   const std::string& ticket,
+                                                   bool upload, char* data,
+                                                   uint64_t size,
+                                                   const char* what) {
+  absl::Status sent = SendAll(fd, ticket.data(), ticket.size());
+  if (upload) {
+    if (sent.ok()) sent = SendAll(fd, data, size);
+    // A server that took the ticket closes the connection only after the
+    // half-close that ends the bytes: closed before, it did not take it
+    // (or its transfer failed, which a retry cannot make worse).
+    if (!sent.ok()) return {sent, PeerClosed(fd)};
+    if (PeerClosed(fd)) {
+      return {absl::UnavailableError(absl::StrCat(
+                  what, ": the server closed the data connection early")),
+              true};
+    }
+    shutdown(fd, SHUT_WR);
+    // The server closes once it has read the end of the bytes; a reset
+    // says it closed without reading them.
+    char byte;
+    ssize_t n;
+    do {
+      n = recv(fd, &byte, 1, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0 && (errno == ECONNRESET || errno == EPIPE)) {
+      return {absl::UnavailableError(
+                  absl::StrCat(what, ": the server reset the data connection")),
+              true};
+    }
+    return {absl::OkStatus(), false};  // The call says how it went.
+  }
+  if (!sent.ok()) return {sent, PeerClosed(fd)};
+  bool any = false;  // Once a byte came, the server had taken the ticket.
+  absl::StatusOr<size_t> got = RecvFull(fd, data, size, [&] { any = true; });
+  if (!got.ok()) return {got.status(), !any && PeerClosed(fd)};
+  if (*got != size) {
+    return {absl::InternalError(absl::StrCat(
+                what, ": the server's data connection ended after ", *got,
+                " of the ", size, " bytes")),
+            *got == 0};
+  }
+  return {absl::OkStatus(), false};
+}
+
+std::optional<absl::Status> Session::DataPathTransfer(bool upload,
+                                                      uint64_t buffer,
+                                                      uint64_t offset,
+                                                      char* data, uint64_t size,
+                                                      uint64_t stream) {
+  const std::string host = client_->DataPathHost();
+  if (host.empty() || size < client_->options().data_path_bytes) {
+    return std::nullopt;
+  }
+  grpc::ClientContext context;
+  client_->SetWaitDeadline(&context);
+  v1::OpenDataTransferRequest request;
+  request.set_session(token_);
+  request.set_buffer(buffer);
+  request.set_offset(offset);
+  request.set_size(size);
+  request.set_stream(stream);
+  request.set_direction(
+      upload ? v1::OpenDataTransferRequest::DIRECTION_HOST_TO_DEVICE
+             : v1::OpenDataTransferRequest::DIRECTION_DEVICE_TO_HOST);
+  const char* what = upload ? "Upload" : "Download";
+  std::unique_ptr<grpc::ClientReader<v1::OpenDataTransferResponse>> reader =
+      client_->runtime().OpenDataTransfer(&context, request);
+  v1::OpenDataTransferResponse event;
+  if (!reader->Read(&event)) {
+    absl::Status status = FromGrpcStatus(reader->Finish(), context, what);
+    // A server without the data path (or one older than it): nothing was
+    // queued.
+    if (absl::IsUnimplemented(status)) {
+      client_->DisableDataPath(status);
+      return std::nullopt;
+    }
+    return status;
+  }
+  const bool malformed = event.ticket().size() != kDataTicketBytes ||
+                         event.port() == 0 || event.port() > 65535;
+  // A connection the server closes before taking the ticket (it may drop
+  // waiting connections when flooded) is tried again with the same ticket:
+  // a ticket claims one connection at most, so a retry cannot move the
+  // bytes twice.
+  constexpr int kConnections = 3;
+  // Gives the call up, so this transfer goes through gRPC instead.
+  auto abandon = [&] {
+    context.TryCancel();
+    while (reader->Read(&event)) {
+    }
+    reader->Finish().IgnoreError();
+  };
+  DataPathAttempt attempt;
+  for (int i = 0; i < kConnections; ++i) {
+    absl::StatusOr<UniqueFd> connection =
+        malformed
+            ? absl::InternalError(absl::StrCat(
+                  what, ": the server's data-path ticket or port is malformed"))
+            : ConnectTcp(host, static_cast<int>(event.port()),
+                         client_->options().connect_timeout,
+                         client_->options().wait_timeout);
+    if (!connection.ok()) {
+      // Nothing moves without the connection: cancelled, the call leaves
+      // nothing behind.
+      abandon();
+      client_->DisableDataPath(connection.status());
+      return std::nullopt;
+    }
+    attempt = MoveOverDataPath(connection->get(), event.ticket(), upload, data,
+                               size, what);
+    if (!attempt.dropped) break;
+  }
+  if (attempt.dropped) {
+    // The server kept closing the connection: this transfer goes through
+    // gRPC. Cancelled, the call moves nothing more: the server ends its
+    // mover, if the ticket was taken at all, before it releases the
+    // stream, and the gRPC transfer is ordered on that stream after it, so
+    // the two never write the same bytes at once.
+    abandon();
+    client_->NoteDataPathFallback(attempt.moved);
+    return std::nullopt;
+  }
+  const absl::Status moved = attempt.moved;
+  if (!moved.ok()) context.TryCancel();
+  while (reader->Read(&event)) {
+  }
+  // The server's verdict first: it says why a connection broke.
+  absl::Status status = FromGrpcStatus(reader->Finish(), context, what);
+  if (!status.ok() && !(absl::IsCancelled(status) && !moved.ok())) {
+    return status;
+  }
+  return moved;
+}
+
+absl::Status Session::Transfer(bool upload, uint64_t buffer, uint64_t offset,
+                               char* data, uint64_t size, uint64_t stream,
+                               const TransferPart& part_call) {
+  std::optional<absl::Status> moved =
+      DataPathTransfer(upload, buffer, offset, data, size, stream);
+  if (moved.has_value()) return *moved;
+  std::optional<absl::Status> split =
+      Split(buffer, offset, size, stream, part_call);
+  if (split.has_value()) return *split;
+  return part_call(&client_->channel(), 0, size, stream);
+}
+
+std::optional<absl::Status> Session::Split(uint64_t buffer, uint64_t offset,
+                                           uint64_t size, uint64_t stream,
+                                           const TransferPart& part_call) {
+  const ConnectOptions& options = client_->options();
+  if (options.transfer_connections == 1 ||
+      size < options.transfer_split_bytes) {
+    return std::nullopt;
+  }
+  {
+    // Split only a range the server will accept whole: a refused transfer
+    // must write nothing, and a part is refused only once the others may
+    // have landed. Buffer sizes are known in pipelined sessions only.
+    absl::MutexLock lock(&handles_mu_);
+    auto it = buffer_sizes_.find(buffer);
+    if (it == buffer_sizes_.end() || offset > it->second ||
+        size > it->second - offset) {
+      return std::nullopt;
+    }
+  }
+  absl::StatusOr<std::vector<grpc::Channel*>> channels =
+      client_->TransferChannels();
+  if (!channels.ok()) return std::nullopt;
+  // A stream per extra part, for this transfer only: kept, they would
+  // count against the session's stream cap for good. Destroyed, they no
+  // longer count once DestroyStream has returned.
+  std::vector<Stream> streams;
+  for (size_t i = 0; i < channels->size(); ++i) {
+    absl::StatusOr<Stream> made = CreateStream();
+    if (!made.ok()) return std::nullopt;  // E.g. the session's stream cap.
+    streams.push_back(*std::move(made));
+  }
+  // The parts go out on other streams than `stream`, so first an empty
+  // transfer on `stream`: the server answers it once the work queued there
+  // before is done (without taking that work's errors, which stay for the
+  // next Synchronize), and only then may any part land.
+  if (absl::Status reached = part_call(&client_->channel(), 0, 0, stream);
+      !reached.ok()) {
+    return reached;
+  }
+  // Equal parts, each a whole number of upload messages (downloads come in
+  // the server's --chunk_bytes messages; the rounding only evens parts).
+  const uint64_t k = channels->size() + 1;
+  const uint64_t chunk = std::max<uint64_t>(1, options.upload_chunk_bytes);
+  const uint64_t per_part = size / k + (size % k != 0);  // Rounded up.
+  const uint64_t part = (per_part + chunk - 1) / chunk * chunk;
+  std::vector<absl::Status> results(k);
+  std::vector<std::thread> threads;
+  for (uint64_t i = 1; i < k && i * part < size; ++i) {
+    const uint64_t at = i * part;
+    threads.emplace_back([&, i, at] {
+      results[i] = part_call((*channels)[i - 1], at, std::min(part, size - at),
+                             streams[i - 1].handle());
+    });
+  }
+  results[0] = part_call(&client_->channel(), 0, std::min(part, size), stream);
+  for (std::thread& thread : threads) thread.join();
+  for (absl::Status& result : results) {
+    if (!result.ok()) return result;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::UploadCall(grpc::Channel* channel, uint64_t buffer,
+                                 uint64_t offset, const char* bytes,
+                                 uint64_t size, uint64_t stream) {
+  // Declared before the call so it outlives it: its destructor waits until
+  // gRPC has returned every slice of `data` (also on early returns).
+  LentSlices lent;
+  absl::Status status;
+  {
+    grpc::ClientContext context;
+    client_->SetWaitDeadline(&context);
+    grpc::ByteBuffer response;
+    // Each message is an UploadRequest serialized by hand: a few header
+    // bytes plus a slice pointing into `data`, so the client copies nothing
+    // before the socket (the stub's set_data would copy every chunk).
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+            channel,
+            grpc::internal::RpcMethod(
+                UploadMethodName().c_str(),
+                grpc::internal::RpcMethod::CLIENT_STREAMING),
+            &context, &response));
+    const uint64_t chunk =
+        std::max<uint64_t>(1, client_->options().upload_chunk_bytes);
+    v1::UploadRequest header;
+    header.set_session(token_);
+    header.set_buffer(buffer);
+    header.set_offset(offset);
+    header.set_size(size);
+    header.set_stream(stream);
+    std::string first_header = header.SerializeAsString();
+    uint64_t at = 0;
+    bool first = true;
+    // Set once the message carrying the end-of-stream flag was written, even
+    // if that write failed: the call is half-closed then, and a second
+    // half-close (WritesDone) aborts the process in gRPC.
+    bool half_closed = false;
+    while (first || at < size) {
+      const uint64_t n = std::min(chunk, size - at);
+      // Only the first message carries the header fields.
+      std::string prefix =
+          UploadPrefix(first ? std::move(first_header) : std::string(), n);
+      grpc::Slice slices[2] = {grpc::Slice(prefix), grpc::Slice()};
+      size_t count = 1;
+      if (n > 0) slices[count++] = lent.Lend(bytes + at, n);
+      grpc::ByteBuffer message(slices, count);
+      // The last message may go out with the end-of-stream flag.
+      grpc::WriteOptions options;
+      if (at + n == size) {
+        options.set_last_message();
+        half_closed = true;
+      }
+      if (!writer->Write(message, options)) break;  // Finish() says why.
+      at += n;
+      first = false;
+    }
+    if (!half_closed) writer->WritesDone();
+    status = FromGrpcStatus(writer->Finish(), context, "Upload");
+  }  // The call is gone; what gRPC still holds of `data` is being released.
+  lent.WaitUntilReturned();
+  return status;
+}
+
+absl::Status Session::Download(uint64_t buffer, uint64_t offset, void* data,
+                               uint64_t size, uint64_t stream) {
+  // Device->host: after all work issued before, reporting the session's
+  // deferred errors.
+  if (absl::Status s = Flush(); !s.ok()) return s;
+  char* bytes = static_cast<char*>(data);
+  return Transfer(
+      false, buffer, offset, bytes, size, stream,
+      [&](grpc::Channel* channel, uint64_t at, uint64_t n, uint64_t on) {
+        return DownloadCall(channel, buffer, offset + at, bytes + at, n, on);
+      });
+}
+
+absl::Status Session::DownloadCall(grpc::Channel* channel, uint64_t buffer,
+                                   uint64_t offset, char* bytes, uint64_t size,
+                                   uint64_t stream) {
+  grpc::ClientContext context;
+  client_->SetWaitDeadline(&context);
+  v1::DownloadRequest request;
+  request.set_session(token_);
+  request.set_buffer(buffer);
+  request.set_offset(offset);
+  request.set_size(size);
+  request.set_stream(stream);
+  // Responses arrive raw and are parsed by ParseDownloadChunk, which copies
+  // the data from gRPC's slices to its place in `data` (the generated
+  // reader would copy it into a string first).
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+          channel,
+          grpc::internal::RpcMethod(
+              DownloadMethodName().c_str(),
+              grpc::internal::RpcMethod::SERVER_STREAMING),
+          &context, request));
+  uint64_t at = 0;
+  grpc::ByteBuffer chunk;
+  bool bad_chunk = false;
+  while (reader->Read(&chunk)) {
+    const int64_t n = ParseDownloadChunk(&chunk, bytes, at, size);
+    chunk.Clear();
+    if (n < 0) {
+      bad_chunk = true;
+      context.TryCancel();
+      break;
+    }
+    at += n;
+  }
+  absl::Status status = FromGrpcStatus(reader->Finish(), context, "Download");
+  if (bad_chunk) {
+    return absl::InternalError(absl::StrCat(
+        "Download: after ", at, " of ", size,
+        " bytes the server sent more than asked for, or a message that is "
+        "not a DownloadResponse"));
+  }
+  if (!status.ok()) return status;
+  if (at != size) {
+    return absl::InternalError(
+        absl::StrCat("Download: server sent ", at, " of the ", size, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace remote
+}  // namespace opserver
