@@ -235,34 +235,9 @@ void Client::CloseMidTransfer() {
   SessionState view;  // The transfer's own copy of what it names.
   view.token = temp.token;
   std::thread transfer([&] {
-    grpc::ClientContext context;
-    SetDeadline(&context, kTransferDeadline);
-    if (upload) {
-      v1::UploadResponse response;
-      auto writer = conn_->rt->Upload(&context, &response);
-      v1::UploadRequest message;
-      message.set_session(view.token);
-      message.set_buffer(b);
-      message.set_size(size);
-      const std::string chunk(256 << 10, 't');
-      for (uint64_t sent = 0; sent < size; sent += chunk.size()) {
-        message.set_data(chunk);
-        if (!writer->Write(message)) break;
-        message.Clear();
-        absl::SleepFor(absl::Microseconds(500));
-      }
-      writer->WritesDone();
-      Record("Upload", e, writer->Finish(), context);
-    } else {
-      v1::DownloadRequest request;
-      request.set_session(view.token);
-      request.set_buffer(b);
-      request.set_size(size);
-      auto reader = conn_->rt->Download(&context, request);
-      v1::DownloadResponse chunk;
-      while (reader->Read(&chunk)) absl::SleepFor(absl::Milliseconds(5));
-      Record("Download", e, reader->Finish(), context);
-    }
+    PacedTransfer(upload, view.token, b, size, 256 << 10,
+                  absl::Microseconds(500), absl::Milliseconds(5),
+                  upload ? "Upload" : "Download", e);
   });
   absl::SleepFor(absl::Milliseconds(Rand(30)));
   CloseSession(&temp);

@@ -194,17 +194,8 @@ class LibraryClient {
       params.mutable_negative_slope()->set_dtype(v1::FLOAT);
       params.mutable_negative_slope()->set_value(PickOf(kSlopes));
     }
-    auto value = [&]() -> double {
-      switch (dt) {
-        case v1::INT32:
-          return static_cast<double>(Rand(2001)) - 1000;
-        case v1::INT8:
-          return static_cast<double>(Rand(201)) - 100;
-        case v1::UINT8:
-          return static_cast<double>(Rand(201));
-        default:
-          return (static_cast<double>(Rand(48)) - 24 + 0.5) * 0.25;
-      }
+    auto value = [&] {
+      return InputValue(dt, [this](uint64_t n) { return Rand(n); });
     };
     std::vector<double> grad(n), second;
     for (double& v : grad) v = value();

@@ -38,6 +38,23 @@ v1::TensorDesc Desc(uint64_t buffer, DataType dt, std::vector<int64_t> shape,
 
 // One element of `op`'s output in `dt`: gradOutput `g`, self `x` (or, for
 // DropoutBackward, the mask `bit`), computed by the kernels' formulas.
+// A random input of `dt`: exactly representable in it, and never on an
+// operator's boundary, so every result is checked exactly. `rand(n)` is in
+// [0, n).
+template <typename Rand>
+double InputValue(DataType dt, Rand&& rand) {
+  switch (dt) {
+    case v1::INT32:
+      return static_cast<double>(rand(2001)) - 1000;
+    case v1::INT8:
+      return static_cast<double>(rand(201)) - 100;
+    case v1::UINT8:
+      return static_cast<double>(rand(201));
+    default:
+      return (static_cast<double>(rand(48)) - 24 + 0.5) * 0.25;
+  }
+}
+
 double Reference(int op, DataType dt, const v1::OpParams& p, double g, double x,
                  bool bit);
 // Whether `got` matches `want` within `dt`'s rounding (relative to the

@@ -97,6 +97,14 @@ class Client {
   // writer or a slow reader), so it is still running when the server's
   // shutdown grace ends.
   void SlowTransfer(bool upload);
+  // An Upload (`chunk` bytes a message, `write_pause` after each) or a
+  // Download (`read_pause` after each message read) of buffer[0, size) of
+  // session `token`, recorded under `name` with `e`: transfers that must
+  // still be running when something else happens to them.
+  void PacedTransfer(bool upload, const std::string& token, uint64_t buffer,
+                     uint64_t size, uint64_t chunk, absl::Duration write_pause,
+                     absl::Duration read_pause, const char* name,
+                     const Expect& e);
 
  private:
   // ------------------------------------------------------------ helpers

@@ -127,33 +127,44 @@ void Client::SlowTransfer(bool upload) {
   const uint64_t size = 64 << 20;
   const uint64_t b = Malloc(&main_, size);
   if (b == 0) return;
+  PacedTransfer(upload, main_.token, b, size, 1 << 20, absl::Milliseconds(300),
+                absl::Milliseconds(1250),
+                upload ? "Upload (slow writer)" : "Download (slow reader)",
+                V());
+}
+
+void Client::PacedTransfer(bool upload, const std::string& token,
+                           uint64_t buffer, uint64_t size, uint64_t chunk,
+                           absl::Duration write_pause,
+                           absl::Duration read_pause, const char* name,
+                           const Expect& e) {
   grpc::ClientContext context;
   SetDeadline(&context, kTransferDeadline);
   if (upload) {
     v1::UploadResponse response;
     auto writer = conn_->rt->Upload(&context, &response);
     v1::UploadRequest message;
-    message.set_session(main_.token);
-    message.set_buffer(b);
+    message.set_session(token);
+    message.set_buffer(buffer);
     message.set_size(size);
-    const std::string chunk(1 << 20, 's');
-    for (uint64_t sent = 0; sent < size; sent += chunk.size()) {
-      message.set_data(chunk);
+    const std::string data(chunk, 's');
+    for (uint64_t sent = 0; sent < size; sent += data.size()) {
+      message.set_data(data);
       if (!writer->Write(message)) break;
       message.Clear();
-      absl::SleepFor(absl::Milliseconds(300));
+      absl::SleepFor(write_pause);
     }
     writer->WritesDone();
-    Record("Upload (slow writer)", V(), writer->Finish(), context);
+    Record(name, e, writer->Finish(), context);
   } else {
     v1::DownloadRequest request;
-    request.set_session(main_.token);
-    request.set_buffer(b);
+    request.set_session(token);
+    request.set_buffer(buffer);
     request.set_size(size);
     auto reader = conn_->rt->Download(&context, request);
-    v1::DownloadResponse chunk;
-    while (reader->Read(&chunk)) absl::SleepFor(absl::Milliseconds(1250));
-    Record("Download (slow reader)", V(), reader->Finish(), context);
+    v1::DownloadResponse message;
+    while (reader->Read(&message)) absl::SleepFor(read_pause);
+    Record(name, e, reader->Finish(), context);
   }
 }
 
@@ -237,18 +248,8 @@ bool Client::Compute() {
   static const std::vector<double> kScales = {0, 1, 1.25, 2, 4};
   params.set_scale(PickOf(kScales));
 
-  // Inputs: exactly representable, never on a formula's boundary.
-  auto value = [&]() -> double {
-    switch (dt) {
-      case v1::INT32:
-        return static_cast<double>(Rand(2001)) - 1000;
-      case v1::INT8:
-        return static_cast<double>(Rand(201)) - 100;
-      case v1::UINT8:
-        return static_cast<double>(Rand(201));
-      default:
-        return (static_cast<double>(Rand(48)) - 24 + 0.5) * 0.25;
-    }
+  auto value = [&] {
+    return InputValue(dt, [this](uint64_t n) { return Rand(n); });
   };
   int64_t rows = 1, cols = n;
   if (layout == kBroadcast) {
