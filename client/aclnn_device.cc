@@ -214,22 +214,10 @@ aclError aclrtMallocAlign32(void** devPtr, size_t size,
 aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src,
                           size_t count, aclrtMemcpyKind kind,
                           aclrtStream stream) {
-  if (dst == nullptr || src == nullptr) {
-    return Fail(ACL_ERROR_INVALID_PARAM,
-                absl::StrCat("aclrtMemcpyAsync: ",
-                             dst == nullptr ? "dst" : "src", " is NULL"));
-  }
-  if (count > destMax) {
-    return Fail(ACL_ERROR_INVALID_PARAM,
-                absl::StrCat("aclrtMemcpyAsync: count ", count,
-                             " is larger than destMax ", destMax));
-  }
-  if (kind != ACL_MEMCPY_HOST_TO_HOST && kind != ACL_MEMCPY_HOST_TO_DEVICE &&
-      kind != ACL_MEMCPY_DEVICE_TO_HOST &&
-      kind != ACL_MEMCPY_DEVICE_TO_DEVICE) {
-    return Fail(ACL_ERROR_INVALID_PARAM,
-                absl::StrCat("aclrtMemcpyAsync: unknown aclrtMemcpyKind ",
-                             static_cast<int>(kind)));
+  if (aclError error = opserver::CheckCopyArguments(__func__, dst, destMax, src,
+                                                    count, kind);
+      error != ACL_SUCCESS) {
+    return error;
   }
   State& state = GetState();
   opserver::Pinned pinned;
@@ -247,27 +235,10 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src,
           absl::StrCat("aclrtMemcpyAsync: ", stream_handle.status().message()));
     }
     handle = *stream_handle;
-    auto check = [&](const void* pointer, const char* what,
-                     opserver::DeviceRange* range) -> absl::Status {
-      auto resolved = opserver::Resolve(
-          state, pointer, absl::StrCat("aclrtMemcpyAsync: ", what));
-      if (!resolved.ok()) return resolved.status();
-      if (resolved->available < count) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("aclrtMemcpyAsync: ", count, " bytes at ", what,
-                         " run past the end of its allocation (",
-                         resolved->available, " bytes left)"));
-      }
-      *range = *resolved;
-      return absl::OkStatus();
-    };
-    if (kind == ACL_MEMCPY_DEVICE_TO_HOST ||
-        kind == ACL_MEMCPY_DEVICE_TO_DEVICE) {
-      if (absl::Status s = check(src, "src", &from); !s.ok()) return FailAcl(s);
-    }
-    if (kind == ACL_MEMCPY_HOST_TO_DEVICE ||
-        kind == ACL_MEMCPY_DEVICE_TO_DEVICE) {
-      if (absl::Status s = check(dst, "dst", &to); !s.ok()) return FailAcl(s);
+    if (absl::Status s = opserver::ResolveCopy(state, __func__, dst, src, count,
+                                               kind, &from, &to);
+        !s.ok()) {
+      return FailAcl(s);
     }
     pinned = state.Pin();
   }

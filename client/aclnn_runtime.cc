@@ -406,25 +406,14 @@ aclError aclrtFree(void* devPtr) {
 
 aclError aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count,
                      aclrtMemcpyKind kind) {
-  if (dst == nullptr || src == nullptr) {
-    return Fail(ACL_ERROR_INVALID_PARAM,
-                absl::StrCat("aclrtMemcpy: ", dst == nullptr ? "dst" : "src",
-                             " is NULL"));
-  }
-  if (count > destMax) {
-    return Fail(ACL_ERROR_INVALID_PARAM,
-                absl::StrCat("aclrtMemcpy: count ", count,
-                             " is larger than destMax ", destMax));
+  if (aclError error = opserver::CheckCopyArguments(__func__, dst, destMax, src,
+                                                    count, kind);
+      error != ACL_SUCCESS) {
+    return error;
   }
   if (kind == ACL_MEMCPY_HOST_TO_HOST) {
     std::memmove(dst, src, count);
     return ACL_SUCCESS;
-  }
-  if (kind != ACL_MEMCPY_HOST_TO_DEVICE && kind != ACL_MEMCPY_DEVICE_TO_HOST &&
-      kind != ACL_MEMCPY_DEVICE_TO_DEVICE) {
-    return Fail(ACL_ERROR_INVALID_PARAM,
-                absl::StrCat("aclrtMemcpy: unknown aclrtMemcpyKind ",
-                             static_cast<int>(kind)));
   }
   State& state = GetState();
   opserver::Pinned pinned;
@@ -433,25 +422,10 @@ aclError aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count,
     absl::MutexLock lock(&state.mu);
     auto current = opserver::SessionOf(state);
     if (!current.ok()) return opserver::SessionError(current.status());
-    auto check = [&](const void* pointer, const char* what,
-                     opserver::DeviceRange* range) -> absl::Status {
-      auto resolved = opserver::Resolve(state, pointer,
-                                        absl::StrCat("aclrtMemcpy: ", what));
-      if (!resolved.ok()) return resolved.status();
-      if (resolved->available < count) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("aclrtMemcpy: ", count, " bytes at ", what,
-                         " run past the end of its allocation (",
-                         resolved->available, " bytes left)"));
-      }
-      *range = *resolved;
-      return absl::OkStatus();
-    };
-    if (kind != ACL_MEMCPY_HOST_TO_DEVICE) {
-      if (absl::Status s = check(src, "src", &from); !s.ok()) return FailAcl(s);
-    }
-    if (kind != ACL_MEMCPY_DEVICE_TO_HOST) {
-      if (absl::Status s = check(dst, "dst", &to); !s.ok()) return FailAcl(s);
+    if (absl::Status s = opserver::ResolveCopy(state, __func__, dst, src, count,
+                                               kind, &from, &to);
+        !s.ok()) {
+      return FailAcl(s);
     }
     pinned = state.Pin();
   }

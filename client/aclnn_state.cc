@@ -55,6 +55,56 @@ absl::Status State::DropSession() {
   return pending;
 }
 
+aclError CheckCopyArguments(const char* function, const void* dst,
+                            size_t destMax, const void* src, size_t count,
+                            aclrtMemcpyKind kind) {
+  if (dst == nullptr || src == nullptr) {
+    return Fail(ACL_ERROR_INVALID_PARAM,
+                absl::StrCat(function, ": ", dst == nullptr ? "dst" : "src",
+                             " is NULL"));
+  }
+  if (count > destMax) {
+    return Fail(ACL_ERROR_INVALID_PARAM,
+                absl::StrCat(function, ": count ", count,
+                             " is larger than destMax ", destMax));
+  }
+  if (kind != ACL_MEMCPY_HOST_TO_HOST && kind != ACL_MEMCPY_HOST_TO_DEVICE &&
+      kind != ACL_MEMCPY_DEVICE_TO_HOST &&
+      kind != ACL_MEMCPY_DEVICE_TO_DEVICE) {
+    return Fail(ACL_ERROR_INVALID_PARAM,
+                absl::StrCat(function, ": unknown aclrtMemcpyKind ",
+                             static_cast<int>(kind)));
+  }
+  return ACL_SUCCESS;
+}
+
+absl::Status ResolveCopy(State& state, const char* function, const void* dst,
+                         const void* src, size_t count, aclrtMemcpyKind kind,
+                         DeviceRange* from, DeviceRange* to) {
+  auto check = [&](const void* pointer, const char* what,
+                   DeviceRange* range) -> absl::Status {
+    auto resolved = Resolve(state, pointer, absl::StrCat(function, ": ", what));
+    if (!resolved.ok()) return resolved.status();
+    if (resolved->available < count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(function, ": ", count, " bytes at ", what,
+                       " run past the end of its allocation (",
+                       resolved->available, " bytes left)"));
+    }
+    *range = *resolved;
+    return absl::OkStatus();
+  };
+  if (kind == ACL_MEMCPY_DEVICE_TO_HOST ||
+      kind == ACL_MEMCPY_DEVICE_TO_DEVICE) {
+    if (absl::Status s = check(src, "src", from); !s.ok()) return s;
+  }
+  if (kind == ACL_MEMCPY_HOST_TO_DEVICE ||
+      kind == ACL_MEMCPY_DEVICE_TO_DEVICE) {
+    if (absl::Status s = check(dst, "dst", to); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WaitPendingReads(State& state, std::optional<uint64_t> handle) {
   std::vector<remote::PendingRead> reads;
   {

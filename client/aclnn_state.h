@@ -131,6 +131,20 @@ absl::StatusOr<DeviceRange> Resolve(State& state, const void* pointer,
 
 absl::StatusOr<uint64_t> StreamHandle(State& state, aclrtStream stream);
 
+// What aclrtMemcpy and aclrtMemcpyAsync (`function`) check before anything
+// is resolved: NULL pointers, `count` over `destMax`, an unknown kind.
+// ACL_SUCCESS, else the error (recorded).
+aclError CheckCopyArguments(const char* function, const void* dst,
+                            size_t destMax, const void* src, size_t count,
+                            aclrtMemcpyKind kind);
+
+// Under `state.mu`: the device ranges a copy of `count` bytes of `kind`
+// reads (`from`, for a device source) and writes (`to`, for a device
+// destination), each within one allocation.
+absl::Status ResolveCopy(State& state, const char* function, const void* dst,
+                         const void* src, size_t count, aclrtMemcpyKind kind,
+                         DeviceRange* from, DeviceRange* to);
+
 // Waits for the aclrtMemcpyAsync reads queued on stream `handle` (every
 // stream's when `handle` is nullopt) and returns the first error; call
 // without `state.mu` (it is taken to collect them). A read's error is its
