@@ -92,6 +92,7 @@ class HeapDevice : public Device {
     used_ -= bytes;
     delete[] static_cast<char*>(block);
   }
+  uint64_t FreeBytes() const override { return capacity_ - used_.load(); }
   // Memcpy copies and plans run on the pool, complete when they return,
   // like the CPU device's stream.
   class HeapStream : public DeviceStream {

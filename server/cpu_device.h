@@ -42,12 +42,21 @@ class CpuDevice : public Device {
   // freed memory kept for reuse. `memory_bytes` bounds everything allocated
   // plus that cache; 0 = DefaultMemoryBytes().
   CpuDevice(int threads, uint64_t pool_cache_bytes, uint64_t memory_bytes = 0);
+  // The same computing on `compute`, which other CpuDevices may share: the
+  // logical devices one host is split into (CreateDevices, --devices).
+  CpuDevice(std::shared_ptr<kernels::ThreadPool> compute,
+            uint64_t pool_cache_bytes, uint64_t memory_bytes = 0);
   uint64_t CachedBytes() const override { return memory_.cached_bytes(); }
+  // The capacity less the blocks in use: the cache gives way to Allocate.
+  uint64_t FreeBytes() const override;
 
   // Half of physical memory: room for the server's own heap, gRPC's buffers
   // and the host's other processes, so a full device is an allocation
   // error, never an OOM kill.
   static uint64_t DefaultMemoryBytes();
+  // The compute threads `threads` asks for: itself if positive, else one
+  // per hardware thread.
+  static int ResolveThreads(int threads);
 
   DeviceDescription Describe() const override;
   absl::StatusOr<void*> Allocate(uint64_t bytes, uint64_t owner) override;
@@ -59,7 +68,7 @@ class CpuDevice : public Device {
  private:
   DeviceDescription description_;
   MemoryPool memory_;
-  kernels::ThreadPool compute_;
+  const std::shared_ptr<kernels::ThreadPool> compute_;
 };
 
 }  // namespace opserver

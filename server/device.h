@@ -31,6 +31,12 @@ struct DeviceOptions {
   uint64_t memory_cache_bytes = 4ull << 30;
   // The capacity Allocate enforces; 0 = the device's safe default.
   uint64_t memory_bytes = 0;
+  // Devices to make of this kind (CreateDevices; --devices). The CPU
+  // device is split into this many logical devices: each gets
+  // memory_bytes / devices (rounded down to whole 4 KiB pages) of capacity
+  // and memory_cache_bytes / devices of reuse cache, and all share one pool
+  // of `threads` compute threads.
+  int devices = 1;
 };
 
 // A device's in-order queue of operations (a CUDA device would wrap a
@@ -104,6 +110,11 @@ class Device {
   virtual DeviceDescription Describe() const = 0;
   // Freed memory the device keeps for reuse (for metrics); 0 if none.
   virtual uint64_t CachedBytes() const { return 0; }
+  // What Allocate could still hand out now, in bytes (memory kept cached
+  // for reuse counts as free when it gives way to new allocations): the
+  // free memory GetServerStats reports per device, and aclrtGetMemInfo
+  // with it. A snapshot; concurrent allocations change it at once.
+  virtual uint64_t FreeBytes() const = 0;
 
   // At least `bytes` of device memory (0 is allowed) for `owner` (a session
   // serial; 0 = nobody in particular). RESOURCE_EXHAUSTED when the device's

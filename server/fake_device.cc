@@ -11,18 +11,29 @@ DeviceDescription FakeDevice::Describe() const {
   DeviceDescription description;
   description.kind = "fake";
   description.name = "asynchronous test device";
-  description.memory_bytes = 1ull << 30;
+  description.memory_bytes = memory_bytes_;
   description.threads = 1;
   return description;
 }
 
 absl::StatusOr<void*> FakeDevice::Allocate(uint64_t bytes, uint64_t) {
+  // Reserved with a compare-and-swap so that concurrent calls cannot
+  // overshoot the capacity together.
+  uint64_t used = used_bytes_.load();
+  do {
+    if (bytes > memory_bytes_ - used) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "fake device: cannot allocate ", bytes, " bytes, ",
+          memory_bytes_ - used, " of ", memory_bytes_, " bytes free"));
+    }
+  } while (!used_bytes_.compare_exchange_weak(used, used + bytes));
   char* block = new char[bytes];
   std::memset(block, 0, bytes);
   return static_cast<void*>(block);
 }
 
-void FakeDevice::Deallocate(void* block, uint64_t) {
+void FakeDevice::Deallocate(void* block, uint64_t bytes) {
+  used_bytes_ -= bytes;
   delete[] static_cast<char*>(block);
 }
 

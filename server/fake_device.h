@@ -48,13 +48,23 @@ struct FakeStreamRecord {
 class FakeDevice : public Device {
  public:
   // `max_streams` < 0: no limit; else CreateStream fails with
-  // RESOURCE_EXHAUSTED once that many were created.
-  explicit FakeDevice(int max_streams = -1, bool host_addressable = true)
-      : max_streams_(max_streams), host_addressable_(host_addressable) {}
+  // RESOURCE_EXHAUSTED once that many were created. Allocate fails with
+  // RESOURCE_EXHAUSTED past `memory_bytes` allocated at once (as requested,
+  // not rounded).
+  explicit FakeDevice(int max_streams = -1, bool host_addressable = true,
+                      uint64_t memory_bytes = kDefaultMemoryBytes)
+      : max_streams_(max_streams),
+        host_addressable_(host_addressable),
+        memory_bytes_(memory_bytes) {}
+
+  static constexpr uint64_t kDefaultMemoryBytes = 1ull << 30;
 
   DeviceDescription Describe() const override;
   absl::StatusOr<void*> Allocate(uint64_t bytes, uint64_t owner) override;
   void Deallocate(void* block, uint64_t bytes) override;
+  uint64_t FreeBytes() const override {
+    return memory_bytes_ - used_bytes_.load();
+  }
   absl::StatusOr<std::unique_ptr<DeviceStream>> CreateStream() override;
   void* HostAddress(void* device_ptr) override {
     return host_addressable_ ? device_ptr : nullptr;
@@ -69,6 +79,8 @@ class FakeDevice : public Device {
  private:
   const int max_streams_;
   const bool host_addressable_;
+  const uint64_t memory_bytes_;
+  std::atomic<uint64_t> used_bytes_{0};
   const std::shared_ptr<FakeDeviceShared> shared_ =
       std::make_shared<FakeDeviceShared>();
   mutable absl::Mutex mu_;

@@ -30,6 +30,14 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
 ABSL_FLAG(int, threads, 0,
           "Compute threads of the device (0 = one per hardware thread).");
 ABSL_FLAG(std::string, device, "cpu", "Device to serve: cpu.");
+ABSL_FLAG(int, devices, 1,
+          "Devices to serve (1-64); a session picks one at CreateSession. "
+          "The cpu device is split into this many logical devices, each "
+          "with its own streams and a capacity of --device_memory_bytes / "
+          "N rounded down to whole 4096-byte pages (of half of physical "
+          "memory when that flag is 0) and a reuse cache of "
+          "--memory_cache_bytes / N; all N compute on one pool of --threads "
+          "threads.");
 ABSL_FLAG(uint64_t, max_message_bytes, 64ull << 20,
           "Largest gRPC message accepted or sent, in bytes.");
 ABSL_FLAG(uint64_t, chunk_bytes, 4ull << 20,
@@ -158,6 +166,7 @@ int main(int argc, char** argv) {
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.device = absl::GetFlag(FLAGS_device);
+  options.devices = absl::GetFlag(FLAGS_devices);
   options.memory_cache_bytes = absl::GetFlag(FLAGS_memory_cache_bytes);
   options.device_memory_bytes = absl::GetFlag(FLAGS_device_memory_bytes);
   options.session_limits.max_queued_per_stream =

@@ -57,7 +57,9 @@ using RuntimeServiceBase = v1::Runtime::WithRawCallbackMethod_Upload<
 absl::Status NoDeviceStream();
 
 // opserver.v1.Runtime: device info, sessions, streams, memory, transfers.
-// `device` and `sessions` must outlive the service.
+// `sessions` (and its devices) must outlive the service. Each session's
+// calls use its own device (SessionManager::device); GetDeviceInfo and
+// GetServerStats describe all of them.
 class RuntimeService final : public RuntimeServiceBase {
  public:
   // `authenticator` (null without tokens) resolves callers' identities.
@@ -66,8 +68,7 @@ class RuntimeService final : public RuntimeServiceBase {
   // `workers` (null: gRPC's threads) clear and populate large new buffers,
   // so a client allocating gigabytes costs its own turns, not the callback
   // threads every call needs.
-  RuntimeService(Device* device, SessionManager* sessions,
-                 TransferLimits limits,
+  RuntimeService(SessionManager* sessions, TransferLimits limits,
                  const Authenticator* authenticator = nullptr,
                  DataListener* data_listener = nullptr,
                  WorkPool* workers = nullptr);
@@ -195,7 +196,6 @@ class RuntimeService final : public RuntimeServiceBase {
   // watchdog_ until the service is destroyed.
   void WatchTransfers();
 
-  Device* const device_;
   SessionManager* const sessions_;
   const TransferLimits limits_;
   const Authenticator* const authenticator_;

@@ -175,6 +175,7 @@ class SlowAllocationDevice : public Device {
     return static_cast<void*>(block_);
   }
   void Deallocate(void*, uint64_t) override {}
+  uint64_t FreeBytes() const override { return sizeof(block_); }
   absl::StatusOr<std::unique_ptr<DeviceStream>> CreateStream() override {
     return absl::UnimplementedError("no streams");
   }
