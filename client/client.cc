@@ -293,15 +293,34 @@ absl::StatusOr<v1::ListOperatorsResponse> Client::ListOperators() {
   return response;
 }
 
+absl::StatusOr<std::vector<v1::DeviceInfo>> Client::ListDevices() {
+  absl::StatusOr<v1::GetDeviceInfoResponse> info = GetDeviceInfo();
+  if (!info.ok()) return info.status();
+  if (info->devices_size() > 0) {
+    return std::vector<v1::DeviceInfo>(info->devices().begin(),
+                                       info->devices().end());
+  }
+  // A server from before the list: its one device is the top level.
+  v1::DeviceInfo only;
+  only.set_index(0);
+  only.set_kind(info->kind());
+  only.set_name(info->name());
+  only.set_memory_bytes(info->memory_bytes());
+  only.set_threads(info->threads());
+  return std::vector<v1::DeviceInfo>{std::move(only)};
+}
+
 absl::StatusOr<std::unique_ptr<Session>> Client::CreateSession(
-    const std::string& client_name, bool attach) {
+    const std::string& client_name, bool attach, uint32_t device) {
   v1::CreateSessionRequest request;
   request.set_client_name(client_name);
+  request.set_device(device);
   v1::CreateSessionResponse response;
   absl::Status status = Unary(*this, &v1::Runtime::Stub::CreateSession, request,
                               &response, "CreateSession");
   if (!status.ok()) return status;
   std::unique_ptr<Session> session(new Session(this, response.session()));
+  session->device_ = device;
   if (attach) session->StartAttach();
   if (options_.pipeline) {
     absl::StatusOr<std::unique_ptr<CommandChannel>> channel =

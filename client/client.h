@@ -133,17 +133,26 @@ class Client {
 
   absl::StatusOr<v1::GetDeviceInfoResponse> GetDeviceInfo();
 
+  // The server's devices, index 0 first (GetDeviceInfo's list): what
+  // CreateSession's `device` may name. A server that predates the list owns
+  // one device, built here from GetDeviceInfo's top-level fields.
+  absl::StatusOr<std::vector<v1::DeviceInfo>> ListDevices();
+
   // grpc.health.v1 Check for `service` ("" = the whole server); returns e.g.
   // "SERVING".
   absl::StatusOr<std::string> CheckHealth(const std::string& service = "");
 
   absl::StatusOr<v1::ListOperatorsResponse> ListOperators();
 
-  // Opens a session. With `attach`, its life is also bound to an Attach call
-  // held open on a background thread, so the server frees everything the
-  // session owns when this process dies or loses the connection.
+  // Opens a session on device `device` (an index into ListDevices()):
+  // every buffer, stream, launch and transfer of the session is on that
+  // device. INVALID_ARGUMENT naming the device and the count when the
+  // server has no such device. With `attach`, its life is also bound to an
+  // Attach call held open on a background thread, so the server frees
+  // everything the session owns when this process dies or loses the
+  // connection.
   absl::StatusOr<std::unique_ptr<Session>> CreateSession(
-      const std::string& client_name, bool attach = true);
+      const std::string& client_name, bool attach = true, uint32_t device = 0);
 
   // The stubs, for calls this class does not wrap.
   v1::Runtime::Stub& runtime() { return *runtime_; }
@@ -344,6 +353,8 @@ class Session {
 
   const std::string& token() const { return token_; }
   Client& client() { return *client_; }
+  // The device the session was created on (Client::CreateSession).
+  uint32_t device() const { return device_; }
 
   // Closes the session now (idempotent). Pipelined: what was queued is
   // delivered first, and a deferred error still pending is returned.
@@ -524,6 +535,8 @@ class Session {
 
   Client* const client_;
   const std::string token_;
+  // Set by Client::CreateSession once, before the session is handed out.
+  uint32_t device_ = 0;
   mutable absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status lost_ ABSL_GUARDED_BY(mu_);
