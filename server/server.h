@@ -130,9 +130,11 @@ class Server {
   // tests of devices CreateDevice does not build (FakeDevice).
   static absl::StatusOr<std::unique_ptr<Server>> Start(
       const Options& options, std::unique_ptr<Device> device);
-  // The same over `devices` (device i at index i; Options::devices is
-  // ignored): for tests of a server over several devices CreateDevices does
-  // not build. INVALID_ARGUMENT when the list is empty or holds a null.
+  // The same over `devices` (device i at index i; Options::device,
+  // devices, threads and the memory sizes are then not used): for tests of
+  // a server over several devices CreateDevices does not build
+  // (FakeDevices). An empty list means the devices the options name, as
+  // Start(options); INVALID_ARGUMENT when the list holds a null.
   static absl::StatusOr<std::unique_ptr<Server>> Start(
       const Options& options, std::vector<std::unique_ptr<Device>> devices);
 

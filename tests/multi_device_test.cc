@@ -186,6 +186,23 @@ TEST(MultiDeviceTest, SessionsOnTwoCpuDevicesRunAtOnce) {
   }
 }
 
+TEST(MultiDeviceTest, BadDeviceCountsAreRefusedAtStart) {
+  Options options;
+  options.listen = "127.0.0.1:0";
+  options.device_memory_bytes = 1 << 20;
+  for (int devices : {0, 65}) {
+    options.devices = devices;
+    absl::Status status = Server::Start(options).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(status.message(), HasSubstr("--devices: devices must be 1"));
+  }
+  std::vector<std::unique_ptr<Device>> with_null;
+  with_null.push_back(std::make_unique<FakeDevice>());
+  with_null.push_back(nullptr);
+  EXPECT_EQ(Server::Start(options, std::move(with_null)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // Over two FakeDevices, the second one's memory not host-addressable: a
 // session on device 1 stages every transfer (gRPC and data path) through
 // device 1's streams and launches there; device 0 sees only Evaluate.
