@@ -2,6 +2,7 @@
 #define OPSERVER_SERVER_OPERATOR_SERVICE_H_
 
 #include <atomic>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "proto/opserver.grpc.pb.h"
@@ -104,8 +105,12 @@ class OperatorService final : public OperatorsBase {
   const TransferLimits limits_;
   WorkPool* const workers_;
   const Authenticator* const authenticator_;
-  // Evaluate calls running now.
-  std::atomic<uint32_t> evaluating_{0};
+  // Evaluate calls running now. Shared with their slots: a worker drops a
+  // finished call's task (and its slot) after the reply, which can be after
+  // the service is gone (multi_device_test saw it under ASan when the
+  // server was destroyed right after an Evaluate).
+  const std::shared_ptr<std::atomic<uint32_t>> evaluating_ =
+      std::make_shared<std::atomic<uint32_t>>(0);
 };
 
 }  // namespace opserver
