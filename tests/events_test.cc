@@ -6,6 +6,7 @@
 // before it is written (the control), and one that waits on an event reads
 // what the producer wrote.
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -221,6 +222,57 @@ TEST_P(EventsTest, DestroyingTheEventReleasesTheWaitingStream) {
   EXPECT_EQ(Read(w.z, kN, b), w.unproduced);
   a_device->ReleaseLaunches();
   ASSERT_TRUE(session_->Synchronize(a).ok());
+}
+
+// A record on a stream destroyed before reaching it still completes, so
+// the stream waiting on it goes on (with the producer's work dropped).
+TEST_P(EventsTest, DestroyingTheRecordingStreamReleasesTheWaiter) {
+  Work w = MakeWork();
+  auto [a, a_device] = NewStream();
+  auto [b, b_device] = NewStream();
+  auto event = session_->CreateEvent();
+  ASSERT_TRUE(event.ok()) << event.status();
+  a_device->HoldLaunches();
+  CopyByLaunch(w.g, w.x, w.y, a);
+  ASSERT_TRUE(session_->RecordEvent(*event, a).ok());
+  ASSERT_TRUE(session_->StreamWaitEvent(b, *event).ok());
+  CopyByLaunch(w.y, w.x, w.z, b);
+  ASSERT_TRUE(Eventually([&] { return a_device->WaitingLaunches() == 1; }));
+  ASSERT_TRUE(session_->DestroyStream(a).ok());
+  ASSERT_TRUE(session_->Synchronize(b).ok());
+  ASSERT_TRUE(session_->SynchronizeEvent(*event).ok());
+  absl::StatusOr<bool> complete = session_->QueryEvent(*event);
+  ASSERT_TRUE(complete.ok()) << complete.status();
+  EXPECT_TRUE(*complete);
+}
+
+// Closing the session while a stream waits on an event whose stream is
+// held: everything is released, nothing hangs.
+TEST_P(EventsTest, ClosingTheSessionReleasesWaitingStreams) {
+  Work w = MakeWork();
+  auto [a, a_device] = NewStream();
+  auto [b, b_device] = NewStream();
+  auto event = session_->CreateEvent();
+  ASSERT_TRUE(event.ok()) << event.status();
+  a_device->HoldLaunches();
+  CopyByLaunch(w.g, w.x, w.y, a);
+  ASSERT_TRUE(session_->RecordEvent(*event, a).ok());
+  ASSERT_TRUE(session_->StreamWaitEvent(b, *event).ok());
+  CopyByLaunch(w.y, w.x, w.z, b);
+  ASSERT_TRUE(Eventually([&] { return a_device->WaitingLaunches() == 1; }));
+  // Behind the unary call, so the channel's commands are applied first.
+  ASSERT_TRUE(session_->QueryEvent(*event).ok());
+  v1::CloseSessionRequest request;
+  request.set_session(session_->token());
+  v1::CloseSessionResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(60));
+  grpc::Status status =
+      client_->runtime().CloseSession(&context, request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  // The channel's Close finds the session gone.
+  session_->Close().IgnoreError();
 }
 
 TEST_P(EventsTest, ElapsedTimeIsPositiveInRecordOrder) {
@@ -465,6 +517,12 @@ TEST_F(EventsPipelineHostileTest, RefusedCommandsAreDeferredErrors) {
   memset->set_size(1);
   memset->set_value(300);
   fence(9, false);
+  // 11: a memset on an unknown stream is the session's error.
+  memset = batch.add_commands()->mutable_memset();
+  memset->set_buffer(b);
+  memset->set_size(1);
+  memset->set_stream(777);
+  fence(11, true);
   // 10: an unknown flag.
   v1::CreateEventCommand* create = batch.add_commands()->mutable_create_event();
   create->set_event(base + 6);
@@ -474,12 +532,12 @@ TEST_F(EventsPipelineHostileTest, RefusedCommandsAreDeferredErrors) {
 
   std::map<uint64_t, v1::FenceResult> results;
   v1::PipelineEvent event;
-  while (results.size() < 10 && stream->Read(&event)) {
+  while (results.size() < 11 && stream->Read(&event)) {
     for (const v1::FenceResult& result : event.fences()) {
       results[result.id()] = result;
     }
   }
-  ASSERT_EQ(results.size(), 10u);
+  ASSERT_EQ(results.size(), 11u);
   auto code = [&](uint64_t id) {
     return static_cast<grpc::StatusCode>(results[id].code());
   };
@@ -495,6 +553,8 @@ TEST_F(EventsPipelineHostileTest, RefusedCommandsAreDeferredErrors) {
   EXPECT_EQ(code(8), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(code(9), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(code(10), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(code(11), grpc::StatusCode::NOT_FOUND) << results[11].message();
+  EXPECT_THAT(results[11].message(), HasSubstr("Memset"));
 
   // The channel goes on: a good memset, read back by a read fence.
   v1::PipelineRequest good;
@@ -503,14 +563,14 @@ TEST_F(EventsPipelineHostileTest, RefusedCommandsAreDeferredErrors) {
   memset->set_size(4);
   memset->set_value(7);
   v1::FenceCommand* read = good.add_commands()->mutable_fence();
-  read->set_id(11);
+  read->set_id(12);
   read->set_read_buffer(b);
   read->set_read_size(4);
   ASSERT_TRUE(stream->Write(good));
   bool answered = false;
   while (!answered && stream->Read(&event)) {
     for (const v1::FenceResult& result : event.fences()) {
-      if (result.id() != 11) continue;
+      if (result.id() != 12) continue;
       answered = true;
       EXPECT_EQ(result.code(), 0) << result.message();
       EXPECT_EQ(result.data(), std::string(4, '\x07'));
