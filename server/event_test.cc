@@ -97,6 +97,8 @@ TEST(EventTest, AWaitingStreamRunsOnlyOnceTheRecordCompletes) {
   blocker.reset();
   EXPECT_TRUE(b.SynchronizeAndWait().ok());
   EXPECT_TRUE(ran);
+  // The synchronize is answered on a's thread, maybe after b went on.
+  EXPECT_TRUE(a.SynchronizeAndWait().ok());
   EXPECT_TRUE(synced.HasBeenNotified());
   EXPECT_TRUE(event.Complete());
   EXPECT_TRUE(event.CompletionTime().ok());
