@@ -107,6 +107,15 @@ class HeapDevice : public Device {
       if (bytes != 0) std::memcpy(dst, src, bytes);
       return absl::OkStatus();
     }
+    absl::Status Memset(void* dst, int value, uint64_t bytes) override {
+      if (bytes != 0) std::memset(dst, value & 0xff, bytes);
+      return absl::OkStatus();
+    }
+    absl::Status CopyOnDevice(void* dst, const void* src,
+                              uint64_t bytes) override {
+      if (bytes != 0) std::memmove(dst, src, bytes);
+      return absl::OkStatus();
+    }
     absl::Status Launch(const kernels::Plan& plan, void* workspace,
                         uint64_t workspace_size) override {
       return kernels::RunPlan(plan, workspace, workspace_size, Pool());

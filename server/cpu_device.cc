@@ -92,6 +92,18 @@ absl::Status CpuStream::CopyFromDevice(void* host_dst, const void* device_src,
   return absl::OkStatus();
 }
 
+absl::Status CpuStream::Memset(void* dst, int value, uint64_t bytes) {
+  if (bytes != 0) std::memset(dst, value & 0xff, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuStream::CopyOnDevice(void* dst, const void* src,
+                                     uint64_t bytes) {
+  // memmove: a copy within one buffer may overlap.
+  if (bytes != 0) std::memmove(dst, src, bytes);
+  return absl::OkStatus();
+}
+
 absl::Status CpuStream::Launch(const kernels::Plan& plan, void* workspace,
                                uint64_t workspace_size) {
   return kernels::RunPlan(plan, workspace, workspace_size, compute_,

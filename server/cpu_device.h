@@ -22,6 +22,9 @@ class CpuStream : public DeviceStream {
                             uint64_t bytes) override;
   absl::Status CopyFromDevice(void* host_dst, const void* device_src,
                               uint64_t bytes) override;
+  absl::Status Memset(void* dst, int value, uint64_t bytes) override;
+  absl::Status CopyOnDevice(void* dst, const void* src,
+                            uint64_t bytes) override;
   absl::Status Launch(const kernels::Plan& plan, void* workspace,
                       uint64_t workspace_size) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }

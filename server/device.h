@@ -73,6 +73,17 @@ class DeviceStream {
   virtual absl::Status CopyFromDevice(void* host_dst, const void* device_src,
                                       uint64_t bytes) = 0;
 
+  // Device-side fills and copies, ordered after the operations issued
+  // before them like the copies above (aclrtMemsetAsync and a
+  // device-to-device aclrtMemcpyAsync). Memset sets each of `bytes` bytes
+  // at `dst` to `value & 0xff`. CopyOnDevice copies `bytes` from `src` to
+  // `dst`, which may overlap (as memmove). Both pointers are device
+  // pointers the caller checked (inside buffers it holds until
+  // Synchronize returns). An error means the operation was not queued.
+  virtual absl::Status Memset(void* dst, int value, uint64_t bytes) = 0;
+  virtual absl::Status CopyOnDevice(void* dst, const void* src,
+                                    uint64_t bytes) = 0;
+
   // Runs (or enqueues) a validated operator plan whose tensor data pointers
   // are device pointers, after the operations issued before it.
   virtual absl::Status Launch(const kernels::Plan& plan, void* workspace,

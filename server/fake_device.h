@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "kernels/ops.h"
 #include "kernels/thread_pool.h"
 #include "server/device.h"
@@ -38,6 +39,38 @@ struct FakeStreamRecord {
   std::atomic<int> synchronizes{0};
   // Operations queued and not yet run (by Synchronize).
   std::atomic<int> pending{0};
+  std::atomic<int> memsets{0};
+  std::atomic<int> device_copies{0};
+
+  // For tests of ordering between streams: each launch of this stream
+  // first sleeps `launch_delay` (a slow kernel), and waits while the
+  // stream is held (HoldLaunches until ReleaseLaunches, or until the
+  // stream is cancelled: a held stream never pins its session's
+  // teardown). Both take effect when the launch runs, i.e. at the
+  // device stream's Synchronize.
+  void SetLaunchDelay(absl::Duration delay) {
+    absl::MutexLock lock(&mu);
+    launch_delay = delay;
+  }
+  void HoldLaunches() {
+    absl::MutexLock lock(&mu);
+    held = true;
+  }
+  void ReleaseLaunches() {
+    absl::MutexLock lock(&mu);
+    held = false;
+  }
+  // Launches that are waiting for ReleaseLaunches now.
+  int WaitingLaunches() {
+    absl::MutexLock lock(&mu);
+    return waiting;
+  }
+
+  absl::Mutex mu;
+  absl::Duration launch_delay ABSL_GUARDED_BY(mu);
+  bool held ABSL_GUARDED_BY(mu) = false;
+  bool cancelled ABSL_GUARDED_BY(mu) = false;
+  int waiting ABSL_GUARDED_BY(mu) = 0;
 };
 
 // Host memory; streams that only queue their operations and run them at
@@ -99,9 +132,14 @@ class FakeStream : public DeviceStream {
                             uint64_t bytes) override;
   absl::Status CopyFromDevice(void* host_dst, const void* device_src,
                               uint64_t bytes) override;
+  absl::Status Memset(void* dst, int value, uint64_t bytes) override;
+  absl::Status CopyOnDevice(void* dst, const void* src,
+                            uint64_t bytes) override;
   absl::Status Launch(const kernels::Plan& plan, void* workspace,
                       uint64_t workspace_size) override;
   absl::Status Synchronize() override;
+  // Lets a held launch go (see FakeStreamRecord::HoldLaunches).
+  void CancelRunning() override;
 
  private:
   void Queue(std::function<absl::Status()> op);

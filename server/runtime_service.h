@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -16,6 +17,7 @@
 #include "server/byte_range.h"  // CheckRange, for the services
 #include "server/data_listener.h"
 #include "server/device.h"
+#include "server/event.h"
 #include "server/session.h"
 #include "server/work_pool.h"
 
@@ -145,6 +147,47 @@ class RuntimeService final : public RuntimeServiceBase {
       const v1::ReadValuesRequest* request,
       v1::ReadValuesResponse* response) override;
 
+  // Events and the device memory operations, in runtime_events.cc.
+  grpc::ServerUnaryReactor* CreateEvent(
+      grpc::CallbackServerContext* context,
+      const v1::CreateEventRequest* request,
+      v1::CreateEventResponse* response) override;
+  grpc::ServerUnaryReactor* DestroyEvent(
+      grpc::CallbackServerContext* context,
+      const v1::DestroyEventRequest* request,
+      v1::DestroyEventResponse* response) override;
+  grpc::ServerUnaryReactor* RecordEvent(
+      grpc::CallbackServerContext* context,
+      const v1::RecordEventRequest* request,
+      v1::RecordEventResponse* response) override;
+  grpc::ServerUnaryReactor* StreamWaitEvent(
+      grpc::CallbackServerContext* context,
+      const v1::StreamWaitEventRequest* request,
+      v1::StreamWaitEventResponse* response) override;
+  grpc::ServerUnaryReactor* ResetEvent(
+      grpc::CallbackServerContext* context,
+      const v1::ResetEventRequest* request,
+      v1::ResetEventResponse* response) override;
+  grpc::ServerUnaryReactor* QueryEvent(
+      grpc::CallbackServerContext* context,
+      const v1::QueryEventRequest* request,
+      v1::QueryEventResponse* response) override;
+  grpc::ServerUnaryReactor* SynchronizeEvent(
+      grpc::CallbackServerContext* context,
+      const v1::SynchronizeEventRequest* request,
+      v1::SynchronizeEventResponse* response) override;
+  grpc::ServerUnaryReactor* EventElapsedTime(
+      grpc::CallbackServerContext* context,
+      const v1::EventElapsedTimeRequest* request,
+      v1::EventElapsedTimeResponse* response) override;
+  grpc::ServerUnaryReactor* Memset(grpc::CallbackServerContext* context,
+                                   const v1::MemsetRequest* request,
+                                   v1::MemsetResponse* response) override;
+  grpc::ServerUnaryReactor* CopyDeviceToDevice(
+      grpc::CallbackServerContext* context,
+      const v1::CopyDeviceToDeviceRequest* request,
+      v1::CopyDeviceToDeviceResponse* response) override;
+
   // Completed transfer calls and their bytes, by path (for metrics).
   struct TransferTotals {
     uint64_t data_path_transfers, data_path_bytes, grpc_transfers, grpc_bytes;
@@ -175,6 +218,18 @@ class RuntimeService final : public RuntimeServiceBase {
       const absl::StatusOr<std::string>& caller);
 
   void RemoveAttacher(Attacher* attacher);
+
+  // Event `event` of the session `id` names, when the call's identity owns
+  // it; with `stream`, stream `stream_id` of that session too (the
+  // arguments of RecordEvent, StreamWaitEvent and ResetEvent).
+  struct EventTarget {
+    std::shared_ptr<Session> session;
+    std::shared_ptr<Event> event;
+    std::shared_ptr<Stream> stream;
+  };
+  absl::StatusOr<EventTarget> ResolveEvent(
+      const grpc::ServerContextBase* context, absl::string_view id,
+      uint64_t event, std::optional<uint64_t> stream_id) const;
 
   // The identity whose sessions the call may name (CallerIdentity):
   // UNAUTHENTICATED when the call has no single token in force.

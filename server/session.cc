@@ -156,12 +156,20 @@ Session::~Session() {
     streams_.clear();
   }
   streams.clear();
+  // Their waiters are released (the streams are cancelled already).
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Event>> events;
+  {
+    absl::MutexLock lock(&mu_);
+    events.swap(events_);
+  }
+  for (auto& [handle, event] : events) event->Destroy();
+  events.clear();
   default_stream_.reset();
 }
 
 uint64_t Session::HandleCountLocked() const {
   return buffers_.size() + streams_.size() + executors_.size() +
-         refused_plans_.size();
+         refused_plans_.size() + events_.size();
 }
 
 absl::Status Session::CheckHandleLimitLocked() const {
@@ -327,17 +335,24 @@ absl::StatusOr<uint64_t> Session::AddExecutor(
   return handle;
 }
 
-absl::Status Session::AddExecutorAs(uint64_t handle,
-                                    std::shared_ptr<Executor> executor) {
-  absl::MutexLock lock(&mu_);
-  if (handle < kClientExecutorBase || handle <= last_client_executor_) {
+absl::Status Session::UseClientIdLocked(uint64_t id, absl::string_view kind) {
+  if (id < kClientExecutorBase || id <= last_client_executor_) {
     return kernels::ParamInvalid(absl::StrCat(
-        "executor id ", handle,
+        kind, " id ", id,
         " cannot be chosen: client-chosen ids are at "
         "least 2^62 and larger than every id the session chose before (",
         last_client_executor_, ")"));
   }
-  last_client_executor_ = handle;  // Used, even if refused below.
+  last_client_executor_ = id;  // Used, even if refused after this.
+  return absl::OkStatus();
+}
+
+absl::Status Session::AddExecutorAs(uint64_t handle,
+                                    std::shared_ptr<Executor> executor) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = UseClientIdLocked(handle, "executor"); !s.ok()) {
+    return s;
+  }
   if (absl::Status s = CheckExecutorLimitLocked(); !s.ok()) return s;
   executors_[handle] = ExecutorEntry{std::move(executor), false};
   return absl::OkStatus();
@@ -417,6 +432,46 @@ absl::Status Session::DestroyExecutor(uint64_t executor) {
   }
   doomed = std::move(it->second.executor);
   executors_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Session::CreateEvent(uint32_t flags) {
+  if (absl::Status s = CheckEventFlags(flags); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckHandleLimitLocked(); !s.ok()) return s;
+  const uint64_t handle = next_handle_++;
+  events_[handle] = std::make_shared<Event>(flags, event_budget_);
+  return handle;
+}
+
+absl::Status Session::CreateEventAs(uint64_t id, uint32_t flags) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = UseClientIdLocked(id, "event"); !s.ok()) return s;
+  if (absl::Status s = CheckEventFlags(flags); !s.ok()) return s;
+  if (absl::Status s = CheckHandleLimitLocked(); !s.ok()) return s;
+  events_[id] = std::make_shared<Event>(flags, event_budget_);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Event>> Session::GetEvent(uint64_t event) const {
+  absl::MutexLock lock(&mu_);
+  auto it = events_.find(event);
+  if (it == events_.end()) return UnknownHandle("event", event);
+  return it->second;
+}
+
+absl::Status Session::DestroyEvent(uint64_t event) {
+  std::shared_ptr<Event> doomed;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = events_.find(event);
+    if (it == events_.end()) return UnknownHandle("event", event);
+    doomed = std::move(it->second);
+    events_.erase(it);
+  }
+  // Outside the lock: releasing a waiter takes its stream's lock, and a
+  // synchronize it answers may finish an RPC.
+  doomed->Destroy();
   return absl::OkStatus();
 }
 

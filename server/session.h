@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "kernels/ops.h"
 #include "server/device.h"
+#include "server/event.h"
 #include "server/stream.h"
 
 namespace opserver {
@@ -245,6 +246,21 @@ class Session {
   // which counts as reported now: a session fence reports it.
   absl::Status TakeUnreportedRefusal();
 
+  // Events (server/event.h), handles like the others: counted against
+  // --max_handles_per_session, never reused. `flags` must pass
+  // CheckEventFlags (INVALID_ARGUMENT otherwise).
+  absl::StatusOr<uint64_t> CreateEvent(uint32_t flags);
+  // The same under `id`, an id the client chose (Pipeline's create_event),
+  // under the rules of AddExecutorAs and sharing its counter, so a client's
+  // ids are unique across kinds: INVALID_ARGUMENT unless `id` is at least
+  // kClientExecutorBase and larger than every id the session chose before.
+  absl::Status CreateEventAs(uint64_t id, uint32_t flags);
+  // NOT_FOUND like any unknown handle.
+  absl::StatusOr<std::shared_ptr<Event>> GetEvent(uint64_t event) const;
+  // Removes the event and releases its waiters (Event::Destroy); records
+  // and resets still queued do nothing when reached.
+  absl::Status DestroyEvent(uint64_t event);
+
   // Pipeline channels on this session. `on_close` runs once, when the
   // session's work is cancelled (CloseSession, the idle timeout, shutdown),
   // so a channel ends then, whether or not its client reads. The channel
@@ -272,6 +288,9 @@ class Session {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckExecutorLimitLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `id` as the session's latest client-chosen id, or refuses it.
+  absl::Status UseClientIdLocked(uint64_t id, absl::string_view kind)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // A new stream whose thread is counted in live_streams_ until it exits.
   absl::StatusOr<std::shared_ptr<Stream>> NewStream();
@@ -296,7 +315,7 @@ class Session {
 
   mutable absl::Mutex mu_;
   uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
-  // The largest client-chosen executor id so far (0: none).
+  // The largest client-chosen id so far, executor or event (0: none).
   uint64_t last_client_executor_ ABSL_GUARDED_BY(mu_) = 0;
   // Requested bytes of the buffers with live handles (for stats).
   uint64_t buffer_bytes_ ABSL_GUARDED_BY(mu_) = 0;
@@ -309,6 +328,11 @@ class Session {
     bool repeatable = false;
   };
   absl::flat_hash_map<uint64_t, ExecutorEntry> executors_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Event>> events_
+      ABSL_GUARDED_BY(mu_);
+  // What the session's events may have outstanding (see EventBudget).
+  const std::shared_ptr<EventBudget> event_budget_ =
+      std::make_shared<EventBudget>(kMaxPendingEventOperations);
   struct RefusedPlanEntry {
     absl::Status error;
     bool reported = false;

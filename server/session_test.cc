@@ -372,5 +372,62 @@ TEST(SessionManagerDevicesTest, StreamsOfASessionAreOnItsDevice) {
   EXPECT_EQ(bytes[1], 7);
 }
 
+// Events are handles: unique across kinds, counted, never reused; a
+// client's event ids share the executors' rule and counter.
+TEST_F(SessionLaunchTest, EventsAreHandlesAndShareClientIds) {
+  SessionLimits limits;
+  limits.max_handles_per_session = 3;
+  MakeSession(limits);
+  const uint64_t base = kClientExecutorBase;
+  absl::StatusOr<uint64_t> event = session_->CreateEvent(0);
+  ASSERT_TRUE(event.ok()) << event.status();
+  EXPECT_TRUE(session_->GetEvent(*event).ok());
+  EXPECT_EQ(session_->CreateEvent(0x4).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE(session_->CreateEventAs(base + 10, kEventSync).ok());
+  // The same id, a lower one, or one below 2^62: refused, for either kind.
+  EXPECT_EQ(session_->CreateEventAs(base + 10, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(session_->CreateEventAs(base + 9, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(session_->CreateEventAs(7, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A plan under an id an event took is refused; a later id is fine.
+  auto executor = [&] {
+    kernels::TensorView view;
+    view.dtype = kernels::DType::kFloat;
+    view.shape = {4};
+    view.data = data_;
+    kernels::OpCall call;
+    call.op = kernels::OpKind::kThresholdBackward;
+    call.grad_output = view;
+    call.self = view;
+    call.out = view;
+    absl::StatusOr<kernels::Plan> plan = kernels::PrepareOp(call);
+    EXPECT_TRUE(plan.ok());
+    return std::make_shared<Executor>(Executor{*std::move(plan), {}});
+  };
+  EXPECT_EQ(session_->AddExecutorAs(base + 10, executor()).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(session_->AddExecutorAs(base + 11, executor()).ok());
+  EXPECT_EQ(session_->CreateEventAs(base + 11, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // Three handles: the limit.
+  EXPECT_EQ(session_->CreateEvent(0).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(session_->CreateEventAs(base + 12, 0).code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(session_->DestroyEvent(*event).ok());
+  EXPECT_EQ(session_->GetEvent(*event).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(session_->DestroyEvent(*event).code(), absl::StatusCode::kNotFound);
+  // A new server-chosen handle is never the destroyed one.
+  absl::StatusOr<uint64_t> next = session_->CreateEvent(0);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_NE(*next, *event);
+}
+
 }  // namespace
 }  // namespace opserver
