@@ -231,6 +231,20 @@ absl::Status OpenDevice(State& state, const char* function, int32_t device_id) {
   return absl::OkStatus();
 }
 
+// After OpenDevice, under state.mu: ACL_SUCCESS unless another thread
+// reset the device (or finalized) meanwhile (recorded).
+aclError CheckStillOpen(const State& state, const char* function,
+                        int32_t device_id) {
+  if (!state.initialized ||
+      static_cast<size_t>(device_id) >= state.devices.size() ||
+      state.devices[device_id].session == nullptr) {
+    return Fail(ACL_ERROR_RT_CONTEXT_NULL,
+                absl::StrCat(function, ": device ", device_id,
+                             " was reset or finalized meanwhile"));
+  }
+  return ACL_SUCCESS;
+}
+
 // The default context of device `device_id` (made now if it has none);
 // call with state.mu held, after OpenDevice.
 uintptr_t DefaultContext(State& state, uint32_t device_id) {
@@ -357,12 +371,9 @@ aclError aclrtSetDevice(int32_t deviceId) {
     return FailAcl(opened);
   }
   absl::MutexLock lock(&state.mu);
-  if (!state.initialized ||
-      static_cast<size_t>(deviceId) >= state.devices.size() ||
-      state.devices[deviceId].session == nullptr) {
-    return Fail(ACL_ERROR_RT_CONTEXT_NULL,
-                absl::StrCat("aclrtSetDevice: device ", deviceId,
-                             " was reset or finalized meanwhile"));
+  if (aclError error = opserver::CheckStillOpen(state, __func__, deviceId);
+      error != ACL_SUCCESS) {
+    return error;
   }
   opserver::CurrentContext() = opserver::DefaultContext(state, deviceId);
   return ACL_SUCCESS;
@@ -390,12 +401,9 @@ aclError aclrtCreateContext(aclrtContext* context, int32_t deviceId) {
     return FailAcl(opened);
   }
   absl::MutexLock lock(&state.mu);
-  if (!state.initialized ||
-      static_cast<size_t>(deviceId) >= state.devices.size() ||
-      state.devices[deviceId].session == nullptr) {
-    return Fail(ACL_ERROR_RT_CONTEXT_NULL,
-                absl::StrCat("aclrtCreateContext: device ", deviceId,
-                             " was reset or finalized meanwhile"));
+  if (aclError error = opserver::CheckStillOpen(state, __func__, deviceId);
+      error != ACL_SUCCESS) {
+    return error;
   }
   const uintptr_t id = opserver::kContextBase + 16 * state.next_context++;
   state.contexts.emplace(
