@@ -245,6 +245,21 @@ aclError CheckStillOpen(const State& state, const char* function,
   return ACL_SUCCESS;
 }
 
+// Under state.mu, for `function`: ACL_SUCCESS when `id` is a live context,
+// else the error (recorded).
+aclError CheckContext(const State& state, const char* function, uintptr_t id) {
+  if (!state.initialized) {
+    return Fail(ACL_ERROR_UNINITIALIZE,
+                absl::StrCat(function, ": aclInit was not called"));
+  }
+  if (id == 0 || state.contexts.count(id) == 0) {
+    return Fail(
+        ACL_ERROR_INVALID_PARAM,
+        absl::StrCat(function, ": ", absl::Hex(id), " is not a live context"));
+  }
+  return ACL_SUCCESS;
+}
+
 // The default context of device `device_id` (made now if it has none);
 // call with state.mu held, after OpenDevice.
 uintptr_t DefaultContext(State& state, uint32_t device_id) {
@@ -416,17 +431,12 @@ aclError aclrtCreateContext(aclrtContext* context, int32_t deviceId) {
 aclError aclrtDestroyContext(aclrtContext context) {
   State& state = GetState();
   absl::MutexLock lock(&state.mu);
-  if (!state.initialized) {
-    return Fail(ACL_ERROR_UNINITIALIZE,
-                "aclrtDestroyContext: aclInit was not called");
-  }
   const auto id = reinterpret_cast<uintptr_t>(context);
-  auto it = state.contexts.find(id);
-  if (context == nullptr || it == state.contexts.end()) {
-    return Fail(ACL_ERROR_INVALID_PARAM,
-                absl::StrCat("aclrtDestroyContext: ", absl::Hex(id),
-                             " is not a live context"));
+  if (aclError error = opserver::CheckContext(state, __func__, id);
+      error != ACL_SUCCESS) {
+    return error;
   }
+  auto it = state.contexts.find(id);
   if (it->second.is_default) {
     return Fail(ACL_ERROR_INVALID_PARAM,
                 absl::StrCat("aclrtDestroyContext: ", absl::Hex(id),
@@ -442,15 +452,10 @@ aclError aclrtDestroyContext(aclrtContext context) {
 aclError aclrtSetCurrentContext(aclrtContext context) {
   State& state = GetState();
   absl::MutexLock lock(&state.mu);
-  if (!state.initialized) {
-    return Fail(ACL_ERROR_UNINITIALIZE,
-                "aclrtSetCurrentContext: aclInit was not called");
-  }
   const auto id = reinterpret_cast<uintptr_t>(context);
-  if (context == nullptr || state.contexts.count(id) == 0) {
-    return Fail(ACL_ERROR_INVALID_PARAM,
-                absl::StrCat("aclrtSetCurrentContext: ", absl::Hex(id),
-                             " is not a live context"));
+  if (aclError error = opserver::CheckContext(state, __func__, id);
+      error != ACL_SUCCESS) {
+    return error;
   }
   opserver::CurrentContext() = id;
   return ACL_SUCCESS;
