@@ -26,6 +26,7 @@
 #include "aclnn/acl_meta.h"
 #include "client/aclnn_state.h"
 #include "client/client.h"
+#include "client/device_set.h"
 #include "kernels/dtype.h"
 #include "kernels/scalar.h"
 
@@ -272,21 +273,6 @@ uintptr_t DefaultContext(State& state, uint32_t device_id) {
   return slot.default_context;
 }
 
-// The OPSERVER_ADDRESS list: HOST:PORT entries separated by commas.
-absl::StatusOr<std::vector<std::string>> AddressList(const std::string& value) {
-  std::vector<std::string> addresses;
-  for (absl::string_view entry : absl::StrSplit(value, ',')) {
-    entry = absl::StripAsciiWhitespace(entry);
-    if (entry.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("OPSERVER_ADDRESS: '", value,
-                       "' has an empty entry (HOST:PORT[,HOST:PORT...])"));
-    }
-    addresses.emplace_back(entry);
-  }
-  return addresses;
-}
-
 }  // namespace
 }  // namespace opserver
 
@@ -309,10 +295,11 @@ aclError aclInit(const char* /*configPath*/) {
   state.address =
       address != nullptr && *address != '\0' ? address : "127.0.0.1:50051";
   absl::StatusOr<std::vector<std::string>> addresses =
-      opserver::AddressList(state.address);
+      opserver::remote::DeviceSet::ParseAddresses(state.address);
   if (!addresses.ok()) {
     return Fail(ACL_ERROR_INVALID_PARAM,
-                absl::StrCat("aclInit: ", addresses.status().message()));
+                absl::StrCat("aclInit: OPSERVER_ADDRESS: ",
+                             addresses.status().message()));
   }
   state.servers.clear();
   state.devices.clear();
