@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -31,6 +32,9 @@ struct DeviceOptions {
   uint64_t memory_cache_bytes = 4ull << 30;
   // The capacity Allocate enforces; 0 = the device's safe default.
   uint64_t memory_bytes = 0;
+  // The Ascend device (--device=ascend): CANN's libraries to load
+  // (--cann_libraries); empty = CANN's own (ascend::CannLibrary).
+  std::vector<std::string> cann_libraries;
 };
 
 // A device's in-order queue of operations (a CUDA device would wrap a
@@ -112,6 +116,12 @@ class Device {
   // wrote it last.
   virtual absl::StatusOr<void*> Allocate(uint64_t bytes, uint64_t owner) = 0;
   virtual void Deallocate(void* block, uint64_t bytes) = 0;
+
+  // Whether the device can run `op`. ListOperators lists only the
+  // operators it can, and planning one it cannot is refused (a device whose
+  // operator library lacks some, such as an Ascend device whose aclnn
+  // library has no aclnnXxx for it).
+  virtual bool SupportsOp(kernels::OpKind op) const { return true; }
 
   // A new device stream. Every host-side Stream of a session owns one, and
   // Evaluate makes a transient one per call, so this is called per session,

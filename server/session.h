@@ -156,6 +156,9 @@ class Session {
   const std::string& id() const { return id_; }
   const std::string& client_name() const { return client_name_; }
   const std::string& owner() const { return owner_; }
+  // The device everything of this session runs on (buffers, streams,
+  // launches, transfers).
+  Device* device() const { return device_; }
   // The server's metrics (null in tests that make sessions by hand).
   Metrics* metrics() const { return metrics_; }
   void set_metrics(Metrics* metrics) { metrics_ = metrics; }
