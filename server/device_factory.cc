@@ -2,6 +2,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "devices/ascend/ascend_device.h"
 #include "server/cpu_device.h"
 
 namespace opserver {
@@ -16,8 +17,12 @@ absl::StatusOr<std::unique_ptr<Device>> CreateDevice(
     return std::make_unique<CpuDevice>(
         options.threads, options.memory_cache_bytes, options.memory_bytes);
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown device '", options.kind, "'; this build supports: cpu"));
+  if (ascend::IsAscendKind(options.kind)) {
+    return ascend::CreateAscendDevice(options);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown device '", options.kind,
+                   "'; this build supports: cpu, ascend, ascend:N"));
 }
 
 }  // namespace opserver

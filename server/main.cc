@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -29,7 +30,16 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "(the chosen one is printed as 'listening on HOST:PORT').");
 ABSL_FLAG(int, threads, 0,
           "Compute threads of the device (0 = one per hardware thread).");
-ABSL_FLAG(std::string, device, "cpu", "Device to serve: cpu.");
+ABSL_FLAG(std::string, device, "cpu",
+          "Device to serve: cpu, or ascend (NPU 0 through CANN's libraries, "
+          "see --cann_libraries) or ascend:N (NPU N).");
+ABSL_FLAG(std::vector<std::string>, cann_libraries, {},
+          "For --device=ascend: the CANN libraries to load, comma-separated, "
+          "in order, into a link-map namespace of their own (empty = "
+          "libascendcl.so,libnnopbase.so,libopapi.so from "
+          "$ASCEND_HOME_PATH/lib64 or LD_LIBRARY_PATH, as CANN's set_env.sh "
+          "sets them). A missing library or symbol stops the server (exit "
+          "status 2).");
 ABSL_FLAG(uint64_t, max_message_bytes, 64ull << 20,
           "Largest gRPC message accepted or sent, in bytes.");
 ABSL_FLAG(uint64_t, chunk_bytes, 4ull << 20,
@@ -140,7 +150,7 @@ ABSL_FLAG(int, drain_s, 0,
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Serves aclnn backward operators over gRPC.\n"
-      "Usage: opserver [--listen=127.0.0.1:50051] [--device=cpu] "
+      "Usage: opserver [--listen=127.0.0.1:50051] [--device=cpu|ascend[:N]] "
       "[--threads=N]");
   absl::ParseCommandLine(argc, argv);
 
@@ -158,6 +168,7 @@ int main(int argc, char** argv) {
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.device = absl::GetFlag(FLAGS_device);
+  options.cann_libraries = absl::GetFlag(FLAGS_cann_libraries);
   options.memory_cache_bytes = absl::GetFlag(FLAGS_memory_cache_bytes);
   options.device_memory_bytes = absl::GetFlag(FLAGS_device_memory_bytes);
   options.session_limits.max_queued_per_stream =

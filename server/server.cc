@@ -185,6 +185,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   device_options.threads = options.threads;
   device_options.memory_cache_bytes = options.memory_cache_bytes;
   device_options.memory_bytes = options.device_memory_bytes;
+  device_options.cann_libraries = options.cann_libraries;
   absl::StatusOr<std::unique_ptr<Device>> device =
       given_device != nullptr ? std::move(given_device)
                               : CreateDevice(device_options);

@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -37,8 +38,11 @@ struct Options {
   // Count metrics at all (the interceptor and the event counters). Off
   // only to measure what counting costs (bench/step_bench's A/B).
   bool metrics = true;
-  // Device kind; "cpu" is built in.
+  // Device kind: "cpu", or "ascend" (NPU 0) / "ascend:N" (NPU N).
   std::string device = "cpu";
+  // The CANN libraries the Ascend device loads (--cann_libraries); empty =
+  // CANN's own, found as its set_env.sh arranges.
+  std::vector<std::string> cann_libraries;
   // How long Shutdown() lets in-flight calls finish before cancelling them.
   absl::Duration shutdown_grace = absl::Seconds(5);
   // How long Drain() lets open sessions go on (opserver --drain_s, after
