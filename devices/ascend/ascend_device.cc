@@ -280,6 +280,9 @@ void AscendStream::ReleasePending() {
   const CannApi& api = device_->cann().api();
   for (aclTensor* tensor : pending_.tensors) api.aclDestroyTensor(tensor);
   for (aclScalar* scalar : pending_.scalars) api.aclDestroyScalar(scalar);
+  for (aclOpExecutor* executor : pending_.executors) {
+    api.aclDestroyAclOpExecutor(executor);
+  }
   for (auto [block, bytes] : pending_.retired_scratch) {
     device_->FreeRaw(block, bytes);
   }
@@ -444,19 +447,19 @@ absl::Status AscendStream::Launch(const kernels::Plan& plan, void* workspace,
         kernels::kAclnnErrInnerNullptr, absl::StatusCode::kInternal,
         absl::StrCat(plan_call, " returned no executor"));
   }
+  // Ours from here on (Pending::executors says why).
+  if (aclnnStatus s = api.aclSetAclOpExecutorRepeatable(executor);
+      s != ACLNN_SUCCESS) {
+    return AclnnFailure(cann, "aclSetAclOpExecutorRepeatable", s);
+  }
+  pending_.executors.push_back(executor);
   // opserver's workspace follows its own contract (kernels' workspace
   // rules); an aclnn kernel that needs more gets the stream's scratch.
   void* launch_workspace = workspace;
   uint64_t launch_workspace_size = workspace_size;
   if (needed > workspace_size) {
     absl::StatusOr<void*> scratch = Scratch(needed);
-    if (!scratch.ok()) {
-      // Not launched: a single-use executor is only released by running
-      // it, a repeatable one by aclDestroyAclOpExecutor.
-      api.aclSetAclOpExecutorRepeatable(executor);
-      api.aclDestroyAclOpExecutor(executor);
-      return scratch.status();
-    }
+    if (!scratch.ok()) return scratch.status();
     launch_workspace = *scratch;
     launch_workspace_size = needed;
   }

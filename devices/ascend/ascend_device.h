@@ -36,8 +36,8 @@ class AscendDevice;
 
 // One aclrtStream. Launch turns the plan's views into aclTensors and its
 // parameters into aclScalars, plans with aclnnXxxGetWorkspaceSize and
-// enqueues aclnnXxx; the tensors and scalars are destroyed at the next
-// Synchronize (or the destructor), once the stream has run the launch.
+// enqueues aclnnXxx; the tensors, scalars and executor are destroyed at the
+// next Synchronize (or the destructor), once the stream has run the launch.
 // Not thread-safe (DeviceStream's contract). Must not outlive its device.
 class AscendStream : public DeviceStream {
  public:
@@ -64,6 +64,10 @@ class AscendStream : public DeviceStream {
   struct Pending {
     std::vector<aclTensor*> tensors;
     std::vector<aclScalar*> scalars;
+    // Every executor is made repeatable before its launch, so that it is
+    // ours to destroy whether the launch succeeds, fails or never happens
+    // (a single-use one is released by CANN only when it runs).
+    std::vector<aclOpExecutor*> executors;
     // Scratch workspaces replaced by larger ones: freed once the launches
     // that used them are done.
     std::vector<std::pair<void*, uint64_t>> retired_scratch;
