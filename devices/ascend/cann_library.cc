@@ -59,10 +59,10 @@ absl::StatusOr<std::shared_ptr<CannLibrary>> CannLibrary::Load(
     // start, not at its first call.
     void* handle = dlmopen(namespace_id, path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot load CANN library ", path, ": ", LoaderError(),
-                       " (run CANN's set_env.sh, or name the files with "
-                       "--cann_libraries)"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot load CANN library ", path, ": ", LoaderError(),
+          " (source the set_env.sh of CANN, or name the files with "
+          "--cann_libraries)"));
     }
     if (namespace_id == LM_ID_NEWLM) {
       // The rest join the namespace the first one created, so that the
