@@ -330,6 +330,52 @@ absl::Status AscendStream::CopyFromDevice(void* host_dst,
   return absl::OkStatus();
 }
 
+absl::Status AscendStream::Memset(void* dst, int value, uint64_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (absl::Status s = device_->Bind(); !s.ok()) return s;
+  const CannApi& api = device_->cann().api();
+  if (api.has_memset()) {
+    if (aclError error =
+            api.aclrtMemsetAsync(dst, bytes, value & 0xff, bytes, stream_);
+        error != ACL_SUCCESS) {
+      return AclError(device_->cann(), "aclrtMemsetAsync", error);
+    }
+    return absl::OkStatus();
+  }
+  // The copy reads the staged bytes until the next Synchronize.
+  pending_.staged.emplace_back(bytes, static_cast<char>(value & 0xff));
+  if (aclError error =
+          api.aclrtMemcpyAsync(dst, bytes, pending_.staged.back().data(), bytes,
+                               ACL_MEMCPY_HOST_TO_DEVICE, stream_);
+      error != ACL_SUCCESS) {
+    return AclError(device_->cann(), "aclrtMemcpyAsync (memset)", error);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AscendStream::CopyOnDevice(void* dst, const void* src,
+                                        uint64_t bytes) {
+  if (bytes == 0 || dst == src) return absl::OkStatus();
+  if (absl::Status s = device_->Bind(); !s.ok()) return s;
+  const CannApi& api = device_->cann().api();
+  auto copy = [&](void* to, const void* from) -> absl::Status {
+    if (aclError error = api.aclrtMemcpyAsync(
+            to, bytes, from, bytes, ACL_MEMCPY_DEVICE_TO_DEVICE, stream_);
+        error != ACL_SUCCESS) {
+      return AclError(device_->cann(), "aclrtMemcpyAsync (device to device)",
+                      error);
+    }
+    return absl::OkStatus();
+  };
+  const auto d = reinterpret_cast<uintptr_t>(dst);
+  const auto s = reinterpret_cast<uintptr_t>(src);
+  if (d + bytes <= s || s + bytes <= d) return copy(dst, src);
+  absl::StatusOr<void*> scratch = Scratch(bytes);
+  if (!scratch.ok()) return scratch.status();
+  if (absl::Status status = copy(*scratch, src); !status.ok()) return status;
+  return copy(dst, *scratch);
+}
+
 absl::Status AscendStream::Launch(const kernels::Plan& plan, void* workspace,
                                   uint64_t workspace_size) {
   if (cancelled_.load(std::memory_order_relaxed)) {

@@ -50,6 +50,13 @@ class AscendStream : public DeviceStream {
                             uint64_t bytes) override;
   absl::Status CopyFromDevice(void* host_dst, const void* device_src,
                               uint64_t bytes) override;
+  // aclrtMemsetAsync of `value & 0xff` (without it in the loaded runtime:
+  // a host-to-device copy of a staged block of that byte).
+  absl::Status Memset(void* dst, int value, uint64_t bytes);
+  // A device-to-device aclrtMemcpyAsync; overlapping ranges go through the
+  // stream's scratch (two copies, in order), as CANN does not promise
+  // memmove.
+  absl::Status CopyOnDevice(void* dst, const void* src, uint64_t bytes);
   absl::Status Launch(const kernels::Plan& plan, void* workspace,
                       uint64_t workspace_size) override;
   // An NPU kernel cannot be stopped: launches issued after it are refused
@@ -71,6 +78,8 @@ class AscendStream : public DeviceStream {
     // Scratch workspaces replaced by larger ones: freed once the launches
     // that used them are done.
     std::vector<std::pair<void*, uint64_t>> retired_scratch;
+    // Host bytes asynchronous copies read (Memset without aclrtMemset).
+    std::vector<std::string> staged;
   };
 
   // Destroys what `pending_` holds (after the stream is idle).

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -400,6 +401,42 @@ TEST_F(AscendDeviceTest, ClosingSessionsLeavesNothingInCann) {
   ExpectNothingLive();
 }
 
+// Device-side fills and copies (DeviceStream's Memset and CopyOnDevice
+// once the server's events land): overlapping copies act as memmove.
+void CheckMemsetAndCopies(std::shared_ptr<CannLibrary> cann) {
+  auto device = AscendDevice::Create(std::move(cann), 0, 0);
+  ASSERT_TRUE(device.ok()) << device.status();
+  auto block = (*device)->Allocate(64, 1);
+  ASSERT_TRUE(block.ok()) << block.status();
+  {
+    auto created = (*device)->CreateStream();
+    ASSERT_TRUE(created.ok()) << created.status();
+    auto* stream = static_cast<AscendStream*>(created->get());
+    char* p = static_cast<char*>(*block);
+    std::string expected(64, '\0');
+    for (int i = 0; i < 64; ++i) expected[i] = static_cast<char>(i);
+    ASSERT_TRUE(stream->CopyToDevice(p, expected.data(), 64).ok());
+    ASSERT_TRUE(stream->Memset(p + 40, 0x1234, 8).ok());
+    std::memset(&expected[40], 0x34, 8);
+    ASSERT_TRUE(stream->CopyOnDevice(p + 8, p, 32).ok());  // Overlapping.
+    std::memmove(&expected[8], &expected[0], 32);
+    ASSERT_TRUE(stream->CopyOnDevice(p + 48, p, 16).ok());  // Disjoint.
+    std::memmove(&expected[48], &expected[0], 16);
+    std::string back(64, '\0');
+    ASSERT_TRUE(stream->CopyFromDevice(back.data(), p, 64).ok());
+    ASSERT_TRUE(stream->Synchronize().ok());
+    EXPECT_EQ(back, expected);
+  }
+  (*device)->Deallocate(*block, 64);
+}
+
+TEST_F(AscendDeviceTest, MemsetAndCopiesOnTheDevice) {
+  CheckMemsetAndCopies(Fake());
+  EXPECT_THAT(fake_.Calls({"aclrtMemsetAsync"}),
+              ElementsAre("aclrtMemsetAsync 8"));
+  ExpectNothingLive();
+}
+
 // A runtime without aclrtCreateContext/aclrtSetCurrentContext and
 // aclrtMemset (libaclnn_remote.so before its runtime calls grew them):
 // threads bind with aclrtSetDevice and memory is zeroed by copies.
@@ -427,6 +464,7 @@ TEST(AscendFallbackTest, WithoutContextsOrMemset) {
       EXPECT_THAT(line, ::testing::Not(HasSubstr("NO CONTEXT")));
     }
   }
+  CheckMemsetAndCopies(*cann);
   for (const char* kind :
        {"tensor", "scalar", "executor", "allocation", "stream"}) {
     EXPECT_EQ(fake.Live(kind), 0) << kind;
