@@ -4,6 +4,7 @@
 // handed out left behind once sessions close.
 #include "devices/ascend/ascend_device.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -509,6 +510,27 @@ TEST(CannLibraryTest, AMissingLibraryOrSymbolIsOneLineNamingIt) {
   for (const auto& status : {missing.status(), no_sync.status()}) {
     EXPECT_FALSE(absl::StrContains(status.message(), "\n")) << status;
   }
+}
+
+// The namespace's libc numbers its thread keys from its own table; the
+// load splits the numbers so that no key of CANN's is a number the server
+// uses, before or after the load (cann_library.cc says why).
+TEST(CannLibraryTest, ThreadKeysOfTheNamespaceAreNumbersTheServerNeverUses) {
+  std::vector<pthread_key_t> before(3), after(3), theirs(4);
+  for (pthread_key_t& key : before) ASSERT_EQ(pthread_key_create(&key, 0), 0);
+  auto cann = CannLibrary::Load({Runfile("libfake_cann_no_dropout.so")});
+  ASSERT_TRUE(cann.ok()) << cann.status();
+  auto create = reinterpret_cast<int (*)(pthread_key_t*, void (*)(void*))>(
+      (*cann)->Lookup("pthread_key_create"));
+  ASSERT_NE(create, nullptr);
+  for (pthread_key_t& key : theirs) ASSERT_EQ(create(&key, nullptr), 0);
+  for (pthread_key_t& key : after) ASSERT_EQ(pthread_key_create(&key, 0), 0);
+  for (pthread_key_t key : theirs) {
+    EXPECT_THAT(before, ::testing::Not(::testing::Contains(key)));
+    EXPECT_THAT(after, ::testing::Not(::testing::Contains(key)));
+  }
+  for (pthread_key_t key : before) pthread_key_delete(key);
+  for (pthread_key_t key : after) pthread_key_delete(key);
 }
 
 TEST(CannLibraryTest, ResolvesBareNamesUnderAscendHomePath) {

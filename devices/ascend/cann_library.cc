@@ -2,8 +2,10 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#include <pthread.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <utility>
 
@@ -29,6 +31,52 @@ std::string LoaderError() {
   return text;
 }
 
+// Thread-specific keys across two copies of libc.
+//
+// The namespace dlmopen makes gets a libc of its own, whose
+// pthread_key_create hands out key numbers from its own table, starting at
+// 0, as the server's libc does. Both index the same per-thread slots, so a
+// key of each libc with the same number would hold both libraries'
+// per-thread values: measured with the ASan build of the server, where
+// libaclnn_remote.so's Abseil and the server's then aborted with "detected
+// illegal recursion into Mutex code". So the numbers are split: the
+// namespace's libc is loaded first and its lowest numbers are taken by
+// placeholders, which leaves its libraries the numbers from
+// kNamespaceFirstKey (or higher, above the server's) up; once they are
+// loaded and initialized, the server's libc takes placeholders for those
+// numbers and kNamespaceSpareKeys more (keys CANN may create later), so
+// that the server's later keys come after them. The first namespace of a
+// process (the server makes one) keeps its keys below 32: glibc keeps keys
+// 0-31 inside each thread, while a higher key makes glibc allocate a block
+// that the thread's own libc frees at thread exit, with the other malloc.
+// Later namespaces (tests load several) get higher numbers.
+constexpr pthread_key_t kNamespaceFirstKey = 16;
+constexpr pthread_key_t kNamespaceSpareKeys = 8;
+
+using KeyCreateFn = int (*)(pthread_key_t*, void (*)(void*));
+using KeyDeleteFn = int (*)(pthread_key_t);
+
+// The lowest key number `create` hands out now (taken and given back).
+pthread_key_t NextKey(KeyCreateFn create, KeyDeleteFn remove) {
+  pthread_key_t key = 0;
+  if (create(&key, nullptr) != 0) return PTHREAD_KEYS_MAX;
+  remove(key);
+  return key;
+}
+
+// Takes every key number below `end` that `create` still has free; they
+// stay taken for the life of the process.
+void TakeKeysBelow(KeyCreateFn create, KeyDeleteFn remove, pthread_key_t end) {
+  for (;;) {
+    pthread_key_t key = 0;
+    if (create(&key, nullptr) != 0) return;
+    if (key >= end) {
+      remove(key);
+      return;
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> CannLibrary::DefaultLibraries() {
@@ -51,7 +99,29 @@ absl::StatusOr<std::shared_ptr<CannLibrary>> CannLibrary::Load(
     return absl::FailedPreconditionError("no CANN library to load");
   }
   std::shared_ptr<CannLibrary> library(new CannLibrary());
+  // The namespace starts with its libc alone, so that the thread keys are
+  // split (kNamespaceFirstKey) before any library of CANN runs; the
+  // libraries then all join it, so that the aclnn libraries bind to that
+  // runtime, not to copies of their own.
+  void* libc = dlmopen(LM_ID_NEWLM, "libc.so.6", RTLD_NOW | RTLD_LOCAL);
   Lmid_t namespace_id = LM_ID_NEWLM;
+  if (libc == nullptr || dlinfo(libc, RTLD_DI_LMID, &namespace_id) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot make a link-map namespace for CANN: ", LoaderError()));
+  }
+  const auto namespace_key_create =
+      reinterpret_cast<KeyCreateFn>(dlsym(libc, "pthread_key_create"));
+  const auto namespace_key_delete =
+      reinterpret_cast<KeyDeleteFn>(dlsym(libc, "pthread_key_delete"));
+  if (namespace_key_create == nullptr || namespace_key_delete == nullptr) {
+    return absl::FailedPreconditionError(
+        "the link-map namespace's libc has no pthread_key_create");
+  }
+  // Above the server's keys now, with room for a few more of its own.
+  TakeKeysBelow(namespace_key_create, namespace_key_delete,
+                std::max<pthread_key_t>(
+                    kNamespaceFirstKey,
+                    NextKey(&pthread_key_create, &pthread_key_delete) + 4));
   for (const std::string& name : libraries) {
     const std::string path = Resolve(name);
     // RTLD_LOCAL: the symbols are reached through the handles only.
@@ -63,15 +133,6 @@ absl::StatusOr<std::shared_ptr<CannLibrary>> CannLibrary::Load(
           "cannot load CANN library ", path, ": ", LoaderError(),
           " (source the set_env.sh of CANN, or name the files with "
           "--cann_libraries)"));
-    }
-    if (namespace_id == LM_ID_NEWLM) {
-      // The rest join the namespace the first one created, so that the
-      // aclnn libraries bind to that runtime, not to a copy of their own.
-      if (dlinfo(handle, RTLD_DI_LMID, &namespace_id) != 0) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("cannot find the link-map namespace of ", path, ": ",
-                         LoaderError()));
-      }
     }
     library->paths_.push_back(path);
     library->handles_.push_back(handle);
@@ -149,6 +210,10 @@ absl::StatusOr<std::shared_ptr<CannLibrary>> CannLibrary::Load(
     return absl::FailedPreconditionError(absl::StrCat(
         "aclInit failed with error ", error, ": ", library->RecentError()));
   }
+  // The server's later keys come after the namespace's and its spares.
+  TakeKeysBelow(&pthread_key_create, &pthread_key_delete,
+                NextKey(namespace_key_create, namespace_key_delete) +
+                    kNamespaceSpareKeys);
   return library;
 }
 
