@@ -299,10 +299,6 @@ v1::OpParams DefaultParams(const kernels::OpInfo& op) {
 class AscendChainTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-#if defined(__SANITIZE_ADDRESS__)
-    // Skipped under --config=asan (SetUp says so per test): see SetUp.
-    return;
-#else
     Options backend;
     backend.listen = "127.0.0.1:0";
     backend.metrics_listen = "127.0.0.1:0";
@@ -315,7 +311,6 @@ class AscendChainTest : public ::testing::Test {
     ASSERT_TRUE(started.ok()) << started.status();
     reference_ = started->release();
     StartFront();
-#endif
   }
 
   // The front opserver as its own process: dlmopen gives libaclnn_remote.so
@@ -407,20 +402,6 @@ class AscendChainTest : public ::testing::Test {
   }
 
   void SetUp() override {
-#if defined(__SANITIZE_ADDRESS__)
-    // Under --config=asan the front opserver and libaclnn_remote.so are both
-    // ASan builds. The library needs libasan.so, and dlmopen loads every
-    // dependency afresh in the new link-map namespace, so a second ASan
-    // runtime starts there and aborts ("ASan runtime does not come first in
-    // initial library list", or with verify_asan_link_order=0 "Shadow
-    // memory range interleaves with an existing memory mapping"): two ASan
-    // runtimes cannot share one process. A plain dlopen would share the
-    // runtime but aborts in protobuf (the reason for dlmopen). The device
-    // code itself is ASan-checked by //devices/ascend:ascend_device_test,
-    // whose fake CANN is built without ASan.
-    GTEST_SKIP() << "dlmopen of an ASan-built libaclnn_remote.so starts a "
-                    "second ASan runtime, which aborts (see the comment)";
-#endif
     ASSERT_FALSE(front_address_.empty());
     auto front = remote::Client::Connect(front_address_);
     ASSERT_TRUE(front.ok()) << front.status();
