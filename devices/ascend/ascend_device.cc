@@ -93,11 +93,9 @@ absl::StatusOr<std::unique_ptr<AscendDevice>> AscendDevice::Create(
   // aclrtSetDevice claims the device (aclrtResetDevice in the destructor
   // gives it back) and makes its default context current here.
   if (aclError error = api.aclrtSetDevice(device_id); error != ACL_SUCCESS) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("Ascend device ", device_id,
-                     ": aclrtSetDevice failed "
-                     "with acl error ",
-                     error, WithRecentError(*device->cann_)));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Ascend device ", device_id, ": aclrtSetDevice failed with acl error ",
+        error, WithRecentError(*device->cann_)));
   }
   // Set from here on: the destructor resets the device.
   device->claimed_ = true;
@@ -107,9 +105,8 @@ absl::StatusOr<std::unique_ptr<AscendDevice>> AscendDevice::Create(
         error != ACL_SUCCESS) {
       return absl::FailedPreconditionError(
           absl::StrCat("Ascend device ", device_id,
-                       ": aclrtCreateContext failed with acl "
-                       "error ",
-                       error, WithRecentError(*device->cann_)));
+                       ": aclrtCreateContext failed with acl error ", error,
+                       WithRecentError(*device->cann_)));
     }
     device->context_ = context;
   }
@@ -121,11 +118,9 @@ absl::StatusOr<std::unique_ptr<AscendDevice>> AscendDevice::Create(
   size_t free = 0, total = 0;
   if (aclError error = api.aclrtGetMemInfo(ACL_HBM_MEM, &free, &total);
       error != ACL_SUCCESS) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("Ascend device ", device_id,
-                     ": aclrtGetMemInfo failed with acl "
-                     "error ",
-                     error, WithRecentError(*device->cann_)));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Ascend device ", device_id, ": aclrtGetMemInfo failed with acl error ",
+        error, WithRecentError(*device->cann_)));
   }
   const char* soc = api.aclrtGetSocName();
   DeviceDescription& d = device->description_;
