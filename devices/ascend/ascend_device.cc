@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/types/span.h"
 #include "common/values.h"
@@ -530,31 +531,59 @@ bool IsAscendKind(absl::string_view kind) {
   return kind == "ascend" || absl::StartsWith(kind, "ascend:");
 }
 
-absl::StatusOr<std::unique_ptr<Device>> CreateAscendDevice(
-    const DeviceOptions& options) {
-  int32_t device_id = 0;
-  if (options.kind != "ascend") {
-    const absl::string_view ids = absl::StripPrefix(options.kind, "ascend:");
-    if (absl::StrContains(ids, ',')) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("'", options.kind,
-                       "' names several NPUs; this server owns one "
-                       "device: name one id (ascend:N)"));
+absl::StatusOr<std::vector<int32_t>> AscendDeviceIds(absl::string_view kind) {
+  if (kind == "ascend") return std::vector<int32_t>{0};
+  std::vector<int32_t> ids;
+  for (absl::string_view id :
+       absl::StrSplit(absl::StripPrefix(kind, "ascend:"), ',')) {
+    int32_t n = 0;
+    if (!absl::SimpleAtoi(id, &n) || n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", kind,
+          "': want ascend, or ascend:IDS with IDS NPU ids >= 0 separated by "
+          "commas"));
     }
-    if (!absl::SimpleAtoi(ids, &device_id) || device_id < 0) {
+    if (std::find(ids.begin(), ids.end(), n) != ids.end()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("'", options.kind,
-                       "': want ascend or ascend:N with N an NPU id >= 0"));
+          absl::StrCat("'", kind, "' names NPU ", n, " twice"));
     }
+    ids.push_back(n);
   }
+  return ids;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateAscendDevices(
+    const DeviceOptions& options) {
+  absl::StatusOr<std::vector<int32_t>> ids = AscendDeviceIds(options.kind);
+  if (!ids.ok()) return ids.status();
   absl::StatusOr<std::shared_ptr<CannLibrary>> cann = CannLibrary::Load(
       options.cann_libraries.empty() ? CannLibrary::DefaultLibraries()
                                      : options.cann_libraries);
   if (!cann.ok()) return cann.status();
-  absl::StatusOr<std::unique_ptr<AscendDevice>> device =
-      AscendDevice::Create(*std::move(cann), device_id, options.memory_bytes);
-  if (!device.ok()) return device.status();
-  return std::unique_ptr<Device>(*std::move(device));
+  std::vector<std::unique_ptr<Device>> devices;
+  for (int32_t id : *ids) {
+    absl::StatusOr<std::unique_ptr<AscendDevice>> device =
+        AscendDevice::Create(*cann, id, options.memory_bytes);
+    if (!device.ok()) return device.status();
+    devices.push_back(*std::move(device));
+  }
+  return devices;
+}
+
+absl::StatusOr<std::unique_ptr<Device>> CreateAscendDevice(
+    const DeviceOptions& options) {
+  absl::StatusOr<std::vector<int32_t>> ids = AscendDeviceIds(options.kind);
+  if (!ids.ok()) return ids.status();
+  if (ids->size() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", options.kind, "' names ", ids->size(),
+                     " NPUs; this server owns one device: name one id "
+                     "(ascend:N)"));
+  }
+  absl::StatusOr<std::vector<std::unique_ptr<Device>>> devices =
+      CreateAscendDevices(options);
+  if (!devices.ok()) return devices.status();
+  return std::move(devices->front());
 }
 
 }  // namespace opserver::ascend

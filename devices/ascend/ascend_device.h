@@ -160,11 +160,21 @@ class AscendDevice : public Device {
 // "ascend:IDS".
 bool IsAscendKind(absl::string_view kind);
 
-// The device --device=`options.kind` names: "ascend" is NPU 0, "ascend:N"
-// NPU N. Loads options.cann_libraries (CannLibrary::DefaultLibraries() when
-// empty). This server owns one device, so a list of ids ("ascend:0,1") is
-// INVALID_ARGUMENT. FAILED_PRECONDITION, one line naming the library or
-// symbol, when CANN cannot be loaded.
+// The NPU ids --device=`kind` names, in order: "ascend" is {0},
+// "ascend:0,2" {0, 2}. INVALID_ARGUMENT for anything else, or an id named
+// twice.
+absl::StatusOr<std::vector<int32_t>> AscendDeviceIds(absl::string_view kind);
+
+// One AscendDevice per id options.kind names (AscendDeviceIds), in that
+// order, on one CANN loaded from options.cann_libraries
+// (CannLibrary::DefaultLibraries() when empty); options.memory_bytes caps
+// each. FAILED_PRECONDITION, one line naming the library or symbol, when
+// CANN cannot be loaded, or naming the call when an NPU cannot be opened.
+absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateAscendDevices(
+    const DeviceOptions& options);
+
+// The same for a server that owns one device: a list of several ids
+// ("ascend:0,1") is INVALID_ARGUMENT.
 absl::StatusOr<std::unique_ptr<Device>> CreateAscendDevice(
     const DeviceOptions& options);
 

@@ -497,6 +497,31 @@ TEST(AscendMissingOpTest, IsLeftOutAndRefused) {
   EXPECT_TRUE(session->Synchronize().ok());
 }
 
+TEST(AscendDeviceIdsTest, ParsesTheDeviceFlag) {
+  EXPECT_THAT(*AscendDeviceIds("ascend"), ElementsAre(0));
+  EXPECT_THAT(*AscendDeviceIds("ascend:3"), ElementsAre(3));
+  EXPECT_THAT(*AscendDeviceIds("ascend:0,2,1"), ElementsAre(0, 2, 1));
+  for (const char* bad :
+       {"ascend:", "ascend:x", "ascend:-1", "ascend:1,,2", "ascend:1,1"}) {
+    EXPECT_EQ(AscendDeviceIds(bad).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+}
+
+TEST(AscendDeviceIdsTest, SeveralNpusShareOneCann) {
+  DeviceOptions options;
+  options.kind = "ascend:1,3";
+  options.cann_libraries = {Runfile("libfake_cann.so")};
+  auto devices = CreateAscendDevices(options);
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  ASSERT_EQ(devices->size(), 2u);
+  EXPECT_EQ((*devices)[0]->Describe().name, "FakeAscend910B (NPU 1)");
+  EXPECT_EQ((*devices)[1]->Describe().name, "FakeAscend910B (NPU 3)");
+  EXPECT_EQ(CreateAscendDevice(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(CannLibraryTest, AMissingLibraryOrSymbolIsOneLineNamingIt) {
   auto missing = CannLibrary::Load({"/nonexistent/libascendcl.so"});
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);
