@@ -293,15 +293,34 @@ absl::StatusOr<v1::ListOperatorsResponse> Client::ListOperators() {
   return response;
 }
 
+absl::StatusOr<std::vector<v1::DeviceInfo>> Client::ListDevices() {
+  absl::StatusOr<v1::GetDeviceInfoResponse> info = GetDeviceInfo();
+  if (!info.ok()) return info.status();
+  if (info->devices_size() > 0) {
+    return std::vector<v1::DeviceInfo>(info->devices().begin(),
+                                       info->devices().end());
+  }
+  // A server from before the list: its one device is the top level.
+  v1::DeviceInfo only;
+  only.set_index(0);
+  only.set_kind(info->kind());
+  only.set_name(info->name());
+  only.set_memory_bytes(info->memory_bytes());
+  only.set_threads(info->threads());
+  return std::vector<v1::DeviceInfo>{std::move(only)};
+}
+
 absl::StatusOr<std::unique_ptr<Session>> Client::CreateSession(
-    const std::string& client_name, bool attach) {
+    const std::string& client_name, bool attach, uint32_t device) {
   v1::CreateSessionRequest request;
   request.set_client_name(client_name);
+  request.set_device(device);
   v1::CreateSessionResponse response;
   absl::Status status = Unary(*this, &v1::Runtime::Stub::CreateSession, request,
                               &response, "CreateSession");
   if (!status.ok()) return status;
   std::unique_ptr<Session> session(new Session(this, response.session()));
+  session->device_ = device;
   if (attach) session->StartAttach();
   if (options_.pipeline) {
     absl::StatusOr<std::unique_ptr<CommandChannel>> channel =
@@ -939,6 +958,225 @@ absl::Status Session::DestroyExecutor(uint64_t executor) {
   v1::DestroyExecutorResponse response;
   return Unary(*client_, &v1::Operators::Stub::DestroyExecutor, request,
                &response, "DestroyExecutor");
+}
+
+// ------------------------------------------------- memory ops and events
+
+absl::Status Session::Memset(uint64_t buffer, uint64_t offset, uint64_t size,
+                             uint8_t value, uint64_t stream) {
+  v1::MemsetRequest request;
+  request.set_buffer(buffer);
+  request.set_offset(offset);
+  request.set_size(size);
+  request.set_value(value);
+  request.set_stream(stream);
+  if (channel_ != nullptr) {
+    if (absl::Status s = CheckLocalRange(buffer, offset, size, stream);
+        !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("Memset: ", s.message()));
+    }
+    v1::PipelineCommand command;
+    *command.mutable_memset() = std::move(request);
+    return channel_->Send(std::move(command));
+  }
+  request.set_session(token_);
+  v1::MemsetResponse response;
+  return Unary(*client_, &v1::Runtime::Stub::Memset, request, &response,
+               "Memset");
+}
+
+absl::Status Session::CopyOnDevice(uint64_t dst_buffer, uint64_t dst_offset,
+                                   uint64_t src_buffer, uint64_t src_offset,
+                                   uint64_t size, uint64_t stream) {
+  v1::CopyDeviceToDeviceRequest request;
+  request.set_dst_buffer(dst_buffer);
+  request.set_dst_offset(dst_offset);
+  request.set_src_buffer(src_buffer);
+  request.set_src_offset(src_offset);
+  request.set_size(size);
+  request.set_stream(stream);
+  if (channel_ != nullptr) {
+    absl::Status s = CheckLocalRange(src_buffer, src_offset, size, stream);
+    if (!s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("CopyOnDevice: source ", s.message()));
+    }
+    s = CheckLocalRange(dst_buffer, dst_offset, size, stream);
+    if (!s.ok()) {
+      return absl::Status(
+          s.code(), absl::StrCat("CopyOnDevice: destination ", s.message()));
+    }
+    v1::PipelineCommand command;
+    *command.mutable_copy() = std::move(request);
+    return channel_->Send(std::move(command));
+  }
+  request.set_session(token_);
+  v1::CopyDeviceToDeviceResponse response;
+  return Unary(*client_, &v1::Runtime::Stub::CopyDeviceToDevice, request,
+               &response, "CopyDeviceToDevice");
+}
+
+absl::Status Session::CheckLocalEvent(absl::string_view what, uint64_t event,
+                                      std::optional<uint64_t> stream) {
+  absl::MutexLock lock(&handles_mu_);
+  if (!events_.contains(event)) {
+    return UnknownHandle(absl::StrCat(what, ": "), "event", event);
+  }
+  if (stream.has_value() && *stream != 0 && !streams_.contains(*stream)) {
+    return UnknownHandle(absl::StrCat(what, ": "), "stream", *stream);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Session::CreateEvent(uint32_t flags) {
+  if (channel_ != nullptr) {
+    // The server's rule (server/event.h's kKnownEventFlags), so the error
+    // is immediate; the server checks again.
+    constexpr uint32_t kKnownFlags = 0x1 | 0x2 | 0x8 | 0x20 | 0x40;
+    if ((flags & ~kKnownFlags) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CreateEvent: event flags 0x", absl::Hex(flags),
+          " have unknown bits 0x", absl::Hex(flags & ~kKnownFlags)));
+    }
+    absl::MutexLock lock(&handles_mu_);
+    const uint64_t id = next_executor_++;
+    v1::PipelineCommand command;
+    command.mutable_create_event()->set_event(id);
+    command.mutable_create_event()->set_flags(flags);
+    // Sent under the lock that chose the id: the server takes ids only in
+    // increasing order (see PlanLocally).
+    if (absl::Status s = channel_->Send(std::move(command)); !s.ok()) return s;
+    events_.insert(id);
+    return id;
+  }
+  v1::CreateEventRequest request;
+  request.set_session(token_);
+  request.set_flags(flags);
+  v1::CreateEventResponse response;
+  absl::Status status = Unary(*client_, &v1::Runtime::Stub::CreateEvent,
+                              request, &response, "CreateEvent");
+  if (!status.ok()) return status;
+  return response.event();
+}
+
+absl::Status Session::DestroyEvent(uint64_t event) {
+  if (channel_ != nullptr) {
+    {
+      absl::MutexLock lock(&handles_mu_);
+      if (events_.erase(event) == 0) {
+        return UnknownHandle("DestroyEvent: ", "event", event);
+      }
+    }
+    v1::PipelineCommand command;
+    command.set_destroy_event(event);
+    return channel_->Send(std::move(command));
+  }
+  v1::DestroyEventRequest request;
+  request.set_session(token_);
+  request.set_event(event);
+  v1::DestroyEventResponse response;
+  return Unary(*client_, &v1::Runtime::Stub::DestroyEvent, request, &response,
+               "DestroyEvent");
+}
+
+absl::Status Session::RecordEvent(uint64_t event, uint64_t stream) {
+  v1::RecordEventRequest request;
+  request.set_event(event);
+  request.set_stream(stream);
+  if (channel_ != nullptr) {
+    if (absl::Status s = CheckLocalEvent("RecordEvent", event, stream);
+        !s.ok()) {
+      return s;
+    }
+    v1::PipelineCommand command;
+    *command.mutable_record_event() = std::move(request);
+    return channel_->Send(std::move(command));
+  }
+  request.set_session(token_);
+  v1::RecordEventResponse response;
+  return Unary(*client_, &v1::Runtime::Stub::RecordEvent, request, &response,
+               "RecordEvent");
+}
+
+absl::Status Session::StreamWaitEvent(uint64_t stream, uint64_t event) {
+  v1::StreamWaitEventRequest request;
+  request.set_stream(stream);
+  request.set_event(event);
+  if (channel_ != nullptr) {
+    if (absl::Status s = CheckLocalEvent("StreamWaitEvent", event, stream);
+        !s.ok()) {
+      return s;
+    }
+    v1::PipelineCommand command;
+    *command.mutable_wait_event() = std::move(request);
+    return channel_->Send(std::move(command));
+  }
+  request.set_session(token_);
+  v1::StreamWaitEventResponse response;
+  return Unary(*client_, &v1::Runtime::Stub::StreamWaitEvent, request,
+               &response, "StreamWaitEvent");
+}
+
+absl::Status Session::ResetEvent(uint64_t event, uint64_t stream) {
+  v1::ResetEventRequest request;
+  request.set_event(event);
+  request.set_stream(stream);
+  if (channel_ != nullptr) {
+    if (absl::Status s = CheckLocalEvent("ResetEvent", event, stream);
+        !s.ok()) {
+      return s;
+    }
+    v1::PipelineCommand command;
+    *command.mutable_reset_event() = std::move(request);
+    return channel_->Send(std::move(command));
+  }
+  request.set_session(token_);
+  v1::ResetEventResponse response;
+  return Unary(*client_, &v1::Runtime::Stub::ResetEvent, request, &response,
+               "ResetEvent");
+}
+
+absl::StatusOr<bool> Session::QueryEvent(uint64_t event) {
+  // The records issued before this call are on the server first.
+  if (absl::Status s = Ordered(); !s.ok()) return s;
+  v1::QueryEventRequest request;
+  request.set_session(token_);
+  request.set_event(event);
+  v1::QueryEventResponse response;
+  absl::Status status = Unary(*client_, &v1::Runtime::Stub::QueryEvent, request,
+                              &response, "QueryEvent");
+  if (!status.ok()) return status;
+  return response.complete();
+}
+
+absl::Status Session::SynchronizeEvent(uint64_t event) {
+  if (channel_ != nullptr) {
+    if (absl::Status s =
+            CheckLocalEvent("SynchronizeEvent", event, std::nullopt);
+        !s.ok()) {
+      return s;
+    }
+    return channel_->FenceEvent(event);
+  }
+  v1::SynchronizeEventRequest request;
+  request.set_session(token_);
+  request.set_event(event);
+  v1::SynchronizeEventResponse response;
+  return Unary(*client_, &v1::Runtime::Stub::SynchronizeEvent, request,
+               &response, "SynchronizeEvent", /*wait=*/true);
+}
+
+absl::StatusOr<float> Session::EventElapsedMs(uint64_t start, uint64_t end) {
+  if (absl::Status s = Ordered(); !s.ok()) return s;
+  v1::EventElapsedTimeRequest request;
+  request.set_session(token_);
+  request.set_start(start);
+  request.set_end(end);
+  v1::EventElapsedTimeResponse response;
+  absl::Status status = Unary(*client_, &v1::Runtime::Stub::EventElapsedTime,
+                              request, &response, "EventElapsedTime");
+  if (!status.ok()) return status;
+  return response.ms();
 }
 
 }  // namespace remote

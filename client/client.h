@@ -133,17 +133,26 @@ class Client {
 
   absl::StatusOr<v1::GetDeviceInfoResponse> GetDeviceInfo();
 
+  // The server's devices, index 0 first (GetDeviceInfo's list): what
+  // CreateSession's `device` may name. A server that predates the list owns
+  // one device, built here from GetDeviceInfo's top-level fields.
+  absl::StatusOr<std::vector<v1::DeviceInfo>> ListDevices();
+
   // grpc.health.v1 Check for `service` ("" = the whole server); returns e.g.
   // "SERVING".
   absl::StatusOr<std::string> CheckHealth(const std::string& service = "");
 
   absl::StatusOr<v1::ListOperatorsResponse> ListOperators();
 
-  // Opens a session. With `attach`, its life is also bound to an Attach call
-  // held open on a background thread, so the server frees everything the
-  // session owns when this process dies or loses the connection.
+  // Opens a session on device `device` (an index into ListDevices()):
+  // every buffer, stream, launch and transfer of the session is on that
+  // device. INVALID_ARGUMENT naming the device and the count when the
+  // server has no such device. With `attach`, its life is also bound to an
+  // Attach call held open on a background thread, so the server frees
+  // everything the session owns when this process dies or loses the
+  // connection.
   absl::StatusOr<std::unique_ptr<Session>> CreateSession(
-      const std::string& client_name, bool attach = true);
+      const std::string& client_name, bool attach = true, uint32_t device = 0);
 
   // The stubs, for calls this class does not wrap.
   v1::Runtime::Stub& runtime() { return *runtime_; }
@@ -344,6 +353,8 @@ class Session {
 
   const std::string& token() const { return token_; }
   Client& client() { return *client_; }
+  // The device the session was created on (Client::CreateSession).
+  uint32_t device() const { return device_; }
 
   // Closes the session now (idempotent). Pipelined: what was queued is
   // delivered first, and a deferred error still pending is returned.
@@ -407,6 +418,47 @@ class Session {
   absl::StatusOr<PendingRead> ReadAsync(uint64_t buffer, uint64_t offset,
                                         void* data, uint64_t size,
                                         uint64_t stream = 0);
+
+  // Device memory operations executed on the server, ordered on `stream`
+  // (aclrtMemsetAsync, device-to-device aclrtMemcpyAsync): no bytes travel.
+  // Pipelined: checked here against the buffers and streams this session
+  // made (NOT_FOUND, OUT_OF_RANGE at once), queued, and returned at once;
+  // what only the server finds is the stream's deferred error. Otherwise
+  // the unary call, which returns once queued. Memset sets buffer[offset,
+  // offset + size) to `value`; CopyOnDevice copies src_buffer[src_offset,
+  // + size) to dst_buffer[dst_offset, + size), the ranges may overlap.
+  absl::Status Memset(uint64_t buffer, uint64_t offset, uint64_t size,
+                      uint8_t value, uint64_t stream = 0);
+  absl::Status CopyOnDevice(uint64_t dst_buffer, uint64_t dst_offset,
+                            uint64_t src_buffer, uint64_t src_offset,
+                            uint64_t size, uint64_t stream = 0);
+
+  // Events (aclrtEvent; see Runtime.CreateEvent in proto/opserver.proto).
+  // Pipelined, CreateEvent, DestroyEvent, RecordEvent, StreamWaitEvent and
+  // ResetEvent cost no round trip: the event id is chosen here, handle
+  // errors this session can see are immediate (an unknown event or stream:
+  // NOT_FOUND; unknown flag bits: INVALID_ARGUMENT), and the rest is the
+  // deferred error of the stream (record, wait, reset) or the session
+  // (create, destroy). Not pipelined, each is its unary call.
+  //
+  // `flags`: CANN's ACL_EVENT_* bits (server/event.h).
+  absl::StatusOr<uint64_t> CreateEvent(uint32_t flags = 0);
+  absl::Status DestroyEvent(uint64_t event);
+  // The event captures the work queued on `stream` so far.
+  absl::Status RecordEvent(uint64_t event, uint64_t stream = 0);
+  // Work queued on `stream` after this waits for the event's most recent
+  // record (issued before this call) to complete; no thread waits.
+  absl::Status StreamWaitEvent(uint64_t stream, uint64_t event);
+  absl::Status ResetEvent(uint64_t event, uint64_t stream = 0);
+  // True once the most recent record completed (or the event is not
+  // recorded). Waits until the channel's commands took effect first.
+  absl::StatusOr<bool> QueryEvent(uint64_t event);
+  // Blocks until the event's most recent record has completed.
+  absl::Status SynchronizeEvent(uint64_t event);
+  // Milliseconds between the completions of `start`'s and `end`'s most
+  // recent records, measured by the server. FAILED_PRECONDITION with aclnn
+  // status 107006 when either has not completed a record.
+  absl::StatusOr<float> EventElapsedMs(uint64_t start, uint64_t end);
 
   // Typed values (converted by the server).
   absl::Status WriteValues(uint64_t buffer, uint64_t offset,
@@ -524,6 +576,8 @@ class Session {
 
   Client* const client_;
   const std::string token_;
+  // Set by Client::CreateSession once, before the session is handed out.
+  uint32_t device_ = 0;
   mutable absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status lost_ ABSL_GUARDED_BY(mu_);
@@ -544,7 +598,12 @@ class Session {
   absl::flat_hash_set<uint64_t> streams_ ABSL_GUARDED_BY(handles_mu_);
   absl::flat_hash_map<uint64_t, LocalExecutor> executors_
       ABSL_GUARDED_BY(handles_mu_);
-  // Client-chosen executor ids are never reused.
+  absl::flat_hash_set<uint64_t> events_ ABSL_GUARDED_BY(handles_mu_);
+  // NOT_FOUND (prefixed with `what`) unless `event` is one of this
+  // session's events and `stream` (if given) one of its streams.
+  absl::Status CheckLocalEvent(absl::string_view what, uint64_t event,
+                               std::optional<uint64_t> stream);
+  // Client-chosen ids (executors and events) are never reused.
   uint64_t next_executor_ ABSL_GUARDED_BY(handles_mu_) = kClientExecutorBase;
 };
 

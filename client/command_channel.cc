@@ -14,14 +14,13 @@ namespace {
 
 // A fence's verdict as the unary call (SynchronizeStream) would have
 // returned it.
-absl::Status FenceStatus(const v1::FenceResult& result, bool session) {
+absl::Status FenceStatus(const v1::FenceResult& result,
+                         absl::string_view prefix) {
   if (result.code() == 0) return absl::OkStatus();
   const auto code = static_cast<absl::StatusCode>(result.code());
   std::string message = result.message();
   if (message.size() > 4096) message.resize(4096);  // A hostile server's.
-  message = absl::StrCat(
-      session ? "deferred error of the session: " : "SynchronizeStream: ",
-      message);
+  message = absl::StrCat(prefix, message);
   const int32_t aclnn = result.aclnn_status() != 0
                             ? result.aclnn_status()
                             : kernels::GetAclnnStatus(absl::Status(code, ""));
@@ -164,7 +163,18 @@ absl::Status CommandChannel::Fence(uint64_t stream, bool session) {
   absl::StatusOr<v1::FenceResult> result = TakeFence(
       *id, session ? "waiting for the session's work" : "SynchronizeStream");
   if (!result.ok()) return result.status();
-  return FenceStatus(*result, session);
+  return FenceStatus(*result, session ? "deferred error of the session: "
+                                      : "SynchronizeStream: ");
+}
+
+absl::Status CommandChannel::FenceEvent(uint64_t event) {
+  v1::PipelineCommand command;
+  command.mutable_fence()->set_event(event);
+  absl::StatusOr<uint64_t> id = SendFence(std::move(command));
+  if (!id.ok()) return id.status();
+  absl::StatusOr<v1::FenceResult> result = TakeFence(*id, "SynchronizeEvent");
+  if (!result.ok()) return result.status();
+  return FenceStatus(*result, "SynchronizeEvent: ");
 }
 
 absl::StatusOr<uint64_t> CommandChannel::SendRead(uint64_t stream,
@@ -205,7 +215,7 @@ absl::Status CommandChannel::WaitRead(uint64_t id) {
   }
   absl::StatusOr<v1::FenceResult> result = TakeFence(id, "a pipelined read");
   if (!result.ok()) return result.status();
-  if (absl::Status s = FenceStatus(*result, /*session=*/false); !s.ok()) {
+  if (absl::Status s = FenceStatus(*result, "SynchronizeStream: "); !s.ok()) {
     return s;
   }
   if (result->data().size() != target.size) {

@@ -75,6 +75,11 @@ class CommandChannel {
   // result: the deferred error of `stream` (session = false) or of the
   // session (session = true), with its aclnn status.
   absl::Status Fence(uint64_t stream, bool session);
+  // Sends an event fence and waits until the event's most recent record
+  // issued before it has completed (aclrtSynchronizeEvent). Its error:
+  // NOT_FOUND for an unknown event, CANCELLED when it is destroyed first;
+  // it reports no stream's deferred error.
+  absl::Status FenceEvent(uint64_t event);
 
   // A fence on `stream` that also reads buffer[offset, offset + size)
   // (size at most kMaxPipelinedBytes) once the stream's work before it has

@@ -66,11 +66,12 @@ constexpr char kUsage[] =
     "             [--tls_cert_file=PEM --tls_key_file=PEM]] [--token_file=F]\n"
     "             COMMAND [ARGS]\n"
     "Commands:\n"
-    "  info    device, server version, health, and whether it drains\n"
+    "  info    devices, server version, health, and whether it drains\n"
     "  ops     operators with their tensor arguments, dtypes and parameters\n"
     "  run     one operator on values from the command line or .npy files\n"
     "          (opctl run --help for the details)\n"
-    "  stats   sessions, device memory in use, transfers, draining\n"
+    "  stats   sessions, memory in use and free per device, transfers,\n"
+    "          draining\n"
     "  bench   transfer throughput, per-operator latency and the\n"
     "          pipelined vs unary cost of a backward step\n"
     "          (opctl bench --help for the details)";
@@ -92,6 +93,8 @@ constexpr char kRunUsage[] =
     "  --PARAM_dtype=NAME dtype of an aclScalar parameter (default: the\n"
     "                     first the server lists)\n"
     "  --output=FILE.npy  write the output there instead of printing it\n"
+    "  --device=N         run on the server's device N (default 0; opctl\n"
+    "                     info lists them)\n"
     "The output has the shape the operator's checks accept: the inputs'\n"
     "broadcast shape, else the shape of one input.\n"
     "Example: opctl run ThresholdBackward --threshold=1 \\\n"
@@ -99,7 +102,7 @@ constexpr char kRunUsage[] =
 
 constexpr char kBenchUsage[] =
     "Usage: opctl [--server=..] bench [--bytes=N] [--iterations=N] "
-    "[--elements=N]\n"
+    "[--elements=N] [--device=N]\n"
     "Measures upload and download throughput of --bytes (default 67108864)\n"
     "next to a raw TCP one-way stream over this host's loopback (the\n"
     "path's limit when the server is on loopback too),\n"
@@ -109,7 +112,8 @@ constexpr char kBenchUsage[] =
     "over --iterations runs (default 20; median and minimum),\n"
     "then a backward step of 250 dependent operators with one synchronize,\n"
     "pipelined and with unary calls, in microseconds per operator and in\n"
-    "round trips (a synchronize of an idle stream, measured alongside).";
+    "round trips (a synchronize of an idle stream, measured alongside),\n"
+    "all on the server's device --device (default 0).";
 
 int Fail(absl::string_view message) {
   std::fprintf(stderr, "opctl: %.*s\n", static_cast<int>(message.size()),
@@ -141,14 +145,18 @@ std::string DTypeNames(const google::protobuf::RepeatedField<int>& dtypes) {
 int Info(Client& client) {
   auto info = client.GetDeviceInfo();
   if (!info.ok()) return Fail(info.status().message());
+  auto devices = client.ListDevices();
+  if (!devices.ok()) return Fail(devices.status().message());
   auto health = client.CheckHealth();
   if (!health.ok()) return Fail(health.status().message());
   std::printf("server:   %s\n", client.address().c_str());
-  std::printf("device:   %s (%s)\n", info->kind().c_str(),
-              info->name().c_str());
-  std::printf("memory:   %llu bytes\n",
-              static_cast<unsigned long long>(info->memory_bytes()));
-  std::printf("threads:  %u\n", info->threads());
+  // One line per device, the index first: what --device and
+  // CreateSession name.
+  for (const v1::DeviceInfo& d : *devices) {
+    std::printf("device %u: %s (%s), %llu bytes, %u threads\n", d.index(),
+                d.kind().c_str(), d.name().c_str(),
+                static_cast<unsigned long long>(d.memory_bytes()), d.threads());
+  }
   std::printf("version:  opserver %s, %s, gRPC %s\n",
               info->server_version().c_str(), info->api_version().c_str(),
               info->grpc_version().c_str());
@@ -191,6 +199,17 @@ int Stats(Client& client) {
               static_cast<unsigned long long>(stats.grpc_transfers()),
               static_cast<unsigned long long>(stats.grpc_transfer_bytes()));
   std::printf("draining:     %s\n", stats.draining() ? "yes" : "no");
+  // Per device (absent from servers that predate several devices).
+  for (const v1::DeviceStats& d : stats.devices()) {
+    std::printf(
+        "device %u:     %llu sessions, %llu buffers, %llu buffer bytes, "
+        "%llu of %llu bytes free\n",
+        d.device(), static_cast<unsigned long long>(d.sessions()),
+        static_cast<unsigned long long>(d.buffers()),
+        static_cast<unsigned long long>(d.buffer_bytes()),
+        static_cast<unsigned long long>(d.free_bytes()),
+        static_cast<unsigned long long>(d.capacity_bytes()));
+  }
   return 0;
 }
 
@@ -329,6 +348,20 @@ std::string FormatValue(double v, DType dtype) {
 using Connector =
     std::function<absl::StatusOr<std::unique_ptr<Client>>(bool pipeline)>;
 
+// The value of a command's --device (0 when absent): the server checks
+// it against its devices, and its error names the count.
+absl::StatusOr<uint32_t> DeviceArg(CommandArgs& args, absl::string_view cmd) {
+  uint32_t device = 0;
+  if (const std::string* v = args.Get("device")) {
+    if (!absl::SimpleAtoi(*v, &device)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(cmd, ": --device=", *v,
+                       " must be a device index (opctl info lists them)"));
+    }
+  }
+  return device;
+}
+
 // Usage, then each operator the server offers; the server's silence is
 // reported, not an error (help works without a server).
 int RunHelp(const Connector& connect) {
@@ -370,6 +403,8 @@ int Run(const Connector& connect, const std::vector<std::string>& raw) {
                     : absl::StrCat("run: unexpected argument '",
                                    args.positional[1], "'"));
   }
+  absl::StatusOr<uint32_t> device = DeviceArg(args, "run");
+  if (!device.ok()) return Fail(device.status().message());
   DType dtype = DType::kFloat;
   if (const std::string* name = args.Get("dtype")) {
     auto d = ParseDType(*name);
@@ -514,7 +549,7 @@ int Run(const Connector& connect, const std::vector<std::string>& raw) {
       OutputShape(*op, params, shapes, *out_dtype);
   if (!out_shape.ok()) return FailStatus(out_shape.status(), "run: ");
 
-  auto session = client.CreateSession("opctl run");
+  auto session = client.CreateSession("opctl run", /*attach=*/true, *device);
   if (!session.ok()) return FailStatus(session.status());
   std::map<std::string, TensorDesc> descs;
   std::vector<DeviceBuffer> buffers;
@@ -580,30 +615,35 @@ int Run(const Connector& connect, const std::vector<std::string>& raw) {
 // (plan + launch each), one synchronize, pipelined and with unary calls,
 // against the round trip of the same connection (a synchronize of an idle
 // stream).
-int BenchStep(const Connector& connect, int64_t n) {
+int BenchStep(const Connector& connect, int64_t n, uint32_t device) {
   constexpr int kOps = 250;
   constexpr int kSteps = 5;
-  std::printf("\nbackward step: %d dependent ThresholdBackward on %lld "
-              "FLOAT elements, one synchronize (median of %d)\n",
-              kOps, static_cast<long long>(n), kSteps);
+  std::printf(
+      "\nbackward step: %d dependent ThresholdBackward on %lld "
+      "FLOAT elements, one synchronize (median of %d)\n",
+      kOps, static_cast<long long>(n), kSteps);
   std::printf("%-10s %12s %14s %16s\n", "path", "us per op", "round trip us",
               "round trips/op");
   for (bool pipeline : {true, false}) {
     auto connected = connect(pipeline);
     if (!connected.ok()) return Fail(connected.status().message());
-    auto session = (*connected)->CreateSession("opctl bench step");
+    auto session =
+        (*connected)->CreateSession("opctl bench step", true, device);
     if (!session.ok()) return FailStatus(session.status());
     Session& s = **session;
     std::vector<float> ones(n, 1.0f);
     auto a = s.Malloc(n * 4);
     auto b = s.Malloc(n * 4);
-    if (!a.ok() || !b.ok()) return FailStatus(!a.ok() ? a.status() : b.status());
+    if (!a.ok() || !b.ok())
+      return FailStatus(!a.ok() ? a.status() : b.status());
     for (auto* buffer : {&a, &b}) {
       absl::Status up = s.Upload((*buffer)->handle(), 0, ones.data(), n * 4);
       if (!up.ok()) return FailStatus(up);
     }
-    const TensorDesc ta = TensorDesc::Contiguous(a->handle(), DType::kFloat, {n});
-    const TensorDesc tb = TensorDesc::Contiguous(b->handle(), DType::kFloat, {n});
+    const TensorDesc ta =
+        TensorDesc::Contiguous(a->handle(), DType::kFloat, {n});
+    const TensorDesc tb =
+        TensorDesc::Contiguous(b->handle(), DType::kFloat, {n});
     std::vector<double> rtt;
     for (int i = 0; i < 50; ++i) {
       const absl::Time start = absl::Now();
@@ -629,11 +669,10 @@ int BenchStep(const Connector& connect, int64_t n) {
     std::sort(per_op.begin(), per_op.end());
     const double round_trip = rtt[rtt.size() / 2];
     const double op = per_op[per_op.size() / 2];
-    std::printf("%-10s %12.1f %14.1f %16.2f%s\n",
-                pipeline ? "pipelined" : "unary", op, round_trip,
-                op / round_trip,
-                pipeline && !s.pipelined() ? "  (server has no Pipeline: unary)"
-                                           : "");
+    std::printf(
+        "%-10s %12.1f %14.1f %16.2f%s\n", pipeline ? "pipelined" : "unary", op,
+        round_trip, op / round_trip,
+        pipeline && !s.pipelined() ? "  (server has no Pipeline: unary)" : "");
   }
   return 0;
 }
@@ -732,6 +771,8 @@ int Bench(const Connector& connect, const std::vector<std::string>& raw) {
       }
     }
   }
+  absl::StatusOr<uint32_t> device = DeviceArg(args, "bench");
+  if (!device.ok()) return Fail(device.status().message());
   for (const auto& [name, used] : args.used) args.flags.erase(name);
   if (!args.flags.empty()) {
     return Fail(absl::StrCat("bench: unknown argument --",
@@ -742,7 +783,7 @@ int Bench(const Connector& connect, const std::vector<std::string>& raw) {
   auto connected = connect(true);
   if (!connected.ok()) return Fail(connected.status().message());
   Client& client = **connected;
-  auto session = client.CreateSession("opctl bench");
+  auto session = client.CreateSession("opctl bench", true, *device);
   if (!session.ok()) return FailStatus(session.status());
   Session& s = **session;
 
@@ -824,7 +865,7 @@ int Bench(const Connector& connect, const std::vector<std::string>& raw) {
   for (const std::string& why : catalog->rejected) {
     std::printf("skipped: %s\n", why.c_str());
   }
-  return BenchStep(connect, n);
+  return BenchStep(connect, n, *device);
 }
 
 int Main(int argc, char** argv) {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # opctl against a live opserver on a free port: info, ops, run (values and
 # .npy in and out, every operator, broadcast, dtypes, parameter defaults from
-# ListOperators), bench, and a one-line error for each bad input.
+# ListOperators), bench, and a one-line error for each bad input. The server
+# owns two devices (--devices=2), so info, stats and --device are checked
+# per device.
 set -uo pipefail
 opserver="$1"
 opctl="$2"
@@ -11,7 +13,9 @@ fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
 
 source tests/server_lib.sh
 trap stop_opserver EXIT
-start_opserver "$tmp/server.out" "$tmp/server.err" "$opserver" --threads=2 || exit 1
+# 64 MiB split in two: 32 MiB (33554432 bytes) per device.
+start_opserver "$tmp/server.out" "$tmp/server.err" "$opserver" --threads=2 \
+  --devices=2 --device_memory_bytes=67108864 || exit 1
 ctl() { "$opctl" --server="127.0.0.1:$port" "$@"; }
 
 # Runs opctl and expects success with `want` somewhere in stdout.
@@ -39,6 +43,24 @@ expect_out "negativeSlope" ops
 expect_out "BFLOAT16" ops
 expect_out "sessions:" stats
 expect_err "unexpected arguments after 'stats'" stats now
+
+# Per device: info lists both with their share of the memory; stats shows
+# each device with nothing on it; --device picks one for run and bench.
+expect_out "device 0: cpu (" info
+expect_out "device 1: cpu (" info
+expect_out "), 33554432 bytes, 2 threads" info
+ctl info >"$tmp/out" 2>&1
+[[ $(grep -c "^device [0-9]*: cpu" "$tmp/out") -eq 2 ]] || fail "info should list 2 devices: $(cat "$tmp/out")"
+expect_out "device 0:     0 sessions, 0 buffers, 0 buffer bytes, 33554432 of 33554432 bytes free" stats
+expect_out "device 1:     0 sessions, 0 buffers, 0 buffer bytes, 33554432 of 33554432 bytes free" stats
+expect_out "out = [0, 4.4, 4.3, 4.2]" \
+  run ThresholdBackward --device=1 --threshold=1 --gradOutput=4.5,4.4,4.3,4.2 --self=0.2,1.2,2.2,3.2
+expect_out "DropoutBackward" bench --device=1 --bytes=65536 --iterations=1 --elements=16
+expect_err "device 2 does not exist: the server has 2 devices (0 to 1)" \
+  run ThresholdBackward --device=2 --gradOutput=1 --self=1
+expect_err "run: --device=x must be a device index" \
+  run ThresholdBackward --device=x --gradOutput=1 --self=1
+expect_err "device 7 does not exist: the server has 2 devices" bench --device=7
 
 # The spec's worked examples and each operator.
 expect_out "out = [0, 4.4, 4.3, 4.2]" \

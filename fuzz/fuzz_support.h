@@ -92,6 +92,7 @@ class HeapDevice : public Device {
     used_ -= bytes;
     delete[] static_cast<char*>(block);
   }
+  uint64_t FreeBytes() const override { return capacity_ - used_.load(); }
   // Memcpy copies and plans run on the pool, complete when they return,
   // like the CPU device's stream.
   class HeapStream : public DeviceStream {
@@ -104,6 +105,15 @@ class HeapDevice : public Device {
     absl::Status CopyFromDevice(void* dst, const void* src,
                                 uint64_t bytes) override {
       if (bytes != 0) std::memcpy(dst, src, bytes);
+      return absl::OkStatus();
+    }
+    absl::Status Memset(void* dst, int value, uint64_t bytes) override {
+      if (bytes != 0) std::memset(dst, value & 0xff, bytes);
+      return absl::OkStatus();
+    }
+    absl::Status CopyOnDevice(void* dst, const void* src,
+                              uint64_t bytes) override {
+      if (bytes != 0) std::memmove(dst, src, bytes);
       return absl::OkStatus();
     }
     absl::Status Launch(const kernels::Plan& plan, void* workspace,

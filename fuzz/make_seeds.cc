@@ -426,6 +426,69 @@ void PipelineSeeds() {
   read(r, 4, 2, 0, (1 << 20) + 1, 0);
   fence(r, 5, 0, true);
   Write(f, "writes_and_reads", r.SerializeAsString());
+
+  // Events across the two streams, memsets and device copies (in range,
+  // out of range, overlapping), an event id reused and one below 2^62, a
+  // wait on an unknown event, event fences, and the batch repeated so that
+  // records and waits pile up on a held stream.
+  r.Clear();
+  r.set_session("repeat:40");
+  auto create = [](PipelineRequest& r, uint64_t event, uint32_t flags) {
+    CreateEventCommand* c = r.add_commands()->mutable_create_event();
+    c->set_event(event);
+    c->set_flags(flags);
+  };
+  auto event_fence = [](PipelineRequest& r, uint64_t fence_id, uint64_t event) {
+    FenceCommand* c = r.add_commands()->mutable_fence();
+    c->set_id(fence_id);
+    c->set_event(event);
+  };
+  create(r, id + 100, 0);
+  create(r, id + 100, 0x8);
+  create(r, 5, 0x1);
+  create(r, id + 101, 0x4);
+  plan(r, id + 102, "ThresholdBackward", Desc(7, FLOAT, {16384}),
+       Desc(7, FLOAT, {16384}), "self", Desc(7, FLOAT, {16384}), "out");
+  launch(r, id + 102, 0);
+  RecordEventRequest* record = r.add_commands()->mutable_record_event();
+  record->set_event(id + 100);
+  StreamWaitEventRequest* wait = r.add_commands()->mutable_wait_event();
+  wait->set_stream(8);
+  wait->set_event(id + 100);
+  wait = r.add_commands()->mutable_wait_event();
+  wait->set_stream(8);
+  wait->set_event(id + 999);
+  MemsetRequest* memset = r.add_commands()->mutable_memset();
+  memset->set_buffer(6);
+  memset->set_offset(16);
+  memset->set_size(64);
+  memset->set_value(0x5a);
+  memset->set_stream(8);
+  memset = r.add_commands()->mutable_memset();
+  memset->set_buffer(4);
+  memset->set_offset(60);
+  memset->set_size(8);
+  CopyDeviceToDeviceRequest* copy = r.add_commands()->mutable_copy();
+  copy->set_dst_buffer(7);
+  copy->set_src_buffer(6);
+  copy->set_size(4096);
+  copy->set_stream(8);
+  copy = r.add_commands()->mutable_copy();
+  copy->set_dst_buffer(6);
+  copy->set_dst_offset(8);
+  copy->set_src_buffer(6);
+  copy->set_size(256);
+  event_fence(r, 1, id + 100);
+  ResetEventRequest* reset = r.add_commands()->mutable_reset_event();
+  reset->set_event(id + 100);
+  reset->set_stream(8);
+  event_fence(r, 2, id + 100);
+  event_fence(r, 3, id + 999);
+  r.add_commands()->set_destroy_event(id + 100);
+  r.add_commands()->set_destroy_event(id + 100);
+  fence(r, 4, 8, false);
+  fence(r, 5, 0, true);
+  Write(f, "events_memset_copy", r.SerializeAsString());
 }
 
 // What a server lists, as the client's op_catalog_fuzzer reads it: two real

@@ -2,10 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -30,15 +32,11 @@ std::string CpuModelName() {
 
 }  // namespace
 
-namespace {
-
-int ResolveThreads(int threads) {
+int CpuDevice::ResolveThreads(int threads) {
   if (threads > 0) return threads;
   int hw = static_cast<int>(std::thread::hardware_concurrency());
   return hw > 0 ? hw : 1;
 }
-
-}  // namespace
 
 uint64_t CpuDevice::DefaultMemoryBytes() {
   long pages = sysconf(_SC_PHYS_PAGES);
@@ -49,13 +47,23 @@ uint64_t CpuDevice::DefaultMemoryBytes() {
 
 CpuDevice::CpuDevice(int threads, uint64_t pool_cache_bytes,
                      uint64_t memory_bytes)
+    : CpuDevice(std::make_shared<kernels::ThreadPool>(ResolveThreads(threads)),
+                pool_cache_bytes, memory_bytes) {}
+
+CpuDevice::CpuDevice(std::shared_ptr<kernels::ThreadPool> compute,
+                     uint64_t pool_cache_bytes, uint64_t memory_bytes)
     : memory_(pool_cache_bytes,
               memory_bytes != 0 ? memory_bytes : DefaultMemoryBytes()),
-      compute_(ResolveThreads(threads)) {
+      compute_(std::move(compute)) {
   description_.kind = "cpu";
   description_.name = CpuModelName();
-  description_.threads = static_cast<uint32_t>(compute_.num_threads());
+  description_.threads = static_cast<uint32_t>(compute_->num_threads());
   description_.memory_bytes = memory_.capacity_bytes();
+}
+
+uint64_t CpuDevice::FreeBytes() const {
+  const uint64_t capacity = memory_.capacity_bytes();
+  return capacity - std::min(capacity, memory_.in_use_bytes());
 }
 
 DeviceDescription CpuDevice::Describe() const { return description_; }
@@ -69,7 +77,7 @@ void CpuDevice::Deallocate(void* block, uint64_t bytes) {
 }
 
 absl::StatusOr<std::unique_ptr<DeviceStream>> CpuDevice::CreateStream() {
-  return std::make_unique<CpuStream>(&compute_);
+  return std::make_unique<CpuStream>(compute_.get());
 }
 
 absl::Status CpuStream::CopyToDevice(void* device_dst, const void* host_src,
@@ -81,6 +89,18 @@ absl::Status CpuStream::CopyToDevice(void* device_dst, const void* host_src,
 absl::Status CpuStream::CopyFromDevice(void* host_dst, const void* device_src,
                                        uint64_t bytes) {
   if (bytes != 0) std::memcpy(host_dst, device_src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuStream::Memset(void* dst, int value, uint64_t bytes) {
+  if (bytes != 0) std::memset(dst, value & 0xff, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuStream::CopyOnDevice(void* dst, const void* src,
+                                     uint64_t bytes) {
+  // memmove: a copy within one buffer may overlap.
+  if (bytes != 0) std::memmove(dst, src, bytes);
   return absl::OkStatus();
 }
 

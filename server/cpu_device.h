@@ -22,6 +22,9 @@ class CpuStream : public DeviceStream {
                             uint64_t bytes) override;
   absl::Status CopyFromDevice(void* host_dst, const void* device_src,
                               uint64_t bytes) override;
+  absl::Status Memset(void* dst, int value, uint64_t bytes) override;
+  absl::Status CopyOnDevice(void* dst, const void* src,
+                            uint64_t bytes) override;
   absl::Status Launch(const kernels::Plan& plan, void* workspace,
                       uint64_t workspace_size) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
@@ -42,12 +45,21 @@ class CpuDevice : public Device {
   // freed memory kept for reuse. `memory_bytes` bounds everything allocated
   // plus that cache; 0 = DefaultMemoryBytes().
   CpuDevice(int threads, uint64_t pool_cache_bytes, uint64_t memory_bytes = 0);
+  // The same computing on `compute`, which other CpuDevices may share: the
+  // logical devices one host is split into (CreateDevices, --devices).
+  CpuDevice(std::shared_ptr<kernels::ThreadPool> compute,
+            uint64_t pool_cache_bytes, uint64_t memory_bytes = 0);
   uint64_t CachedBytes() const override { return memory_.cached_bytes(); }
+  // The capacity less the blocks in use: the cache gives way to Allocate.
+  uint64_t FreeBytes() const override;
 
   // Half of physical memory: room for the server's own heap, gRPC's buffers
   // and the host's other processes, so a full device is an allocation
   // error, never an OOM kill.
   static uint64_t DefaultMemoryBytes();
+  // The compute threads `threads` asks for: itself if positive, else one
+  // per hardware thread.
+  static int ResolveThreads(int threads);
 
   DeviceDescription Describe() const override;
   absl::StatusOr<void*> Allocate(uint64_t bytes, uint64_t owner) override;
@@ -59,7 +71,7 @@ class CpuDevice : public Device {
  private:
   DeviceDescription description_;
   MemoryPool memory_;
-  kernels::ThreadPool compute_;
+  const std::shared_ptr<kernels::ThreadPool> compute_;
 };
 
 }  // namespace opserver

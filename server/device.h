@@ -32,6 +32,13 @@ struct DeviceOptions {
   uint64_t memory_cache_bytes = 4ull << 30;
   // The capacity Allocate enforces; 0 = the device's safe default.
   uint64_t memory_bytes = 0;
+  // Devices to make of this kind (CreateDevices; --devices). The CPU
+  // device is split into this many logical devices: each gets
+  // memory_bytes / devices (rounded down to whole 4 KiB pages) of capacity
+  // and memory_cache_bytes / devices of reuse cache, and all share one pool
+  // of `threads` compute threads. The Ascend device takes its devices from
+  // the ids in `kind` (ascend:0,1,...) instead.
+  int devices = 1;
   // The Ascend device (--device=ascend): CANN's libraries to load
   // (--cann_libraries); empty = CANN's own (ascend::CannLibrary).
   std::vector<std::string> cann_libraries;
@@ -71,6 +78,17 @@ class DeviceStream {
   virtual absl::Status CopyFromDevice(void* host_dst, const void* device_src,
                                       uint64_t bytes) = 0;
 
+  // Device-side fills and copies, ordered after the operations issued
+  // before them like the copies above (aclrtMemsetAsync and a
+  // device-to-device aclrtMemcpyAsync). Memset sets each of `bytes` bytes
+  // at `dst` to `value & 0xff`. CopyOnDevice copies `bytes` from `src` to
+  // `dst`, which may overlap (as memmove). Both pointers are device
+  // pointers the caller checked (inside buffers it holds until
+  // Synchronize returns). An error means the operation was not queued.
+  virtual absl::Status Memset(void* dst, int value, uint64_t bytes) = 0;
+  virtual absl::Status CopyOnDevice(void* dst, const void* src,
+                                    uint64_t bytes) = 0;
+
   // Runs (or enqueues) a validated operator plan whose tensor data pointers
   // are device pointers, after the operations issued before it.
   virtual absl::Status Launch(const kernels::Plan& plan, void* workspace,
@@ -108,6 +126,11 @@ class Device {
   virtual DeviceDescription Describe() const = 0;
   // Freed memory the device keeps for reuse (for metrics); 0 if none.
   virtual uint64_t CachedBytes() const { return 0; }
+  // What Allocate could still hand out now, in bytes (memory kept cached
+  // for reuse counts as free when it gives way to new allocations): the
+  // free memory GetServerStats reports per device, and aclrtGetMemInfo
+  // with it. A snapshot; concurrent allocations change it at once.
+  virtual uint64_t FreeBytes() const = 0;
 
   // At least `bytes` of device memory (0 is allowed) for `owner` (a session
   // serial; 0 = nobody in particular). RESOURCE_EXHAUSTED when the device's

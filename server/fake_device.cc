@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace opserver {
 
@@ -11,18 +12,29 @@ DeviceDescription FakeDevice::Describe() const {
   DeviceDescription description;
   description.kind = "fake";
   description.name = "asynchronous test device";
-  description.memory_bytes = 1ull << 30;
+  description.memory_bytes = memory_bytes_;
   description.threads = 1;
   return description;
 }
 
 absl::StatusOr<void*> FakeDevice::Allocate(uint64_t bytes, uint64_t) {
+  // Reserved with a compare-and-swap so that concurrent calls cannot
+  // overshoot the capacity together.
+  uint64_t used = used_bytes_.load();
+  do {
+    if (bytes > memory_bytes_ - used) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "fake device: cannot allocate ", bytes, " bytes, ",
+          memory_bytes_ - used, " of ", memory_bytes_, " bytes free"));
+    }
+  } while (!used_bytes_.compare_exchange_weak(used, used + bytes));
   char* block = new char[bytes];
   std::memset(block, 0, bytes);
   return static_cast<void*>(block);
 }
 
-void FakeDevice::Deallocate(void* block, uint64_t) {
+void FakeDevice::Deallocate(void* block, uint64_t bytes) {
+  used_bytes_ -= bytes;
   delete[] static_cast<char*>(block);
 }
 
@@ -78,14 +90,52 @@ absl::Status FakeStream::CopyFromDevice(void* host_dst, const void* device_src,
   return absl::OkStatus();
 }
 
+absl::Status FakeStream::Memset(void* dst, int value, uint64_t bytes) {
+  ++record_->memsets;
+  Queue([=] {
+    if (bytes != 0) std::memset(dst, value & 0xff, bytes);
+    return absl::OkStatus();
+  });
+  return absl::OkStatus();
+}
+
+absl::Status FakeStream::CopyOnDevice(void* dst, const void* src,
+                                      uint64_t bytes) {
+  ++record_->device_copies;
+  Queue([=] {
+    if (bytes != 0) std::memmove(dst, src, bytes);
+    return absl::OkStatus();
+  });
+  return absl::OkStatus();
+}
+
 absl::Status FakeStream::Launch(const kernels::Plan& plan, void* workspace,
                                 uint64_t workspace_size) {
   ++record_->launches;
   // By reference: the caller keeps the plan until Synchronize returns.
-  Queue([&plan, workspace, workspace_size, compute = &device_->compute] {
+  Queue([&plan, workspace, workspace_size, compute = &device_->compute,
+         record = record_.get()] {
+    absl::Duration delay;
+    {
+      absl::MutexLock lock(&record->mu);
+      delay = record->launch_delay;
+      ++record->waiting;
+      record->mu.Await(absl::Condition(
+          +[](FakeStreamRecord* r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return !r->held || r->cancelled;
+          },
+          record));
+      --record->waiting;
+    }
+    if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
     return kernels::RunPlan(plan, workspace, workspace_size, compute);
   });
   return absl::OkStatus();
+}
+
+void FakeStream::CancelRunning() {
+  absl::MutexLock lock(&record_->mu);
+  record_->cancelled = true;
 }
 
 absl::Status FakeStream::Synchronize() {

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "kernels/ops.h"
 #include "kernels/thread_pool.h"
 #include "server/device.h"
@@ -38,6 +39,38 @@ struct FakeStreamRecord {
   std::atomic<int> synchronizes{0};
   // Operations queued and not yet run (by Synchronize).
   std::atomic<int> pending{0};
+  std::atomic<int> memsets{0};
+  std::atomic<int> device_copies{0};
+
+  // For tests of ordering between streams: each launch of this stream
+  // first sleeps `launch_delay` (a slow kernel), and waits while the
+  // stream is held (HoldLaunches until ReleaseLaunches, or until the
+  // stream is cancelled: a held stream never pins its session's
+  // teardown). Both take effect when the launch runs, i.e. at the
+  // device stream's Synchronize.
+  void SetLaunchDelay(absl::Duration delay) {
+    absl::MutexLock lock(&mu);
+    launch_delay = delay;
+  }
+  void HoldLaunches() {
+    absl::MutexLock lock(&mu);
+    held = true;
+  }
+  void ReleaseLaunches() {
+    absl::MutexLock lock(&mu);
+    held = false;
+  }
+  // Launches that are waiting for ReleaseLaunches now.
+  int WaitingLaunches() {
+    absl::MutexLock lock(&mu);
+    return waiting;
+  }
+
+  absl::Mutex mu;
+  absl::Duration launch_delay ABSL_GUARDED_BY(mu);
+  bool held ABSL_GUARDED_BY(mu) = false;
+  bool cancelled ABSL_GUARDED_BY(mu) = false;
+  int waiting ABSL_GUARDED_BY(mu) = 0;
 };
 
 // Host memory; streams that only queue their operations and run them at
@@ -48,13 +81,23 @@ struct FakeStreamRecord {
 class FakeDevice : public Device {
  public:
   // `max_streams` < 0: no limit; else CreateStream fails with
-  // RESOURCE_EXHAUSTED once that many were created.
-  explicit FakeDevice(int max_streams = -1, bool host_addressable = true)
-      : max_streams_(max_streams), host_addressable_(host_addressable) {}
+  // RESOURCE_EXHAUSTED once that many were created. Allocate fails with
+  // RESOURCE_EXHAUSTED past `memory_bytes` allocated at once (as requested,
+  // not rounded).
+  explicit FakeDevice(int max_streams = -1, bool host_addressable = true,
+                      uint64_t memory_bytes = kDefaultMemoryBytes)
+      : max_streams_(max_streams),
+        host_addressable_(host_addressable),
+        memory_bytes_(memory_bytes) {}
+
+  static constexpr uint64_t kDefaultMemoryBytes = 1ull << 30;
 
   DeviceDescription Describe() const override;
   absl::StatusOr<void*> Allocate(uint64_t bytes, uint64_t owner) override;
   void Deallocate(void* block, uint64_t bytes) override;
+  uint64_t FreeBytes() const override {
+    return memory_bytes_ - used_bytes_.load();
+  }
   absl::StatusOr<std::unique_ptr<DeviceStream>> CreateStream() override;
   void* HostAddress(void* device_ptr) override {
     return host_addressable_ ? device_ptr : nullptr;
@@ -69,6 +112,8 @@ class FakeDevice : public Device {
  private:
   const int max_streams_;
   const bool host_addressable_;
+  const uint64_t memory_bytes_;
+  std::atomic<uint64_t> used_bytes_{0};
   const std::shared_ptr<FakeDeviceShared> shared_ =
       std::make_shared<FakeDeviceShared>();
   mutable absl::Mutex mu_;
@@ -87,9 +132,14 @@ class FakeStream : public DeviceStream {
                             uint64_t bytes) override;
   absl::Status CopyFromDevice(void* host_dst, const void* device_src,
                               uint64_t bytes) override;
+  absl::Status Memset(void* dst, int value, uint64_t bytes) override;
+  absl::Status CopyOnDevice(void* dst, const void* src,
+                            uint64_t bytes) override;
   absl::Status Launch(const kernels::Plan& plan, void* workspace,
                       uint64_t workspace_size) override;
   absl::Status Synchronize() override;
+  // Lets a held launch go (see FakeStreamRecord::HoldLaunches).
+  void CancelRunning() override;
 
  private:
   void Queue(std::function<absl::Status()> op);

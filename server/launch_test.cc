@@ -88,5 +88,47 @@ TEST_F(LaunchTest, AStreamWithoutADeviceStreamRefusesLaunches) {
   EXPECT_EQ(session_->Stats().executors, 1u);
 }
 
+// A session on device 1 of two launches on device 1's streams: the launch
+// runs there, and device 0 is never touched.
+TEST(LaunchDevicesTest, ASessionOnDevice1LaunchesOnDevice1) {
+  FakeDevice device0;
+  FakeDevice device1;
+  SessionLimits limits;
+  SessionManager manager({&device0, &device1}, limits);
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      manager.Create("launch_test", "owner", 1);
+  ASSERT_TRUE(session.ok()) << session.status();
+  Session& s = **session;
+  const uint64_t grad = WriteFloats(s, {4.5, 4.4, 4.3, 4.2});
+  const uint64_t self = WriteFloats(s, {0.2, 1.2, 2.2, 3.2});
+  const uint64_t out = WriteFloats(s, {-1, -1, -1, -1});
+  v1::GetWorkspaceSizeRequest plan;
+  plan.set_op("ThresholdBackward");
+  plan.mutable_params()->set_threshold(1.0);
+  for (const auto& [name, buffer] :
+       {std::pair<const char*, uint64_t>{"gradOutput", grad},
+        {"self", self},
+        {"out", out}}) {
+    v1::TensorDesc& desc = (*plan.mutable_tensors())[name];
+    desc.set_buffer(buffer);
+    desc.set_dtype(v1::FLOAT);
+    desc.add_shape(4);
+  }
+  absl::StatusOr<std::shared_ptr<Executor>> executor =
+      PlanExecutor(plan, s, limits.max_launch_elements);
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  absl::StatusOr<uint64_t> handle = s.AddExecutor(*std::move(executor));
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  v1::ExecuteRequest request;
+  request.set_executor(*handle);
+  ASSERT_TRUE(LaunchExecutor(request, s).ok());
+  EXPECT_TRUE((*s.GetStream(0))->SynchronizeAndWait().ok());
+  EXPECT_EQ(ReadFloats(s, out, 4), (std::vector<float>{0, 4.4f, 4.3f, 4.2f}));
+  std::vector<std::shared_ptr<FakeStreamRecord>> streams = device1.streams();
+  ASSERT_EQ(streams.size(), 1u);
+  EXPECT_EQ(streams[0]->launches.load(), 1);
+  EXPECT_TRUE(device0.streams().empty());
+}
+
 }  // namespace
 }  // namespace opserver

@@ -32,7 +32,16 @@ ABSL_FLAG(int, threads, 0,
           "Compute threads of the device (0 = one per hardware thread).");
 ABSL_FLAG(std::string, device, "cpu",
           "Device to serve: cpu, or ascend (NPU 0 through CANN's libraries, "
-          "see --cann_libraries) or ascend:N (NPU N).");
+          "see --cann_libraries) or ascend:N,M,... (those NPUs, one "
+          "opserver device each).");
+ABSL_FLAG(int, devices, 1,
+          "Devices to serve (1-64); a session picks one at CreateSession. "
+          "The cpu device is split into this many logical devices, each "
+          "with its own streams and a capacity of --device_memory_bytes / "
+          "N rounded down to whole 4096-byte pages (of half of physical "
+          "memory when that flag is 0) and a reuse cache of "
+          "--memory_cache_bytes / N; all N compute on one pool of --threads "
+          "threads. Not for ascend, whose --device names its NPUs.");
 ABSL_FLAG(std::vector<std::string>, cann_libraries, {},
           "For --device=ascend: the CANN libraries to load, comma-separated, "
           "in order, into a link-map namespace of their own (empty = "
@@ -168,6 +177,7 @@ int main(int argc, char** argv) {
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.device = absl::GetFlag(FLAGS_device);
+  options.devices = absl::GetFlag(FLAGS_devices);
   options.cann_libraries = absl::GetFlag(FLAGS_cann_libraries);
   options.memory_cache_bytes = absl::GetFlag(FLAGS_memory_cache_bytes);
   options.device_memory_bytes = absl::GetFlag(FLAGS_device_memory_bytes);

@@ -156,31 +156,35 @@ class Metrics::SnapshotCollector final : public prometheus::Collectable {
     for (const auto& m : per_tenant) {
       prometheus::MetricFamily& f = family(m.name, m.help, MetricType::Gauge);
       for (const MetricsSnapshot::Tenant& t : s.tenants) {
-        add(f, {{"device", s.device}, {"tenant", t.name}},
+        add(f, {{"device", t.device}, {"tenant", t.name}},
             static_cast<double>(t.*(m.field)));
       }
     }
     const struct {
       const char* name;
       const char* help;
-      MetricType type;
-      uint64_t value;
+      uint64_t MetricsSnapshot::Device::*field;
     } per_device[] = {
         {"opserver_device_memory_capacity_bytes",
-         "The device's memory capacity (--device_memory_bytes).",
-         MetricType::Gauge, s.device_memory_capacity_bytes},
+         "The device's memory capacity (its share of --device_memory_bytes).",
+         &MetricsSnapshot::Device::memory_capacity_bytes},
         {"opserver_device_memory_used_bytes", "Device memory held by buffers.",
-         MetricType::Gauge, s.device_memory_used_bytes},
+         &MetricsSnapshot::Device::memory_used_bytes},
         {"opserver_device_memory_cached_bytes",
-         "Freed device memory kept for reuse.", MetricType::Gauge,
-         s.device_memory_cached_bytes},
+         "Freed device memory kept for reuse.",
+         &MetricsSnapshot::Device::memory_cached_bytes},
+        {"opserver_device_memory_free_bytes",
+         "Device memory a Malloc could still get (the cache gives way).",
+         &MetricsSnapshot::Device::memory_free_bytes},
         {"opserver_stream_queued_launches",
-         "Launches waiting on streams (all sessions).", MetricType::Gauge,
-         s.queued_launches},
+         "Launches waiting on the streams of the device's sessions.",
+         &MetricsSnapshot::Device::queued_launches},
     };
     for (const auto& m : per_device) {
-      add(family(m.name, m.help, m.type), {{"device", s.device}},
-          static_cast<double>(m.value));
+      prometheus::MetricFamily& f = family(m.name, m.help, MetricType::Gauge);
+      for (const MetricsSnapshot::Device& d : s.devices) {
+        add(f, {{"device", d.device}}, static_cast<double>(d.*(m.field)));
+      }
     }
     prometheus::MetricFamily& transfers =
         family("opserver_transfers_total",

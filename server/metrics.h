@@ -49,8 +49,10 @@ namespace opserver {
 // What a scrape reports beyond the event counters, taken when /metrics is
 // read.
 struct MetricsSnapshot {
+  // What one tenant's sessions on one device hold.
   struct Tenant {
-    std::string name;  // The token's tenant; "anonymous" without tokens.
+    std::string name;    // The token's tenant; "anonymous" without tokens.
+    std::string device;  // The device's index, e.g. "0".
     uint64_t sessions = 0;
     uint64_t streams = 0;  // Besides each session's default stream.
     uint64_t executors = 0;
@@ -58,12 +60,17 @@ struct MetricsSnapshot {
     uint64_t buffer_bytes = 0;
   };
   std::vector<Tenant> tenants;
-  // Per device (one today: "0").
-  std::string device = "0";
-  uint64_t device_memory_capacity_bytes = 0;
-  uint64_t device_memory_used_bytes = 0;
-  uint64_t device_memory_cached_bytes = 0;
-  uint64_t queued_launches = 0;
+  // One per device the server owns, labelled by its index.
+  struct Device {
+    std::string device;  // The index, e.g. "0".
+    uint64_t memory_capacity_bytes = 0;
+    uint64_t memory_used_bytes = 0;
+    uint64_t memory_cached_bytes = 0;
+    uint64_t memory_free_bytes = 0;
+    // Launches waiting on the streams of the device's sessions.
+    uint64_t queued_launches = 0;
+  };
+  std::vector<Device> devices;
   uint64_t data_path_transfers = 0;
   uint64_t data_path_bytes = 0;
   uint64_t grpc_transfers = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -148,8 +149,11 @@ absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
   // What the stream's operations use is declared before it, so that on
   // every return it is destroyed first: an asynchronous device's stream
   // destructor waits for its work. The host copies of the inputs stay until
-  // then too (an asynchronous CopyToDevice reads them later).
-  std::vector<std::string> staged;
+  // then too (an asynchronous CopyToDevice reads them later), in place: a
+  // deque, because a vector's growth would move them, and a short string's
+  // bytes move with it (multi_device_test's Evaluate on a FakeDevice read
+  // zeros).
+  std::deque<std::string> staged;
   std::vector<std::unique_ptr<ScratchBuffer>> scratch;
   ScratchBuffer workspace(device);
   absl::StatusOr<std::unique_ptr<DeviceStream>> stream = device->CreateStream();

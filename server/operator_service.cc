@@ -92,13 +92,13 @@ void StartReadOutsideLock(Reactor& reactor, Request* request, absl::Mutex& mu,
 // Holds one of `max` slots of `counter` while alive, if one was free.
 class EvaluateSlot {
  public:
-  EvaluateSlot(std::atomic<uint32_t>* counter, uint32_t max)
-      : counter_(counter), ok_(counter->fetch_add(1) < max) {}
+  EvaluateSlot(std::shared_ptr<std::atomic<uint32_t>> counter, uint32_t max)
+      : counter_(std::move(counter)), ok_(counter_->fetch_add(1) < max) {}
   ~EvaluateSlot() { counter_->fetch_sub(1); }
   bool ok() const { return ok_; }
 
  private:
-  std::atomic<uint32_t>* const counter_;
+  const std::shared_ptr<std::atomic<uint32_t>> counter_;
   const bool ok_;
 };
 
@@ -720,7 +720,7 @@ grpc::ServerUnaryReactor* OperatorService::Evaluate(
   // Evaluate needs no session: bound how many run at once. A refused call
   // costs no parse: its request is still raw bytes.
   auto slot = std::make_shared<EvaluateSlot>(
-      &evaluating_, sessions_->limits().max_concurrent_evaluates);
+      evaluating_, sessions_->limits().max_concurrent_evaluates);
   if (!slot->ok()) {
     return Reply(context,
                  absl::ResourceExhaustedError(absl::StrCat(

@@ -2,6 +2,7 @@
 #define OPSERVER_SERVER_OPERATOR_SERVICE_H_
 
 #include <atomic>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "proto/opserver.grpc.pb.h"
@@ -28,6 +29,8 @@ using OperatorsBase = v1::Operators::WithCallbackMethod_ListOperators<
 // opserver.v1.Operators: the operator table and the aclnn two-phase call
 // (GetWorkspaceSize -> executor, Execute on a stream), plus Evaluate for
 // literal numbers. `device` and `sessions` must outlive the service.
+// `device` is where Evaluate (which has no session) runs: the server's
+// device 0. Everything else runs on the device of the session it names.
 //
 // Pipeline and Evaluate are raw methods (bytes in and out): what a message
 // holds is parsed on a worker, after the call was admitted (a channel's
@@ -97,13 +100,17 @@ class OperatorService final : public OperatorsBase {
     return sessions_->GetForCaller(id, Caller(context));
   }
 
-  Device* const device_;
+  Device* const device_;  // Evaluate's.
   SessionManager* const sessions_;
   const TransferLimits limits_;
   WorkPool* const workers_;
   const Authenticator* const authenticator_;
-  // Evaluate calls running now.
-  std::atomic<uint32_t> evaluating_{0};
+  // Evaluate calls running now. Shared with their slots: a worker drops a
+  // finished call's task (and its slot) after the reply, which can be after
+  // the service is gone (multi_device_test saw it under ASan when the
+  // server was destroyed right after an Evaluate).
+  const std::shared_ptr<std::atomic<uint32_t>> evaluating_ =
+      std::make_shared<std::atomic<uint32_t>>(0);
 };
 
 }  // namespace opserver

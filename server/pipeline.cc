@@ -9,8 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/aclnn_status.h"
+#include "server/event.h"
 #include "server/launch.h"
 #include "server/log.h"
+#include "server/memory_ops.h"
 #include "server/metrics.h"
 #include "server/stream.h"
 
@@ -108,10 +110,10 @@ bool CommandPipeline::ApplyOne(Session& session,
       const v1::FenceCommand& fence = command.fence();
       // What a read fence holds once read, counted from now on (a read
       // over the limit holds nothing: it is refused).
-      const uint64_t read =
-          !fence.session() && fence.read_size() <= kMaxCommandBytes
-              ? fence.read_size()
-              : 0;
+      const uint64_t read = fence.event() == 0 && !fence.session() &&
+                                    fence.read_size() <= kMaxCommandBytes
+                                ? fence.read_size()
+                                : 0;
       absl::MutexLock lock(&mu_);
       if (fences_held_ >= max_fences_ ||
           (read_bytes_held_ > 0 && read_bytes_held_ + read > kMaxHeldBytes)) {
@@ -144,14 +146,90 @@ bool CommandPipeline::ApplyOne(Session& session,
       Write(session, command.write());
       return true;
     }
+    case v1::PipelineCommand::kCreateEvent: {
+      const v1::CreateEventCommand& create = command.create_event();
+      if (absl::Status s =
+              session.CreateEventAs(create.event(), create.flags());
+          !s.ok()) {
+        FailSessionLazily([&] {
+          return Deferred(s, absl::StrCat("CreateEvent ", create.event()));
+        });
+      }
+      return true;
+    }
+    case v1::PipelineCommand::kRecordEvent:
+      OnEvent(
+          session, command.record_event().event(),
+          command.record_event().stream(), "RecordEvent",
+          [](Event& event, Stream& stream) { return event.Record(stream); });
+      return true;
+    case v1::PipelineCommand::kWaitEvent:
+      OnEvent(session, command.wait_event().event(),
+              command.wait_event().stream(), "StreamWaitEvent",
+              [](Event& event, Stream& stream) { return event.Wait(stream); });
+      return true;
+    case v1::PipelineCommand::kResetEvent:
+      OnEvent(session, command.reset_event().event(),
+              command.reset_event().stream(), "ResetEvent",
+              [](Event& event, Stream& stream) { return event.Reset(stream); });
+      return true;
+    case v1::PipelineCommand::kDestroyEvent: {
+      const uint64_t id = command.destroy_event();
+      if (absl::Status s = session.DestroyEvent(id); !s.ok()) {
+        FailSessionLazily(
+            [&] { return Deferred(s, absl::StrCat("DestroyEvent ", id)); });
+      }
+      return true;
+    }
+    case v1::PipelineCommand::kMemset:
+    case v1::PipelineCommand::kCopy: {
+      const bool memset =
+          command.command_case() == v1::PipelineCommand::kMemset;
+      // Like a launch, it waits for room on a full stream.
+      absl::StatusOr<std::shared_ptr<Stream>> stream = session.GetStream(
+          memset ? command.memset().stream() : command.copy().stream());
+      if (stream.ok() && (*stream)->CheckRoom().code() ==
+                             absl::StatusCode::kResourceExhausted) {
+        (*stream)->WhenReached(resume);
+        return false;
+      }
+      const absl::string_view what = memset ? "Memset" : "CopyDeviceToDevice";
+      if (!stream.ok()) {
+        FailSessionLazily([&] { return Deferred(stream.status(), what); });
+        return true;
+      }
+      absl::Status s = memset ? QueueMemset(session, **stream, command.memset())
+                              : QueueCopy(session, **stream, command.copy());
+      if (!s.ok()) (*stream)->Fail(Deferred(s, what));
+      return true;
+    }
     case v1::PipelineCommand::COMMAND_NOT_SET:
       break;
   }
   FailSession(absl::InvalidArgumentError(
       "an empty or unknown Pipeline command (this server knows plan, "
-      "launch, destroy_executor, set_executor_repeatable, free, fence and "
-      "write)"));
+      "launch, destroy_executor, set_executor_repeatable, free, fence, "
+      "write, create_event, record_event, wait_event, reset_event, "
+      "destroy_event, memset and copy)"));
   return true;
+}
+
+void CommandPipeline::OnEvent(
+    Session& session, uint64_t event_id, uint64_t stream_id,
+    absl::string_view what,
+    const std::function<absl::Status(Event&, Stream&)>& apply) {
+  absl::StatusOr<std::shared_ptr<Stream>> stream = session.GetStream(stream_id);
+  if (!stream.ok()) {
+    FailSessionLazily([&] {
+      return Deferred(stream.status(), absl::StrCat(what, " ", event_id));
+    });
+    return;
+  }
+  absl::StatusOr<std::shared_ptr<Event>> event = session.GetEvent(event_id);
+  absl::Status status = event.ok() ? apply(**event, **stream) : event.status();
+  if (!status.ok()) {
+    (*stream)->Fail(Deferred(status, absl::StrCat(what, " ", event_id)));
+  }
 }
 
 void CommandPipeline::Plan(Session& session, const v1::PlanCommand& plan) {
@@ -207,6 +285,21 @@ void CommandPipeline::Launch(Session& session,
 
 void CommandPipeline::Fence(Session& session, const v1::FenceCommand& fence) {
   const uint64_t id = fence.id();
+  if (fence.event() != 0) {
+    absl::StatusOr<std::shared_ptr<Event>> event =
+        session.GetEvent(fence.event());
+    absl::Status status = event.status();
+    if (status.ok()) {
+      // Answered by the record's completion or the event's destruction,
+      // both of which come (a stream always reaches its records, even
+      // cancelled), so the channel never waits for it forever.
+      status = (*event)->WhenComplete([this, id](absl::Status done) {
+        fence_done_(id, std::move(done), std::string());
+      });
+    }
+    if (!status.ok()) fence_done_(id, std::move(status), std::string());
+    return;
+  }
   if (!fence.session()) {
     const uint64_t size = fence.read_size();
     absl::StatusOr<std::shared_ptr<Stream>> stream =

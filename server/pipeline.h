@@ -11,7 +11,9 @@
 // A refused plan stays in the session (Session::AddRefusedPlan, charged as
 // a handle) until its id is destroyed: each launch of it is not run and
 // fails its stream with the plan's error; if none was launched by the next
-// session fence, that fence reports it, once.
+// session fence, that fence reports it, once. Event commands (record, wait,
+// reset) and memsets and copies are charged to their stream like launches;
+// create_event and destroy_event to the session.
 #ifndef OPSERVER_SERVER_PIPELINE_H_
 #define OPSERVER_SERVER_PIPELINE_H_
 
@@ -27,6 +29,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/opserver.pb.h"
+#include "server/event.h"
 #include "server/session.h"
 #include "server/stream.h"
 
@@ -87,6 +90,13 @@ class CommandPipeline {
                   const std::shared_ptr<Stream>& stream, uint64_t offset,
                   uint64_t size);
   void Write(Session& session, const v1::WriteCommand& write);
+  // record_event, wait_event and reset_event: `apply` on the event and the
+  // stream, whose errors (an unknown event among them) become the stream's
+  // deferred error; an unknown stream's, the session's. `what` names the
+  // command in them.
+  void OnEvent(Session& session, uint64_t event_id, uint64_t stream_id,
+               absl::string_view what,
+               const std::function<absl::Status(Event&, Stream&)>& apply);
   // buffer[offset, offset + size) of `session`, checked (size at most
   // kMaxCommandBytes); `what` names the command in errors.
   static absl::StatusOr<std::shared_ptr<Buffer>> CheckRange(

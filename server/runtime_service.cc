@@ -118,12 +118,10 @@ class RuntimeService::Attacher final
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-RuntimeService::RuntimeService(Device* device, SessionManager* sessions,
-                               TransferLimits limits,
+RuntimeService::RuntimeService(SessionManager* sessions, TransferLimits limits,
                                const Authenticator* authenticator,
                                DataListener* data_listener, WorkPool* workers)
-    : device_(device),
-      sessions_(sessions),
+    : sessions_(sessions),
       limits_(limits),
       authenticator_(authenticator),
       data_listener_(data_listener),
@@ -187,11 +185,22 @@ grpc::ServerUnaryReactor* RuntimeService::GetDeviceInfo(
     grpc::CallbackServerContext* context,
     const v1::GetDeviceInfoRequest* /*request*/,
     v1::GetDeviceInfoResponse* response) {
-  DeviceDescription description = device_->Describe();
-  response->set_kind(description.kind);
-  response->set_name(description.name);
-  response->set_memory_bytes(description.memory_bytes);
-  response->set_threads(description.threads);
+  for (uint32_t i = 0; i < sessions_->device_count(); ++i) {
+    const DeviceDescription description = sessions_->device(i)->Describe();
+    if (i == 0) {
+      // Device 0 at the top level too, as before there was a list.
+      response->set_kind(description.kind);
+      response->set_name(description.name);
+      response->set_memory_bytes(description.memory_bytes);
+      response->set_threads(description.threads);
+    }
+    v1::DeviceInfo* info = response->add_devices();
+    info->set_index(i);
+    info->set_kind(description.kind);
+    info->set_name(description.name);
+    info->set_memory_bytes(description.memory_bytes);
+    info->set_threads(description.threads);
+  }
   response->set_server_version(kServerVersion);
   response->set_grpc_version(grpc::Version());
   response->set_api_version(kApiVersion);
@@ -224,7 +233,7 @@ grpc::ServerUnaryReactor* RuntimeService::CreateSession(
                      "use another server"));
   }
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Create(request->client_name(), *caller);
+      sessions_->Create(request->client_name(), *caller, request->device());
   if (session.ok()) {
     response->set_session((*session)->id());
     response->set_idle_timeout_seconds(static_cast<uint32_t>(
@@ -291,6 +300,7 @@ grpc::ServerUnaryReactor* RuntimeService::GetSessionStats(
     response->set_buffer_bytes(stats.buffer_bytes);
     response->set_streams(stats.streams);
     response->set_executors(stats.executors);
+    response->set_device((*session)->device_index());
   }
   return Reply(context, session.status());
 }
@@ -308,6 +318,18 @@ grpc::ServerUnaryReactor* RuntimeService::GetServerStats(
   response->set_grpc_transfers(grpc_count_.transfers.load());
   response->set_grpc_transfer_bytes(grpc_count_.bytes.load());
   response->set_draining(draining_.load(std::memory_order_relaxed));
+  const std::vector<uint64_t> sessions = sessions_->SessionsPerDevice();
+  for (uint32_t i = 0; i < sessions_->device_count(); ++i) {
+    const Device* device = sessions_->device(i);
+    const MemoryAccounting& account = sessions_->device_accounting(i);
+    v1::DeviceStats* stats = response->add_devices();
+    stats->set_device(i);
+    stats->set_sessions(sessions[i]);
+    stats->set_buffers(account.buffers.load());
+    stats->set_buffer_bytes(account.bytes.load());
+    stats->set_capacity_bytes(device->Describe().memory_bytes);
+    stats->set_free_bytes(device->FreeBytes());
+  }
   return Reply(context, absl::OkStatus());
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -16,6 +17,7 @@
 #include "server/byte_range.h"  // CheckRange, for the services
 #include "server/data_listener.h"
 #include "server/device.h"
+#include "server/event.h"
 #include "server/session.h"
 #include "server/work_pool.h"
 
@@ -57,7 +59,9 @@ using RuntimeServiceBase = v1::Runtime::WithRawCallbackMethod_Upload<
 absl::Status NoDeviceStream();
 
 // opserver.v1.Runtime: device info, sessions, streams, memory, transfers.
-// `device` and `sessions` must outlive the service.
+// `sessions` (and its devices) must outlive the service. Each session's
+// calls use its own device (SessionManager::device); GetDeviceInfo and
+// GetServerStats describe all of them.
 class RuntimeService final : public RuntimeServiceBase {
  public:
   // `authenticator` (null without tokens) resolves callers' identities.
@@ -66,8 +70,7 @@ class RuntimeService final : public RuntimeServiceBase {
   // `workers` (null: gRPC's threads) clear and populate large new buffers,
   // so a client allocating gigabytes costs its own turns, not the callback
   // threads every call needs.
-  RuntimeService(Device* device, SessionManager* sessions,
-                 TransferLimits limits,
+  RuntimeService(SessionManager* sessions, TransferLimits limits,
                  const Authenticator* authenticator = nullptr,
                  DataListener* data_listener = nullptr,
                  WorkPool* workers = nullptr);
@@ -144,6 +147,47 @@ class RuntimeService final : public RuntimeServiceBase {
       const v1::ReadValuesRequest* request,
       v1::ReadValuesResponse* response) override;
 
+  // Events and the device memory operations, in runtime_events.cc.
+  grpc::ServerUnaryReactor* CreateEvent(
+      grpc::CallbackServerContext* context,
+      const v1::CreateEventRequest* request,
+      v1::CreateEventResponse* response) override;
+  grpc::ServerUnaryReactor* DestroyEvent(
+      grpc::CallbackServerContext* context,
+      const v1::DestroyEventRequest* request,
+      v1::DestroyEventResponse* response) override;
+  grpc::ServerUnaryReactor* RecordEvent(
+      grpc::CallbackServerContext* context,
+      const v1::RecordEventRequest* request,
+      v1::RecordEventResponse* response) override;
+  grpc::ServerUnaryReactor* StreamWaitEvent(
+      grpc::CallbackServerContext* context,
+      const v1::StreamWaitEventRequest* request,
+      v1::StreamWaitEventResponse* response) override;
+  grpc::ServerUnaryReactor* ResetEvent(
+      grpc::CallbackServerContext* context,
+      const v1::ResetEventRequest* request,
+      v1::ResetEventResponse* response) override;
+  grpc::ServerUnaryReactor* QueryEvent(
+      grpc::CallbackServerContext* context,
+      const v1::QueryEventRequest* request,
+      v1::QueryEventResponse* response) override;
+  grpc::ServerUnaryReactor* SynchronizeEvent(
+      grpc::CallbackServerContext* context,
+      const v1::SynchronizeEventRequest* request,
+      v1::SynchronizeEventResponse* response) override;
+  grpc::ServerUnaryReactor* EventElapsedTime(
+      grpc::CallbackServerContext* context,
+      const v1::EventElapsedTimeRequest* request,
+      v1::EventElapsedTimeResponse* response) override;
+  grpc::ServerUnaryReactor* Memset(grpc::CallbackServerContext* context,
+                                   const v1::MemsetRequest* request,
+                                   v1::MemsetResponse* response) override;
+  grpc::ServerUnaryReactor* CopyDeviceToDevice(
+      grpc::CallbackServerContext* context,
+      const v1::CopyDeviceToDeviceRequest* request,
+      v1::CopyDeviceToDeviceResponse* response) override;
+
   // Completed transfer calls and their bytes, by path (for metrics).
   struct TransferTotals {
     uint64_t data_path_transfers, data_path_bytes, grpc_transfers, grpc_bytes;
@@ -175,6 +219,18 @@ class RuntimeService final : public RuntimeServiceBase {
 
   void RemoveAttacher(Attacher* attacher);
 
+  // Event `event` of the session `id` names, when the call's identity owns
+  // it; with `stream`, stream `stream_id` of that session too (the
+  // arguments of RecordEvent, StreamWaitEvent and ResetEvent).
+  struct EventTarget {
+    std::shared_ptr<Session> session;
+    std::shared_ptr<Event> event;
+    std::shared_ptr<Stream> stream;
+  };
+  absl::StatusOr<EventTarget> ResolveEvent(
+      const grpc::ServerContextBase* context, absl::string_view id,
+      uint64_t event, std::optional<uint64_t> stream_id) const;
+
   // The identity whose sessions the call may name (CallerIdentity):
   // UNAUTHENTICATED when the call has no single token in force.
   absl::StatusOr<std::string> Caller(
@@ -195,7 +251,6 @@ class RuntimeService final : public RuntimeServiceBase {
   // watchdog_ until the service is destroyed.
   void WatchTransfers();
 
-  Device* const device_;
   SessionManager* const sessions_;
   const TransferLimits limits_;
   const Authenticator* const authenticator_;

@@ -49,11 +49,28 @@ std::vector<std::string> ServedMethods() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
-  return Start(options, nullptr);
+  return Start(options, std::vector<std::unique_ptr<Device>>());
 }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(
-    const Options& options, std::unique_ptr<Device> given_device) {
+    const Options& options, std::unique_ptr<Device> device) {
+  if (device == nullptr) {
+    return absl::InvalidArgumentError("Server::Start: the device is null");
+  }
+  std::vector<std::unique_ptr<Device>> devices;
+  devices.push_back(std::move(device));
+  return Start(options, std::move(devices));
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(
+    const Options& options, std::vector<std::unique_ptr<Device>> given) {
+  // Empty from Start(options): the devices the options name.
+  const bool given_devices = !given.empty();
+  for (const std::unique_ptr<Device>& device : given) {
+    if (device == nullptr) {
+      return absl::InvalidArgumentError("Server::Start: a device is null");
+    }
+  }
   absl::StatusOr<ListenAddress> listen = ParseListenAddress(options.listen);
   if (!listen.ok()) {
     return absl::InvalidArgumentError(
@@ -186,13 +203,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   device_options.memory_cache_bytes = options.memory_cache_bytes;
   device_options.memory_bytes = options.device_memory_bytes;
   device_options.cann_libraries = options.cann_libraries;
-  absl::StatusOr<std::unique_ptr<Device>> device =
-      given_device != nullptr ? std::move(given_device)
-                              : CreateDevice(device_options);
-  if (!device.ok()) {
+  device_options.devices = options.devices;
+  absl::StatusOr<std::vector<std::unique_ptr<Device>>> devices =
+      std::move(given);
+  if (!given_devices) devices = CreateDevices(device_options);
+  if (!devices.ok()) {
+    const char* flag = options.threads < 0       ? "--threads: "
+                       : options.device != "cpu" ? "--device: "
+                                                 : "--devices: ";
     return absl::InvalidArgumentError(
-        absl::StrCat(options.threads < 0 ? "--threads: " : "--device: ",
-                     device.status().message()));
+        absl::StrCat(flag, devices.status().message()));
   }
   // Fail with the OS's reason before gRPC prints its own multi-line error.
   if (absl::Status probe = ProbeBind(*listen); !probe.ok()) {
@@ -208,7 +228,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   server->options_ = options;
   if (options.metrics) server->metrics_ = std::make_unique<Metrics>();
   server->authenticator_ = std::move(authenticator);
-  server->device_ = *std::move(device);
+  server->devices_ = *std::move(devices);
+  std::vector<Device*> device_list;
+  for (const std::unique_ptr<Device>& device : server->devices_) {
+    device_list.push_back(device.get());
+  }
   try {
     WorkPool::Options work;
     work.threads =
@@ -225,7 +249,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
         absl::StrCat("--work_threads: cannot start the threads: ", e.what()));
   }
   server->sessions_ = std::make_unique<SessionManager>(
-      server->device_.get(), options.session_limits, server->metrics_.get());
+      device_list, options.session_limits, server->metrics_.get());
   if (!tls && options.data_port >= 0) {
     DataListener::Options data;
     data.host = listen->host;
@@ -241,11 +265,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     server->data_listener_ = *std::move(listener);
   }
   server->runtime_service_ = std::make_unique<RuntimeService>(
-      server->device_.get(), server->sessions_.get(), transfer,
-      server->authenticator_.get(), server->data_listener_.get(),
-      server->workers_.get());
+      server->sessions_.get(), transfer, server->authenticator_.get(),
+      server->data_listener_.get(), server->workers_.get());
+  // Evaluate needs no session, and runs on device 0.
   server->operator_service_ = std::make_unique<OperatorService>(
-      server->device_.get(), server->sessions_.get(), transfer,
+      server->devices_[0].get(), server->sessions_.get(), transfer,
       server->workers_.get(), server->authenticator_.get());
   server->health_service_ = std::make_unique<HealthService>(
       std::set<std::string>{v1::Runtime::service_full_name(),
@@ -306,15 +330,21 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
 
 MetricsSnapshot Server::MetricsSnapshotNow() const {
   MetricsSnapshot s;
+  for (uint32_t i = 0; i < devices_.size(); ++i) {
+    MetricsSnapshot::Device d;
+    d.device = absl::StrCat(i);
+    d.memory_capacity_bytes = devices_[i]->Describe().memory_bytes;
+    d.memory_used_bytes = sessions_->device_accounting(i).bytes.load();
+    d.memory_cached_bytes = devices_[i]->CachedBytes();
+    d.memory_free_bytes = devices_[i]->FreeBytes();
+    s.devices.push_back(std::move(d));
+  }
   for (const SessionManager::OwnerStats& owner : sessions_->StatsByOwner()) {
     s.tenants.push_back(MetricsSnapshot::Tenant{
-        owner.owner, owner.sessions, owner.streams, owner.executors,
-        owner.buffers, owner.buffer_bytes});
-    s.queued_launches += owner.queued_launches;
+        owner.owner, absl::StrCat(owner.device), owner.sessions, owner.streams,
+        owner.executors, owner.buffers, owner.buffer_bytes});
+    s.devices[owner.device].queued_launches += owner.queued_launches;
   }
-  s.device_memory_capacity_bytes = device_->Describe().memory_bytes;
-  s.device_memory_used_bytes = sessions_->accounting().bytes.load();
-  s.device_memory_cached_bytes = device_->CachedBytes();
   const RuntimeService::TransferTotals totals = runtime_service_->Totals();
   s.data_path_transfers = totals.data_path_transfers;
   s.data_path_bytes = totals.data_path_bytes;

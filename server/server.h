@@ -38,8 +38,14 @@ struct Options {
   // Count metrics at all (the interceptor and the event counters). Off
   // only to measure what counting costs (bench/step_bench's A/B).
   bool metrics = true;
-  // Device kind: "cpu", or "ascend" (NPU 0) / "ascend:N" (NPU N).
+  // Device kind: "cpu", or "ascend" (NPU 0) / "ascend:N,M,..." (those NPUs).
   std::string device = "cpu";
+  // Devices the server owns (--devices; DeviceOptions::devices): the CPU
+  // device is split into this many logical devices, each with an equal
+  // share of device_memory_bytes and memory_cache_bytes and its own
+  // streams, all computing on one pool of `threads` threads. An Ascend
+  // device list (ascend:0,1) names its devices itself.
+  int devices = 1;
   // The CANN libraries the Ascend device loads (--cann_libraries); empty =
   // CANN's own, found as its set_env.sh arranges.
   std::vector<std::string> cann_libraries;
@@ -54,11 +60,14 @@ struct Options {
   // (--detect_mutex_deadlocks=false): it halved the pipelined launch rate.
   // Process-wide, set by Start().
   bool detect_mutex_deadlocks = true;
-  // Freed device memory the CPU device keeps for reuse.
+  // Freed device memory the CPU device keeps for reuse (split between the
+  // devices like device_memory_bytes).
   uint64_t memory_cache_bytes = 4ull << 30;
   // The device's capacity: all sessions' buffers, workspaces, Evaluate
   // scratch and the reuse cache together. 0 = the device's safe default
-  // (half of physical memory for the CPU device).
+  // (half of physical memory for the CPU device). With several devices,
+  // the total they share: each gets device_memory_bytes / devices, rounded
+  // down to whole 4 KiB pages.
   uint64_t device_memory_bytes = 0;
   // Sessions, handles, memory and idle timeout.
   SessionLimits session_limits;
@@ -125,6 +134,13 @@ class Server {
   // tests of devices CreateDevice does not build (FakeDevice).
   static absl::StatusOr<std::unique_ptr<Server>> Start(
       const Options& options, std::unique_ptr<Device> device);
+  // The same over `devices` (device i at index i; Options::device,
+  // devices, threads and the memory sizes are then not used): for tests of
+  // a server over several devices CreateDevices does not build
+  // (FakeDevices). An empty list means the devices the options name, as
+  // Start(options); INVALID_ARGUMENT when the list holds a null.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(
+      const Options& options, std::vector<std::unique_ptr<Device>> devices);
 
   ~Server();  // Shuts down if still running.
   Server(const Server&) = delete;
@@ -188,7 +204,8 @@ class Server {
   // First in, last out: sessions and services count into it until they go.
   std::unique_ptr<Metrics> metrics_;
   std::string metrics_address_;
-  std::unique_ptr<Device> device_;
+  // Index i is device i (CreateSessionRequest.device); never empty.
+  std::vector<std::unique_ptr<Device>> devices_;
   // Declared before the sessions: a session's streams may still hand work
   // to it while they are torn down.
   std::unique_ptr<WorkPool> workers_;

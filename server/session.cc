@@ -49,6 +49,18 @@ std::unique_ptr<DeviceStream> DefaultDeviceStream(
 
 }  // namespace
 
+void MemoryAccounting::Add(uint64_t size, int sign) {
+  for (MemoryAccounting* a = this; a != nullptr; a = a->parent) {
+    if (sign > 0) {
+      a->bytes += size;
+      a->buffers += 1;
+    } else {
+      a->bytes -= size;
+      a->buffers -= 1;
+    }
+  }
+}
+
 Buffer::Buffer(Device* device, void* data, uint64_t size,
                MemoryAccounting* account,
                std::shared_ptr<std::atomic<uint64_t>> session_bytes,
@@ -61,14 +73,12 @@ Buffer::Buffer(Device* device, void* data, uint64_t size,
       session_bytes_(std::move(session_bytes)),
       charged_(charged),
       tenant_bytes_(std::move(tenant_bytes)) {
-  account_->bytes += size_;
-  account_->buffers += 1;
+  account_->Add(size_, +1);
 }
 
 Buffer::~Buffer() {
   device_->Deallocate(data_, size_);
-  account_->bytes -= size_;
-  account_->buffers -= 1;
+  account_->Add(size_, -1);
   if (session_bytes_ != nullptr) *session_bytes_ -= charged_;
   if (tenant_bytes_ != nullptr) *tenant_bytes_ -= charged_;
 }
@@ -78,7 +88,8 @@ Session::Session(std::string id, uint64_t serial, std::string client_name,
                  MemoryAccounting* account,
                  std::shared_ptr<StreamThreads> manager_threads,
                  std::string owner, std::shared_ptr<TenantUsage> tenant,
-                 std::unique_ptr<DeviceStream> default_device_stream)
+                 std::unique_ptr<DeviceStream> default_device_stream,
+                 uint32_t device_index)
     : id_(std::move(id)),
       serial_(serial),
       client_name_(std::move(client_name)),
@@ -86,6 +97,7 @@ Session::Session(std::string id, uint64_t serial, std::string client_name,
       tenant_(tenant != nullptr ? std::move(tenant)
                                 : std::make_shared<TenantUsage>()),
       device_(device),
+      device_index_(device_index),
       limits_(limits),
       account_(account),
       threads_(std::make_shared<StreamThreads>(std::move(manager_threads))),
@@ -144,12 +156,20 @@ Session::~Session() {
     streams_.clear();
   }
   streams.clear();
+  // Their waiters are released (the streams are cancelled already).
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Event>> events;
+  {
+    absl::MutexLock lock(&mu_);
+    events.swap(events_);
+  }
+  for (auto& [handle, event] : events) event->Destroy();
+  events.clear();
   default_stream_.reset();
 }
 
 uint64_t Session::HandleCountLocked() const {
   return buffers_.size() + streams_.size() + executors_.size() +
-         refused_plans_.size();
+         refused_plans_.size() + events_.size();
 }
 
 absl::Status Session::CheckHandleLimitLocked() const {
@@ -315,17 +335,24 @@ absl::StatusOr<uint64_t> Session::AddExecutor(
   return handle;
 }
 
-absl::Status Session::AddExecutorAs(uint64_t handle,
-                                    std::shared_ptr<Executor> executor) {
-  absl::MutexLock lock(&mu_);
-  if (handle < kClientExecutorBase || handle <= last_client_executor_) {
+absl::Status Session::UseClientIdLocked(uint64_t id, absl::string_view kind) {
+  if (id < kClientExecutorBase || id <= last_client_executor_) {
     return kernels::ParamInvalid(absl::StrCat(
-        "executor id ", handle,
+        kind, " id ", id,
         " cannot be chosen: client-chosen ids are at "
         "least 2^62 and larger than every id the session chose before (",
         last_client_executor_, ")"));
   }
-  last_client_executor_ = handle;  // Used, even if refused below.
+  last_client_executor_ = id;  // Used, even if refused after this.
+  return absl::OkStatus();
+}
+
+absl::Status Session::AddExecutorAs(uint64_t handle,
+                                    std::shared_ptr<Executor> executor) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = UseClientIdLocked(handle, "executor"); !s.ok()) {
+    return s;
+  }
   if (absl::Status s = CheckExecutorLimitLocked(); !s.ok()) return s;
   executors_[handle] = ExecutorEntry{std::move(executor), false};
   return absl::OkStatus();
@@ -405,6 +432,46 @@ absl::Status Session::DestroyExecutor(uint64_t executor) {
   }
   doomed = std::move(it->second.executor);
   executors_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Session::CreateEvent(uint32_t flags) {
+  if (absl::Status s = CheckEventFlags(flags); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckHandleLimitLocked(); !s.ok()) return s;
+  const uint64_t handle = next_handle_++;
+  events_[handle] = std::make_shared<Event>(flags, event_budget_);
+  return handle;
+}
+
+absl::Status Session::CreateEventAs(uint64_t id, uint32_t flags) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = UseClientIdLocked(id, "event"); !s.ok()) return s;
+  if (absl::Status s = CheckEventFlags(flags); !s.ok()) return s;
+  if (absl::Status s = CheckHandleLimitLocked(); !s.ok()) return s;
+  events_[id] = std::make_shared<Event>(flags, event_budget_);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Event>> Session::GetEvent(uint64_t event) const {
+  absl::MutexLock lock(&mu_);
+  auto it = events_.find(event);
+  if (it == events_.end()) return UnknownHandle("event", event);
+  return it->second;
+}
+
+absl::Status Session::DestroyEvent(uint64_t event) {
+  std::shared_ptr<Event> doomed;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = events_.find(event);
+    if (it == events_.end()) return UnknownHandle("event", event);
+    doomed = std::move(it->second);
+    events_.erase(it);
+  }
+  // Outside the lock: releasing a waiter takes its stream's lock, and a
+  // synchronize it answers may finish an RPC.
+  doomed->Destroy();
   return absl::OkStatus();
 }
 
@@ -516,12 +583,24 @@ bool Session::attached() const {
   return attached_;
 }
 
-SessionManager::SessionManager(Device* device, SessionLimits limits,
-                               Metrics* metrics)
-    : device_(device),
-      limits_(limits),
-      metrics_(metrics),
-      reaper_([this] { ReaperLoop(); }) {}
+SessionManager::SessionManager(std::vector<Device*> devices,
+                               SessionLimits limits, Metrics* metrics)
+    : devices_(std::move(devices)), limits_(limits), metrics_(metrics) {
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    device_accounts_.push_back(std::make_unique<MemoryAccounting>(&account_));
+  }
+  // Started last: the reaper reads the members above.
+  reaper_ = std::thread([this] { ReaperLoop(); });
+}
+
+std::vector<uint64_t> SessionManager::SessionsPerDevice() const {
+  std::vector<uint64_t> counts(devices_.size(), 0);
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, session] : sessions_) {
+    ++counts[session->device_index()];
+  }
+  return counts;
+}
 
 std::vector<SessionManager::OwnerStats> SessionManager::StatsByOwner() const {
   std::vector<std::shared_ptr<Session>> sessions;
@@ -530,9 +609,9 @@ std::vector<SessionManager::OwnerStats> SessionManager::StatsByOwner() const {
     sessions.reserve(sessions_.size());
     for (const auto& [id, session] : sessions_) sessions.push_back(session);
   }
-  std::map<std::string, OwnerStats> owners;
+  std::map<std::pair<std::string, uint32_t>, OwnerStats> owners;
   for (const std::shared_ptr<Session>& session : sessions) {
-    OwnerStats& o = owners[session->owner()];
+    OwnerStats& o = owners[{session->owner(), session->device_index()}];
     const SessionStatsSnapshot stats = session->Stats();
     ++o.sessions;
     o.streams += stats.streams;
@@ -544,8 +623,9 @@ std::vector<SessionManager::OwnerStats> SessionManager::StatsByOwner() const {
     }
   }
   std::vector<OwnerStats> result;
-  for (auto& [owner, stats] : owners) {
-    stats.owner = owner;
+  for (auto& [key, stats] : owners) {
+    stats.owner = key.first;
+    stats.device = key.second;
     result.push_back(std::move(stats));
   }
   return result;
@@ -571,7 +651,15 @@ SessionManager::~SessionManager() {
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
-    std::string client_name, std::string owner) {
+    std::string client_name, std::string owner, uint32_t device) {
+  // Checked before anything else: `device` comes from the wire.
+  if (device >= devices_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device ", device, " does not exist: the server has ", devices_.size(),
+        devices_.size() == 1 ? " device (0)" : " devices (0 to ",
+        devices_.size() == 1 ? "" : absl::StrCat(devices_.size() - 1, ")"),
+        "; GetDeviceInfo lists them"));
+  }
   if (client_name.size() > kMaxClientNameBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("client_name has ", client_name.size(), " bytes; at most ",
@@ -603,14 +691,14 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
   // The default stream's device stream, so that a device out of streams
   // is this call's error, not a session that cannot launch.
   absl::StatusOr<std::unique_ptr<DeviceStream>> default_device_stream =
-      device_->CreateStream();
+      devices_[device]->CreateStream();
   if (!default_device_stream.ok()) return default_device_stream.status();
   std::shared_ptr<Session> session;
   try {
     session = std::make_shared<Session>(
-        id, next_serial_++, std::move(client_name), device_, &limits_,
-        &account_, stream_threads_, std::move(owner), tenant,
-        *std::move(default_device_stream));
+        id, next_serial_++, std::move(client_name), devices_[device], &limits_,
+        device_accounts_[device].get(), stream_threads_, std::move(owner),
+        tenant, *std::move(default_device_stream), device);
   } catch (const std::system_error& e) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot start the session's stream thread: ", e.what()));

@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "kernels/ops.h"
 #include "server/device.h"
+#include "server/event.h"
 #include "server/stream.h"
 
 namespace opserver {
@@ -75,10 +76,19 @@ inline constexpr size_t kMaxClientNameBytes = 256;
 // they may quote what the client sent, such as an op name of megabytes.
 inline constexpr size_t kMaxKeptErrorBytes = 1024;
 
-// Server-wide accounting of device memory held by buffers.
+// Accounting of device memory held by buffers: one per device, each
+// counting into the server-wide one (its `parent`), so the totals and the
+// per-device figures cannot disagree.
 struct MemoryAccounting {
+  explicit MemoryAccounting(MemoryAccounting* parent = nullptr)
+      : parent(parent) {}
+  // Adds (or, with `sign` -1, removes) one buffer of `size` bytes here and
+  // in every parent.
+  void Add(uint64_t size, int sign);
+
   std::atomic<uint64_t> bytes{0};
   std::atomic<uint64_t> buffers{0};
+  MemoryAccounting* const parent;
 };
 
 // A block of device memory. Shared by the session's handle table and by any
@@ -99,6 +109,9 @@ class Buffer {
 
   void* data() const { return data_; }
   uint64_t size() const { return size_; }
+  // The device the memory is on (its session's): transfers address and
+  // copy it through this one.
+  Device* device() const { return device_; }
 
  private:
   Device* const device_;
@@ -141,14 +154,16 @@ class Session {
   // so that a device out of streams fails CreateSession cleanly. Left null,
   // the session creates it here, and a failure (or a null `device`, for
   // tests of the handle tables) leaves the default stream host-only:
-  // launches on it fail.
+  // launches on it fail. `device_index` is `device`'s number on the server
+  // (SessionManager's list), for stats; `account` is that device's.
   Session(std::string id, uint64_t serial, std::string client_name,
           Device* device, const SessionLimits* limits,
           MemoryAccounting* account,
           std::shared_ptr<StreamThreads> manager_threads,
           std::string owner = "anonymous",
           std::shared_ptr<TenantUsage> tenant = nullptr,
-          std::unique_ptr<DeviceStream> default_device_stream = nullptr);
+          std::unique_ptr<DeviceStream> default_device_stream = nullptr,
+          uint32_t device_index = 0);
   // Cancels the streams' queued work (it does not wait for running work),
   // then drops the handles.
   ~Session();
@@ -157,8 +172,9 @@ class Session {
   const std::string& client_name() const { return client_name_; }
   const std::string& owner() const { return owner_; }
   // The device everything of this session runs on (buffers, streams,
-  // launches, transfers).
+  // launches, transfers), and its index on the server.
   Device* device() const { return device_; }
+  uint32_t device_index() const { return device_index_; }
   // The server's metrics (null in tests that make sessions by hand).
   Metrics* metrics() const { return metrics_; }
   void set_metrics(Metrics* metrics) { metrics_ = metrics; }
@@ -230,6 +246,21 @@ class Session {
   // which counts as reported now: a session fence reports it.
   absl::Status TakeUnreportedRefusal();
 
+  // Events (server/event.h), handles like the others: counted against
+  // --max_handles_per_session, never reused. `flags` must pass
+  // CheckEventFlags (INVALID_ARGUMENT otherwise).
+  absl::StatusOr<uint64_t> CreateEvent(uint32_t flags);
+  // The same under `id`, an id the client chose (Pipeline's create_event),
+  // under the rules of AddExecutorAs and sharing its counter, so a client's
+  // ids are unique across kinds: INVALID_ARGUMENT unless `id` is at least
+  // kClientExecutorBase and larger than every id the session chose before.
+  absl::Status CreateEventAs(uint64_t id, uint32_t flags);
+  // NOT_FOUND like any unknown handle.
+  absl::StatusOr<std::shared_ptr<Event>> GetEvent(uint64_t event) const;
+  // Removes the event and releases its waiters (Event::Destroy); records
+  // and resets still queued do nothing when reached.
+  absl::Status DestroyEvent(uint64_t event);
+
   // Pipeline channels on this session. `on_close` runs once, when the
   // session's work is cancelled (CloseSession, the idle timeout, shutdown),
   // so a channel ends then, whether or not its client reads. The channel
@@ -257,6 +288,9 @@ class Session {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckExecutorLimitLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `id` as the session's latest client-chosen id, or refuses it.
+  absl::Status UseClientIdLocked(uint64_t id, absl::string_view kind)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // A new stream whose thread is counted in live_streams_ until it exits.
   absl::StatusOr<std::shared_ptr<Stream>> NewStream();
@@ -267,6 +301,7 @@ class Session {
   const std::string owner_;
   const std::shared_ptr<TenantUsage> tenant_;
   Device* const device_;
+  const uint32_t device_index_;
   const SessionLimits* const limits_;
   MemoryAccounting* const account_;
   // This session's stream threads (a child of the manager's group): a
@@ -280,7 +315,7 @@ class Session {
 
   mutable absl::Mutex mu_;
   uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
-  // The largest client-chosen executor id so far (0: none).
+  // The largest client-chosen id so far, executor or event (0: none).
   uint64_t last_client_executor_ ABSL_GUARDED_BY(mu_) = 0;
   // Requested bytes of the buffers with live handles (for stats).
   uint64_t buffer_bytes_ ABSL_GUARDED_BY(mu_) = 0;
@@ -293,6 +328,11 @@ class Session {
     bool repeatable = false;
   };
   absl::flat_hash_map<uint64_t, ExecutorEntry> executors_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Event>> events_
+      ABSL_GUARDED_BY(mu_);
+  // What the session's events may have outstanding (see EventBudget).
+  const std::shared_ptr<EventBudget> event_budget_ =
+      std::make_shared<EventBudget>(kMaxPendingEventOperations);
   struct RefusedPlanEntry {
     absl::Status error;
     bool reported = false;
@@ -321,18 +361,33 @@ class Session {
 // streams finish their queued work first).
 class SessionManager {
  public:
-  // `metrics` (may be null) counts what the sessions do.
-  SessionManager(Device* device, SessionLimits limits,
+  // Sessions on `devices` (at least one, index 0 first; they must outlive
+  // the manager). `metrics` (may be null) counts what the sessions do.
+  SessionManager(std::vector<Device*> devices, SessionLimits limits,
                  Metrics* metrics = nullptr);
+  // The same over one device.
+  SessionManager(Device* device, SessionLimits limits,
+                 Metrics* metrics = nullptr)
+      : SessionManager(std::vector<Device*>{device}, limits, metrics) {}
   ~SessionManager();  // Closes every session and waits for the teardown.
 
   const SessionLimits& limits() const { return limits_; }
   Metrics* metrics() const { return metrics_; }
 
-  // A session owned by `owner` (the caller's identity). RESOURCE_EXHAUSTED
-  // past --max_sessions or the owner's --max_sessions_per_tenant.
+  // The devices sessions are created on, by index (CreateSession's device).
+  uint32_t device_count() const {
+    return static_cast<uint32_t>(devices_.size());
+  }
+  // `index` < device_count().
+  Device* device(uint32_t index) const { return devices_[index]; }
+
+  // A session on device `device` owned by `owner` (the caller's identity).
+  // INVALID_ARGUMENT naming the device and the count when there is no such
+  // device; RESOURCE_EXHAUSTED past --max_sessions or the owner's
+  // --max_sessions_per_tenant.
   absl::StatusOr<std::shared_ptr<Session>> Create(std::string client_name,
-                                                  std::string owner);
+                                                  std::string owner,
+                                                  uint32_t device = 0);
   // NOT_FOUND for unknown, closed or timed-out sessions, and for another
   // owner's, with the same message: a stolen session name is useless to a
   // different identity, and probing reveals nothing. Marks it used.
@@ -362,9 +417,13 @@ class SessionManager {
   void DestroyLater(std::shared_ptr<Stream> stream);
 
   uint64_t session_count() const;
-  // What each owner's sessions hold now, for metrics.
+  // Open sessions on each device, by index (device_count() entries).
+  std::vector<uint64_t> SessionsPerDevice() const;
+  // What each owner's sessions on one device hold now, for metrics: one
+  // entry per owner and device it has sessions on.
   struct OwnerStats {
     std::string owner;
+    uint32_t device = 0;
     uint64_t sessions = 0;
     uint64_t streams = 0;
     uint64_t executors = 0;
@@ -373,7 +432,12 @@ class SessionManager {
     uint64_t queued_launches = 0;
   };
   std::vector<OwnerStats> StatsByOwner() const;
+  // Buffers on all devices together.
   const MemoryAccounting& accounting() const { return account_; }
+  // Buffers on device `index` (< device_count()).
+  const MemoryAccounting& device_accounting(uint32_t index) const {
+    return *device_accounts_[index];
+  }
 
   // Blocks until everything handed to the teardown thread so far is gone.
   // For tests and shutdown.
@@ -387,10 +451,13 @@ class SessionManager {
       absl::flat_hash_map<std::string, std::shared_ptr<Session>>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  Device* const device_;
+  const std::vector<Device*> devices_;
   const SessionLimits limits_;
   Metrics* const metrics_;
   MemoryAccounting account_;
+  // One per device, counting into account_ (atomics do not move: hence
+  // the pointers).
+  std::vector<std::unique_ptr<MemoryAccounting>> device_accounts_;
   // Every session's stream threads (see the destructor).
   const std::shared_ptr<StreamThreads> stream_threads_ =
       std::make_shared<StreamThreads>();

@@ -7,6 +7,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/ops.h"
 #include "server/fake_device.h"
@@ -175,6 +176,7 @@ class SlowAllocationDevice : public Device {
     return static_cast<void*>(block_);
   }
   void Deallocate(void*, uint64_t) override {}
+  uint64_t FreeBytes() const override { return sizeof(block_); }
   absl::StatusOr<std::unique_ptr<DeviceStream>> CreateStream() override {
     return absl::UnimplementedError("no streams");
   }
@@ -246,6 +248,185 @@ TEST(SessionDeviceTest, CreateSessionFailsWhenTheDeviceHasNoStream) {
       manager.Create("client", "owner");
   EXPECT_EQ(session.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(manager.session_count(), 0u);
+}
+
+// Several devices: everything a session does uses the device it was
+// created on, and each device's memory is accounted on its own.
+TEST(SessionManagerDevicesTest, SessionsAllocateFromTheirOwnDevice) {
+  constexpr uint64_t kCapacity = 1 << 20;
+  FakeDevice device0(-1, true, kCapacity);
+  FakeDevice device1(-1, true, kCapacity);
+  SessionManager manager({&device0, &device1}, SessionLimits());
+  ASSERT_EQ(manager.device_count(), 2u);
+  absl::StatusOr<std::shared_ptr<Session>> zero =
+      manager.Create("zero", "owner", 0);
+  absl::StatusOr<std::shared_ptr<Session>> one =
+      manager.Create("one", "owner", 1);
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ((*zero)->device(), &device0);
+  EXPECT_EQ((*one)->device(), &device1);
+  EXPECT_EQ((*one)->device_index(), 1u);
+
+  // Device 0 full: its session is refused by the device, device 1's
+  // session still allocates, from device 1.
+  absl::StatusOr<uint64_t> all = (*zero)->Malloc(kCapacity);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(device0.FreeBytes(), 0u);
+  absl::StatusOr<uint64_t> refused = (*zero)->Malloc(4096);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  absl::StatusOr<uint64_t> more = (*one)->Malloc(4096);
+  ASSERT_TRUE(more.ok()) << more.status();
+  EXPECT_EQ(device1.FreeBytes(), kCapacity - 4096);
+  EXPECT_EQ((*(*one)->GetBuffer(*more))->device(), &device1);
+  EXPECT_EQ((*(*zero)->GetBuffer(*all))->device(), &device0);
+
+  // Stats show which device holds what; the totals are the sums.
+  EXPECT_EQ(manager.device_accounting(0).buffers.load(), 1u);
+  EXPECT_EQ(manager.device_accounting(0).bytes.load(), kCapacity);
+  EXPECT_EQ(manager.device_accounting(1).buffers.load(), 1u);
+  EXPECT_EQ(manager.device_accounting(1).bytes.load(), 4096u);
+  EXPECT_EQ(manager.accounting().buffers.load(), 2u);
+  EXPECT_EQ(manager.accounting().bytes.load(), kCapacity + 4096);
+  EXPECT_EQ(manager.SessionsPerDevice(), (std::vector<uint64_t>{1, 1}));
+  std::vector<SessionManager::OwnerStats> owners = manager.StatsByOwner();
+  ASSERT_EQ(owners.size(), 2u) << "one entry per owner and device";
+  EXPECT_EQ(owners[0].device, 0u);
+  EXPECT_EQ(owners[0].buffer_bytes, kCapacity);
+  EXPECT_EQ(owners[1].device, 1u);
+  EXPECT_EQ(owners[1].buffer_bytes, 4096u);
+}
+
+TEST(SessionManagerDevicesTest, ClosingASessionReturnsItsDevice) {
+  FakeDevice device0(-1, true, 1 << 20);
+  FakeDevice device1(-1, true, 1 << 20);
+  SessionManager manager({&device0, &device1}, SessionLimits());
+  absl::StatusOr<std::shared_ptr<Session>> zero =
+      manager.Create("zero", "owner", 0);
+  absl::StatusOr<std::shared_ptr<Session>> one =
+      manager.Create("one", "owner", 1);
+  ASSERT_TRUE(zero.ok() && one.ok());
+  ASSERT_TRUE((*zero)->Malloc(8192).ok());
+  ASSERT_TRUE((*one)->Malloc(4096).ok());
+  ASSERT_TRUE((*one)->Malloc(4096).ok());
+  const std::string id = (*one)->id();
+  one->reset();
+  ASSERT_TRUE(manager.Close(id, "owner", "test").ok());
+  manager.WaitForTeardown();
+  EXPECT_EQ(manager.device_accounting(1).buffers.load(), 0u);
+  EXPECT_EQ(manager.device_accounting(1).bytes.load(), 0u);
+  EXPECT_EQ(device1.FreeBytes(), 1u << 20);
+  EXPECT_EQ(manager.device_accounting(0).buffers.load(), 1u);
+  EXPECT_EQ(manager.device_accounting(0).bytes.load(), 8192u);
+  EXPECT_EQ(manager.SessionsPerDevice(), (std::vector<uint64_t>{1, 0}));
+}
+
+TEST(SessionManagerDevicesTest, DeviceOutOfRangeIsInvalidArgument) {
+  FakeDevice device0;
+  FakeDevice device1;
+  SessionManager manager({&device0, &device1}, SessionLimits());
+  for (uint32_t device : {2u, 0xffffffffu}) {
+    absl::StatusOr<std::shared_ptr<Session>> session =
+        manager.Create("client", "owner", device);
+    EXPECT_EQ(session.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(session.status().message(),
+                ::testing::HasSubstr(absl::StrCat("device ", device,
+                                                  " does not exist: the "
+                                                  "server has 2 devices")));
+  }
+  EXPECT_EQ(manager.session_count(), 0u);
+  // Nothing was made on any device for them.
+  EXPECT_TRUE(device0.streams().empty());
+  EXPECT_TRUE(device1.streams().empty());
+  SessionManager single(&device0, SessionLimits());
+  EXPECT_THAT(single.Create("client", "owner", 1).status().message(),
+              ::testing::HasSubstr("the server has 1 device (0)"));
+}
+
+// A session's streams, the default one included, are its device's streams.
+TEST(SessionManagerDevicesTest, StreamsOfASessionAreOnItsDevice) {
+  FakeDevice device0;
+  FakeDevice device1;
+  SessionManager manager({&device0, &device1}, SessionLimits());
+  absl::StatusOr<std::shared_ptr<Session>> one =
+      manager.Create("one", "owner", 1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(device1.streams().size(), 1u) << "the default stream's";
+  absl::StatusOr<uint64_t> stream = (*one)->CreateStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  EXPECT_EQ(device1.streams().size(), 2u);
+  EXPECT_TRUE(device0.streams().empty());
+  // Work on the stream runs on device 1's device stream.
+  std::shared_ptr<Stream> created = *(*one)->GetStream(*stream);
+  // Outlive the copy, which the fake device runs at the stream's
+  // synchronize after the task.
+  char bytes[2] = {7, 0};
+  ASSERT_TRUE(created
+                  ->Enqueue([device = created->device_stream(), &bytes] {
+                    return device->CopyToDevice(&bytes[1], &bytes[0], 1);
+                  })
+                  .ok());
+  EXPECT_TRUE(created->SynchronizeAndWait().ok());
+  EXPECT_EQ(device1.streams()[1]->copies.load(), 1);
+  EXPECT_EQ(device1.streams()[0]->copies.load(), 0);
+  EXPECT_EQ(bytes[1], 7);
+}
+
+// Events are handles: unique across kinds, counted, never reused; a
+// client's event ids share the executors' rule and counter.
+TEST_F(SessionLaunchTest, EventsAreHandlesAndShareClientIds) {
+  SessionLimits limits;
+  limits.max_handles_per_session = 3;
+  MakeSession(limits);
+  const uint64_t base = kClientExecutorBase;
+  absl::StatusOr<uint64_t> event = session_->CreateEvent(0);
+  ASSERT_TRUE(event.ok()) << event.status();
+  EXPECT_TRUE(session_->GetEvent(*event).ok());
+  EXPECT_EQ(session_->CreateEvent(0x4).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE(session_->CreateEventAs(base + 10, kEventSync).ok());
+  // The same id, a lower one, or one below 2^62: refused, for either kind.
+  EXPECT_EQ(session_->CreateEventAs(base + 10, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(session_->CreateEventAs(base + 9, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(session_->CreateEventAs(7, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A plan under an id an event took is refused; a later id is fine.
+  auto executor = [&] {
+    kernels::TensorView view;
+    view.dtype = kernels::DType::kFloat;
+    view.shape = {4};
+    view.data = data_;
+    kernels::OpCall call;
+    call.op = kernels::OpKind::kThresholdBackward;
+    call.grad_output = view;
+    call.self = view;
+    call.out = view;
+    absl::StatusOr<kernels::Plan> plan = kernels::PrepareOp(call);
+    EXPECT_TRUE(plan.ok());
+    return std::make_shared<Executor>(Executor{*std::move(plan), {}});
+  };
+  EXPECT_EQ(session_->AddExecutorAs(base + 10, executor()).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(session_->AddExecutorAs(base + 11, executor()).ok());
+  EXPECT_EQ(session_->CreateEventAs(base + 11, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // Three handles: the limit.
+  EXPECT_EQ(session_->CreateEvent(0).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(session_->CreateEventAs(base + 12, 0).code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(session_->DestroyEvent(*event).ok());
+  EXPECT_EQ(session_->GetEvent(*event).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(session_->DestroyEvent(*event).code(), absl::StatusCode::kNotFound);
+  // A new server-chosen handle is never the destroyed one.
+  absl::StatusOr<uint64_t> next = session_->CreateEvent(0);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_NE(*next, *event);
 }
 
 }  // namespace

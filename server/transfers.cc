@@ -358,7 +358,7 @@ class RuntimeService::Uploader final
     if (!target.ok()) return target.status();
     session_ = target->session;
     buffer_ = target->buffer;
-    writer_.emplace(service_->device_, target->stream->device_stream(),
+    writer_.emplace(buffer_->device(), target->stream->device_stream(),
                     static_cast<char*>(buffer_->data()) + header->offset(),
                     header->size());
     return target->stream;
@@ -508,7 +508,7 @@ class RuntimeService::Downloader final
     const std::string header = DownloadDataPrefix(n);
     char* source = static_cast<char*>(buffer_->data()) + next_;
     grpc::Slice data_slice;
-    if (void* host = service_->device_->HostAddress(source); host != nullptr) {
+    if (void* host = buffer_->device()->HostAddress(source); host != nullptr) {
       data_slice = grpc::Slice(host, n, &Downloader::ReleaseSlice,
                                new SliceHold{buffer_, gate_});
     } else {
@@ -690,7 +690,7 @@ class RuntimeService::DataTransfer final
          session = session_, device_stream = device_stream_, upload = upload_,
          target = target_, size = size_]() mutable {
           absl::Status status = MoveDataPathBytes(
-              upload, connection->get(), service->device_, device_stream.get(),
+              upload, connection->get(), buffer->device(), device_stream.get(),
               target, size, service->limits_.chunk_bytes,
               [&] {
                 link->moved_ns.store(absl::GetCurrentTimeNanos(),

@@ -36,19 +36,35 @@ expect_start_error "cannot load CANN library /nonexistent/libopapi.so" \
   --device=ascend --cann_libraries="$fake,/nonexistent/libopapi.so"
 expect_start_error "CANN symbol aclrtSynchronizeStream is in none of" \
   --device=ascend --cann_libraries="$fake_no_sync"
-expect_start_error "ascend:0,1" --device=ascend:0,1 --cann_libraries="$fake"
 expect_start_error "ascend:x" --device=ascend:x --cann_libraries="$fake"
+expect_start_error "NPU 1 twice" --device=ascend:1,1 --cann_libraries="$fake"
+expect_start_error "--device: devices applies to cpu" --device=ascend \
+  --devices=2 --cann_libraries="$fake"
 # The fake has NPUs 0 to 3.
 expect_start_error "aclrtSetDevice" --device=ascend:7 --cann_libraries="$fake"
 
 if start_opserver "$tmp/out" "$tmp/err" "$opserver" --device=ascend:2 \
   --cann_libraries="$fake"; then
   "$opctl" --server="127.0.0.1:$port" info >"$tmp/info" 2>&1 || fail "opctl info: $(cat "$tmp/info")"
-  grep -q "^device: *ascend (FakeAscend910B (NPU 2))" "$tmp/info" || fail "opctl info: $(cat "$tmp/info")"
+  grep -q "^device 0: ascend (FakeAscend910B (NPU 2))" "$tmp/info" || fail "opctl info: $(cat "$tmp/info")"
   kill -TERM "$pid"
   wait "$pid"
   rc=$?
   [[ $rc -eq 0 ]] || fail "exit status $rc after SIGTERM: $(cat "$tmp/err")"
+else
+  failures=$((failures + 1))
+fi
+
+# Several NPUs: one device each, in the order named.
+if start_opserver "$tmp/out" "$tmp/err" "$opserver" --device=ascend:3,1 \
+  --cann_libraries="$fake"; then
+  "$opctl" --server="127.0.0.1:$port" info >"$tmp/info" 2>&1 || fail "opctl info: $(cat "$tmp/info")"
+  grep -q "^device 0: ascend (FakeAscend910B (NPU 3))" "$tmp/info" || fail "opctl info lacks NPU 3: $(cat "$tmp/info")"
+  grep -q "^device 1: ascend (FakeAscend910B (NPU 1))" "$tmp/info" || fail "opctl info lacks NPU 1: $(cat "$tmp/info")"
+  kill -TERM "$pid"
+  wait "$pid"
+  rc=$?
+  [[ $rc -eq 0 ]] || fail "ascend:3,1: exit status $rc after SIGTERM: $(cat "$tmp/err")"
 else
   failures=$((failures + 1))
 fi

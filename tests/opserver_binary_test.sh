@@ -55,7 +55,7 @@ expect_flag_error --threads --listen=127.0.0.1:0 --threads=-4
 if start_server; then
   # opctl against it.
   "$opctl" --server="127.0.0.1:$port" info >"$tmp/info" 2>&1 || fail "opctl info: $(cat "$tmp/info")"
-  grep -q "^device: *cpu" "$tmp/info" || fail "opctl info lacks the device: $(cat "$tmp/info")"
+  grep -q "^device 0: cpu" "$tmp/info" || fail "opctl info lacks the device: $(cat "$tmp/info")"
   grep -q "^health: *SERVING" "$tmp/info" || fail "opctl info lacks health: $(cat "$tmp/info")"
   # A second server on the same port: one-line error naming --listen.
   expect_flag_error --listen --listen="127.0.0.1:$port"

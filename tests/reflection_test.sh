@@ -74,6 +74,21 @@ values=$(call Runtime/ReadValues "{$s, \"buffer\": 3, \"dtype\": \"FLOAT\", \"co
 [[ "$values" == "[0, 4.400000095367432, 4.300000190734863, 4.199999809265137]" ]] || fail "ReadValues: $values"
 again=$(call Operators/Execute "{$s, \"executor\": $executor}")
 grep -q "already consumed" <<<"$again" || fail "second Execute of a single-use executor: $again"
+# Device-side memory operations and an event (docs/by-hand.md).
+call Runtime/Memset "{$s, \"buffer\": 3, \"size\": 16, \"value\": 0}" >/dev/null || fail "Memset"
+call Runtime/CopyDeviceToDevice "{$s, \"dstBuffer\": 3, \"srcBuffer\": 1, \"size\": 8}" >/dev/null || fail "CopyDeviceToDevice"
+event=$(call Runtime/CreateEvent "{$s, \"flags\": 8}" | json '["event"]') || fail "CreateEvent"
+[[ "$event" == "5" ]] || fail "CreateEvent returned event '$event', expected 5"
+call Runtime/RecordEvent "{$s, \"event\": 5, \"stream\": 0}" >/dev/null || fail "RecordEvent"
+call Runtime/SynchronizeEvent "{$s, \"event\": 5}" >/dev/null || fail "SynchronizeEvent"
+query=$(call Runtime/QueryEvent "{$s, \"event\": 5}") || fail "QueryEvent: $query"
+grep -q '"complete": true' <<<"$query" || fail "QueryEvent: $query"
+grep -q '"recorded": true' <<<"$query" || fail "QueryEvent: $query"
+elapsed=$(call Runtime/EventElapsedTime "{$s, \"start\": 5, \"end\": 5}") || fail "EventElapsedTime: $elapsed"
+values=$(call Runtime/ReadValues "{$s, \"buffer\": 3, \"dtype\": \"FLOAT\", \"count\": 4}" | json '["values"]')
+[[ "$values" == "[4.5, 4.400000095367432, 0, 0]" ]] || fail "ReadValues after Memset and CopyDeviceToDevice: $values"
+bad=$(call Runtime/Memset "{$s, \"buffer\": 3, \"offset\": 12, \"size\": 8}")
+grep -qi "out.of.range\|outside" <<<"$bad" || fail "Memset out of range: $bad"
 
 evaluated=$(call Operators/Evaluate '{"op": "DropoutBackward", "params": {"scale": 2},
   "inputs": {"gradOutput": {"dtype": "FLOAT", "shape": [4, 2], "values": [0, 1, 2, 3, 4, 5, 6, 7]},

@@ -163,6 +163,11 @@ absl::Status AscendDevice::Bind() {
 
 DeviceDescription AscendDevice::Describe() const { return description_; }
 
+uint64_t AscendDevice::FreeBytes() const {
+  absl::MutexLock lock(&mu_);
+  return description_.memory_bytes - used_bytes_;
+}
+
 absl::StatusOr<void*> AscendDevice::AllocateRaw(uint64_t bytes) {
   {
     absl::MutexLock lock(&mu_);

@@ -52,11 +52,12 @@ class AscendStream : public DeviceStream {
                               uint64_t bytes) override;
   // aclrtMemsetAsync of `value & 0xff` (without it in the loaded runtime:
   // a host-to-device copy of a staged block of that byte).
-  absl::Status Memset(void* dst, int value, uint64_t bytes);
+  absl::Status Memset(void* dst, int value, uint64_t bytes) override;
   // A device-to-device aclrtMemcpyAsync; overlapping ranges go through the
   // stream's scratch (two copies, in order), as CANN does not promise
   // memmove.
-  absl::Status CopyOnDevice(void* dst, const void* src, uint64_t bytes);
+  absl::Status CopyOnDevice(void* dst, const void* src,
+                            uint64_t bytes) override;
   absl::Status Launch(const kernels::Plan& plan, void* workspace,
                       uint64_t workspace_size) override;
   // An NPU kernel cannot be stopped: launches issued after it are refused
@@ -115,6 +116,8 @@ class AscendDevice : public Device {
   ~AscendDevice() override;
 
   DeviceDescription Describe() const override;
+  // The capacity less what is allocated (buffers and stream scratch).
+  uint64_t FreeBytes() const override;
   absl::StatusOr<void*> Allocate(uint64_t bytes, uint64_t owner) override;
   void Deallocate(void* block, uint64_t bytes) override;
   absl::StatusOr<std::unique_ptr<DeviceStream>> CreateStream() override;

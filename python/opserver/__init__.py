@@ -516,10 +516,12 @@ class Client:
     def health(self, service=""):
         return self._c.health(service)
 
-    def session(self, name="python", attach=True):
+    def session(self, name="python", attach=True, device=0):
         """Opens a session; use it as a context manager to close it. With
-        `attach`, the server also frees it if this process dies."""
-        return Session(self._c.create_session(name, attach))
+        `attach`, the server also frees it if this process dies. `device` is
+        the server's device the session runs on (an index into
+        ``device_info()["devices"]``)."""
+        return Session(self._c.create_session(name, attach, device))
 
 
 def connect(address, *, tls_ca_file=None, tls_cert_file=None,

@@ -430,18 +430,18 @@ PYBIND11_MODULE(_opserver, m) {
       .def(
           "create_session",
           [](const std::shared_ptr<PyClient>& c, const std::string& name,
-             bool attach) {
+             bool attach, uint32_t device) {
             absl::StatusOr<std::unique_ptr<remote::Session>> session;
             {
               py::gil_scoped_release release;
-              session = c->client->CreateSession(name, attach);
+              session = c->client->CreateSession(name, attach, device);
             }
             auto s = std::make_shared<PySession>();
             s->client = c;
             s->session = ValueOrThrow(std::move(session));
             return s;
           },
-          py::arg("name"), py::arg("attach") = true);
+          py::arg("name"), py::arg("attach") = true, py::arg("device") = 0);
 
   py::class_<PySession, std::shared_ptr<PySession>> session(m, "Session");
   session

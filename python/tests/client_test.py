@@ -187,7 +187,11 @@ class ClientTest(testing.ServerTestCase):
         # A transposed view of a 3x2 storage, and a strided output view.
         storage = s.to_device(np.float32([[1, 2], [3, 4], [5, 6]]))
         xt = storage.view([2, 3], strides=[1, 2])
-        big = s.empty([2, 6], DType.FLOAT)
+        # Zeros written, not assumed: memory this session freed a moment
+        # ago (the first result above, once the server's download slices
+        # let go of it) may come back unzeroed, as the server clears only
+        # memory another owner held.
+        big = s.to_device(np.zeros((2, 6), np.float32))
         out = big.view([2, 3], strides=[6, 2], offset=1)
         s.threshold_backward(s.to_device(np.ones((2, 3), np.float32)), xt, 2.5,
                              out=out)

@@ -119,6 +119,38 @@ class MetricsTest(unittest.TestCase):
         self.assertEqual(value(after, "opserver_sessions", device="0",
                                tenant="anonymous"), 0)
 
+    def test_device_gauges_are_per_device(self):
+        # Two devices of 32 MiB each; a session on device 1 only.
+        with testing.Server(BINARY, "--metrics_listen=127.0.0.1:0",
+                            "--devices=2",
+                            "--device_memory_bytes=67108864") as server:
+            client = opserver.connect(server.address)
+            devices = client.device_info()["devices"]
+            self.assertEqual([d.get("index", 0) for d in devices], [0, 1])
+            with client.session("on device 1", device=1) as s:
+                kept = s.to_device(np.ones(1024, np.float32))
+                s.synchronize()
+                during = scrape(server.metrics_address)
+                del kept
+        for device in ("0", "1"):
+            self.assertEqual(
+                value(during, "opserver_device_memory_capacity_bytes",
+                      device=device), 32 << 20)
+        self.assertEqual(value(during, "opserver_sessions", device="1",
+                               tenant="anonymous"), 1)
+        self.assertEqual(value(during, "opserver_sessions", device="0",
+                               tenant="anonymous"), 0)
+        self.assertEqual(value(during, "opserver_device_memory_used_bytes",
+                               device="1"), 4096)
+        self.assertEqual(value(during, "opserver_device_memory_used_bytes",
+                               device="0"), 0)
+        self.assertLessEqual(
+            value(during, "opserver_device_memory_free_bytes", device="1"),
+            (32 << 20) - 4096)
+        self.assertEqual(
+            value(during, "opserver_device_memory_free_bytes", device="0"),
+            32 << 20)
+
     def test_a_made_up_method_is_other(self):
         with testing.Server(BINARY, "--metrics_listen=127.0.0.1:0") as server:
             # A raw call to a method no service has.

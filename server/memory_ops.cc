@@ -1,0 +1,77 @@
+#include "server/memory_ops.h"
+
+#include <memory>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace opserver {
+namespace {
+
+// Buffer `handle` of `session` when [offset, offset + size) lies inside it.
+absl::StatusOr<std::shared_ptr<Buffer>> Range(Session& session, uint64_t handle,
+                                              uint64_t offset, uint64_t size,
+                                              absl::string_view what) {
+  absl::StatusOr<std::shared_ptr<Buffer>> buffer = session.GetBuffer(handle);
+  if (!buffer.ok()) return buffer.status();
+  const uint64_t capacity = (*buffer)->size();
+  if (offset > capacity || size > capacity - offset) {
+    return absl::OutOfRangeError(absl::StrCat(
+        what, " [", offset, ", ", offset, " + ", size, ") is outside buffer ",
+        handle, " of ", capacity, " bytes"));
+  }
+  return buffer;
+}
+
+absl::Status NoDevice() {
+  return absl::FailedPreconditionError(
+      "the stream has no device stream (the device could not create one)");
+}
+
+}  // namespace
+
+absl::Status QueueMemset(Session& session, Stream& stream,
+                         const v1::MemsetRequest& request) {
+  if (request.value() > 0xff) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "memset value ", request.value(), " is not a byte (0 to 255)"));
+  }
+  absl::StatusOr<std::shared_ptr<Buffer>> buffer = Range(
+      session, request.buffer(), request.offset(), request.size(), "memset of");
+  if (!buffer.ok()) return buffer.status();
+  std::shared_ptr<DeviceStream> device = stream.device_stream();
+  if (device == nullptr) return NoDevice();
+  // The task holds the device stream, not the Stream (see LaunchExecutor).
+  return stream.Enqueue([buffer = *std::move(buffer), device,
+                         offset = request.offset(), size = request.size(),
+                         value = static_cast<int>(request.value())] {
+    return device->Memset(static_cast<char*>(buffer->data()) + offset, value,
+                          size);
+  });
+}
+
+absl::Status QueueCopy(Session& session, Stream& stream,
+                       const v1::CopyDeviceToDeviceRequest& request) {
+  absl::StatusOr<std::shared_ptr<Buffer>> src =
+      Range(session, request.src_buffer(), request.src_offset(), request.size(),
+            "copy source");
+  if (!src.ok()) return src.status();
+  absl::StatusOr<std::shared_ptr<Buffer>> dst =
+      Range(session, request.dst_buffer(), request.dst_offset(), request.size(),
+            "copy destination");
+  if (!dst.ok()) return dst.status();
+  std::shared_ptr<DeviceStream> device = stream.device_stream();
+  if (device == nullptr) return NoDevice();
+  return stream.Enqueue([src = *std::move(src), dst = *std::move(dst), device,
+                         src_offset = request.src_offset(),
+                         dst_offset = request.dst_offset(),
+                         size = request.size()] {
+    return device->CopyOnDevice(
+        static_cast<char*>(dst->data()) + dst_offset,
+        static_cast<const char*>(src->data()) + src_offset, size);
+  });
+}
+
+}  // namespace opserver
