@@ -638,6 +638,48 @@ TEST_F(AscendChainTest, TransfersOfSeveralSizesArriveIntact) {
   }
 }
 
+// Memset and device-to-device copies (overlapping ones included) on the
+// front's device give what they give on the CPU device.
+TEST_F(AscendChainTest, DeviceMemsetAndCopiesMatchTheCpuDevice) {
+  auto front = front_->CreateSession("ascend_chain_test memset");
+  auto reference = reference_client_->CreateSession("ascend_chain_test memset");
+  ASSERT_TRUE(front.ok() && reference.ok());
+  std::mt19937 random(11);
+  std::string data(3 << 20, '\0');
+  for (char& b : data) b = static_cast<char>(random());
+  std::vector<std::string> results;
+  for (remote::Session* session : {front->get(), reference->get()}) {
+    auto a = session->Malloc(data.size());
+    auto b = session->Malloc(data.size());
+    auto stream = session->CreateStream();
+    ASSERT_TRUE(a.ok() && b.ok() && stream.ok());
+    const uint64_t s = stream->handle();
+    ASSERT_TRUE(
+        session->Upload(a->handle(), 0, data.data(), data.size(), s).ok());
+    ASSERT_TRUE(session->Memset(a->handle(), 100, 5000, 0xA5, s).ok());
+    ASSERT_TRUE(session->Memset(b->handle(), 0, data.size(), 0x3C, s).ok());
+    ASSERT_TRUE(
+        session->CopyOnDevice(b->handle(), 7, a->handle(), 0, 2 << 20, s).ok());
+    // Overlapping, forwards and backwards.
+    ASSERT_TRUE(
+        session->CopyOnDevice(a->handle(), 64, a->handle(), 0, 1 << 20, s)
+            .ok());
+    ASSERT_TRUE(
+        session->CopyOnDevice(a->handle(), 0, a->handle(), 999, 1 << 20, s)
+            .ok());
+    ASSERT_TRUE(session->Synchronize(s).ok());
+    std::string out(2 * data.size(), '\0');
+    ASSERT_TRUE(
+        session->Download(a->handle(), 0, out.data(), data.size(), s).ok());
+    ASSERT_TRUE(
+        session
+            ->Download(b->handle(), 0, out.data() + data.size(), data.size(), s)
+            .ok());
+    results.push_back(std::move(out));
+  }
+  EXPECT_TRUE(results[0] == results[1]);
+}
+
 TEST_F(AscendChainTest, TheBackendSeesTheFrontsBuffersAndNothingAfterClose) {
   const v1::ServerStats idle = BackendStats(*backend_client_);
   {
