@@ -195,9 +195,26 @@ aclTensor* Tensor(void* data, int64_t elements, aclDataType dtype) {
   return tensor;
 }
 
-// Launches the 250 operators; returns without waiting for them.
-void LaunchStep(Device& device, aclrtStream stream) {
+// Operators per block when a step is split over two streams.
+constexpr int kBlock = 10;
+
+// Launches the 250 operators on `stream`; returns without waiting for
+// them. With `second` (and two `events`), blocks of kBlock operators
+// alternate between the two streams, each block waiting for the one before
+// through an event recorded at its end (aclrtRecordEvent +
+// aclrtStreamWaitEvent: ordering on the server, no host wait); returns the
+// stream the last block ran on, which the caller synchronizes.
+aclrtStream LaunchStep(Device& device, aclrtStream stream,
+                       aclrtStream second = nullptr,
+                       aclrtEvent* events = nullptr) {
+  aclrtStream last = stream;
   for (int op = 0; op < kOps; ++op) {
+    const int block = op / kBlock;
+    aclrtStream on = second != nullptr && block % 2 == 1 ? second : stream;
+    if (second != nullptr && op % kBlock == 0 && block > 0) {
+      CHECK_ACL(aclrtStreamWaitEvent(on, events[(block - 1) % 2]));
+    }
+    last = on;
     void* in = op == 0 ? device.grad : device.ping_pong[(op + 1) % 2];
     void* out = device.ping_pong[op % 2];
     aclTensor* grad = Tensor(in, kElements, ACL_FLOAT);
@@ -257,7 +274,7 @@ void LaunchStep(Device& device, aclrtStream stream) {
     }
     const aclnnStatus launched =
         launch(workspace_bytes > 0 ? device.workspace : nullptr,
-               workspace_bytes, executor, stream);
+               workspace_bytes, executor, on);
     if (launched != ACLNN_SUCCESS) {
       Die(absl::StrCat("aclnn", kOpNames[static_cast<int>(OpAt(op))],
                        " (operator ", op, ") returned ", launched, ": ",
@@ -269,7 +286,11 @@ void LaunchStep(Device& device, aclrtStream stream) {
     CHECK_ACL(aclDestroyTensor(grad));
     CHECK_ACL(aclDestroyTensor(other));
     CHECK_ACL(aclDestroyTensor(result));
+    if (second != nullptr && (op % kBlock == kBlock - 1 || op == kOps - 1)) {
+      CHECK_ACL(aclrtRecordEvent(events[block % 2], on));
+    }
   }
+  return last;
 }
 
 // Copies the step's result back and compares it bit for bit with the host.
@@ -372,15 +393,25 @@ CopyResult AsyncCopies(const std::string& address) {
   return result;
 }
 
+// `two_streams`: the step split over two streams with events (see
+// LaunchStep).
 Result RunConfiguration(const std::string& path, const std::string& address,
                         const std::string& pipeline, const Inputs& inputs,
-                        const std::vector<float>& expected) {
+                        const std::vector<float>& expected,
+                        bool two_streams = false) {
   setenv("OPSERVER_ADDRESS", address.c_str(), 1);
   setenv("OPSERVER_PIPELINE", pipeline.c_str(), 1);
   CHECK_ACL(aclInit(nullptr));
   CHECK_ACL(aclrtSetDevice(0));
   aclrtStream stream = nullptr;
   CHECK_ACL(aclrtCreateStream(&stream));
+  aclrtStream second = nullptr;
+  aclrtEvent events[2] = {};
+  if (two_streams) {
+    CHECK_ACL(aclrtCreateStream(&second));
+    CHECK_ACL(aclrtCreateEvent(&events[0]));
+    CHECK_ACL(aclrtCreateEvent(&events[1]));
+  }
 
   Device device;
   device.grad = DeviceAlloc(kElements * sizeof(float));
@@ -393,7 +424,7 @@ Result RunConfiguration(const std::string& path, const std::string& address,
          inputs.selfs.size() * sizeof(float));
   Upload(device.masks, inputs.masks.data(), inputs.masks.size());
 
-  Result result{path, pipeline};
+  Result result{two_streams ? path + " events" : path, pipeline};
   // The round trip: an idle stream's synchronize is one request and its
   // answer, with nothing to wait for on the server.
   for (int i = 0; i < kRoundTripWarmup; ++i) {
@@ -410,8 +441,8 @@ Result RunConfiguration(const std::string& path, const std::string& address,
     // Each operator writes its output before the next reads it, so the
     // ping-pong buffers need no reset between steps.
     const Clock::time_point start = Clock::now();
-    LaunchStep(device, stream);
-    CHECK_ACL(aclrtSynchronizeStream(stream));
+    CHECK_ACL(aclrtSynchronizeStream(
+        LaunchStep(device, stream, two_streams ? second : nullptr, events)));
     const double elapsed = Micros(Clock::now() - start);
     CheckResult(device, expected);  // Outside the timed part.
     if (step >= kWarmupSteps) steps.push_back(elapsed);
@@ -429,6 +460,11 @@ Result RunConfiguration(const std::string& path, const std::string& address,
   CHECK_ACL(aclrtFree(device.selfs));
   CHECK_ACL(aclrtFree(device.masks));
   if (device.workspace != nullptr) CHECK_ACL(aclrtFree(device.workspace));
+  if (two_streams) {
+    CHECK_ACL(aclrtDestroyEvent(events[0]));
+    CHECK_ACL(aclrtDestroyEvent(events[1]));
+    CHECK_ACL(aclrtDestroyStream(second));
+  }
   CHECK_ACL(aclrtDestroyStream(stream));
   CHECK_ACL(aclrtResetDevice(0));
   CHECK_ACL(aclFinalize());
@@ -527,8 +563,14 @@ int Main() {
     results.push_back(
         RunConfiguration("proxy 250us", delayed, pipeline, inputs, expected));
   }
+  // The same step over two streams, a record and a wait every kBlock
+  // operators: events must cost no round trip.
+  results.push_back(RunConfiguration("loopback", direct, "1", inputs, expected,
+                                     /*two_streams=*/true));
+  results.push_back(RunConfiguration("proxy 250us", delayed, "1", inputs,
+                                     expected, /*two_streams=*/true));
 
-  std::printf("%-12s %-8s %9s %11s %11s %11s %9s %8s %11s   %s\n", "path",
+  std::printf("%-19s %-8s %9s %11s %11s %11s %9s %8s %11s   %s\n", "path",
               "PIPELINE", "RTT us", "step ms", "min ms", "max ms", "us/op",
               "RT/op", "launches/s",
               "target: step <= 3 RTT + 250 x loopback us/op");
@@ -536,7 +578,7 @@ int Main() {
   for (const Result& r : results) {
     const double per_op = r.step_median_us / kOps;
     std::string target = "-";
-    if (r.path == "loopback") {
+    if (r.path == "loopback" || r.path == "loopback events") {
       loopback_per_op = per_op;
     } else {
       const double target_us = 3 * r.round_trip_us + kOps * loopback_per_op;
@@ -545,7 +587,7 @@ int Main() {
                                r.step_median_us / target_us);
     }
     std::printf(
-        "%-12s %-8s %9.1f %11.2f %11.2f %11.2f %9.1f %8.2f %11.0f   %s\n",
+        "%-19s %-8s %9.1f %11.2f %11.2f %11.2f %9.1f %8.2f %11.0f   %s\n",
         r.path.c_str(), r.pipeline.c_str(), r.round_trip_us,
         r.step_median_us / 1000, r.step_min_us / 1000, r.step_max_us / 1000,
         per_op, per_op / r.round_trip_us, r.launches_per_s, target.c_str());
@@ -555,11 +597,14 @@ int Main() {
       "(the final synchronize included); RTT = mean idle "
       "aclrtSynchronizeStream over %d calls; RT/op = us/op / RTT (same "
       "configuration); launches/s = launches of one repeatable 16-element "
-      "executor followed by one synchronize.\nOPSERVER_PIPELINE is set before "
+      "executor followed by one synchronize; \"events\": the step over two "
+      "streams, blocks of %d operators alternating, each block waiting for "
+      "the one before through aclrtRecordEvent + aclrtStreamWaitEvent.\n"
+      "OPSERVER_PIPELINE is set before "
       "each aclInit; a "
       "client without the pipelined channel ignores it, and then its two "
       "rows measure the same unary path.\n",
-      kSteps, kWarmupSteps, kOps, kRoundTrips);
+      kSteps, kWarmupSteps, kOps, kRoundTrips, kBlock);
   return 0;
 }
 

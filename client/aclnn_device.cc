@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -15,12 +16,20 @@
 namespace opserver {
 namespace {
 
-// The session to call on, pinned (see Pinned), or the error to return.
+// The current context's device, pinned (see Pinned), or the error to
+// return.
 absl::StatusOr<Pinned> PinSession(State& state) {
   absl::MutexLock lock(&state.mu);
-  absl::StatusOr<remote::Session*> current = SessionOf(state);
-  if (!current.ok()) return current.status();
-  return state.Pin();
+  return PinCurrent(state);
+}
+
+// This device's entry in its server's device list (GetDeviceInfo), or in
+// its stats (GetServerStats): the server's own list, or its one device
+// for a server that predates the lists.
+template <typename Entry>
+const Entry* LocalEntry(const google::protobuf::RepeatedPtrField<Entry>& list,
+                        uint32_t local) {
+  return local < static_cast<uint32_t>(list.size()) ? &list[local] : nullptr;
 }
 
 }  // namespace
@@ -43,7 +52,12 @@ aclError aclrtGetDeviceCount(uint32_t* count) {
   if (count == nullptr) {
     return Fail(ACL_ERROR_INVALID_PARAM, "aclrtGetDeviceCount: count is NULL");
   }
-  *count = 1;
+  absl::StatusOr<uint32_t> devices = state.DeviceCount();
+  if (!devices.ok()) {
+    return Fail(ACL_ERROR_RT_FAILURE, absl::StrCat("aclrtGetDeviceCount: ",
+                                                   devices.status().message()));
+  }
+  *count = *devices;
   return ACL_SUCCESS;
 }
 
@@ -53,31 +67,36 @@ aclError aclrtGetDevice(int32_t* deviceId) {
   if (deviceId == nullptr) {
     return Fail(ACL_ERROR_INVALID_PARAM, "aclrtGetDevice: deviceId is NULL");
   }
-  if (!state.initialized || state.session == nullptr) {
+  auto context = state.contexts.find(opserver::CurrentContext());
+  if (!state.initialized || context == state.contexts.end()) {
     return Fail(ACL_ERROR_RT_CONTEXT_NULL,
-                "aclrtGetDevice: no device is set (call aclrtSetDevice)");
+                "aclrtGetDevice: the calling thread has no context (call "
+                "aclrtSetDevice)");
   }
-  *deviceId = 0;
+  *deviceId = static_cast<int32_t>(context->second.device);
   return ACL_SUCCESS;
 }
 
 aclError aclrtSynchronizeDevice(void) {
   State& state = GetState();
   absl::StatusOr<opserver::Pinned> pinned = opserver::PinSession(state);
-  if (!pinned.ok()) return opserver::SessionError(pinned.status());
+  if (!pinned.ok()) return FailAcl(pinned.status());
   std::vector<uint64_t> streams = {0};
   {
     absl::MutexLock lock(&state.mu);
-    for (const auto& [id, stream] : state.streams) {
-      streams.push_back(stream.handle());
+    for (const auto& [id, entry] : state.streams) {
+      if (entry.device == pinned->device) {
+        streams.push_back(entry.stream.handle());
+      }
     }
   }
-  absl::Status first = opserver::WaitPendingReads(state, std::nullopt);
+  absl::Status first =
+      opserver::WaitPendingReads(state, pinned->device, std::nullopt);
   for (uint64_t stream : streams) {
     absl::Status synchronized = pinned->session->Synchronize(stream);
     if (first.ok() && !absl::IsNotFound(synchronized)) first = synchronized;
   }
-  if (!first.ok()) return FailAcl(first);
+  if (!first.ok()) return FailAcl(pinned->Named(first));
   return ACL_SUCCESS;
 }
 
@@ -94,25 +113,31 @@ aclError aclrtGetMemInfo(aclrtMemAttr attr, size_t* free, size_t* total) {
   }
   State& state = GetState();
   absl::StatusOr<opserver::Pinned> pinned = opserver::PinSession(state);
-  if (!pinned.ok()) return opserver::SessionError(pinned.status());
-  absl::StatusOr<opserver::v1::GetDeviceInfoResponse> info =
-      pinned->client->GetDeviceInfo();
-  if (!info.ok()) return FailAcl(info.status());
-  opserver::v1::ServerStats stats;
+  if (!pinned.ok()) return FailAcl(pinned.status());
+  uint32_t local;
   {
-    grpc::ClientContext context;
-    pinned->client->SetDeadline(&context);
-    grpc::Status status = pinned->client->runtime().GetServerStats(
-        &context, opserver::v1::GetServerStatsRequest(), &stats);
-    if (!status.ok()) {
-      return FailAcl(opserver::remote::FromGrpcStatus(
-          status, context, "aclrtGetMemInfo: GetServerStats"));
-    }
+    absl::MutexLock lock(&state.mu);
+    local = state.devices[pinned->device].local;
   }
-  const uint64_t capacity = info->memory_bytes();
-  *total = static_cast<size_t>(capacity);
-  *free = static_cast<size_t>(
-      capacity > stats.buffer_bytes() ? capacity - stats.buffer_bytes() : 0);
+  opserver::v1::ServerStats stats;
+  grpc::ClientContext context;
+  pinned->client->SetDeadline(&context);
+  grpc::Status status = pinned->client->runtime().GetServerStats(
+      &context, opserver::v1::GetServerStatsRequest(), &stats);
+  if (!status.ok()) {
+    return FailAcl(pinned->Named(opserver::remote::FromGrpcStatus(
+        status, context, "aclrtGetMemInfo: GetServerStats")));
+  }
+  const opserver::v1::DeviceStats* device =
+      opserver::LocalEntry(stats.devices(), local);
+  if (device == nullptr) {
+    return Fail(ACL_ERROR_RT_FAILURE,
+                absl::StrCat("aclrtGetMemInfo: the server reports no stats "
+                             "for its device ",
+                             local));
+  }
+  *total = static_cast<size_t>(device->capacity_bytes());
+  *free = static_cast<size_t>(device->free_bytes());
   return ACL_SUCCESS;
 }
 
@@ -123,18 +148,32 @@ const char* aclrtGetSocName(void) {
     Fail(0, absl::StrCat("aclrtGetSocName: ", pinned.status().message()));
     return nullptr;
   }
-  absl::StatusOr<opserver::v1::GetDeviceInfoResponse> info =
-      pinned->client->GetDeviceInfo();
-  if (!info.ok()) {
-    Fail(0, absl::StrCat("aclrtGetSocName: ", info.status().message()));
+  uint32_t local;
+  {
+    absl::MutexLock lock(&state.mu);
+    const opserver::DeviceSlot& slot = state.devices[pinned->device];
+    // Written once per aclInit: a pointer handed out earlier stays valid.
+    if (!slot.soc_name.empty()) return slot.soc_name.c_str();
+    local = slot.local;
+  }
+  absl::StatusOr<std::vector<opserver::v1::DeviceInfo>> devices =
+      pinned->client->ListDevices();
+  if (!devices.ok() || local >= devices->size()) {
+    Fail(0, absl::StrCat("aclrtGetSocName: ",
+                         devices.ok() ? "the server lists no such device"
+                                      : devices.status().message()));
     return nullptr;
   }
   absl::MutexLock lock(&state.mu);
-  // Written once per aclInit: a pointer handed out earlier stays valid.
-  if (state.soc_name.empty()) {
-    state.soc_name = absl::StrCat("opserver-", info->kind());
+  if (!opserver::StillCurrent(state, *pinned)) {
+    Fail(0, "aclrtGetSocName: the device was reset during the call");
+    return nullptr;
   }
-  return state.soc_name.c_str();
+  opserver::DeviceSlot& slot = state.devices[pinned->device];
+  if (slot.soc_name.empty()) {
+    slot.soc_name = absl::StrCat("opserver-", (*devices)[local].kind());
+  }
+  return slot.soc_name.c_str();
 }
 
 aclError aclrtCreateStreamWithConfig(aclrtStream* stream, uint32_t priority,
@@ -225,13 +264,16 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src,
   uint64_t handle = 0;
   {
     absl::MutexLock lock(&state.mu);
-    auto current = opserver::SessionOf(state);
-    if (!current.ok()) return opserver::SessionError(current.status());
+    absl::StatusOr<opserver::Pinned> current = opserver::PinCurrent(state);
+    if (!current.ok()) return FailAcl(current.status());
+    pinned = *std::move(current);
     absl::StatusOr<uint64_t> stream_handle =
-        opserver::StreamHandle(state, stream);
+        opserver::StreamHandle(state, stream, pinned.device);
     if (!stream_handle.ok()) {
       return Fail(
-          ACL_ERROR_INVALID_PARAM,
+          opserver::AclErrorOf(stream_handle.status()) == ACL_ERROR_RT_FAILURE
+              ? ACL_ERROR_INVALID_PARAM
+              : opserver::AclErrorOf(stream_handle.status()),
           absl::StrCat("aclrtMemcpyAsync: ", stream_handle.status().message()));
     }
     handle = *stream_handle;
@@ -240,7 +282,23 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src,
         !s.ok()) {
       return FailAcl(s);
     }
-    pinned = state.Pin();
+    // The device ends must be the stream's device: an asynchronous copy
+    // is ordered on that device's stream.
+    for (auto [used, range, what] :
+         {std::tuple{kind == ACL_MEMCPY_DEVICE_TO_HOST ||
+                         kind == ACL_MEMCPY_DEVICE_TO_DEVICE,
+                     from, "src"},
+          std::tuple{kind == ACL_MEMCPY_HOST_TO_DEVICE ||
+                         kind == ACL_MEMCPY_DEVICE_TO_DEVICE,
+                     to, "dst"}}) {
+      if (used && range.device != pinned.device) {
+        return Fail(
+            ACL_ERROR_INVALID_PARAM,
+            absl::StrCat("aclrtMemcpyAsync: ", what, " is on device ",
+                         range.device, ", the stream on device ", pinned.device,
+                         " (copy between devices with aclrtMemcpy)"));
+      }
+    }
   }
   absl::Status status;
   switch (kind) {
@@ -260,27 +318,85 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src,
         break;
       }
       absl::MutexLock lock(&state.mu);
-      if (state.session != pinned.session) {
+      if (!opserver::StillCurrent(state, pinned)) {
         return Fail(ACL_ERROR_RT_FAILURE,
                     "aclrtMemcpyAsync: the device was reset during the call");
       }
-      state.pending_reads[handle].push_back(*std::move(read));
+      state.pending_reads[{pinned.device, handle}].push_back(*std::move(read));
       break;
     }
-    default: {
-      // Device to device: through the host, ordered on the stream; done
-      // before the call returns (the server has no device-side copy yet).
-      std::vector<char> bounce(count);
-      status = pinned.session->Download(from.buffer, from.offset, bounce.data(),
-                                        count, handle);
-      if (status.ok()) {
-        status = pinned.session->Upload(to.buffer, to.offset, bounce.data(),
-                                        count, handle);
-      }
+    default:
+      // Device to device: on the server, ordered on the stream.
+      status = pinned.session->CopyOnDevice(to.buffer, to.offset, from.buffer,
+                                            from.offset, count, handle);
+  }
+  if (!status.ok()) return FailAcl(pinned.Named(status));
+  return ACL_SUCCESS;
+}
+
+aclError aclrtMemsetAsync(void* devPtr, size_t maxCount, int32_t value,
+                          size_t count, aclrtStream stream) {
+  if (devPtr == nullptr) {
+    return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMemsetAsync: devPtr is NULL");
+  }
+  if (count > maxCount) {
+    return Fail(ACL_ERROR_INVALID_PARAM,
+                absl::StrCat("aclrtMemsetAsync: count ", count,
+                             " is larger than maxCount ", maxCount));
+  }
+  State& state = GetState();
+  opserver::Pinned pinned;
+  opserver::DeviceRange range{};
+  uint64_t handle = 0;
+  {
+    absl::MutexLock lock(&state.mu);
+    absl::StatusOr<opserver::Pinned> current = opserver::PinCurrent(state);
+    if (!current.ok()) return FailAcl(current.status());
+    pinned = *std::move(current);
+    absl::StatusOr<uint64_t> stream_handle =
+        opserver::StreamHandle(state, stream, pinned.device);
+    if (!stream_handle.ok()) {
+      return Fail(
+          opserver::AclErrorOf(stream_handle.status()) == ACL_ERROR_RT_FAILURE
+              ? ACL_ERROR_INVALID_PARAM
+              : opserver::AclErrorOf(stream_handle.status()),
+          absl::StrCat("aclrtMemsetAsync: ", stream_handle.status().message()));
+    }
+    handle = *stream_handle;
+    absl::StatusOr<opserver::DeviceRange> resolved =
+        opserver::Resolve(state, devPtr, "aclrtMemsetAsync: devPtr");
+    if (!resolved.ok()) return FailAcl(resolved.status());
+    range = *resolved;
+    if (range.available < count) {
+      return Fail(ACL_ERROR_INVALID_PARAM,
+                  absl::StrCat("aclrtMemsetAsync: ", count,
+                               " bytes at devPtr run past the end of its "
+                               "allocation (",
+                               range.available, " bytes left)"));
+    }
+    if (range.device != pinned.device) {
+      return Fail(
+          ACL_ERROR_INVALID_PARAM,
+          absl::StrCat("aclrtMemsetAsync: devPtr is on device ", range.device,
+                       ", the stream on device ", pinned.device));
     }
   }
-  if (!status.ok()) return FailAcl(status);
+  absl::Status status = pinned.session->Memset(
+      range.buffer, range.offset, count, static_cast<uint8_t>(value), handle);
+  if (!status.ok()) return FailAcl(pinned.Named(status));
   return ACL_SUCCESS;
+}
+
+aclError aclrtMemset(void* devPtr, size_t maxCount, int32_t value,
+                     size_t count) {
+  if (aclError error =
+          aclrtMemsetAsync(devPtr, maxCount, value, count, nullptr);
+      error != ACL_SUCCESS) {
+    return error;
+  }
+  // Synchronous: returns once the bytes are set (the default stream has
+  // reached the memset).
+  return aclrtSynchronizeStream(nullptr);
 }
 
 }  // extern "C"

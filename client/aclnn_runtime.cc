@@ -18,6 +18,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "acl/acl.h"
@@ -112,21 +114,148 @@ absl::StatusOr<ConnectOptions> ConnectOptionsFromEnv() {
   return options;
 }
 
-// The checks aclrtSetDevice and aclrtResetDevice (`function`) share, under
-// state.mu: ACL_SUCCESS when the call may go on, else its error (recorded).
-aclError CheckDevice(const State& state, const char* function,
-                     int32_t device_id) {
+// What to add to a message of a server that wants a token.
+const char* TokenHint(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnauthenticated
+             ? " (set OPSERVER_TOKEN or OPSERVER_TOKEN_FILE)"
+             : "";
+}
+
+// The slot of device `device_id` for `function` (aclrtSetDevice,
+// aclrtResetDevice, aclrtCreateContext), under state.mu: the error to
+// return otherwise (recorded).
+absl::StatusOr<DeviceSlot*> CheckDevice(State& state, const char* function,
+                                        int32_t device_id) {
   if (!state.initialized) {
-    return Fail(ACL_ERROR_UNINITIALIZE,
-                absl::StrCat(function, ": aclInit was not called"));
+    return WithAclError(absl::FailedPreconditionError(
+                            absl::StrCat(function, ": aclInit was not called")),
+                        ACL_ERROR_UNINITIALIZE);
   }
-  if (device_id != 0) {
-    return Fail(ACL_ERROR_INVALID_DEVICE,
-                absl::StrCat(function, ": device ", device_id,
-                             " does not exist; the opserver at ", state.address,
-                             " is device 0"));
+  absl::StatusOr<DeviceSlot*> slot = state.Device(device_id);
+  if (!slot.ok()) {
+    if (AclErrorOf(slot.status()) == ACL_ERROR_INVALID_DEVICE) {
+      return WithAclError(
+          absl::Status(slot.status().code(),
+                       absl::StrCat(function, ": ", slot.status().message())),
+          ACL_ERROR_INVALID_DEVICE);
+    }
+    return WithAclError(
+        absl::Status(slot.status().code(),
+                     absl::StrCat(function, ": ", slot.status().message(),
+                                  TokenHint(slot.status()))),
+        ACL_ERROR_RT_FAILURE);
   }
-  return ACL_SUCCESS;
+  return slot;
+}
+
+// Opens device `device_id`'s session unless it has a live one, for
+// `function` (aclrtSetDevice, aclrtCreateContext): a session the server
+// lost (it restarted, or the network dropped) is replaced by a new one on
+// a new connection, so a device whose server is back works again; its old
+// handles are gone. The connection and the session are made without
+// state.mu, so other threads' calls on other devices go on meanwhile.
+absl::Status OpenDevice(State& state, const char* function, int32_t device_id) {
+  size_t server;
+  uint32_t local;
+  std::string address;
+  {
+    absl::MutexLock lock(&state.mu);
+    absl::StatusOr<DeviceSlot*> slot = CheckDevice(state, function, device_id);
+    if (!slot.ok()) return slot.status();
+    if ((*slot)->session != nullptr) {
+      if ((*slot)->session->Lost().ok()) return absl::OkStatus();
+      // Lost: start over on a new connection (the old one may be waiting
+      // out a reconnection backoff).
+      state.DropSession(device_id).IgnoreError();
+      state.servers[(*slot)->server].client.reset();
+    }
+    server = (*slot)->server;
+    local = (*slot)->local;
+    address = state.servers[server].address;
+  }
+  std::shared_ptr<Client> client;
+  {
+    absl::MutexLock lock(&state.mu);
+    client = state.servers[server].client;
+  }
+  if (client == nullptr) {
+    ConnectOptions options;
+    {
+      absl::MutexLock lock(&state.mu);
+      options = state.security;
+      options.connect_timeout = options.call_timeout = state.timeout;
+      options.wait_timeout = state.sync_timeout;
+      options.max_message_bytes = state.max_message_bytes;
+    }
+    auto connected = Client::Connect(address, options);
+    if (!connected.ok()) {
+      return WithAclError(
+          absl::Status(connected.status().code(),
+                       absl::StrCat(function, ": device ", device_id, ": ",
+                                    connected.status().message(),
+                                    " (set OPSERVER_ADDRESS=HOST:PORT)")),
+          ACL_ERROR_RT_FAILURE);
+    }
+    client = *std::move(connected);
+  }
+  auto session = client->CreateSession("aclnn_remote", /*attach=*/true, local);
+  if (session.status().code() == absl::StatusCode::kUnauthenticated) {
+    return WithAclError(
+        absl::Status(session.status().code(),
+                     absl::StrCat(function, ": ", session.status().message(),
+                                  TokenHint(session.status()))),
+        ACL_ERROR_RT_FAILURE);
+  }
+  if (!session.ok()) {
+    return absl::Status(
+        session.status().code(),
+        absl::StrCat(function, ": device ", device_id, " (opserver at ",
+                     address, "): ", session.status().message()));
+  }
+  absl::MutexLock lock(&state.mu);
+  if (!state.initialized ||
+      static_cast<size_t>(device_id) >= state.devices.size()) {
+    return WithAclError(absl::FailedPreconditionError(absl::StrCat(
+                            function, ": aclFinalize was called meanwhile")),
+                        ACL_ERROR_UNINITIALIZE);
+  }
+  DeviceSlot& slot = state.devices[device_id];
+  if (state.servers[server].client == nullptr) {
+    state.servers[server].client = client;
+  }
+  if (slot.session == nullptr) {
+    // Another thread may have opened it meanwhile: theirs stays.
+    slot.client = std::move(client);
+    slot.session = std::shared_ptr<remote::Session>(std::move(*session));
+  }
+  return absl::OkStatus();
+}
+
+// The default context of device `device_id` (made now if it has none);
+// call with state.mu held, after OpenDevice.
+uintptr_t DefaultContext(State& state, uint32_t device_id) {
+  DeviceSlot& slot = state.devices[device_id];
+  if (slot.default_context == 0) {
+    slot.default_context = kContextBase + 16 * state.next_context++;
+    state.contexts.emplace(slot.default_context,
+                           ContextEntry{device_id, /*is_default=*/true});
+  }
+  return slot.default_context;
+}
+
+// The OPSERVER_ADDRESS list: HOST:PORT entries separated by commas.
+absl::StatusOr<std::vector<std::string>> AddressList(const std::string& value) {
+  std::vector<std::string> addresses;
+  for (absl::string_view entry : absl::StrSplit(value, ',')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    if (entry.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("OPSERVER_ADDRESS: '", value,
+                       "' has an empty entry (HOST:PORT[,HOST:PORT...])"));
+    }
+    addresses.emplace_back(entry);
+  }
+  return addresses;
 }
 
 }  // namespace
@@ -150,6 +279,17 @@ aclError aclInit(const char* /*configPath*/) {
   const char* address = std::getenv("OPSERVER_ADDRESS");
   state.address =
       address != nullptr && *address != '\0' ? address : "127.0.0.1:50051";
+  absl::StatusOr<std::vector<std::string>> addresses =
+      opserver::AddressList(state.address);
+  if (!addresses.ok()) {
+    return Fail(ACL_ERROR_INVALID_PARAM,
+                absl::StrCat("aclInit: ", addresses.status().message()));
+  }
+  state.servers.clear();
+  state.devices.clear();
+  for (std::string& one : *addresses) {
+    state.servers.push_back(opserver::ServerSlot{std::move(one)});
+  }
   state.timeout =
       opserver::DurationFromEnv("OPSERVER_TIMEOUT_MS", absl::Seconds(5));
   state.sync_timeout =
@@ -195,8 +335,14 @@ aclError aclFinalize(void) {
     return Fail(ACL_ERROR_REPEAT_FINALIZE,
                 "aclFinalize without a matching aclInit");
   }
-  absl::Status pending = state.DropSession();
-  state.client.reset();
+  absl::Status pending;
+  for (uint32_t device = 0; device < state.devices.size(); ++device) {
+    absl::Status dropped = state.DropSession(device);
+    if (pending.ok()) pending = dropped;
+  }
+  state.devices.clear();
+  state.servers.clear();
+  state.contexts.clear();
   // The addresses are kept: a pointer from before aclFinalize must never
   // name an allocation made after the next aclInit.
   state.initialized = false;
@@ -206,56 +352,116 @@ aclError aclFinalize(void) {
 
 aclError aclrtSetDevice(int32_t deviceId) {
   State& state = GetState();
+  if (absl::Status opened = opserver::OpenDevice(state, __func__, deviceId);
+      !opened.ok()) {
+    return FailAcl(opened);
+  }
   absl::MutexLock lock(&state.mu);
-  if (aclError error = opserver::CheckDevice(state, __func__, deviceId);
-      error != ACL_SUCCESS) {
-    return error;
+  if (!state.initialized ||
+      static_cast<size_t>(deviceId) >= state.devices.size() ||
+      state.devices[deviceId].session == nullptr) {
+    return Fail(ACL_ERROR_RT_CONTEXT_NULL,
+                absl::StrCat("aclrtSetDevice: device ", deviceId,
+                             " was reset or finalized meanwhile"));
   }
-  if (state.session != nullptr) {
-    // Already set, unless the server lost the session meanwhile: say so
-    // rather than pretend the device is usable.
-    auto current = opserver::SessionOf(state);
-    if (!current.ok()) {
-      return opserver::SessionError(absl::Status(
-          current.status().code(),
-          absl::StrCat("aclrtSetDevice: ", current.status().message())));
-    }
-    return ACL_SUCCESS;
-  }
-  if (state.client == nullptr) {
-    opserver::ConnectOptions options = state.security;
-    options.connect_timeout = options.call_timeout = state.timeout;
-    options.wait_timeout = state.sync_timeout;
-    options.max_message_bytes = state.max_message_bytes;
-    auto client = opserver::Client::Connect(state.address, options);
-    if (!client.ok()) {
-      return Fail(ACL_ERROR_RT_FAILURE,
-                  absl::StrCat("aclrtSetDevice: ", client.status().message(),
-                               " (set OPSERVER_ADDRESS=HOST:PORT)"));
-    }
-    state.client = *std::move(client);
-  }
-  auto session = state.client->CreateSession("aclnn_remote", /*attach=*/true);
-  if (session.status().code() == absl::StatusCode::kUnauthenticated) {
-    return Fail(ACL_ERROR_RT_FAILURE,
-                absl::StrCat("aclrtSetDevice: ", session.status().message(),
-                             " (set OPSERVER_TOKEN or OPSERVER_TOKEN_FILE)"));
-  }
-  if (!session.ok()) return FailAcl(session.status());
-  state.session = *std::move(session);
+  opserver::CurrentContext() = opserver::DefaultContext(state, deviceId);
   return ACL_SUCCESS;
 }
 
 aclError aclrtResetDevice(int32_t deviceId) {
   State& state = GetState();
   absl::MutexLock lock(&state.mu);
-  if (aclError error = opserver::CheckDevice(state, __func__, deviceId);
-      error != ACL_SUCCESS) {
-    return error;
-  }
-  if (absl::Status pending = state.DropSession(); !pending.ok()) {
+  absl::StatusOr<opserver::DeviceSlot*> slot =
+      opserver::CheckDevice(state, __func__, deviceId);
+  if (!slot.ok()) return FailAcl(slot.status());
+  if (absl::Status pending = state.DropSession(deviceId); !pending.ok()) {
     return FailAcl(pending);
   }
+  return ACL_SUCCESS;
+}
+
+aclError aclrtCreateContext(aclrtContext* context, int32_t deviceId) {
+  if (context == nullptr) {
+    return Fail(ACL_ERROR_INVALID_PARAM, "aclrtCreateContext: context is NULL");
+  }
+  State& state = GetState();
+  if (absl::Status opened = opserver::OpenDevice(state, __func__, deviceId);
+      !opened.ok()) {
+    return FailAcl(opened);
+  }
+  absl::MutexLock lock(&state.mu);
+  if (!state.initialized ||
+      static_cast<size_t>(deviceId) >= state.devices.size() ||
+      state.devices[deviceId].session == nullptr) {
+    return Fail(ACL_ERROR_RT_CONTEXT_NULL,
+                absl::StrCat("aclrtCreateContext: device ", deviceId,
+                             " was reset or finalized meanwhile"));
+  }
+  const uintptr_t id = opserver::kContextBase + 16 * state.next_context++;
+  state.contexts.emplace(
+      id, opserver::ContextEntry{static_cast<uint32_t>(deviceId), false});
+  opserver::CurrentContext() = id;
+  *context = reinterpret_cast<aclrtContext>(id);
+  return ACL_SUCCESS;
+}
+
+aclError aclrtDestroyContext(aclrtContext context) {
+  State& state = GetState();
+  absl::MutexLock lock(&state.mu);
+  if (!state.initialized) {
+    return Fail(ACL_ERROR_UNINITIALIZE,
+                "aclrtDestroyContext: aclInit was not called");
+  }
+  const auto id = reinterpret_cast<uintptr_t>(context);
+  auto it = state.contexts.find(id);
+  if (context == nullptr || it == state.contexts.end()) {
+    return Fail(ACL_ERROR_INVALID_PARAM,
+                absl::StrCat("aclrtDestroyContext: ", absl::Hex(id),
+                             " is not a live context"));
+  }
+  if (it->second.is_default) {
+    return Fail(ACL_ERROR_INVALID_PARAM,
+                absl::StrCat("aclrtDestroyContext: ", absl::Hex(id),
+                             " is device ", it->second.device,
+                             "'s default context (aclrtResetDevice "
+                             "destroys it)"));
+  }
+  state.contexts.erase(it);
+  if (opserver::CurrentContext() == id) opserver::CurrentContext() = 0;
+  return ACL_SUCCESS;
+}
+
+aclError aclrtSetCurrentContext(aclrtContext context) {
+  State& state = GetState();
+  absl::MutexLock lock(&state.mu);
+  if (!state.initialized) {
+    return Fail(ACL_ERROR_UNINITIALIZE,
+                "aclrtSetCurrentContext: aclInit was not called");
+  }
+  const auto id = reinterpret_cast<uintptr_t>(context);
+  if (context == nullptr || state.contexts.count(id) == 0) {
+    return Fail(ACL_ERROR_INVALID_PARAM,
+                absl::StrCat("aclrtSetCurrentContext: ", absl::Hex(id),
+                             " is not a live context"));
+  }
+  opserver::CurrentContext() = id;
+  return ACL_SUCCESS;
+}
+
+aclError aclrtGetCurrentContext(aclrtContext* context) {
+  if (context == nullptr) {
+    return Fail(ACL_ERROR_INVALID_PARAM,
+                "aclrtGetCurrentContext: context is NULL");
+  }
+  State& state = GetState();
+  absl::MutexLock lock(&state.mu);
+  const uintptr_t id = opserver::CurrentContext();
+  if (!state.initialized || state.contexts.count(id) == 0) {
+    return Fail(ACL_ERROR_RT_CONTEXT_NULL,
+                "aclrtGetCurrentContext: the calling thread has no context "
+                "(call aclrtSetDevice or aclrtSetCurrentContext)");
+  }
+  *context = reinterpret_cast<aclrtContext>(id);
   return ACL_SUCCESS;
 }
 
@@ -264,24 +470,25 @@ aclError aclrtCreateStream(aclrtStream* stream) {
   opserver::Pinned pinned;
   {
     absl::MutexLock lock(&state.mu);
-    auto current = opserver::SessionOf(state);
-    if (!current.ok()) return opserver::SessionError(current.status());
+    auto current = opserver::PinCurrent(state);
+    if (!current.ok()) return FailAcl(current.status());
     if (stream == nullptr) {
       return Fail(ACL_ERROR_INVALID_PARAM, "aclrtCreateStream: stream is NULL");
     }
-    pinned = state.Pin();
+    pinned = *std::move(current);
   }
   // Calls run without the lock.
   auto created = pinned.session->CreateStream();
-  if (!created.ok()) return FailAcl(created.status());
+  if (!created.ok()) return FailAcl(pinned.Named(created.status()));
   absl::MutexLock lock(&state.mu);
-  if (state.session != pinned.session) {
+  if (!opserver::StillCurrent(state, pinned)) {
     created->Release();  // It died with its session.
     return Fail(ACL_ERROR_RT_FAILURE,
                 "aclrtCreateStream: the device was reset during the call");
   }
   const uintptr_t id = opserver::kStreamBase + 16 * state.next_stream++;
-  state.streams.emplace(id, *std::move(created));
+  state.streams.emplace(
+      id, opserver::StreamEntry{pinned.device, *std::move(created)});
   *stream = reinterpret_cast<aclrtStream>(id);
   return ACL_SUCCESS;
 }
@@ -293,32 +500,36 @@ aclError aclrtDestroyStream(aclrtStream stream) {
   const uintptr_t key = reinterpret_cast<uintptr_t>(stream);
   {
     absl::MutexLock lock(&state.mu);
-    auto current = opserver::SessionOf(state);
-    if (!current.ok()) return opserver::SessionError(current.status());
+    if (!state.initialized) {
+      return Fail(ACL_ERROR_UNINITIALIZE,
+                  "aclrtDestroyStream: aclInit was not called");
+    }
     auto it = state.streams.find(key);
     if (it == state.streams.end()) {
       return Fail(ACL_ERROR_INVALID_PARAM,
                   "aclrtDestroyStream: not a live aclrtCreateStream stream");
     }
-    pinned = state.Pin();
-    doomed = std::move(it->second);
+    pinned = state.Pin(it->second.device);
+    doomed = std::move(it->second.stream);
     state.streams.erase(it);
   }
   // The call waits for the stream's running launch: not under the lock, so
   // other threads' calls go on meanwhile. Its copies land first.
   const uint64_t handle = doomed.handle();
-  opserver::WaitPendingReads(state, handle).IgnoreError();
+  opserver::WaitPendingReads(state, pinned.device, handle).IgnoreError();
   absl::Status status = doomed.Destroy();
   if (!status.ok()) {
     // Not destroyed (e.g. the deadline passed): the stream stays usable and
     // can be destroyed again, unless the session changed meanwhile.
     absl::MutexLock lock(&state.mu);
-    if (state.session == pinned.session &&
+    if (opserver::StillCurrent(state, pinned) &&
         status.code() != absl::StatusCode::kNotFound) {
       state.streams.emplace(
-          key, opserver::remote::Stream(pinned.session.get(), handle));
+          key, opserver::StreamEntry{
+                   pinned.device,
+                   opserver::remote::Stream(pinned.session.get(), handle)});
     }
-    return FailAcl(status);
+    return FailAcl(pinned.Named(status));
   }
   return ACL_SUCCESS;
 }
@@ -329,24 +540,31 @@ aclError aclrtSynchronizeStream(aclrtStream stream) {
   uint64_t handle;
   {
     absl::MutexLock lock(&state.mu);
-    auto current = opserver::SessionOf(state);
-    if (!current.ok()) return opserver::SessionError(current.status());
-    auto stream_handle = opserver::StreamHandle(state, stream);
+    absl::StatusOr<opserver::Pinned> current;
+    auto it = state.streams.find(reinterpret_cast<uintptr_t>(stream));
+    if (stream != nullptr && it != state.streams.end() && state.initialized) {
+      current = state.Pin(it->second.device);  // On any thread.
+    } else {
+      current = opserver::PinCurrent(state);
+    }
+    if (!current.ok()) return FailAcl(current.status());
+    pinned = *std::move(current);
+    auto stream_handle = opserver::StreamHandle(state, stream, pinned.device);
     if (!stream_handle.ok()) {
       return Fail(ACL_ERROR_INVALID_PARAM,
                   absl::StrCat("aclrtSynchronizeStream: ",
                                stream_handle.status().message()));
     }
-    pinned = state.Pin();
     handle = *stream_handle;
   }
   // Other threads may use the API while this one waits. The stream's
   // aclrtMemcpyAsync reads land first; one that failed took the stream's
   // error with it, so it is the synchronize's.
-  absl::Status status = opserver::WaitPendingReads(state, handle);
+  absl::Status status =
+      opserver::WaitPendingReads(state, pinned.device, handle);
   absl::Status synchronized = pinned.session->Synchronize(handle);
   if (status.ok()) status = synchronized;
-  if (!status.ok()) return FailAcl(status);
+  if (!status.ok()) return FailAcl(pinned.Named(status));
   return ACL_SUCCESS;
 }
 
@@ -356,26 +574,27 @@ aclError aclrtMalloc(void** devPtr, size_t size,
   opserver::Pinned pinned;
   {
     absl::MutexLock lock(&state.mu);
-    auto current = opserver::SessionOf(state);
-    if (!current.ok()) return opserver::SessionError(current.status());
+    auto current = opserver::PinCurrent(state);
+    if (!current.ok()) return FailAcl(current.status());
     if (devPtr == nullptr) {
       return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMalloc: devPtr is NULL");
     }
     if (size == 0) {
       return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMalloc: size is 0");
     }
-    pinned = state.Pin();
+    pinned = *std::move(current);
   }
   // Calls run without the lock.
   auto buffer = pinned.session->Malloc(size);
-  if (!buffer.ok()) return FailAcl(buffer.status());
+  if (!buffer.ok()) return FailAcl(pinned.Named(buffer.status()));
   absl::MutexLock lock(&state.mu);
-  if (state.session != pinned.session) {
+  if (!opserver::StillCurrent(state, pinned)) {
     buffer->Release();  // It died with its session.
     return Fail(ACL_ERROR_RT_FAILURE,
                 "aclrtMalloc: the device was reset during the call");
   }
-  absl::StatusOr<void*> address = state.addresses.Add(size, *buffer);
+  absl::StatusOr<void*> address =
+      state.addresses.Add(size, *buffer, pinned.device);
   if (!address.ok()) return FailAcl(address.status());
   *devPtr = *address;
   return ACL_SUCCESS;
@@ -387,20 +606,24 @@ aclError aclrtFree(void* devPtr) {
   opserver::remote::DeviceBuffer doomed;
   {
     absl::MutexLock lock(&state.mu);
-    auto current = opserver::SessionOf(state);
-    if (!current.ok()) return opserver::SessionError(current.status());
+    if (!state.initialized) {
+      return Fail(ACL_ERROR_UNINITIALIZE, "aclrtFree: aclInit was not called");
+    }
+    absl::StatusOr<opserver::DeviceRange> range =
+        state.addresses.Resolve(devPtr, "aclrtFree: devPtr");
     absl::StatusOr<opserver::remote::DeviceBuffer> removed =
         state.addresses.Remove(devPtr);
     if (!removed.ok()) {
       return Fail(ACL_ERROR_INVALID_PARAM,
                   absl::StrCat("aclrtFree: ", removed.status().message()));
     }
-    pinned = state.Pin();
+    pinned = state.Pin(range->device);
     doomed = *std::move(removed);
   }
-  // The call runs without the lock.
+  // The call runs without the lock (on the pointer's device, from any
+  // thread).
   absl::Status status = doomed.Free();
-  if (!status.ok()) return FailAcl(status);
+  if (!status.ok()) return FailAcl(pinned.Named(status));
   return ACL_SUCCESS;
 }
 
@@ -416,36 +639,51 @@ aclError aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count,
     return ACL_SUCCESS;
   }
   State& state = GetState();
-  opserver::Pinned pinned;
+  // The device side of each end: the pointer's own device, whichever
+  // context is current (as CANN's copies address device memory by
+  // pointer).
+  opserver::Pinned source, target;
   opserver::DeviceRange from{}, to{};
   {
     absl::MutexLock lock(&state.mu);
-    auto current = opserver::SessionOf(state);
-    if (!current.ok()) return opserver::SessionError(current.status());
+    if (!state.initialized) {
+      return Fail(ACL_ERROR_UNINITIALIZE,
+                  "aclrtMemcpy: aclInit was not called");
+    }
     if (absl::Status s = opserver::ResolveCopy(state, __func__, dst, src, count,
                                                kind, &from, &to);
         !s.ok()) {
       return FailAcl(s);
     }
-    pinned = state.Pin();
+    if (kind != ACL_MEMCPY_HOST_TO_DEVICE) source = state.Pin(from.device);
+    if (kind != ACL_MEMCPY_DEVICE_TO_HOST) target = state.Pin(to.device);
   }
   // The transfer runs without the lock: other threads may use the API.
   absl::Status status;
+  const opserver::Pinned& named =
+      kind == ACL_MEMCPY_HOST_TO_DEVICE ? target : source;
   if (kind == ACL_MEMCPY_HOST_TO_DEVICE) {
-    status = pinned.session->Upload(to.buffer, to.offset, src, count);
+    status = target.session->Upload(to.buffer, to.offset, src, count);
   } else if (kind == ACL_MEMCPY_DEVICE_TO_HOST) {
-    status = pinned.session->Download(from.buffer, from.offset, dst, count);
+    status = source.session->Download(from.buffer, from.offset, dst, count);
+  } else if (from.device == to.device) {
+    // On the server, ordered after the default stream's work, then waited
+    // for: aclrtMemcpy returns once the bytes are there.
+    status = source.session->CopyOnDevice(to.buffer, to.offset, from.buffer,
+                                          from.offset, count);
+    if (status.ok()) status = source.session->Synchronize(0);
   } else {
-    // Through the host: the API has no device-side copy.
+    // Between devices (sessions, possibly servers): through the host.
     std::vector<char> bounce(count);
-    status = pinned.session->Download(from.buffer, from.offset, bounce.data(),
+    status = source.session->Download(from.buffer, from.offset, bounce.data(),
                                       count);
     if (status.ok()) {
       status =
-          pinned.session->Upload(to.buffer, to.offset, bounce.data(), count);
+          target.session->Upload(to.buffer, to.offset, bounce.data(), count);
+      if (!status.ok()) return FailAcl(target.Named(status));
     }
   }
-  if (!status.ok()) return FailAcl(status);
+  if (!status.ok()) return FailAcl(named.Named(status));
   return ACL_SUCCESS;
 }
 
@@ -534,7 +772,7 @@ aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor* executor) {
                   "aclDestroyAclOpExecutor: executor is unknown, destroyed "
                   "or already consumed");
     }
-    pinned = state.Pin();
+    pinned = state.Pin(it->second.device);
     doomed = std::move(it->second.executor);
     state.executors.erase(it);
   }

@@ -4,14 +4,18 @@
 #include "client/aclnn_state.h"
 
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -32,26 +36,155 @@ using remote::TensorDesc;
 namespace {
 
 thread_local std::string last_error;
+thread_local uintptr_t current_context = 0;
+
+// The payload key WithAclError stores the exact aclError under.
+constexpr absl::string_view kAclErrorPayload = "opserver-acl-error";
 
 }  // namespace
 
 std::string& LastError() { return last_error; }
+uintptr_t& CurrentContext() { return current_context; }
 
-absl::Status State::DropSession() {
+absl::Status WithAclError(absl::Status status, aclError code) {
+  status.SetPayload(kAclErrorPayload, absl::Cord(absl::StrCat(code)));
+  return status;
+}
+
+absl::Status Pinned::Named(const absl::Status& status) const {
+  // Only the errors of the connection or the session: an operator's or an
+  // argument's error keeps its exact message.
+  switch (status.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kAborted:
+      break;
+    default:
+      return status;
+  }
+  absl::Status named(status.code(),
+                     absl::StrCat("device ", device, " (opserver at ", address,
+                                  "): ", status.message()));
+  status.ForEachPayload([&](absl::string_view key, const absl::Cord& value) {
+    named.SetPayload(key, value);
+  });
+  return named;
+}
+
+absl::StatusOr<std::shared_ptr<Client>> State::Connect(size_t index) {
+  ServerSlot& server = servers[index];
+  if (server.client != nullptr) return server.client;
+  opserver::ConnectOptions options = security;
+  options.connect_timeout = options.call_timeout = timeout;
+  options.wait_timeout = sync_timeout;
+  options.max_message_bytes = max_message_bytes;
+  auto client = opserver::Client::Connect(server.address, options);
+  if (!client.ok()) {
+    return absl::Status(
+        client.status().code(),
+        absl::StrCat(client.status().message(),
+                     " (OPSERVER_ADDRESS lists HOST:PORT,HOST:PORT...)"));
+  }
+  server.client = *std::move(client);
+  return server.client;
+}
+
+absl::StatusOr<DeviceSlot*> State::Device(int64_t ordinal) {
+  if (ordinal < 0) {
+    return WithAclError(absl::InvalidArgumentError(absl::StrCat(
+                            "device ", ordinal, " does not exist")),
+                        ACL_ERROR_INVALID_DEVICE);
+  }
+  while (static_cast<uint64_t>(ordinal) >= devices.size()) {
+    // Learn the next server's devices.
+    size_t next = 0;
+    while (next < servers.size() && servers[next].devices.has_value()) ++next;
+    if (next == servers.size()) {
+      return WithAclError(
+          absl::InvalidArgumentError(absl::StrCat(
+              "device ", ordinal, " does not exist; the opserver",
+              servers.size() > 1 ? "s" : "", " at ", address, " ",
+              devices.size() == 1
+                  ? "is device 0"
+                  : absl::StrCat("have devices 0 to ", devices.size() - 1))),
+          ACL_ERROR_INVALID_DEVICE);
+    }
+    absl::StatusOr<std::shared_ptr<Client>> client = Connect(next);
+    if (!client.ok()) return client.status();
+    absl::StatusOr<std::vector<v1::DeviceInfo>> listed =
+        (*client)->ListDevices();
+    if (!listed.ok()) return listed.status();
+    servers[next].devices = static_cast<uint32_t>(listed->size());
+    for (uint32_t local = 0; local < listed->size(); ++local) {
+      DeviceSlot slot;
+      slot.server = next;
+      slot.local = local;
+      devices.push_back(std::move(slot));
+    }
+  }
+  return &devices[ordinal];
+}
+
+absl::StatusOr<uint32_t> State::DeviceCount() {
+  for (size_t i = 0; i < servers.size(); ++i) {
+    if (servers[i].devices.has_value()) continue;
+    // Learning ordinal devices.size() asks the first server not asked yet.
+    absl::StatusOr<DeviceSlot*> slot = Device(devices.size());
+    if (!slot.ok() && !servers[i].devices.has_value()) return slot.status();
+  }
+  return static_cast<uint32_t>(devices.size());
+}
+
+Pinned State::Pin(uint32_t device) const {
+  const DeviceSlot& slot = devices[device];
+  return {slot.client, slot.session, device, servers[slot.server].address};
+}
+
+absl::Status State::DropSession(uint32_t device) {
+  DeviceSlot& slot = devices[device];
   absl::Status pending;
-  if (session != nullptr) {
-    pending = session->Flush();
+  if (slot.session != nullptr) {
+    pending = slot.session->Flush();
     if (absl::IsNotFound(pending)) pending = absl::OkStatus();
   }
   // Handles die with the session on the server; forget them here without
   // a call each.
-  addresses.ReleaseAll();
-  for (auto& [id, stream] : streams) stream.Release();
-  for (auto& [id, entry] : executors) entry.executor.Release();
-  streams.clear();
-  executors.clear();
-  pending_reads.clear();  // Their bytes never come: the copies die too.
-  session.reset();        // Closes the session.
+  addresses.ReleaseDevice(device);
+  for (auto it = streams.begin(); it != streams.end();) {
+    if (it->second.device != device) {
+      ++it;
+      continue;
+    }
+    it->second.stream.Release();
+    it = streams.erase(it);
+  }
+  for (auto it = executors.begin(); it != executors.end();) {
+    if (it->second.device != device) {
+      ++it;
+      continue;
+    }
+    it->second.executor.Release();
+    it = executors.erase(it);
+  }
+  for (auto it = events.begin(); it != events.end();) {
+    it = it->second.device == device ? events.erase(it) : std::next(it);
+  }
+  for (auto it = pending_reads.begin(); it != pending_reads.end();) {
+    // Their bytes never come: the copies die too.
+    it = it->first.first == device ? pending_reads.erase(it) : std::next(it);
+  }
+  // The device's contexts go with it (CANN's aclrtResetDevice destroys
+  // the default context); threads bound to them get
+  // ACL_ERROR_RT_CONTEXT_NULL until they set a device again.
+  for (auto it = contexts.begin(); it != contexts.end();) {
+    it = it->second.device == device ? contexts.erase(it) : std::next(it);
+  }
+  slot.default_context = 0;
+  slot.session.reset();  // Closes the session.
+  slot.client.reset();
+  if (!pending.ok()) return Pin(device).Named(pending);
   return pending;
 }
 
@@ -105,13 +238,15 @@ absl::Status ResolveCopy(State& state, const char* function, const void* dst,
   return absl::OkStatus();
 }
 
-absl::Status WaitPendingReads(State& state, std::optional<uint64_t> handle) {
+absl::Status WaitPendingReads(State& state, uint32_t device,
+                              std::optional<uint64_t> handle) {
   std::vector<remote::PendingRead> reads;
   {
     absl::MutexLock lock(&state.mu);
     for (auto it = state.pending_reads.begin();
          it != state.pending_reads.end();) {
-      if (handle.has_value() && it->first != *handle) {
+      if (it->first.first != device ||
+          (handle.has_value() && it->first.second != *handle)) {
         ++it;
         continue;
       }
@@ -137,6 +272,11 @@ State& GetState() {
 }
 
 aclError AclErrorOf(const absl::Status& status) {
+  if (auto code = status.GetPayload(kAclErrorPayload);
+      code.has_value()) {
+    int value;
+    if (absl::SimpleAtoi(std::string(*code), &value)) return value;
+  }
   switch (status.code()) {
     case absl::StatusCode::kOk:
       return ACL_SUCCESS;
@@ -160,41 +300,56 @@ aclnnStatus FailAclnn(const absl::Status& status) {
   return Fail(kernels::GetAclnnStatus(status), status.message());
 }
 
-// The session, or an error saying which call was missing.
-absl::StatusOr<Session*> SessionOf(State& state) {
+absl::StatusOr<uint32_t> CurrentDevice(State& state) {
   if (!state.initialized) {
-    return absl::FailedPreconditionError("aclInit was not called");
+    return WithAclError(absl::FailedPreconditionError("aclInit was not called"),
+                        ACL_ERROR_UNINITIALIZE);
   }
-  if (state.session == nullptr) {
-    return absl::FailedPreconditionError(
-        "no device is set: call aclrtSetDevice(0) first");
+  auto context = state.contexts.find(CurrentContext());
+  if (context == state.contexts.end()) {
+    return WithAclError(
+        absl::FailedPreconditionError(
+            "the calling thread has no context: call aclrtSetDevice (or "
+            "aclrtSetCurrentContext) on this thread first"),
+        ACL_ERROR_RT_CONTEXT_NULL);
   }
-  if (absl::Status lost = state.session->Lost(); !lost.ok()) {
-    return absl::NotFoundError(absl::StrCat(
-        lost.message(),
-        "; call aclrtResetDevice(0) and aclrtSetDevice(0) to start a new one"));
+  const uint32_t device = context->second.device;
+  const DeviceSlot& slot = state.devices[device];
+  if (slot.session == nullptr) {
+    return WithAclError(
+        absl::FailedPreconditionError(
+            absl::StrCat("device ", device, " was reset: call aclrtSetDevice(",
+                         device, ") first")),
+        ACL_ERROR_RT_CONTEXT_NULL);
   }
-  return state.session.get();
+  if (absl::Status lost = slot.session->Lost(); !lost.ok()) {
+    return state.Pin(device).Named(absl::NotFoundError(
+        absl::StrCat(lost.message(), "; call aclrtResetDevice(", device,
+                     ") and aclrtSetDevice(", device, ") to start a new one")));
+  }
+  return device;
 }
 
-aclError SessionError(const absl::Status& status) {
-  if (!GetState().initialized) {
-    return Fail(ACL_ERROR_UNINITIALIZE, status.message());
-  }
-  // A lost session: its handles are gone, as when the server answers "no
-  // session".
-  if (status.code() == absl::StatusCode::kNotFound) {
-    return Fail(ACL_ERROR_INVALID_RESOURCE_HANDLE, status.message());
-  }
-  return Fail(ACL_ERROR_RT_FAILURE, status.message());
+absl::StatusOr<Pinned> PinCurrent(State& state) {
+  absl::StatusOr<uint32_t> device = CurrentDevice(state);
+  if (!device.ok()) return device.status();
+  return state.Pin(*device);
 }
+
+bool StillCurrent(const State& state, const Pinned& pinned) {
+  return pinned.device < state.devices.size() &&
+         state.devices[pinned.device].session == pinned.session;
+}
+
+aclError SessionError(const absl::Status& status) { return FailAcl(status); }
 
 absl::StatusOr<DeviceRange> Resolve(State& state, const void* pointer,
                                     absl::string_view what) {
   return state.addresses.Resolve(pointer, what);
 }
 
-absl::StatusOr<uint64_t> StreamHandle(State& state, aclrtStream stream) {
+absl::StatusOr<uint64_t> StreamHandle(State& state, aclrtStream stream,
+                                      uint32_t device) {
   if (stream == nullptr) return 0;  // The default stream.
   auto it = state.streams.find(reinterpret_cast<uintptr_t>(stream));
   if (it == state.streams.end()) {
@@ -202,11 +357,19 @@ absl::StatusOr<uint64_t> StreamHandle(State& state, aclrtStream stream) {
         absl::StrCat("stream ", absl::Hex(reinterpret_cast<uintptr_t>(stream)),
                      " is not a live aclrtCreateStream stream"));
   }
-  return it->second.handle();
+  if (it->second.device != device) {
+    return WithAclError(
+        absl::InvalidArgumentError(absl::StrCat(
+            "stream ", absl::Hex(reinterpret_cast<uintptr_t>(stream)),
+            " belongs to device ", it->second.device,
+            ", not to the current context's device ", device)),
+        ACL_ERROR_RT_STREAM_CONTEXT);
+  }
+  return it->second.stream.handle();
 }
 
 absl::StatusOr<TensorDesc> ToDesc(State& state, const aclTensor* tensor,
-                                  absl::string_view name) {
+                                  absl::string_view name, uint32_t device) {
   if (tensor == nullptr) {
     return kernels::ParamNullptr(absl::StrCat(name, " is nullptr"));
   }
@@ -219,6 +382,11 @@ absl::StatusOr<TensorDesc> ToDesc(State& state, const aclTensor* tensor,
   auto range = Resolve(state, reinterpret_cast<const void*>(tensor->data),
                        absl::StrCat(name, "'s data"));
   if (!range.ok()) return kernels::ParamInvalid(range.status().message());
+  if (range->device != device) {
+    return kernels::ParamInvalid(
+        absl::StrCat(name, "'s data is on device ", range->device,
+                     ", not on the current context's device ", device));
+  }
   desc.buffer = range->buffer;
   desc.buffer_offset = range->offset;
   desc.dtype = static_cast<DType>(tensor->dtype);
@@ -229,9 +397,9 @@ absl::StatusOr<TensorDesc> ToDesc(State& state, const aclTensor* tensor,
   return desc;
 }
 
-aclOpExecutor* AddExecutor(State& state, Executor executor) {
+aclOpExecutor* AddExecutor(State& state, uint32_t device, Executor executor) {
   const uintptr_t id = kExecutorBase + 16 * state.next_executor++;
-  state.executors.emplace(id, ExecutorEntry{std::move(executor)});
+  state.executors.emplace(id, ExecutorEntry{device, std::move(executor)});
   return reinterpret_cast<aclOpExecutor*>(id);
 }
 
@@ -247,11 +415,12 @@ aclnnStatus Plan(const char* function, const std::string& op,
   std::map<std::string, TensorDesc> descs;
   {
     absl::MutexLock lock(&state.mu);
-    auto current = SessionOf(state);
+    auto current = PinCurrent(state);
     if (!current.ok()) {
       return Fail(ACLNN_ERR_RUNTIME_ERROR,
                   absl::StrCat(function, ": ", current.status().message()));
     }
+    pinned = *std::move(current);
     if (workspace_size == nullptr || executor == nullptr) {
       return Fail(
           ACLNN_ERR_PARAM_NULLPTR,
@@ -260,19 +429,18 @@ aclnnStatus Plan(const char* function, const std::string& op,
                        " is nullptr"));
     }
     for (const auto& [name, tensor] : tensors) {
-      auto desc = ToDesc(state, tensor, name);
+      auto desc = ToDesc(state, tensor, name, pinned.device);
       if (!desc.ok()) {
         return Fail(kernels::GetAclnnStatus(desc.status()),
                     absl::StrCat(function, ": ", desc.status().message()));
       }
       descs.emplace(name, *std::move(desc));
     }
-    pinned = state.Pin();
   }
   auto planned = pinned.session->GetWorkspaceSize(op, params, descs);
-  if (!planned.ok()) return FailAclnn(planned.status());
+  if (!planned.ok()) return FailAclnn(pinned.Named(planned.status()));
   absl::MutexLock lock(&state.mu);
-  if (state.session != pinned.session) {
+  if (!StillCurrent(state, pinned)) {
     // The device was reset meanwhile: the executor died with its session.
     planned->Release();
     return Fail(
@@ -280,7 +448,7 @@ aclnnStatus Plan(const char* function, const std::string& op,
         absl::StrCat(function, ": the device was reset during the call"));
   }
   *workspace_size = planned->workspace_size();
-  *executor = AddExecutor(state, *std::move(planned));
+  *executor = AddExecutor(state, pinned.device, *std::move(planned));
   return ACLNN_SUCCESS;
 }
 
@@ -290,11 +458,12 @@ aclnnStatus Launch(const char* function, void* workspace,
                    aclrtStream stream) {
   State& state = GetState();
   absl::ReleasableMutexLock lock(&state.mu);
-  auto current = SessionOf(state);
+  auto current = PinCurrent(state);
   if (!current.ok()) {
     return Fail(ACLNN_ERR_RUNTIME_ERROR,
                 absl::StrCat(function, ": ", current.status().message()));
   }
+  Pinned pinned = *std::move(current);
   auto it = state.executors.find(reinterpret_cast<uintptr_t>(executor));
   if (it == state.executors.end()) {
     return Fail(ACLNN_ERR_INNER_NULLPTR,
@@ -304,7 +473,15 @@ aclnnStatus Launch(const char* function, void* workspace,
                              "an earlier launch (only executors made "
                              "repeatable can be launched again)"));
   }
-  auto stream_handle = StreamHandle(state, stream);
+  if (it->second.device != pinned.device) {
+    return Fail(
+        ACLNN_ERR_PARAM_INVALID,
+        absl::StrCat(function, ": executor ",
+                     absl::Hex(reinterpret_cast<uintptr_t>(executor)),
+                     " was planned on device ", it->second.device,
+                     ", not on the current context's device ", pinned.device));
+  }
+  auto stream_handle = StreamHandle(state, stream, pinned.device);
   if (!stream_handle.ok()) {
     return Fail(ACLNN_ERR_PARAM_INVALID,
                 absl::StrCat(function, ": ", stream_handle.status().message()));
@@ -322,6 +499,12 @@ aclnnStatus Launch(const char* function, void* workspace,
     if (!range.ok()) {
       return Fail(ACLNN_ERR_PARAM_INVALID,
                   absl::StrCat(function, ": ", range.status().message()));
+    }
+    if (range->device != pinned.device) {
+      return Fail(
+          ACLNN_ERR_PARAM_INVALID,
+          absl::StrCat(function, ": the workspace is on device ", range->device,
+                       ", not on device ", pinned.device));
     }
     if (range->available < workspace_size) {
       return Fail(ACLNN_ERR_PARAM_INVALID,
@@ -343,7 +526,6 @@ aclnnStatus Launch(const char* function, void* workspace,
     taken = std::move(it->second.executor);
     state.executors.erase(it);
   }
-  Pinned pinned = state.Pin();
   lock.Release();
   absl::Status status =
       repeatable
@@ -352,13 +534,14 @@ aclnnStatus Launch(const char* function, void* workspace,
           : taken.Execute(*stream_handle, buffer, offset, workspace_size);
   if (!status.ok() && !repeatable) {
     absl::MutexLock relock(&state.mu);
-    if (state.session == pinned.session) {
-      state.executors.emplace(key, ExecutorEntry{std::move(taken)});
+    if (StillCurrent(state, pinned)) {
+      state.executors.emplace(key,
+                              ExecutorEntry{pinned.device, std::move(taken)});
     } else {
       taken.Release();  // It died with its session.
     }
   }
-  if (!status.ok()) return FailAclnn(status);
+  if (!status.ok()) return FailAclnn(pinned.Named(status));
   return ACLNN_SUCCESS;
 }
 

@@ -45,21 +45,72 @@ struct aclScalar {
 
 namespace opserver {
 
-// Where the opaque stream and executor handles start (device addresses are
-// DeviceAddressSpace's, below these).
+// Where the opaque stream, executor, context and event handles start
+// (device addresses are DeviceAddressSpace's, below these).
 inline constexpr uintptr_t kStreamBase = uintptr_t{0x20} << 40;
 inline constexpr uintptr_t kExecutorBase = uintptr_t{0x30} << 40;
+inline constexpr uintptr_t kContextBase = uintptr_t{0x40} << 40;
+inline constexpr uintptr_t kEventBase = uintptr_t{0x50} << 40;
 
 // The calling thread's last error, what aclGetRecentErrMsg returns. A
 // function, not an extern thread_local, so the variable stays local to
 // aclnn_state.cc (libaclnn_remote.so's dynamic symbols are the API's only).
 std::string& LastError();
 
+// The calling thread's current context (aclrtSetDevice,
+// aclrtSetCurrentContext, aclrtCreateContext); 0: none. A handle, looked
+// up on use, so a context destroyed by another thread is recognised.
+uintptr_t& CurrentContext();
+
+// An error that carries the exact aclError to return for it (AclErrorOf
+// prefers it to the mapping from the canonical code).
+absl::Status WithAclError(absl::Status status, aclError code);
+
+// One opserver of OPSERVER_ADDRESS's list.
+struct ServerSlot {
+  std::string address;
+  // Connected on first use; replaced when a lost device reconnects.
+  std::shared_ptr<Client> client;
+  // Its device count, learned once: device ordinals count the servers'
+  // devices in the order the servers are listed, so they never change.
+  std::optional<uint32_t> devices;
+};
+
+// One device ordinal: device `local` of server `server`.
+struct DeviceSlot {
+  size_t server = 0;
+  uint32_t local = 0;
+  // The session aclrtSetDevice (or aclrtCreateContext) opened on it, and
+  // the client it was made on (which must outlive it). Null when the
+  // device is not set or was reset.
+  std::shared_ptr<Client> client;
+  std::shared_ptr<remote::Session> session;
+  // The default context aclrtSetDevice binds threads to (0: none yet).
+  uintptr_t default_context = 0;
+  // aclrtGetSocName's answer, kept until aclFinalize.
+  std::string soc_name;
+};
+
+struct ContextEntry {
+  uint32_t device = 0;
+  bool is_default = false;
+};
+
+struct StreamEntry {
+  uint32_t device = 0;
+  remote::Stream stream;
+};
+
 struct ExecutorEntry {
+  uint32_t device = 0;
   remote::Executor executor;
 };
 
-// Everything between aclInit and aclFinalize.
+struct EventEntry {
+  uint32_t device = 0;
+  uint64_t handle = 0;  // The server's event handle in the device's session.
+};
+
 // The client and session a call goes on with once it let go of State::mu,
 // so that another thread's aclrtResetDevice or aclFinalize cannot destroy
 // them under it. `client` is declared first so it outlives `session`, whose
@@ -67,43 +118,65 @@ struct ExecutorEntry {
 struct Pinned {
   std::shared_ptr<Client> client;
   std::shared_ptr<remote::Session> session;
+  uint32_t device = 0;
+  std::string address;
+  // `status` with the device and its server named when it is the
+  // connection's or the session's error (unavailable, deadline, lost), so
+  // an error of a call on one device says which server failed it; other
+  // errors are returned as they are.
+  absl::Status Named(const absl::Status& status) const;
 };
 
+// Everything between aclInit and aclFinalize.
 struct State {
   absl::Mutex mu;
   bool initialized = false;
+  // OPSERVER_ADDRESS as given (a comma-separated list).
   std::string address;
+  std::vector<ServerSlot> servers;
+  // One per ordinal learned so far (see ServerSlot::devices).
+  std::vector<DeviceSlot> devices;
   absl::Duration timeout = absl::Seconds(5);
   absl::Duration sync_timeout = absl::Seconds(600);
   // TLS files, token and transfer connections from the environment
   // (timeouts are set on use).
   opserver::ConnectOptions security;
   uint64_t max_message_bytes = 64ull << 20;
-  // Shared so that a long call (synchronize, a transfer) can run without
-  // holding `mu`, keeping both alive even if another thread resets them.
-  std::shared_ptr<Client> client;
-  std::shared_ptr<opserver::remote::Session> session;
-  // Both, for use after `mu` is released; call with `mu` held.
-  Pinned Pin() const { return {client, session}; }
   // Kept across aclFinalize: a pointer from before must never name an
   // allocation made after the next aclInit.
   DeviceAddressSpace addresses;
   uint64_t next_stream = 1;
-  std::map<uintptr_t, remote::Stream> streams;
+  std::map<uintptr_t, StreamEntry> streams;
   uint64_t next_executor = 1;
   std::map<uintptr_t, ExecutorEntry> executors;
-  // aclrtMemcpyAsync device-to-host copies not yet waited for, by stream
-  // handle: their bytes land when the stream is synchronized.
-  std::map<uint64_t, std::vector<remote::PendingRead>> pending_reads;
+  uint64_t next_context = 1;
+  std::map<uintptr_t, ContextEntry> contexts;
+  uint64_t next_event = 1;
+  std::map<uintptr_t, EventEntry> events;
+  // aclrtMemcpyAsync device-to-host copies not yet waited for, by device
+  // and stream handle: their bytes land when the stream is synchronized.
+  std::map<std::pair<uint32_t, uint64_t>, std::vector<remote::PendingRead>>
+      pending_reads;
   // aclrtMallocHost blocks and their sizes.
   std::map<void*, size_t> host_blocks;
-  // aclrtGetSocName's answer, kept until aclFinalize.
-  std::string soc_name;
 
-  // Closes the session. What was queued is delivered first, and a deferred
-  // error still pending is returned (a session the server no longer has
-  // has nothing left to report: NOT_FOUND is not an error of the reset).
-  absl::Status DropSession();
+  // The slot of device `ordinal`, learning the device counts of the
+  // servers listed before it (connecting to them) as needed.
+  // ACL_ERROR_INVALID_DEVICE past the last device; the connection's error
+  // (naming the server) when a server it must ask cannot be reached.
+  absl::StatusOr<DeviceSlot*> Device(int64_t ordinal);
+  // The total over every server (connecting to each).
+  absl::StatusOr<uint32_t> DeviceCount();
+  // The client of server `index`, connected now if it is not.
+  absl::StatusOr<std::shared_ptr<Client>> Connect(size_t index);
+  // Both, for use after `mu` is released; call with `mu` held.
+  Pinned Pin(uint32_t device) const;
+
+  // Closes device `device`'s session and forgets its handles (what was
+  // queued is delivered first, and a deferred error still pending is
+  // returned; a session the server no longer has has nothing left to
+  // report: NOT_FOUND is not an error of the reset).
+  absl::Status DropSession(uint32_t device);
 };
 
 State& GetState();
@@ -119,8 +192,16 @@ aclError AclErrorOf(const absl::Status& status);
 aclError FailAcl(const absl::Status& status);
 aclnnStatus FailAclnn(const absl::Status& status);
 
-// The session, or an error saying which call was missing.
-absl::StatusOr<remote::Session*> SessionOf(State& state);
+// The device of the calling thread's current context, with a session:
+// ACL_ERROR_UNINITIALIZE before aclInit, ACL_ERROR_RT_CONTEXT_NULL for a
+// thread with no context (or whose device was reset), and NOT_FOUND for a
+// session the server lost. Call with `state.mu` held.
+absl::StatusOr<uint32_t> CurrentDevice(State& state);
+// The same, pinned for a call made after `state.mu` is released.
+absl::StatusOr<Pinned> PinCurrent(State& state);
+// Whether device `device` still has the session `pinned` was made on (it
+// was not reset meanwhile). Call with `state.mu` held.
+bool StillCurrent(const State& state, const Pinned& pinned);
 
 aclError SessionError(const absl::Status& status);
 
@@ -129,7 +210,10 @@ using DeviceRange = DeviceAddressSpace::Range;
 absl::StatusOr<DeviceRange> Resolve(State& state, const void* pointer,
                                     absl::string_view what);
 
-absl::StatusOr<uint64_t> StreamHandle(State& state, aclrtStream stream);
+// The server handle of `stream` (0, the default stream, for NULL), which
+// must be on device `device`: ACL_ERROR_RT_STREAM_CONTEXT otherwise.
+absl::StatusOr<uint64_t> StreamHandle(State& state, aclrtStream stream,
+                                      uint32_t device);
 
 // What aclrtMemcpy and aclrtMemcpyAsync (`function`) check before anything
 // is resolved: NULL pointers, `count` over `destMax`, an unknown kind.
@@ -140,21 +224,27 @@ aclError CheckCopyArguments(const char* function, const void* dst,
 
 // Under `state.mu`: the device ranges a copy of `count` bytes of `kind`
 // reads (`from`, for a device source) and writes (`to`, for a device
-// destination), each within one allocation.
+// destination), each within one allocation (on any device: the caller
+// checks which).
 absl::Status ResolveCopy(State& state, const char* function, const void* dst,
                          const void* src, size_t count, aclrtMemcpyKind kind,
                          DeviceRange* from, DeviceRange* to);
 
-// Waits for the aclrtMemcpyAsync reads queued on stream `handle` (every
-// stream's when `handle` is nullopt) and returns the first error; call
-// without `state.mu` (it is taken to collect them). A read's error is its
-// stream's deferred error, which the read consumed: the caller reports it.
-absl::Status WaitPendingReads(State& state, std::optional<uint64_t> handle);
+// Waits for the aclrtMemcpyAsync reads queued on stream `handle` of device
+// `device` (every stream's of it when `handle` is nullopt) and returns the
+// first error; call without `state.mu` (it is taken to collect them). A
+// read's error is its stream's deferred error, which the read consumed:
+// the caller reports it.
+absl::Status WaitPendingReads(State& state, uint32_t device,
+                              std::optional<uint64_t> handle);
 
+// The descriptor of `tensor`, whose data must be on device `device`.
 absl::StatusOr<remote::TensorDesc> ToDesc(State& state, const aclTensor* tensor,
-                                          absl::string_view name);
+                                          absl::string_view name,
+                                          uint32_t device);
 
-aclOpExecutor* AddExecutor(State& state, remote::Executor executor);
+aclOpExecutor* AddExecutor(State& state, uint32_t device,
+                           remote::Executor executor);
 
 // Phase one of every operator: nullptr checks, descriptors, the call. The
 // call runs without `state.mu`, so one thread's slow call does not stop the

@@ -15,7 +15,8 @@ constexpr uintptr_t kLimit = uintptr_t{0x20} << 40;
 }  // namespace
 
 absl::StatusOr<void*> DeviceAddressSpace::Add(uint64_t size,
-                                              remote::DeviceBuffer& buffer) {
+                                              remote::DeviceBuffer& buffer,
+                                              uint32_t device) {
   // The allocation, rounded up to kAlign, plus one kAlign of gap; counted
   // in units so that no size can make the arithmetic wrap.
   const uint64_t units = size / kAlign + (size % kAlign != 0 ? 1 : 0) + 1;
@@ -25,7 +26,7 @@ absl::StatusOr<void*> DeviceAddressSpace::Add(uint64_t size,
   }
   const uintptr_t base = next_;
   next_ += units * kAlign;
-  allocations_.emplace(base, Allocation{size, std::move(buffer)});
+  allocations_.emplace(base, Allocation{size, std::move(buffer), device});
   return reinterpret_cast<void*>(base);
 }
 
@@ -38,8 +39,8 @@ absl::StatusOr<DeviceAddressSpace::Range> DeviceAddressSpace::Resolve(
     const uintptr_t base = it->first;
     const uint64_t size = it->second.size;
     if (address - base < size || (address == base && size == 0)) {
-      return Range{it->second.buffer.handle(), address - base,
-                   size - (address - base)};
+      return Range{it->second.buffer.handle(), it->second.device,
+                   address - base, size - (address - base)};
     }
   }
   return absl::InvalidArgumentError(
@@ -63,6 +64,17 @@ absl::StatusOr<remote::DeviceBuffer> DeviceAddressSpace::Remove(
 void DeviceAddressSpace::ReleaseAll() {
   for (auto& [address, allocation] : allocations_) allocation.buffer.Release();
   allocations_.clear();
+}
+
+void DeviceAddressSpace::ReleaseDevice(uint32_t device) {
+  for (auto it = allocations_.begin(); it != allocations_.end();) {
+    if (it->second.device != device) {
+      ++it;
+      continue;
+    }
+    it->second.buffer.Release();
+    it = allocations_.erase(it);
+  }
 }
 
 }  // namespace opserver

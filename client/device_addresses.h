@@ -32,15 +32,17 @@ class DeviceAddressSpace {
 
   struct Range {
     uint64_t buffer;     // The server buffer's handle.
+    uint32_t device;     // The device ordinal the buffer is on.
     uint64_t offset;     // Bytes from the allocation's start.
     uint64_t available;  // Bytes from `offset` to the allocation's end.
   };
 
   // The address of a new allocation of `size` bytes backed by `buffer`
-  // (moved in). RESOURCE_EXHAUSTED once the reserved space is used up (2^44
-  // bytes of addresses: never in practice, but the arithmetic must not
-  // wrap); `buffer` then stays the caller's.
-  absl::StatusOr<void*> Add(uint64_t size, remote::DeviceBuffer& buffer);
+  // (moved in), a buffer on device ordinal `device`. RESOURCE_EXHAUSTED once
+  // the reserved space is used up (2^44 bytes of addresses: never in practice,
+  // but the arithmetic must not wrap); `buffer` then stays the caller's.
+  absl::StatusOr<void*> Add(uint64_t size, remote::DeviceBuffer& buffer,
+                            uint32_t device = 0);
 
   // The allocation `pointer` lies in (its first byte up to its last; the
   // start of an empty allocation). INVALID_ARGUMENT naming `what`
@@ -56,6 +58,9 @@ class DeviceAddressSpace {
   // Addresses stay used: a pointer from before never names a later
   // allocation.
   void ReleaseAll();
+  // The same for the allocations on device ordinal `device` only (its
+  // session is gone; the other devices' are not).
+  void ReleaseDevice(uint32_t device);
 
   size_t size() const { return allocations_.size(); }
 
@@ -63,6 +68,7 @@ class DeviceAddressSpace {
   struct Allocation {
     uint64_t size;
     remote::DeviceBuffer buffer;
+    uint32_t device;
   };
   uintptr_t next_ = kBase;
   std::map<uintptr_t, Allocation> allocations_;  // By start address.

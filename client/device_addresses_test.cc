@@ -97,6 +97,26 @@ TEST(DeviceAddressSpaceTest, ReleaseAllForgetsButNeverReusesAddresses) {
   EXPECT_NE(*a, *b);
 }
 
+// Each allocation remembers its device ordinal; releasing one device's
+// (its session is gone) leaves the other devices' resolvable.
+TEST(DeviceAddressSpaceTest, AllocationsKnowTheirDevice) {
+  DeviceAddressSpace space;
+  remote::DeviceBuffer on0 = Buffer(1, 16), on1 = Buffer(2, 16);
+  auto a = space.Add(16, on0, /*device=*/0);
+  auto b = space.Add(16, on1, /*device=*/1);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto ra = space.Resolve(At(*a, 4), "a");
+  auto rb = space.Resolve(*b, "b");
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  EXPECT_EQ(ra->device, 0u);
+  EXPECT_EQ(rb->device, 1u);
+  EXPECT_EQ(rb->buffer, 2u);
+  space.ReleaseDevice(1);
+  EXPECT_EQ(space.size(), 1u);
+  EXPECT_TRUE(space.Resolve(*a, "a").ok());
+  EXPECT_FALSE(space.Resolve(*b, "b").ok());
+}
+
 TEST(DeviceAddressSpaceTest, HugeSizesAreRefusedWithoutWrapping) {
   DeviceAddressSpace space;
   for (uint64_t size : {~uint64_t{0}, ~uint64_t{0} - 4095, uint64_t{1} << 63,

@@ -408,6 +408,8 @@ TEST_F(CApiTest, ThreadsWithTheirOwnStreamsRunConcurrently) {
   std::vector<std::vector<float>> results(4);
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
+      // As in CANN, each thread sets its device (binds its context).
+      ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS) << LastError();
       aclrtStream stream;
       ASSERT_EQ(aclrtCreateStream(&stream), ACL_SUCCESS) << LastError();
       std::vector<float> host = {4.5f + t, 4.4, 4.3, 4.2, 0.2, 1.2,
@@ -529,8 +531,10 @@ TEST_F(CApiTest, ServerOnlyRefusalIsDeferredToSynchronizeWhenPipelined) {
 TEST_F(CApiTest, CallsOutOfOrderAreErrorsNotCrashes) {
   aclrtResetDevice(0);
   void* p = nullptr;
+  // The reset destroyed the device's context, which the thread was bound
+  // to: CANN's 107002.
   EXPECT_EQ(aclrtMalloc(&p, 16, ACL_MEM_MALLOC_HUGE_FIRST),
-            ACL_ERROR_RT_FAILURE);
+            ACL_ERROR_RT_CONTEXT_NULL);
   EXPECT_THAT(LastError(), HasSubstr("aclrtSetDevice"));
   EXPECT_EQ(aclrtSetDevice(3), ACL_ERROR_INVALID_DEVICE);
   EXPECT_THAT(LastError(), HasSubstr("aclrtSetDevice: device 3 does not "
@@ -639,9 +643,9 @@ TEST_F(CApiTest, UnreachableServerIsAnErrorCodeWithinTheDeadline) {
   EXPECT_EQ(aclrtSetDevice(0), ACL_ERROR_RT_FAILURE);
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_THAT(LastError(), HasSubstr("cannot reach opserver at 127.0.0.1:1"));
-  // Everything after it fails cleanly too.
+  // Everything after it fails cleanly too: the thread has no context.
   aclrtStream stream;
-  EXPECT_EQ(aclrtCreateStream(&stream), ACL_ERROR_RT_FAILURE);
+  EXPECT_EQ(aclrtCreateStream(&stream), ACL_ERROR_RT_CONTEXT_NULL);
   uint64_t ws;
   aclOpExecutor* executor;
   EXPECT_EQ(aclnnHardswishBackwardGetWorkspaceSize(nullptr, nullptr, nullptr,
@@ -714,40 +718,43 @@ TEST_F(CApiTest, ServerRestartedUnderTheProgram) {
 
 // When the server frees the session under the program
 // (its Attach call ended: a restart here, a network blip in real life),
-// aclrtSetDevice and later calls say so instead of succeeding or failing
-// with a bare "no session"; resetting the device starts over.
-TEST_F(CApiTest, LostAttachIsReported) {
+// later calls say so, naming the server, instead of failing with a bare
+// "no session"; aclrtSetDevice then starts over on a new session (the old
+// handles died with the old one), with or without aclrtResetDevice first.
+TEST_F(CApiTest, LostAttachIsReportedAndSetDeviceReconnects) {
   void* p = Device(std::vector<float>{1, 2, 3, 4});
   const std::string address = server_->address();
   server_.reset();
   StartServer(address);
   aclError error = ACL_SUCCESS;
-  for (int i = 0; i < 100 && error == ACL_SUCCESS; ++i) {
-    error = aclrtSetDevice(0);
-    if (error == ACL_SUCCESS) absl::SleepFor(absl::Milliseconds(50));
+  void* q = nullptr;
+  for (int i = 0; i < 100; ++i) {
+    error = aclrtMalloc(&q, 16, ACL_MEM_MALLOC_HUGE_FIRST);
+    if (error == ACL_ERROR_INVALID_RESOURCE_HANDLE &&
+        LastError().find("the session was lost") != std::string::npos) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
   }
   EXPECT_EQ(error, ACL_ERROR_INVALID_RESOURCE_HANDLE);
-  EXPECT_THAT(LastError(), HasSubstr("aclrtSetDevice: the session was lost"));
-  EXPECT_THAT(LastError(), HasSubstr("aclrtResetDevice(0)"));
-  void* q = nullptr;
-  EXPECT_EQ(aclrtMalloc(&q, 16, ACL_MEM_MALLOC_HUGE_FIRST),
-            ACL_ERROR_INVALID_RESOURCE_HANDLE);
   EXPECT_THAT(LastError(), HasSubstr("the session was lost"));
-  float back[4];
-  EXPECT_EQ(aclrtMemcpy(back, 16, p, 16, ACL_MEMCPY_DEVICE_TO_HOST),
-            ACL_ERROR_INVALID_RESOURCE_HANDLE);
+  EXPECT_THAT(LastError(), HasSubstr(address));
+  EXPECT_THAT(LastError(), HasSubstr("aclrtResetDevice(0)"));
   uint64_t ws = 0;
   aclOpExecutor* executor = nullptr;
   aclTensor* t = Tensor(p, {4}, ACL_FLOAT);
   EXPECT_EQ(aclnnHardswishBackwardGetWorkspaceSize(t, t, t, &ws, &executor),
             ACLNN_ERR_RUNTIME_ERROR);
   EXPECT_THAT(LastError(), HasSubstr("the session was lost"));
-  // Starting over works.
+  // Starting over works without a reset: aclrtSetDevice reconnects.
   stream_ = nullptr;  // It died with the old session.
-  ASSERT_EQ(aclrtResetDevice(0), ACL_SUCCESS);
   ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS) << LastError();
   void* r = Device(std::vector<float>{5, 6, 7, 8});
   EXPECT_THAT(Host<float>(r, 4), ElementsAre(5, 6, 7, 8));
+  // The old pointer is unknown now, not an alias of a new allocation.
+  float back[4];
+  EXPECT_EQ(aclrtMemcpy(back, 16, p, 16, ACL_MEMCPY_DEVICE_TO_HOST),
+            ACL_ERROR_INVALID_PARAM);
 }
 
 // A pointer from before aclFinalize never names an

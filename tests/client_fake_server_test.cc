@@ -244,6 +244,8 @@ TEST_F(FakeServerTest, OperatorCallsDoNotHoldTheGlobalLock) {
     gate->armed = true;
     std::atomic<bool> blocked_call_done{false};
     std::thread blocked([&] {
+      // Each thread binds its device (context) first, as in CANN.
+      ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS) << aclGetRecentErrMsg();
       if (planning) {
         aclOpExecutor* planned = nullptr;
         uint64_t size = 0;

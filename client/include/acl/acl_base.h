@@ -16,6 +16,8 @@ extern "C" {
 
 typedef int aclError;
 typedef void *aclrtStream;
+typedef void *aclrtEvent;
+typedef void *aclrtContext;
 
 static const int ACL_SUCCESS = 0;
 static const int ACL_ERROR_NONE = 0;
@@ -33,8 +35,16 @@ static const int ACL_ERROR_STORAGE_OVER_LIMIT = 300000;
 static const int ACL_ERROR_INTERNAL_ERROR = 500000;
 static const int ACL_ERROR_FAILURE = 500001;
 static const int ACL_ERROR_RT_FAILURE = 500003;
-// A call that needs a device found none set on the thread.
+// The runtime's own codes (CANN's rt error codes).
+static const int ACL_ERROR_RT_PARAM_INVALID = 107000;
+static const int ACL_ERROR_RT_INVALID_DEVICEID = 107001;
+// A call that needs a device found no context on the thread.
 static const int ACL_ERROR_RT_CONTEXT_NULL = 107002;
+// A stream (or event) of another device than the current context's.
+static const int ACL_ERROR_RT_STREAM_CONTEXT = 107003;
+// aclrtEventElapsedTime of an event without a completed record.
+static const int ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID = 107006;
+static const int ACL_ERROR_RT_INVALID_HANDLE = 107017;
 
 typedef enum {
   ACL_DT_UNDEFINED = -1,

@@ -52,10 +52,38 @@ typedef enum aclrtMemAttr {
 #define ACL_STREAM_CPU_SCHEDULE 0x00000010U
 #define ACL_STREAM_DEVICE_USE_ONLY 0x00000020U
 
-// Opens a session on the server (device 0 is the only device).
+// aclrtCreateEventWithFlag's flags.
+#define ACL_EVENT_SYNC 0x00000001U
+#define ACL_EVENT_CAPTURE_STREAM_PROGRESS 0x00000002U
+#define ACL_EVENT_TIME_LINE 0x00000008U
+#define ACL_EVENT_EXTERNAL 0x00000020U
+#define ACL_EVENT_IPC 0x00000040U
+
+typedef enum aclrtEventRecordedStatus {
+  ACL_EVENT_RECORDED_STATUS_NOT_READY = 0,
+  ACL_EVENT_RECORDED_STATUS_COMPLETE = 1,
+} aclrtEventRecordedStatus;
+
+// ---- Devices and contexts ----
+// Device ordinals count the devices of the servers OPSERVER_ADDRESS lists
+// (HOST:PORT[,HOST:PORT...]), in that order.
+//
+// Opens a session on device `deviceId` (on first use) and binds its
+// default context to the calling thread: the thread's later calls go to
+// that device. Each thread sets its own device (or context).
 ACL_FUNC_VISIBILITY aclError aclrtSetDevice(int32_t deviceId);
-// Closes the session: frees every buffer, stream and executor it owns.
+// Closes the device's session: frees every buffer, stream, executor and
+// event it owns and destroys its contexts.
 ACL_FUNC_VISIBILITY aclError aclrtResetDevice(int32_t deviceId);
+// A new context on `deviceId`, made current on the calling thread. The
+// contexts of one device share its session (memory, streams, events).
+ACL_FUNC_VISIBILITY aclError aclrtCreateContext(aclrtContext *context,
+                                                int32_t deviceId);
+// Destroys a context aclrtCreateContext made (not a default context).
+ACL_FUNC_VISIBILITY aclError aclrtDestroyContext(aclrtContext context);
+ACL_FUNC_VISIBILITY aclError aclrtSetCurrentContext(aclrtContext context);
+// ACL_ERROR_RT_CONTEXT_NULL when the thread has none.
+ACL_FUNC_VISIBILITY aclError aclrtGetCurrentContext(aclrtContext *context);
 
 ACL_FUNC_VISIBILITY aclError aclrtCreateStream(aclrtStream *stream);
 ACL_FUNC_VISIBILITY aclError aclrtDestroyStream(aclrtStream stream);
@@ -71,19 +99,19 @@ ACL_FUNC_VISIBILITY aclError aclrtMemcpy(void *dst, size_t destMax,
                                          aclrtMemcpyKind kind);
 
 // ---- Devices ----
-// The devices this process can use: 1 (the server named by
-// OPSERVER_ADDRESS). ACL_ERROR_UNINITIALIZE before aclInit.
+// The devices this process can use: the total over the servers named by
+// OPSERVER_ADDRESS. ACL_ERROR_UNINITIALIZE before aclInit.
 ACL_FUNC_VISIBILITY aclError aclrtGetDeviceCount(uint32_t *count);
-// The device set by aclrtSetDevice; ACL_ERROR_RT_CONTEXT_NULL before it.
+// The current context's device; ACL_ERROR_RT_CONTEXT_NULL without one.
 ACL_FUNC_VISIBILITY aclError aclrtGetDevice(int32_t *deviceId);
-// Waits until every stream's queued work is done (and every
-// aclrtMemcpyAsync has landed); reports the first failure.
+// Waits until every stream's queued work on the current device is done
+// (and every aclrtMemcpyAsync has landed); reports the first failure.
 ACL_FUNC_VISIBILITY aclError aclrtSynchronizeDevice(void);
-// The server device's free and total memory, in bytes.
+// The current device's free and total memory, in bytes.
 ACL_FUNC_VISIBILITY aclError aclrtGetMemInfo(aclrtMemAttr attr, size_t *free,
                                              size_t *total);
-// "opserver-" and the server's device kind (e.g. "opserver-cpu"), valid
-// until aclFinalize; NULL before aclrtSetDevice.
+// "opserver-" and the current device's kind (e.g. "opserver-cpu"), valid
+// until aclFinalize; NULL without a context.
 ACL_FUNC_VISIBILITY const char *aclrtGetSocName(void);
 // aclrtCreateStream with CANN's priority (0..7) and flags (the
 // ACL_STREAM_* values above, or 0).
@@ -103,13 +131,52 @@ ACL_FUNC_VISIBILITY aclError aclrtMallocAlign32(void **devPtr, size_t size,
 // and `dst` (device to host) must stay valid, and `dst` is not to be read,
 // until the stream is synchronized (aclrtSynchronizeStream or
 // aclrtSynchronizeDevice). Up to 1 MiB travels on the session's command
-// channel and costs no round trip; larger copies, and device to device
-// copies, are done before the call returns, ordered after the stream's
-// queued work.
+// channel and costs no round trip, as does a device to device copy on one
+// device (the server copies); larger copies are done before the call
+// returns, ordered after the stream's queued work.
 ACL_FUNC_VISIBILITY aclError aclrtMemcpyAsync(void *dst, size_t destMax,
                                               const void *src, size_t count,
                                               aclrtMemcpyKind kind,
                                               aclrtStream stream);
+// Sets `count` bytes at `devPtr` to `value` (its low byte); `count` must
+// not exceed `maxCount`. aclrtMemset returns once they are set;
+// aclrtMemsetAsync queues it on `stream` (no round trip).
+ACL_FUNC_VISIBILITY aclError aclrtMemset(void *devPtr, size_t maxCount,
+                                         int32_t value, size_t count);
+ACL_FUNC_VISIBILITY aclError aclrtMemsetAsync(void *devPtr, size_t maxCount,
+                                              int32_t value, size_t count,
+                                              aclrtStream stream);
+
+// ---- Events ----
+// Events are stream operations on the server: aclrtRecordEvent completes
+// when its stream reaches it, and aclrtStreamWaitEvent holds the stream's
+// later work until the record issued before it has completed, without the
+// host waiting. Record, wait and reset travel on the session's command
+// channel and cost no round trip. An event belongs to the device current
+// when it was made.
+ACL_FUNC_VISIBILITY aclError aclrtCreateEvent(aclrtEvent *event);
+// `flag`: ACL_EVENT_* values above, or 0.
+ACL_FUNC_VISIBILITY aclError aclrtCreateEventWithFlag(aclrtEvent *event,
+                                                      uint32_t flag);
+ACL_FUNC_VISIBILITY aclError aclrtRecordEvent(aclrtEvent event,
+                                              aclrtStream stream);
+// Returns the event to "not recorded", in order on `stream`.
+ACL_FUNC_VISIBILITY aclError aclrtResetEvent(aclrtEvent event,
+                                             aclrtStream stream);
+ACL_FUNC_VISIBILITY aclError aclrtStreamWaitEvent(aclrtStream stream,
+                                                  aclrtEvent event);
+// COMPLETE once the last record has completed (or if there was none).
+ACL_FUNC_VISIBILITY aclError aclrtQueryEventStatus(
+    aclrtEvent event, aclrtEventRecordedStatus *status);
+// Blocks the calling thread until the last record has completed.
+ACL_FUNC_VISIBILITY aclError aclrtSynchronizeEvent(aclrtEvent event);
+// Milliseconds between the completions of two recorded events, measured
+// by the server; ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID while either has no
+// completed record.
+ACL_FUNC_VISIBILITY aclError aclrtEventElapsedTime(float *ms,
+                                                   aclrtEvent startEvent,
+                                                   aclrtEvent endEvent);
+ACL_FUNC_VISIBILITY aclError aclrtDestroyEvent(aclrtEvent event);
 
 #ifdef __cplusplus
 }
