@@ -302,6 +302,9 @@ class AscendChainTest : public ::testing::Test {
     Options backend;
     backend.listen = "127.0.0.1:0";
     backend.metrics_listen = "127.0.0.1:0";
+    // Two devices, which the front serves in the other order
+    // (--device=ascend:1,0): its device 0 is the backend's device 1.
+    backend.devices = 2;
     auto started = Server::Start(backend);
     ASSERT_TRUE(started.ok()) << started.status();
     backend_ = started->release();
@@ -324,7 +327,7 @@ class AscendChainTest : public ::testing::Test {
         g_opserver,
         "--listen=127.0.0.1:0",
         "--metrics_listen=127.0.0.1:0",
-        "--device=ascend",
+        "--device=ascend:1,0",
         "--cann_libraries=" + Absolute(g_remote_lib),
         "--idle_timeout_s=600"};
     std::vector<char*> argv;
@@ -449,7 +452,9 @@ TEST_F(AscendChainTest, TheFrontIsAnAscendDeviceOnTheBackend) {
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->kind(), "ascend");
   // libaclnn_remote.so's SoC name: "opserver-" and the backend's kind.
-  EXPECT_EQ(info->name(), "opserver-cpu (NPU 0)");
+  ASSERT_EQ(info->devices_size(), 2);
+  EXPECT_EQ(info->devices(0).name(), "opserver-cpu (NPU 1)");
+  EXPECT_EQ(info->devices(1).name(), "opserver-cpu (NPU 0)");
   auto ops = front_->ListOperators();
   auto ref_ops = reference_client_->ListOperators();
   ASSERT_TRUE(ops.ok() && ref_ops.ok());
@@ -678,6 +683,43 @@ TEST_F(AscendChainTest, DeviceMemsetAndCopiesMatchTheCpuDevice) {
     results.push_back(std::move(out));
   }
   EXPECT_TRUE(results[0] == results[1]);
+}
+
+// Each front device is its NPU: buffers of a session on front device d
+// land on the backend device the front's --device names at position d.
+TEST_F(AscendChainTest, EachFrontDeviceIsItsBackendDevice) {
+  for (uint32_t front_device : {0u, 1u}) {
+    SCOPED_TRACE(front_device);
+    const uint32_t backend_device = front_device == 0 ? 1 : 0;
+    const v1::ServerStats idle = BackendStats(*backend_client_);
+    auto session =
+        front_->CreateSession("ascend_chain_test devices", true, front_device);
+    ASSERT_TRUE(session.ok()) << session.status();
+    auto buffer = (*session)->Malloc(4096);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    const v1::ServerStats stats = BackendStats(*backend_client_);
+    ASSERT_EQ(stats.devices_size(), 2);
+    ASSERT_EQ(idle.devices_size(), 2);
+    EXPECT_EQ(stats.devices(backend_device).buffers(),
+              idle.devices(backend_device).buffers() + 1);
+    EXPECT_EQ(stats.devices(1 - backend_device).buffers(),
+              idle.devices(1 - backend_device).buffers());
+    // And computes there like the CPU device.
+    auto t = TensorDesc::Contiguous(buffer->handle(), DType::kFloat, {4});
+    ASSERT_TRUE(
+        (*session)
+            ->WriteValues(buffer->handle(), 0, DType::kFloat, {-1, 0.25, 2, 7})
+            .ok());
+    auto executor = (*session)->HardswishBackward(t, t, t);
+    ASSERT_TRUE(executor.ok()) << executor.status();
+    ASSERT_TRUE(executor->Execute().ok());
+    auto out = (*session)->ReadValues(buffer->handle(), 0, DType::kFloat, 4);
+    ASSERT_TRUE(out.ok()) << out.status();
+    // hardswish'(x) * x: x < -3 -> 0, x > 3 -> x, else x * (2x + 3) / 6.
+    EXPECT_FLOAT_EQ((*out)[0], -1.0f / 6);
+    EXPECT_EQ((*out)[3], 7);
+  }
+  ExpectBackendEmpties();
 }
 
 TEST_F(AscendChainTest, TheBackendSeesTheFrontsBuffersAndNothingAfterClose) {
