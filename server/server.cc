@@ -382,13 +382,14 @@ Server::~Server() {
 }
 
 void Server::BeginDrain() {
-  {
-    absl::MutexLock lock(&drain_mu_);
-    if (draining_ || grpc_server_ == nullptr) return;
-    draining_ = true;
-  }
-  health_service_->Drain();
+  // Under the lock, so that draining() says true only once CreateSession
+  // refuses and health says NOT_SERVING (a caller that saw it and then
+  // created a session could get one otherwise). Neither call takes it.
+  absl::MutexLock lock(&drain_mu_);
+  if (draining_ || grpc_server_ == nullptr) return;
   runtime_service_->BeginDrain();
+  health_service_->Drain();
+  draining_ = true;
 }
 
 bool Server::draining() const {
