@@ -101,7 +101,7 @@ absl::StatusOr<std::unique_ptr<AscendDevice>> AscendDevice::Create(
   // Set from here on: the destructor resets the device.
   device->claimed_ = true;
   if (api.has_contexts()) {
-    AclrtContext context = nullptr;
+    aclrtContext context = nullptr;
     if (aclError error = api.aclrtCreateContext(&context, device_id);
         error != ACL_SUCCESS) {
       return absl::FailedPreconditionError(

@@ -151,7 +151,7 @@ class AscendDevice : public Device {
   // Distinguishes devices in the per-thread record of the bound one
   // (addresses and context handles may be reused; serials are not).
   const uint64_t serial_;
-  AclrtContext context_ = nullptr;
+  aclrtContext context_ = nullptr;
   // aclrtSetDevice succeeded: the destructor calls aclrtResetDevice.
   bool claimed_ = false;
   DeviceDescription description_;

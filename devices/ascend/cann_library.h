@@ -37,20 +37,6 @@
 
 namespace opserver::ascend {
 
-// CANN's signatures of the calls the project's headers do not declare yet
-// (contexts and memset; CANN's acl_rt.h has them). aclrtContext is an
-// opaque pointer in CANN.
-using AclrtContext = void*;
-using AclrtCreateContextFn = aclError (*)(AclrtContext* context,
-                                          int32_t device_id);
-using AclrtDestroyContextFn = aclError (*)(AclrtContext context);
-using AclrtSetCurrentContextFn = aclError (*)(AclrtContext context);
-using AclrtMemsetFn = aclError (*)(void* dev_ptr, size_t max_count,
-                                   int32_t value, size_t count);
-using AclrtMemsetAsyncFn = aclError (*)(void* dev_ptr, size_t max_count,
-                                        int32_t value, size_t count,
-                                        aclrtStream stream);
-
 // The number of operators (kernels/op_kind.h), indexing CannApi::ops.
 #define OPSERVER_ASCEND_COUNT_OP(Name) +1
 inline constexpr int kOpCount = 0 OPSERVER_OPS(OPSERVER_ASCEND_COUNT_OP);
@@ -86,16 +72,17 @@ struct CannApi {
       nullptr;
   decltype(&::aclDestroyAclOpExecutor) aclDestroyAclOpExecutor = nullptr;
 
-  // Optional, all or none: explicit contexts. Without them each thread
-  // binds its device with aclrtSetDevice (CANN's implicit default
-  // context).
-  AclrtCreateContextFn aclrtCreateContext = nullptr;
-  AclrtDestroyContextFn aclrtDestroyContext = nullptr;
-  AclrtSetCurrentContextFn aclrtSetCurrentContext = nullptr;
+  // Optional, all or none: explicit contexts. CANN has them; a runtime of
+  // the same ABI without them (libaclnn_remote.so before its runtime grew
+  // contexts) is still served: each thread then binds its device with
+  // aclrtSetDevice (CANN's implicit default context).
+  decltype(&::aclrtCreateContext) aclrtCreateContext = nullptr;
+  decltype(&::aclrtDestroyContext) aclrtDestroyContext = nullptr;
+  decltype(&::aclrtSetCurrentContext) aclrtSetCurrentContext = nullptr;
   // Optional, both or none: without them, memory is zeroed by copying
   // zeros from the host (aclrtMemcpy).
-  AclrtMemsetFn aclrtMemset = nullptr;
-  AclrtMemsetAsyncFn aclrtMemsetAsync = nullptr;
+  decltype(&::aclrtMemset) aclrtMemset = nullptr;
+  decltype(&::aclrtMemsetAsync) aclrtMemsetAsync = nullptr;
 
   // Per operator (indexed by kernels::OpKind), optional per operator: both
   // halves of the two-phase call, or the operator is not served. Cast to
