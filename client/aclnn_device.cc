@@ -23,6 +23,23 @@ absl::StatusOr<Pinned> PinSession(State& state) {
   return PinCurrent(state);
 }
 
+// Under state.mu: the current context's device, pinned, and the handle of
+// `stream` on it (NULL: its default stream), for `function`'s queued
+// operations; the error to return otherwise.
+absl::Status PinStream(State& state, const char* function, aclrtStream stream,
+                       Pinned* pinned, uint64_t* handle) {
+  absl::StatusOr<Pinned> current = PinCurrent(state);
+  if (!current.ok()) return current.status();
+  absl::StatusOr<uint64_t> stream_handle =
+      StreamHandle(state, stream, current->device);
+  if (!stream_handle.ok()) {
+    return Prefixed(stream_handle.status(), absl::StrCat(function, ": "));
+  }
+  *pinned = *std::move(current);
+  *handle = *stream_handle;
+  return absl::OkStatus();
+}
+
 // This device's entry in its server's device list (GetDeviceInfo), or in
 // its stats (GetServerStats): the server's own list, or its one device
 // for a server that predates the lists.
@@ -30,6 +47,50 @@ template <typename Entry>
 const Entry* LocalEntry(const google::protobuf::RepeatedPtrField<Entry>& list,
                         uint32_t local) {
   return local < static_cast<uint32_t>(list.size()) ? &list[local] : nullptr;
+}
+
+aclError QueueMemset(const char* function, void* devPtr, size_t maxCount,
+                     int32_t value, size_t count, aclrtStream stream) {
+  if (devPtr == nullptr) {
+    return Fail(ACL_ERROR_INVALID_PARAM,
+                absl::StrCat(function, ": devPtr is NULL"));
+  }
+  if (count > maxCount) {
+    return Fail(ACL_ERROR_INVALID_PARAM,
+                absl::StrCat(function, ": count ", count,
+                             " is larger than maxCount ", maxCount));
+  }
+  State& state = GetState();
+  Pinned pinned;
+  DeviceRange range{};
+  uint64_t handle = 0;
+  {
+    absl::MutexLock lock(&state.mu);
+    if (absl::Status s = PinStream(state, function, stream, &pinned, &handle);
+        !s.ok()) {
+      return FailAcl(s);
+    }
+    absl::StatusOr<DeviceRange> resolved =
+        Resolve(state, devPtr, absl::StrCat(function, ": devPtr"));
+    if (!resolved.ok()) return FailAcl(resolved.status());
+    range = *resolved;
+    if (range.available < count) {
+      return Fail(ACL_ERROR_INVALID_PARAM,
+                  absl::StrCat(function, ": ", count,
+                               " bytes at devPtr run past the end of its "
+                               "allocation (",
+                               range.available, " bytes left)"));
+    }
+    if (range.device != pinned.device) {
+      return Fail(ACL_ERROR_INVALID_PARAM,
+                  absl::StrCat(function, ": devPtr is on device ", range.device,
+                               ", the stream on device ", pinned.device));
+    }
+  }
+  absl::Status status = pinned.session->Memset(
+      range.buffer, range.offset, count, static_cast<uint8_t>(value), handle);
+  if (!status.ok()) return FailAcl(pinned.Named(status));
+  return ACL_SUCCESS;
 }
 
 }  // namespace
@@ -264,19 +325,11 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src,
   uint64_t handle = 0;
   {
     absl::MutexLock lock(&state.mu);
-    absl::StatusOr<opserver::Pinned> current = opserver::PinCurrent(state);
-    if (!current.ok()) return FailAcl(current.status());
-    pinned = *std::move(current);
-    absl::StatusOr<uint64_t> stream_handle =
-        opserver::StreamHandle(state, stream, pinned.device);
-    if (!stream_handle.ok()) {
-      return Fail(
-          opserver::AclErrorOf(stream_handle.status()) == ACL_ERROR_RT_FAILURE
-              ? ACL_ERROR_INVALID_PARAM
-              : opserver::AclErrorOf(stream_handle.status()),
-          absl::StrCat("aclrtMemcpyAsync: ", stream_handle.status().message()));
+    if (absl::Status s =
+            opserver::PinStream(state, __func__, stream, &pinned, &handle);
+        !s.ok()) {
+      return FailAcl(s);
     }
-    handle = *stream_handle;
     if (absl::Status s = opserver::ResolveCopy(state, __func__, dst, src, count,
                                                kind, &from, &to);
         !s.ok()) {
@@ -336,61 +389,14 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src,
 
 aclError aclrtMemsetAsync(void* devPtr, size_t maxCount, int32_t value,
                           size_t count, aclrtStream stream) {
-  if (devPtr == nullptr) {
-    return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMemsetAsync: devPtr is NULL");
-  }
-  if (count > maxCount) {
-    return Fail(ACL_ERROR_INVALID_PARAM,
-                absl::StrCat("aclrtMemsetAsync: count ", count,
-                             " is larger than maxCount ", maxCount));
-  }
-  State& state = GetState();
-  opserver::Pinned pinned;
-  opserver::DeviceRange range{};
-  uint64_t handle = 0;
-  {
-    absl::MutexLock lock(&state.mu);
-    absl::StatusOr<opserver::Pinned> current = opserver::PinCurrent(state);
-    if (!current.ok()) return FailAcl(current.status());
-    pinned = *std::move(current);
-    absl::StatusOr<uint64_t> stream_handle =
-        opserver::StreamHandle(state, stream, pinned.device);
-    if (!stream_handle.ok()) {
-      return Fail(
-          opserver::AclErrorOf(stream_handle.status()) == ACL_ERROR_RT_FAILURE
-              ? ACL_ERROR_INVALID_PARAM
-              : opserver::AclErrorOf(stream_handle.status()),
-          absl::StrCat("aclrtMemsetAsync: ", stream_handle.status().message()));
-    }
-    handle = *stream_handle;
-    absl::StatusOr<opserver::DeviceRange> resolved =
-        opserver::Resolve(state, devPtr, "aclrtMemsetAsync: devPtr");
-    if (!resolved.ok()) return FailAcl(resolved.status());
-    range = *resolved;
-    if (range.available < count) {
-      return Fail(ACL_ERROR_INVALID_PARAM,
-                  absl::StrCat("aclrtMemsetAsync: ", count,
-                               " bytes at devPtr run past the end of its "
-                               "allocation (",
-                               range.available, " bytes left)"));
-    }
-    if (range.device != pinned.device) {
-      return Fail(
-          ACL_ERROR_INVALID_PARAM,
-          absl::StrCat("aclrtMemsetAsync: devPtr is on device ", range.device,
-                       ", the stream on device ", pinned.device));
-    }
-  }
-  absl::Status status = pinned.session->Memset(
-      range.buffer, range.offset, count, static_cast<uint8_t>(value), handle);
-  if (!status.ok()) return FailAcl(pinned.Named(status));
-  return ACL_SUCCESS;
+  return opserver::QueueMemset(__func__, devPtr, maxCount, value, count,
+                               stream);
 }
 
 aclError aclrtMemset(void* devPtr, size_t maxCount, int32_t value,
                      size_t count) {
-  if (aclError error =
-          aclrtMemsetAsync(devPtr, maxCount, value, count, nullptr);
+  if (aclError error = opserver::QueueMemset(__func__, devPtr, maxCount, value,
+                                             count, nullptr);
       error != ACL_SUCCESS) {
     return error;
   }

@@ -118,6 +118,25 @@ aclError CreateEvent(const char* function, aclrtEvent* event, uint32_t flag) {
   return ACL_SUCCESS;
 }
 
+// `function` (aclrtRecordEvent, aclrtResetEvent): `queue` of the event on
+// the stream, queued on the device's command channel.
+aclError QueueOnStream(
+    const char* function, aclrtEvent event, aclrtStream stream,
+    absl::Status (remote::Session::*queue)(uint64_t event, uint64_t stream)) {
+  State& state = GetState();
+  absl::StatusOr<StreamAndEvent> target;
+  {
+    absl::MutexLock lock(&state.mu);
+    target = PinStreamAndEvent(state, function, event, stream);
+    if (!target.ok()) return FailAcl(target.status());
+  }
+  const Pinned& pinned = target->event.pinned;
+  absl::Status status =
+      (pinned.session.get()->*queue)(target->event.handle, target->stream);
+  if (!status.ok()) return FailAcl(pinned.Named(status));
+  return ACL_SUCCESS;
+}
+
 }  // namespace
 }  // namespace opserver
 
@@ -137,33 +156,13 @@ aclError aclrtCreateEventWithFlag(aclrtEvent* event, uint32_t flag) {
 }
 
 aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
-  State& state = GetState();
-  absl::StatusOr<opserver::StreamAndEvent> target;
-  {
-    absl::MutexLock lock(&state.mu);
-    target = opserver::PinStreamAndEvent(state, __func__, event, stream);
-    if (!target.ok()) return FailAcl(target.status());
-  }
-  const opserver::Pinned& pinned = target->event.pinned;
-  absl::Status status =
-      pinned.session->RecordEvent(target->event.handle, target->stream);
-  if (!status.ok()) return FailAcl(pinned.Named(status));
-  return ACL_SUCCESS;
+  return opserver::QueueOnStream(__func__, event, stream,
+                                 &opserver::remote::Session::RecordEvent);
 }
 
 aclError aclrtResetEvent(aclrtEvent event, aclrtStream stream) {
-  State& state = GetState();
-  absl::StatusOr<opserver::StreamAndEvent> target;
-  {
-    absl::MutexLock lock(&state.mu);
-    target = opserver::PinStreamAndEvent(state, __func__, event, stream);
-    if (!target.ok()) return FailAcl(target.status());
-  }
-  const opserver::Pinned& pinned = target->event.pinned;
-  absl::Status status =
-      pinned.session->ResetEvent(target->event.handle, target->stream);
-  if (!status.ok()) return FailAcl(pinned.Named(status));
-  return ACL_SUCCESS;
+  return opserver::QueueOnStream(__func__, event, stream,
+                                 &opserver::remote::Session::ResetEvent);
 }
 
 aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {

@@ -231,6 +231,35 @@ absl::Status OpenDevice(State& state, const char* function, int32_t device_id) {
   return absl::OkStatus();
 }
 
+// After OpenDevice, under state.mu: ACL_SUCCESS unless another thread
+// reset the device (or finalized) meanwhile (recorded).
+aclError CheckStillOpen(const State& state, const char* function,
+                        int32_t device_id) {
+  if (!state.initialized ||
+      static_cast<size_t>(device_id) >= state.devices.size() ||
+      state.devices[device_id].session == nullptr) {
+    return Fail(ACL_ERROR_RT_CONTEXT_NULL,
+                absl::StrCat(function, ": device ", device_id,
+                             " was reset or finalized meanwhile"));
+  }
+  return ACL_SUCCESS;
+}
+
+// Under state.mu, for `function`: ACL_SUCCESS when `id` is a live context,
+// else the error (recorded).
+aclError CheckContext(const State& state, const char* function, uintptr_t id) {
+  if (!state.initialized) {
+    return Fail(ACL_ERROR_UNINITIALIZE,
+                absl::StrCat(function, ": aclInit was not called"));
+  }
+  if (id == 0 || state.contexts.count(id) == 0) {
+    return Fail(
+        ACL_ERROR_INVALID_PARAM,
+        absl::StrCat(function, ": ", absl::Hex(id), " is not a live context"));
+  }
+  return ACL_SUCCESS;
+}
+
 // The default context of device `device_id` (made now if it has none);
 // call with state.mu held, after OpenDevice.
 uintptr_t DefaultContext(State& state, uint32_t device_id) {
@@ -357,12 +386,9 @@ aclError aclrtSetDevice(int32_t deviceId) {
     return FailAcl(opened);
   }
   absl::MutexLock lock(&state.mu);
-  if (!state.initialized ||
-      static_cast<size_t>(deviceId) >= state.devices.size() ||
-      state.devices[deviceId].session == nullptr) {
-    return Fail(ACL_ERROR_RT_CONTEXT_NULL,
-                absl::StrCat("aclrtSetDevice: device ", deviceId,
-                             " was reset or finalized meanwhile"));
+  if (aclError error = opserver::CheckStillOpen(state, __func__, deviceId);
+      error != ACL_SUCCESS) {
+    return error;
   }
   opserver::CurrentContext() = opserver::DefaultContext(state, deviceId);
   return ACL_SUCCESS;
@@ -390,12 +416,9 @@ aclError aclrtCreateContext(aclrtContext* context, int32_t deviceId) {
     return FailAcl(opened);
   }
   absl::MutexLock lock(&state.mu);
-  if (!state.initialized ||
-      static_cast<size_t>(deviceId) >= state.devices.size() ||
-      state.devices[deviceId].session == nullptr) {
-    return Fail(ACL_ERROR_RT_CONTEXT_NULL,
-                absl::StrCat("aclrtCreateContext: device ", deviceId,
-                             " was reset or finalized meanwhile"));
+  if (aclError error = opserver::CheckStillOpen(state, __func__, deviceId);
+      error != ACL_SUCCESS) {
+    return error;
   }
   const uintptr_t id = opserver::kContextBase + 16 * state.next_context++;
   state.contexts.emplace(
@@ -408,17 +431,12 @@ aclError aclrtCreateContext(aclrtContext* context, int32_t deviceId) {
 aclError aclrtDestroyContext(aclrtContext context) {
   State& state = GetState();
   absl::MutexLock lock(&state.mu);
-  if (!state.initialized) {
-    return Fail(ACL_ERROR_UNINITIALIZE,
-                "aclrtDestroyContext: aclInit was not called");
-  }
   const auto id = reinterpret_cast<uintptr_t>(context);
-  auto it = state.contexts.find(id);
-  if (context == nullptr || it == state.contexts.end()) {
-    return Fail(ACL_ERROR_INVALID_PARAM,
-                absl::StrCat("aclrtDestroyContext: ", absl::Hex(id),
-                             " is not a live context"));
+  if (aclError error = opserver::CheckContext(state, __func__, id);
+      error != ACL_SUCCESS) {
+    return error;
   }
+  auto it = state.contexts.find(id);
   if (it->second.is_default) {
     return Fail(ACL_ERROR_INVALID_PARAM,
                 absl::StrCat("aclrtDestroyContext: ", absl::Hex(id),
@@ -434,15 +452,10 @@ aclError aclrtDestroyContext(aclrtContext context) {
 aclError aclrtSetCurrentContext(aclrtContext context) {
   State& state = GetState();
   absl::MutexLock lock(&state.mu);
-  if (!state.initialized) {
-    return Fail(ACL_ERROR_UNINITIALIZE,
-                "aclrtSetCurrentContext: aclInit was not called");
-  }
   const auto id = reinterpret_cast<uintptr_t>(context);
-  if (context == nullptr || state.contexts.count(id) == 0) {
-    return Fail(ACL_ERROR_INVALID_PARAM,
-                absl::StrCat("aclrtSetCurrentContext: ", absl::Hex(id),
-                             " is not a live context"));
+  if (aclError error = opserver::CheckContext(state, __func__, id);
+      error != ACL_SUCCESS) {
+    return error;
   }
   opserver::CurrentContext() = id;
   return ACL_SUCCESS;

@@ -64,13 +64,17 @@ absl::Status Pinned::Named(const absl::Status& status) const {
     default:
       return status;
   }
-  absl::Status named(status.code(),
-                     absl::StrCat("device ", device, " (opserver at ", address,
-                                  "): ", status.message()));
+  return Prefixed(status, absl::StrCat("device ", device, " (opserver at ",
+                                       address, "): "));
+}
+
+absl::Status Prefixed(const absl::Status& status, absl::string_view prefix) {
+  if (status.ok()) return status;
+  absl::Status prefixed(status.code(), absl::StrCat(prefix, status.message()));
   status.ForEachPayload([&](absl::string_view key, const absl::Cord& value) {
-    named.SetPayload(key, value);
+    prefixed.SetPayload(key, value);
   });
-  return named;
+  return prefixed;
 }
 
 absl::StatusOr<std::shared_ptr<Client>> State::Connect(size_t index) {
@@ -272,8 +276,7 @@ State& GetState() {
 }
 
 aclError AclErrorOf(const absl::Status& status) {
-  if (auto code = status.GetPayload(kAclErrorPayload);
-      code.has_value()) {
+  if (auto code = status.GetPayload(kAclErrorPayload); code.has_value()) {
     int value;
     if (absl::SimpleAtoi(std::string(*code), &value)) return value;
   }

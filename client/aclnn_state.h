@@ -66,6 +66,10 @@ uintptr_t& CurrentContext();
 // prefers it to the mapping from the canonical code).
 absl::Status WithAclError(absl::Status status, aclError code);
 
+// `status` with `prefix` before its message, payloads (the aclError, the
+// aclnn status) kept.
+absl::Status Prefixed(const absl::Status& status, absl::string_view prefix);
+
 // One opserver of OPSERVER_ADDRESS's list.
 struct ServerSlot {
   std::string address;
