@@ -709,6 +709,8 @@ TEST_F(AscendChainTest, EachFrontDeviceIsItsBackendDevice) {
   for (uint32_t front_device : {0u, 1u}) {
     SCOPED_TRACE(front_device);
     const uint32_t backend_device = front_device == 0 ? 1 : 0;
+    // The last session's buffers are freed after its close returns.
+    ExpectBackendEmpties();
     const v1::ServerStats idle = BackendStats(*backend_client_);
     auto session =
         front_->CreateSession("ascend_chain_test devices", true, front_device);
@@ -741,6 +743,7 @@ TEST_F(AscendChainTest, EachFrontDeviceIsItsBackendDevice) {
 }
 
 TEST_F(AscendChainTest, TheBackendSeesTheFrontsBuffersAndNothingAfterClose) {
+  ExpectBackendEmpties();
   const v1::ServerStats idle = BackendStats(*backend_client_);
   {
     auto session = front_->CreateSession("ascend_chain_test stats");
