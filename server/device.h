@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -35,8 +36,12 @@ struct DeviceOptions {
   // device is split into this many logical devices: each gets
   // memory_bytes / devices (rounded down to whole 4 KiB pages) of capacity
   // and memory_cache_bytes / devices of reuse cache, and all share one pool
-  // of `threads` compute threads.
+  // of `threads` compute threads. The Ascend device takes its devices from
+  // the ids in `kind` (ascend:0,1,...) instead.
   int devices = 1;
+  // The Ascend device (--device=ascend): CANN's libraries to load
+  // (--cann_libraries); empty = CANN's own (ascend::CannLibrary).
+  std::vector<std::string> cann_libraries;
 };
 
 // A device's in-order queue of operations (a CUDA device would wrap a
@@ -134,6 +139,12 @@ class Device {
   // wrote it last.
   virtual absl::StatusOr<void*> Allocate(uint64_t bytes, uint64_t owner) = 0;
   virtual void Deallocate(void* block, uint64_t bytes) = 0;
+
+  // Whether the device can run `op`. ListOperators lists only the
+  // operators it can, and planning one it cannot is refused (a device whose
+  // operator library lacks some, such as an Ascend device whose aclnn
+  // library has no aclnnXxx for it).
+  virtual bool SupportsOp(kernels::OpKind op) const { return true; }
 
   // A new device stream. Every host-side Stream of a session owns one, and
   // Evaluate makes a transient one per call, so this is called per session,

@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "devices/ascend/ascend_device.h"
 #include "kernels/thread_pool.h"
 #include "server/cpu_device.h"
 
@@ -20,9 +21,10 @@ absl::Status CheckOptions(const DeviceOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "threads must be >= 0 (0 = one per core), got ", options.threads));
   }
-  if (options.kind != "cpu") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown device '", options.kind, "'; this build supports: cpu"));
+  if (options.kind != "cpu" && !ascend::IsAscendKind(options.kind)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown device '", options.kind,
+                     "'; this build supports: cpu, ascend, ascend:N,M,..."));
   }
   return absl::OkStatus();
 }
@@ -32,6 +34,9 @@ absl::Status CheckOptions(const DeviceOptions& options) {
 absl::StatusOr<std::unique_ptr<Device>> CreateDevice(
     const DeviceOptions& options) {
   if (absl::Status s = CheckOptions(options); !s.ok()) return s;
+  if (ascend::IsAscendKind(options.kind)) {
+    return ascend::CreateAscendDevice(options);
+  }
   return std::make_unique<CpuDevice>(
       options.threads, options.memory_cache_bytes, options.memory_bytes);
 }
@@ -39,6 +44,16 @@ absl::StatusOr<std::unique_ptr<Device>> CreateDevice(
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateDevices(
     const DeviceOptions& options) {
   if (absl::Status s = CheckOptions(options); !s.ok()) return s;
+  if (ascend::IsAscendKind(options.kind)) {
+    // NPUs are named, not split: ascend:0,1,2,3.
+    if (options.devices != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "devices applies to cpu; name the NPUs instead (ascend:0,1,...), "
+          "got devices ",
+          options.devices));
+    }
+    return ascend::CreateAscendDevices(options);
+  }
   if (options.devices < 1 || options.devices > kMaxDevices) {
     return absl::InvalidArgumentError(absl::StrCat(
         "devices must be 1 to ", kMaxDevices, ", got ", options.devices));

@@ -24,6 +24,13 @@ constexpr int64_t kInlineLaunchElements = 16 * 1024;
 absl::StatusOr<std::shared_ptr<Executor>> PlanExecutor(
     const v1::GetWorkspaceSizeRequest& request, Session& session,
     uint64_t max_launch_elements) {
+  if (const kernels::OpInfo* op = kernels::FindOp(request.op());
+      op != nullptr && session.device() != nullptr) {
+    if (absl::Status s = CheckDeviceSupports(*session.device(), op->kind);
+        !s.ok()) {
+      return s;
+    }
+  }
   std::vector<std::shared_ptr<Buffer>> buffers;
   auto lookup = [&](uint64_t handle) -> absl::StatusOr<DeviceBytes> {
     absl::StatusOr<std::shared_ptr<Buffer>> buffer = session.GetBuffer(handle);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -29,7 +30,10 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "(the chosen one is printed as 'listening on HOST:PORT').");
 ABSL_FLAG(int, threads, 0,
           "Compute threads of the device (0 = one per hardware thread).");
-ABSL_FLAG(std::string, device, "cpu", "Device to serve: cpu.");
+ABSL_FLAG(std::string, device, "cpu",
+          "Device to serve: cpu, or ascend (NPU 0 through CANN's libraries, "
+          "see --cann_libraries) or ascend:N,M,... (those NPUs, one "
+          "opserver device each).");
 ABSL_FLAG(int, devices, 1,
           "Devices to serve (1-64); a session picks one at CreateSession. "
           "The cpu device is split into this many logical devices, each "
@@ -37,7 +41,14 @@ ABSL_FLAG(int, devices, 1,
           "N rounded down to whole 4096-byte pages (of half of physical "
           "memory when that flag is 0) and a reuse cache of "
           "--memory_cache_bytes / N; all N compute on one pool of --threads "
-          "threads.");
+          "threads. Not for ascend, whose --device names its NPUs.");
+ABSL_FLAG(std::vector<std::string>, cann_libraries, {},
+          "For --device=ascend: the CANN libraries to load, comma-separated, "
+          "in order, into a link-map namespace of their own (empty = "
+          "libascendcl.so,libnnopbase.so,libopapi.so from "
+          "$ASCEND_HOME_PATH/lib64 or LD_LIBRARY_PATH, as CANN's set_env.sh "
+          "sets them). A missing library or symbol stops the server (exit "
+          "status 2).");
 ABSL_FLAG(uint64_t, max_message_bytes, 64ull << 20,
           "Largest gRPC message accepted or sent, in bytes.");
 ABSL_FLAG(uint64_t, chunk_bytes, 4ull << 20,
@@ -148,7 +159,7 @@ ABSL_FLAG(int, drain_s, 0,
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Serves aclnn backward operators over gRPC.\n"
-      "Usage: opserver [--listen=127.0.0.1:50051] [--device=cpu] "
+      "Usage: opserver [--listen=127.0.0.1:50051] [--device=cpu|ascend[:N]] "
       "[--threads=N]");
   absl::ParseCommandLine(argc, argv);
 
@@ -167,6 +178,7 @@ int main(int argc, char** argv) {
   options.threads = absl::GetFlag(FLAGS_threads);
   options.device = absl::GetFlag(FLAGS_device);
   options.devices = absl::GetFlag(FLAGS_devices);
+  options.cann_libraries = absl::GetFlag(FLAGS_cann_libraries);
   options.memory_cache_bytes = absl::GetFlag(FLAGS_memory_cache_bytes);
   options.device_memory_bytes = absl::GetFlag(FLAGS_device_memory_bytes);
   options.session_limits.max_queued_per_stream =

@@ -91,6 +91,20 @@ absl::StatusOr<int64_t> CheckValueShape(const v1::ValueTensor& t,
 
 }  // namespace
 
+absl::Status CheckDeviceSupports(const Device& device, kernels::OpKind op) {
+  if (device.SupportsOp(op)) return absl::OkStatus();
+  const OpInfo& info = kernels::OpRegistry()[static_cast<int>(op)];
+  return kernels::AclnnError(
+      kernels::kAclnnErrRuntimeError, absl::StatusCode::kUnimplemented,
+      absl::StrCat(info.name, " is not available on this server's ",
+                   device.Describe().kind,
+                   " device (its operator library has "
+                   "no ",
+                   info.aclnn_name,
+                   "); ListOperators lists the "
+                   "operators it serves"));
+}
+
 absl::StatusOr<kernels::Plan> PlanGetWorkspaceSize(
     const v1::GetWorkspaceSizeRequest& request, BufferLookup lookup,
     uint64_t max_launch_elements) {
@@ -111,6 +125,9 @@ absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
   absl::StatusOr<const OpInfo*> op =
       BeginOpCall(request.op(), request.params(), &call);
   if (!op.ok()) return op.status();
+  if (absl::Status s = CheckDeviceSupports(*device, (*op)->kind); !s.ok()) {
+    return s;
+  }
   for (const auto& [name, t] : request.inputs()) {
     bool known = false;
     for (const auto& arg : (*op)->tensors) {

@@ -26,6 +26,10 @@ absl::StatusOr<kernels::Plan> PlanGetWorkspaceSize(
     const v1::GetWorkspaceSizeRequest& request, BufferLookup lookup,
     uint64_t max_launch_elements);
 
+// UNIMPLEMENTED (aclnn 361001) naming the operator when `device` cannot
+// run `op` (Device::SupportsOp), OK otherwise. Planning checks it first.
+absl::Status CheckDeviceSupports(const Device& device, kernels::OpKind op);
+
 // Evaluate: checks the literal tensors (each at most `max_values` values),
 // copies them to scratch memory of `device`, runs the operator there and
 // returns the output tensor.

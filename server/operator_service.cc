@@ -118,6 +118,9 @@ grpc::ServerUnaryReactor* OperatorService::ListOperators(
     const v1::ListOperatorsRequest* /*request*/,
     v1::ListOperatorsResponse* response) {
   for (const OpInfo& op : kernels::OpRegistry()) {
+    // Only what the device can run (an Ascend device's aclnn library may
+    // lack an operator).
+    if (!device_->SupportsOp(op.kind)) continue;
     Describe(op, response->add_operators());
   }
   return Reply(context, absl::OkStatus());

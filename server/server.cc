@@ -202,6 +202,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   device_options.threads = options.threads;
   device_options.memory_cache_bytes = options.memory_cache_bytes;
   device_options.memory_bytes = options.device_memory_bytes;
+  device_options.cann_libraries = options.cann_libraries;
   device_options.devices = options.devices;
   absl::StatusOr<std::vector<std::unique_ptr<Device>>> devices =
       std::move(given);

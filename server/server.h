@@ -38,13 +38,17 @@ struct Options {
   // Count metrics at all (the interceptor and the event counters). Off
   // only to measure what counting costs (bench/step_bench's A/B).
   bool metrics = true;
-  // Device kind; "cpu" is built in.
+  // Device kind: "cpu", or "ascend" (NPU 0) / "ascend:N,M,..." (those NPUs).
   std::string device = "cpu";
   // Devices the server owns (--devices; DeviceOptions::devices): the CPU
   // device is split into this many logical devices, each with an equal
   // share of device_memory_bytes and memory_cache_bytes and its own
-  // streams, all computing on one pool of `threads` threads.
+  // streams, all computing on one pool of `threads` threads. An Ascend
+  // device list (ascend:0,1) names its devices itself.
   int devices = 1;
+  // The CANN libraries the Ascend device loads (--cann_libraries); empty =
+  // CANN's own, found as its set_env.sh arranges.
+  std::vector<std::string> cann_libraries;
   // How long Shutdown() lets in-flight calls finish before cancelling them.
   absl::Duration shutdown_grace = absl::Seconds(5);
   // How long Drain() lets open sessions go on (opserver --drain_s, after

@@ -1,0 +1,594 @@
+#include "devices/ascend/ascend_device.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/types/span.h"
+#include "common/values.h"
+#include "kernels/aclnn_status.h"
+#include "kernels/tensor.h"
+#include "kernels/validate.h"
+
+namespace opserver::ascend {
+namespace {
+
+using kernels::OpKind;
+
+// The device bound on this thread (AscendDevice::Bind): its serial, 0 for
+// none.
+thread_local uint64_t bound_serial = 0;
+std::atomic<uint64_t> next_serial{1};
+
+std::string WithRecentError(const CannLibrary& cann) {
+  std::string message = cann.RecentError();
+  return message.empty() ? "" : absl::StrCat(": ", message);
+}
+
+absl::string_view AclnnName(OpKind op) {
+  return kernels::OpRegistry()[static_cast<int>(op)].aclnn_name;
+}
+
+// aclCreateTensor's storage shape for `view`: the one the caller gave, or
+// the smallest 1-D storage that holds every element (from view.data).
+std::vector<int64_t> StorageDims(const kernels::TensorView& view) {
+  if (!view.storage_shape.empty()) return view.storage_shape;
+  int64_t max_element = -1;
+  // The view was validated when it was planned; a failure here cannot
+  // happen, and would leave the empty storage below for CANN to refuse.
+  if (!kernels::CheckTensorLayout(view, "tensor", &max_element).ok()) {
+    return {0};
+  }
+  return {max_element + 1};
+}
+
+// One element of the scalar's own dtype, as aclCreateScalar reads it.
+absl::StatusOr<std::string> ScalarBytes(const kernels::Scalar& scalar) {
+  const double value = kernels::IsFloating(scalar.dtype)
+                           ? scalar.f
+                           : static_cast<double>(scalar.i);
+  return EncodeValues(scalar.dtype, absl::MakeConstSpan(&value, 1));
+}
+
+}  // namespace
+
+absl::Status AclError(const CannLibrary& cann, absl::string_view call,
+                      aclError error) {
+  return kernels::AclnnError(kernels::kAclnnErrRuntimeError,
+                             absl::StatusCode::kInternal,
+                             absl::StrCat(call, " failed with acl error ",
+                                          error, WithRecentError(cann)));
+}
+
+absl::Status AclnnFailure(const CannLibrary& cann, absl::string_view call,
+                          aclnnStatus status) {
+  const bool parameter = status == kernels::kAclnnErrParamNullptr ||
+                         status == kernels::kAclnnErrParamInvalid;
+  std::string message = cann.RecentError();
+  return kernels::AclnnError(
+      status,
+      parameter ? absl::StatusCode::kInvalidArgument
+                : absl::StatusCode::kInternal,
+      message.empty() ? absl::StrCat(call, " failed with aclnn status ", status)
+                      : absl::StrCat(call, ": ", message));
+}
+
+// ---- AscendDevice ----------------------------------------------------------
+
+AscendDevice::AscendDevice(std::shared_ptr<CannLibrary> cann, int32_t device_id)
+    : cann_(std::move(cann)),
+      device_id_(device_id),
+      serial_(next_serial.fetch_add(1)) {}
+
+absl::StatusOr<std::unique_ptr<AscendDevice>> AscendDevice::Create(
+    std::shared_ptr<CannLibrary> cann, int32_t device_id,
+    uint64_t memory_bytes) {
+  const CannApi& api = cann->api();
+  std::unique_ptr<AscendDevice> device(
+      new AscendDevice(std::move(cann), device_id));
+  // aclrtSetDevice claims the device (aclrtResetDevice in the destructor
+  // gives it back) and makes its default context current here.
+  if (aclError error = api.aclrtSetDevice(device_id); error != ACL_SUCCESS) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Ascend device ", device_id, ": aclrtSetDevice failed with acl error ",
+        error, WithRecentError(*device->cann_)));
+  }
+  // Set from here on: the destructor resets the device.
+  device->claimed_ = true;
+  if (api.has_contexts()) {
+    aclrtContext context = nullptr;
+    if (aclError error = api.aclrtCreateContext(&context, device_id);
+        error != ACL_SUCCESS) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("Ascend device ", device_id,
+                       ": aclrtCreateContext failed with acl error ", error,
+                       WithRecentError(*device->cann_)));
+    }
+    device->context_ = context;
+  }
+  bound_serial = 0;
+  if (absl::Status s = device->Bind(); !s.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Ascend device ", device_id, ": ", s.message()));
+  }
+  size_t free = 0, total = 0;
+  if (aclError error = api.aclrtGetMemInfo(ACL_HBM_MEM, &free, &total);
+      error != ACL_SUCCESS) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Ascend device ", device_id, ": aclrtGetMemInfo failed with acl error ",
+        error, WithRecentError(*device->cann_)));
+  }
+  const char* soc = api.aclrtGetSocName();
+  DeviceDescription& d = device->description_;
+  d.kind = "ascend";
+  d.name = absl::StrCat(soc != nullptr && *soc != '\0' ? soc : "unknown SoC",
+                        " (NPU ", device_id, ")");
+  // What CANN has free now bounds everything: the flag may only lower it.
+  d.memory_bytes = memory_bytes != 0 ? std::min<uint64_t>(memory_bytes, free)
+                                     : static_cast<uint64_t>(free);
+  d.threads = 0;
+  return device;
+}
+
+AscendDevice::~AscendDevice() {
+  const CannApi& api = cann_->api();
+  if (context_ != nullptr) {
+    api.aclrtDestroyContext(context_);
+  }
+  if (claimed_) api.aclrtResetDevice(device_id_);
+  // The thread's binding named this device, whose context is gone.
+  bound_serial = 0;
+}
+
+absl::Status AscendDevice::Bind() {
+  if (bound_serial == serial_) return absl::OkStatus();
+  const CannApi& api = cann_->api();
+  if (context_ != nullptr) {
+    if (aclError error = api.aclrtSetCurrentContext(context_);
+        error != ACL_SUCCESS) {
+      return AclError(*cann_, "aclrtSetCurrentContext", error);
+    }
+  } else if (aclError error = api.aclrtSetDevice(device_id_);
+             error != ACL_SUCCESS) {
+    return AclError(*cann_, "aclrtSetDevice", error);
+  }
+  bound_serial = serial_;
+  return absl::OkStatus();
+}
+
+DeviceDescription AscendDevice::Describe() const { return description_; }
+
+uint64_t AscendDevice::FreeBytes() const {
+  absl::MutexLock lock(&mu_);
+  return description_.memory_bytes - used_bytes_;
+}
+
+absl::StatusOr<void*> AscendDevice::AllocateRaw(uint64_t bytes) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (bytes > description_.memory_bytes - used_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "device memory exhausted: ", bytes, " bytes requested, ", used_bytes_,
+          " of ", description_.memory_bytes,
+          " in use (--device_memory_bytes, or what aclrtGetMemInfo "
+          "reported free)"));
+    }
+    used_bytes_ += bytes;
+  }
+  auto give_back = [&] {
+    absl::MutexLock lock(&mu_);
+    used_bytes_ -= bytes;
+  };
+  if (absl::Status s = Bind(); !s.ok()) {
+    give_back();
+    return s;
+  }
+  void* block = nullptr;
+  // aclrtMalloc refuses 0 bytes; a 0-byte buffer still needs an address.
+  const size_t size = bytes == 0 ? 1 : static_cast<size_t>(bytes);
+  if (aclError error =
+          cann_->api().aclrtMalloc(&block, size, ACL_MEM_MALLOC_HUGE_FIRST);
+      error != ACL_SUCCESS || block == nullptr) {
+    give_back();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("aclrtMalloc of ", bytes, " bytes failed with acl error ",
+                     error, WithRecentError(*cann_)));
+  }
+  return block;
+}
+
+void AscendDevice::FreeRaw(void* block, uint64_t bytes) {
+  if (block == nullptr) return;
+  // Freed even if binding failed: aclrtFree reports the error, which has
+  // no one to go to.
+  (void)Bind();
+  cann_->api().aclrtFree(block);
+  absl::MutexLock lock(&mu_);
+  used_bytes_ -= bytes;
+}
+
+absl::Status AscendDevice::Zero(void* block, uint64_t bytes) {
+  const CannApi& api = cann_->api();
+  if (bytes == 0) return absl::OkStatus();
+  if (api.has_memset()) {
+    if (aclError error = api.aclrtMemset(block, bytes, 0, bytes);
+        error != ACL_SUCCESS) {
+      return AclError(*cann_, "aclrtMemset", error);
+    }
+    return absl::OkStatus();
+  }
+  // No aclrtMemset in the loaded runtime: copy zeros from the host.
+  static const std::vector<char>* const zeros =
+      new std::vector<char>(1 << 20, 0);
+  for (uint64_t done = 0; done < bytes;) {
+    const uint64_t n = std::min<uint64_t>(zeros->size(), bytes - done);
+    if (aclError error =
+            api.aclrtMemcpy(static_cast<char*>(block) + done, bytes - done,
+                            zeros->data(), n, ACL_MEMCPY_HOST_TO_DEVICE);
+        error != ACL_SUCCESS) {
+      return AclError(*cann_, "aclrtMemcpy (zeroing)", error);
+    }
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> AscendDevice::Allocate(uint64_t bytes,
+                                             uint64_t /*owner*/) {
+  // Every block is new to its owner (there is no reuse cache), and
+  // aclrtMalloc's memory holds whatever the NPU last stored there: zero it.
+  absl::StatusOr<void*> block = AllocateRaw(bytes);
+  if (!block.ok()) return block;
+  if (absl::Status s = Zero(*block, bytes); !s.ok()) {
+    FreeRaw(*block, bytes);
+    return s;
+  }
+  return block;
+}
+
+void AscendDevice::Deallocate(void* block, uint64_t bytes) {
+  FreeRaw(block, bytes);
+}
+
+absl::StatusOr<std::unique_ptr<DeviceStream>> AscendDevice::CreateStream() {
+  if (absl::Status s = Bind(); !s.ok()) return s;
+  aclrtStream stream = nullptr;
+  if (aclError error = cann_->api().aclrtCreateStream(&stream);
+      error != ACL_SUCCESS) {
+    return AclError(*cann_, "aclrtCreateStream", error);
+  }
+  return std::make_unique<AscendStream>(this, stream);
+}
+
+// ---- AscendStream ----------------------------------------------------------
+
+AscendStream::~AscendStream() {
+  (void)device_->Bind();
+  const CannApi& api = device_->cann().api();
+  // Whatever the launches still use is released only once they are done.
+  api.aclrtSynchronizeStream(stream_);
+  ReleasePending();
+  device_->FreeRaw(scratch_, scratch_bytes_);
+  api.aclrtDestroyStream(stream_);
+}
+
+void AscendStream::ReleasePending() {
+  const CannApi& api = device_->cann().api();
+  for (aclTensor* tensor : pending_.tensors) api.aclDestroyTensor(tensor);
+  for (aclScalar* scalar : pending_.scalars) api.aclDestroyScalar(scalar);
+  for (aclOpExecutor* executor : pending_.executors) {
+    api.aclDestroyAclOpExecutor(executor);
+  }
+  for (auto [block, bytes] : pending_.retired_scratch) {
+    device_->FreeRaw(block, bytes);
+  }
+  pending_ = Pending();
+}
+
+absl::StatusOr<void*> AscendStream::Scratch(uint64_t bytes) {
+  if (bytes <= scratch_bytes_) return scratch_;
+  absl::StatusOr<void*> block = device_->AllocateRaw(bytes);
+  if (!block.ok()) return block;
+  if (scratch_ != nullptr) {
+    pending_.retired_scratch.emplace_back(scratch_, scratch_bytes_);
+  }
+  scratch_ = *block;
+  scratch_bytes_ = bytes;
+  return scratch_;
+}
+
+absl::Status AscendStream::CopyToDevice(void* device_dst, const void* host_src,
+                                        uint64_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (absl::Status s = device_->Bind(); !s.ok()) return s;
+  if (aclError error = device_->cann().api().aclrtMemcpyAsync(
+          device_dst, bytes, host_src, bytes, ACL_MEMCPY_HOST_TO_DEVICE,
+          stream_);
+      error != ACL_SUCCESS) {
+    return AclError(device_->cann(), "aclrtMemcpyAsync (host to device)",
+                    error);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AscendStream::CopyFromDevice(void* host_dst,
+                                          const void* device_src,
+                                          uint64_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (absl::Status s = device_->Bind(); !s.ok()) return s;
+  if (aclError error = device_->cann().api().aclrtMemcpyAsync(
+          host_dst, bytes, device_src, bytes, ACL_MEMCPY_DEVICE_TO_HOST,
+          stream_);
+      error != ACL_SUCCESS) {
+    return AclError(device_->cann(), "aclrtMemcpyAsync (device to host)",
+                    error);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AscendStream::Memset(void* dst, int value, uint64_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (absl::Status s = device_->Bind(); !s.ok()) return s;
+  const CannApi& api = device_->cann().api();
+  if (api.has_memset()) {
+    if (aclError error =
+            api.aclrtMemsetAsync(dst, bytes, value & 0xff, bytes, stream_);
+        error != ACL_SUCCESS) {
+      return AclError(device_->cann(), "aclrtMemsetAsync", error);
+    }
+    return absl::OkStatus();
+  }
+  // The copy reads the staged bytes until the next Synchronize.
+  pending_.staged.emplace_back(bytes, static_cast<char>(value & 0xff));
+  if (aclError error =
+          api.aclrtMemcpyAsync(dst, bytes, pending_.staged.back().data(), bytes,
+                               ACL_MEMCPY_HOST_TO_DEVICE, stream_);
+      error != ACL_SUCCESS) {
+    return AclError(device_->cann(), "aclrtMemcpyAsync (memset)", error);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AscendStream::CopyOnDevice(void* dst, const void* src,
+                                        uint64_t bytes) {
+  if (bytes == 0 || dst == src) return absl::OkStatus();
+  if (absl::Status s = device_->Bind(); !s.ok()) return s;
+  const CannApi& api = device_->cann().api();
+  auto copy = [&](void* to, const void* from) -> absl::Status {
+    if (aclError error = api.aclrtMemcpyAsync(
+            to, bytes, from, bytes, ACL_MEMCPY_DEVICE_TO_DEVICE, stream_);
+        error != ACL_SUCCESS) {
+      return AclError(device_->cann(), "aclrtMemcpyAsync (device to device)",
+                      error);
+    }
+    return absl::OkStatus();
+  };
+  const auto d = reinterpret_cast<uintptr_t>(dst);
+  const auto s = reinterpret_cast<uintptr_t>(src);
+  if (d + bytes <= s || s + bytes <= d) return copy(dst, src);
+  absl::StatusOr<void*> scratch = Scratch(bytes);
+  if (!scratch.ok()) return scratch.status();
+  if (absl::Status status = copy(*scratch, src); !status.ok()) return status;
+  return copy(dst, *scratch);
+}
+
+absl::Status AscendStream::Launch(const kernels::Plan& plan, void* workspace,
+                                  uint64_t workspace_size) {
+  if (cancelled_.load(std::memory_order_relaxed)) {
+    return absl::CancelledError("the stream was cancelled");
+  }
+  const kernels::OpCall& call = plan.call();
+  const CannLibrary& cann = device_->cann();
+  const CannApi& api = cann.api();
+  const absl::string_view name = AclnnName(call.op);
+  if (!api.has_op(call.op)) {
+    return kernels::AclnnError(
+        kernels::kAclnnErrRuntimeError, absl::StatusCode::kUnimplemented,
+        absl::StrCat(name, " is not in the loaded CANN libraries"));
+  }
+  if (absl::Status s = device_->Bind(); !s.ok()) return s;
+
+  // Every object made here is destroyed at the next Synchronize, whether
+  // or not the launch gets queued.
+  auto tensor = [&](const std::optional<kernels::TensorView>& view,
+                    aclTensor** out) -> absl::Status {
+    const std::vector<int64_t> strides = kernels::EffectiveStrides(*view);
+    const std::vector<int64_t> storage = StorageDims(*view);
+    aclTensor* t = api.aclCreateTensor(
+        view->shape.data(), view->shape.size(),
+        static_cast<aclDataType>(view->dtype), strides.data(), view->offset,
+        ACL_FORMAT_ND, storage.data(), storage.size(), view->data);
+    if (t == nullptr) {
+      return kernels::AclnnError(
+          kernels::kAclnnErrInnerNullptr, absl::StatusCode::kInternal,
+          absl::StrCat("aclCreateTensor returned NULL", WithRecentError(cann)));
+    }
+    pending_.tensors.push_back(t);
+    *out = t;
+    return absl::OkStatus();
+  };
+  auto scalar = [&](void* value, aclDataType dtype,
+                    aclScalar** out) -> absl::Status {
+    aclScalar* s = api.aclCreateScalar(value, dtype);
+    if (s == nullptr) {
+      return kernels::AclnnError(
+          kernels::kAclnnErrInnerNullptr, absl::StatusCode::kInternal,
+          absl::StrCat("aclCreateScalar returned NULL", WithRecentError(cann)));
+    }
+    pending_.scalars.push_back(s);
+    *out = s;
+    return absl::OkStatus();
+  };
+  // A validated call has all three tensors (for DropoutBackward, `self` is
+  // the mask; for SoftshrinkBackward, `out` is gradInput).
+  aclTensor *grad = nullptr, *self = nullptr, *out = nullptr;
+  if (absl::Status s = tensor(call.grad_output, &grad); !s.ok()) return s;
+  if (absl::Status s = tensor(call.self, &self); !s.ok()) return s;
+  if (absl::Status s = tensor(call.out, &out); !s.ok()) return s;
+
+  const CannApi::OpFunctions& functions = api.ops[static_cast<int>(call.op)];
+  uint64_t needed = 0;
+  aclOpExecutor* executor = nullptr;
+  aclnnStatus status = ACLNN_SUCCESS;
+  switch (call.op) {
+    case OpKind::kThresholdBackward: {
+      float threshold = static_cast<float>(call.params.threshold);
+      aclScalar* t = nullptr;
+      if (absl::Status s = scalar(&threshold, ACL_FLOAT, &t); !s.ok()) return s;
+      status =
+          reinterpret_cast<decltype(&::aclnnThresholdBackwardGetWorkspaceSize)>(
+              functions.get_workspace_size)(grad, self, t, out, &needed,
+                                            &executor);
+      break;
+    }
+    case OpKind::kSoftshrinkBackward: {
+      float lambd = static_cast<float>(call.params.lambd);
+      aclScalar* l = nullptr;
+      if (absl::Status s = scalar(&lambd, ACL_FLOAT, &l); !s.ok()) return s;
+      status = reinterpret_cast<
+          decltype(&::aclnnSoftshrinkBackwardGetWorkspaceSize)>(
+          functions.get_workspace_size)(grad, self, l, out, &needed, &executor);
+      break;
+    }
+    case OpKind::kHardswishBackward:
+      status =
+          reinterpret_cast<decltype(&::aclnnHardswishBackwardGetWorkspaceSize)>(
+              functions.get_workspace_size)(grad, self, out, &needed,
+                                            &executor);
+      break;
+    case OpKind::kLeakyReluBackward: {
+      absl::StatusOr<std::string> bytes =
+          ScalarBytes(call.params.negative_slope);
+      if (!bytes.ok()) return bytes.status();
+      aclScalar* slope = nullptr;
+      if (absl::Status s =
+              scalar(bytes->data(),
+                     static_cast<aclDataType>(call.params.negative_slope.dtype),
+                     &slope);
+          !s.ok()) {
+        return s;
+      }
+      status =
+          reinterpret_cast<decltype(&::aclnnLeakyReluBackwardGetWorkspaceSize)>(
+              functions.get_workspace_size)(grad, self, slope,
+                                            call.params.self_is_result, out,
+                                            &needed, &executor);
+      break;
+    }
+    case OpKind::kDropoutBackward:
+      status =
+          reinterpret_cast<decltype(&::aclnnDropoutBackwardGetWorkspaceSize)>(
+              functions.get_workspace_size)(grad, self, call.params.scale, out,
+                                            &needed, &executor);
+      break;
+  }
+  const std::string plan_call = absl::StrCat(name, "GetWorkspaceSize");
+  if (status != ACLNN_SUCCESS) return AclnnFailure(cann, plan_call, status);
+  if (executor == nullptr) {
+    return kernels::AclnnError(
+        kernels::kAclnnErrInnerNullptr, absl::StatusCode::kInternal,
+        absl::StrCat(plan_call, " returned no executor"));
+  }
+  // Ours from here on (Pending::executors says why).
+  if (aclnnStatus s = api.aclSetAclOpExecutorRepeatable(executor);
+      s != ACLNN_SUCCESS) {
+    return AclnnFailure(cann, "aclSetAclOpExecutorRepeatable", s);
+  }
+  pending_.executors.push_back(executor);
+  // opserver's workspace follows its own contract (kernels' workspace
+  // rules); an aclnn kernel that needs more gets the stream's scratch.
+  void* launch_workspace = workspace;
+  uint64_t launch_workspace_size = workspace_size;
+  if (needed > workspace_size) {
+    absl::StatusOr<void*> scratch = Scratch(needed);
+    if (!scratch.ok()) return scratch.status();
+    launch_workspace = *scratch;
+    launch_workspace_size = needed;
+  }
+  status =
+      reinterpret_cast<decltype(&::aclnnThresholdBackward)>(functions.launch)(
+          launch_workspace, launch_workspace_size, executor, stream_);
+  if (status != ACLNN_SUCCESS) return AclnnFailure(cann, name, status);
+  return absl::OkStatus();
+}
+
+absl::Status AscendStream::Synchronize() {
+  if (absl::Status s = device_->Bind(); !s.ok()) return s;
+  const aclError error = device_->cann().api().aclrtSynchronizeStream(stream_);
+  // Before the destroys below, which may replace the thread's last error.
+  absl::Status status =
+      error == ACL_SUCCESS
+          ? absl::OkStatus()
+          : AclError(device_->cann(), "aclrtSynchronizeStream", error);
+  // Done or failed, the stream has stopped using them.
+  ReleasePending();
+  return status;
+}
+
+// ---- --device=ascend -------------------------------------------------------
+
+bool IsAscendKind(absl::string_view kind) {
+  return kind == "ascend" || absl::StartsWith(kind, "ascend:");
+}
+
+absl::StatusOr<std::vector<int32_t>> AscendDeviceIds(absl::string_view kind) {
+  if (kind == "ascend") return std::vector<int32_t>{0};
+  std::vector<int32_t> ids;
+  for (absl::string_view id :
+       absl::StrSplit(absl::StripPrefix(kind, "ascend:"), ',')) {
+    int32_t n = 0;
+    if (!absl::SimpleAtoi(id, &n) || n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", kind,
+          "': want ascend, or ascend:IDS with IDS NPU ids >= 0 separated by "
+          "commas"));
+    }
+    if (std::find(ids.begin(), ids.end(), n) != ids.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", kind, "' names NPU ", n, " twice"));
+    }
+    ids.push_back(n);
+  }
+  return ids;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateAscendDevices(
+    const DeviceOptions& options) {
+  absl::StatusOr<std::vector<int32_t>> ids = AscendDeviceIds(options.kind);
+  if (!ids.ok()) return ids.status();
+  absl::StatusOr<std::shared_ptr<CannLibrary>> cann = CannLibrary::Load(
+      options.cann_libraries.empty() ? CannLibrary::DefaultLibraries()
+                                     : options.cann_libraries);
+  if (!cann.ok()) return cann.status();
+  std::vector<std::unique_ptr<Device>> devices;
+  for (int32_t id : *ids) {
+    absl::StatusOr<std::unique_ptr<AscendDevice>> device =
+        AscendDevice::Create(*cann, id, options.memory_bytes);
+    if (!device.ok()) return device.status();
+    devices.push_back(*std::move(device));
+  }
+  return devices;
+}
+
+absl::StatusOr<std::unique_ptr<Device>> CreateAscendDevice(
+    const DeviceOptions& options) {
+  absl::StatusOr<std::vector<int32_t>> ids = AscendDeviceIds(options.kind);
+  if (!ids.ok()) return ids.status();
+  if (ids->size() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", options.kind, "' names ", ids->size(),
+                     " NPUs; this server owns one device: name one id "
+                     "(ascend:N)"));
+  }
+  absl::StatusOr<std::vector<std::unique_ptr<Device>>> devices =
+      CreateAscendDevices(options);
+  if (!devices.ok()) return devices.status();
+  return std::move(devices->front());
+}
+
+}  // namespace opserver::ascend

@@ -1,0 +1,186 @@
+// The Ascend NPU device: opserver's Device and DeviceStream on top of CANN's
+// runtime (acl/acl_rt.h) and aclnn operator libraries, called through the
+// functions CannLibrary loaded. Nothing here links against CANN, so it
+// builds without CANN installed.
+#ifndef OPSERVER_DEVICES_ASCEND_ASCEND_DEVICE_H_
+#define OPSERVER_DEVICES_ASCEND_ASCEND_DEVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "devices/ascend/cann_library.h"
+#include "kernels/ops.h"
+#include "server/device.h"
+
+namespace opserver::ascend {
+
+// An acl error as a Status: INTERNAL carrying aclnn 361001, with the call,
+// the acl error number and aclGetRecentErrMsg's text in the message.
+absl::Status AclError(const CannLibrary& cann, absl::string_view call,
+                      aclError error);
+
+// An aclnn status as a Status that keeps the number (kernels/aclnn_status.h)
+// and aclGetRecentErrMsg's text: INVALID_ARGUMENT for the parameter errors
+// (1610xx), INTERNAL otherwise.
+absl::Status AclnnFailure(const CannLibrary& cann, absl::string_view call,
+                          aclnnStatus status);
+
+class AscendDevice;
+
+// One aclrtStream. Launch turns the plan's views into aclTensors and its
+// parameters into aclScalars, plans with aclnnXxxGetWorkspaceSize and
+// enqueues aclnnXxx; the tensors, scalars and executor are destroyed at the
+// next Synchronize (or the destructor), once the stream has run the launch.
+// Not thread-safe (DeviceStream's contract). Must not outlive its device.
+class AscendStream : public DeviceStream {
+ public:
+  AscendStream(AscendDevice* device, aclrtStream stream)
+      : device_(device), stream_(stream) {}
+  // Synchronizes, releases what the launches used and destroys the stream.
+  ~AscendStream() override;
+
+  absl::Status CopyToDevice(void* device_dst, const void* host_src,
+                            uint64_t bytes) override;
+  absl::Status CopyFromDevice(void* host_dst, const void* device_src,
+                              uint64_t bytes) override;
+  // aclrtMemsetAsync of `value & 0xff` (without it in the loaded runtime:
+  // a host-to-device copy of a staged block of that byte).
+  absl::Status Memset(void* dst, int value, uint64_t bytes) override;
+  // A device-to-device aclrtMemcpyAsync; overlapping ranges go through the
+  // stream's scratch (two copies, in order), as CANN does not promise
+  // memmove.
+  absl::Status CopyOnDevice(void* dst, const void* src,
+                            uint64_t bytes) override;
+  absl::Status Launch(const kernels::Plan& plan, void* workspace,
+                      uint64_t workspace_size) override;
+  // An NPU kernel cannot be stopped: launches issued after it are refused
+  // with CANCELLED, the running one finishes.
+  void CancelRunning() override {
+    cancelled_.store(true, std::memory_order_relaxed);
+  }
+  absl::Status Synchronize() override;
+
+ private:
+  // The CANN objects of launches issued since the last Synchronize.
+  struct Pending {
+    std::vector<aclTensor*> tensors;
+    std::vector<aclScalar*> scalars;
+    // Every executor is made repeatable before its launch, so that it is
+    // ours to destroy whether the launch succeeds, fails or never happens
+    // (a single-use one is released by CANN only when it runs).
+    std::vector<aclOpExecutor*> executors;
+    // Scratch workspaces replaced by larger ones: freed once the launches
+    // that used them are done.
+    std::vector<std::pair<void*, uint64_t>> retired_scratch;
+    // Host bytes asynchronous copies read (Memset without aclrtMemset).
+    std::vector<std::string> staged;
+  };
+
+  // Destroys what `pending_` holds (after the stream is idle).
+  void ReleasePending();
+  // A workspace of at least `bytes` the device allocated for this stream,
+  // for an aclnn executor that needs more than opserver's workspace.
+  absl::StatusOr<void*> Scratch(uint64_t bytes);
+
+  AscendDevice* const device_;
+  const aclrtStream stream_;
+  std::atomic<bool> cancelled_{false};
+  Pending pending_;
+  void* scratch_ = nullptr;
+  uint64_t scratch_bytes_ = 0;
+};
+
+// One NPU (device id) of the loaded CANN. Its context is created once and
+// set on every thread before it calls CANN for this device (CANN's current
+// context is per thread). Memory comes from aclrtMalloc, capped by
+// `memory_bytes` (0 = what aclrtGetMemInfo reports free at start) and never
+// above that; every allocation is zeroed (aclrtMemset) before it is handed
+// out, so no owner sees another's bytes. There is no reuse cache: freed
+// memory goes back to CANN (aclrtFree). Thread-safe.
+class AscendDevice : public Device {
+ public:
+  // aclrtSetDevice / aclrtCreateContext on `device_id`, its SoC name and
+  // memory. FAILED_PRECONDITION naming the call for a device CANN does not
+  // have (or whatever CANN reports).
+  static absl::StatusOr<std::unique_ptr<AscendDevice>> Create(
+      std::shared_ptr<CannLibrary> cann, int32_t device_id,
+      uint64_t memory_bytes);
+  // Destroys the context and resets the device; every stream must be gone.
+  ~AscendDevice() override;
+
+  DeviceDescription Describe() const override;
+  // The capacity less what is allocated (buffers and stream scratch).
+  uint64_t FreeBytes() const override;
+  absl::StatusOr<void*> Allocate(uint64_t bytes, uint64_t owner) override;
+  void Deallocate(void* block, uint64_t bytes) override;
+  absl::StatusOr<std::unique_ptr<DeviceStream>> CreateStream() override;
+  // Whether the loaded aclnn library has the operator (ListOperators lists
+  // only these; the others are refused when planned).
+  bool SupportsOp(kernels::OpKind op) const override {
+    return cann_->api().has_op(op);
+  }
+
+  const CannLibrary& cann() const { return *cann_; }
+  int32_t device_id() const { return device_id_; }
+
+  // Makes this device current on the calling thread (aclrtSetCurrentContext
+  // or, without contexts, aclrtSetDevice), once per thread until another
+  // device is bound there. Every call into CANN for this device comes
+  // after it.
+  absl::Status Bind();
+
+  // Device memory outside Allocate's zeroing (stream scratch), within the
+  // same capacity.
+  absl::StatusOr<void*> AllocateRaw(uint64_t bytes);
+  void FreeRaw(void* block, uint64_t bytes);
+
+ private:
+  AscendDevice(std::shared_ptr<CannLibrary> cann, int32_t device_id);
+  // Sets `bytes` at `block` to zero, synchronously.
+  absl::Status Zero(void* block, uint64_t bytes);
+
+  const std::shared_ptr<CannLibrary> cann_;
+  const int32_t device_id_;
+  // Distinguishes devices in the per-thread record of the bound one
+  // (addresses and context handles may be reused; serials are not).
+  const uint64_t serial_;
+  aclrtContext context_ = nullptr;
+  // aclrtSetDevice succeeded: the destructor calls aclrtResetDevice.
+  bool claimed_ = false;
+  DeviceDescription description_;
+  mutable absl::Mutex mu_;
+  uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// True for the --device values this device serves: "ascend" and
+// "ascend:IDS".
+bool IsAscendKind(absl::string_view kind);
+
+// The NPU ids --device=`kind` names, in order: "ascend" is {0},
+// "ascend:0,2" {0, 2}. INVALID_ARGUMENT for anything else, or an id named
+// twice.
+absl::StatusOr<std::vector<int32_t>> AscendDeviceIds(absl::string_view kind);
+
+// One AscendDevice per id options.kind names (AscendDeviceIds), in that
+// order, on one CANN loaded from options.cann_libraries
+// (CannLibrary::DefaultLibraries() when empty); options.memory_bytes caps
+// each. FAILED_PRECONDITION, one line naming the library or symbol, when
+// CANN cannot be loaded, or naming the call when an NPU cannot be opened.
+absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateAscendDevices(
+    const DeviceOptions& options);
+
+// The same for a server that owns one device: a list of several ids
+// ("ascend:0,1") is INVALID_ARGUMENT.
+absl::StatusOr<std::unique_ptr<Device>> CreateAscendDevice(
+    const DeviceOptions& options);
+
+}  // namespace opserver::ascend
+
+#endif  // OPSERVER_DEVICES_ASCEND_ASCEND_DEVICE_H_

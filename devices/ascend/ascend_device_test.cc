@@ -1,0 +1,577 @@
+// AscendDevice against a fake CANN (fake_cann.cc, loaded with dlmopen as
+// CANN would be): the calls it makes and their order, the tensors it
+// describes, CANN's failures as the client sees them, and nothing CANN
+// handed out left behind once sessions close.
+#include "devices/ascend/ascend_device.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "client/client.h"
+#include "devices/ascend/cann_library.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/aclnn_status.h"
+#include "server/server.h"
+
+namespace opserver::ascend {
+namespace {
+
+using kernels::DType;
+using remote::TensorDesc;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// A library of the test's runfiles, as an absolute path (dlmopen reads a
+// relative one against the working directory, which is the runfiles root).
+std::string Runfile(const std::string& name) {
+  char cwd[4096];
+  return std::string(getcwd(cwd, sizeof(cwd))) + "/devices/ascend/" + name;
+}
+
+// One fake CANN for the whole binary: CANN is initialized once per process,
+// and each load takes one of the few link-map namespaces glibc has.
+std::shared_ptr<CannLibrary> Fake() {
+  static std::shared_ptr<CannLibrary>* cann = [] {
+    auto loaded = CannLibrary::Load({Runfile("libfake_cann.so")});
+    EXPECT_TRUE(loaded.ok()) << loaded.status();
+    return new std::shared_ptr<CannLibrary>(loaded.ok() ? *loaded : nullptr);
+  }();
+  return *cann;
+}
+
+// The fake's view, through its fake_cann_* functions.
+class FakeControl {
+ public:
+  explicit FakeControl(const CannLibrary& cann) : cann_(cann) {}
+  void Reset() { Fn<void (*)()>("fake_cann_reset")(); }
+  int64_t Live(const char* kind) {
+    return Fn<int64_t (*)(const char*)>("fake_cann_live")(kind);
+  }
+  std::vector<std::string> Log() {
+    return absl::StrSplit(Fn<const char* (*)()>("fake_cann_log")(), '\n',
+                          absl::SkipEmpty());
+  }
+  void FailNext(const char* function, int code, const char* message) {
+    Fn<void (*)(const char*, int, const char*)>("fake_cann_fail_next")(
+        function, code, message);
+  }
+  void SetWorkspace(uint64_t bytes) {
+    Fn<void (*)(uint64_t)>("fake_cann_set_workspace")(bytes);
+  }
+  void SetMemInfo(size_t free, size_t total) {
+    Fn<void (*)(size_t, size_t)>("fake_cann_set_mem_info")(free, total);
+  }
+  // The log lines that start with one of `prefixes`, in order.
+  std::vector<std::string> Calls(const std::vector<std::string>& prefixes) {
+    std::vector<std::string> out;
+    for (const std::string& line : Log()) {
+      for (const std::string& p : prefixes) {
+        if (absl::StartsWith(line, p)) {
+          out.push_back(line);
+          break;
+        }
+      }
+    }
+    return out;
+  }
+
+ private:
+  template <class F>
+  F Fn(const char* name) {
+    void* f = cann_.Lookup(name);
+    EXPECT_NE(f, nullptr) << name;
+    return reinterpret_cast<F>(f);
+  }
+  const CannLibrary& cann_;
+};
+
+// A server whose device is an AscendDevice on `cann`, and a session on it.
+class AscendServer {
+ public:
+  explicit AscendServer(std::shared_ptr<CannLibrary> cann,
+                        uint64_t memory_bytes = 0) {
+    auto device = AscendDevice::Create(std::move(cann), 0, memory_bytes);
+    EXPECT_TRUE(device.ok()) << device.status();
+    if (!device.ok()) return;
+    device_ = device->get();
+    Options options;
+    options.listen = "127.0.0.1:0";
+    auto server = Server::Start(options, *std::move(device));
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return;
+    server_ = *std::move(server);
+    auto client = remote::Client::Connect(server_->address());
+    EXPECT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+  }
+  ~AscendServer() {
+    client_.reset();
+    server_.reset();
+  }
+  remote::Client& client() { return *client_; }
+  AscendDevice* device() { return device_; }
+  std::unique_ptr<remote::Session> Session() {
+    auto session = client_->CreateSession("ascend_device_test");
+    EXPECT_TRUE(session.ok()) << session.status();
+    return session.ok() ? *std::move(session) : nullptr;
+  }
+
+ private:
+  AscendDevice* device_ = nullptr;  // Owned by server_.
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<remote::Client> client_;
+};
+
+class AscendDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_NE(Fake(), nullptr);
+    fake_.Reset();
+  }
+  // Everything CANN handed out was given back.
+  void ExpectNothingLive() {
+    for (const char* kind :
+         {"tensor", "scalar", "executor", "allocation", "stream", "context"}) {
+      EXPECT_EQ(fake_.Live(kind), 0) << kind;
+    }
+  }
+  FakeControl fake_{*Fake()};
+};
+
+TEST_F(AscendDeviceTest, DescribesTheNpu) {
+  fake_.SetMemInfo(3u << 20, 8u << 20);
+  {
+    auto device = AscendDevice::Create(Fake(), 2, /*memory_bytes=*/0);
+    ASSERT_TRUE(device.ok()) << device.status();
+    DeviceDescription d = (*device)->Describe();
+    EXPECT_EQ(d.kind, "ascend");
+    EXPECT_EQ(d.name, "FakeAscend910B (NPU 2)");
+    // What CANN reports free, unless the flag asks for less.
+    EXPECT_EQ(d.memory_bytes, 3u << 20);
+    auto smaller = AscendDevice::Create(Fake(), 1, 1u << 20);
+    ASSERT_TRUE(smaller.ok()) << smaller.status();
+    EXPECT_EQ((*smaller)->Describe().memory_bytes, 1u << 20);
+    auto larger = AscendDevice::Create(Fake(), 1, 1u << 30);
+    ASSERT_TRUE(larger.ok()) << larger.status();
+    EXPECT_EQ((*larger)->Describe().memory_bytes, 3u << 20);
+  }
+  EXPECT_THAT(fake_.Calls({"aclrtSetDevice", "aclrtCreateContext",
+                           "aclrtDestroyContext", "aclrtResetDevice"}),
+              ElementsAre("aclrtSetDevice 2", "aclrtCreateContext 2",
+                          "aclrtSetDevice 1", "aclrtCreateContext 1",
+                          "aclrtSetDevice 1", "aclrtCreateContext 1",
+                          "aclrtDestroyContext", "aclrtResetDevice 1",
+                          "aclrtDestroyContext", "aclrtResetDevice 1",
+                          "aclrtDestroyContext", "aclrtResetDevice 2"));
+  EXPECT_FALSE(AscendDevice::Create(Fake(), 9, 0).ok());
+  ExpectNothingLive();
+}
+
+TEST_F(AscendDeviceTest, MemoryIsZeroedCappedAndFreed) {
+  {
+    AscendServer server(Fake(), /*memory_bytes=*/1 << 20);
+    auto session = server.Session();
+    ASSERT_NE(session, nullptr);
+    auto buffer = session->Malloc(64);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    // The fake's memory holds 0xAB until aclrtMemset clears it.
+    auto values = session->ReadValues(buffer->handle(), 0, DType::kUint8, 64);
+    ASSERT_TRUE(values.ok()) << values.status();
+    EXPECT_EQ(*values, std::vector<double>(64, 0));
+    EXPECT_THAT(fake_.Calls({"aclrtMalloc", "aclrtMemset"}),
+                ElementsAre("aclrtMalloc 64", "aclrtMemset 64"));
+    // Past the cap: refused before CANN is asked.
+    auto big = session->Malloc(2 << 20);
+    EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
+    // CANN's own refusal, with its message.
+    fake_.FailNext("aclrtMalloc", 207001, "out of HBM");
+    auto refused = session->Malloc(128);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(refused.status().message(), HasSubstr("207001"));
+    EXPECT_THAT(refused.status().message(), HasSubstr("out of HBM"));
+    ASSERT_TRUE(buffer->Free().ok());
+  }
+  ExpectNothingLive();
+}
+
+TEST_F(AscendDeviceTest, LaunchDescribesEveryViewAndReleasesAfterSync) {
+  {
+    AscendServer server(Fake());
+    auto session = server.Session();
+    ASSERT_NE(session, nullptr);
+    auto grad = session->Malloc(4096);
+    auto self = session->Malloc(4096);
+    auto out = session->Malloc(4096);
+    ASSERT_TRUE(grad.ok() && self.ok() && out.ok());
+    auto stream = session->CreateStream();
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    fake_.Reset();
+    // gradOutput: a transposed [3, 2] view at element offset 5, 64 bytes
+    // into its buffer; self: a [2] row broadcast over it; out: contiguous
+    // with an explicit storage shape.
+    TensorDesc g{grad->handle(), 64, DType::kFloat, {3, 2}, {1, 3}, 5, {}};
+    TensorDesc s{self->handle(), 0, DType::kFloat, {2}, {}, 0, {}};
+    TensorDesc o{out->handle(), 0, DType::kFloat, {3, 2}, {}, 0, {8}};
+    auto executor = session->ThresholdBackward(g, s, 0.25, o);
+    ASSERT_TRUE(executor.ok()) << executor.status();
+    ASSERT_TRUE(executor->Execute(stream->handle()).ok());
+    ASSERT_TRUE(session->Synchronize(stream->handle()).ok());
+    EXPECT_THAT(
+        fake_.Calls({"aclCreate", "aclnn", "aclSet", "aclrtSynchronizeStream",
+                     "aclDestroy"}),
+        ElementsAre(
+            "aclCreateTensor dtype=0 shape=[3,2] strides=[1,3] offset=5 "
+            "format=2 storage=[11] data=alloc+64",
+            "aclCreateTensor dtype=0 shape=[2] strides=[1] offset=0 "
+            "format=2 storage=[2] data=alloc+0",
+            "aclCreateTensor dtype=0 shape=[3,2] strides=[2,1] offset=0 "
+            "format=2 storage=[8] data=alloc+0",
+            "aclCreateScalar dtype=0 value=0.25",
+            "aclnnThresholdBackwardGetWorkspaceSize workspace=0",
+            "aclSetAclOpExecutorRepeatable",
+            "aclnnThresholdBackward workspace_size=0 no-workspace",
+            "aclrtSynchronizeStream", "aclDestroyTensor", "aclDestroyTensor",
+            "aclDestroyTensor", "aclDestroyScalar", "aclDestroyAclOpExecutor"));
+    // Every call ran on a thread with the device's context set.
+    for (const std::string& line : fake_.Log()) {
+      EXPECT_THAT(line, ::testing::Not(HasSubstr("NO CONTEXT")));
+    }
+  }
+  ExpectNothingLive();
+}
+
+TEST_F(AscendDeviceTest, ParametersBecomeScalarsOfTheirDtype) {
+  AscendServer server(Fake());
+  auto session = server.Session();
+  ASSERT_NE(session, nullptr);
+  auto a = session->Malloc(64);
+  ASSERT_TRUE(a.ok());
+  auto t = TensorDesc::Contiguous(a->handle(), DType::kFloat, {4});
+  auto mask = TensorDesc::Contiguous(a->handle(), DType::kUint8, {16});
+  fake_.Reset();
+  ASSERT_TRUE(session->LeakyReluBackward(t, t, {DType::kInt64, 3}, true, t)
+                  ->Execute()
+                  .ok());
+  ASSERT_TRUE(session->DropoutBackward(t, mask, 2.5, t)->Execute().ok());
+  ASSERT_TRUE(session->SoftshrinkBackward(t, t, 0.5, t)->Execute().ok());
+  ASSERT_TRUE(session->Synchronize().ok());
+  EXPECT_THAT(
+      fake_.Calls({"aclCreateScalar", "selfIsResult", "scale"}),
+      ElementsAre("aclCreateScalar dtype=9 value=3", "selfIsResult=true",
+                  "scale=2.5", "aclCreateScalar dtype=0 value=0.5"));
+}
+
+TEST_F(AscendDeviceTest, AnExecutorNeedingMoreWorkspaceGetsTheStreamsScratch) {
+  {
+    AscendServer server(Fake());
+    auto session = server.Session();
+    ASSERT_NE(session, nullptr);
+    auto a = session->Malloc(64);
+    ASSERT_TRUE(a.ok());
+    auto t = TensorDesc::Contiguous(a->handle(), DType::kFloat, {4});
+    fake_.Reset();
+    fake_.SetWorkspace(4096);
+    ASSERT_TRUE(session->HardswishBackward(t, t, t)->Execute().ok());
+    ASSERT_TRUE(session->HardswishBackward(t, t, t)->Execute().ok());
+    ASSERT_TRUE(session->Synchronize().ok());
+    // One scratch for both launches.
+    EXPECT_THAT(fake_.Calls({"aclrtMalloc", "aclnnHardswishBackward "}),
+                ElementsAre("aclrtMalloc 4096",
+                            "aclnnHardswishBackward workspace_size=4096 "
+                            "workspace",
+                            "aclnnHardswishBackward workspace_size=4096 "
+                            "workspace"));
+  }
+  ExpectNothingLive();
+}
+
+TEST_F(AscendDeviceTest, CannFailuresReachTheClientWithTheirStatus) {
+  {
+    AscendServer server(Fake());
+    auto session = server.Session();
+    ASSERT_NE(session, nullptr);
+    auto a = session->Malloc(64);
+    ASSERT_TRUE(a.ok());
+    auto t = TensorDesc::Contiguous(a->handle(), DType::kFloat, {4});
+
+    // aclnnXxxGetWorkspaceSize's aclnn status and message are the launch's,
+    // reported by the stream.
+    fake_.FailNext("aclnnHardswishBackwardGetWorkspaceSize", 161002,
+                   "self has an unsupported format");
+    ASSERT_TRUE(session->HardswishBackward(t, t, t)->Execute().ok());
+    absl::Status planned = session->Synchronize();
+    EXPECT_EQ(planned.code(), absl::StatusCode::kInvalidArgument) << planned;
+    EXPECT_EQ(kernels::GetAclnnStatus(planned), 161002) << planned;
+    EXPECT_THAT(planned.message(),
+                HasSubstr("aclnnHardswishBackwardGetWorkspaceSize: self has "
+                          "an unsupported format"));
+
+    fake_.FailNext("aclnnHardswishBackward", 561000, "kernel launch failed");
+    ASSERT_TRUE(session->HardswishBackward(t, t, t)->Execute().ok());
+    absl::Status launched = session->Synchronize();
+    EXPECT_EQ(kernels::GetAclnnStatus(launched), 561000) << launched;
+    EXPECT_THAT(launched.message(), HasSubstr("kernel launch failed"));
+
+    // An asynchronous fault, found by aclrtSynchronizeStream.
+    fake_.FailNext("aclrtSynchronizeStream", 507011, "AI Core exception");
+    ASSERT_TRUE(session->HardswishBackward(t, t, t)->Execute().ok());
+    absl::Status synced = session->Synchronize();
+    EXPECT_EQ(synced.code(), absl::StatusCode::kInternal) << synced;
+    EXPECT_EQ(kernels::GetAclnnStatus(synced), 361001) << synced;
+    EXPECT_THAT(synced.message(), HasSubstr("aclrtSynchronizeStream"));
+    EXPECT_THAT(synced.message(), HasSubstr("507011"));
+    EXPECT_THAT(synced.message(), HasSubstr("AI Core exception"));
+    // The error was the stream's once: it works again.
+    ASSERT_TRUE(session->HardswishBackward(t, t, t)->Execute().ok());
+    EXPECT_TRUE(session->Synchronize().ok());
+
+    // No scratch to be had: the executor is released unlaunched.
+    fake_.SetWorkspace(1 << 20);
+    fake_.FailNext("aclrtMalloc", 207001, "out of HBM");
+    ASSERT_TRUE(session->HardswishBackward(t, t, t)->Execute().ok());
+    absl::Status scratch = session->Synchronize();
+    EXPECT_EQ(scratch.code(), absl::StatusCode::kResourceExhausted) << scratch;
+    EXPECT_THAT(scratch.message(), HasSubstr("out of HBM"));
+    EXPECT_EQ(fake_.Live("executor"), 0);
+  }
+  ExpectNothingLive();
+}
+
+TEST_F(AscendDeviceTest, TransfersAndStreamsAreCannsAndGoAway) {
+  {
+    AscendServer server(Fake());
+    auto session = server.Session();
+    ASSERT_NE(session, nullptr);
+    auto a = session->Malloc(1 << 20);
+    ASSERT_TRUE(a.ok());
+    std::vector<uint8_t> data(1 << 20);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = i * 7 + 3;
+    auto stream = session->CreateStream();
+    ASSERT_TRUE(stream.ok());
+    ASSERT_TRUE(
+        session
+            ->Upload(a->handle(), 0, data.data(), data.size(), stream->handle())
+            .ok());
+    std::vector<uint8_t> back(data.size());
+    ASSERT_TRUE(session
+                    ->Download(a->handle(), 0, back.data(), back.size(),
+                               stream->handle())
+                    .ok());
+    EXPECT_EQ(back, data);
+    EXPECT_GE(fake_.Live("stream"), 2);  // The default and the created.
+    EXPECT_EQ(fake_.Live("context"), 1);
+    fake_.FailNext("aclrtCreateStream", 207000, "no more streams");
+    auto refused = session->CreateStream();
+    EXPECT_FALSE(refused.ok());
+    EXPECT_THAT(refused.status().message(), HasSubstr("no more streams"));
+  }
+  ExpectNothingLive();
+}
+
+TEST_F(AscendDeviceTest, ClosingSessionsLeavesNothingInCann) {
+  {
+    AscendServer server(Fake());
+    for (int i = 0; i < 3; ++i) {
+      auto session = server.Session();
+      ASSERT_NE(session, nullptr);
+      auto a = session->Malloc(256);
+      ASSERT_TRUE(a.ok());
+      // Left for the session's close to free.
+      auto t = TensorDesc::Contiguous(a->Release(), DType::kFloat, {4});
+      auto stream = session->CreateStream();
+      ASSERT_TRUE(stream.ok());
+      auto executor = session->ThresholdBackward(t, t, 1.0, t);
+      ASSERT_TRUE(executor.ok());
+      ASSERT_TRUE(executor->SetRepeatable().ok());
+      for (int j = 0; j < 3; ++j) {
+        ASSERT_TRUE(executor->Execute(stream->handle()).ok());
+      }
+      executor->Release();
+      stream->Release();
+      // Closed with the launches possibly still queued.
+    }
+  }
+  ExpectNothingLive();
+}
+
+// Device-side fills and copies (DeviceStream's Memset and CopyOnDevice
+// once the server's events land): overlapping copies act as memmove.
+void CheckMemsetAndCopies(std::shared_ptr<CannLibrary> cann) {
+  auto device = AscendDevice::Create(std::move(cann), 0, 0);
+  ASSERT_TRUE(device.ok()) << device.status();
+  auto block = (*device)->Allocate(64, 1);
+  ASSERT_TRUE(block.ok()) << block.status();
+  {
+    auto created = (*device)->CreateStream();
+    ASSERT_TRUE(created.ok()) << created.status();
+    auto* stream = static_cast<AscendStream*>(created->get());
+    char* p = static_cast<char*>(*block);
+    std::string expected(64, '\0');
+    for (int i = 0; i < 64; ++i) expected[i] = static_cast<char>(i);
+    ASSERT_TRUE(stream->CopyToDevice(p, expected.data(), 64).ok());
+    ASSERT_TRUE(stream->Memset(p + 40, 0x1234, 8).ok());
+    std::memset(&expected[40], 0x34, 8);
+    ASSERT_TRUE(stream->CopyOnDevice(p + 8, p, 32).ok());  // Overlapping.
+    std::memmove(&expected[8], &expected[0], 32);
+    ASSERT_TRUE(stream->CopyOnDevice(p + 48, p, 16).ok());  // Disjoint.
+    std::memmove(&expected[48], &expected[0], 16);
+    std::string back(64, '\0');
+    ASSERT_TRUE(stream->CopyFromDevice(back.data(), p, 64).ok());
+    ASSERT_TRUE(stream->Synchronize().ok());
+    EXPECT_EQ(back, expected);
+  }
+  (*device)->Deallocate(*block, 64);
+}
+
+TEST_F(AscendDeviceTest, MemsetAndCopiesOnTheDevice) {
+  CheckMemsetAndCopies(Fake());
+  EXPECT_THAT(fake_.Calls({"aclrtMemsetAsync"}),
+              ElementsAre("aclrtMemsetAsync 8"));
+  ExpectNothingLive();
+}
+
+// A runtime without aclrtCreateContext/aclrtSetCurrentContext and
+// aclrtMemset (libaclnn_remote.so before its runtime calls grew them):
+// threads bind with aclrtSetDevice and memory is zeroed by copies.
+TEST(AscendFallbackTest, WithoutContextsOrMemset) {
+  auto cann = CannLibrary::Load({Runfile("libfake_cann_no_contexts.so")});
+  ASSERT_TRUE(cann.ok()) << cann.status();
+  EXPECT_FALSE((*cann)->api().has_contexts());
+  EXPECT_FALSE((*cann)->api().has_memset());
+  FakeControl fake(**cann);
+  {
+    AscendServer server(*cann);
+    auto session = server.Session();
+    ASSERT_NE(session, nullptr);
+    auto a = session->Malloc(64);
+    ASSERT_TRUE(a.ok());
+    auto values = session->ReadValues(a->handle(), 0, DType::kUint8, 64);
+    ASSERT_TRUE(values.ok()) << values.status();
+    EXPECT_EQ(*values, std::vector<double>(64, 0));
+    auto t = TensorDesc::Contiguous(a->handle(), DType::kFloat, {4});
+    ASSERT_TRUE(session->HardswishBackward(t, t, t)->Execute().ok());
+    ASSERT_TRUE(session->Synchronize().ok());
+    EXPECT_THAT(fake.Calls({"aclrtMalloc 64", "aclrtMemcpy 64"}),
+                ElementsAre("aclrtMalloc 64", "aclrtMemcpy 64 kind=1"));
+    for (const std::string& line : fake.Log()) {
+      EXPECT_THAT(line, ::testing::Not(HasSubstr("NO CONTEXT")));
+    }
+  }
+  CheckMemsetAndCopies(*cann);
+  for (const char* kind :
+       {"tensor", "scalar", "executor", "allocation", "stream"}) {
+    EXPECT_EQ(fake.Live(kind), 0) << kind;
+  }
+}
+
+// An aclnn library without one operator: the others are served.
+TEST(AscendMissingOpTest, IsLeftOutAndRefused) {
+  auto cann = CannLibrary::Load({Runfile("libfake_cann_no_dropout.so")});
+  ASSERT_TRUE(cann.ok()) << cann.status();
+  AscendServer server(*cann);
+  auto ops = server.client().ListOperators();
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  std::vector<std::string> names;
+  for (const auto& op : ops->operators()) names.push_back(op.name());
+  EXPECT_THAT(names, ElementsAre("ThresholdBackward", "SoftshrinkBackward",
+                                 "HardswishBackward", "LeakyReluBackward"));
+  auto session = server.Session();
+  ASSERT_NE(session, nullptr);
+  auto a = session->Malloc(64);
+  ASSERT_TRUE(a.ok());
+  auto t = TensorDesc::Contiguous(a->handle(), DType::kFloat, {4});
+  auto mask = TensorDesc::Contiguous(a->handle(), DType::kUint8, {16});
+  auto dropout = session->DropoutBackward(t, mask, 2.0, t);
+  absl::Status status = dropout.ok() ? session->Flush() : dropout.status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+  EXPECT_THAT(status.message(), HasSubstr("aclnnDropoutBackward"));
+  ASSERT_TRUE(session->HardswishBackward(t, t, t)->Execute().ok());
+  EXPECT_TRUE(session->Synchronize().ok());
+}
+
+TEST(AscendDeviceIdsTest, ParsesTheDeviceFlag) {
+  EXPECT_THAT(*AscendDeviceIds("ascend"), ElementsAre(0));
+  EXPECT_THAT(*AscendDeviceIds("ascend:3"), ElementsAre(3));
+  EXPECT_THAT(*AscendDeviceIds("ascend:0,2,1"), ElementsAre(0, 2, 1));
+  for (const char* bad :
+       {"ascend:", "ascend:x", "ascend:-1", "ascend:1,,2", "ascend:1,1"}) {
+    EXPECT_EQ(AscendDeviceIds(bad).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+}
+
+TEST(AscendDeviceIdsTest, SeveralNpusShareOneCann) {
+  DeviceOptions options;
+  options.kind = "ascend:1,3";
+  options.cann_libraries = {Runfile("libfake_cann.so")};
+  auto devices = CreateAscendDevices(options);
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  ASSERT_EQ(devices->size(), 2u);
+  EXPECT_EQ((*devices)[0]->Describe().name, "FakeAscend910B (NPU 1)");
+  EXPECT_EQ((*devices)[1]->Describe().name, "FakeAscend910B (NPU 3)");
+  EXPECT_EQ(CreateAscendDevice(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CannLibraryTest, AMissingLibraryOrSymbolIsOneLineNamingIt) {
+  auto missing = CannLibrary::Load({"/nonexistent/libascendcl.so"});
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(
+      missing.status().message(),
+      HasSubstr("cannot load CANN library /nonexistent/libascendcl.so"));
+  auto no_sync = CannLibrary::Load({Runfile("libfake_cann_no_sync.so")});
+  EXPECT_EQ(no_sync.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(no_sync.status().message(),
+              HasSubstr("CANN symbol aclrtSynchronizeStream is in none of"));
+  for (const auto& status : {missing.status(), no_sync.status()}) {
+    EXPECT_FALSE(absl::StrContains(status.message(), "\n")) << status;
+  }
+}
+
+// The namespace's libc numbers its thread keys from its own table; the
+// load splits the numbers so that no key of CANN's is a number the server
+// uses, before or after the load (cann_library.cc says why).
+TEST(CannLibraryTest, ThreadKeysOfTheNamespaceAreNumbersTheServerNeverUses) {
+  std::vector<pthread_key_t> before(3), after(3), theirs(4);
+  for (pthread_key_t& key : before) ASSERT_EQ(pthread_key_create(&key, 0), 0);
+  auto cann = CannLibrary::Load({Runfile("libfake_cann_no_dropout.so")});
+  ASSERT_TRUE(cann.ok()) << cann.status();
+  auto create = reinterpret_cast<int (*)(pthread_key_t*, void (*)(void*))>(
+      (*cann)->Lookup("pthread_key_create"));
+  ASSERT_NE(create, nullptr);
+  for (pthread_key_t& key : theirs) ASSERT_EQ(create(&key, nullptr), 0);
+  for (pthread_key_t& key : after) ASSERT_EQ(pthread_key_create(&key, 0), 0);
+  for (pthread_key_t key : theirs) {
+    EXPECT_THAT(before, ::testing::Not(::testing::Contains(key)));
+    EXPECT_THAT(after, ::testing::Not(::testing::Contains(key)));
+  }
+  for (pthread_key_t key : before) pthread_key_delete(key);
+  for (pthread_key_t key : after) pthread_key_delete(key);
+}
+
+TEST(CannLibraryTest, ResolvesBareNamesUnderAscendHomePath) {
+  EXPECT_EQ(CannLibrary::Resolve("/a/b/libx.so"), "/a/b/libx.so");
+  const std::string home = std::string(getenv("TEST_TMPDIR")) + "/cann";
+  ASSERT_EQ(system(("mkdir -p " + home + "/lib64 && touch " + home +
+                    "/lib64/libascendcl.so")
+                       .c_str()),
+            0);
+  setenv("ASCEND_HOME_PATH", home.c_str(), 1);
+  EXPECT_EQ(CannLibrary::Resolve("libascendcl.so"),
+            home + "/lib64/libascendcl.so");
+  // Not there: left to the loader's search (LD_LIBRARY_PATH).
+  EXPECT_EQ(CannLibrary::Resolve("libopapi.so"), "libopapi.so");
+  unsetenv("ASCEND_HOME_PATH");
+}
+
+}  // namespace
+}  // namespace opserver::ascend
