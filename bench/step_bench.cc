@@ -341,6 +341,20 @@ double LaunchRate(void* data, aclrtStream stream, int launches) {
   return launches / seconds;
 }
 
+// The round trip, in microseconds: the mean idle aclrtSynchronizeStream of
+// `stream` (one request and its answer, with nothing to wait for on the
+// server) after kRoundTripWarmup unmeasured ones.
+double RoundTripUs(aclrtStream stream) {
+  for (int i = 0; i < kRoundTripWarmup; ++i) {
+    CHECK_ACL(aclrtSynchronizeStream(stream));
+  }
+  const Clock::time_point start = Clock::now();
+  for (int i = 0; i < kRoundTrips; ++i) {
+    CHECK_ACL(aclrtSynchronizeStream(stream));
+  }
+  return Micros(Clock::now() - start) / kRoundTrips;
+}
+
 double Median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t n = values.size();
@@ -366,14 +380,7 @@ CopyResult AsyncCopies(const std::string& address) {
   void* device = DeviceAlloc(kCopies * kBytes);
   std::vector<char> host(kCopies * kBytes, 1);
   CopyResult result;
-  for (int i = 0; i < kRoundTripWarmup; ++i) {
-    CHECK_ACL(aclrtSynchronizeStream(stream));
-  }
-  const Clock::time_point rtt_start = Clock::now();
-  for (int i = 0; i < kRoundTrips; ++i) {
-    CHECK_ACL(aclrtSynchronizeStream(stream));
-  }
-  result.round_trip_us = Micros(Clock::now() - rtt_start) / kRoundTrips;
+  result.round_trip_us = RoundTripUs(stream);
   std::vector<double> batches;
   for (int batch = 0; batch < 6; ++batch) {
     const Clock::time_point start = Clock::now();
@@ -425,16 +432,7 @@ Result RunConfiguration(const std::string& path, const std::string& address,
   Upload(device.masks, inputs.masks.data(), inputs.masks.size());
 
   Result result{two_streams ? path + " events" : path, pipeline};
-  // The round trip: an idle stream's synchronize is one request and its
-  // answer, with nothing to wait for on the server.
-  for (int i = 0; i < kRoundTripWarmup; ++i) {
-    CHECK_ACL(aclrtSynchronizeStream(stream));
-  }
-  const Clock::time_point rtt_start = Clock::now();
-  for (int i = 0; i < kRoundTrips; ++i) {
-    CHECK_ACL(aclrtSynchronizeStream(stream));
-  }
-  result.round_trip_us = Micros(Clock::now() - rtt_start) / kRoundTrips;
+  result.round_trip_us = RoundTripUs(stream);
 
   std::vector<double> steps;
   for (int step = 0; step < kWarmupSteps + kSteps; ++step) {
