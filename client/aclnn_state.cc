@@ -95,50 +95,49 @@ absl::StatusOr<std::shared_ptr<Client>> State::Connect(size_t index) {
   return server.client;
 }
 
-absl::StatusOr<DeviceSlot*> State::Device(int64_t ordinal) {
-  if (ordinal < 0) {
-    return WithAclError(absl::InvalidArgumentError(absl::StrCat(
-                            "device ", ordinal, " does not exist")),
-                        ACL_ERROR_INVALID_DEVICE);
+absl::StatusOr<bool> State::LearnNextServer() {
+  size_t next = 0;
+  while (next < servers.size() && servers[next].devices.has_value()) ++next;
+  if (next == servers.size()) return false;
+  absl::StatusOr<std::shared_ptr<Client>> client = Connect(next);
+  if (!client.ok()) return client.status();
+  absl::StatusOr<std::vector<v1::DeviceInfo>> listed = (*client)->ListDevices();
+  if (!listed.ok()) return listed.status();
+  servers[next].devices = static_cast<uint32_t>(listed->size());
+  for (uint32_t local = 0; local < listed->size(); ++local) {
+    DeviceSlot slot;
+    slot.server = next;
+    slot.local = local;
+    devices.push_back(std::move(slot));
   }
-  while (static_cast<uint64_t>(ordinal) >= devices.size()) {
-    // Learn the next server's devices.
-    size_t next = 0;
-    while (next < servers.size() && servers[next].devices.has_value()) ++next;
-    if (next == servers.size()) {
-      return WithAclError(
-          absl::InvalidArgumentError(absl::StrCat(
-              "device ", ordinal, " does not exist; the opserver",
-              servers.size() > 1 ? "s" : "", " at ", address, " ",
-              devices.size() == 1
-                  ? "is device 0"
-                  : absl::StrCat("have devices 0 to ", devices.size() - 1))),
-          ACL_ERROR_INVALID_DEVICE);
-    }
-    absl::StatusOr<std::shared_ptr<Client>> client = Connect(next);
-    if (!client.ok()) return client.status();
-    absl::StatusOr<std::vector<v1::DeviceInfo>> listed =
-        (*client)->ListDevices();
-    if (!listed.ok()) return listed.status();
-    servers[next].devices = static_cast<uint32_t>(listed->size());
-    for (uint32_t local = 0; local < listed->size(); ++local) {
-      DeviceSlot slot;
-      slot.server = next;
-      slot.local = local;
-      devices.push_back(std::move(slot));
-    }
+  return true;
+}
+
+absl::StatusOr<DeviceSlot*> State::Device(int64_t ordinal) {
+  while (ordinal >= 0 && static_cast<uint64_t>(ordinal) >= devices.size()) {
+    absl::StatusOr<bool> learned = LearnNextServer();
+    if (!learned.ok()) return learned.status();
+    if (!*learned) break;
+  }
+  if (ordinal < 0 || static_cast<uint64_t>(ordinal) >= devices.size()) {
+    return WithAclError(
+        absl::InvalidArgumentError(absl::StrCat(
+            "device ", ordinal, " does not exist; the opserver",
+            servers.size() > 1 ? "s" : "", " at ", address, " ",
+            devices.size() == 1
+                ? "is device 0"
+                : absl::StrCat("have devices 0 to ", devices.size() - 1))),
+        ACL_ERROR_INVALID_DEVICE);
   }
   return &devices[ordinal];
 }
 
 absl::StatusOr<uint32_t> State::DeviceCount() {
-  for (size_t i = 0; i < servers.size(); ++i) {
-    if (servers[i].devices.has_value()) continue;
-    // Learning ordinal devices.size() asks the first server not asked yet.
-    absl::StatusOr<DeviceSlot*> slot = Device(devices.size());
-    if (!slot.ok() && !servers[i].devices.has_value()) return slot.status();
+  for (;;) {
+    absl::StatusOr<bool> learned = LearnNextServer();
+    if (!learned.ok()) return learned.status();
+    if (!*learned) return static_cast<uint32_t>(devices.size());
   }
-  return static_cast<uint32_t>(devices.size());
 }
 
 Pinned State::Pin(uint32_t device) const {

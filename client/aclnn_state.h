@@ -171,6 +171,9 @@ struct State {
   absl::StatusOr<DeviceSlot*> Device(int64_t ordinal);
   // The total over every server (connecting to each).
   absl::StatusOr<uint32_t> DeviceCount();
+  // Lists the devices of the first server not asked yet (connecting to
+  // it) and appends their slots; false when every server was asked.
+  absl::StatusOr<bool> LearnNextServer();
   // The client of server `index`, connected now if it is not.
   absl::StatusOr<std::shared_ptr<Client>> Connect(size_t index);
   // Both, for use after `mu` is released; call with `mu` held.
