@@ -18,11 +18,16 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
-#include "kernels/ops.h"
-#include "kernels/thread_pool.h"
+#include "devices/cpu/plan.h"
+#include "devices/cpu/thread_pool.h"
 
 namespace opserver::kernels {
 namespace {
+
+using cpu::Plan;
+using cpu::PrepareOp;
+using cpu::RunPlan;
+using cpu::ThreadPool;
 
 // Page-aligned, pre-touched memory (first touch is slow here and is not
 // what is measured).

@@ -9,14 +9,14 @@
 #include <cstring>
 
 #include "benchmark/benchmark.h"
-#include "server/memory_pool.h"
+#include "devices/cpu/memory_pool.h"
 
 namespace opserver {
 namespace {
 
 // Leaves one block of `bytes`, written by owner 1 (its pages faulted in), in
 // the pool's cache, as a session's freed buffer is.
-void Warm(MemoryPool& pool, uint64_t bytes) {
+void Warm(cpu::MemoryPool& pool, uint64_t bytes) {
   void* block = *pool.Allocate(bytes, 1);
   std::memset(block, 1, bytes);
   pool.Deallocate(block, bytes);
@@ -25,7 +25,7 @@ void Warm(MemoryPool& pool, uint64_t bytes) {
 // Allocate + Deallocate of one cached block by the same owner: no zeroing.
 void BM_ReuseSameOwner(benchmark::State& state) {
   const uint64_t bytes = state.range(0);
-  MemoryPool pool(uint64_t{8} << 30);
+  cpu::MemoryPool pool(uint64_t{8} << 30);
   Warm(pool, bytes);
   for (auto _ : state) {
     void* block = *pool.Allocate(bytes, 1);
@@ -38,7 +38,7 @@ void BM_ReuseSameOwner(benchmark::State& state) {
 // The same block alternating between two owners: zeroed every time.
 void BM_ReuseOtherOwner(benchmark::State& state) {
   const uint64_t bytes = state.range(0);
-  MemoryPool pool(uint64_t{8} << 30);
+  cpu::MemoryPool pool(uint64_t{8} << 30);
   Warm(pool, bytes);
   uint64_t owner = 1;
   for (auto _ : state) {
@@ -53,7 +53,7 @@ void BM_ReuseOtherOwner(benchmark::State& state) {
 // The limit: memset of the same number of bytes, already faulted in.
 void BM_MemsetLimit(benchmark::State& state) {
   const uint64_t bytes = state.range(0);
-  MemoryPool pool(uint64_t{8} << 30);
+  cpu::MemoryPool pool(uint64_t{8} << 30);
   void* block = *pool.Allocate(bytes, 1);
   std::memset(block, 1, bytes);
   for (auto _ : state) {

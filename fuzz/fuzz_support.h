@@ -16,10 +16,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "devices/cpu/plan.h"
+#include "devices/cpu/thread_pool.h"
+#include "devices/device.h"
 #include "google/protobuf/stubs/logging.h"
-#include "kernels/ops.h"
-#include "kernels/thread_pool.h"
-#include "server/device.h"
 
 // An invariant the server promises; a violation aborts, which libFuzzer
 // (and the standalone driver's caller) reports as a finding.
@@ -93,10 +93,15 @@ class HeapDevice : public Device {
     delete[] static_cast<char*>(block);
   }
   uint64_t FreeBytes() const override { return capacity_ - used_.load(); }
+  absl::StatusOr<std::unique_ptr<DevicePlan>> Prepare(
+      kernels::ValidCall valid) const override {
+    return cpu::HostPlan::Prepare(this, std::move(valid));
+  }
   // Memcpy copies and plans run on the pool, complete when they return,
   // like the CPU device's stream.
   class HeapStream : public DeviceStream {
    public:
+    explicit HeapStream(const Device* device) : device_(device) {}
     absl::Status CopyToDevice(void* dst, const void* src,
                               uint64_t bytes) override {
       if (bytes != 0) std::memcpy(dst, src, bytes);
@@ -116,14 +121,19 @@ class HeapDevice : public Device {
       if (bytes != 0) std::memmove(dst, src, bytes);
       return absl::OkStatus();
     }
-    absl::Status Launch(const kernels::Plan& plan, void* workspace,
+    absl::Status Launch(const DevicePlan& plan, void* workspace,
                         uint64_t workspace_size) override {
-      return kernels::RunPlan(plan, workspace, workspace_size, Pool());
+      absl::StatusOr<const cpu::Plan*> host = cpu::HostPlan::Of(plan, device_);
+      if (!host.ok()) return host.status();
+      return cpu::RunPlan(**host, workspace, workspace_size, Pool());
     }
     absl::Status Synchronize() override { return absl::OkStatus(); }
+
+   private:
+    const Device* const device_;
   };
   absl::StatusOr<std::unique_ptr<DeviceStream>> CreateStream() override {
-    return std::make_unique<HeapStream>();
+    return std::make_unique<HeapStream>(this);
   }
   void* HostAddress(void* device_ptr) override {
     return host_addressable_ ? device_ptr : nullptr;
@@ -132,8 +142,8 @@ class HeapDevice : public Device {
   uint64_t used() const { return used_.load(); }
 
   // Two threads: enough for RunPlan to split a large launch into ranges.
-  static kernels::ThreadPool* Pool() {
-    static kernels::ThreadPool* const pool = new kernels::ThreadPool(2);
+  static cpu::ThreadPool* Pool() {
+    static cpu::ThreadPool* const pool = new cpu::ThreadPool(2);
     return pool;
   }
 

@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "devices/cpu/plan.h"
 #include "fuzz/fuzz_support.h"
 #include "kernels/dtype.h"
-#include "kernels/ops.h"
 #include "kernels/tensor.h"
 
 namespace {
@@ -39,16 +39,38 @@ using opserver::kernels::TensorView;
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
 constexpr int64_t kExtremes[] = {
-    0,           1,           2,           3,
-    7,           8,           -1,          -2,
-    127,         128,         255,         256,
-    4095,        4096,        65535,       65536,
-    int64_t{1} << 31,         (int64_t{1} << 31) - 1,
-    int64_t{1} << 32,         (int64_t{1} << 32) + 1,
-    int64_t{1} << 62,         (int64_t{1} << 62) + 1,
-    kMax,        kMax - 1,    kMax / 2,    kMax / 2 + 1,
-    kMax / 3,    kMax / 4,    kMax / 8,    kMin,
-    kMin + 1,    int64_t{1} << 61,
+    0,
+    1,
+    2,
+    3,
+    7,
+    8,
+    -1,
+    -2,
+    127,
+    128,
+    255,
+    256,
+    4095,
+    4096,
+    65535,
+    65536,
+    int64_t{1} << 31,
+    (int64_t{1} << 31) - 1,
+    int64_t{1} << 32,
+    (int64_t{1} << 32) + 1,
+    int64_t{1} << 62,
+    (int64_t{1} << 62) + 1,
+    kMax,
+    kMax - 1,
+    kMax / 2,
+    kMax / 2 + 1,
+    kMax / 3,
+    kMax / 4,
+    kMax / 8,
+    kMin,
+    kMin + 1,
+    int64_t{1} << 61,
 };
 constexpr int32_t kDTypes[] = {0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 27,
                                // Not aclDataTypes.
@@ -114,7 +136,7 @@ struct Extent {
   bool empty = false;
   int128 numel = 0;
   int128 nonzero_numel = 0;  // Product of the non-zero dims.
-  int128 end_bytes = 0;  // Saturates at 2^100.
+  int128 end_bytes = 0;      // Saturates at 2^100.
 };
 
 constexpr int128 kCap = int128{1} << 100;
@@ -184,8 +206,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   opserver::fuzz::Report("CheckTensorBounds", bounds);
   int64_t max_element = -2;
   const absl::Status layout = k::CheckTensorLayout(v, "t", &max_element);
-  FUZZ_CHECK(layout.ok() || !bounds.ok(), "bounds ok but layout not: ",
-             layout.ToString());
+  FUZZ_CHECK(layout.ok() || !bounds.ok(),
+             "bounds ok but layout not: ", layout.ToString());
   if (layout.ok()) {
     FUZZ_CHECK(e.valid, "an invalid view passed the layout check");
     // Whatever the order of the dims (an empty view too).
@@ -195,8 +217,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } else {
       FUZZ_CHECK(e.numel <= kMax, "element count past int64 accepted");
       FUZZ_CHECK(e.end_bytes <= kMax, "extent past int64 accepted");
-      FUZZ_CHECK(int128{max_element + 1} * esize == e.end_bytes,
-                 "max element ", max_element, " disagrees with the oracle");
+      FUZZ_CHECK(int128{max_element + 1} * esize == e.end_bytes, "max element ",
+                 max_element, " disagrees with the oracle");
     }
   }
   if (bounds.ok() && !e.empty) {  // An empty view needs no storage.
@@ -219,16 +241,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (enumerable) offsets = Offsets(v);
   if (overlap.ok() && !e.empty) {
     // Distinct elements: no more than the slots up to the furthest one.
-    FUZZ_CHECK(e.numel * esize <= e.end_bytes,
-               static_cast<double>(e.numel), " elements in an extent of ",
-               static_cast<double>(e.end_bytes),
+    FUZZ_CHECK(e.numel * esize <= e.end_bytes, static_cast<double>(e.numel),
+               " elements in an extent of ", static_cast<double>(e.end_bytes),
                " bytes passed the overlap check");
     if (enumerable) {
       std::vector<int64_t> sorted = offsets;
       std::sort(sorted.begin(), sorted.end());
-      FUZZ_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) ==
-                     sorted.end(),
-                 "two elements share an address but the overlap check passed");
+      FUZZ_CHECK(
+          std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
+          "two elements share an address but the overlap check passed");
     }
   }
   if (enumerable && k::IsContiguous(v)) {
@@ -256,7 +277,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   call.grad_output = v;
   call.self = v;
   call.out = v;
-  absl::StatusOr<k::Plan> plan = k::PrepareOp(call);
+  absl::StatusOr<opserver::cpu::Plan> plan = opserver::cpu::PrepareOp(call);
   opserver::fuzz::Report("PrepareOp", plan.status());
   if (!plan.ok()) {
     FUZZ_CHECK(plan.status().code() != absl::StatusCode::kInternal,
@@ -265,7 +286,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   FUZZ_CHECK(plan->numel() * esize <= in.available, plan->numel(),
              " elements planned over ", in.available, " bytes");
-  absl::Status run = k::RunPlan(*plan, nullptr, 0, nullptr);
+  absl::Status run = opserver::cpu::RunPlan(*plan, nullptr, 0, nullptr);
   FUZZ_CHECK(run.ok(), run.ToString());
   return 0;
 }

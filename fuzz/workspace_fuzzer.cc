@@ -14,9 +14,9 @@
 #include <memory>
 
 #include "absl/status/status.h"
+#include "devices/cpu/plan.h"
 #include "fuzz/fuzz_support.h"
 #include "kernels/aclnn_status.h"
-#include "kernels/ops.h"
 #include "proto/opserver.pb.h"
 #include "server/op_requests.h"
 
@@ -64,8 +64,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     return DeviceBytes{Buffer(i), kBufferBytes[i]};
   };
-  absl::StatusOr<kernels::Plan> plan =
-      PlanGetWorkspaceSize(request, lookup, kMaxLaunchElements);
+  static HeapDevice* const device = new HeapDevice(kLargestBuffer);
+  absl::StatusOr<std::unique_ptr<DevicePlan>> plan =
+      PlanGetWorkspaceSize(request, lookup, kMaxLaunchElements, *device);
   Report("GetWorkspaceSize", plan.status());
   if (!plan.ok()) {
     FUZZ_CHECK(plan.status().code() != absl::StatusCode::kInternal,
@@ -74,15 +75,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                plan.status().ToString());
     return 0;
   }
-  FUZZ_CHECK(static_cast<uint64_t>(plan->numel()) <= kLargestBuffer,
-             "a launch of ", plan->numel(), " elements was accepted");
-  FUZZ_CHECK(plan->workspace_size() <= kLargestBuffer,
-             "a workspace of ", plan->workspace_size(), " bytes");
-  // Execute: the workspace is its own exact heap block too.
-  std::unique_ptr<char[]> workspace(new char[plan->workspace_size()]);
-  absl::Status launched = kernels::RunPlan(
-      *plan, workspace.get(), plan->workspace_size(), HeapDevice::Pool());
-  Report(absl::StrCat("launch of ", plan->numel(), " elements"), launched);
+  const DevicePlan& prepared = **plan;
+  FUZZ_CHECK(static_cast<uint64_t>(prepared.numel()) <= kLargestBuffer,
+             "a launch of ", prepared.numel(), " elements was accepted");
+  FUZZ_CHECK(prepared.workspace_size() <= kLargestBuffer, "a workspace of ",
+             prepared.workspace_size(), " bytes");
+  // Execute on the device's stream: the workspace is its own exact heap
+  // block too.
+  std::unique_ptr<char[]> workspace(new char[prepared.workspace_size()]);
+  absl::StatusOr<std::unique_ptr<DeviceStream>> stream = device->CreateStream();
+  FUZZ_CHECK(stream.ok(), stream.status().ToString());
+  absl::Status launched =
+      (*stream)->Launch(prepared, workspace.get(), prepared.workspace_size());
+  Report(absl::StrCat("launch of ", prepared.numel(), " elements"), launched);
   FUZZ_CHECK(launched.ok(), launched.ToString());
   return 0;
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Writes kernels/testdata/torch_reference.txt: PyTorch's outputs for the
+"""Writes devices/cpu/testdata/torch_reference.txt: PyTorch's outputs for the
 backward operators, as independent reference data for the kernel tests.
 
 Run with Debian's python3-torch (scripts/install-deps.sh installs
@@ -38,7 +38,7 @@ import os
 
 import torch
 
-OUT = os.path.join(os.path.dirname(__file__), "..", "kernels", "testdata",
+OUT = os.path.join(os.path.dirname(__file__), "..", "devices", "cpu", "testdata",
                    "torch_reference.txt")
 SIZES = [1, 15, 16, 17, 33, 257]
 DTYPES = {"FLOAT": torch.float32, "FLOAT16": torch.float16,

@@ -24,8 +24,12 @@ constexpr int64_t kInlineLaunchElements = 16 * 1024;
 absl::StatusOr<std::shared_ptr<Executor>> PlanExecutor(
     const v1::GetWorkspaceSizeRequest& request, Session& session,
     uint64_t max_launch_elements) {
+  if (session.device() == nullptr) {
+    return absl::FailedPreconditionError(
+        "the session has no device to prepare the launch on");
+  }
   if (const kernels::OpInfo* op = kernels::FindOp(request.op());
-      op != nullptr && session.device() != nullptr) {
+      op != nullptr) {
     if (absl::Status s = CheckDeviceSupports(*session.device(), op->kind);
         !s.ok()) {
       return s;
@@ -39,8 +43,8 @@ absl::StatusOr<std::shared_ptr<Executor>> PlanExecutor(
     buffers.push_back(*std::move(buffer));
     return bytes;
   };
-  absl::StatusOr<kernels::Plan> plan =
-      PlanGetWorkspaceSize(request, lookup, max_launch_elements);
+  absl::StatusOr<std::unique_ptr<DevicePlan>> plan = PlanGetWorkspaceSize(
+      request, lookup, max_launch_elements, *session.device());
   if (!plan.ok()) {
     // Counted under the operator's name only when it has one: a made-up
     // name must not become a label.
@@ -72,7 +76,7 @@ absl::Status LaunchExecutor(const v1::ExecuteRequest& request,
   absl::StatusOr<std::shared_ptr<Executor>> executor =
       session.ExecutorForLaunch(request.executor(), /*consume=*/false);
   if (!executor.ok()) return executor.status();
-  const uint64_t needed = (*executor)->plan.workspace_size();
+  const uint64_t needed = (*executor)->plan->workspace_size();
   std::shared_ptr<Buffer> workspace;
   void* workspace_data = nullptr;
   if (needed > 0) {
@@ -98,7 +102,7 @@ absl::Status LaunchExecutor(const v1::ExecuteRequest& request,
     workspace_data =
         static_cast<char*>(workspace->data()) + request.workspace_offset();
   }
-  const bool tiny = (*executor)->plan.numel() <= kInlineLaunchElements;
+  const bool tiny = (*executor)->plan->numel() <= kInlineLaunchElements;
   // A full or destroyed stream refuses the launch without consuming the
   // executor (Session::Launch).
   return session.Launch(
@@ -110,10 +114,10 @@ absl::Status LaunchExecutor(const v1::ExecuteRequest& request,
         if (metrics == nullptr) {
           return Stream::Task([device_stream, executor = std::move(executor),
                                workspace, workspace_data, size] {
-            return device_stream->Launch(executor->plan, workspace_data, size);
+            return device_stream->Launch(*executor->plan, workspace_data, size);
           });
         }
-        const kernels::OpCall& call = executor->plan.call();
+        const kernels::OpCall& call = executor->plan->call();
         Metrics::LaunchRecord record = metrics->LaunchQueued(
             call.op, call.grad_output.has_value() ? call.grad_output->dtype
                                                   : kernels::DType::kFloat);
@@ -122,7 +126,7 @@ absl::Status LaunchExecutor(const v1::ExecuteRequest& request,
                              record]() mutable {
           record.Started();
           absl::Status status =
-              device_stream->Launch(executor->plan, workspace_data, size);
+              device_stream->Launch(*executor->plan, workspace_data, size);
           record.Finished(kernels::GetAclnnStatus(status));
           return status;
         });

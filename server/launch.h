@@ -10,8 +10,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "devices/device.h"
 #include "proto/opserver.pb.h"
-#include "server/device.h"
 #include "server/session.h"
 
 namespace opserver {

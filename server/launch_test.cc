@@ -3,9 +3,9 @@
 #include <memory>
 #include <vector>
 
+#include "devices/testing/fake_device.h"
 #include "gtest/gtest.h"
 #include "kernels/aclnn_status.h"
-#include "server/fake_device.h"
 #include "server/session.h"
 #include "server/session_test_util.h"
 

@@ -16,6 +16,7 @@
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
 #include "kernels/tensor.h"
+#include "kernels/validate.h"
 
 namespace opserver {
 namespace {
@@ -25,14 +26,15 @@ using kernels::OpInfo;
 
 // The work one launch may ask for is bounded: 161002
 // with RESOURCE_EXHAUSTED past --max_launch_elements.
-absl::Status CheckLaunchSize(const kernels::Plan& plan,
+absl::Status CheckLaunchSize(const kernels::ValidCall& valid,
                              uint64_t max_launch_elements) {
-  if (static_cast<uint64_t>(plan.numel()) <= max_launch_elements) {
+  const int64_t numel = kernels::NumElements(valid.out_shape);
+  if (static_cast<uint64_t>(numel) <= max_launch_elements) {
     return absl::OkStatus();
   }
   return kernels::AclnnError(
       kernels::kAclnnErrParamInvalid, absl::StatusCode::kResourceExhausted,
-      absl::StrCat("the launch computes ", plan.numel(),
+      absl::StrCat("the launch computes ", numel,
                    " elements; one launch may compute at most ",
                    max_launch_elements,
                    " (--max_launch_elements): split the tensor"));
@@ -105,17 +107,17 @@ absl::Status CheckDeviceSupports(const Device& device, kernels::OpKind op) {
                    "operators it serves"));
 }
 
-absl::StatusOr<kernels::Plan> PlanGetWorkspaceSize(
+absl::StatusOr<std::unique_ptr<DevicePlan>> PlanGetWorkspaceSize(
     const v1::GetWorkspaceSizeRequest& request, BufferLookup lookup,
-    uint64_t max_launch_elements) {
+    uint64_t max_launch_elements, const Device& device) {
   absl::StatusOr<kernels::OpCall> call = ToOpCall(request, lookup);
   if (!call.ok()) return call.status();
-  absl::StatusOr<kernels::Plan> plan = kernels::PrepareOp(*call);
-  if (!plan.ok()) return plan.status();
-  if (absl::Status s = CheckLaunchSize(*plan, max_launch_elements); !s.ok()) {
+  absl::StatusOr<kernels::ValidCall> valid = kernels::Validate(*call);
+  if (!valid.ok()) return valid.status();
+  if (absl::Status s = CheckLaunchSize(*valid, max_launch_elements); !s.ok()) {
     return s;
   }
-  return plan;
+  return device.Prepare(*std::move(valid));
 }
 
 absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
@@ -156,6 +158,7 @@ absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
   std::deque<std::string> staged;
   std::vector<std::unique_ptr<ScratchBuffer>> scratch;
   ScratchBuffer workspace(device);
+  std::unique_ptr<DevicePlan> plan;
   absl::StatusOr<std::unique_ptr<DeviceStream>> stream = device->CreateStream();
   if (!stream.ok()) return stream.status();
   void* output_data = nullptr;
@@ -170,7 +173,7 @@ absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
       auto it = request.inputs().find(name);
       if (it != request.inputs().end()) t = &it->second;
     }
-    if (t == nullptr) continue;  // PrepareOp reports the missing argument.
+    if (t == nullptr) continue;  // Validate reports the missing argument.
     absl::StatusOr<DType> dtype = ToDType(t->dtype(), name);
     if (!dtype.ok()) return dtype.status();
     absl::StatusOr<int64_t> numel = CheckValueShape(*t, name, max_values);
@@ -216,15 +219,20 @@ absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
       return s;
     }
   }
-  absl::StatusOr<kernels::Plan> plan = kernels::PrepareOp(call);
-  if (!plan.ok()) return plan.status();
-  if (plan->workspace_size() > 0) {
-    if (absl::Status s = workspace.Allocate(plan->workspace_size()); !s.ok()) {
+  absl::StatusOr<kernels::ValidCall> valid = kernels::Validate(call);
+  if (!valid.ok()) return valid.status();
+  absl::StatusOr<std::unique_ptr<DevicePlan>> prepared =
+      device->Prepare(*std::move(valid));
+  if (!prepared.ok()) return prepared.status();
+  plan = *std::move(prepared);
+  const uint64_t workspace_size = plan->workspace_size();
+  if (workspace_size > 0) {
+    if (absl::Status s = workspace.Allocate(workspace_size); !s.ok()) {
       return s;
     }
   }
   if (absl::Status s =
-          (*stream)->Launch(*plan, workspace.data(), plan->workspace_size());
+          (*stream)->Launch(*plan, workspace.data(), workspace_size);
       !s.ok()) {
     return s;
   }

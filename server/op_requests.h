@@ -1,30 +1,33 @@
 // The Operators service's requests without the transport: GetWorkspaceSize
-// (tensor descriptors and parameters -> a checked, planned kernels::OpCall)
+// (tensor descriptors and parameters -> a checked kernels::OpCall that the
+// session's device prepares)
 // and Evaluate (literal values -> computed values). The gRPC handlers only
 // find the session, resolve its buffers and admit the call.
 #ifndef OPSERVER_SERVER_OP_REQUESTS_H_
 #define OPSERVER_SERVER_OP_REQUESTS_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/op_call.h"  // FindOperator, SetParams, BufferLookup
-#include "kernels/ops.h"
+#include "devices/device.h"
 #include "proto/opserver.pb.h"
-#include "server/device.h"
 
 namespace opserver {
 
 // GetWorkspaceSize: the operator, its parameters and each tensor descriptor
 // (dtype, shape, strides, offsets, storage shape, inside its buffer) turned
-// into a kernels::OpCall, checked and planned. 161002 (RESOURCE_EXHAUSTED)
-// when the launch would compute more than `max_launch_elements`.
-absl::StatusOr<kernels::Plan> PlanGetWorkspaceSize(
+// into a kernels::OpCall, validated (kernels::Validate: the exact aclnn
+// statuses, the same a client computes itself) and prepared by `device`
+// (Device::Prepare). 161002 (RESOURCE_EXHAUSTED) when the launch would
+// compute more than `max_launch_elements`.
+absl::StatusOr<std::unique_ptr<DevicePlan>> PlanGetWorkspaceSize(
     const v1::GetWorkspaceSizeRequest& request, BufferLookup lookup,
-    uint64_t max_launch_elements);
+    uint64_t max_launch_elements, const Device& device);
 
 // UNIMPLEMENTED (aclnn 361001) naming the operator when `device` cannot
 // run `op` (Device::SupportsOp), OK otherwise. Planning checks it first.

@@ -16,8 +16,8 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
-#include "kernels/ops.h"
 #include "kernels/tensor.h"
+#include "kernels/validate.h"
 #include "server/auth.h"
 #include "server/grpc_status_util.h"
 #include "server/launch.h"
@@ -136,7 +136,7 @@ grpc::ServerUnaryReactor* OperatorService::GetWorkspaceSize(
   absl::StatusOr<std::shared_ptr<Executor>> executor = PlanExecutor(
       *request, **session, sessions_->limits().max_launch_elements);
   if (!executor.ok()) return Reply(context, executor.status());
-  const uint64_t workspace_size = (*executor)->plan.workspace_size();
+  const uint64_t workspace_size = (*executor)->plan->workspace_size();
   absl::StatusOr<uint64_t> handle =
       (*session)->AddExecutor(*std::move(executor));
   if (!handle.ok()) return Reply(context, handle.status());

@@ -5,9 +5,9 @@
 #include <memory>
 
 #include "absl/status/status.h"
+#include "devices/device.h"
 #include "proto/opserver.grpc.pb.h"
 #include "server/auth.h"
-#include "server/device.h"
 #include "server/runtime_service.h"
 #include "server/session.h"
 #include "server/work_pool.h"

@@ -10,10 +10,10 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "devices/device_factory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/aclnn_status.h"
-#include "server/device_factory.h"
 #include "server/session_test_util.h"
 
 namespace opserver {
@@ -393,4 +393,3 @@ TEST_F(CommandPipelineTest, ReadBytesHoldTheChannel) {
 
 }  // namespace
 }  // namespace opserver
-

@@ -12,11 +12,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "devices/device.h"
 #include "proto/opserver.grpc.pb.h"
 #include "server/auth.h"
 #include "server/byte_range.h"  // CheckRange, for the services
 #include "server/data_listener.h"
-#include "server/device.h"
 #include "server/event.h"
 #include "server/session.h"
 #include "server/work_pool.h"

@@ -16,9 +16,9 @@
 #include "absl/time/clock.h"
 #include "common/listen_address.h"
 #include "common/malloc_tuning.h"
+#include "devices/device_factory.h"
 #include "google/protobuf/descriptor.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "server/device_factory.h"
 #include "server/log.h"
 
 namespace opserver {

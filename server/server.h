@@ -8,10 +8,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "devices/device.h"
 #include "grpcpp/grpcpp.h"
 #include "server/auth.h"
 #include "server/data_listener.h"
-#include "server/device.h"
 #include "server/health_service.h"
 #include "server/metrics.h"
 #include "server/operator_service.h"

@@ -642,7 +642,7 @@ SessionManager::~SessionManager() {
   // Stream threads finish the task they run after their streams are gone;
   // what those tasks use (the device) must outlive them, so this waits for
   // every one. It is short: the streams were cancelled, and a cancelled
-  // launch stops within about a million elements (kernels::RunPlan).
+  // launch stops within about a million elements (cpu::RunPlan).
   while (!stream_threads_->WaitForZero(absl::Seconds(10))) {
     LogLine(absl::StrCat(stream_threads_->count(),
                          " stream threads still running after the sessions "

@@ -18,8 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "kernels/ops.h"
-#include "server/device.h"
+#include "devices/device.h"
 #include "server/event.h"
 #include "server/stream.h"
 
@@ -123,10 +122,11 @@ class Buffer {
   const std::shared_ptr<std::atomic<uint64_t>> tenant_bytes_;
 };
 
-// A planned operator (aclOpExecutor): the validated plan and the buffers its
-// tensors live in, kept alive for as long as the executor or a launch of it.
+// A planned operator (aclOpExecutor): the plan the session's device
+// prepared and the buffers its tensors live in, kept alive for as long as
+// the executor or a launch of it.
 struct Executor {
-  kernels::Plan plan;
+  std::unique_ptr<DevicePlan> plan;
   std::vector<std::shared_ptr<Buffer>> buffers;
 };
 

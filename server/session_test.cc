@@ -7,10 +7,10 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "devices/testing/fake_device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/ops.h"
-#include "server/fake_device.h"
+#include "kernels/validate.h"
 
 namespace opserver {
 namespace {
@@ -38,10 +38,12 @@ class SessionLaunchTest : public ::testing::Test {
     call.grad_output = view;
     call.self = view;
     call.out = view;
-    absl::StatusOr<kernels::Plan> plan = kernels::PrepareOp(call);
-    EXPECT_TRUE(plan.ok()) << plan.status();
-    absl::StatusOr<uint64_t> handle = session_->AddExecutor(
-        std::make_shared<Executor>(Executor{*std::move(plan), {}}));
+    // The session has no device: its launches run the test's own tasks.
+    absl::StatusOr<kernels::ValidCall> valid = kernels::Validate(call);
+    EXPECT_TRUE(valid.ok()) << valid.status();
+    absl::StatusOr<uint64_t> handle =
+        session_->AddExecutor(std::make_shared<Executor>(Executor{
+            std::make_unique<DevicePlan>(nullptr, *std::move(valid)), {}}));
     EXPECT_TRUE(handle.ok()) << handle.status();
     return *handle;
   }
@@ -404,9 +406,10 @@ TEST_F(SessionLaunchTest, EventsAreHandlesAndShareClientIds) {
     call.grad_output = view;
     call.self = view;
     call.out = view;
-    absl::StatusOr<kernels::Plan> plan = kernels::PrepareOp(call);
-    EXPECT_TRUE(plan.ok());
-    return std::make_shared<Executor>(Executor{*std::move(plan), {}});
+    absl::StatusOr<kernels::ValidCall> valid = kernels::Validate(call);
+    EXPECT_TRUE(valid.ok());
+    return std::make_shared<Executor>(
+        Executor{std::make_unique<DevicePlan>(nullptr, *std::move(valid)), {}});
   };
   EXPECT_EQ(session_->AddExecutorAs(base + 10, executor()).code(),
             absl::StatusCode::kInvalidArgument);

@@ -1,6 +1,6 @@
 // Helpers for tests that drive a Session directly (no gRPC): float buffers
 // written and read through the buffer's memory, which the test devices
-// (CpuDevice, FakeDevice) keep in host memory.
+// (the CPU device, FakeDevice) keep in host memory.
 #ifndef OPSERVER_SERVER_SESSION_TEST_UTIL_H_
 #define OPSERVER_SERVER_SESSION_TEST_UTIL_H_
 

@@ -11,13 +11,13 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/device.h"
+#include "devices/device.h"
 
 namespace opserver {
 
 // A stream as clients see it: an in-order queue of work run by its own host
 // thread, so that work on one stream runs in issue order while different
-// streams run concurrently. Each owns the DeviceStream (server/device.h) its
+// streams run concurrently. Each owns the DeviceStream (devices/device.h) its
 // device made for it; tasks issue their launches and copies there
 // (device_stream()), and after each task the stream calls
 // DeviceStream::Synchronize, whose error counts as the task's: a task, and

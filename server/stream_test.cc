@@ -9,11 +9,11 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "devices/cpu/cpu_device.h"
+#include "devices/testing/fake_device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/ops.h"
-#include "server/cpu_device.h"
-#include "server/fake_device.h"
+#include "kernels/validate.h"
 
 namespace opserver {
 namespace {
@@ -432,7 +432,7 @@ TEST(StreamTest, ADeviceStreamsErrorIsTheTasksError) {
 // CANCELLED: teardown and SIGTERM need not wait for a launch of billions of
 // elements. (Before, the launch ran to its end and reported OK.)
 TEST(StreamTest, CancelStopsTheRunningLaunch) {
-  CpuDevice device(/*threads=*/2, /*pool_cache_bytes=*/0);
+  cpu::CpuDevice device(/*threads=*/2, /*pool_cache_bytes=*/0);
   absl::StatusOr<std::unique_ptr<DeviceStream>> device_stream =
       device.CreateStream();
   ASSERT_TRUE(device_stream.ok());
@@ -455,13 +455,16 @@ TEST(StreamTest, CancelStopsTheRunningLaunch) {
   call.self = s;
   call.out = s;
   call.params.threshold = 0;
-  absl::StatusOr<kernels::Plan> plan = kernels::PrepareOp(call);
+  absl::StatusOr<kernels::ValidCall> valid = kernels::Validate(call);
+  ASSERT_TRUE(valid.ok()) << valid.status();
+  absl::StatusOr<std::unique_ptr<DevicePlan>> plan =
+      device.Prepare(*std::move(valid));
   ASSERT_TRUE(plan.ok()) << plan.status();
   std::shared_ptr<DeviceStream> target = stream.device_stream();
   absl::Notification started;
   Enq(stream, [&] {
     started.Notify();
-    return target->Launch(*plan, nullptr, 0);
+    return target->Launch(**plan, nullptr, 0);
   });
   started.WaitForNotification();
   stream.Cancel("the test cancelled it");

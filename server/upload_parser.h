@@ -13,10 +13,10 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "devices/device.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "proto/opserver.pb.h"
-#include "server/device.h"
 
 namespace opserver {
 

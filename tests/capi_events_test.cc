@@ -15,9 +15,9 @@
 #include "acl/acl.h"
 #include "aclnn/acl_meta.h"
 #include "aclnnop/aclnn_threshold_backward.h"
+#include "devices/testing/fake_device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/fake_device.h"
 #include "server/server.h"
 
 namespace opserver {
@@ -179,8 +179,7 @@ TEST_F(CApiEventsTest, ElapsedTimeFollowsTheRecords) {
   auto [a, a_device] = NewStream();
   a_device->SetLaunchDelay(absl::Milliseconds(5));
   aclrtEvent start = nullptr, end = nullptr, never = nullptr;
-  ASSERT_EQ(aclrtCreateEventWithFlag(&start, ACL_EVENT_TIME_LINE),
-            ACL_SUCCESS);
+  ASSERT_EQ(aclrtCreateEventWithFlag(&start, ACL_EVENT_TIME_LINE), ACL_SUCCESS);
   ASSERT_EQ(aclrtCreateEventWithFlag(&end, ACL_EVENT_TIME_LINE), ACL_SUCCESS);
   ASSERT_EQ(aclrtCreateEvent(&never), ACL_SUCCESS);
   void* x = Floats(std::vector<float>(kN, 1));
@@ -190,8 +189,7 @@ TEST_F(CApiEventsTest, ElapsedTimeFollowsTheRecords) {
   ASSERT_EQ(aclrtRecordEvent(end, a), ACL_SUCCESS);
   ASSERT_EQ(aclrtSynchronizeEvent(end), ACL_SUCCESS) << LastError();
   float ms = 0;
-  ASSERT_EQ(aclrtEventElapsedTime(&ms, start, end), ACL_SUCCESS)
-      << LastError();
+  ASSERT_EQ(aclrtEventElapsedTime(&ms, start, end), ACL_SUCCESS) << LastError();
   EXPECT_GT(ms, 0.0f);
   float back = 0;
   ASSERT_EQ(aclrtEventElapsedTime(&back, end, start), ACL_SUCCESS);
@@ -217,9 +215,9 @@ TEST_F(CApiEventsTest, BadArgumentsReturnCannCodes) {
             ACL_ERROR_INVALID_PARAM);
   EXPECT_EQ(aclrtCreateEventWithFlag(&event, 0x80), ACL_ERROR_INVALID_PARAM);
   EXPECT_THAT(LastError(), HasSubstr("unknown flags 0x80"));
-  ASSERT_EQ(aclrtCreateEventWithFlag(&event, ACL_EVENT_SYNC |
-                                                 ACL_EVENT_TIME_LINE),
-            ACL_SUCCESS);
+  ASSERT_EQ(
+      aclrtCreateEventWithFlag(&event, ACL_EVENT_SYNC | ACL_EVENT_TIME_LINE),
+      ACL_SUCCESS);
 
   // Unrecorded: complete, and a synchronize returns at once.
   aclrtEventRecordedStatus status = ACL_EVENT_RECORDED_STATUS_NOT_READY;

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "client/client.h"
+#include "devices/testing/fake_device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/fake_device.h"
 #include "server/server.h"
 
 namespace opserver {

@@ -17,11 +17,11 @@
 
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "devices/testing/fake_device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/aclnn_status.h"
 #include "server/event.h"
-#include "server/fake_device.h"
 #include "server/server.h"
 #include "tests/tensor_desc.h"
 

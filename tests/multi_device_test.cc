@@ -14,9 +14,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "devices/testing/fake_device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/fake_device.h"
 #include "server/server.h"
 
 namespace opserver {

@@ -377,10 +377,14 @@ absl::Status AscendStream::CopyOnDevice(void* dst, const void* src,
   return copy(dst, *scratch);
 }
 
-absl::Status AscendStream::Launch(const kernels::Plan& plan, void* workspace,
+absl::Status AscendStream::Launch(const DevicePlan& plan, void* workspace,
                                   uint64_t workspace_size) {
   if (cancelled_.load(std::memory_order_relaxed)) {
     return absl::CancelledError("the stream was cancelled");
+  }
+  if (plan.device() != device_) {
+    return absl::InternalError(
+        "a launch was prepared by another device than the stream's");
   }
   const kernels::OpCall& call = plan.call();
   const CannLibrary& cann = device_->cann();
@@ -532,10 +536,6 @@ absl::Status AscendStream::Synchronize() {
 
 // ---- --device=ascend -------------------------------------------------------
 
-bool IsAscendKind(absl::string_view kind) {
-  return kind == "ascend" || absl::StartsWith(kind, "ascend:");
-}
-
 absl::StatusOr<std::vector<int32_t>> AscendDeviceIds(absl::string_view kind) {
   if (kind == "ascend") return std::vector<int32_t>{0};
   std::vector<int32_t> ids;
@@ -559,6 +559,13 @@ absl::StatusOr<std::vector<int32_t>> AscendDeviceIds(absl::string_view kind) {
 
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateAscendDevices(
     const DeviceOptions& options) {
+  // NPUs are named, not split.
+  if (options.devices != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "devices applies to cpu; name the NPUs instead (ascend:0,1,...), "
+        "got devices ",
+        options.devices));
+  }
   absl::StatusOr<std::vector<int32_t>> ids = AscendDeviceIds(options.kind);
   if (!ids.ok()) return ids.status();
   absl::StatusOr<std::shared_ptr<CannLibrary>> cann = CannLibrary::Load(
@@ -573,22 +580,6 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateAscendDevices(
     devices.push_back(*std::move(device));
   }
   return devices;
-}
-
-absl::StatusOr<std::unique_ptr<Device>> CreateAscendDevice(
-    const DeviceOptions& options) {
-  absl::StatusOr<std::vector<int32_t>> ids = AscendDeviceIds(options.kind);
-  if (!ids.ok()) return ids.status();
-  if (ids->size() != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", options.kind, "' names ", ids->size(),
-                     " NPUs; this server owns one device: name one id "
-                     "(ascend:N)"));
-  }
-  absl::StatusOr<std::vector<std::unique_ptr<Device>>> devices =
-      CreateAscendDevices(options);
-  if (!devices.ok()) return devices.status();
-  return std::move(devices->front());
 }
 
 }  // namespace opserver::ascend

@@ -16,8 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "devices/ascend/cann_library.h"
-#include "kernels/ops.h"
-#include "server/device.h"
+#include "devices/device.h"
 
 namespace opserver::ascend {
 
@@ -58,7 +57,7 @@ class AscendStream : public DeviceStream {
   // memmove.
   absl::Status CopyOnDevice(void* dst, const void* src,
                             uint64_t bytes) override;
-  absl::Status Launch(const kernels::Plan& plan, void* workspace,
+  absl::Status Launch(const DevicePlan& plan, void* workspace,
                       uint64_t workspace_size) override;
   // An NPU kernel cannot be stopped: launches issued after it are refused
   // with CANCELLED, the running one finishes.
@@ -159,26 +158,18 @@ class AscendDevice : public Device {
   uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// True for the --device values this device serves: "ascend" and
-// "ascend:IDS".
-bool IsAscendKind(absl::string_view kind);
-
 // The NPU ids --device=`kind` names, in order: "ascend" is {0},
 // "ascend:0,2" {0, 2}. INVALID_ARGUMENT for anything else, or an id named
 // twice.
 absl::StatusOr<std::vector<int32_t>> AscendDeviceIds(absl::string_view kind);
 
-// One AscendDevice per id options.kind names (AscendDeviceIds), in that
-// order, on one CANN loaded from options.cann_libraries
-// (CannLibrary::DefaultLibraries() when empty); options.memory_bytes caps
-// each. FAILED_PRECONDITION, one line naming the library or symbol, when
-// CANN cannot be loaded, or naming the call when an NPU cannot be opened.
+// --device=ascend[:IDS] (devices/device_factory.cc): one AscendDevice per
+// id options.kind names (AscendDeviceIds), in that order, on one CANN loaded
+// from options.cann_libraries (CannLibrary::DefaultLibraries() when empty);
+// options.memory_bytes caps each. FAILED_PRECONDITION, one line naming the
+// library or symbol, when CANN cannot be loaded, or naming the call when an NPU
+// cannot be opened.
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateAscendDevices(
-    const DeviceOptions& options);
-
-// The same for a server that owns one device: a list of several ids
-// ("ascend:0,1") is INVALID_ARGUMENT.
-absl::StatusOr<std::unique_ptr<Device>> CreateAscendDevice(
     const DeviceOptions& options);
 
 }  // namespace opserver::ascend

@@ -85,32 +85,3 @@ struct LeakyReluBackward : OpDefinition<LeakyReluBackward> {
 }  // namespace opserver::kernels
 
 #endif  // OPSERVER_KERNELS_OPS_LEAKY_RELU_BACKWARD_H_
-
-// ---- vector form, once per SIMD target (see elementwise_simd.cc) ----------
-#if defined(OPSERVER_SIMD_PASS) &&                             \
-    defined(OPSERVER_KERNELS_OPS_LEAKY_RELU_BACKWARD_SIMD_) == \
-        defined(HWY_TARGET_TOGGLE)
-#ifdef OPSERVER_KERNELS_OPS_LEAKY_RELU_BACKWARD_SIMD_
-#undef OPSERVER_KERNELS_OPS_LEAKY_RELU_BACKWARD_SIMD_
-#else
-#define OPSERVER_KERNELS_OPS_LEAKY_RELU_BACKWARD_SIMD_
-#endif
-#include "kernels/simd_loops-inl.h"
-HWY_BEFORE_NAMESPACE();
-namespace opserver::kernels::HWY_NAMESPACE {
-
-template <class CT>
-struct LeakyVec : LeakyFormula<CT> {
-  using LeakyFormula<CT>::LeakyFormula;
-  using LeakyFormula<CT>::operator();
-  template <class D, class V>
-  HWY_INLINE V operator()(D d, V g, V x) const {
-    return hn::IfThenElse(hn::Gt(x, hn::Zero(d)), g,
-                          hn::Mul(g, hn::Set(d, this->slope)));
-  }
-};
-struct LeakyReluBackwardSimd : BinarySimd<LeakyVec> {};
-
-}  // namespace opserver::kernels::HWY_NAMESPACE
-HWY_AFTER_NAMESPACE();
-#endif  // OPSERVER_SIMD_PASS

@@ -66,31 +66,3 @@ struct SoftshrinkBackward : OpDefinition<SoftshrinkBackward> {
 }  // namespace opserver::kernels
 
 #endif  // OPSERVER_KERNELS_OPS_SOFTSHRINK_BACKWARD_H_
-
-// ---- vector form, once per SIMD target (see elementwise_simd.cc) ----------
-#if defined(OPSERVER_SIMD_PASS) &&                             \
-    defined(OPSERVER_KERNELS_OPS_SOFTSHRINK_BACKWARD_SIMD_) == \
-        defined(HWY_TARGET_TOGGLE)
-#ifdef OPSERVER_KERNELS_OPS_SOFTSHRINK_BACKWARD_SIMD_
-#undef OPSERVER_KERNELS_OPS_SOFTSHRINK_BACKWARD_SIMD_
-#else
-#define OPSERVER_KERNELS_OPS_SOFTSHRINK_BACKWARD_SIMD_
-#endif
-#include "kernels/simd_loops-inl.h"
-HWY_BEFORE_NAMESPACE();
-namespace opserver::kernels::HWY_NAMESPACE {
-
-template <class CT>
-struct SoftshrinkVec : SoftshrinkFormula<CT> {
-  using SoftshrinkFormula<CT>::SoftshrinkFormula;
-  using SoftshrinkFormula<CT>::operator();
-  template <class D, class V>
-  HWY_INLINE V operator()(D d, V g, V x) const {
-    return hn::IfThenZeroElse(hn::Le(hn::Abs(x), hn::Set(d, this->l)), g);
-  }
-};
-struct SoftshrinkBackwardSimd : BinarySimd<SoftshrinkVec> {};
-
-}  // namespace opserver::kernels::HWY_NAMESPACE
-HWY_AFTER_NAMESPACE();
-#endif  // OPSERVER_SIMD_PASS

@@ -1,15 +1,16 @@
-#ifndef OPSERVER_SERVER_CPU_DEVICE_H_
-#define OPSERVER_SERVER_CPU_DEVICE_H_
+#ifndef OPSERVER_DEVICES_CPU_CPU_DEVICE_H_
+#define OPSERVER_DEVICES_CPU_CPU_DEVICE_H_
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
-#include "kernels/thread_pool.h"
-#include "server/device.h"
-#include "server/memory_pool.h"
+#include "devices/cpu/memory_pool.h"
+#include "devices/cpu/thread_pool.h"
+#include "devices/device.h"
 
-namespace opserver {
+namespace opserver::cpu {
 
 // A CpuDevice's device stream: copies are memcpy and launches run on the
 // calling (host stream) thread using the device's compute pool, so every
@@ -17,7 +18,8 @@ namespace opserver {
 // for. The device must outlive it.
 class CpuStream : public DeviceStream {
  public:
-  explicit CpuStream(kernels::ThreadPool* compute) : compute_(compute) {}
+  CpuStream(const Device* device, ThreadPool* compute)
+      : device_(device), compute_(compute) {}
   absl::Status CopyToDevice(void* device_dst, const void* host_src,
                             uint64_t bytes) override;
   absl::Status CopyFromDevice(void* host_dst, const void* device_src,
@@ -25,7 +27,7 @@ class CpuStream : public DeviceStream {
   absl::Status Memset(void* dst, int value, uint64_t bytes) override;
   absl::Status CopyOnDevice(void* dst, const void* src,
                             uint64_t bytes) override;
-  absl::Status Launch(const kernels::Plan& plan, void* workspace,
+  absl::Status Launch(const DevicePlan& plan, void* workspace,
                       uint64_t workspace_size) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
   void CancelRunning() override {
@@ -33,7 +35,8 @@ class CpuStream : public DeviceStream {
   }
 
  private:
-  kernels::ThreadPool* const compute_;
+  const Device* const device_;
+  ThreadPool* const compute_;
   std::atomic<bool> cancelled_{false};
 };
 
@@ -47,8 +50,8 @@ class CpuDevice : public Device {
   CpuDevice(int threads, uint64_t pool_cache_bytes, uint64_t memory_bytes = 0);
   // The same computing on `compute`, which other CpuDevices may share: the
   // logical devices one host is split into (CreateDevices, --devices).
-  CpuDevice(std::shared_ptr<kernels::ThreadPool> compute,
-            uint64_t pool_cache_bytes, uint64_t memory_bytes = 0);
+  CpuDevice(std::shared_ptr<ThreadPool> compute, uint64_t pool_cache_bytes,
+            uint64_t memory_bytes = 0);
   uint64_t CachedBytes() const override { return memory_.cached_bytes(); }
   // The capacity less the blocks in use: the cache gives way to Allocate.
   uint64_t FreeBytes() const override;
@@ -62,6 +65,9 @@ class CpuDevice : public Device {
   static int ResolveThreads(int threads);
 
   DeviceDescription Describe() const override;
+  // A HostPlan (plan.h).
+  absl::StatusOr<std::unique_ptr<DevicePlan>> Prepare(
+      kernels::ValidCall valid) const override;
   absl::StatusOr<void*> Allocate(uint64_t bytes, uint64_t owner) override;
   void Deallocate(void* block, uint64_t bytes) override;
   // A CpuStream: never fails (it owns no resource but a pointer).
@@ -71,9 +77,18 @@ class CpuDevice : public Device {
  private:
   DeviceDescription description_;
   MemoryPool memory_;
-  const std::shared_ptr<kernels::ThreadPool> compute_;
+  const std::shared_ptr<ThreadPool> compute_;
 };
 
-}  // namespace opserver
+// --device=cpu (devices/device_factory.cc): options.devices logical
+// devices (--devices) splitting the host. Each gets options.memory_bytes /
+// devices of capacity (0 = DefaultMemoryBytes()), rounded down to whole
+// 4 KiB pages, and memory_cache_bytes / devices of reuse cache; all compute
+// on one pool of options.threads threads. INVALID_ARGUMENT for a count
+// outside 1..64, a share below one page, or anything after "cpu".
+absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCpuDevices(
+    const DeviceOptions& options);
 
-#endif  // OPSERVER_SERVER_CPU_DEVICE_H_
+}  // namespace opserver::cpu
+
+#endif  // OPSERVER_DEVICES_CPU_CPU_DEVICE_H_

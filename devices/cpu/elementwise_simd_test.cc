@@ -1,4 +1,4 @@
-#include "kernels/elementwise_simd.h"
+#include "devices/cpu/elementwise_simd.h"
 
 #include <cstdint>
 #include <cstring>
@@ -19,6 +19,8 @@
 
 namespace opserver::kernels {
 namespace {
+
+using cpu::SimdContigKernel;
 
 // Every operator/dtype the SIMD list names is reachable, and nothing else:
 // a broken list would silently fall back to the (correct, slower) strided

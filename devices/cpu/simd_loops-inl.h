@@ -1,16 +1,17 @@
 // The SIMD building blocks of the contiguous kernels, per Highway target:
 // element IO in every dtype (scalar and vector), streaming stores and the
-// one binary loop. Included by the per-target part of each operator's
-// definition (kernels/ops/), which Highway compiles once per instruction
-// set through elementwise_simd.cc. Internal to //kernels.
+// one binary loop. Included by each operator's vector form (simd/), which
+// Highway compiles once per instruction set through elementwise_simd.cc.
+// Internal to //devices/cpu.
 
 // Per-target include guard (Highway's -inl.h idiom): compiled again for
 // each target as foreach_target.h toggles HWY_TARGET_TOGGLE.
-#if defined(OPSERVER_KERNELS_SIMD_LOOPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef OPSERVER_KERNELS_SIMD_LOOPS_INL_H_
-#undef OPSERVER_KERNELS_SIMD_LOOPS_INL_H_
+#if defined(OPSERVER_DEVICES_CPU_SIMD_LOOPS_INL_H_) == \
+    defined(HWY_TARGET_TOGGLE)
+#ifdef OPSERVER_DEVICES_CPU_SIMD_LOOPS_INL_H_
+#undef OPSERVER_DEVICES_CPU_SIMD_LOOPS_INL_H_
 #else
-#define OPSERVER_KERNELS_SIMD_LOOPS_INL_H_
+#define OPSERVER_DEVICES_CPU_SIMD_LOOPS_INL_H_
 #endif
 
 #include <cstdint>
@@ -20,14 +21,24 @@
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "kernels/dtype.h"
+#include "kernels/element_io.h"
 #include "kernels/half.h"
 #include "kernels/kernel_types.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace opserver {
-namespace kernels {
+namespace cpu {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+// The kernels' vocabulary (kernels/), by name in the SIMD code.
+using kernels::BFloat16ToFloat;
+using kernels::ContigFn;
+using kernels::DType;
+using kernels::FloatToBFloat16;
+using kernels::FloatToHalf;
+using kernels::HalfToFloat;
+using kernels::KernelParams;
+using kernels::MaskBit;
 
 using F16 = hwy::float16_t;
 using BF16 = hwy::bfloat16_t;
@@ -375,7 +386,7 @@ struct BinarySimd {
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
-}  // namespace kernels
+}  // namespace cpu
 }  // namespace opserver
 HWY_AFTER_NAMESPACE();
 

@@ -1,12 +1,18 @@
-#include "server/fake_device.h"
+#include "devices/testing/fake_device.h"
 
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "devices/cpu/plan.h"
 
 namespace opserver {
+
+absl::StatusOr<std::unique_ptr<DevicePlan>> FakeDevice::Prepare(
+    kernels::ValidCall valid) const {
+  return cpu::HostPlan::Prepare(this, std::move(valid));
+}
 
 DeviceDescription FakeDevice::Describe() const {
   DeviceDescription description;
@@ -47,7 +53,7 @@ absl::StatusOr<std::unique_ptr<DeviceStream>> FakeDevice::CreateStream() {
   }
   auto record = std::make_shared<FakeStreamRecord>();
   streams_.push_back(record);
-  return std::make_unique<FakeStream>(shared_, std::move(record));
+  return std::make_unique<FakeStream>(this, shared_, std::move(record));
 }
 
 std::vector<std::shared_ptr<FakeStreamRecord>> FakeDevice::streams() const {
@@ -109,11 +115,14 @@ absl::Status FakeStream::CopyOnDevice(void* dst, const void* src,
   return absl::OkStatus();
 }
 
-absl::Status FakeStream::Launch(const kernels::Plan& plan, void* workspace,
+absl::Status FakeStream::Launch(const DevicePlan& device_plan, void* workspace,
                                 uint64_t workspace_size) {
+  absl::StatusOr<const cpu::Plan*> host =
+      cpu::HostPlan::Of(device_plan, owner_);
+  if (!host.ok()) return host.status();
   ++record_->launches;
   // By reference: the caller keeps the plan until Synchronize returns.
-  Queue([&plan, workspace, workspace_size, compute = &device_->compute,
+  Queue([&plan = **host, workspace, workspace_size, compute = &device_->compute,
          record = record_.get()] {
     absl::Duration delay;
     {
@@ -128,7 +137,7 @@ absl::Status FakeStream::Launch(const kernels::Plan& plan, void* workspace,
       --record->waiting;
     }
     if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
-    return kernels::RunPlan(plan, workspace, workspace_size, compute);
+    return cpu::RunPlan(plan, workspace, workspace_size, compute);
   });
   return absl::OkStatus();
 }

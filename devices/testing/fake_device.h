@@ -2,8 +2,8 @@
 // server's use of the Device/DeviceStream interface is checked against what
 // a CUDA device would do, not just against the CPU device (whose operations
 // are complete when they return).
-#ifndef OPSERVER_SERVER_FAKE_DEVICE_H_
-#define OPSERVER_SERVER_FAKE_DEVICE_H_
+#ifndef OPSERVER_DEVICES_TESTING_FAKE_DEVICE_H_
+#define OPSERVER_DEVICES_TESTING_FAKE_DEVICE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -16,9 +16,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "kernels/ops.h"
-#include "kernels/thread_pool.h"
-#include "server/device.h"
+#include "devices/cpu/thread_pool.h"
+#include "devices/device.h"
 
 namespace opserver {
 
@@ -26,7 +25,7 @@ namespace opserver {
 // (a stream's thread releases its device stream on its way out, after the
 // test's device may be gone; the server's SessionManager waits for it).
 struct FakeDeviceShared {
-  kernels::ThreadPool compute{1};
+  cpu::ThreadPool compute{1};
   absl::Mutex mu;
   // See FakeDevice::FailNextSynchronize.
   absl::Status injected ABSL_GUARDED_BY(mu);
@@ -93,6 +92,9 @@ class FakeDevice : public Device {
   static constexpr uint64_t kDefaultMemoryBytes = 1ull << 30;
 
   DeviceDescription Describe() const override;
+  // Plans as the CPU device does (cpu::HostPlan).
+  absl::StatusOr<std::unique_ptr<DevicePlan>> Prepare(
+      kernels::ValidCall valid) const override;
   absl::StatusOr<void*> Allocate(uint64_t bytes, uint64_t owner) override;
   void Deallocate(void* block, uint64_t bytes) override;
   uint64_t FreeBytes() const override {
@@ -123,9 +125,9 @@ class FakeDevice : public Device {
 // FakeDevice's device stream.
 class FakeStream : public DeviceStream {
  public:
-  FakeStream(std::shared_ptr<FakeDeviceShared> device,
+  FakeStream(const Device* owner, std::shared_ptr<FakeDeviceShared> device,
              std::shared_ptr<FakeStreamRecord> record)
-      : device_(std::move(device)), record_(std::move(record)) {}
+      : owner_(owner), device_(std::move(device)), record_(std::move(record)) {}
   ~FakeStream() override;
 
   absl::Status CopyToDevice(void* device_dst, const void* host_src,
@@ -135,7 +137,7 @@ class FakeStream : public DeviceStream {
   absl::Status Memset(void* dst, int value, uint64_t bytes) override;
   absl::Status CopyOnDevice(void* dst, const void* src,
                             uint64_t bytes) override;
-  absl::Status Launch(const kernels::Plan& plan, void* workspace,
+  absl::Status Launch(const DevicePlan& plan, void* workspace,
                       uint64_t workspace_size) override;
   absl::Status Synchronize() override;
   // Lets a held launch go (see FakeStreamRecord::HoldLaunches).
@@ -144,6 +146,8 @@ class FakeStream : public DeviceStream {
  private:
   void Queue(std::function<absl::Status()> op);
 
+  // Only compared with the plans' device (it may be gone by now).
+  const Device* const owner_;
   const std::shared_ptr<FakeDeviceShared> device_;
   const std::shared_ptr<FakeStreamRecord> record_;
   // Not thread-safe, as the interface allows.
@@ -152,4 +156,4 @@ class FakeStream : public DeviceStream {
 
 }  // namespace opserver
 
-#endif  // OPSERVER_SERVER_FAKE_DEVICE_H_
+#endif  // OPSERVER_DEVICES_TESTING_FAKE_DEVICE_H_

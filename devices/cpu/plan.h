@@ -1,34 +1,37 @@
-// The five backward operators on the CPU: planning (after Validate, see
-// validate.h) and launch. This is the kernels library's entry point for
-// the server.
+// The operators on the CPU: planning a validated call (kernels::Validate)
+// into an iteration over the element kernels (kernel_table.h), and the
+// launch. CpuDevice's Prepare and Launch are these; tests, fuzzers and
+// benchmarks call them directly.
 //
 //   OpCall call{OpKind::kThresholdBackward, grad, self, out, params};
 //   absl::StatusOr<Plan> plan = PrepareOp(call);    // GetWorkspaceSize
 //   if (!plan.ok()) return GetAclnnStatus(plan.status());
 //   ... allocate plan->workspace_size() bytes ...
 //   absl::Status s = RunPlan(*plan, ws, ws_size, &pool);  // the launch
-#ifndef OPSERVER_KERNELS_OPS_H_
-#define OPSERVER_KERNELS_OPS_H_
+#ifndef OPSERVER_DEVICES_CPU_PLAN_H_
+#define OPSERVER_DEVICES_CPU_PLAN_H_
 
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "devices/cpu/kernel_table.h"
+#include "devices/cpu/thread_pool.h"
+#include "devices/device.h"
 #include "kernels/dtype.h"
-#include "kernels/elementwise_simd.h"
-#include "kernels/kernel_table.h"
 #include "kernels/op_kind.h"
-#include "kernels/scalar.h"
+#include "kernels/op_spec.h"
 #include "kernels/tensor.h"
-#include "kernels/thread_pool.h"
 #include "kernels/validate.h"
 
-namespace opserver::kernels {
+namespace opserver::cpu {
 
 // A checked call with its iteration plan (aclnn's executor). Holds the
 // call's data pointers and uses them as they are at RunPlan time.
@@ -40,13 +43,13 @@ class Plan {
   // Bytes of workspace RunPlan needs (0 unless the dropout mask is not
   // contiguous: it is then gathered into the workspace).
   uint64_t workspace_size() const { return workspace_size_; }
-  const OpCall& call() const { return call_; }
+  const kernels::OpCall& call() const { return call_; }
   // Shape of the output (the broadcast shape of the inputs).
   const std::vector<int64_t>& out_shape() const { return out_shape_; }
   int64_t numel() const { return numel_; }
 
  private:
-  friend absl::StatusOr<Plan> PrepareOp(const OpCall& call);
+  friend absl::StatusOr<Plan> PlanCall(const kernels::ValidCall& valid);
   friend absl::Status RunPlan(const Plan& plan, void* workspace,
                               uint64_t workspace_size, ThreadPool* pool,
                               const std::atomic<bool>* cancelled);
@@ -55,19 +58,19 @@ class Plan {
   void RunRange(const char* s_base, int64_t begin, int64_t end,
                 bool stream) const;
 
-  OpCall call_;
+  kernels::OpCall call_;
   std::vector<int64_t> out_shape_;
   uint64_t workspace_size_ = 0;
   int64_t numel_ = 0;
   const Kernel* kernel_ = nullptr;
-  KernelParams params_;
+  kernels::KernelParams params_;
   // The iteration space after dropping size-1 dims and merging dims that
   // are contiguous in every operand; strides in bytes; at least 1 dim.
   int ndim_ = 0;
-  std::array<int64_t, kMaxRank> dims_{};
-  std::array<int64_t, kMaxRank> g_strides_{};
-  std::array<int64_t, kMaxRank> s_strides_{};
-  std::array<int64_t, kMaxRank> o_strides_{};
+  std::array<int64_t, kernels::kMaxRank> dims_{};
+  std::array<int64_t, kernels::kMaxRank> g_strides_{};
+  std::array<int64_t, kernels::kMaxRank> s_strides_{};
+  std::array<int64_t, kernels::kMaxRank> o_strides_{};
   const char* g_base_ = nullptr;
   const char* s_base_ = nullptr;
   char* o_base_ = nullptr;
@@ -76,11 +79,32 @@ class Plan {
   bool gather_mask_ = false;  // Dropout mask not contiguous.
 };
 
-// aclnnXxxGetWorkspaceSize: checks every argument (161001 for a missing
-// tensor or data pointer, 161002 for any other violation, with a message
-// naming the argument and the rule) and plans the launch. Empty tensors
+// Plans the launch of a call that passed kernels::Validate. Empty tensors
 // give a plan with workspace 0 that computes nothing.
-absl::StatusOr<Plan> PrepareOp(const OpCall& call);
+absl::StatusOr<Plan> PlanCall(const kernels::ValidCall& valid);
+
+// aclnnXxxGetWorkspaceSize on the CPU: kernels::Validate (161001 for a
+// missing tensor or data pointer, 161002 for any other violation, with a
+// message naming the argument and the rule), then PlanCall.
+absl::StatusOr<Plan> PrepareOp(const kernels::OpCall& call);
+
+// The CPU's DevicePlan (CpuDevice::Prepare; FakeDevice, which computes on
+// the host too, uses it as well): the validated call and its Plan.
+class HostPlan : public DevicePlan {
+ public:
+  // A HostPlan of `valid` for `device`'s streams.
+  static absl::StatusOr<std::unique_ptr<DevicePlan>> Prepare(
+      const Device* device, kernels::ValidCall valid);
+  // The Plan inside `plan`, which `device` must have prepared: INTERNAL
+  // otherwise (a plan of another device reached this one's stream).
+  static absl::StatusOr<const Plan*> Of(const DevicePlan& plan,
+                                        const Device* device);
+
+ private:
+  HostPlan(const Device* device, kernels::ValidCall valid, Plan plan)
+      : DevicePlan(device, std::move(valid)), plan_(std::move(plan)) {}
+  const Plan plan_;
+};
 
 // The launch: computes the plan's output synchronously, splitting large
 // tensors over `pool` (null = the calling thread only). 161002 when
@@ -94,6 +118,6 @@ absl::Status RunPlan(const Plan& plan, void* workspace, uint64_t workspace_size,
                      ThreadPool* pool,
                      const std::atomic<bool>* cancelled = nullptr);
 
-}  // namespace opserver::kernels
+}  // namespace opserver::cpu
 
-#endif  // OPSERVER_KERNELS_OPS_H_
+#endif  // OPSERVER_DEVICES_CPU_PLAN_H_

@@ -15,14 +15,19 @@
 #include <string>
 #include <vector>
 
+#include "devices/cpu/plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/half.h"
-#include "kernels/ops.h"
 
 namespace opserver::kernels {
 namespace {
+
+using cpu::Plan;
+using cpu::PrepareOp;
+using cpu::RunPlan;
+using cpu::ThreadPool;
 
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;

@@ -1,6 +1,6 @@
 // A fixed set of worker threads for data-parallel kernel launches.
-#ifndef OPSERVER_KERNELS_THREAD_POOL_H_
-#define OPSERVER_KERNELS_THREAD_POOL_H_
+#ifndef OPSERVER_DEVICES_CPU_THREAD_POOL_H_
+#define OPSERVER_DEVICES_CPU_THREAD_POOL_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -11,7 +11,7 @@
 
 #include "absl/functional/function_ref.h"
 
-namespace opserver::kernels {
+namespace opserver::cpu {
 
 // `num_threads` is the total parallelism of a ParallelFor, counting the
 // calling thread: the pool starts num_threads - 1 workers, so ThreadPool(1)
@@ -51,6 +51,6 @@ class ThreadPool {
   std::vector<std::thread> workers_;
 };
 
-}  // namespace opserver::kernels
+}  // namespace opserver::cpu
 
-#endif  // OPSERVER_KERNELS_THREAD_POOL_H_
+#endif  // OPSERVER_DEVICES_CPU_THREAD_POOL_H_

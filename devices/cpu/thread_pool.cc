@@ -1,9 +1,9 @@
-#include "kernels/thread_pool.h"
+#include "devices/cpu/thread_pool.h"
 
 #include <algorithm>
 #include <atomic>
 
-namespace opserver::kernels {
+namespace opserver::cpu {
 
 struct ThreadPool::Job {
   Job(int64_t n, absl::FunctionRef<void(int64_t)> f) : n_tasks(n), fn(f) {}
@@ -96,4 +96,4 @@ void ThreadPool::ParallelFor(int64_t n_tasks,
   });
 }
 
-}  // namespace opserver::kernels
+}  // namespace opserver::cpu

@@ -1,5 +1,5 @@
-#ifndef OPSERVER_SERVER_MEMORY_POOL_H_
-#define OPSERVER_SERVER_MEMORY_POOL_H_
+#ifndef OPSERVER_DEVICES_CPU_MEMORY_POOL_H_
+#define OPSERVER_DEVICES_CPU_MEMORY_POOL_H_
 
 #include <cstdint>
 #include <map>
@@ -8,7 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
-namespace opserver {
+namespace opserver::cpu {
 
 // Host memory for the CPU device's buffers.
 //
@@ -75,6 +75,6 @@ class MemoryPool {
   uint64_t in_use_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-}  // namespace opserver
+}  // namespace opserver::cpu
 
-#endif  // OPSERVER_SERVER_MEMORY_POOL_H_
+#endif  // OPSERVER_DEVICES_CPU_MEMORY_POOL_H_

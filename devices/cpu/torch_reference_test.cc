@@ -1,7 +1,7 @@
 // The operators against reference data produced by PyTorch
-// (kernels/testdata/torch_reference.txt, written by scripts/gen_torch_refs.py
-// from Debian's python3-torch; the script explains which cases PyTorch
-// shares with the spec).
+// (devices/cpu/testdata/torch_reference.txt, written by
+// scripts/gen_torch_refs.py from Debian's python3-torch; the script explains
+// which cases PyTorch shares with the spec).
 
 #include <cmath>
 #include <cstring>
@@ -10,12 +10,16 @@
 #include <string>
 #include <vector>
 
+#include "devices/cpu/plan.h"
 #include "gtest/gtest.h"
 #include "kernels/half.h"
-#include "kernels/ops.h"
 
 namespace opserver::kernels {
 namespace {
+
+using cpu::Plan;
+using cpu::PrepareOp;
+using cpu::RunPlan;
 
 struct Case {
   std::string op, dtype;
@@ -33,7 +37,7 @@ std::vector<double> ReadValues(std::istringstream& line) {
 }
 
 std::vector<Case> LoadCases() {
-  std::ifstream file("kernels/testdata/torch_reference.txt");
+  std::ifstream file("devices/cpu/testdata/torch_reference.txt");
   EXPECT_TRUE(file.good()) << "reference data missing";
   std::vector<Case> cases;
   std::string text;

@@ -1,4 +1,4 @@
-#include "server/cpu_device.h"
+#include "devices/cpu/cpu_device.h"
 
 #include <unistd.h>
 
@@ -12,8 +12,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "devices/cpu/plan.h"
 
-namespace opserver {
+namespace opserver::cpu {
 namespace {
 
 std::string CpuModelName() {
@@ -29,6 +30,10 @@ std::string CpuModelName() {
   }
   return "unknown CPU";
 }
+
+// The largest number of logical devices --devices may ask for: far more
+// than anyone needs, and small enough that every share is a useful size.
+constexpr int kMaxDevices = 64;
 
 }  // namespace
 
@@ -47,10 +52,10 @@ uint64_t CpuDevice::DefaultMemoryBytes() {
 
 CpuDevice::CpuDevice(int threads, uint64_t pool_cache_bytes,
                      uint64_t memory_bytes)
-    : CpuDevice(std::make_shared<kernels::ThreadPool>(ResolveThreads(threads)),
+    : CpuDevice(std::make_shared<ThreadPool>(ResolveThreads(threads)),
                 pool_cache_bytes, memory_bytes) {}
 
-CpuDevice::CpuDevice(std::shared_ptr<kernels::ThreadPool> compute,
+CpuDevice::CpuDevice(std::shared_ptr<ThreadPool> compute,
                      uint64_t pool_cache_bytes, uint64_t memory_bytes)
     : memory_(pool_cache_bytes,
               memory_bytes != 0 ? memory_bytes : DefaultMemoryBytes()),
@@ -68,6 +73,11 @@ uint64_t CpuDevice::FreeBytes() const {
 
 DeviceDescription CpuDevice::Describe() const { return description_; }
 
+absl::StatusOr<std::unique_ptr<DevicePlan>> CpuDevice::Prepare(
+    kernels::ValidCall valid) const {
+  return HostPlan::Prepare(this, std::move(valid));
+}
+
 absl::StatusOr<void*> CpuDevice::Allocate(uint64_t bytes, uint64_t owner) {
   return memory_.Allocate(bytes, owner);
 }
@@ -77,7 +87,7 @@ void CpuDevice::Deallocate(void* block, uint64_t bytes) {
 }
 
 absl::StatusOr<std::unique_ptr<DeviceStream>> CpuDevice::CreateStream() {
-  return std::make_unique<CpuStream>(compute_.get());
+  return std::make_unique<CpuStream>(this, compute_.get());
 }
 
 absl::Status CpuStream::CopyToDevice(void* device_dst, const void* host_src,
@@ -104,10 +114,52 @@ absl::Status CpuStream::CopyOnDevice(void* dst, const void* src,
   return absl::OkStatus();
 }
 
-absl::Status CpuStream::Launch(const kernels::Plan& plan, void* workspace,
+absl::Status CpuStream::Launch(const DevicePlan& plan, void* workspace,
                                uint64_t workspace_size) {
-  return kernels::RunPlan(plan, workspace, workspace_size, compute_,
-                          &cancelled_);
+  absl::StatusOr<const Plan*> host = HostPlan::Of(plan, device_);
+  if (!host.ok()) return host.status();
+  return RunPlan(**host, workspace, workspace_size, compute_, &cancelled_);
 }
 
-}  // namespace opserver
+absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCpuDevices(
+    const DeviceOptions& options) {
+  if (options.kind != "cpu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", options.kind,
+                     "': the cpu device takes no arguments; split it "
+                     "with --devices"));
+  }
+  if (options.devices < 1 || options.devices > kMaxDevices) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "devices must be 1 to ", kMaxDevices, ", got ", options.devices));
+  }
+  const uint64_t count = static_cast<uint64_t>(options.devices);
+  const uint64_t total = options.memory_bytes != 0
+                             ? options.memory_bytes
+                             : CpuDevice::DefaultMemoryBytes();
+  constexpr uint64_t kPage = 4096;
+  // Whole pages, so no share holds a partial page another could use.
+  const uint64_t share = total / count / kPage * kPage;
+  if (share == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory of ", total, " bytes cannot be split into ", count,
+                     " devices of at least ", kPage, " bytes each"));
+  }
+  // One pool of compute threads for all logical devices: they are the same
+  // cores, so a pool per device would run `devices` times as many compute
+  // threads as cores whenever several devices are busy, and every launch
+  // would slow down by the oversubscription. With one pool, a device alone
+  // still gets every core, and busy devices share them; the pool takes
+  // concurrent launches from many streams already (one device's streams
+  // run concurrently on it today).
+  auto compute =
+      std::make_shared<ThreadPool>(CpuDevice::ResolveThreads(options.threads));
+  std::vector<std::unique_ptr<Device>> devices;
+  for (uint64_t i = 0; i < count; ++i) {
+    devices.push_back(std::make_unique<CpuDevice>(
+        compute, options.memory_cache_bytes / count, share));
+  }
+  return devices;
+}
+
+}  // namespace opserver::cpu

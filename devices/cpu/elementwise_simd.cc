@@ -1,26 +1,30 @@
 // Highway re-includes this file once per target instruction set; each pass
-// compiles every operator's vector form (kernels/ops/all.h) for that target.
-#include "kernels/elementwise_simd.h"
+// compiles every operator's vector form (simd/all-inl.h) for that target.
+#include "devices/cpu/elementwise_simd.h"
 
 #include <cstddef>
 #include <utility>
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "kernels/elementwise_simd.cc"
+#define HWY_TARGET_INCLUDE "devices/cpu/elementwise_simd.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // foreach_target.h must come first.
+#include "devices/cpu/simd/all-inl.h"
 #include "hwy/highway.h"
-
-// Asks the operator definitions for their per-target parts.
-#ifndef OPSERVER_SIMD_PASS
-#define OPSERVER_SIMD_PASS
-#endif
 #include "kernels/ops/all.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace opserver {
-namespace kernels {
+namespace cpu {
 namespace HWY_NAMESPACE {
+
+using kernels::ContigFn;
+using kernels::DType;
+using kernels::DTypes;
+using kernels::OpKind;
+#define OPSERVER_USING(Name) using kernels::Name;
+OPSERVER_OPS(OPSERVER_USING)
+#undef OPSERVER_USING
 
 // Op##Simd::Contig for out dtype `dt` when combination I of Op::kKernels
 // has a SIMD kernel for it, else nullptr.
@@ -54,13 +58,17 @@ ContigFn SelectContig(OpKind op, DType dt) {
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
-}  // namespace kernels
+}  // namespace cpu
 }  // namespace opserver
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace opserver {
-namespace kernels {
+namespace cpu {
+
+using kernels::ContigFn;
+using kernels::DType;
+using kernels::OpKind;
 
 HWY_EXPORT(SelectContig);
 
@@ -69,6 +77,6 @@ ContigFn SimdContigKernel(OpKind op, DType dtype) {
   return HWY_DYNAMIC_DISPATCH(SelectContig)(op, dtype);
 }
 
-}  // namespace kernels
+}  // namespace cpu
 }  // namespace opserver
 #endif  // HWY_ONCE

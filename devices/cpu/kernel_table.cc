@@ -1,13 +1,21 @@
-#include "kernels/kernel_table.h"
+#include "devices/cpu/kernel_table.h"
 
 #include <cstddef>
 #include <unordered_map>
 #include <utility>
 
+#include "kernels/op_kind.h"
 #include "kernels/ops/all.h"
 
-namespace opserver::kernels {
+namespace opserver::cpu {
 namespace {
+
+using kernels::DType;
+using kernels::DTypes;
+using kernels::OpKind;
+#define OPSERVER_USING(Name) using kernels::Name;
+OPSERVER_OPS(OPSERVER_USING)
+#undef OPSERVER_USING
 
 uint64_t Key(OpKind op, DType g, DType s, DType o) {
   return (static_cast<uint64_t>(op) << 48) |
@@ -52,4 +60,4 @@ const Kernel* FindKernel(OpKind op, DType g, DType s, DType o) {
   return it == table->end() ? nullptr : &it->second;
 }
 
-}  // namespace opserver::kernels
+}  // namespace opserver::cpu

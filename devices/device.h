@@ -1,14 +1,22 @@
-#ifndef OPSERVER_SERVER_DEVICE_H_
-#define OPSERVER_SERVER_DEVICE_H_
+// The device layer: what the server asks of a device (Device, DeviceStream,
+// DevicePlan), and nothing of any particular one. Each kind lives in a
+// folder of its own next to this file (devices/cpu/, devices/ascend/) and
+// is created by devices/device_factory.cc; session, service and pipeline
+// code sees only this header.
+#ifndef OPSERVER_DEVICES_DEVICE_H_
+#define OPSERVER_DEVICES_DEVICE_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/ops.h"
+#include "kernels/op_kind.h"
+#include "kernels/op_spec.h"
+#include "kernels/validate.h"
 
 namespace opserver {
 
@@ -42,6 +50,39 @@ struct DeviceOptions {
   // The Ascend device (--device=ascend): CANN's libraries to load
   // (--cann_libraries); empty = CANN's own (ascend::CannLibrary).
   std::vector<std::string> cann_libraries;
+};
+
+class Device;
+
+// A launch a device prepared (Device::Prepare; the aclOpExecutor of the
+// API): the validated call, whose tensors' data are pointers into the
+// device's memory, and whatever the device derived from it to launch it
+// (the CPU device's iteration plan; a device that describes the call to
+// its own library at launch, as the Ascend device does, keeps nothing
+// more). An Executor holds one and each Execute launches it on a
+// DeviceStream of the same device. Immutable once prepared, so a
+// repeatable executor may be launched from several streams at once.
+class DevicePlan {
+ public:
+  DevicePlan(const Device* device, kernels::ValidCall valid);
+  virtual ~DevicePlan() = default;
+  DevicePlan(const DevicePlan&) = delete;
+  DevicePlan& operator=(const DevicePlan&) = delete;
+
+  // The device that prepared it: only its streams may launch it.
+  const Device* device() const { return device_; }
+  const kernels::ValidCall& valid() const { return valid_; }
+  const kernels::OpCall& call() const { return valid_.call; }
+  // Bytes of workspace the launch needs: the opserver contract the client
+  // computes itself (kernels::Validate), the same on every device.
+  uint64_t workspace_size() const { return valid_.workspace_size; }
+  // Elements of the output.
+  int64_t numel() const { return numel_; }
+
+ private:
+  const Device* const device_;
+  const kernels::ValidCall valid_;
+  const int64_t numel_;
 };
 
 // A device's in-order queue of operations (a CUDA device would wrap a
@@ -89,9 +130,13 @@ class DeviceStream {
   virtual absl::Status CopyOnDevice(void* dst, const void* src,
                                     uint64_t bytes) = 0;
 
-  // Runs (or enqueues) a validated operator plan whose tensor data pointers
-  // are device pointers, after the operations issued before it.
-  virtual absl::Status Launch(const kernels::Plan& plan, void* workspace,
+  // Runs (or enqueues) `plan`, which this stream's device prepared, after
+  // the operations issued before it. `workspace` holds at least
+  // plan.workspace_size() bytes (`workspace_size` says how many); scratch
+  // the device needs beyond that contract it allocates itself. INTERNAL
+  // for a plan another device prepared. The plan stays alive until
+  // Synchronize returns.
+  virtual absl::Status Launch(const DevicePlan& plan, void* workspace,
                               uint64_t workspace_size) = 0;
 
   // Asks the launch running now, and every later one, to stop early with
@@ -103,9 +148,9 @@ class DeviceStream {
 
   // Blocks until every operation issued on this stream so far has finished,
   // and returns the first error one of them hit since the previous call (OK
-  // if none). A synchronous device (CpuDevice, whose operations are complete
-  // when they return) returns OK at once. An asynchronous device records an
-  // event on its stream and waits for it (cudaEventRecord +
+  // if none). A synchronous device (the CPU device, whose operations are
+  // complete when they return) returns OK at once. An asynchronous device
+  // records an event on its stream and waits for it (cudaEventRecord +
   // cudaEventSynchronize; or cudaStreamSynchronize), turning a kernel's
   // asynchronous failure into the status returned here.
   virtual absl::Status Synchronize() = 0;
@@ -113,8 +158,9 @@ class DeviceStream {
 
 // One accelerator owned by the server. The RPC layer talks only to this
 // interface, so further devices (CUDA, Ascend through CANN) slot in without
-// touching it: a new kind implements Device and DeviceStream in its own
-// files and adds one line to CreateDevice (device_factory.cc).
+// touching it: a new kind implements Device and DeviceStream (and, if it
+// plans launches ahead, DevicePlan) in a folder of its own and adds one
+// line to devices/device_factory.cc.
 // Implementations are thread-safe.
 //
 // Device memory is addressed by the pointers Allocate returns; the RPC layer
@@ -140,6 +186,17 @@ class Device {
   virtual absl::StatusOr<void*> Allocate(uint64_t bytes, uint64_t owner) = 0;
   virtual void Deallocate(void* block, uint64_t bytes) = 0;
 
+  // GetWorkspaceSize's device half: prepares a launch of `valid` (a call
+  // kernels::Validate passed, whose tensors' data are this device's
+  // pointers) for this device's streams. The plan's workspace size is
+  // valid.workspace_size, unchanged. An error reaches the client as it is
+  // (its aclnn status in the payload). The default keeps the call as it
+  // is, for a device that reads it at launch.
+  virtual absl::StatusOr<std::unique_ptr<DevicePlan>> Prepare(
+      kernels::ValidCall valid) const {
+    return std::make_unique<DevicePlan>(this, std::move(valid));
+  }
+
   // Whether the device can run `op`. ListOperators lists only the
   // operators it can, and planning one it cannot is refused (a device whose
   // operator library lacks some, such as an Ascend device whose aclnn
@@ -162,4 +219,4 @@ class Device {
 
 }  // namespace opserver
 
-#endif  // OPSERVER_SERVER_DEVICE_H_
+#endif  // OPSERVER_DEVICES_DEVICE_H_

@@ -1,27 +1,28 @@
 // The one table of element kernels, keyed by operator and operand dtypes,
 // built from each operator's kKernels (kernels/ops/). Internal to
-// //kernels: use ops.h.
-#ifndef OPSERVER_KERNELS_KERNEL_TABLE_H_
-#define OPSERVER_KERNELS_KERNEL_TABLE_H_
+// //devices/cpu: use plan.h.
+#ifndef OPSERVER_DEVICES_CPU_KERNEL_TABLE_H_
+#define OPSERVER_DEVICES_CPU_KERNEL_TABLE_H_
 
+#include "devices/cpu/elementwise_simd.h"
 #include "kernels/dtype.h"
-#include "kernels/elementwise_simd.h"
 #include "kernels/kernel_types.h"
 #include "kernels/op_kind.h"
 
-namespace opserver::kernels {
+namespace opserver::cpu {
 
 struct Kernel {
-  ContigFn contig = nullptr;  // SIMD, unit strides; may be null.
-  StridedFn strided = nullptr;
+  kernels::ContigFn contig = nullptr;  // SIMD, unit strides; may be null.
+  kernels::StridedFn strided = nullptr;
 };
 
 // The kernel for `op` with gradOutput dtype `g`, self (mask for dropout)
 // dtype `s` and output dtype `o`, or nullptr when the combination is not
 // supported. The operators' checks (validate.h) decide what is valid; this
 // table holds exactly the valid combinations.
-const Kernel* FindKernel(OpKind op, DType g, DType s, DType o);
+const Kernel* FindKernel(kernels::OpKind op, kernels::DType g, kernels::DType s,
+                         kernels::DType o);
 
-}  // namespace opserver::kernels
+}  // namespace opserver::cpu
 
-#endif  // OPSERVER_KERNELS_KERNEL_TABLE_H_
+#endif  // OPSERVER_DEVICES_CPU_KERNEL_TABLE_H_

@@ -1,4 +1,4 @@
-#include "kernels/ops.h"
+#include "devices/cpu/plan.h"
 
 #include <algorithm>
 #include <atomic>
@@ -10,8 +10,23 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/aclnn_status.h"
 
-namespace opserver::kernels {
+namespace opserver::cpu {
 namespace {
+
+using kernels::AclnnError;
+using kernels::DTypeName;
+using kernels::DTypeSize;
+using kernels::EffectiveStrides;
+using kernels::GetOpInfo;
+using kernels::kAclnnErrInner;
+using kernels::kMaxRank;
+using kernels::NumElements;
+using kernels::OpCall;
+using kernels::OpInfo;
+using kernels::ParamInvalid;
+using kernels::ParamNullptr;
+using kernels::TensorView;
+using kernels::ValidCall;
 
 // Tuning (measured on the 2-core Zen 5 machine, see BENCHMARKS.md):
 // below kMinParallelElements a thread hand-off costs more than it saves;
@@ -44,12 +59,35 @@ std::vector<int64_t> BroadcastByteStrides(const TensorView& t,
 }  // namespace
 
 absl::StatusOr<Plan> PrepareOp(const OpCall& call) {
-  absl::StatusOr<ValidCall> valid = Validate(call);
+  absl::StatusOr<ValidCall> valid = kernels::Validate(call);
   if (!valid.ok()) return valid.status();
+  return PlanCall(*valid);
+}
+
+absl::StatusOr<std::unique_ptr<DevicePlan>> HostPlan::Prepare(
+    const Device* device, ValidCall valid) {
+  absl::StatusOr<Plan> plan = PlanCall(valid);
+  if (!plan.ok()) return plan.status();
+  return std::unique_ptr<DevicePlan>(
+      new HostPlan(device, std::move(valid), *std::move(plan)));
+}
+
+absl::StatusOr<const Plan*> HostPlan::Of(const DevicePlan& plan,
+                                         const Device* device) {
+  if (plan.device() != device) {
+    return absl::InternalError(
+        "a launch was prepared by another device than the stream's");
+  }
+  // Every plan `device` prepares is a HostPlan.
+  return &static_cast<const HostPlan&>(plan).plan_;
+}
+
+absl::StatusOr<Plan> PlanCall(const ValidCall& valid) {
+  const OpCall& call = valid.call;
   const OpInfo& info = GetOpInfo(call.op);
   Plan plan;
-  plan.out_shape_ = std::move(valid->out_shape);
-  plan.params_ = valid->params;
+  plan.out_shape_ = valid.out_shape;
+  plan.params_ = valid.params;
   const TensorView& g = *call.grad_output;
   const TensorView& s = *call.self;
   const TensorView& o = *call.out;
@@ -121,7 +159,7 @@ absl::StatusOr<Plan> PrepareOp(const OpCall& call) {
   plan.s_base_ = static_cast<const char*>(s.data) + s.offset * s_size;
   plan.o_base_ = static_cast<char*>(o.data) + o.offset * o_size;
   // The workspace (see Validate) holds the gathered mask.
-  plan.workspace_size_ = valid->workspace_size;
+  plan.workspace_size_ = valid.workspace_size;
   plan.gather_mask_ = plan.workspace_size_ > 0;
   return plan;
 }
@@ -237,8 +275,8 @@ absl::Status RunPlan(const Plan& plan, void* workspace, uint64_t workspace_size,
   if (threads <= 1 || numel < kMinParallelElements) {
     run(0, numel);
   } else {
-    int64_t tasks = std::min<int64_t>(threads * kTasksPerThread,
-                                      numel / kMinTaskElements);
+    int64_t tasks =
+        std::min<int64_t>(threads * kTasksPerThread, numel / kMinTaskElements);
     tasks = std::max<int64_t>(tasks, 1);
     int64_t chunk = (numel + tasks - 1) / tasks;
     chunk = (chunk + kTaskAlign - 1) / kTaskAlign * kTaskAlign;
@@ -257,4 +295,4 @@ absl::Status RunPlan(const Plan& plan, void* workspace, uint64_t workspace_size,
   return absl::OkStatus();
 }
 
-}  // namespace opserver::kernels
+}  // namespace opserver::cpu

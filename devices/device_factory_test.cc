@@ -1,4 +1,4 @@
-#include "server/device_factory.h"
+#include "devices/device_factory.h"
 
 #include <memory>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "server/memory_pool.h"
+#include "devices/cpu/memory_pool.h"
 
 #include <sys/mman.h>
 
@@ -8,7 +8,7 @@
 
 #include "gtest/gtest.h"
 
-namespace opserver {
+namespace opserver::cpu {
 namespace {
 
 TEST(MemoryPoolTest, BlocksAreAlignedWritableAndDistinct) {
@@ -137,4 +137,4 @@ TEST(MemoryPoolTest, FreshBlocksAreResident) {
 }
 
 }  // namespace
-}  // namespace opserver
+}  // namespace opserver::cpu

@@ -1,4 +1,4 @@
-#include "server/memory_pool.h"
+#include "devices/cpu/memory_pool.h"
 
 #include <sys/mman.h>
 
@@ -9,7 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
-namespace opserver {
+namespace opserver::cpu {
 namespace {
 
 constexpr uint64_t kPage = 4096;
@@ -50,8 +50,7 @@ absl::StatusOr<void*> MemoryPool::Allocate(uint64_t bytes, uint64_t owner) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "cannot allocate ", bytes, " bytes: the device has ",
           capacity_bytes_ - std::min(capacity_bytes_, in_use_bytes_),
-          " of its ", capacity_bytes_,
-          " bytes free (--device_memory_bytes)"));
+          " of its ", capacity_bytes_, " bytes free (--device_memory_bytes)"));
     }
     auto it = free_.lower_bound(size);
     if (it != free_.end() && it->first <= 2 * size &&
@@ -67,8 +66,8 @@ absl::StatusOr<void*> MemoryPool::Allocate(uint64_t bytes, uint64_t owner) {
     } else {
       // Fresh pages: make room for them in the capacity by shrinking the
       // cache, and claim them before mapping outside the lock.
-      TrimLocked(std::min(capacity_bytes_ - in_use_bytes_ - size,
-                          max_cached_bytes_));
+      TrimLocked(
+          std::min(capacity_bytes_ - in_use_bytes_ - size, max_cached_bytes_));
       in_use_bytes_ += size;
     }
   }
@@ -132,4 +131,4 @@ uint64_t MemoryPool::in_use_bytes() const {
   return in_use_bytes_;
 }
 
-}  // namespace opserver
+}  // namespace opserver::cpu
