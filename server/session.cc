@@ -642,7 +642,8 @@ SessionManager::~SessionManager() {
   // Stream threads finish the task they run after their streams are gone;
   // what those tasks use (the device) must outlive them, so this waits for
   // every one. It is short: the streams were cancelled, and a cancelled
-  // launch stops within about a million elements (cpu::RunPlan).
+  // launch stops soon (the CPU device checks between pieces of about a
+  // million elements).
   while (!stream_threads_->WaitForZero(absl::Seconds(10))) {
     LogLine(absl::StrCat(stream_threads_->count(),
                          " stream threads still running after the sessions "

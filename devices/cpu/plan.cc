@@ -74,12 +74,14 @@ absl::StatusOr<std::unique_ptr<DevicePlan>> HostPlan::Prepare(
 
 absl::StatusOr<const Plan*> HostPlan::Of(const DevicePlan& plan,
                                          const Device* device) {
-  if (plan.device() != device) {
+  // Checked, not assumed: a plan that names this device but is not a
+  // HostPlan must not be read as one.
+  const auto* host = dynamic_cast<const HostPlan*>(&plan);
+  if (plan.device() != device || host == nullptr) {
     return absl::InternalError(
         "a launch was prepared by another device than the stream's");
   }
-  // Every plan `device` prepares is a HostPlan.
-  return &static_cast<const HostPlan&>(plan).plan_;
+  return &host->plan_;
 }
 
 absl::StatusOr<Plan> PlanCall(const ValidCall& valid) {

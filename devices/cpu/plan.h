@@ -95,8 +95,9 @@ class HostPlan : public DevicePlan {
   // A HostPlan of `valid` for `device`'s streams.
   static absl::StatusOr<std::unique_ptr<DevicePlan>> Prepare(
       const Device* device, kernels::ValidCall valid);
-  // The Plan inside `plan`, which `device` must have prepared: INTERNAL
-  // otherwise (a plan of another device reached this one's stream).
+  // The Plan inside `plan`, which must be a HostPlan `device` prepared:
+  // INTERNAL otherwise (a plan of another device reached this one's
+  // stream).
   static absl::StatusOr<const Plan*> Of(const DevicePlan& plan,
                                         const Device* device);
 

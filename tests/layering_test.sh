@@ -1,0 +1,14 @@
+#!/bin/bash
+# Each argument is a genquery's output (tests/BUILD.bazel says what it
+# asks): the targets that break the device layering, which must be none.
+status=0
+for result in "$@"; do
+  if [[ -s "$result" ]]; then
+    echo "FAIL: $(basename "$result") lists targets that must not be there:"
+    cat "$result"
+    status=1
+  else
+    echo "ok: $(basename "$result") is empty"
+  fi
+done
+exit $status
