@@ -18,7 +18,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
+// ASan, as GCC (__SANITIZE_ADDRESS__) and Clang (--config=fuzz) say it.
 #if defined(__SANITIZE_ADDRESS__)
+#define OPSERVER_CANN_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define OPSERVER_CANN_ASAN 1
+#endif
+#endif
+#if defined(OPSERVER_CANN_ASAN)
 #include <sanitizer/lsan_interface.h>
 #endif
 
@@ -113,7 +121,7 @@ struct CannHeap {
 // check, as it was while the namespace had a heap of its own: LSan knows
 // only the threads the server's libc started, so it never scans the stacks
 // of CANN's threads and would report what only they hold.
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(OPSERVER_CANN_ASAN)
 struct NotLeakChecked {
   NotLeakChecked() { __lsan_disable(); }
   ~NotLeakChecked() { __lsan_enable(); }
