@@ -14,6 +14,14 @@
 // pointer" abort under ASan, a crash or a corrupted heap without it. With
 // one heap for the process, whichever side frees frees it right.
 //
+// The cost, without ASan: a thread the namespace's libc started gets a
+// per-thread cache of the server's glibc malloc (tcache) on its first
+// allocation, and that libc's thread exit releases only its own malloc's
+// cache, so the server's is left behind: about 1 KiB per such thread that
+// exits (ascend_device_test, 2000 threads of the fake CANN); in the chain
+// test's front opserver (libaclnn_remote.so's gRPC) about a dozen threads
+// came and went in a run. A leak that small, against a crash.
+//
 // Plain C with no sanitizer flags (BUILD.bazel says why), embedded in the
 // server (cann_heap_so.cc) and loaded from memory, so that nothing extra is
 // installed. CannLibrary hands it the allocator with cann_heap_install
