@@ -4,6 +4,7 @@
 // handed out left behind once sessions close.
 #include "devices/ascend/ascend_device.h"
 
+#include <malloc.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -557,6 +558,46 @@ TEST(CannLibraryTest, ThreadKeysOfTheNamespaceAreNumbersTheServerNeverUses) {
   }
   for (pthread_key_t key : before) pthread_key_delete(key);
   for (pthread_key_t key : after) pthread_key_delete(key);
+}
+
+// Threads of the namespace's libc come and go (CANN's pools, gRPC's in
+// libaclnn_remote.so), each with blocks of dynamic TLS that the dynamic
+// loader allocated with the server's malloc; a new thread on a cached stack
+// has the namespace's libc free its predecessor's blocks. That free must be
+// the server's (cann_heap.c): with the namespace's own malloc it aborted
+// ("free(): invalid pointer") under ASan and crashed without it.
+TEST(CannLibraryTest, ThreadsOfTheNamespaceReuseStacksWithTheirTls) {
+  auto run =
+      reinterpret_cast<int (*)(int)>(Fake()->Lookup("fake_cann_run_threads"));
+  ASSERT_NE(run, nullptr);
+  EXPECT_EQ(run(8), 8);
+  EXPECT_EQ(run(8), 8);
+}
+
+// Memory of one side freed by the other: the namespace's malloc is the
+// server's.
+TEST(CannLibraryTest, TheNamespaceAllocatesFromTheServersHeap) {
+  auto ns_malloc =
+      reinterpret_cast<void* (*)(size_t)>(Fake()->Lookup("fake_cann_malloc"));
+  auto ns_free =
+      reinterpret_cast<void (*)(void*)>(Fake()->Lookup("fake_cann_free"));
+  ASSERT_NE(ns_malloc, nullptr);
+  ASSERT_NE(ns_free, nullptr);
+#if !defined(__SANITIZE_ADDRESS__)
+  // glibc's count of the server's heap (ASan's allocator keeps none) sees
+  // what the namespace allocates.
+  const size_t before = mallinfo2().uordblks;
+  void* block = ns_malloc(64 << 10);
+  ASSERT_NE(block, nullptr);
+  EXPECT_GE(mallinfo2().uordblks, before + (64 << 10));
+  ns_free(block);
+#endif
+  // Under ASan, a free of the other heap's memory aborts.
+  void* theirs = ns_malloc(100);
+  ASSERT_NE(theirs, nullptr);
+  free(theirs);
+  void* ours = malloc(100);
+  ns_free(ours);
 }
 
 TEST(CannLibraryTest, ResolvesBareNamesUnderAscendHomePath) {

@@ -2,18 +2,40 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#include <malloc.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
+// ASan, as GCC (__SANITIZE_ADDRESS__) and Clang (--config=fuzz) say it.
+#if defined(__SANITIZE_ADDRESS__)
+#define OPSERVER_CANN_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define OPSERVER_CANN_ASAN 1
+#endif
+#endif
+#if defined(OPSERVER_CANN_ASAN)
+#include <sanitizer/lsan_interface.h>
+#endif
+
 namespace opserver::ascend {
+
+// libcann_heap.so's bytes (cann_heap_so.cc, generated from cann_heap.c).
+extern const unsigned char kCannHeapSo[];
+extern const size_t kCannHeapSoSize;
+
 namespace {
 
 bool IsFile(const std::string& path) {
@@ -47,9 +69,11 @@ std::string LoaderError() {
 // numbers and kNamespaceSpareKeys more (keys CANN may create later), so
 // that the server's later keys come after them. The first namespace of a
 // process (the server makes one) keeps its keys below 32: glibc keeps keys
-// 0-31 inside each thread, while a higher key makes glibc allocate a block
-// that the thread's own libc frees at thread exit, with the other malloc.
-// Later namespaces (tests load several) get higher numbers.
+// 0-31 inside each thread, while a higher key makes the libc that sets it
+// allocate a block that the thread's own libc frees at thread exit (both
+// from the server's heap since the namespace's malloc is the server's, see
+// cann_heap.c, but no block is simpler). Later namespaces (tests load
+// several) get higher numbers.
 constexpr pthread_key_t kNamespaceFirstKey = 16;
 constexpr pthread_key_t kNamespaceSpareKeys = 8;
 
@@ -77,6 +101,110 @@ void TakeKeysBelow(KeyCreateFn create, KeyDeleteFn remove, pthread_key_t end) {
   }
 }
 
+// The allocator the namespace's malloc (cann_heap.c) goes on to: the
+// server's, which the dynamic loader uses too. Same layout as CannHeap in
+// cann_heap.c.
+struct CannHeap {
+  void* (*malloc)(size_t);
+  void (*free)(void*);
+  void* (*calloc)(size_t, size_t);
+  void* (*realloc)(void*, size_t);
+  void* (*memalign)(size_t, size_t);
+  int (*posix_memalign)(void**, size_t, size_t);
+  void* (*aligned_alloc)(size_t, size_t);
+  void* (*valloc)(size_t);
+  void* (*pvalloc)(size_t);
+  size_t (*malloc_usable_size)(void*);
+};
+
+// Under ASan, what the namespace allocates is left out of LeakSanitizer's
+// check, as it was while the namespace had a heap of its own: LSan knows
+// only the threads the server's libc started, so it never scans the stacks
+// of CANN's threads and would report what only they hold.
+#if defined(OPSERVER_CANN_ASAN)
+struct NotLeakChecked {
+  NotLeakChecked() { __lsan_disable(); }
+  ~NotLeakChecked() { __lsan_enable(); }
+};
+#else
+struct NotLeakChecked {};
+#endif
+
+void* HeapMalloc(size_t bytes) {
+  NotLeakChecked off;
+  return malloc(bytes);
+}
+void HeapFree(void* p) { free(p); }
+void* HeapCalloc(size_t n, size_t size) {
+  NotLeakChecked off;
+  return calloc(n, size);
+}
+void* HeapRealloc(void* p, size_t bytes) {
+  NotLeakChecked off;
+  return realloc(p, bytes);
+}
+void* HeapMemalign(size_t alignment, size_t bytes) {
+  NotLeakChecked off;
+  return memalign(alignment, bytes);
+}
+int HeapPosixMemalign(void** p, size_t alignment, size_t bytes) {
+  NotLeakChecked off;
+  return posix_memalign(p, alignment, bytes);
+}
+void* HeapAlignedAlloc(size_t alignment, size_t bytes) {
+  NotLeakChecked off;
+  return aligned_alloc(alignment, bytes);
+}
+void* HeapValloc(size_t bytes) {
+  NotLeakChecked off;
+  return valloc(bytes);
+}
+void* HeapPvalloc(size_t bytes) {
+  NotLeakChecked off;
+  return pvalloc(bytes);
+}
+size_t HeapUsableSize(void* p) { return malloc_usable_size(p); }
+
+constexpr CannHeap kServerHeap = {
+    HeapMalloc,   HeapFree,          HeapCalloc,       HeapRealloc,
+    HeapMemalign, HeapPosixMemalign, HeapAlignedAlloc, HeapValloc,
+    HeapPvalloc,  HeapUsableSize};
+
+// Makes a new link-map namespace whose first object is libcann_heap.so
+// (loaded from the bytes in the server, through a memfd), so that its
+// malloc leads every lookup in the namespace, and hands it the server's
+// allocator. Its handle.
+absl::StatusOr<void*> LoadHeap() {
+  const int fd = memfd_create("libcann_heap.so", MFD_CLOEXEC);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("memfd_create: ", strerror(errno)));
+  }
+  size_t written = 0;
+  while (written < kCannHeapSoSize) {
+    const ssize_t n =
+        write(fd, kCannHeapSo + written, kCannHeapSoSize - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = errno;
+      close(fd);
+      return absl::InternalError(
+          absl::StrCat("writing libcann_heap.so: ", strerror(error)));
+    }
+    written += static_cast<size_t>(n);
+  }
+  const std::string path = absl::StrCat("/proc/self/fd/", fd);
+  void* heap = dlmopen(LM_ID_NEWLM, path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  close(fd);  // The mapping stays.
+  if (heap == nullptr) return absl::InternalError(LoaderError());
+  auto install = reinterpret_cast<void (*)(const CannHeap*)>(
+      dlsym(heap, "cann_heap_install"));
+  if (install == nullptr) {
+    return absl::InternalError("libcann_heap.so has no cann_heap_install");
+  }
+  install(&kServerHeap);
+  return heap;
+}
+
 }  // namespace
 
 std::vector<std::string> CannLibrary::DefaultLibraries() {
@@ -99,13 +227,24 @@ absl::StatusOr<std::shared_ptr<CannLibrary>> CannLibrary::Load(
     return absl::FailedPreconditionError("no CANN library to load");
   }
   std::shared_ptr<CannLibrary> library(new CannLibrary());
-  // The namespace starts with its libc alone, so that the thread keys are
-  // split (kNamespaceFirstKey) before any library of CANN runs; the
-  // libraries then all join it, so that the aclnn libraries bind to that
-  // runtime, not to copies of their own.
-  void* libc = dlmopen(LM_ID_NEWLM, "libc.so.6", RTLD_NOW | RTLD_LOCAL);
+  // The namespace starts with its malloc (cann_heap.c), which brings its
+  // libc, alone, so that the thread keys are split (kNamespaceFirstKey)
+  // before any library of CANN runs; the libraries then all join it, so
+  // that the aclnn libraries bind to that runtime, not to copies of their
+  // own, and allocate from the server's heap.
+  absl::StatusOr<void*> heap = LoadHeap();
+  if (!heap.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot make a link-map namespace for CANN: ",
+                     heap.status().message()));
+  }
   Lmid_t namespace_id = LM_ID_NEWLM;
-  if (libc == nullptr || dlinfo(libc, RTLD_DI_LMID, &namespace_id) != 0) {
+  void* libc = nullptr;
+  if (dlinfo(*heap, RTLD_DI_LMID, &namespace_id) == 0) {
+    // Already there, as libcann_heap.so's dependency.
+    libc = dlmopen(namespace_id, "libc.so.6", RTLD_NOW | RTLD_LOCAL);
+  }
+  if (libc == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot make a link-map namespace for CANN: ", LoaderError()));
   }

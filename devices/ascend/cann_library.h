@@ -8,7 +8,8 @@
 // messages registers with the one GeneratedDatabase
 // (`CHECK failed: GeneratedDatabase()->Add`). dlmopen(LM_ID_NEWLM) gives
 // them a namespace where every dependency is loaded afresh, so nothing they
-// use can clash with the server's.
+// use can clash with the server's. The one thing the namespace shares is
+// the heap: its malloc is the server's (cann_heap.c says why).
 //
 //   absl::StatusOr<std::shared_ptr<CannLibrary>> cann =
 //       CannLibrary::Load(CannLibrary::DefaultLibraries());

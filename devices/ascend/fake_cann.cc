@@ -12,12 +12,14 @@
 // required symbol).
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -591,6 +593,28 @@ void fake_cann_set_mem_info(size_t free, size_t total) {
   std::lock_guard<std::mutex> lock(f.mu);
   f.mem_free = free;
   f.mem_total = total;
+}
+
+// The namespace's malloc and free, as CANN's code calls them.
+void* fake_cann_malloc(size_t bytes) { return malloc(bytes); }
+void fake_cann_free(void* p) { free(p); }
+
+// Starts `count` threads of the namespace's libc one after another, as
+// CANN's own thread pools do; each sets this library's thread_locals
+// (dynamic TLS, which the dynamic loader allocates) and exits before the
+// next starts, which gets the stack and TLS its predecessor left in that
+// libc's stack cache. The number of threads that ran.
+int fake_cann_run_threads(int count) {
+  int ran = 0;
+  for (int i = 0; i < count; ++i) {
+    std::thread thread([&ran] {
+      last_error = std::string(200, 'x');
+      current_context = &last_error;
+      ++ran;
+    });
+    thread.join();
+  }
+  return ran;
 }
 
 }  // extern "C"
