@@ -652,8 +652,14 @@ TEST(StreamTest, CancelAndDestroyCompleteTheIssuedBacklog) {
     auto stream = std::make_unique<Stream>(*device.CreateStream(), 0, nullptr);
     std::shared_ptr<DeviceStream> queue = stream->device_stream();
     const std::shared_ptr<FakeStreamRecord> record = device.streams()[0];
-    absl::Notification running, go, stopped;
+    absl::Notification start, running, go, stopped;
     stream->WhenStopped([&] { stopped.Notify(); });
+    // Everything is queued before the thread runs any of it, so the first
+    // copy is still issued (not synchronized) when the second task blocks.
+    Enq(*stream, [&] {
+      start.WaitForNotification();
+      return absl::OkStatus();
+    });
     auto issued_source = std::make_shared<int>(7);
     std::weak_ptr<int> issued_watch = issued_source;
     int issued_target = 0;
@@ -671,6 +677,7 @@ TEST(StreamTest, CancelAndDestroyCompleteTheIssuedBacklog) {
     Enq(*stream, [queue, source = std::move(dropped_source), &dropped_target] {
       return queue->CopyToDevice(&dropped_target, source.get(), 4);
     });
+    start.Notify();
     running.WaitForNotification();
     if (destroy) {
       stream.reset();
