@@ -23,6 +23,10 @@
 // of 32 MiB or more (ConnectOptions::transfer_connections).
 // --grpc_transfers: the library's transfers through gRPC, not the server's
 // data path (ConnectOptions::data_path = false).
+// --chain=OPSERVER,LIBACLNN_REMOTE: instead of the benchmarks, the Ascend
+// device over its verification chain (bench/chain.h) against its CPU
+// backend directly and raw TCP, in one run (see ChainRatios); the number of
+// rounds is --paired's (default 5).
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -40,6 +44,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,8 +53,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "acl/acl.h"
+#include "bench/chain.h"
 #include "bench/echo.grpc.pb.h"
 #include "benchmark/benchmark.h"
 #include "client/client.h"
@@ -57,6 +64,7 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/grpcpp.h"
+#include "kernels/validate.h"
 #include "proto/opserver.grpc.pb.h"
 #include "server/server.h"
 
@@ -1044,6 +1052,220 @@ void PairedRatios(int rounds) {
   aclFinalize();
 }
 
+// --chain: per round, raw TCP next to each transfer (library upload and
+// download of 256 MiB, as in PairedRatios) against the backend (CPU
+// device) directly and against the front (Ascend device over the chain),
+// then each operator's cost unpipelined (GetWorkspaceSize + Execute +
+// Synchronize on 1024 fp32 elements through the client library, median of
+// 200) on both, and the backend's idle SynchronizeStream round trip. The
+// backend's /metrics give the calls the front made it answer.
+void ChainRatios(const std::string& spec, int rounds) {
+  absl::StatusOr<std::unique_ptr<bench::Chain>> chain =
+      bench::Chain::Start(spec);
+  if (!chain.ok()) {
+    std::fprintf(stderr, "--chain: %s\n", chain.status().ToString().c_str());
+    std::exit(1);
+  }
+  struct Side {
+    const char* name;
+    std::string address;
+    std::unique_ptr<Client> client;
+    std::unique_ptr<remote::Session> session;
+    std::optional<remote::DeviceBuffer> buffer;
+  };
+  Side sides[2] = {{"cpu", (*chain)->backend()}, {"ascend", (*chain)->front()}};
+  for (Side& side : sides) {
+    remote::ConnectOptions options;
+    options.data_path = !grpc_transfers;
+    if (transfer_connections > 0) {
+      options.transfer_connections = transfer_connections;
+    }
+    auto connected = Client::Connect(side.address, options);
+    if (!connected.ok()) std::abort();
+    side.client = *std::move(connected);
+    auto session = side.client->CreateSession("remote_bench --chain");
+    if (!session.ok()) std::abort();
+    side.session = *std::move(session);
+    auto buffer = side.session->Malloc(kTransferBytes);
+    if (!buffer.ok()) {
+      std::fprintf(stderr, "Malloc on %s: %s\n", side.name,
+                   buffer.status().ToString().c_str());
+      std::abort();
+    }
+    side.buffer = *std::move(buffer);
+  }
+  SourceData data(kWarm);
+  std::vector<char> back(kTransferBytes, 'b');
+  auto upload = [&](Side& side) {
+    return side.session->Upload(side.buffer->handle(), 0, data.at(0),
+                                kTransferBytes);
+  };
+  auto download = [&](Side& side) {
+    return side.session->Download(side.buffer->handle(), 0, back.data(),
+                                  kTransferBytes);
+  };
+  RawTcpSeconds(data);  // Warm everything (see Source).
+  for (Side& side : sides) {
+    Seconds([&] { return upload(side); });
+    Seconds([&] { return download(side); });
+  }
+  // [side][0 upload, 1 download]: seconds and ratio to the TCP just before.
+  std::vector<double> seconds[2][2], ratio[2][2], tcp;
+  bench::BackendCounts front_calls[2];
+  for (int r = 0; r < rounds; ++r) {
+    for (int kind = 0; kind < 2; ++kind) {
+      for (int s = 0; s < 2; ++s) {
+        const double t = RawTcpSeconds(data);
+        const bench::BackendCounts before =
+            bench::ScrapeCounts((*chain)->backend_metrics());
+        const double x = Seconds(
+            [&] { return kind == 0 ? upload(sides[s]) : download(sides[s]); });
+        if (s == 1) {
+          const bench::BackendCounts d =
+              bench::ScrapeCounts((*chain)->backend_metrics()) - before;
+          front_calls[kind].fences += d.fences;
+          front_calls[kind].unary_calls += d.unary_calls;
+        }
+        tcp.push_back(t);
+        seconds[s][kind].push_back(x);
+        ratio[s][kind].push_back(t / x);
+      }
+    }
+  }
+  auto gbps = [](double s) { return kTransferBytes / s / 1e9; };
+  auto quartiles = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return absl::StrFormat("%.2f (quartiles %.2f-%.2f)", v[v.size() / 2],
+                           v[v.size() / 4], v[(3 * v.size()) / 4]);
+  };
+  std::printf(
+      "remote_bench --chain: backend (CPU device) %s, front (Ascend device "
+      "over libaclnn_remote.so) %s; %d rounds, 256 MiB each, warm source, "
+      "resident destination%s%s\nraw TCP one-way: %.2f GB/s (median)\n",
+      (*chain)->backend().c_str(), (*chain)->front().c_str(), rounds,
+      pin_cores ? ", pinned" : "", grpc_transfers ? ", through gRPC" : "",
+      gbps(Median(tcp)));
+  for (int kind = 0; kind < 2; ++kind) {
+    const char* what = kind == 0 ? "upload" : "download";
+    std::vector<double> vs_cpu;
+    for (int r = 0; r < rounds; ++r) {
+      vs_cpu.push_back(seconds[0][kind][r] / seconds[1][kind][r]);
+    }
+    for (int s = 0; s < 2; ++s) {
+      std::printf("%-8s %-7s %.2f GB/s, of the raw TCP just before: %s\n", what,
+                  sides[s].name, gbps(Median(seconds[s][kind])),
+                  quartiles(ratio[s][kind]).c_str());
+    }
+    std::printf(
+        "%-8s ascend / cpu (same round): %s; backend calls per %s through "
+        "the front: %.1f fences + %.1f unary\n",
+        what, quartiles(vs_cpu).c_str(), what,
+        front_calls[kind].fences / rounds,
+        front_calls[kind].unary_calls / rounds);
+  }
+  std::fflush(stdout);
+
+  // Each operator unpipelined, 1024 fp32 elements, on both.
+  constexpr int64_t kElements = 1024;
+  constexpr int kWarmup = 20, kCalls = 200;
+  std::vector<double> rtt;
+  {
+    // The backend's idle synchronize, from a session of its own.
+    Side& cpu = sides[0];
+    for (int i = 0; i < kWarmup; ++i) (void)cpu.session->Synchronize();
+    for (int r = 0; r < rounds; ++r) {
+      std::vector<double> calls;
+      for (int i = 0; i < kCalls; ++i) {
+        calls.push_back(Seconds([&] { return cpu.session->Synchronize(); }));
+      }
+      rtt.push_back(Median(calls) * 1e6);
+    }
+  }
+  std::printf(
+      "\nbackend idle SynchronizeStream (median per round): %s us\n"
+      "%-20s %12s %12s %12s %16s %s\n",
+      quartiles(rtt).c_str(), "operator", "CPU us", "Ascend us", "added us",
+      "added backend RT", "backend waits/op");
+  for (const kernels::OpInfo& op : kernels::OpRegistry()) {
+    v1::OpParams params;
+    params.set_threshold(0.5);
+    params.set_lambd(0.5);
+    params.mutable_negative_slope()->set_dtype(v1::DataType(0));
+    params.mutable_negative_slope()->set_value(0.01);
+    params.set_scale(2.0);
+    std::vector<double> us[2];
+    double waits = 0;
+    for (int s = 0; s < 2; ++s) {
+      remote::Session& session = *sides[s].session;
+      std::map<std::string, remote::TensorDesc> tensors;
+      std::vector<remote::DeviceBuffer> buffers;
+      for (int t = 0; t < 3; ++t) {
+        const bool mask = op.bit_mask_input && t == 1;
+        const int64_t n = mask ? (kElements + 127) / 128 * 128 / 8 : kElements;
+        auto buffer = session.Malloc(n * 4);
+        if (!buffer.ok()) std::abort();
+        tensors[std::string(op.tensors[t].name)] =
+            remote::TensorDesc::Contiguous(
+                buffer->handle(),
+                mask ? kernels::DType::kUint8 : kernels::DType::kFloat, {n});
+        buffers.push_back(*std::move(buffer));
+      }
+      auto call = [&]() -> absl::Status {
+        auto executor =
+            session.GetWorkspaceSize(std::string(op.name), params, tensors);
+        if (!executor.ok()) return executor.status();
+        if (absl::Status e = executor->Execute(); !e.ok()) return e;
+        return session.Synchronize();
+      };
+      for (int i = 0; i < kWarmup; ++i) {
+        if (absl::Status e = call(); !e.ok()) {
+          std::fprintf(stderr, "%s on %s: %s\n", std::string(op.name).c_str(),
+                       sides[s].name, e.ToString().c_str());
+          std::abort();
+        }
+      }
+      for (int r = 0; r < rounds; ++r) {
+        const bench::BackendCounts before =
+            s == 1 ? bench::ScrapeCounts((*chain)->backend_metrics())
+                   : bench::BackendCounts();
+        std::vector<double> calls;
+        for (int i = 0; i < kCalls; ++i) calls.push_back(Seconds(call));
+        if (s == 1) {
+          waits += (bench::ScrapeCounts((*chain)->backend_metrics()) - before)
+                       .Waits();
+        }
+        us[s].push_back(Median(calls) * 1e6);
+      }
+    }
+    std::vector<double> added, added_rt;
+    for (int r = 0; r < rounds; ++r) {
+      added.push_back(us[1][r] - us[0][r]);
+      added_rt.push_back((us[1][r] - us[0][r]) / rtt[r]);
+    }
+    std::printf("%-20s %12.1f %12.1f %12.1f %16.2f %.2f\n",
+                std::string(op.name).c_str(), Median(us[0]), Median(us[1]),
+                Median(added), Median(added_rt),
+                waits / (static_cast<double>(rounds) * kCalls));
+  }
+  std::printf(
+      "\nTransfers: GB/s of the median round; \"of the raw TCP just "
+      "before\": each transfer divided by the raw TCP transfer run right "
+      "before it (median and quartiles over the rounds); ascend / cpu: the "
+      "front's time over the backend's, same round. Operators: median of "
+      "%d GetWorkspaceSize + Execute + Synchronize calls per round (median "
+      "over %d rounds), added = Ascend - CPU, in microseconds and in the "
+      "backend's idle SynchronizeStream round trips of the same round; "
+      "backend waits/op = fences + unary calls the backend answered per "
+      "call on the front.\n",
+      kCalls, rounds);
+  std::fflush(stdout);
+  for (Side& side : sides) {
+    side.buffer.reset();
+    side.session.reset();
+    side.client.reset();
+  }
+}
+
 // Removes the first argument that is `flag` or starts with it (a flag that
 // ends in '=') from argv; returns what follows the prefix, or nullopt.
 std::optional<std::string> TakeFlag(int* argc, char** argv,
@@ -1091,6 +1313,7 @@ int main(int argc, char** argv) {
           TakeFlag(&argc, argv, "--transfer_connections=")) {
     transfer_connections = std::stoi(*k);
   }
+  std::optional<std::string> chain = TakeFlag(&argc, argv, "--chain=");
   pin_cores = TakeFlag(&argc, argv, "--pin").has_value();
   grpc_transfers = TakeFlag(&argc, argv, "--grpc_transfers").has_value();
   if (pin_cores && sysconf(_SC_NPROCESSORS_ONLN) < 2) {
@@ -1116,7 +1339,9 @@ int main(int argc, char** argv) {
   // After the forks: the children pin themselves to CPU 1.
   if (pin_cores) PinToCpu(0);
 
-  if (!curve_windows.empty()) {
+  if (chain.has_value()) {
+    ChainRatios(*chain, paired_rounds > 0 ? paired_rounds : 5);
+  } else if (!curve_windows.empty()) {
     WindowCurve();
   } else if (paired_rounds > 0) {
     PairedRatios(paired_rounds);

@@ -38,6 +38,7 @@
 #include "aclnnop/aclnn_leaky_relu_backward.h"
 #include "aclnnop/aclnn_softshrink_backward.h"
 #include "aclnnop/aclnn_threshold_backward.h"
+#include "bench/chain.h"
 #include "bench/delay_proxy.h"
 #include "server/server.h"
 
@@ -87,7 +88,11 @@ constexpr const char* kOpNames[] = {"ThresholdBackward", "SoftshrinkBackward",
                                     "HardswishBackward", "LeakyReluBackward",
                                     "DropoutBackward"};
 
-Op OpAt(int i) { return static_cast<Op>(i % 5); }
+// --chain's per-operator steps: every operator of the step is this one
+// (-1: the five in turn).
+int g_only_op = -1;
+
+Op OpAt(int i) { return static_cast<Op>(g_only_op >= 0 ? g_only_op : i % 5); }
 
 // What the backward pass reads besides the gradient: each operator's saved
 // forward input (or dropout mask), different per operator as in a network.
@@ -315,6 +320,10 @@ struct Result {
   double step_min_us = 0;
   double step_max_us = 0;
   double launches_per_s = 0;
+  // With a backend's metrics address: what the backend was asked per
+  // launch during the timed steps (see bench::BackendCounts).
+  bench::BackendCounts backend;
+  int launches = 0;
 };
 
 // Launches of one repeatable executor (16 fp32 elements, in place) on
@@ -402,10 +411,15 @@ CopyResult AsyncCopies(const std::string& address) {
 
 // `two_streams`: the step split over two streams with events (see
 // LaunchStep).
+// `backend_metrics` (optional): the /metrics of the server behind the one
+// measured (--chain's backend), scraped around each timed step.
+// `rate_launches`: launches for the launch rate (0: the default).
 Result RunConfiguration(const std::string& path, const std::string& address,
                         const std::string& pipeline, const Inputs& inputs,
                         const std::vector<float>& expected,
-                        bool two_streams = false) {
+                        bool two_streams = false,
+                        const std::string& backend_metrics = "",
+                        int rate_launches = 0) {
   setenv("OPSERVER_ADDRESS", address.c_str(), 1);
   setenv("OPSERVER_PIPELINE", pipeline.c_str(), 1);
   CHECK_ACL(aclInit(nullptr));
@@ -438,19 +452,36 @@ Result RunConfiguration(const std::string& path, const std::string& address,
   for (int step = 0; step < kWarmupSteps + kSteps; ++step) {
     // Each operator writes its output before the next reads it, so the
     // ping-pong buffers need no reset between steps.
+    const bool timed = step >= kWarmupSteps;
+    bench::BackendCounts before;
+    if (timed && !backend_metrics.empty()) {
+      before = bench::ScrapeCounts(backend_metrics);
+    }
     const Clock::time_point start = Clock::now();
     CHECK_ACL(aclrtSynchronizeStream(
         LaunchStep(device, stream, two_streams ? second : nullptr, events)));
     const double elapsed = Micros(Clock::now() - start);
+    if (timed && !backend_metrics.empty()) {
+      const bench::BackendCounts d =
+          bench::ScrapeCounts(backend_metrics) - before;
+      result.backend.fences += d.fences;
+      result.backend.unary_calls += d.unary_calls;
+      result.backend.synchronizes += d.synchronizes;
+      result.backend.launches += d.launches;
+      result.backend.batches += d.batches;
+      result.launches += kOps;
+    }
     CheckResult(device, expected);  // Outside the timed part.
-    if (step >= kWarmupSteps) steps.push_back(elapsed);
+    if (timed) steps.push_back(elapsed);
   }
   result.step_median_us = Median(steps);
   result.step_min_us = *std::min_element(steps.begin(), steps.end());
   result.step_max_us = *std::max_element(steps.begin(), steps.end());
-  result.launches_per_s =
-      LaunchRate(device.ping_pong[0], stream,
-                 pipeline == "1" ? 200000 : (path == "loopback" ? 5000 : 1000));
+  result.launches_per_s = LaunchRate(
+      device.ping_pong[0], stream,
+      rate_launches > 0
+          ? rate_launches
+          : (pipeline == "1" ? 200000 : (path == "loopback" ? 5000 : 1000)));
 
   CHECK_ACL(aclrtFree(device.grad));
   CHECK_ACL(aclrtFree(device.ping_pong[0]));
@@ -467,6 +498,108 @@ Result RunConfiguration(const std::string& path, const std::string& address,
   CHECK_ACL(aclrtResetDevice(0));
   CHECK_ACL(aclFinalize());
   return result;
+}
+
+// --chain=OPSERVER,LIBACLNN_REMOTE: the step against the Ascend device over
+// the chain (a front opserver on --device=ascend with libaclnn_remote.so as
+// its CANN, backed by a CPU opserver) and against that backend directly,
+// alternating, `rounds` rounds, for the five operators in turn and for each
+// operator alone. Reported per operator: us per launch on each, the
+// front's added cost in us and in backend round trips (the backend's idle
+// aclrtSynchronizeStream measured in the same configuration), and the
+// calls the backend was asked to answer per launch (fences and unary
+// calls: the round trips the front may have waited on).
+int ChainMain(const std::string& spec, int rounds) {
+  absl::StatusOr<std::unique_ptr<bench::Chain>> chain =
+      bench::Chain::Start(spec);
+  if (!chain.ok()) Die(absl::StrCat("--chain: ", chain.status().ToString()));
+  std::printf(
+      "step_bench --chain: backend (CPU device) %s, front (Ascend device "
+      "over libaclnn_remote.so) %s; %d dependent operators on %lld-element "
+      "fp32 tensors per step, one aclrtSynchronizeStream per step, pipelined "
+      "(OPSERVER_PIPELINE=1); median of %d steps after %d warm-up; %d "
+      "rounds, backend and front alternating.\n\n",
+      (*chain)->backend().c_str(), (*chain)->front().c_str(), kOps,
+      static_cast<long long>(kElements), kSteps, kWarmupSteps, rounds);
+  std::printf("%-20s %-6s %-8s %9s %9s %9s %10s %10s %10s %10s\n", "operator",
+              "round", "device", "RTT us", "step ms", "us/op", "fences/op",
+              "unary/op", "msgs/op", "launches/s");
+  struct Summary {
+    std::string op;
+    std::vector<double> cpu_us, front_us, rtt_us, added_rt, waits;
+  };
+  std::vector<Summary> summaries;
+  for (int only = -1; only < 5; ++only) {
+    g_only_op = only;
+    const Inputs inputs = MakeInputs();
+    const std::vector<float> expected = HostChain(inputs);
+    Summary summary{only < 0 ? "all five in turn" : kOpNames[only]};
+    for (int round = 0; round < rounds; ++round) {
+      Result cpu = RunConfiguration("backend", (*chain)->backend(), "1", inputs,
+                                    expected, false, "", 20000);
+      Result front =
+          RunConfiguration("front", (*chain)->front(), "1", inputs, expected,
+                           false, (*chain)->backend_metrics(), 20000);
+      const double cpu_per_op = cpu.step_median_us / kOps;
+      const double front_per_op = front.step_median_us / kOps;
+      const double n = std::max(1, front.launches);
+      for (const Result* r : {&cpu, &front}) {
+        const bool is_front = r == &front;
+        std::printf(
+            "%-20s %-6d %-8s %9.1f %9.2f %9.1f %10s %10s %10s %10.0f\n",
+            summary.op.c_str(), round + 1, is_front ? "ascend" : "cpu",
+            r->round_trip_us, r->step_median_us / 1000,
+            r->step_median_us / kOps,
+            is_front ? absl::StrFormat("%.3f", r->backend.fences / n).c_str()
+                     : "-",
+            is_front
+                ? absl::StrFormat("%.3f", r->backend.unary_calls / n).c_str()
+                : "-",
+            is_front ? absl::StrFormat("%.3f", r->backend.batches / n).c_str()
+                     : "-",
+            r->launches_per_s);
+      }
+      std::fflush(stdout);
+      summary.cpu_us.push_back(cpu_per_op);
+      summary.front_us.push_back(front_per_op);
+      summary.rtt_us.push_back(cpu.round_trip_us);
+      summary.added_rt.push_back((front_per_op - cpu_per_op) /
+                                 cpu.round_trip_us);
+      summary.waits.push_back(front.backend.Waits() / n);
+    }
+    summaries.push_back(std::move(summary));
+  }
+  auto range = [](std::vector<double> v, const char* format) {
+    std::sort(v.begin(), v.end());
+    return v.front() == v.back()
+               ? absl::StrFormat(format, v.front())
+               : absl::StrCat(absl::StrFormat(format, v.front()), "-",
+                              absl::StrFormat(format, v.back()));
+  };
+  std::printf("\n%-20s %14s %14s %14s %16s %20s %s\n", "operator", "CPU us/op",
+              "Ascend us/op", "backend RTT us", "added us/op",
+              "added backend RT/op", "backend waits/launch (target <= 1)");
+  for (const Summary& s : summaries) {
+    std::vector<double> added;
+    for (size_t i = 0; i < s.cpu_us.size(); ++i) {
+      added.push_back(s.front_us[i] - s.cpu_us[i]);
+    }
+    std::printf(
+        "%-20s %14s %14s %14s %16s %20s %s\n", s.op.c_str(),
+        range(s.cpu_us, "%.1f").c_str(), range(s.front_us, "%.1f").c_str(),
+        range(s.rtt_us, "%.0f").c_str(), range(added, "%.1f").c_str(),
+        range(s.added_rt, "%.2f").c_str(), range(s.waits, "%.3f").c_str());
+  }
+  std::printf(
+      "\nus/op = median step / %d; RTT = the backend's idle "
+      "aclrtSynchronizeStream from this process (one unary round trip on "
+      "loopback), measured in the same configuration; added RT/op = (Ascend "
+      "us/op - CPU us/op) / RTT; backend waits/launch = (fence commands + "
+      "unary calls the backend received during the timed steps) / launches: "
+      "the backend round trips the front could have waited on; msgs/op = "
+      "Pipeline messages the backend applied per launch.\n",
+      kOps);
+  return 0;
 }
 
 int Main() {
@@ -609,4 +742,22 @@ int Main() {
 }  // namespace
 }  // namespace opserver
 
-int main() { return opserver::Main(); }
+int main(int argc, char** argv) {
+  std::string chain;
+  int rounds = 2;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--chain=", 0) == 0) {
+      chain = arg.substr(strlen("--chain="));
+    } else if (arg.rfind("--rounds=", 0) == 0) {
+      rounds = std::max(1, std::atoi(arg.c_str() + strlen("--rounds=")));
+    } else {
+      std::fprintf(stderr,
+                   "usage: step_bench [--chain=OPSERVER,LIBACLNN_REMOTE "
+                   "[--rounds=N]]\n");
+      return 2;
+    }
+  }
+  if (!chain.empty()) return opserver::ChainMain(chain, rounds);
+  return opserver::Main();
+}

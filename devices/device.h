@@ -97,8 +97,16 @@ class DevicePlan {
 // as done: before reading host memory a CopyFromDevice wrote, before
 // reusing or releasing host memory a CopyToDevice reads, and before
 // releasing device memory a launch uses. The host-side Stream does that
-// after each task it runs, so a task (and the buffers it holds) counts as
-// done only once the device is done with it.
+// for its tasks: a task (and the buffers and host memory it holds) counts
+// as done only after a Synchronize that followed it. On a device whose
+// asynchronous() is true it does not call Synchronize after every task but
+// once per batch of consecutive tasks: when its queue runs dry, before a
+// callback, gate or transfer that needs the device done, or after
+// Stream::kMaxUnsynchronizedTasks tasks (server/stream.h). So launches
+// follow each other on the device stream without a host wait between
+// them, and one Synchronize's error stands for the whole batch. Operations
+// a callback or transfer issues itself (holding the stream) start on a
+// device stream with nothing of the tasks' outstanding.
 //
 // Not thread-safe: one caller at a time. The host-side Stream guarantees
 // that (its thread, an inline task, or a transfer holding its gate). It may
@@ -154,6 +162,14 @@ class DeviceStream {
   // cudaEventSynchronize; or cudaStreamSynchronize), turning a kernel's
   // asynchronous failure into the status returned here.
   virtual absl::Status Synchronize() = 0;
+
+  // True for a device whose operations may still be running when they
+  // return (and whose Synchronize may wait): the host-side Stream then
+  // batches its Synchronize calls (see above). False, the default, for a
+  // synchronous device (CpuDevice): the Stream synchronizes after each
+  // task, as that costs nothing. A device that is asynchronous but leaves
+  // this false stays correct, only slower.
+  virtual bool asynchronous() const { return false; }
 };
 
 // One accelerator owned by the server. The RPC layer talks only to this

@@ -411,14 +411,16 @@ void CommandPipeline::Write(Session& session, const v1::WriteCommand& write) {
       writes_->held += size;
     }
     std::shared_ptr<Held> held(new Held{writes_, size});
-    status = (*stream)->Enqueue(
-        [held, buffer = *std::move(buffer), device = (*stream)->device_stream(),
-         offset = write.offset(), data = write.data()]() {
-          absl::Status copied =
-              device->CopyToDevice(static_cast<char*>(buffer->data()) + offset,
-                                   data.data(), data.size());
-          return copied.ok() ? device->Synchronize() : copied;
-        });
+    // The task keeps `data` (and the budget) until the stream has
+    // synchronized the copy (Stream: a task is done only after a
+    // Synchronize that followed it), so it does not wait for it here.
+    status = (*stream)->Enqueue([held, buffer = *std::move(buffer),
+                                 device = (*stream)->device_stream(),
+                                 offset = write.offset(),
+                                 data = write.data()]() {
+      return device->CopyToDevice(static_cast<char*>(buffer->data()) + offset,
+                                  data.data(), data.size());
+    });
   }
   if (!status.ok()) {
     (*stream)->Fail(

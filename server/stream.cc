@@ -40,8 +40,8 @@ bool StreamThreads::WaitForZero(absl::Duration timeout) {
 }
 
 std::shared_ptr<StreamThreads> StreamThreads::Default() {
-  static auto* const threads = new std::shared_ptr<StreamThreads>(
-      std::make_shared<StreamThreads>());
+  static auto* const threads =
+      new std::shared_ptr<StreamThreads>(std::make_shared<StreamThreads>());
   return *threads;
 }
 
@@ -60,7 +60,8 @@ struct Stream::State {
         std::shared_ptr<DeviceStream> device_stream)
       : max_queued(max),
         threads(std::move(group)),
-        device(std::move(device_stream)) {}
+        device(std::move(device_stream)),
+        asynchronous(device != nullptr && device->asynchronous()) {}
 
   // One queue entry: a task (work, droppable), a callback (always runs) or
   // a gate (see Hold).
@@ -84,7 +85,7 @@ struct Stream::State {
   // inline and calls Release().
   bool TryClaimIdle() {
     absl::MutexLock lock(&mu);
-    if (busy || !queue.empty()) return false;
+    if (busy || !queue.empty() || !issued.empty()) return false;
     busy = true;
     return true;
   }
@@ -106,19 +107,63 @@ struct Stream::State {
   void Record(absl::Status status) {
     if (!status.ok() && first_error.ok()) first_error = std::move(status);
   }
-  // Runs `task` to completion: what it issued on the device stream has
-  // finished too (a no-op wait on a synchronous device), and a failure
-  // either reports counts. Only whoever holds `busy` calls it.
-  void Run(const Task& task) {
-    Record(task());
+  // Runs `task`. On a host-only stream it is then done. On a synchronous
+  // device the device stream is synchronized at once (it costs nothing),
+  // so the task is done too. On an asynchronous one the task is kept, with
+  // what it holds, as issued and not yet synchronized (`issued`) until
+  // Complete(), which the thread calls once nothing is runnable (or at
+  // kMaxUnsynchronizedTasks), so consecutive tasks do not each wait for
+  // the device. A task that fails to issue completes the backlog before
+  // its error is recorded, so errors stay in issue order. Only whoever
+  // holds `busy` calls it.
+  void RunTask(Task task) {
+    absl::Status status = task();
+    if (device == nullptr) {
+      Record(std::move(status));
+      return;
+    }
+    if (!asynchronous) {
+      Record(std::move(status));
+      Record(device->Synchronize());
+      return;
+    }
+    if (!status.ok()) {
+      Complete();  // Before this task's own error.
+      Record(std::move(status));
+      return;
+    }
+    size_t held;
+    {
+      absl::MutexLock lock(&mu);
+      issued.push_back(std::move(task));
+      held = issued.size();
+    }
+    if (held >= kMaxUnsynchronizedTasks) Complete();
+  }
+  // Synchronizes the device stream and completes the tasks issued since
+  // the last time: its error is theirs (recorded now, before anything
+  // queued after them), then their captures (buffers, staging memory,
+  // budgets) are released. Only whoever holds `busy` calls it.
+  void Complete() {
+    std::vector<Task> done;
+    {
+      absl::MutexLock lock(&mu);
+      done.swap(issued);
+    }
     if (device != nullptr) Record(device->Synchronize());
+    done.clear();  // Outside the lock: captures may call back in.
   }
 
   const size_t max_queued;
   const std::shared_ptr<StreamThreads> threads;
   const std::shared_ptr<DeviceStream> device;
+  // DeviceStream::asynchronous(): tasks are completed in batches.
+  const bool asynchronous;
   mutable absl::Mutex mu;
   std::deque<Item> queue ABSL_GUARDED_BY(mu);
+  // Tasks run on an asynchronous device and not yet synchronized, in issue
+  // order (see RunTask). The stream is not idle while any are held.
+  std::vector<Task> issued ABSL_GUARDED_BY(mu);
   size_t queued_tasks ABSL_GUARDED_BY(mu) = 0;
   bool stopping ABSL_GUARDED_BY(mu) = false;
   bool cancelled ABSL_GUARDED_BY(mu) = false;
@@ -166,26 +211,43 @@ Stream::~Stream() {
 void Stream::Loop(std::shared_ptr<State> state) {
   for (;;) {
     State::Item item;
+    bool complete = false;
     {
       absl::MutexLock lock(&state->mu);
       state->mu.Await(absl::Condition(
           +[](State* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return !s->busy && (s->stopping || !s->queue.empty());
+            return !s->busy &&
+                   (s->stopping || !s->queue.empty() || !s->issued.empty());
           },
           state.get()));
-      if (state->queue.empty()) break;  // Stopping and drained.
-      item = std::move(state->queue.front());
-      state->queue.pop_front();
-      if (item.task) --state->queued_tasks;
-      // A gate whose transfer ended before reaching the stream holds
-      // nothing.
-      if (item.gate != nullptr && item.gate->released) continue;
-      state->busy = true;
-      if (item.gate != nullptr) {
-        item.gate->holding = true;
-        item.gate->in_reached = true;
-        state->holder = item.gate;
+      // Issued tasks are completed (the device synchronized) once nothing
+      // runnable is left (nothing queued) and before anything that is not
+      // a task: a callback or gate observes the device done with
+      // everything queued before it.
+      if (!state->issued.empty() &&
+          (state->queue.empty() || !state->queue.front().task)) {
+        state->busy = true;
+        complete = true;
+      } else {
+        if (state->queue.empty()) break;  // Stopping and drained.
+        item = std::move(state->queue.front());
+        state->queue.pop_front();
+        if (item.task) --state->queued_tasks;
+        // A gate whose transfer ended before reaching the stream holds
+        // nothing.
+        if (item.gate != nullptr && item.gate->released) continue;
+        state->busy = true;
+        if (item.gate != nullptr) {
+          item.gate->holding = true;
+          item.gate->in_reached = true;
+          state->holder = item.gate;
+        }
       }
+    }
+    if (complete) {
+      state->Complete();
+      state->Release();
+      continue;
     }
     if (item.gate != nullptr) {
       // The stream stays busy until the gate opens (not when this returns).
@@ -198,7 +260,7 @@ void Stream::Loop(std::shared_ptr<State> state) {
       continue;
     }
     if (item.task) {
-      state->Run(item.task);
+      state->RunTask(std::move(item.task));
     } else {
       item.callback();
     }
@@ -224,7 +286,7 @@ absl::Status Stream::Enqueue(Task task, bool inline_if_idle) {
       absl::MutexLock lock(&s.mu);
       if (s.cancelled) room = absl::CancelledError(s.cancel_reason);
     }
-    if (room.ok()) s.Run(task);
+    if (room.ok()) s.RunTask(std::move(task));
     s.Release();
     return room;
   }
@@ -311,7 +373,7 @@ absl::Status Stream::Hold(const std::shared_ptr<Gate>& gate,
     }
     gate->stream_ = state_;
     gate->state_ = held;
-    if (s.busy || !s.queue.empty()) {
+    if (s.busy || !s.queue.empty() || !s.issued.empty()) {
       held->reached = std::move(reached);
       s.queue.push_back(State::Item{nullptr, nullptr, std::move(held)});
       return absl::OkStatus();
@@ -402,7 +464,7 @@ size_t Stream::queued() const {
 
 bool Stream::busy() const {
   absl::MutexLock lock(&state_->mu);
-  return state_->busy || !state_->queue.empty();
+  return state_->busy || !state_->queue.empty() || !state_->issued.empty();
 }
 
 }  // namespace opserver

@@ -19,14 +19,37 @@ namespace opserver {
 // thread, so that work on one stream runs in issue order while different
 // streams run concurrently. Each owns the DeviceStream (devices/device.h) its
 // device made for it; tasks issue their launches and copies there
-// (device_stream()), and after each task the stream calls
-// DeviceStream::Synchronize, whose error counts as the task's: a task, and
-// what it holds, is done only once the device is, so the ordering below
-// (Synchronize, WhenReached, gates) holds for asynchronous devices too.
+// (device_stream()).
+//
+// A task is done, and what it holds (its captures: buffers, staging
+// memory, budgets) released, only once the device is done with what it
+// issued: only after a DeviceStream::Synchronize that followed it, whose
+// error counts as the task's. On a synchronous device
+// (DeviceStream::asynchronous() false, the CPU) the stream synchronizes
+// after every task, which costs nothing there. On an asynchronous one it
+// does not wait per task: a task that issued its work without error is
+// kept as issued, not yet synchronized, and the stream synchronizes the
+// device and completes the tasks it keeps, in order, only
+//   - when nothing runnable is left (the queue is empty: the stream is
+//     going idle, or stopping after ~Stream or Cancel),
+//   - before anything queued that is not a task: a Synchronize, WhenReached
+//     (event records, transfers, fences), Fail callback or a gate (Hold),
+//     so each observes the device done with everything queued before it,
+//     and what it does on the device stream itself starts from an idle one,
+//   - once kMaxUnsynchronizedTasks are kept,
+//   - before recording the error of a task that failed to issue (so errors
+//     stay in issue order).
+// So the ordering below (Synchronize, WhenReached, gates) holds for
+// asynchronous devices too, while consecutive launches are issued without
+// waiting for the device between them.
 //
 // Errors are sticky until reported: the first failing task's status is kept
 // and handed to the next Synchronize, then cleared, so no failure is lost
-// and none is reported twice. Later tasks still run.
+// and none is reported twice. Later tasks still run. On an asynchronous
+// device the error a Synchronize of the device returns stands for the tasks
+// it completed (the device cannot say which one failed), recorded where the
+// first of them stood: after every error recorded before them, before any
+// recorded after.
 //
 // Callbacks given to Synchronize/WhenReached run on the stream's thread, or
 // at once on the caller's when the stream is idle (nothing queued or
@@ -60,12 +83,21 @@ class StreamThreads {
 // Work is bounded and cancellable, because clients choose it: at most
 // `max_queued` tasks wait at once, and destroying the stream (or Cancel)
 // drops every task that has not started. Destruction never waits for the
-// running task: the thread finishes it, runs the callbacks still queued and
-// exits on its own, then leaves its StreamThreads group.
+// running task: the thread finishes it, completes the tasks it keeps issued
+// (synchronizing the device), runs the callbacks still queued and exits on
+// its own, then leaves its StreamThreads group.
 class Stream {
  public:
+  // Issues work on device_stream() and returns the error that kept it from
+  // being issued (OK if none); the work may still be running on an
+  // asynchronous device when it returns (see above).
   using Task = std::function<absl::Status()>;
   class Gate;
+
+  // Tasks an asynchronous device's stream keeps issued and not yet
+  // synchronized before it synchronizes anyway: it bounds what they hold
+  // (buffers, staging bytes) and how long a failure goes unnoticed.
+  static constexpr size_t kMaxUnsynchronizedTasks = 64;
 
   // `max_queued` = 0: unbounded (for tests and in-process users).
   // `threads` (null = StreamThreads::Default()) counts this stream's thread
@@ -86,18 +118,23 @@ class Stream {
 
   // Queues `task`; returns at once. With `inline_if_idle`, an idle stream
   // runs it on the calling thread instead (for tasks too small to be worth
-  // a hand-off). RESOURCE_EXHAUSTED when `max_queued` tasks already wait,
+  // a hand-off; on an asynchronous device it is then kept issued and the
+  // stream's thread synchronizes it, so the caller never waits for the
+  // device). RESOURCE_EXHAUSTED when `max_queued` tasks already wait,
   // CANCELLED (with Cancel's reason) after Cancel(); the task is not run
   // then.
   absl::Status Enqueue(Task task, bool inline_if_idle = false);
 
   // Calls `done` once everything queued before this call has run (or was
-  // cancelled), with the first error since the previous Synchronize (OK if
-  // none; CANCELLED if queued work was dropped).
+  // cancelled) and the device has finished it, with the first error since
+  // the previous Synchronize (OK if none; CANCELLED if queued work was
+  // dropped).
   void Synchronize(std::function<void(absl::Status)> done);
 
-  // Calls `reached` once everything queued before this call has run; does
-  // not consume the sticky error. Used to order transfers after compute.
+  // Calls `reached` once everything queued before this call has run and
+  // the device has finished it (its errors recorded); does not consume the
+  // sticky error. Used to order transfers after compute, and for event
+  // records.
   void WhenReached(std::function<void()> reached);
 
   // Calls `stopped` once this stream is destroyed and its thread has left
@@ -135,7 +172,9 @@ class Stream {
 
   // Drops every task that has not started (their captures, e.g. buffers,
   // are released now); later Enqueue calls fail with CANCELLED saying `why`
-  // (the first Cancel's). Callbacks still run.
+  // (the first Cancel's). Callbacks still run. Tasks already issued on an
+  // asynchronous device are not dropped: the thread still synchronizes the
+  // device before it releases what they hold.
   void Cancel(absl::string_view why = "the stream was destroyed");
 
   // The error Enqueue would return now (OK if it would accept a task), for
@@ -148,9 +187,11 @@ class Stream {
   // until the stream's thread has exited, which may be after ~Stream.
   const std::shared_ptr<DeviceStream>& device_stream() const;
 
-  // Tasks waiting to run (not counting the running one).
+  // Tasks waiting to run (not counting the running one, nor those issued
+  // and not yet synchronized).
   size_t queued() const;
-  // True while a task or callback runs or waits.
+  // True while a task or callback runs or waits, or issued tasks wait for
+  // the device.
   bool busy() const;
 
  private:

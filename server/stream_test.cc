@@ -411,9 +411,297 @@ TEST(StreamTest, TasksAreDoneOnlyOnceTheirDeviceWorkIs) {
   Enq(
       stream, [&] { return queue->CopyToDevice(&target, &source, 4); },
       /*inline_if_idle=*/true);
-  EXPECT_EQ(target, 9) << "an inline task returns complete";
+  // An inline task on an asynchronous device returns issued, not complete
+  // (its caller does not wait for the device); the stream's thread
+  // completes it without being asked, as nothing else is queued.
+  while (stream.busy()) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(target, 9);
   EXPECT_EQ(record->pending.load(), 0);
   EXPECT_TRUE(stream.SynchronizeAndWait().ok());
+}
+
+// A DeviceStream that does nothing but count its Synchronize calls, either
+// kind.
+class CountingStream : public DeviceStream {
+ public:
+  CountingStream(bool asynchronous, std::shared_ptr<std::atomic<int>> count)
+      : asynchronous_(asynchronous), count_(std::move(count)) {}
+  absl::Status CopyToDevice(void*, const void*, uint64_t) override {
+    return absl::OkStatus();
+  }
+  absl::Status CopyFromDevice(void*, const void*, uint64_t) override {
+    return absl::OkStatus();
+  }
+  absl::Status Memset(void*, int, uint64_t) override {
+    return absl::OkStatus();
+  }
+  absl::Status CopyOnDevice(void*, const void*, uint64_t) override {
+    return absl::OkStatus();
+  }
+  absl::Status Launch(const DevicePlan&, void*, uint64_t) override {
+    return absl::OkStatus();
+  }
+  absl::Status Synchronize() override {
+    ++*count_;
+    return absl::OkStatus();
+  }
+  bool asynchronous() const override { return asynchronous_; }
+
+ private:
+  const bool asynchronous_;
+  const std::shared_ptr<std::atomic<int>> count_;
+};
+
+// N tasks queued behind a running one, then one Synchronize: how many
+// times the stream synchronized its device stream.
+int SynchronizesFor(bool asynchronous, int tasks) {
+  auto count = std::make_shared<std::atomic<int>>(0);
+  Stream stream(std::make_unique<CountingStream>(asynchronous, count), 0,
+                nullptr);
+  absl::Notification go;
+  Enq(stream, [&] {
+    go.WaitForNotification();
+    return absl::OkStatus();
+  });
+  for (int i = 0; i < tasks; ++i) {
+    Enq(stream, [] { return absl::OkStatus(); });
+  }
+  go.Notify();
+  EXPECT_TRUE(stream.SynchronizeAndWait().ok());
+  return count->load();
+}
+
+// The Ascend device through libaclnn_remote.so pays a backend round trip
+// per device synchronize: a stream that synchronized after every task cost
+// every launch one. Counts, not timings.
+TEST(StreamTest, AnAsynchronousDeviceIsNotSynchronizedAfterEveryTask) {
+  constexpr int kTasks = 1000;
+  const int synchronizes = SynchronizesFor(/*asynchronous=*/true, kTasks);
+  EXPECT_GE(synchronizes, 1);
+  // One per kMaxUnsynchronizedTasks tasks, and one when the queue ran dry
+  // (before the Synchronize callback).
+  EXPECT_LE(synchronizes,
+            kTasks / static_cast<int>(Stream::kMaxUnsynchronizedTasks) + 2);
+  // A synchronous device is synchronized after each task, as before (it
+  // costs it nothing, and keeps its tasks' buffers no longer than that).
+  EXPECT_EQ(SynchronizesFor(/*asynchronous=*/false, kTasks), kTasks + 1);
+}
+
+TEST(StreamTest, PipelinedCopiesOnAnAsynchronousDeviceAllLand) {
+  FakeDevice device;
+  Stream stream(*device.CreateStream(), 0, nullptr);
+  std::shared_ptr<DeviceStream> queue = stream.device_stream();
+  const std::shared_ptr<FakeStreamRecord> record = device.streams()[0];
+  constexpr int kCopies = 300;
+  std::vector<int> target(kCopies, -1);
+  absl::Notification go;
+  Enq(stream, [&] {
+    go.WaitForNotification();
+    return absl::OkStatus();
+  });
+  for (int i = 0; i < kCopies; ++i) {
+    // The source lives in the task: the stream must keep it until the
+    // device has run the copy (ASan sees a use after free otherwise).
+    auto source = std::make_shared<int>(i);
+    Enq(stream, [queue, source, at = &target[i]] {
+      return queue->CopyToDevice(at, source.get(), sizeof(int));
+    });
+  }
+  go.Notify();
+  EXPECT_TRUE(stream.SynchronizeAndWait().ok());
+  for (int i = 0; i < kCopies; ++i) EXPECT_EQ(target[i], i);
+  EXPECT_EQ(record->pending.load(), 0);
+  EXPECT_LE(record->synchronizes.load(),
+            kCopies / static_cast<int>(Stream::kMaxUnsynchronizedTasks) + 2);
+}
+
+// An issued task keeps what it captured (buffers, host memory a copy
+// reads) until the device stream has been synchronized after it.
+TEST(StreamTest, AnIssuedTaskHoldsItsCapturesUntilSynchronized) {
+  FakeDevice device;
+  Stream stream(*device.CreateStream(), 0, nullptr);
+  std::shared_ptr<DeviceStream> queue = stream.device_stream();
+  const std::shared_ptr<FakeStreamRecord> record = device.streams()[0];
+  absl::Notification go;
+  Enq(stream, [&] {
+    go.WaitForNotification();
+    return absl::OkStatus();
+  });
+  auto source = std::make_shared<int>(42);
+  std::weak_ptr<int> watch = source;
+  int target = 0;
+  Enq(stream, [queue, source = std::move(source), &target] {
+    return queue->CopyToDevice(&target, source.get(), sizeof(int));
+  });
+  // The next task runs right after it, in the same batch: the copy is
+  // issued and not yet run, and its source is still held.
+  bool held_while_issued = false;
+  int pending_then = -1;
+  Enq(stream, [&] {
+    held_while_issued = !watch.expired();
+    pending_then = record->pending.load();
+    return absl::OkStatus();
+  });
+  go.Notify();
+  EXPECT_TRUE(stream.SynchronizeAndWait().ok());
+  EXPECT_TRUE(held_while_issued);
+  EXPECT_EQ(pending_then, 1);
+  EXPECT_EQ(target, 42);
+  EXPECT_TRUE(watch.expired()) << "released once synchronized";
+}
+
+// Callbacks, gates and Synchronize observe the device done with everything
+// queued before them (events, fences and transfers rely on it).
+TEST(StreamTest, CallbacksAndGatesSeeTheDeviceDone) {
+  FakeDevice device;
+  Stream stream(*device.CreateStream(), 0, nullptr);
+  std::shared_ptr<DeviceStream> queue = stream.device_stream();
+  const std::shared_ptr<FakeStreamRecord> record = device.streams()[0];
+  absl::Notification go;
+  Enq(stream, [&] {
+    go.WaitForNotification();
+    return absl::OkStatus();
+  });
+  int a = 1, b = 2, target_a = 0, target_b = 0;
+  int seen_by_reached = -1, pending_at_reached = -1;
+  int seen_by_gate = -1, pending_at_gate = -1;
+  Enq(stream, [&] { return queue->CopyToDevice(&target_a, &a, 4); });
+  stream.WhenReached([&] {
+    seen_by_reached = target_a;
+    pending_at_reached = record->pending.load();
+  });
+  Enq(stream, [&] { return queue->CopyToDevice(&target_b, &b, 4); });
+  auto gate = std::make_shared<Stream::Gate>();
+  absl::Notification gate_reached;
+  ASSERT_TRUE(stream
+                  .Hold(
+                      gate,
+                      [&] {
+                        seen_by_gate = target_b;
+                        pending_at_gate = record->pending.load();
+                        gate_reached.Notify();
+                      },
+                      nullptr)
+                  .ok());
+  go.Notify();
+  gate_reached.WaitForNotification();
+  gate.reset();
+  EXPECT_TRUE(stream.SynchronizeAndWait().ok());
+  EXPECT_EQ(seen_by_reached, 1);
+  EXPECT_EQ(pending_at_reached, 0);
+  EXPECT_EQ(seen_by_gate, 2);
+  EXPECT_EQ(pending_at_gate, 0);
+}
+
+// An asynchronous failure (the device's synchronize) of a batch is
+// reported once, by the next Synchronize, and in issue order with the
+// errors recorded around it.
+TEST(StreamTest, AnAsynchronousErrorInABatchIsReportedOnceInOrder) {
+  FakeDevice device;
+  Stream stream(*device.CreateStream(), 0, nullptr);
+  std::shared_ptr<DeviceStream> queue = stream.device_stream();
+  absl::Notification go;
+  Enq(stream, [&] {
+    go.WaitForNotification();
+    return absl::OkStatus();
+  });
+  int source = 5;
+  std::vector<int> targets(10, 0);
+  for (int i = 0; i < 5; ++i) {
+    Enq(stream,
+        [&, i] { return queue->CopyToDevice(&targets[i], &source, 4); });
+  }
+  // Task 6 fails to issue: the batch before it is synchronized first, so
+  // the device's fault (in tasks 1-5) comes first.
+  Enq(stream, [] { return absl::InvalidArgumentError("refused at issue"); });
+  for (int i = 5; i < 10; ++i) {
+    Enq(stream,
+        [&, i] { return queue->CopyToDevice(&targets[i], &source, 4); });
+  }
+  device.FailNextSynchronize(absl::InternalError("kernel fault"));
+  go.Notify();
+  absl::Status status = stream.SynchronizeAndWait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_EQ(status.message(), "kernel fault");
+  EXPECT_TRUE(stream.SynchronizeAndWait().ok()) << "reported once";
+  for (int t : targets) EXPECT_EQ(t, 5) << "later tasks still ran";
+
+  // Fail() after issued tasks: their device error is earlier.
+  Enq(stream, [&] { return queue->CopyToDevice(&targets[0], &source, 4); });
+  stream.Fail(absl::InvalidArgumentError("refused launch"));
+  device.FailNextSynchronize(absl::InternalError("second fault"));
+  status = stream.SynchronizeAndWait();
+  // The copy may have been completed before FailNextSynchronize (the
+  // stream goes idle at once): then Fail's error is the first.
+  EXPECT_FALSE(status.ok());
+  if (status.code() == absl::StatusCode::kInternal) {
+    EXPECT_EQ(status.message(), "second fault");
+  } else {
+    EXPECT_EQ(status.message(), "refused launch");
+  }
+  EXPECT_TRUE(stream.SynchronizeAndWait().ok()) << "reported once";
+}
+
+// Cancel drops what has not run, but tasks already issued on the device
+// are completed (synchronized, then released), not dropped; so is a
+// destroyed stream's backlog, by its thread, before it stops.
+TEST(StreamTest, CancelAndDestroyCompleteTheIssuedBacklog) {
+  for (const bool destroy : {false, true}) {
+    SCOPED_TRACE(destroy ? "destroyed" : "cancelled");
+    FakeDevice device;
+    auto stream = std::make_unique<Stream>(*device.CreateStream(), 0, nullptr);
+    std::shared_ptr<DeviceStream> queue = stream->device_stream();
+    const std::shared_ptr<FakeStreamRecord> record = device.streams()[0];
+    absl::Notification start, running, go, stopped;
+    stream->WhenStopped([&] { stopped.Notify(); });
+    // Everything is queued before the thread runs any of it, so the first
+    // copy is still issued (not synchronized) when the second task blocks.
+    Enq(*stream, [&] {
+      start.WaitForNotification();
+      return absl::OkStatus();
+    });
+    auto issued_source = std::make_shared<int>(7);
+    std::weak_ptr<int> issued_watch = issued_source;
+    int issued_target = 0;
+    Enq(*stream, [queue, source = std::move(issued_source), &issued_target] {
+      return queue->CopyToDevice(&issued_target, source.get(), 4);
+    });
+    Enq(*stream, [&] {
+      running.Notify();
+      go.WaitForNotification();
+      return absl::OkStatus();
+    });
+    auto dropped_source = std::make_shared<int>(8);
+    std::weak_ptr<int> dropped_watch = dropped_source;
+    int dropped_target = 0;
+    Enq(*stream, [queue, source = std::move(dropped_source), &dropped_target] {
+      return queue->CopyToDevice(&dropped_target, source.get(), 4);
+    });
+    start.Notify();
+    running.WaitForNotification();
+    if (destroy) {
+      stream.reset();
+    } else {
+      stream->Cancel("the test cancelled it");
+    }
+    EXPECT_TRUE(dropped_watch.expired()) << "dropped at once";
+    EXPECT_FALSE(issued_watch.expired()) << "issued: held until synchronized";
+    EXPECT_EQ(issued_target, 0);
+    go.Notify();
+    if (destroy) {
+      stopped.WaitForNotification();
+    } else {
+      absl::Status status = stream->SynchronizeAndWait();
+      EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+    }
+    EXPECT_EQ(issued_target, 7);
+    EXPECT_TRUE(issued_watch.expired());
+    EXPECT_EQ(dropped_target, 0);
+    EXPECT_GE(record->synchronizes.load(), 1);
+    queue.reset();
+    stream.reset();
+    if (!destroy) stopped.WaitForNotification();
+  }
 }
 
 TEST(StreamTest, ADeviceStreamsErrorIsTheTasksError) {

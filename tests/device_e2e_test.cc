@@ -103,5 +103,77 @@ TEST_F(DeviceE2ETest, AnAsynchronousKernelFaultIsTheStreamsError) {
   EXPECT_TRUE(session_->Synchronize().ok());
 }
 
+// The server keeps an asynchronous device's launches and pipelined writes
+// issued, not synchronized, across a batch (server/stream.h): each write's
+// bytes must stay held until the device has run it, the launches must see
+// the writes queued before them, an event recorded after the batch must
+// release a waiting stream only once the device is done, and a fence must
+// read what the device wrote.
+TEST_F(DeviceE2ETest, PipelinedBatchesKeepOrderAndWhatTheyHold) {
+  constexpr int kRows = 100;
+  const uint64_t grad = Malloc(16), self = Malloc(16);
+  const uint64_t out = Malloc(kRows * 16), last = Malloc(16);
+  ASSERT_TRUE(
+      session_
+          ->WriteValues(self, 0, kernels::DType::kFloat, {0.2, 1.2, 2.2, 3.2})
+          .ok());
+  auto stream = session_->CreateStream();
+  auto second = session_->CreateStream();
+  ASSERT_TRUE(stream.ok() && second.ok());
+  auto grad_desc =
+      remote::TensorDesc::Contiguous(grad, kernels::DType::kFloat, {4});
+  auto self_desc =
+      remote::TensorDesc::Contiguous(self, kernels::DType::kFloat, {4});
+  for (int i = 0; i < kRows; ++i) {
+    const float row[4] = {1.0f * i, i + 1.0f, i + 2.0f, i + 3.0f};
+    ASSERT_TRUE(
+        session_->WriteAsync(grad, 0, row, sizeof(row), stream->handle()).ok());
+    remote::TensorDesc out_desc =
+        remote::TensorDesc::Contiguous(out, kernels::DType::kFloat, {4});
+    out_desc.buffer_offset = i * 16;
+    auto executor =
+        session_->ThresholdBackward(grad_desc, self_desc, 1.0, out_desc);
+    ASSERT_TRUE(executor.ok()) << executor.status();
+    ASSERT_TRUE(executor->Execute(stream->handle()).ok());
+  }
+  // The second stream copies the last row once the first has reached the
+  // event (a launch reading it: LeakyRelu with a positive self is the
+  // identity).
+  auto event = session_->CreateEvent();
+  ASSERT_TRUE(event.ok()) << event.status();
+  ASSERT_TRUE(session_->RecordEvent(*event, stream->handle()).ok());
+  ASSERT_TRUE(session_->StreamWaitEvent(second->handle(), *event).ok());
+  remote::TensorDesc last_row =
+      remote::TensorDesc::Contiguous(out, kernels::DType::kFloat, {4});
+  last_row.buffer_offset = (kRows - 1) * 16;
+  remote::ScalarValue slope;
+  slope.value = 0.5;
+  auto copy = session_->LeakyReluBackward(
+      last_row, self_desc, slope, false,
+      remote::TensorDesc::Contiguous(last, kernels::DType::kFloat, {4}));
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  ASSERT_TRUE(copy->Execute(second->handle()).ok());
+  ASSERT_TRUE(second->Synchronize().ok());
+  std::vector<float> copied(4);
+  ASSERT_TRUE(
+      session_->Download(last, 0, copied.data(), 16, second->handle()).ok());
+  EXPECT_THAT(copied, ElementsAre(0, kRows * 1.0f, kRows + 1.0f, kRows + 2.0f));
+  ASSERT_TRUE(stream->Synchronize().ok());
+  std::vector<float> rows(kRows * 4);
+  ASSERT_TRUE(
+      session_->Download(out, 0, rows.data(), rows.size() * 4, stream->handle())
+          .ok());
+  for (int i = 0; i < kRows; ++i) {
+    EXPECT_THAT(
+        std::vector<float>(rows.begin() + 4 * i, rows.begin() + 4 * i + 4),
+        ElementsAre(0, i + 1.0f, i + 2.0f, i + 3.0f))
+        << "row " << i;
+  }
+  ASSERT_TRUE(session_->DestroyEvent(*event).ok());
+  for (const auto& record : device_->streams()) {
+    EXPECT_EQ(record->pending.load(), 0);
+  }
+}
+
 }  // namespace
 }  // namespace opserver

@@ -65,6 +65,8 @@ class AscendStream : public DeviceStream {
     cancelled_.store(true, std::memory_order_relaxed);
   }
   absl::Status Synchronize() override;
+  // aclnn launches and the *Async copies only enqueue on the aclrtStream.
+  bool asynchronous() const override { return true; }
 
  private:
   // The CANN objects of launches issued since the last Synchronize.

@@ -140,6 +140,7 @@ class FakeStream : public DeviceStream {
   absl::Status Launch(const DevicePlan& plan, void* workspace,
                       uint64_t workspace_size) override;
   absl::Status Synchronize() override;
+  bool asynchronous() const override { return true; }
   // Lets a held launch go (see FakeStreamRecord::HoldLaunches).
   void CancelRunning() override;
 
