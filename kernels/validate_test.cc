@@ -26,17 +26,6 @@ TensorView View(DType dtype, std::vector<int64_t> shape, void* data,
   return t;
 }
 
-OpCall Dropout(const TensorView& g, const TensorView& mask,
-               const TensorView& out, double scale) {
-  OpCall call;
-  call.op = OpKind::kDropoutBackward;
-  call.grad_output = g;
-  call.self = mask;
-  call.out = out;
-  call.params.scale = scale;
-  return call;
-}
-
 TEST(Validate, BroadcastShapeAndParams) {
   std::vector<float> g(6), s(3), o(6);
   OpCall call;

@@ -19,9 +19,10 @@ using cpu::PrepareOp;
 
 using ::testing::ElementsAre;
 
-// Validate answers what GetWorkspaceSize promises with no device and no
-// kernels; PrepareOp (the CPU planner) must agree with it exactly, since a
-// client answers GetWorkspaceSize from Validate alone.
+// The CPU planner against the shared checks: a client answers
+// GetWorkspaceSize from kernels::Validate alone, so PrepareOp must agree
+// with it exactly (statuses, workspace sizes) and have a kernel for every
+// dtype combination it accepts.
 
 TensorView View(DType dtype, std::vector<int64_t> shape, void* data,
                 std::vector<int64_t> strides = {}) {
