@@ -36,7 +36,10 @@ struct DeviceOptions {
   // Compute threads (host threads driving the device); 0 = one per
   // hardware thread.
   int threads = 0;
-  // Freed device memory kept for reuse.
+  // Freed device memory kept for reuse (devices/memory_pool.h), counted in
+  // the capacity: the cache gives way to new allocations. The CPU device
+  // splits it between its logical devices (`devices`); each Ascend NPU
+  // keeps this much of its own memory, as NPUs do not share memory.
   uint64_t memory_cache_bytes = 4ull << 30;
   // The capacity Allocate enforces; 0 = the device's safe default.
   uint64_t memory_bytes = 0;

@@ -67,8 +67,9 @@ ABSL_FLAG(uint32_t, max_values, 1u << 20,
           "Most typed values one WriteValues/ReadValues/Evaluate tensor may "
           "carry.");
 ABSL_FLAG(uint64_t, memory_cache_bytes, 4ull << 30,
-          "Freed device memory kept for reuse (first touch of fresh pages is "
-          "slow), in bytes.");
+          "Freed device memory kept for reuse, in bytes (fresh memory is "
+          "slow: the first touch of host pages, aclrtMalloc); with "
+          "--devices=N each CPU device keeps a share, each NPU this much.");
 ABSL_FLAG(uint64_t, device_memory_bytes, 0,
           "Device memory capacity in bytes: every session's buffers, "
           "workspaces, Evaluate scratch and the reuse cache together; Malloc "

@@ -6,8 +6,10 @@
 // executors, several streams, transfers of several sizes and error cases,
 // must give through the front server exactly what the same calls give on a
 // CPU server: the same output bytes, aclnn statuses and messages. The
-// backend's stats must show what the front made, and nothing once the
-// front has closed it all.
+// backend's stats must show what the front made; once the front has closed
+// its sessions, nothing but the front's reuse cache (the Ascend device keeps
+// freed blocks, as the CPU device does), and nothing at all once the front
+// has exited.
 //
 // Arguments: the opserver binary and libaclnn_remote.so.
 #include <arpa/inet.h>
@@ -81,6 +83,20 @@ std::string Scrape(const std::string& address) {
   }
   close(fd);
   return reply;
+}
+
+// The sample of `family` for device `device` on the page; 0 if none.
+double DeviceSample(const std::string& page, const std::string& family,
+                    uint32_t device) {
+  const std::string prefix = absl::StrCat(family, "{device=\"", device, "\"}");
+  for (absl::string_view line : absl::StrSplit(page, '\n')) {
+    if (!absl::StartsWith(line, prefix)) continue;
+    double value = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) {
+      return value;
+    }
+  }
+  return 0;
 }
 
 // The sum of every sample of `family` on the page.
@@ -399,9 +415,13 @@ class AscendChainTest : public ::testing::Test {
       // Asserted under ASan too: its front aborted at shutdown in about 1
       // run of 5 with "free(): invalid pointer" from the namespace's libc
       // while that libc had a heap of its own (cann_heap.c says why).
-      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-          << "front opserver: status " << status << "; stderr: "
-          << ReadFile(std::string(getenv("TEST_TMPDIR")) + "/front.err");
+      const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      EXPECT_TRUE(clean) << "front opserver: status " << status << "; stderr: "
+                         << ReadFile(std::string(getenv("TEST_TMPDIR")) +
+                                     "/front.err");
+      // The front's devices gave their caches back as it exited: the
+      // backend holds nothing of it.
+      if (clean) ExpectBackendEmpties();
     }
     delete reference_;
     delete backend_;
@@ -420,13 +440,56 @@ class AscendChainTest : public ::testing::Test {
     backend_client_ = *std::move(backend);
   }
 
+  // Freed memory front device `device` keeps for reuse, from its metrics.
+  static uint64_t FrontCached(uint32_t device) {
+    return static_cast<uint64_t>(DeviceSample(
+        Scrape(front_metrics_), "opserver_device_memory_cached_bytes", device));
+  }
+
   // Waits (up to a minute: the front tears sessions down off its RPC
-  // threads) until the backend holds no buffers.
-  void ExpectBackendEmpties() {
+  // threads) until the backend holds nothing but the front's reuse cache:
+  // each backend device exactly the bytes the front device on it reports
+  // cached (--device=ascend:1,0: front device d is backend device 1 - d; a
+  // cached block is one backend buffer of its rounded size), and no buffer
+  // where nothing is cached. Once the front's sessions are closed, the
+  // front's cache is all it may still hold on the backend.
+  void ExpectBackendHoldsOnlyTheFrontsCache() {
     v1::ServerStats stats;
+    uint64_t cached[2] = {0, 0};
+    auto settled = [&] {
+      if (stats.devices_size() != 2) return false;
+      for (uint32_t d : {0u, 1u}) {
+        const v1::DeviceStats& backend = stats.devices(1 - d);
+        if (backend.buffer_bytes() != cached[d]) return false;
+        if (cached[d] == 0 && backend.buffers() != 0) return false;
+      }
+      return true;
+    };
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
     do {
       stats = BackendStats(*backend_client_);
+      cached[0] = FrontCached(0);
+      cached[1] = FrontCached(1);
+      if (settled()) break;
+      absl::SleepFor(absl::Milliseconds(20));
+    } while (absl::Now() < deadline);
+    ASSERT_EQ(stats.devices_size(), 2);
+    for (uint32_t d : {0u, 1u}) {
+      EXPECT_EQ(stats.devices(1 - d).buffer_bytes(), cached[d])
+          << "backend device " << 1 - d << " vs front device " << d
+          << "'s cache";
+      if (cached[d] == 0) EXPECT_EQ(stats.devices(1 - d).buffers(), 0u);
+    }
+  }
+
+  // Waits (up to a minute) until the backend holds no buffers at all.
+  static void ExpectBackendEmpties() {
+    auto client = remote::Client::Connect(backend_->address());
+    ASSERT_TRUE(client.ok()) << client.status();
+    v1::ServerStats stats;
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    do {
+      stats = BackendStats(**client);
       if (stats.buffers() == 0 && stats.buffer_bytes() == 0) break;
       absl::SleepFor(absl::Milliseconds(20));
     } while (absl::Now() < deadline);
@@ -613,7 +676,9 @@ TEST_F(AscendChainTest, EveryOperatorDtypeViewAndErrorMatchesTheCpuDevice) {
   keep.clear();
   EXPECT_TRUE((*front)->Close().ok());
   EXPECT_TRUE((*reference)->Close().ok());
-  ExpectBackendEmpties();
+  ExpectBackendHoldsOnlyTheFrontsCache();
+  // Which is not nothing: the cases freed buffers of many sizes.
+  EXPECT_GT(FrontCached(0), 0u);
 }
 
 TEST_F(AscendChainTest, TransfersOfSeveralSizesArriveIntact) {
@@ -695,12 +760,14 @@ TEST_F(AscendChainTest, EachFrontDeviceIsItsBackendDevice) {
     SCOPED_TRACE(front_device);
     const uint32_t backend_device = front_device == 0 ? 1 : 0;
     // The last session's buffers are freed after its close returns.
-    ExpectBackendEmpties();
+    ExpectBackendHoldsOnlyTheFrontsCache();
     const v1::ServerStats idle = BackendStats(*backend_client_);
     auto session =
         front_->CreateSession("ascend_chain_test devices", true, front_device);
     ASSERT_TRUE(session.ok()) << session.status();
-    auto buffer = (*session)->Malloc(4096);
+    // Larger than everything the front device caches: a new block, which
+    // the front allocates on its backend device now.
+    auto buffer = (*session)->Malloc(FrontCached(front_device) + 4096);
     ASSERT_TRUE(buffer.ok()) << buffer.status();
     const v1::ServerStats stats = BackendStats(*backend_client_);
     ASSERT_EQ(stats.devices_size(), 2);
@@ -724,27 +791,30 @@ TEST_F(AscendChainTest, EachFrontDeviceIsItsBackendDevice) {
     EXPECT_FLOAT_EQ((*out)[0], -1.0f / 6);
     EXPECT_EQ((*out)[3], 7);
   }
-  ExpectBackendEmpties();
+  ExpectBackendHoldsOnlyTheFrontsCache();
 }
 
-TEST_F(AscendChainTest, TheBackendSeesTheFrontsBuffersAndNothingAfterClose) {
-  ExpectBackendEmpties();
+TEST_F(AscendChainTest, TheBackendSeesTheFrontsBuffersAndOnlyItsCacheAfter) {
+  ExpectBackendHoldsOnlyTheFrontsCache();
   const v1::ServerStats idle = BackendStats(*backend_client_);
+  // Sizes larger than everything the front caches: new blocks.
+  const uint64_t cached = FrontCached(0);
   {
     auto session = front_->CreateSession("ascend_chain_test stats");
     ASSERT_TRUE(session.ok()) << session.status();
     std::vector<remote::DeviceBuffer> buffers;
     for (uint64_t size : {100, 2000, 30000}) {
-      auto buffer = (*session)->Malloc(size);
+      auto buffer = (*session)->Malloc(cached + size);
       ASSERT_TRUE(buffer.ok());
       buffers.push_back(*std::move(buffer));
     }
     v1::ServerStats stats = BackendStats(*backend_client_);
     // The front's device is one session on the backend (libaclnn_remote.so
-    // opens one per process), holding one backend buffer per front buffer.
+    // opens one per process), holding one backend buffer per new front
+    // buffer.
     EXPECT_GE(stats.sessions(), 1u);
     EXPECT_EQ(stats.buffers(), idle.buffers() + 3);
-    EXPECT_GE(stats.buffer_bytes(), idle.buffer_bytes() + 32100);
+    EXPECT_GE(stats.buffer_bytes(), idle.buffer_bytes() + 3 * cached + 32100);
     auto stream = (*session)->CreateStream();
     ASSERT_TRUE(stream.ok());
     auto t = TensorDesc::Contiguous(buffers[0].handle(), DType::kFloat, {4});
@@ -754,7 +824,42 @@ TEST_F(AscendChainTest, TheBackendSeesTheFrontsBuffersAndNothingAfterClose) {
     // Closed with its buffers, stream and work still there.
     buffers.clear();
   }
-  ExpectBackendEmpties();
+  // The session's buffers went to the front's cache, which is all the
+  // backend still holds of them.
+  ExpectBackendHoldsOnlyTheFrontsCache();
+  EXPECT_GE(FrontCached(0), 4 * cached + 32100);
+}
+
+// A closed session's buffers serve the next session from the front's
+// cache, without a round trip to the backend's Malloc, and cleared for
+// their new owner (aclrtMemset through the chain).
+TEST_F(AscendChainTest, TheNextSessionReusesTheCacheZeroed) {
+  ExpectBackendHoldsOnlyTheFrontsCache();
+  // Larger than everything cached: the first session's block is new.
+  const uint64_t size = FrontCached(0) + 100000;
+  {
+    auto first = front_->CreateSession("ascend_chain_test reuse 1");
+    ASSERT_TRUE(first.ok()) << first.status();
+    auto buffer = (*first)->Malloc(size);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    std::string ones(size, '\x01');
+    ASSERT_TRUE(
+        (*first)->Upload(buffer->handle(), 0, ones.data(), ones.size()).ok());
+    EXPECT_TRUE((*first)->Close().ok());
+  }
+  ExpectBackendHoldsOnlyTheFrontsCache();
+  const v1::ServerStats before = BackendStats(*backend_client_);
+  auto second = front_->CreateSession("ascend_chain_test reuse 2");
+  ASSERT_TRUE(second.ok()) << second.status();
+  auto buffer = (*second)->Malloc(size);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  const v1::ServerStats after = BackendStats(*backend_client_);
+  EXPECT_EQ(after.buffers(), before.buffers());
+  EXPECT_EQ(after.buffer_bytes(), before.buffer_bytes());
+  std::string back(size, '\x55');
+  ASSERT_TRUE(
+      (*second)->Download(buffer->handle(), 0, back.data(), back.size()).ok());
+  EXPECT_TRUE(back == std::string(size, '\0'));
 }
 
 }  // namespace

@@ -80,14 +80,53 @@ absl::Status AclnnFailure(const CannLibrary& cann, absl::string_view call,
 
 // ---- AscendDevice ----------------------------------------------------------
 
+class AscendDevice::Backing : public MemoryBacking {
+ public:
+  explicit Backing(AscendDevice* device) : device_(device) {}
+
+  absl::StatusOr<void*> Map(uint64_t size) override {
+    if (absl::Status s = device_->Bind(); !s.ok()) return s;
+    const CannLibrary& cann = *device_->cann_;
+    void* block = nullptr;
+    if (aclError error =
+            cann.api().aclrtMalloc(&block, size, ACL_MEM_MALLOC_HUGE_FIRST);
+        error != ACL_SUCCESS || block == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("aclrtMalloc of ", size, " bytes failed with acl error ",
+                       error, WithRecentError(cann)));
+    }
+    return block;
+  }
+
+  void Unmap(void* block, uint64_t /*size*/) override {
+    // Freed even if binding failed: aclrtFree reports the error, which has
+    // no one to go to.
+    (void)device_->Bind();
+    device_->cann_->api().aclrtFree(block);
+  }
+
+  absl::Status Zero(void* block, uint64_t size) override {
+    if (absl::Status s = device_->Bind(); !s.ok()) return s;
+    return device_->Zero(block, size);
+  }
+
+  // aclrtMalloc does not initialize memory (CANN's documentation says to
+  // aclrtMemset it before use).
+  bool FreshIsZero() const override { return false; }
+  uint64_t granule() const override { return kGranule; }
+
+ private:
+  AscendDevice* const device_;
+};
+
 AscendDevice::AscendDevice(std::shared_ptr<CannLibrary> cann, int32_t device_id)
     : cann_(std::move(cann)),
       device_id_(device_id),
       serial_(next_serial.fetch_add(1)) {}
 
 absl::StatusOr<std::unique_ptr<AscendDevice>> AscendDevice::Create(
-    std::shared_ptr<CannLibrary> cann, int32_t device_id,
-    uint64_t memory_bytes) {
+    std::shared_ptr<CannLibrary> cann, int32_t device_id, uint64_t memory_bytes,
+    uint64_t memory_cache_bytes) {
   const CannApi& api = cann->api();
   std::unique_ptr<AscendDevice> device(
       new AscendDevice(std::move(cann), device_id));
@@ -132,10 +171,17 @@ absl::StatusOr<std::unique_ptr<AscendDevice>> AscendDevice::Create(
   d.memory_bytes = memory_bytes != 0 ? std::min<uint64_t>(memory_bytes, free)
                                      : static_cast<uint64_t>(free);
   d.threads = 0;
+  device->memory_ = std::make_unique<MemoryPool>(
+      std::make_unique<Backing>(device.get()), memory_cache_bytes,
+      d.memory_bytes,
+      "--device_memory_bytes, or what aclrtGetMemInfo reported free");
   return device;
 }
 
 AscendDevice::~AscendDevice() {
+  // The cached blocks go back to CANN while the context they were
+  // allocated in still exists (the backing binds it).
+  memory_.reset();
   const CannApi& api = cann_->api();
   if (context_ != nullptr) {
     api.aclrtDestroyContext(context_);
@@ -163,29 +209,18 @@ absl::Status AscendDevice::Bind() {
 
 DeviceDescription AscendDevice::Describe() const { return description_; }
 
+uint64_t AscendDevice::CachedBytes() const { return memory_->cached_bytes(); }
+
 uint64_t AscendDevice::FreeBytes() const {
-  absl::MutexLock lock(&mu_);
-  return description_.memory_bytes - used_bytes_;
+  return description_.memory_bytes -
+         std::min(description_.memory_bytes, memory_->in_use_bytes());
 }
 
 absl::StatusOr<void*> AscendDevice::AllocateRaw(uint64_t bytes) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (bytes > description_.memory_bytes - used_bytes_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "device memory exhausted: ", bytes, " bytes requested, ", used_bytes_,
-          " of ", description_.memory_bytes,
-          " in use (--device_memory_bytes, or what aclrtGetMemInfo "
-          "reported free)"));
-    }
-    used_bytes_ += bytes;
-  }
-  auto give_back = [&] {
-    absl::MutexLock lock(&mu_);
-    used_bytes_ -= bytes;
-  };
+  // Counted in the pool's capacity, which trims its cache to make room.
+  if (absl::Status s = memory_->Reserve(bytes); !s.ok()) return s;
   if (absl::Status s = Bind(); !s.ok()) {
-    give_back();
+    memory_->Unreserve(bytes);
     return s;
   }
   void* block = nullptr;
@@ -194,7 +229,7 @@ absl::StatusOr<void*> AscendDevice::AllocateRaw(uint64_t bytes) {
   if (aclError error =
           cann_->api().aclrtMalloc(&block, size, ACL_MEM_MALLOC_HUGE_FIRST);
       error != ACL_SUCCESS || block == nullptr) {
-    give_back();
+    memory_->Unreserve(bytes);
     return absl::ResourceExhaustedError(
         absl::StrCat("aclrtMalloc of ", bytes, " bytes failed with acl error ",
                      error, WithRecentError(*cann_)));
@@ -208,8 +243,8 @@ void AscendDevice::FreeRaw(void* block, uint64_t bytes) {
   // no one to go to.
   (void)Bind();
   cann_->api().aclrtFree(block);
-  absl::MutexLock lock(&mu_);
-  used_bytes_ -= bytes;
+  // After the free, so that the capacity it gives back is free in CANN.
+  memory_->Unreserve(bytes);
 }
 
 absl::Status AscendDevice::Zero(void* block, uint64_t bytes) {
@@ -238,21 +273,12 @@ absl::Status AscendDevice::Zero(void* block, uint64_t bytes) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<void*> AscendDevice::Allocate(uint64_t bytes,
-                                             uint64_t /*owner*/) {
-  // Every block is new to its owner (there is no reuse cache), and
-  // aclrtMalloc's memory holds whatever the NPU last stored there: zero it.
-  absl::StatusOr<void*> block = AllocateRaw(bytes);
-  if (!block.ok()) return block;
-  if (absl::Status s = Zero(*block, bytes); !s.ok()) {
-    FreeRaw(*block, bytes);
-    return s;
-  }
-  return block;
+absl::StatusOr<void*> AscendDevice::Allocate(uint64_t bytes, uint64_t owner) {
+  return memory_->Allocate(bytes, owner);
 }
 
 void AscendDevice::Deallocate(void* block, uint64_t bytes) {
-  FreeRaw(block, bytes);
+  memory_->Deallocate(block, bytes);
 }
 
 absl::StatusOr<std::unique_ptr<DeviceStream>> AscendDevice::CreateStream() {
@@ -574,8 +600,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateAscendDevices(
   if (!cann.ok()) return cann.status();
   std::vector<std::unique_ptr<Device>> devices;
   for (int32_t id : *ids) {
-    absl::StatusOr<std::unique_ptr<AscendDevice>> device =
-        AscendDevice::Create(*cann, id, options.memory_bytes);
+    absl::StatusOr<std::unique_ptr<AscendDevice>> device = AscendDevice::Create(
+        *cann, id, options.memory_bytes, options.memory_cache_bytes);
     if (!device.ok()) return device.status();
     devices.push_back(*std::move(device));
   }

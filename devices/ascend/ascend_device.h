@@ -11,12 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "devices/ascend/cann_library.h"
 #include "devices/device.h"
+#include "devices/memory_pool.h"
 
 namespace opserver::ascend {
 
@@ -100,24 +99,37 @@ class AscendStream : public DeviceStream {
 
 // One NPU (device id) of the loaded CANN. Its context is created once and
 // set on every thread before it calls CANN for this device (CANN's current
-// context is per thread). Memory comes from aclrtMalloc, capped by
+// context is per thread). Memory comes from aclrtMalloc through the reuse
+// cache every device shares (devices/memory_pool.h), capped by
 // `memory_bytes` (0 = what aclrtGetMemInfo reports free at start) and never
-// above that; every allocation is zeroed (aclrtMemset) before it is handed
-// out, so no owner sees another's bytes. There is no reuse cache: freed
-// memory goes back to CANN (aclrtFree). Thread-safe.
+// above that: buffers in use, cached blocks and stream scratch together.
+// aclrtMalloc's memory holds whatever the NPU stored there last, so a
+// fresh block is zeroed (aclrtMemset) before it is handed out, and a cached
+// one when it changes owner: no owner sees another's bytes, and reuse
+// within an owner calls CANN not at all. Thread-safe.
 class AscendDevice : public Device {
  public:
   // aclrtSetDevice / aclrtCreateContext on `device_id`, its SoC name and
-  // memory. FAILED_PRECONDITION naming the call for a device CANN does not
-  // have (or whatever CANN reports).
+  // memory; up to `memory_cache_bytes` of freed memory is kept for reuse.
+  // FAILED_PRECONDITION naming the call for a device CANN does not have
+  // (or whatever CANN reports).
   static absl::StatusOr<std::unique_ptr<AscendDevice>> Create(
       std::shared_ptr<CannLibrary> cann, int32_t device_id,
-      uint64_t memory_bytes);
-  // Destroys the context and resets the device; every stream must be gone.
+      uint64_t memory_bytes, uint64_t memory_cache_bytes);
+  // Gives the cached blocks back (aclrtFree), destroys the context and
+  // resets the device; every stream and buffer must be gone.
   ~AscendDevice() override;
 
+  // The unit allocations are rounded up to, as the caching allocators of
+  // CUDA and torch_npu round (their smallest block): sizes that differ by
+  // a few bytes share cached blocks. aclrtMalloc rounds to 32 bytes itself.
+  static constexpr uint64_t kGranule = 512;
+
   DeviceDescription Describe() const override;
-  // The capacity less what is allocated (buffers and stream scratch).
+  // Freed memory kept for reuse.
+  uint64_t CachedBytes() const override;
+  // The capacity less what is in use (buffers and stream scratch): the
+  // cache gives way to new allocations, so it counts as free.
   uint64_t FreeBytes() const override;
   absl::StatusOr<void*> Allocate(uint64_t bytes, uint64_t owner) override;
   void Deallocate(void* block, uint64_t bytes) override;
@@ -137,14 +149,18 @@ class AscendDevice : public Device {
   // after it.
   absl::Status Bind();
 
-  // Device memory outside Allocate's zeroing (stream scratch), within the
-  // same capacity.
+  // Device memory outside Allocate's cache and zeroing (stream scratch),
+  // within the same capacity: the cache gives way to it.
   absl::StatusOr<void*> AllocateRaw(uint64_t bytes);
   void FreeRaw(void* block, uint64_t bytes);
 
  private:
+  // The pool's MemoryBacking: aclrtMalloc, aclrtFree and Zero with this
+  // device bound.
+  class Backing;
+
   AscendDevice(std::shared_ptr<CannLibrary> cann, int32_t device_id);
-  // Sets `bytes` at `block` to zero, synchronously.
+  // Sets `bytes` at `block` to zero, synchronously (this device bound).
   absl::Status Zero(void* block, uint64_t bytes);
 
   const std::shared_ptr<CannLibrary> cann_;
@@ -156,8 +172,8 @@ class AscendDevice : public Device {
   // aclrtSetDevice succeeded: the destructor calls aclrtResetDevice.
   bool claimed_ = false;
   DeviceDescription description_;
-  mutable absl::Mutex mu_;
-  uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Made once the capacity is known (Create); null before.
+  std::unique_ptr<MemoryPool> memory_;
 };
 
 // The NPU ids --device=`kind` names, in order: "ascend" is {0},
@@ -168,7 +184,9 @@ absl::StatusOr<std::vector<int32_t>> AscendDeviceIds(absl::string_view kind);
 // --device=ascend[:IDS] (devices/device_factory.cc): one AscendDevice per
 // id options.kind names (AscendDeviceIds), in that order, on one CANN loaded
 // from options.cann_libraries (CannLibrary::DefaultLibraries() when empty);
-// options.memory_bytes caps each. FAILED_PRECONDITION, one line naming the
+// options.memory_bytes caps each, and each keeps up to
+// options.memory_cache_bytes cached (not a share: every NPU has its own
+// memory). FAILED_PRECONDITION, one line naming the
 // library or symbol, when CANN cannot be loaded, or naming the call when an NPU
 // cannot be opened.
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateAscendDevices(

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -98,8 +99,10 @@ class FakeControl {
 class AscendServer {
  public:
   explicit AscendServer(std::shared_ptr<CannLibrary> cann,
-                        uint64_t memory_bytes = 0) {
-    auto device = AscendDevice::Create(std::move(cann), 0, memory_bytes);
+                        uint64_t memory_bytes = 0,
+                        uint64_t memory_cache_bytes = 1 << 20) {
+    auto device = AscendDevice::Create(std::move(cann), 0, memory_bytes,
+                                       memory_cache_bytes);
     EXPECT_TRUE(device.ok()) << device.status();
     if (!device.ok()) return;
     device_ = device->get();
@@ -150,17 +153,17 @@ class AscendDeviceTest : public ::testing::Test {
 TEST_F(AscendDeviceTest, DescribesTheNpu) {
   fake_.SetMemInfo(3u << 20, 8u << 20);
   {
-    auto device = AscendDevice::Create(Fake(), 2, /*memory_bytes=*/0);
+    auto device = AscendDevice::Create(Fake(), 2, /*memory_bytes=*/0, 0);
     ASSERT_TRUE(device.ok()) << device.status();
     DeviceDescription d = (*device)->Describe();
     EXPECT_EQ(d.kind, "ascend");
     EXPECT_EQ(d.name, "FakeAscend910B (NPU 2)");
     // What CANN reports free, unless the flag asks for less.
     EXPECT_EQ(d.memory_bytes, 3u << 20);
-    auto smaller = AscendDevice::Create(Fake(), 1, 1u << 20);
+    auto smaller = AscendDevice::Create(Fake(), 1, 1u << 20, 0);
     ASSERT_TRUE(smaller.ok()) << smaller.status();
     EXPECT_EQ((*smaller)->Describe().memory_bytes, 1u << 20);
-    auto larger = AscendDevice::Create(Fake(), 1, 1u << 30);
+    auto larger = AscendDevice::Create(Fake(), 1, 1u << 30, 0);
     ASSERT_TRUE(larger.ok()) << larger.status();
     EXPECT_EQ((*larger)->Describe().memory_bytes, 3u << 20);
   }
@@ -172,7 +175,7 @@ TEST_F(AscendDeviceTest, DescribesTheNpu) {
                           "aclrtDestroyContext", "aclrtResetDevice 1",
                           "aclrtDestroyContext", "aclrtResetDevice 1",
                           "aclrtDestroyContext", "aclrtResetDevice 2"));
-  EXPECT_FALSE(AscendDevice::Create(Fake(), 9, 0).ok());
+  EXPECT_FALSE(AscendDevice::Create(Fake(), 9, 0, 0).ok());
   ExpectNothingLive();
 }
 
@@ -183,12 +186,13 @@ TEST_F(AscendDeviceTest, MemoryIsZeroedCappedAndFreed) {
     ASSERT_NE(session, nullptr);
     auto buffer = session->Malloc(64);
     ASSERT_TRUE(buffer.ok()) << buffer.status();
-    // The fake's memory holds 0xAB until aclrtMemset clears it.
+    // The fake's memory holds 0xAB until aclrtMemset clears it: all of
+    // the block, rounded up to the device's granule.
     auto values = session->ReadValues(buffer->handle(), 0, DType::kUint8, 64);
     ASSERT_TRUE(values.ok()) << values.status();
     EXPECT_EQ(*values, std::vector<double>(64, 0));
     EXPECT_THAT(fake_.Calls({"aclrtMalloc", "aclrtMemset"}),
-                ElementsAre("aclrtMalloc 64", "aclrtMemset 64"));
+                ElementsAre("aclrtMalloc 512", "aclrtMemset 512"));
     // Past the cap: refused before CANN is asked.
     auto big = session->Malloc(2 << 20);
     EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
@@ -403,10 +407,213 @@ TEST_F(AscendDeviceTest, ClosingSessionsLeavesNothingInCann) {
   ExpectNothingLive();
 }
 
+// The fake's device memory is host memory: the test reads it directly.
+bool AllZero(const void* block, uint64_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(block);
+  for (uint64_t i = 0; i < bytes; ++i) {
+    if (p[i] != 0) return false;
+  }
+  return true;
+}
+
+// Freed buffers are kept for reuse, as on the CPU: reuse within an owner
+// calls CANN not at all; a change of owner costs one aclrtMemset, never
+// an aclrtMalloc.
+TEST_F(AscendDeviceTest, FreedMemoryIsReusedAndZeroedOnlyForAnotherOwner) {
+  {
+    auto device = AscendDevice::Create(Fake(), 0, 0, /*cache=*/1 << 20);
+    ASSERT_TRUE(device.ok()) << device.status();
+    AscendDevice& d = **device;
+    auto a = d.Allocate(1000, 1);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_THAT(fake_.Calls({"aclrtMalloc", "aclrtMemset", "aclrtFree"}),
+                ElementsAre("aclrtMalloc 1024", "aclrtMemset 1024"));
+    std::memset(*a, 0x5A, 1000);
+    d.Deallocate(*a, 1000);
+    EXPECT_EQ(d.CachedBytes(), 1024u);
+    EXPECT_EQ(d.FreeBytes(), d.Describe().memory_bytes);
+
+    fake_.Reset();
+    auto same = d.Allocate(1000, 1);
+    ASSERT_TRUE(same.ok());
+    EXPECT_EQ(*same, *a);
+    EXPECT_EQ(static_cast<unsigned char*>(*same)[999], 0x5A);
+    EXPECT_EQ(d.CachedBytes(), 0u);
+    EXPECT_EQ(d.FreeBytes(), d.Describe().memory_bytes - 1024);
+    d.Deallocate(*same, 1000);
+    // Nothing: no aclrtMalloc, no aclrtMemset, no aclrtFree.
+    EXPECT_THAT(fake_.Calls({"aclrtMalloc", "aclrtMemset", "aclrtFree"}),
+                ElementsAre());
+
+    auto other = d.Allocate(900, 2);
+    ASSERT_TRUE(other.ok());
+    EXPECT_EQ(*other, *a);
+    EXPECT_TRUE(AllZero(*other, 1024));
+    EXPECT_THAT(fake_.Calls({"aclrtMalloc", "aclrtMemset", "aclrtFree"}),
+                ElementsAre("aclrtMemset 1024"));
+    std::memset(*other, 0x77, 900);
+    d.Deallocate(*other, 900);
+
+    // Owner 0 (Evaluate's buffers, workspaces) is "anyone": always zeroed.
+    fake_.Reset();
+    for (int i = 0; i < 2; ++i) {
+      auto anyone = d.Allocate(1000, 0);
+      ASSERT_TRUE(anyone.ok());
+      EXPECT_TRUE(AllZero(*anyone, 1024));
+      std::memset(*anyone, 0x33, 1000);
+      d.Deallocate(*anyone, 1000);
+    }
+    EXPECT_THAT(fake_.Calls({"aclrtMalloc", "aclrtMemset", "aclrtFree"}),
+                ElementsAre("aclrtMemset 1024", "aclrtMemset 1024"));
+    for (const std::string& line : fake_.Log()) {
+      EXPECT_THAT(line, ::testing::Not(HasSubstr("NO CONTEXT")));
+    }
+    EXPECT_EQ(fake_.Live("allocation"), 1);  // The cached block.
+  }
+  ExpectNothingLive();
+}
+
+// The cache holds at most its cap, and gives way (aclrtFree) when an
+// allocation or the stream scratch needs its bytes: buffers in use,
+// scratch and cache stay within the capacity.
+TEST_F(AscendDeviceTest, TheCacheRespectsItsCapAndTheCapacity) {
+  {
+    auto device = AscendDevice::Create(Fake(), 0, /*memory_bytes=*/8192,
+                                       /*cache=*/4096);
+    ASSERT_TRUE(device.ok()) << device.status();
+    AscendDevice& d = **device;
+    auto a = d.Allocate(3000, 1);
+    auto b = d.Allocate(2000, 1);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(d.FreeBytes(), 8192u - 3072 - 2048);
+    fake_.Reset();
+    d.Deallocate(*b, 2000);
+    EXPECT_EQ(d.CachedBytes(), 2048u);
+    // 5120 bytes would pass the cap of 4096: the largest block goes.
+    d.Deallocate(*a, 3000);
+    EXPECT_EQ(d.CachedBytes(), 2048u);
+    EXPECT_EQ(d.FreeBytes(), 8192u);
+    EXPECT_THAT(fake_.Calls({"aclrtFree"}), ElementsAre("aclrtFree"));
+
+    // 7168 fresh bytes fit beside no cache: the 2048 cached ones go first.
+    fake_.Reset();
+    auto c = d.Allocate(7000, 2);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_THAT(
+        fake_.Calls({"aclrtMalloc", "aclrtFree", "aclrtMemset"}),
+        ElementsAre("aclrtFree", "aclrtMalloc 7168", "aclrtMemset 7168"));
+    EXPECT_EQ(d.CachedBytes(), 0u);
+    EXPECT_EQ(d.FreeBytes(), 1024u);
+    auto refused = d.Allocate(2000, 2);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(refused.status().message(), HasSubstr("aclrtGetMemInfo"));
+    d.Deallocate(*c, 7000);
+    EXPECT_EQ(d.CachedBytes(), 0u);  // 7168 is more than the cap.
+
+    // Stream scratch (outside the cache) counts in the same capacity.
+    auto e = d.Allocate(4000, 1);
+    ASSERT_TRUE(e.ok());
+    d.Deallocate(*e, 4000);
+    EXPECT_EQ(d.CachedBytes(), 4096u);
+    fake_.Reset();
+    auto scratch = d.AllocateRaw(6000);
+    ASSERT_TRUE(scratch.ok()) << scratch.status();
+    EXPECT_THAT(fake_.Calls({"aclrtMalloc", "aclrtFree"}),
+                ElementsAre("aclrtFree", "aclrtMalloc 6000"));
+    EXPECT_EQ(d.CachedBytes(), 0u);
+    EXPECT_EQ(d.FreeBytes(), 8192u - 6000);
+    EXPECT_EQ(d.AllocateRaw(4000).status().code(),
+              absl::StatusCode::kResourceExhausted);
+    EXPECT_EQ(d.Allocate(4000, 1).status().code(),
+              absl::StatusCode::kResourceExhausted);
+    d.FreeRaw(*scratch, 6000);
+    EXPECT_EQ(d.FreeBytes(), 8192u);
+  }
+  ExpectNothingLive();
+}
+
+// CANN's failures while filling the cache leave nothing held: the capacity
+// is whole again and nothing CANN handed out is left.
+TEST_F(AscendDeviceTest, FailedMallocOrMemsetHoldsNothing) {
+  {
+    auto device = AscendDevice::Create(Fake(), 0, /*memory_bytes=*/4096,
+                                       /*cache=*/4096);
+    ASSERT_TRUE(device.ok()) << device.status();
+    AscendDevice& d = **device;
+    fake_.FailNext("aclrtMalloc", 207001, "out of HBM");
+    auto refused = d.Allocate(1000, 1);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(refused.status().message(), HasSubstr("out of HBM"));
+    fake_.FailNext("aclrtMemset", 507899, "memset failed");
+    auto unzeroed = d.Allocate(1000, 1);
+    EXPECT_EQ(unzeroed.status().code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(unzeroed.status().message(), HasSubstr("memset failed"));
+    EXPECT_EQ(fake_.Live("allocation"), 0);
+    // A cached block that fails to clear for its new owner is freed, not
+    // kept with the old owner's bytes.
+    auto a = d.Allocate(1000, 1);
+    ASSERT_TRUE(a.ok());
+    d.Deallocate(*a, 1000);
+    fake_.FailNext("aclrtMemset", 507899, "memset failed");
+    EXPECT_FALSE(d.Allocate(1000, 2).ok());
+    EXPECT_EQ(fake_.Live("allocation"), 0);
+    EXPECT_EQ(d.CachedBytes(), 0u);
+    EXPECT_EQ(d.FreeBytes(), 4096u);
+    auto whole = d.Allocate(4096, 2);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    d.Deallocate(*whole, 4096);
+  }
+  ExpectNothingLive();
+}
+
+// The device gives its cached blocks back to CANN when it is destroyed,
+// from whichever thread, with its context bound and before the context
+// goes away.
+TEST_F(AscendDeviceTest, DestroyingTheDeviceFreesItsCache) {
+  auto device = AscendDevice::Create(Fake(), 0, 0, /*cache=*/1 << 20);
+  ASSERT_TRUE(device.ok()) << device.status();
+  std::vector<void*> blocks;
+  for (uint64_t size : {100, 5000, 70000}) {
+    auto block = (*device)->Allocate(size, 1);
+    ASSERT_TRUE(block.ok());
+    blocks.push_back(*block);
+  }
+  (*device)->Deallocate(blocks[0], 100);
+  (*device)->Deallocate(blocks[1], 5000);
+  (*device)->Deallocate(blocks[2], 70000);
+  EXPECT_EQ(fake_.Live("allocation"), 3);
+  EXPECT_EQ((*device)->CachedBytes(), 512u + 5120 + 70144);
+  fake_.Reset();
+  std::thread([&] { device->reset(); }).join();
+  EXPECT_THAT(fake_.Calls({"aclrtFree", "aclrtDestroyContext"}),
+              ElementsAre("aclrtFree", "aclrtFree", "aclrtFree",
+                          "aclrtDestroyContext"));
+  for (const std::string& line : fake_.Log()) {
+    EXPECT_THAT(line, ::testing::Not(HasSubstr("NO CONTEXT")));
+  }
+  ExpectNothingLive();
+}
+
+// --device=ascend: every NPU keeps options.memory_cache_bytes of its own.
+TEST(AscendDeviceIdsTest, EachNpuKeepsTheWholeCache) {
+  DeviceOptions options;
+  options.kind = "ascend:0,1";
+  options.memory_cache_bytes = 2048;
+  options.cann_libraries = {Runfile("libfake_cann.so")};
+  auto devices = CreateAscendDevices(options);
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  for (auto& device : *devices) {
+    auto a = device->Allocate(2048, 1);
+    ASSERT_TRUE(a.ok());
+    device->Deallocate(*a, 2048);
+    EXPECT_EQ(device->CachedBytes(), 2048u);
+  }
+}
+
 // Device-side fills and copies (DeviceStream's Memset and CopyOnDevice
 // once the server's events land): overlapping copies act as memmove.
 void CheckMemsetAndCopies(std::shared_ptr<CannLibrary> cann) {
-  auto device = AscendDevice::Create(std::move(cann), 0, 0);
+  auto device = AscendDevice::Create(std::move(cann), 0, 0, 1 << 20);
   ASSERT_TRUE(device.ok()) << device.status();
   auto block = (*device)->Allocate(64, 1);
   ASSERT_TRUE(block.ok()) << block.status();
@@ -460,8 +667,8 @@ TEST(AscendFallbackTest, WithoutContextsOrMemset) {
     auto t = TensorDesc::Contiguous(a->handle(), DType::kFloat, {4});
     ASSERT_TRUE(session->HardswishBackward(t, t, t)->Execute().ok());
     ASSERT_TRUE(session->Synchronize().ok());
-    EXPECT_THAT(fake.Calls({"aclrtMalloc 64", "aclrtMemcpy 64"}),
-                ElementsAre("aclrtMalloc 64", "aclrtMemcpy 64 kind=1"));
+    EXPECT_THAT(fake.Calls({"aclrtMalloc", "aclrtMemcpy 512"}),
+                ElementsAre("aclrtMalloc 512", "aclrtMemcpy 512 kind=1"));
     for (const std::string& line : fake.Log()) {
       EXPECT_THAT(line, ::testing::Not(HasSubstr("NO CONTEXT")));
     }
