@@ -191,7 +191,7 @@ AscendDevice::~AscendDevice() {
   bound_serial = 0;
 }
 
-absl::Status AscendDevice::Bind() {
+absl::Status AscendDevice::Bind() const {
   if (bound_serial == serial_) return absl::OkStatus();
   const CannApi& api = cann_->api();
   if (context_ != nullptr) {
@@ -304,12 +304,6 @@ AscendStream::~AscendStream() {
 }
 
 void AscendStream::ReleasePending() {
-  const CannApi& api = device_->cann().api();
-  for (aclTensor* tensor : pending_.tensors) api.aclDestroyTensor(tensor);
-  for (aclScalar* scalar : pending_.scalars) api.aclDestroyScalar(scalar);
-  for (aclOpExecutor* executor : pending_.executors) {
-    api.aclDestroyAclOpExecutor(executor);
-  }
   for (auto [block, bytes] : pending_.retired_scratch) {
     device_->FreeRaw(block, bytes);
   }
@@ -403,17 +397,33 @@ absl::Status AscendStream::CopyOnDevice(void* dst, const void* src,
   return copy(dst, *scratch);
 }
 
-absl::Status AscendStream::Launch(const DevicePlan& plan, void* workspace,
-                                  uint64_t workspace_size) {
-  if (cancelled_.load(std::memory_order_relaxed)) {
-    return absl::CancelledError("the stream was cancelled");
-  }
-  if (plan.device() != device_) {
-    return absl::InternalError(
-        "a launch was prepared by another device than the stream's");
-  }
-  const kernels::OpCall& call = plan.call();
-  const CannLibrary& cann = device_->cann();
+AscendPlan::AscendPlan(const AscendDevice* device, kernels::ValidCall valid)
+    : DevicePlan(device, std::move(valid)), device_(device) {}
+
+AscendPlan::~AscendPlan() {
+  // Destroyed where the last owner lets go (an RPC or stream thread): bound
+  // first, as every CANN call is. A failed bind has no one to report to.
+  (void)device_->Bind();
+  const CannApi& api = device_->cann().api();
+  for (aclTensor* tensor : tensors_) api.aclDestroyTensor(tensor);
+  for (aclScalar* scalar : scalars_) api.aclDestroyScalar(scalar);
+  if (executor_ != nullptr) api.aclDestroyAclOpExecutor(executor_);
+}
+
+aclnnStatus AscendPlan::Launch(void* workspace, uint64_t workspace_size,
+                               aclrtStream stream) const {
+  const CannApi::OpFunctions& functions =
+      device_->cann().api().ops[static_cast<int>(call().op)];
+  absl::MutexLock lock(&launch_mu_);
+  return reinterpret_cast<decltype(&::aclnnThresholdBackward)>(
+      functions.launch)(workspace, workspace_size, executor_, stream);
+}
+
+absl::StatusOr<std::unique_ptr<DevicePlan>> AscendPlan::Prepare(
+    const AscendDevice* device, kernels::ValidCall valid) {
+  std::unique_ptr<AscendPlan> plan(new AscendPlan(device, std::move(valid)));
+  const kernels::OpCall& call = plan->call();
+  const CannLibrary& cann = device->cann();
   const CannApi& api = cann.api();
   const absl::string_view name = AclnnName(call.op);
   if (!api.has_op(call.op)) {
@@ -421,10 +431,9 @@ absl::Status AscendStream::Launch(const DevicePlan& plan, void* workspace,
         kernels::kAclnnErrRuntimeError, absl::StatusCode::kUnimplemented,
         absl::StrCat(name, " is not in the loaded CANN libraries"));
   }
-  if (absl::Status s = device_->Bind(); !s.ok()) return s;
+  if (absl::Status s = device->Bind(); !s.ok()) return s;
 
-  // Every object made here is destroyed at the next Synchronize, whether
-  // or not the launch gets queued.
+  // Every object made here is the plan's, destroyed with it.
   auto tensor = [&](const std::optional<kernels::TensorView>& view,
                     aclTensor** out) -> absl::Status {
     const std::vector<int64_t> strides = kernels::EffectiveStrides(*view);
@@ -438,7 +447,7 @@ absl::Status AscendStream::Launch(const DevicePlan& plan, void* workspace,
           kernels::kAclnnErrInnerNullptr, absl::StatusCode::kInternal,
           absl::StrCat("aclCreateTensor returned NULL", WithRecentError(cann)));
     }
-    pending_.tensors.push_back(t);
+    plan->tensors_.push_back(t);
     *out = t;
     return absl::OkStatus();
   };
@@ -450,7 +459,7 @@ absl::Status AscendStream::Launch(const DevicePlan& plan, void* workspace,
           kernels::kAclnnErrInnerNullptr, absl::StatusCode::kInternal,
           absl::StrCat("aclCreateScalar returned NULL", WithRecentError(cann)));
     }
-    pending_.scalars.push_back(s);
+    plan->scalars_.push_back(s);
     *out = s;
     return absl::OkStatus();
   };
@@ -524,26 +533,45 @@ absl::Status AscendStream::Launch(const DevicePlan& plan, void* workspace,
         kernels::kAclnnErrInnerNullptr, absl::StatusCode::kInternal,
         absl::StrCat(plan_call, " returned no executor"));
   }
-  // Ours from here on (Pending::executors says why).
+  // Repeatable, so that it is ours to destroy whether it is launched once,
+  // many times or never (a single-use executor is released by CANN only
+  // when it runs), and so that every launch of a repeatable opserver
+  // executor reuses it.
   if (aclnnStatus s = api.aclSetAclOpExecutorRepeatable(executor);
       s != ACLNN_SUCCESS) {
     return AclnnFailure(cann, "aclSetAclOpExecutorRepeatable", s);
   }
-  pending_.executors.push_back(executor);
+  plan->executor_ = executor;
+  plan->aclnn_workspace_size_ = needed;
+  return std::unique_ptr<DevicePlan>(std::move(plan));
+}
+
+absl::Status AscendStream::Launch(const DevicePlan& plan, void* workspace,
+                                  uint64_t workspace_size) {
+  if (cancelled_.load(std::memory_order_relaxed)) {
+    return absl::CancelledError("the stream was cancelled");
+  }
+  const auto* ascend = dynamic_cast<const AscendPlan*>(&plan);
+  if (plan.device() != device_ || ascend == nullptr) {
+    return absl::InternalError(
+        "a launch was prepared by another device than the stream's");
+  }
+  if (absl::Status s = device_->Bind(); !s.ok()) return s;
   // opserver's workspace follows its own contract (kernels' workspace
   // rules); an aclnn kernel that needs more gets the stream's scratch.
   void* launch_workspace = workspace;
   uint64_t launch_workspace_size = workspace_size;
-  if (needed > workspace_size) {
-    absl::StatusOr<void*> scratch = Scratch(needed);
+  if (ascend->aclnn_workspace_size() > workspace_size) {
+    absl::StatusOr<void*> scratch = Scratch(ascend->aclnn_workspace_size());
     if (!scratch.ok()) return scratch.status();
     launch_workspace = *scratch;
-    launch_workspace_size = needed;
+    launch_workspace_size = ascend->aclnn_workspace_size();
   }
-  status =
-      reinterpret_cast<decltype(&::aclnnThresholdBackward)>(functions.launch)(
-          launch_workspace, launch_workspace_size, executor, stream_);
-  if (status != ACLNN_SUCCESS) return AclnnFailure(cann, name, status);
+  if (aclnnStatus status =
+          ascend->Launch(launch_workspace, launch_workspace_size, stream_);
+      status != ACLNN_SUCCESS) {
+    return AclnnFailure(device_->cann(), AclnnName(plan.call().op), status);
+  }
   return absl::OkStatus();
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -32,10 +33,44 @@ absl::Status AclnnFailure(const CannLibrary& cann, absl::string_view call,
 
 class AscendDevice;
 
-// One aclrtStream. Launch turns the plan's views into aclTensors and its
-// parameters into aclScalars, plans with aclnnXxxGetWorkspaceSize and
-// enqueues aclnnXxx; the tensors, scalars and executor are destroyed at the
-// next Synchronize (or the destructor), once the stream has run the launch.
+// The Ascend device's DevicePlan (AscendDevice::Prepare, run by opserver's
+// GetWorkspaceSize): the call as CANN objects, an aclTensor per view and an
+// aclScalar per parameter, planned once by aclnnXxxGetWorkspaceSize into an
+// aclOpExecutor made repeatable. Every launch of the opserver executor (one,
+// or many for a repeatable executor) enqueues that same aclnn executor, so
+// CANN's host-side planning runs once per executor, not per launch. The
+// CANN objects are destroyed with the plan, on whichever thread lets it go
+// (bound to the device first): after the opserver executor is released and
+// its last launch is done, as a launch holds the executor until its stream
+// has synchronized.
+class AscendPlan : public DevicePlan {
+ public:
+  static absl::StatusOr<std::unique_ptr<DevicePlan>> Prepare(
+      const AscendDevice* device, kernels::ValidCall valid);
+  ~AscendPlan() override;
+
+  // The workspace aclnnXxxGetWorkspaceSize asked for (a launch with less
+  // gets the stream's scratch).
+  uint64_t aclnn_workspace_size() const { return aclnn_workspace_size_; }
+  // aclnnXxx(workspace, workspace_size, executor, stream). Launches of one
+  // plan from several streams take turns on the host: aclnnXxx sets the
+  // executor's workspace before it enqueues the kernel.
+  aclnnStatus Launch(void* workspace, uint64_t workspace_size,
+                     aclrtStream stream) const;
+
+ private:
+  AscendPlan(const AscendDevice* device, kernels::ValidCall valid);
+
+  const AscendDevice* const device_;
+  std::vector<aclTensor*> tensors_;
+  std::vector<aclScalar*> scalars_;
+  aclOpExecutor* executor_ = nullptr;
+  uint64_t aclnn_workspace_size_ = 0;
+  mutable absl::Mutex launch_mu_;
+};
+
+// One aclrtStream. Launch enqueues an AscendPlan's aclnn executor, with the
+// stream's scratch when aclnn asked for more workspace than opserver's.
 // Not thread-safe (DeviceStream's contract). Must not outlive its device.
 class AscendStream : public DeviceStream {
  public:
@@ -68,14 +103,8 @@ class AscendStream : public DeviceStream {
   bool asynchronous() const override { return true; }
 
  private:
-  // The CANN objects of launches issued since the last Synchronize.
+  // What the operations issued since the last Synchronize still use.
   struct Pending {
-    std::vector<aclTensor*> tensors;
-    std::vector<aclScalar*> scalars;
-    // Every executor is made repeatable before its launch, so that it is
-    // ours to destroy whether the launch succeeds, fails or never happens
-    // (a single-use one is released by CANN only when it runs).
-    std::vector<aclOpExecutor*> executors;
     // Scratch workspaces replaced by larger ones: freed once the launches
     // that used them are done.
     std::vector<std::pair<void*, uint64_t>> retired_scratch;
@@ -136,6 +165,11 @@ class AscendDevice : public Device {
   absl::StatusOr<std::unique_ptr<DeviceStream>> CreateStream() override;
   // Whether the loaded aclnn library has the operator (ListOperators lists
   // only these; the others are refused when planned).
+  // An AscendPlan: the launch planned by CANN now, at GetWorkspaceSize.
+  absl::StatusOr<std::unique_ptr<DevicePlan>> Prepare(
+      kernels::ValidCall valid) const override {
+    return AscendPlan::Prepare(this, std::move(valid));
+  }
   bool SupportsOp(kernels::OpKind op) const override {
     return cann_->api().has_op(op);
   }
@@ -147,7 +181,7 @@ class AscendDevice : public Device {
   // or, without contexts, aclrtSetDevice), once per thread until another
   // device is bound there. Every call into CANN for this device comes
   // after it.
-  absl::Status Bind();
+  absl::Status Bind() const;
 
   // Device memory outside Allocate's cache and zeroing (stream scratch),
   // within the same capacity: the cache gives way to it.

@@ -16,6 +16,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/client.h"
 #include "devices/ascend/cann_library.h"
 #include "gmock/gmock.h"
@@ -249,6 +251,53 @@ TEST_F(AscendDeviceTest, LaunchDescribesEveryViewAndReleasesAfterSync) {
     for (const std::string& line : fake_.Log()) {
       EXPECT_THAT(line, ::testing::Not(HasSubstr("NO CONTEXT")));
     }
+  }
+  ExpectNothingLive();
+}
+
+// A repeatable executor is planned by CANN once, at GetWorkspaceSize, and
+// every launch reuses the same aclnn executor; its CANN objects go when the
+// executor is released and its launches are done.
+TEST_F(AscendDeviceTest, ARepeatableExecutorIsPlannedOnceAndReused) {
+  {
+    AscendServer server(Fake());
+    auto session = server.Session();
+    ASSERT_NE(session, nullptr);
+    auto a = session->Malloc(64);
+    ASSERT_TRUE(a.ok());
+    auto t = TensorDesc::Contiguous(a->handle(), DType::kFloat, {4});
+    auto stream = session->CreateStream();
+    ASSERT_TRUE(stream.ok());
+    fake_.Reset();
+    auto executor = session->ThresholdBackward(t, t, 1.0, t);
+    ASSERT_TRUE(executor.ok()) << executor.status();
+    ASSERT_TRUE(executor->SetRepeatable().ok());
+    for (int i = 0; i < 5; ++i) {
+      ASSERT_TRUE(executor->Execute(stream->handle()).ok());
+      ASSERT_TRUE(executor->Execute().ok());  // And on the default stream.
+    }
+    ASSERT_TRUE(session->Synchronize(stream->handle()).ok());
+    ASSERT_TRUE(session->Synchronize().ok());
+    EXPECT_EQ(fake_.Live("executor"), 1) << "kept while the executor is";
+    EXPECT_THAT(
+        fake_.Calls({"aclCreateTensor",
+                     "aclnnThresholdBackwardGetWorkspaceSize",
+                     "aclSetAclOpExecutorRepeatable", "aclDestroy"}),
+        ElementsAre(HasSubstr("aclCreateTensor"), HasSubstr("aclCreateTensor"),
+                    HasSubstr("aclCreateTensor"),
+                    HasSubstr("aclnnThresholdBackwardGetWorkspaceSize"),
+                    "aclSetAclOpExecutorRepeatable"));
+    EXPECT_EQ(fake_.Calls({"aclnnThresholdBackward "}).size(), 10u);
+    ASSERT_TRUE(executor->Destroy().ok());
+    ASSERT_TRUE(session->Synchronize().ok());
+    // Destroyed off the RPC thread (the session's work pool): wait for it.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (fake_.Live("executor") != 0 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    EXPECT_EQ(fake_.Live("executor"), 0);
+    EXPECT_EQ(fake_.Live("tensor"), 0);
+    EXPECT_EQ(fake_.Live("scalar"), 0);
   }
   ExpectNothingLive();
 }
