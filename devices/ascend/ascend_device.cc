@@ -401,29 +401,48 @@ AscendPlan::AscendPlan(const AscendDevice* device, kernels::ValidCall valid)
     : DevicePlan(device, std::move(valid)), device_(device) {}
 
 AscendPlan::~AscendPlan() {
-  // Destroyed where the last owner lets go (an RPC or stream thread): bound
+  absl::MutexLock lock(&mu_);
+  if (tensors_.empty() && scalars_.empty() && executor_ == nullptr) return;
+  // Destroyed where the last owner lets go (a stream or RPC thread): bound
   // first, as every CANN call is. A failed bind has no one to report to.
   (void)device_->Bind();
-  const CannApi& api = device_->cann().api();
-  for (aclTensor* tensor : tensors_) api.aclDestroyTensor(tensor);
-  for (aclScalar* scalar : scalars_) api.aclDestroyScalar(scalar);
-  if (executor_ != nullptr) api.aclDestroyAclOpExecutor(executor_);
+  DestroyLocked();
 }
 
 aclnnStatus AscendPlan::Launch(void* workspace, uint64_t workspace_size,
                                aclrtStream stream) const {
   const CannApi::OpFunctions& functions =
       device_->cann().api().ops[static_cast<int>(call().op)];
-  absl::MutexLock lock(&launch_mu_);
+  absl::MutexLock lock(&mu_);
   return reinterpret_cast<decltype(&::aclnnThresholdBackward)>(
       functions.launch)(workspace, workspace_size, executor_, stream);
 }
 
-absl::StatusOr<std::unique_ptr<DevicePlan>> AscendPlan::Prepare(
-    const AscendDevice* device, kernels::ValidCall valid) {
-  std::unique_ptr<AscendPlan> plan(new AscendPlan(device, std::move(valid)));
-  const kernels::OpCall& call = plan->call();
-  const CannLibrary& cann = device->cann();
+absl::StatusOr<uint64_t> AscendPlan::Planned() const {
+  absl::MutexLock lock(&mu_);
+  if (executor_ != nullptr) return aclnn_workspace_size_;
+  if (absl::Status s = PlanLocked(); !s.ok()) {
+    // Nothing half-made stays: the next launch plans again.
+    DestroyLocked();
+    return s;
+  }
+  return aclnn_workspace_size_;
+}
+
+void AscendPlan::DestroyLocked() const {
+  const CannApi& api = device_->cann().api();
+  for (aclTensor* tensor : tensors_) api.aclDestroyTensor(tensor);
+  for (aclScalar* scalar : scalars_) api.aclDestroyScalar(scalar);
+  if (executor_ != nullptr) api.aclDestroyAclOpExecutor(executor_);
+  tensors_.clear();
+  scalars_.clear();
+  executor_ = nullptr;
+}
+
+absl::Status AscendPlan::PlanLocked() const {
+  const AscendPlan* const plan = this;
+  const kernels::OpCall& call = this->call();
+  const CannLibrary& cann = device_->cann();
   const CannApi& api = cann.api();
   const absl::string_view name = AclnnName(call.op);
   if (!api.has_op(call.op)) {
@@ -431,7 +450,6 @@ absl::StatusOr<std::unique_ptr<DevicePlan>> AscendPlan::Prepare(
         kernels::kAclnnErrRuntimeError, absl::StatusCode::kUnimplemented,
         absl::StrCat(name, " is not in the loaded CANN libraries"));
   }
-  if (absl::Status s = device->Bind(); !s.ok()) return s;
 
   // Every object made here is the plan's, destroyed with it.
   auto tensor = [&](const std::optional<kernels::TensorView>& view,
@@ -543,7 +561,7 @@ absl::StatusOr<std::unique_ptr<DevicePlan>> AscendPlan::Prepare(
   }
   plan->executor_ = executor;
   plan->aclnn_workspace_size_ = needed;
-  return std::unique_ptr<DevicePlan>(std::move(plan));
+  return absl::OkStatus();
 }
 
 absl::Status AscendStream::Launch(const DevicePlan& plan, void* workspace,
@@ -557,15 +575,17 @@ absl::Status AscendStream::Launch(const DevicePlan& plan, void* workspace,
         "a launch was prepared by another device than the stream's");
   }
   if (absl::Status s = device_->Bind(); !s.ok()) return s;
+  absl::StatusOr<uint64_t> needed = ascend->Planned();
+  if (!needed.ok()) return needed.status();
   // opserver's workspace follows its own contract (kernels' workspace
   // rules); an aclnn kernel that needs more gets the stream's scratch.
   void* launch_workspace = workspace;
   uint64_t launch_workspace_size = workspace_size;
-  if (ascend->aclnn_workspace_size() > workspace_size) {
-    absl::StatusOr<void*> scratch = Scratch(ascend->aclnn_workspace_size());
+  if (*needed > workspace_size) {
+    absl::StatusOr<void*> scratch = Scratch(*needed);
     if (!scratch.ok()) return scratch.status();
     launch_workspace = *scratch;
-    launch_workspace_size = ascend->aclnn_workspace_size();
+    launch_workspace_size = *needed;
   }
   if (aclnnStatus status =
           ascend->Launch(launch_workspace, launch_workspace_size, stream_);

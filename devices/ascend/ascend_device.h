@@ -33,40 +33,45 @@ absl::Status AclnnFailure(const CannLibrary& cann, absl::string_view call,
 
 class AscendDevice;
 
-// The Ascend device's DevicePlan (AscendDevice::Prepare, run by opserver's
-// GetWorkspaceSize): the call as CANN objects, an aclTensor per view and an
-// aclScalar per parameter, planned once by aclnnXxxGetWorkspaceSize into an
-// aclOpExecutor made repeatable. Every launch of the opserver executor (one,
-// or many for a repeatable executor) enqueues that same aclnn executor, so
-// CANN's host-side planning runs once per executor, not per launch. The
-// CANN objects are destroyed with the plan, on whichever thread lets it go
-// (bound to the device first): after the opserver executor is released and
-// its last launch is done, as a launch holds the executor until its stream
-// has synchronized.
+// The Ascend device's DevicePlan (AscendDevice::Prepare): the call as CANN
+// objects, an aclTensor per view and an aclScalar per parameter, planned by
+// aclnnXxxGetWorkspaceSize into an aclOpExecutor made repeatable. Planned
+// at its first launch, on the stream's thread (where the per-launch work of
+// a single-use executor ran before; planning at GetWorkspaceSize, on the
+// thread that applies the client's commands, measured twice as slow through
+// the chain: BENCHMARKS.md), and kept: every later launch of a repeatable
+// opserver executor enqueues the same aclnn executor, so CANN's host-side
+// planning runs once per executor, not per launch. The CANN objects are
+// destroyed with the plan, on whichever thread lets it go (bound to the
+// device first): after the opserver executor is released and its last
+// launch is done, as a launch holds the executor until its stream has
+// synchronized. Thread-safe: launches from several streams take turns.
 class AscendPlan : public DevicePlan {
  public:
-  static absl::StatusOr<std::unique_ptr<DevicePlan>> Prepare(
-      const AscendDevice* device, kernels::ValidCall valid);
+  AscendPlan(const AscendDevice* device, kernels::ValidCall valid);
   ~AscendPlan() override;
 
-  // The workspace aclnnXxxGetWorkspaceSize asked for (a launch with less
-  // gets the stream's scratch).
-  uint64_t aclnn_workspace_size() const { return aclnn_workspace_size_; }
-  // aclnnXxx(workspace, workspace_size, executor, stream). Launches of one
-  // plan from several streams take turns on the host: aclnnXxx sets the
+  // Plans the call with CANN the first time (the device bound on the
+  // calling thread) and returns the workspace aclnnXxxGetWorkspaceSize
+  // asked for (a launch with less gets the stream's scratch). A failure
+  // leaves nothing made: the next call plans again.
+  absl::StatusOr<uint64_t> Planned() const;
+  // aclnnXxx(workspace, workspace_size, executor, stream), after Planned
+  // succeeded. Launches take turns on the host: aclnnXxx sets the
   // executor's workspace before it enqueues the kernel.
   aclnnStatus Launch(void* workspace, uint64_t workspace_size,
                      aclrtStream stream) const;
 
  private:
-  AscendPlan(const AscendDevice* device, kernels::ValidCall valid);
+  absl::Status PlanLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DestroyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const AscendDevice* const device_;
-  std::vector<aclTensor*> tensors_;
-  std::vector<aclScalar*> scalars_;
-  aclOpExecutor* executor_ = nullptr;
-  uint64_t aclnn_workspace_size_ = 0;
-  mutable absl::Mutex launch_mu_;
+  mutable absl::Mutex mu_;
+  mutable std::vector<aclTensor*> tensors_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<aclScalar*> scalars_ ABSL_GUARDED_BY(mu_);
+  mutable aclOpExecutor* executor_ ABSL_GUARDED_BY(mu_) = nullptr;
+  mutable uint64_t aclnn_workspace_size_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // One aclrtStream. Launch enqueues an AscendPlan's aclnn executor, with the
@@ -165,10 +170,10 @@ class AscendDevice : public Device {
   absl::StatusOr<std::unique_ptr<DeviceStream>> CreateStream() override;
   // Whether the loaded aclnn library has the operator (ListOperators lists
   // only these; the others are refused when planned).
-  // An AscendPlan: the launch planned by CANN now, at GetWorkspaceSize.
+  // An AscendPlan, which CANN plans at its first launch.
   absl::StatusOr<std::unique_ptr<DevicePlan>> Prepare(
       kernels::ValidCall valid) const override {
-    return AscendPlan::Prepare(this, std::move(valid));
+    return std::make_unique<AscendPlan>(this, std::move(valid));
   }
   bool SupportsOp(kernels::OpKind op) const override {
     return cann_->api().has_op(op);
