@@ -20,6 +20,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "testing/metrics_scrape.h"
 
 extern char** environ;
 
@@ -43,48 +44,6 @@ std::string ReadFile(const std::string& path) {
   }
   if (f != nullptr) fclose(f);
   return text;
-}
-
-// GET /metrics from HOST:PORT; "" on failure.
-std::string Scrape(const std::string& address) {
-  std::vector<std::string> parts = absl::StrSplit(address, ':');
-  int port = 0;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &port)) return "";
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  inet_pton(AF_INET, parts[0].c_str(), &addr.sin_addr);
-  std::string reply;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
-    if (write(fd, request.data(), request.size()) ==
-        static_cast<ssize_t>(request.size())) {
-      char buf[65536];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) reply.append(buf, n);
-    }
-  }
-  close(fd);
-  return reply;
-}
-
-// The sum of the samples of `family` whose line contains `filter`.
-double Sum(const std::string& page, const std::string& family,
-           absl::string_view filter = "") {
-  double total = 0;
-  for (absl::string_view line : absl::StrSplit(page, '\n')) {
-    if (!absl::StartsWith(line, family + "{") &&
-        !absl::StartsWith(line, family + " ")) {
-      continue;
-    }
-    if (!filter.empty() && !absl::StrContains(line, filter)) continue;
-    double value = 0;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) {
-      total += value;
-    }
-  }
-  return total;
 }
 
 }  // namespace
@@ -185,17 +144,18 @@ Chain::~Chain() {
 }
 
 BackendCounts ScrapeCounts(const std::string& metrics_address) {
-  const std::string page = Scrape(metrics_address);
+  const std::string page = scrape::Metrics(metrics_address);
   BackendCounts counts;
-  counts.fences =
-      Sum(page, "opserver_pipeline_commands_total", "command=\"fence\"");
-  counts.launches =
-      Sum(page, "opserver_pipeline_commands_total", "command=\"launch\"");
-  counts.batches = Sum(page, "opserver_pipeline_batches_total");
-  counts.unary_calls = Sum(page, "grpc_server_call_started_total") -
-                       Sum(page, "grpc_server_call_started_total", "/Pipeline");
+  counts.fences = scrape::Sum(page, "opserver_pipeline_commands_total",
+                              "command=\"fence\"");
+  counts.launches = scrape::Sum(page, "opserver_pipeline_commands_total",
+                                "command=\"launch\"");
+  counts.batches = scrape::Sum(page, "opserver_pipeline_batches_total");
+  counts.unary_calls =
+      scrape::Sum(page, "grpc_server_call_started_total") -
+      scrape::Sum(page, "grpc_server_call_started_total", "/Pipeline");
   counts.synchronizes =
-      Sum(page, "grpc_server_call_started_total", "/SynchronizeStream");
+      scrape::Sum(page, "grpc_server_call_started_total", "/SynchronizeStream");
   return counts;
 }
 

@@ -43,6 +43,7 @@
 #include "kernels/dtype.h"
 #include "kernels/validate.h"
 #include "server/server.h"
+#include "testing/metrics_scrape.h"
 
 extern char** environ;
 
@@ -61,30 +62,6 @@ std::string Absolute(const std::string& path) {
   return std::string(getcwd(cwd, sizeof(cwd))) + "/" + path;
 }
 
-// GET /metrics from HOST:PORT; "" on failure.
-std::string Scrape(const std::string& address) {
-  std::vector<std::string> parts = absl::StrSplit(address, ':');
-  int port = 0;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &port)) return "";
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  inet_pton(AF_INET, parts[0].c_str(), &addr.sin_addr);
-  std::string reply;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
-    if (write(fd, request.data(), request.size()) ==
-        static_cast<ssize_t>(request.size())) {
-      char buf[65536];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) reply.append(buf, n);
-    }
-  }
-  close(fd);
-  return reply;
-}
-
 // The sample of `family` for device `device` on the page; 0 if none.
 double DeviceSample(const std::string& page, const std::string& family,
                     uint32_t device) {
@@ -97,22 +74,6 @@ double DeviceSample(const std::string& page, const std::string& family,
     }
   }
   return 0;
-}
-
-// The sum of every sample of `family` on the page.
-double Sum(const std::string& page, const std::string& family) {
-  double total = 0;
-  for (absl::string_view line : absl::StrSplit(page, '\n')) {
-    if (!absl::StartsWith(line, family + "{") &&
-        !absl::StartsWith(line, family + " ")) {
-      continue;
-    }
-    double value = 0;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) {
-      total += value;
-    }
-  }
-  return total;
 }
 
 v1::ServerStats BackendStats(remote::Client& client) {
@@ -442,8 +403,9 @@ class AscendChainTest : public ::testing::Test {
 
   // Freed memory front device `device` keeps for reuse, from its metrics.
   static uint64_t FrontCached(uint32_t device) {
-    return static_cast<uint64_t>(DeviceSample(
-        Scrape(front_metrics_), "opserver_device_memory_cached_bytes", device));
+    return static_cast<uint64_t>(
+        DeviceSample(scrape::Metrics(front_metrics_),
+                     "opserver_device_memory_cached_bytes", device));
   }
 
   // Waits (up to a minute: the front tears sessions down off its RPC
@@ -641,8 +603,8 @@ TEST_F(AscendChainTest, EveryOperatorDtypeViewAndErrorMatchesTheCpuDevice) {
     }
   }
 
-  const std::string before = Scrape(backend_->metrics_address());
-  const std::string front_before = Scrape(front_metrics_);
+  const std::string before = scrape::Metrics(backend_->metrics_address());
+  const std::string front_before = scrape::Metrics(front_metrics_);
   int launches = 0, compared = 0;
   uint32_t seed = 1;
   for (const Case& c : cases) {
@@ -664,11 +626,12 @@ TEST_F(AscendChainTest, EveryOperatorDtypeViewAndErrorMatchesTheCpuDevice) {
               launches);
   // Every launch the front ran reached the backend as one launch.
   const double backend_launches =
-      Sum(Scrape(backend_->metrics_address()), "opserver_launches_total") -
-      Sum(before, "opserver_launches_total");
+      scrape::Sum(scrape::Metrics(backend_->metrics_address()),
+                  "opserver_launches_total") -
+      scrape::Sum(before, "opserver_launches_total");
   const double front_launches =
-      Sum(Scrape(front_metrics_), "opserver_launches_total") -
-      Sum(front_before, "opserver_launches_total");
+      scrape::Sum(scrape::Metrics(front_metrics_), "opserver_launches_total") -
+      scrape::Sum(front_before, "opserver_launches_total");
   EXPECT_GT(launches, 0);
   EXPECT_EQ(backend_launches, front_launches);
   EXPECT_GE(front_launches, launches);

@@ -127,7 +127,11 @@ struct NotLeakChecked {
   ~NotLeakChecked() { __lsan_enable(); }
 };
 #else
-struct NotLeakChecked {};
+// Non-trivial, so that the variables below are not "unused".
+struct NotLeakChecked {
+  NotLeakChecked() {}
+  ~NotLeakChecked() {}
+};
 #endif
 
 void* HeapMalloc(size_t bytes) {
