@@ -255,9 +255,9 @@ TEST_F(AscendDeviceTest, LaunchDescribesEveryViewAndReleasesAfterSync) {
   ExpectNothingLive();
 }
 
-// A repeatable executor is planned by CANN once, at GetWorkspaceSize, and
-// every launch reuses the same aclnn executor; its CANN objects go when the
-// executor is released and its launches are done.
+// A repeatable executor is planned by CANN once, at its first launch, and
+// every later launch (from any stream) reuses the same aclnn executor; its
+// CANN objects go when the executor is released and its launches are done.
 TEST_F(AscendDeviceTest, ARepeatableExecutorIsPlannedOnceAndReused) {
   {
     AscendServer server(Fake());
