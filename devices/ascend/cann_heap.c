@@ -34,18 +34,7 @@
 #include <stdint.h>
 #include <string.h>
 
-struct CannHeap {
-  void* (*malloc)(size_t);
-  void (*free)(void*);
-  void* (*calloc)(size_t, size_t);
-  void* (*realloc)(void*, size_t);
-  void* (*memalign)(size_t, size_t);
-  int (*posix_memalign)(void**, size_t, size_t);
-  void* (*aligned_alloc)(size_t, size_t);
-  void* (*valloc)(size_t);
-  void* (*pvalloc)(size_t);
-  size_t (*malloc_usable_size)(void*);
-};
+#include "devices/ascend/cann_heap.h"
 
 static struct CannHeap heap;
 static int installed;

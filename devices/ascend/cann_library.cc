@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "devices/ascend/cann_heap.h"
 
 // ASan, as GCC (__SANITIZE_ADDRESS__) and Clang (--config=fuzz) say it.
 #if defined(__SANITIZE_ADDRESS__)
@@ -101,22 +102,6 @@ void TakeKeysBelow(KeyCreateFn create, KeyDeleteFn remove, pthread_key_t end) {
   }
 }
 
-// The allocator the namespace's malloc (cann_heap.c) goes on to: the
-// server's, which the dynamic loader uses too. Same layout as CannHeap in
-// cann_heap.c.
-struct CannHeap {
-  void* (*malloc)(size_t);
-  void (*free)(void*);
-  void* (*calloc)(size_t, size_t);
-  void* (*realloc)(void*, size_t);
-  void* (*memalign)(size_t, size_t);
-  int (*posix_memalign)(void**, size_t, size_t);
-  void* (*aligned_alloc)(size_t, size_t);
-  void* (*valloc)(size_t);
-  void* (*pvalloc)(size_t);
-  size_t (*malloc_usable_size)(void*);
-};
-
 // Under ASan, what the namespace allocates is left out of LeakSanitizer's
 // check, as it was while the namespace had a heap of its own: LSan knows
 // only the threads the server's libc started, so it never scans the stacks
@@ -169,6 +154,8 @@ void* HeapPvalloc(size_t bytes) {
 }
 size_t HeapUsableSize(void* p) { return malloc_usable_size(p); }
 
+// The allocator the namespace's malloc (cann_heap.c) goes on to: the
+// server's, which the dynamic loader uses too.
 constexpr CannHeap kServerHeap = {
     HeapMalloc,   HeapFree,          HeapCalloc,       HeapRealloc,
     HeapMemalign, HeapPosixMemalign, HeapAlignedAlloc, HeapValloc,
@@ -200,8 +187,8 @@ absl::StatusOr<void*> LoadHeap() {
   void* heap = dlmopen(LM_ID_NEWLM, path.c_str(), RTLD_NOW | RTLD_LOCAL);
   close(fd);  // The mapping stays.
   if (heap == nullptr) return absl::InternalError(LoaderError());
-  auto install = reinterpret_cast<void (*)(const CannHeap*)>(
-      dlsym(heap, "cann_heap_install"));
+  auto install =
+      reinterpret_cast<CannHeapInstallFn>(dlsym(heap, "cann_heap_install"));
   if (install == nullptr) {
     return absl::InternalError("libcann_heap.so has no cann_heap_install");
   }
