@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "testing/opserver_process.h"
 
 namespace opserver::bench {
 
@@ -34,17 +35,12 @@ class Chain {
   const std::string& front_metrics() const { return front_.metrics; }
 
  private:
-  struct Process {
-    pid_t pid = 0;
-    std::string address;
-    std::string metrics;
-  };
-  static absl::StatusOr<Process> Spawn(const std::string& binary,
-                                       const std::string& name,
-                                       const std::vector<std::string>& flags,
-                                       const std::string& opserver_address);
-  Process backend_;
-  Process front_;
+  static absl::StatusOr<process::OpserverProcess> Spawn(
+      const std::string& binary, const std::string& name,
+      const std::vector<std::string>& flags,
+      const std::string& opserver_address);
+  process::OpserverProcess backend_;
+  process::OpserverProcess front_;
 };
 
 // What a backend did, from its /metrics: the calls a front (or any client)

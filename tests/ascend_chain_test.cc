@@ -12,12 +12,7 @@
 // has exited.
 //
 // Arguments: the opserver binary and libaclnn_remote.so.
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,23 +39,17 @@
 #include "kernels/validate.h"
 #include "server/server.h"
 #include "testing/metrics_scrape.h"
-
-extern char** environ;
+#include "testing/opserver_process.h"
 
 namespace opserver {
 namespace {
 
 using kernels::DType;
+using process::ReadFile;
 using remote::TensorDesc;
 
 std::string g_opserver;    // argv[1]
 std::string g_remote_lib;  // argv[2]
-
-std::string Absolute(const std::string& path) {
-  if (!path.empty() && path[0] == '/') return path;
-  char cwd[4096];
-  return std::string(getcwd(cwd, sizeof(cwd))) + "/" + path;
-}
 
 // The sample of `family` for device `device` on the page; 0 if none.
 double DeviceSample(const std::string& page, const std::string& family,
@@ -298,74 +287,24 @@ class AscendChainTest : public ::testing::Test {
   // it is deployed, and its exit status is checked at the end.
   static void StartFront() {
     const std::string dir = getenv("TEST_TMPDIR");
-    const std::string out = dir + "/front.out", err = dir + "/front.err";
-    const std::string env_address = "OPSERVER_ADDRESS=" + backend_->address();
-    std::vector<std::string> args = {
-        g_opserver,
-        "--listen=127.0.0.1:0",
-        "--metrics_listen=127.0.0.1:0",
-        "--device=ascend:1,0",
-        "--cann_libraries=" + Absolute(g_remote_lib),
-        "--idle_timeout_s=600"};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_strings = {env_address};
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (!absl::StartsWith(*e, "OPSERVER_ADDRESS=")) env_strings.push_back(*e);
-    }
-    std::vector<char*> envp;
-    for (std::string& e : env_strings) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, out.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&actions, 2, err.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ASSERT_EQ(posix_spawn(&front_pid_, g_opserver.c_str(), &actions, nullptr,
-                          argv.data(), envp.data()),
-              0);
-    posix_spawn_file_actions_destroy(&actions);
-    // Its "listening on" line (a loaded ASan machine starts slowly).
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (absl::Now() < deadline) {
-      FILE* f = fopen(out.c_str(), "r");
-      char line[256];
-      while (f != nullptr && fgets(line, sizeof(line), f) != nullptr) {
-        std::string text(line);
-        if (absl::StartsWith(text, "metrics on ")) {
-          front_metrics_ = std::string(
-              absl::StripSuffix(text.substr(strlen("metrics on ")), "\n"));
-        }
-        if (absl::StartsWith(text, "listening on ")) {
-          front_address_ = std::string(
-              absl::StripSuffix(text.substr(strlen("listening on ")), "\n"));
-        }
-      }
-      if (f != nullptr) fclose(f);
-      if (!front_address_.empty()) break;
-      int status;
-      if (waitpid(front_pid_, &status, WNOHANG) == front_pid_) {
-        front_pid_ = 0;
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    ASSERT_FALSE(front_address_.empty())
-        << "front opserver did not start; stderr: " << ReadFile(err);
-  }
-
-  static std::string ReadFile(const std::string& path) {
-    std::string text;
-    FILE* f = fopen(path.c_str(), "r");
-    char buf[4096];
-    size_t n;
-    while (f != nullptr && (n = fread(buf, 1, sizeof(buf), f)) > 0) {
-      text.append(buf, n);
-    }
-    if (f != nullptr) fclose(f);
-    return text;
+    process::OpserverLaunch launch;
+    launch.binary = g_opserver;
+    launch.flags = {"--device=ascend:1,0",
+                    "--cann_libraries=" + process::Absolute(g_remote_lib),
+                    "--idle_timeout_s=600"};
+    launch.opserver_address = backend_->address();
+    launch.out_path = dir + "/front.out";
+    launch.err_path = dir + "/front.err";
+    // A loaded ASan machine starts slowly.
+    launch.timeout = absl::Seconds(60);
+    absl::StatusOr<process::OpserverProcess> front =
+        process::StartOpserver(launch);
+    ASSERT_TRUE(front.ok())
+        << "front opserver did not start: " << front.status()
+        << "; stderr: " << ReadFile(launch.err_path);
+    front_pid_ = front->pid;
+    front_address_ = front->address;
+    front_metrics_ = front->metrics;
   }
 
   static void TearDownTestSuite() {
