@@ -81,11 +81,16 @@ struct Stream::State {
     }
   }
 
+  // Nothing runs, waits or is issued and not yet synchronized: work
+  // handed to the stream now may run at once on the caller's thread.
+  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return !busy && queue.empty() && issued.empty();
+  }
   // Claims the stream for the caller when idle; then the caller runs work
   // inline and calls Release().
   bool TryClaimIdle() {
     absl::MutexLock lock(&mu);
-    if (busy || !queue.empty() || !issued.empty()) return false;
+    if (!IdleLocked()) return false;
     busy = true;
     return true;
   }
@@ -373,7 +378,7 @@ absl::Status Stream::Hold(const std::shared_ptr<Gate>& gate,
     }
     gate->stream_ = state_;
     gate->state_ = held;
-    if (s.busy || !s.queue.empty() || !s.issued.empty()) {
+    if (!s.IdleLocked()) {
       held->reached = std::move(reached);
       s.queue.push_back(State::Item{nullptr, nullptr, std::move(held)});
       return absl::OkStatus();
@@ -464,7 +469,7 @@ size_t Stream::queued() const {
 
 bool Stream::busy() const {
   absl::MutexLock lock(&state_->mu);
-  return state_->busy || !state_->queue.empty() || !state_->issued.empty();
+  return !state_->IdleLocked();
 }
 
 }  // namespace opserver
