@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <deque>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -147,13 +148,27 @@ TEST(DataListenerTest, SilentConnectionIsClosedAfterTheTicketTimeout) {
 TEST(DataListenerTest, UnclaimedConnectionsAreBoundedOldestFirst) {
   DataListener::Options options;
   options.max_unclaimed = 2;
+  // Counts the connections the listener has taken: it takes each in full
+  // (admits it, or closes it) before it accepts the next.
+  auto accepted = std::make_shared<std::atomic<int>>(0);
+  options.drop_accepted = [accepted] {
+    ++*accepted;
+    return false;
+  };
   auto listener = StartListener(options);
   ASSERT_NE(listener, nullptr);
+  // Accepted in order: each dial waits until the listener has taken the
+  // one before it, so `a` is certainly the oldest.
+  const auto taken = [&](int n) {
+    for (int i = 0; i < 6000 && accepted->load() < n; ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return accepted->load() >= n;
+  };
   UniqueFd a = Dial(*listener);
-  // Accepted in order: each waits until the listener has taken it.
-  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(taken(1));
   UniqueFd b = Dial(*listener);
-  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(taken(2));
   UniqueFd c = Dial(*listener);
   EXPECT_TRUE(ClosedByServer(a.get()));
   // The newer ones still wait, and a ticket still claims one of them.

@@ -341,38 +341,40 @@ class ClientTest(testing.ServerTestCase):
         del t  # Its buffer went with the session: freeing it is a no-op.
 
     def test_two_sessions_on_two_threads_do_not_wait_for_each_other(self):
-        """One thread waits on a long device queue while the other makes
-        round trips: the blocking call must release the GIL. The waiter's
-        stream holds work that needs seconds; the other thread's 20 calls
-        need milliseconds, and must all finish while the waiter waits."""
+        """One thread waits on a held stream while the other makes round
+        trips: the blocking call must release the GIL (if it did not, the
+        round trips could never run and the test would hang). The waiter's
+        stream is held by a gate the test releases only after the other
+        thread's 20 calls, so the order is certain, not a race."""
         slow = self.client.session("slow")
         self.addCleanup(slow.close)
-        n = 1 << 24
-        g = slow.empty([n], DType.FLOAT)
-        x = slow.empty([n], DType.FLOAT)
-        out = slow.empty([n], DType.FLOAT)
-        for _ in range(40):
-            slow.hardswish_backward(g, x, out=out)
-        waiting = threading.Event()
+        nbytes = 64 << 20  # 16 chunks of the default 4 MiB.
+        gate_buffer = slow.malloc(nbytes)
         events = []
+        waiting = threading.Event()
 
         def waiter():
             waiting.set()
             slow.synchronize()
             events.append("waiter done")
 
-        thread = threading.Thread(target=waiter)
-        thread.start()
-        waiting.wait()
-        fast = self.session
-        for _ in range(20):
-            np.testing.assert_array_equal(
-                fast.threshold_backward(np.float32([1]), np.float32([2]), 1.0),
-                np.float32([1]))
-        events.append("fast done")
+        with testing.HeldStream(self.server.address, slow, gate_buffer,
+                                nbytes) as gate:
+            thread = threading.Thread(target=waiter)
+            thread.start()
+            waiting.wait()
+            fast = self.session
+            for _ in range(20):
+                np.testing.assert_array_equal(
+                    fast.threshold_backward(np.float32([1]), np.float32([2]),
+                                            1.0),
+                    np.float32([1]))
+            events.append("fast done")
+            # The waiter cannot be done: its stream is still held.
+            self.assertTrue(thread.is_alive())
+            self.assertEqual(gate.release(), nbytes)
         thread.join()
         self.assertEqual(events, ["fast done", "waiter done"])
-
 
 if __name__ == "__main__":
     testing.main()

@@ -94,6 +94,85 @@ class Server:
         self._log.close()
 
 
+def _varint(n):
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _download_request(session, buffer, size, stream):
+    """A DownloadRequest on the wire: session (1), buffer (2), size (4),
+    stream (5). The package speaks to the server through its C++ client,
+    so the tests carry no generated Python messages."""
+    token = session.encode()
+    return (b"\x0a" + _varint(len(token)) + token + b"\x10" +
+            _varint(buffer) + b"\x20" + _varint(size) + b"\x28" +
+            _varint(stream))
+
+
+def _download_data_size(message):
+    """The size of a DownloadResponse's data (field 1), read off the wire."""
+    if not message:
+        return 0
+    assert message[0] == 0x0A, "not a DownloadResponse: %r" % message[:8]
+    size, shift, at = 0, 0, 1
+    while True:
+        byte = message[at]
+        size |= (byte & 0x7F) << shift
+        shift, at = shift + 7, at + 1
+        if not byte & 0x80:
+            break
+    assert at + size == len(message), "a DownloadResponse of one field"
+    return size
+
+
+class HeldStream:
+    """A gate on one of a session's streams, for tests that must know the
+    order of events: a raw gRPC Download of `buffer` (at least a few chunks
+    long) is queued on the stream, and once its first chunk is here the
+    stream has reached it; the download then holds the stream, since this
+    side reads nothing more and the channel's flow-control window (fixed:
+    no bandwidth probing) is far smaller than the rest. Work queued on the
+    stream later waits until ``release()`` reads the rest.
+
+        with testing.HeldStream(server.address, session, buffer, nbytes):
+            ...  # the stream is held here
+    """
+
+    def __init__(self, address, session, buffer, nbytes, stream=0):
+        import grpc
+        self._channel = grpc.insecure_channel(
+            address, options=[("grpc.http2.bdp_probe", 0),
+                              ("grpc.max_receive_message_length", -1)])
+        download = self._channel.unary_stream(
+            "/opserver.v1.Runtime/Download")
+        self._chunks = download(
+            _download_request(session.token, buffer.handle, nbytes, stream),
+            timeout=600)
+        self.first_chunk = _download_data_size(next(self._chunks))
+
+    def release(self):
+        """Reads the rest of the download; returns the bytes of data it
+        received in all."""
+        if self._chunks is None:
+            return 0
+        received = self.first_chunk + sum(
+            _download_data_size(c) for c in self._chunks)
+        self._chunks = None
+        self._channel.close()
+        return received
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+
 class ServerTestCase(unittest.TestCase):
     """A server per test class (the binary `main` takes from argv[1], with
     the class's `server_flags`), ``self.client`` on it, and a new
