@@ -373,7 +373,7 @@ TEST_F(CApiDevicesTest, TwoServersOneLostAndBack) {
   // The second server goes away mid-step (this thread is on device 2).
   second_.reset();
   aclError error = ACL_SUCCESS;
-  for (int i = 0; i < 100 && error == ACL_SUCCESS; ++i) {
+  for (int i = 0; i < 3000 && error == ACL_SUCCESS; ++i) {
     error = aclrtSynchronizeDevice();
     if (error == ACL_SUCCESS) absl::SleepFor(absl::Milliseconds(20));
   }

@@ -127,7 +127,7 @@ class CApiEventsTest : public ::testing::Test {
                                ACL_MEMCPY_DEVICE_TO_HOST, b),
               ACL_SUCCESS)
         << LastError();
-    for (int i = 0; i < 2000 && a_device->WaitingLaunches() == 0; ++i) {
+    for (int i = 0; i < 60000 && a_device->WaitingLaunches() == 0; ++i) {
       absl::SleepFor(absl::Milliseconds(1));
     }
     EXPECT_EQ(a_device->WaitingLaunches(), 1);

@@ -696,7 +696,7 @@ TEST_F(CApiTest, ServerRestartedUnderTheProgram) {
   StartServer(address);
   void* q = nullptr;
   aclError error = ACL_SUCCESS;
-  for (int i = 0; i < 50; ++i) {
+  for (int i = 0; i < 600; ++i) {
     error = aclrtMalloc(&q, 16, ACL_MEM_MALLOC_HUGE_FIRST);
     if (error != ACL_ERROR_RT_FAILURE) break;  // Still reconnecting.
     absl::SleepFor(absl::Milliseconds(100));
@@ -728,7 +728,7 @@ TEST_F(CApiTest, LostAttachIsReportedAndSetDeviceReconnects) {
   StartServer(address);
   aclError error = ACL_SUCCESS;
   void* q = nullptr;
-  for (int i = 0; i < 100; ++i) {
+  for (int i = 0; i < 1200; ++i) {
     error = aclrtMalloc(&q, 16, ACL_MEM_MALLOC_HUGE_FIRST);
     if (error == ACL_ERROR_INVALID_RESOURCE_HANDLE &&
         LastError().find("the session was lost") != std::string::npos) {

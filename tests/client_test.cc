@@ -496,7 +496,7 @@ TEST_F(ClientTest, HandlesAreFreedByRaiiAndByClosingTheSession) {
   EXPECT_EQ(stats->buffers(), 1u);
   session_.reset();  // CloseSession; the server frees in the background.
   uint64_t bytes = 1;
-  for (int i = 0; i < 200 && bytes != 0; ++i) {
+  for (int i = 0; i < 2400 && bytes != 0; ++i) {
     bytes = ServerBufferBytes();
     if (bytes != 0) absl::SleepFor(absl::Milliseconds(25));
   }
@@ -687,7 +687,7 @@ TEST_F(ClientTest, ServerRestartedUnderTheClientIsACleanError) {
   StartServer(address);
   // The channel reconnects; the old session is unknown to the new server.
   absl::Status status;
-  for (int i = 0; i < 50; ++i) {
+  for (int i = 0; i < 600; ++i) {
     status = session_->Malloc(64).status();
     if (status.code() != absl::StatusCode::kUnavailable) break;
     absl::SleepFor(absl::Milliseconds(100));

@@ -262,7 +262,7 @@ class HardeningTest : public ::testing::Test {
   // transfer that has reached it. Looks inside the server: the client has no
   // way to see when the server has taken an upload's header.
   void WaitUntilStreamBusy(const std::string& session, uint64_t stream = 0) {
-    for (int i = 0; i < 2000; ++i) {
+    for (int i = 0; i < 12000; ++i) {
       auto found = server_->sessions().Get(session, "anonymous");
       ASSERT_TRUE(found.ok()) << found.status();
       auto queue = (*found)->GetStream(stream);
@@ -276,7 +276,7 @@ class HardeningTest : public ::testing::Test {
   // returns the last figure.
   uint64_t WaitForNoBufferBytes() {
     uint64_t bytes = 1;
-    for (int i = 0; i < 1000 && bytes != 0; ++i) {
+    for (int i = 0; i < 6000 && bytes != 0; ++i) {
       v1::ServerStats stats;
       EXPECT_TRUE(Rpc([&](auto* c) {
                     return runtime_->GetServerStats(
@@ -619,7 +619,7 @@ TEST_F(HardeningTest, DestroyedStreamsCountUntilTheirWorkEnds) {
   DestroyStream(s, stream, absl::Milliseconds(1));
   uint64_t next = 0;
   int refused = 0;
-  for (int i = 0; i < 200; ++i) {
+  for (int i = 0; i < 3000; ++i) {
     Result r = CreateStream(s, &next);
     if (r.status.ok()) break;
     EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
@@ -789,7 +789,7 @@ TEST_F(HardeningTest, CloseSessionEndsItsAttachCalls) {
   EXPECT_TRUE(attach->Finish().ok());
   // ...and the memory goes.
   uint64_t bytes = 1;
-  for (int i = 0; i < 200 && bytes != 0; ++i) {
+  for (int i = 0; i < 6000 && bytes != 0; ++i) {
     v1::ServerStats stats;
     ASSERT_TRUE(Rpc([&](auto* c) {
                   return runtime_->GetServerStats(

@@ -194,7 +194,7 @@ class RemoteTest : public ::testing::Test {
 
   // Polls until the server holds no session and no device memory.
   bool WaitForEmptyServer() {
-    for (int i = 0; i < 200; ++i) {
+    for (int i = 0; i < 2400; ++i) {
       v1::ServerStats stats = ServerStats();
       if (stats.sessions() == 0 && stats.buffer_bytes() == 0) return true;
       absl::SleepFor(absl::Milliseconds(25));

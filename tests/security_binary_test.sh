@@ -87,7 +87,7 @@ out=$("$buf" curl --protocol grpc --cacert "$certs/other_ca.pem" --cert "$certs/
 # SIGHUP re-reads the token file: carol gets in, the server keeps running.
 printf 'carol %s\n' "$carol" >>"$tmp/tokens"
 kill -HUP "$pid"
-for _ in $(seq 50); do
+for _ in $(seq 300); do
   grep -q "reloaded 3 tokens" "$tmp/err" && break
   sleep 0.1
 done

@@ -757,7 +757,7 @@ TEST_F(SecurityTest, HealthWatchStreamsAreBounded) {
   watches.front()->reader->Finish();
   watches.erase(watches.begin());
   bool admitted = false;
-  for (int attempt = 0; attempt < 100 && !admitted; ++attempt) {
+  for (int attempt = 0; attempt < 3000 && !admitted; ++attempt) {
     auto again = watch();
     if (again->reader->Read(&response)) {
       admitted = true;
