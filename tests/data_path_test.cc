@@ -326,13 +326,14 @@ TEST_F(DataPathTest, IdleClientsAreEndedByTheTransferIdleTimeout) {
 }
 
 // A slow upload that keeps moving is not idle, however far it is from
-// the end of a chunk: here 25 KiB in 1 KiB pieces, 100 ms apart, take
-// 2.5 s against a 1 s idle timeout and a 4 MiB chunk.
+// the end of a chunk: here 40 KiB in 1 KiB pieces, 100 ms apart, take
+// 4 s against a 3 s idle timeout and a 4 MiB chunk (a gap between two
+// pieces would have to stretch 30 times on a loaded machine to look idle).
 TEST_F(DataPathTest, ASlowButMovingUploadIsNotIdle) {
   Options options;
-  options.transfer_limits.idle_timeout = absl::Seconds(1);
+  options.transfer_limits.idle_timeout = absl::Seconds(3);
   Start(options);
-  const std::string data = RandomData(25 << 10, 12);
+  const std::string data = RandomData(40 << 10, 12);
   const uint64_t buffer = MustMalloc(data.size());
   auto open = OpenTransfer(kUp, buffer, 0, data.size());
   ASSERT_TRUE(open->has_event);
