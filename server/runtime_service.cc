@@ -246,11 +246,12 @@ class RuntimeService::SessionCreator final : public grpc::ServerUnaryReactor {
   // client cancelled, its deadline passed, or the connection broke first.
   void OnDone() override {
     if (context_->IsCancelled()) {
+      // NOT_FOUND when it is gone already (shutdown): nothing to do.
       service_->sessions_
           ->Close(session_, owner_,
                   "its CreateSession call was cancelled before the reply "
-                  "reached the client")
-          .IgnoreError();  // Already closed (by its id, if it leaked) is fine.
+                  "left")
+          .IgnoreError();
     }
     delete this;
   }
