@@ -1,11 +1,12 @@
 // The Pipeline channel: the input is a serialized PipelineRequest whose
 // commands (plans under client ids, launches, frees, executor calls,
-// fences) are applied by CommandPipeline, what the gRPC reactor calls,
-// to a session holding buffers 1..7 of fixed sizes (each its own exact
-// heap block; their bytes are the input's) and a second stream (8), with
-// small limits: 16 queued launches per stream, 64 handles, 2^20 elements a
-// launch, 4 fences held. The driver plays the reactor: it waits whenever
-// the pipeline stops for room and releases fence results as a writer
+// fences) are applied by CommandPipeline through PipelineBatch (which keeps
+// a batch in its wire form and parses a slice at a time), as the gRPC
+// reactor does, to a session holding buffers 1..7 of fixed sizes (each its
+// own exact heap block; their bytes are the input's) and a second stream
+// (8), with small limits: 16 queued launches per stream, 64 handles, 2^20
+// elements a launch, 4 fences held. The driver plays the reactor: it waits
+// whenever the pipeline stops for room and releases fence results as a writer
 // would; then it synchronizes, closes the session and waits for its stream
 // threads, so no input leaves work behind for the next.
 //
@@ -20,7 +21,9 @@
 // batch (a stop is always resumed), every fence is answered exactly once,
 // no deferred error is INTERNAL, and every error the server keeps or
 // reports is short whatever the names in the batch (a refused plan's kept
-// error is at most 1 KiB, a reported one at most 2 KiB).
+// error is at most 1 KiB, a reported one at most 2 KiB). PipelineBatch
+// opens every PipelineRequest with its session and command count, parses
+// every command of one, and refuses other bytes with INVALID_ARGUMENT.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -38,6 +41,7 @@
 #include "fuzz/fuzz_support.h"
 #include "proto/opserver.pb.h"
 #include "server/pipeline.h"
+#include "server/pipeline_batch.h"
 #include "server/session.h"
 
 namespace opserver::fuzz {
@@ -63,7 +67,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace opserver::fuzz;
   QuietProtobuf();
   v1::PipelineRequest request;
-  if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
+  if (!request.ParseFromArray(data, static_cast<int>(size))) {
+    // What the channel does with bytes that are not a PipelineRequest:
+    // refused (or, for a command that does not parse, refused when its
+    // slice is parsed), never read past.
+    absl::StatusOr<PipelineBatch> batch = PipelineBatch::Open(
+        std::string(reinterpret_cast<const char*>(data), size), SIZE_MAX);
+    FUZZ_CHECK(batch.ok() ||
+                   batch.status().code() == absl::StatusCode::kInvalidArgument,
+               batch.status().ToString());
+    return 0;
+  }
   for (v1::PipelineCommand& command : *request.mutable_commands()) {
     if (command.has_plan() && !command.plan().request().op().empty() &&
         command.plan().request().op()[0] == '*') {
@@ -125,15 +139,46 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                absl::MutexLock lock(&mu);
                                answered.insert(id);
                              });
-    size_t at = 0;
+    // Applied as the reactor does: from its wire bytes, a slice at a time,
+    // when they fit a batch the server admits (4 MiB, the default
+    // --max_pipeline_batch_bytes); the grown batches beyond that go to
+    // CommandPipeline parsed, as before.
+    std::optional<PipelineBatch> batch;
+    if (request.ByteSizeLong() <= (size_t{4} << 20)) {
+      absl::StatusOr<PipelineBatch> opened =
+          PipelineBatch::Open(request.SerializeAsString(), SIZE_MAX);
+      FUZZ_CHECK(opened.ok(), "a PipelineRequest did not open: ",
+                 opened.status().ToString());
+      FUZZ_CHECK(
+          opened->size() == static_cast<size_t>(request.commands_size()) &&
+              opened->session() == request.session(),
+          "the batch's commands or session differ from the request's");
+      batch.emplace(*std::move(opened));
+    }
     const size_t n = request.commands_size();
+    size_t at = 0, fences_applied = 0;
     while (at < n) {
       auto resumed = std::make_shared<absl::Notification>();
+      const CommandPipeline::Resume resume = [resumed] { resumed->Notify(); };
       const size_t end = std::min(n, at + slice);
-      const size_t next = pipeline.Apply(session, request.commands(), at, end,
-                                         [resumed] { resumed->Notify(); });
-      const bool stopped = next < end;
-      at = next;
+      if (batch.has_value()) {
+        absl::StatusOr<PipelineBatch::Progress> progress =
+            batch->ApplyNext(pipeline, session, slice, resume);
+        FUZZ_CHECK(progress.ok(),
+                   "a command of a PipelineRequest did not parse: ",
+                   progress.status().ToString());
+        at += progress->applied;
+        fences_applied += progress->fences;
+        FUZZ_CHECK(batch->applied() == at, "the batch lost count");
+      } else {
+        const size_t next =
+            pipeline.Apply(session, request.commands(), at, end, resume);
+        for (size_t i = at; i < next; ++i) {
+          fences_applied += request.commands(static_cast<int>(i)).has_fence();
+        }
+        at = next;
+      }
+      const bool stopped = at < end;
       // What the reactor's writes would do: results leave, room returns.
       pipeline.FencesWritten(SIZE_MAX, 0);
       if (stopped) {
@@ -141,6 +186,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                    "a stopped pipeline was never resumed at command ", at);
       }
     }
+    FUZZ_CHECK(fences_applied == fences, "applied ", fences_applied,
+               " fences of ", fences);
     for (const std::shared_ptr<Stream>& s : session.AllStreams()) {
       s->SynchronizeAndWait().IgnoreError();
     }

@@ -25,6 +25,7 @@
 #include "server/metrics.h"
 #include "server/op_requests.h"
 #include "server/pipeline.h"
+#include "server/pipeline_batch.h"
 #include "server/raw_message.h"
 
 namespace opserver {
@@ -291,10 +292,11 @@ OperatorService::ExecuteStream(grpc::CallbackServerContext* context) {
 // nobody else's, and never holds the callback threads every call needs.
 // One batch is applied at a time, in order; the next is read once it has
 // been, so a client that sends faster than the session runs is held back by
-// HTTP/2 flow control, and the server keeps one batch per channel. Events
-// coalesce: the acknowledgement and the fence results that arrive while a
-// write is in flight go out together in the next one, so at most two
-// events exist at once.
+// HTTP/2 flow control, and the server keeps one batch per channel, in its
+// wire form (at most --max_pipeline_batch_bytes, however long it waits:
+// see PipelineBatch). Events coalesce: the acknowledgement and the fence
+// results that arrive while a write is in flight go out together in the
+// next one, so at most two events exist at once.
 //
 // The channel holds its session only while a slice runs: a closed session
 // (CloseSession, the idle timeout, shutdown) ends the channel through
@@ -351,8 +353,7 @@ class OperatorService::Pipeliner final
     batch_bytes_.Swap(&incoming_);
     incoming_.Clear();
     in_batch_ = true;
-    parsed_ = false;
-    position_ = 0;
+    batch_.reset();
     ScheduleLocked();
   }
 
@@ -468,20 +469,20 @@ class OperatorService::Pipeliner final
       }
       if (failed_) {
         in_batch_ = false;  // Nobody will hear about the rest of the batch.
+        batch_.reset();
         break;
       }
-      if (!parsed_) {
+      if (!batch_.has_value()) {
         mu_.Unlock();
-        absl::Status parsed = Parse();
+        absl::Status opened = OpenBatch();
         mu_.Lock();
-        if (!parsed.ok()) {
+        if (!opened.ok()) {
           in_batch_ = false;
-          EndLocked(parsed);
+          EndLocked(opened);
           break;
         }
-        parsed_ = true;
         if (Metrics* metrics = service_->sessions_->metrics()) {
-          metrics->PipelineBatch(static_cast<size_t>(batch_.commands_size()));
+          metrics->PipelineBatch(batch_->size());
         }
         if (session_id_.empty()) {
           if (absl::Status s = OpenLocked(); !s.ok()) {
@@ -498,24 +499,26 @@ class OperatorService::Pipeliner final
             absl::StrCat("session ", session_id_, " was closed")));
         break;
       }
-      const size_t from = position_;
-      const size_t size = static_cast<size_t>(batch_.commands_size());
       mu_.Unlock();
       session->Touch();
-      const size_t next = pipeline_.Apply(*session, batch_.commands(), from,
-                                          from + kSliceCommands, [this] {
-                                            absl::MutexLock lock(&mu_);
-                                            if (in_batch_) ScheduleLocked();
-                                          });
+      absl::StatusOr<PipelineBatch::Progress> progress =
+          batch_->ApplyNext(pipeline_, *session, kSliceCommands, [this] {
+            absl::MutexLock lock(&mu_);
+            if (in_batch_) ScheduleLocked();
+          });
       session.reset();  // Not under mu_: it may be the last reference.
       mu_.Lock();
-      for (size_t i = from; i < next; ++i) {
-        if (batch_.commands(static_cast<int>(i)).has_fence()) ++fences_out_;
-      }
-      acknowledged_ += next - from;
-      position_ = next;
-      if (next == size) {
+      if (!progress.ok()) {
         in_batch_ = false;
+        batch_.reset();
+        EndLocked(progress.status());
+        break;
+      }
+      fences_out_ += static_cast<int64_t>(progress->fences);
+      acknowledged_ += progress->applied;
+      if (batch_->done()) {
+        in_batch_ = false;
+        batch_.reset();
         // Before the read: the next batch may arrive (and be scheduled) as
         // soon as it is started, while this slice is still here.
         scheduled_ = false;
@@ -524,7 +527,7 @@ class OperatorService::Pipeliner final
         MaybeFinishLocked();
         return;
       }
-      if (next == from + kSliceCommands) {
+      if (progress->applied == kSliceCommands) {
         // More to do: take a turn behind the other sessions' work.
         scheduled_ = false;
         ScheduleLocked();
@@ -537,30 +540,34 @@ class OperatorService::Pipeliner final
     MaybeFinishLocked();
   }
 
-  // Parses batch_bytes_ into batch_ (off gRPC's threads: a batch of the
-  // largest size parses in tens of milliseconds).
-  absl::Status Parse() {
-    batch_.Clear();
-    absl::Status parsed =
-        ParseRaw(batch_bytes_, &batch_,
-                 "a Pipeline batch that is not a PipelineRequest");
-    batch_bytes_.Clear();
-    if (!parsed.ok()) return parsed;
-    if (static_cast<size_t>(batch_.commands_size()) >
-        limits_.max_pipeline_batch_commands) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "a Pipeline batch of ", batch_.commands_size(),
-          " commands is over the limit of ",
-          limits_.max_pipeline_batch_commands,
-          " (--max_pipeline_batch_commands): send smaller batches"));
+  // Opens batch_bytes_ as batch_ (off gRPC's threads). The batch stays
+  // in its wire form and each slice is parsed as it runs: a batch waiting
+  // for room holds no parsed command (PipelineBatch says why).
+  absl::Status OpenBatch() {
+    std::vector<grpc::Slice> slices;
+    std::string wire;
+    const bool dumped = batch_bytes_.Dump(&slices).ok();
+    wire.reserve(batch_bytes_.Length());
+    for (const grpc::Slice& slice : slices) {
+      wire.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
     }
+    batch_bytes_.Clear();
+    slices.clear();
+    if (!dumped) {
+      return absl::InvalidArgumentError(
+          "a Pipeline batch that is not a PipelineRequest");
+    }
+    absl::StatusOr<PipelineBatch> batch = PipelineBatch::Open(
+        std::move(wire), limits_.max_pipeline_batch_commands);
+    if (!batch.ok()) return batch.status();
+    batch_.emplace(*std::move(batch));
     return absl::OkStatus();
   }
 
   // The first batch opens the channel on its session.
   absl::Status OpenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::StatusOr<std::shared_ptr<Session>> session =
-        service_->sessions_->Get(batch_.session(), *caller_);
+        service_->sessions_->Get(batch_->session(), *caller_);
     if (!session.ok()) return session.status();
     std::shared_ptr<Link> link = link_;
     absl::StatusOr<uint64_t> channel = (*session)->OpenChannel([link] {
@@ -568,7 +575,7 @@ class OperatorService::Pipeliner final
       if (link->call != nullptr) link->call->SessionClosed();
     });
     if (channel.ok()) {
-      session_id_ = batch_.session();
+      session_id_ = batch_->session();
       work_owner_ = (*session)->work_owner();
       channel_ = *channel;
       session_ = *session;
@@ -659,9 +666,9 @@ class OperatorService::Pipeliner final
   CommandPipeline pipeline_;
   const std::shared_ptr<Link> link_;
   grpc::ByteBuffer incoming_;     // The read in flight.
-  grpc::ByteBuffer batch_bytes_;  // The batch read, until parsed.
+  grpc::ByteBuffer batch_bytes_;  // The batch read, until opened.
   // The batch being applied; touched only by the slice that runs.
-  v1::PipelineRequest batch_;
+  std::optional<PipelineBatch> batch_;
   grpc::ByteBuffer out_bytes_;  // The write in flight.
   absl::Mutex mu_;
   std::string session_id_ ABSL_GUARDED_BY(mu_);
@@ -670,8 +677,6 @@ class OperatorService::Pipeliner final
   uint64_t channel_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<Session> closing_session_ ABSL_GUARDED_BY(mu_);
   bool in_batch_ ABSL_GUARDED_BY(mu_) = false;
-  bool parsed_ ABSL_GUARDED_BY(mu_) = false;
-  size_t position_ ABSL_GUARDED_BY(mu_) = 0;
   bool scheduled_ ABSL_GUARDED_BY(mu_) = false;
   bool rerun_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t acknowledged_ ABSL_GUARDED_BY(mu_) = 0;
@@ -749,8 +754,12 @@ absl::Status OperatorService::EvaluateBytes(const grpc::ByteBuffer& request,
       !s.ok()) {
     return s;
   }
+  // The caller's device: one tenant filling device 0 leaves Evaluate on
+  // the others working.
+  absl::StatusOr<Device*> device = sessions_->FindDevice(parsed.device());
+  if (!device.ok()) return device.status();
   absl::StatusOr<v1::ValueTensor> output =
-      RunEvaluate(parsed, device_, limits_.max_values);
+      RunEvaluate(parsed, *device, limits_.max_values);
   if (!output.ok()) return output.status();
   v1::EvaluateResponse answer;
   answer.set_aclnn_status(kernels::kAclnnSuccess);

@@ -29,8 +29,10 @@ using OperatorsBase = v1::Operators::WithCallbackMethod_ListOperators<
 // opserver.v1.Operators: the operator table and the aclnn two-phase call
 // (GetWorkspaceSize -> executor, Execute on a stream), plus Evaluate for
 // literal numbers. `device` and `sessions` must outlive the service.
-// `device` is where Evaluate (which has no session) runs: the server's
-// device 0. Everything else runs on the device of the session it names.
+// `device` is the server's device 0, whose operators ListOperators lists.
+// Evaluate (which has no session) runs on the device its request names
+// (EvaluateRequest.device, one of `sessions`' devices); everything else on
+// the device of the session it names.
 //
 // Pipeline and Evaluate are raw methods (bytes in and out): what a message
 // holds is parsed on a worker, after the call was admitted (a channel's
@@ -100,7 +102,7 @@ class OperatorService final : public OperatorsBase {
     return sessions_->GetForCaller(id, Caller(context));
   }
 
-  Device* const device_;  // Evaluate's.
+  Device* const device_;  // ListOperators'.
   SessionManager* const sessions_;
   const TransferLimits limits_;
   WorkPool* const workers_;

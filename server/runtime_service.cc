@@ -217,6 +217,60 @@ grpc::ServerUnaryReactor* RuntimeService::GetDeviceInfo(
   return Reply(context, absl::OkStatus());
 }
 
+// CreateSession's reply, once its session exists. A session whose id
+// never reached the client (the call was cancelled, or its deadline passed,
+// before the reply left) is one nobody can use or close: it is closed when
+// the call ends cancelled, instead of holding a --max_sessions place and
+// its memory until the idle timeout.
+class RuntimeService::SessionCreator final : public grpc::ServerUnaryReactor {
+ public:
+  SessionCreator(RuntimeService* service, grpc::CallbackServerContext* context,
+                 std::string session, std::string owner)
+      : service_(service),
+        context_(context),
+        session_(std::move(session)),
+        owner_(std::move(owner)) {
+    const auto& hold = service_->limits_.hold_create_session_reply;
+    absl::MutexLock lock(&mu_);
+    if (!(hold && hold(session_))) FinishLocked();
+  }
+
+  // Only a held reply waits for this (in production the reply is sent at
+  // once, and OnDone sees whether it left).
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    FinishLocked();
+  }
+
+  // gRPC reports the call cancelled when its status was not sent: the
+  // client cancelled, its deadline passed, or the connection broke first.
+  void OnDone() override {
+    if (context_->IsCancelled()) {
+      // NOT_FOUND when it is gone already (shutdown): nothing to do.
+      service_->sessions_
+          ->Close(session_, owner_,
+                  "its CreateSession call was cancelled before the reply "
+                  "left")
+          .IgnoreError();
+    }
+    delete this;
+  }
+
+ private:
+  void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(grpc::Status::OK);
+  }
+
+  RuntimeService* const service_;
+  grpc::CallbackServerContext* const context_;
+  const std::string session_;
+  const std::string owner_;
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 grpc::ServerUnaryReactor* RuntimeService::CreateSession(
     grpc::CallbackServerContext* context,
     const v1::CreateSessionRequest* request,
@@ -234,12 +288,11 @@ grpc::ServerUnaryReactor* RuntimeService::CreateSession(
   }
   absl::StatusOr<std::shared_ptr<Session>> session =
       sessions_->Create(request->client_name(), *caller, request->device());
-  if (session.ok()) {
-    response->set_session((*session)->id());
-    response->set_idle_timeout_seconds(static_cast<uint32_t>(
-        absl::ToInt64Seconds(sessions_->limits().idle_timeout)));
-  }
-  return Reply(context, session.status());
+  if (!session.ok()) return Reply(context, session.status());
+  response->set_session((*session)->id());
+  response->set_idle_timeout_seconds(static_cast<uint32_t>(
+      absl::ToInt64Seconds(sessions_->limits().idle_timeout)));
+  return new SessionCreator(this, context, (*session)->id(), *caller);
 }
 
 grpc::ServerUnaryReactor* RuntimeService::CloseSession(

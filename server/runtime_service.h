@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -43,6 +44,11 @@ struct TransferLimits {
   // reaction to a completed write, before it takes the call's lock, so a
   // test can delay that reaction as a loaded machine may. Empty: nothing.
   std::function<void()> before_write_done;
+  // For tests: called once CreateSession has made its session, with its
+  // id; true holds the reply until the call is cancelled (the client's
+  // cancel or its deadline), so a test can make the reply undeliverable
+  // for certain. Empty: the reply goes at once.
+  std::function<bool(const std::string& session)> hold_create_session_reply;
 };
 
 // Upload and Download are served on raw gRPC byte buffers: the data field
@@ -199,6 +205,7 @@ class RuntimeService final : public RuntimeServiceBase {
 
  private:
   class Attacher;
+  class SessionCreator;
   struct TransferLink;
   class Transfer;
   class Uploader;

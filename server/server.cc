@@ -267,7 +267,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   server->runtime_service_ = std::make_unique<RuntimeService>(
       server->sessions_.get(), transfer, server->authenticator_.get(),
       server->data_listener_.get(), server->workers_.get());
-  // Evaluate needs no session, and runs on device 0.
+  // ListOperators describes device 0; Evaluate runs on the device its
+  // request names.
   server->operator_service_ = std::make_unique<OperatorService>(
       server->devices_[0].get(), server->sessions_.get(), transfer,
       server->workers_.get(), server->authenticator_.get());

@@ -651,15 +651,22 @@ SessionManager::~SessionManager() {
   }
 }
 
-absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
-    std::string client_name, std::string owner, uint32_t device) {
-  // Checked before anything else: `device` comes from the wire.
-  if (device >= devices_.size()) {
+absl::StatusOr<Device*> SessionManager::FindDevice(uint32_t index) const {
+  if (index >= devices_.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "device ", device, " does not exist: the server has ", devices_.size(),
+        "device ", index, " does not exist: the server has ", devices_.size(),
         devices_.size() == 1 ? " device (0)" : " devices (0 to ",
         devices_.size() == 1 ? "" : absl::StrCat(devices_.size() - 1, ")"),
         "; GetDeviceInfo lists them"));
+  }
+  return devices_[index];
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
+    std::string client_name, std::string owner, uint32_t device) {
+  // Checked before anything else: `device` comes from the wire.
+  if (absl::StatusOr<Device*> d = FindDevice(device); !d.ok()) {
+    return d.status();
   }
   if (client_name.size() > kMaxClientNameBytes) {
     return absl::InvalidArgumentError(

@@ -380,6 +380,10 @@ class SessionManager {
   }
   // `index` < device_count().
   Device* device(uint32_t index) const { return devices_[index]; }
+  // Device `index`, a number from the wire (CreateSessionRequest.device,
+  // EvaluateRequest.device): INVALID_ARGUMENT naming it and the count when
+  // there is no such device.
+  absl::StatusOr<Device*> FindDevice(uint32_t index) const;
 
   // A session on device `device` owned by `owner` (the caller's identity).
   // INVALID_ARGUMENT naming the device and the count when there is no such

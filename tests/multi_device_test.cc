@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -203,6 +204,90 @@ TEST(MultiDeviceTest, BadDeviceCountsAreRefusedAtStart) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// ThresholdBackward(threshold 1) of {2, 3} on literal values, on `device`
+// (none: the field left out).
+v1::EvaluateRequest EvaluateRequest(std::optional<uint32_t> device) {
+  v1::EvaluateRequest request;
+  request.set_op("ThresholdBackward");
+  request.mutable_params()->set_threshold(1);
+  for (const char* name : {"gradOutput", "self"}) {
+    v1::ValueTensor& t = (*request.mutable_inputs())[name];
+    t.set_dtype(v1::FLOAT);
+    t.add_shape(2);
+    t.add_values(2);
+    t.add_values(3);
+  }
+  request.mutable_output()->set_dtype(v1::FLOAT);
+  request.mutable_output()->add_shape(2);
+  if (device.has_value()) request.set_device(*device);
+  return request;
+}
+
+absl::StatusOr<v1::EvaluateResponse> Evaluate(
+    remote::Client& client, const v1::EvaluateRequest& request) {
+  grpc::ClientContext context;
+  client.SetDeadline(&context);
+  v1::EvaluateResponse response;
+  grpc::Status status =
+      client.operators().Evaluate(&context, request, &response);
+  if (!status.ok()) return remote::FromGrpcStatus(status, context, "Evaluate");
+  return response;
+}
+
+// The third review, finding 8: Evaluate runs on the device its request
+// names, so a tenant that fills device 0 leaves Evaluate on device 1
+// working; a device past the last is refused as CreateSession refuses it.
+TEST(MultiDeviceEvaluateTest, EvaluateRunsOnTheDeviceItNames) {
+  constexpr uint64_t kCapacity = 4 << 20;
+  std::vector<std::unique_ptr<Device>> devices;
+  devices.push_back(std::make_unique<FakeDevice>(-1, true, kCapacity));
+  devices.push_back(std::make_unique<FakeDevice>(-1, true, kCapacity));
+  Options options;
+  options.listen = "127.0.0.1:0";
+  auto server = Server::Start(options, std::move(devices));
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = remote::Client::Connect((*server)->address());
+  ASSERT_TRUE(client.ok()) << client.status();
+
+  // A tenant takes all of device 0.
+  auto tenant = (*client)->CreateSession("filler", true, 0);
+  ASSERT_TRUE(tenant.ok()) << tenant.status();
+  std::vector<remote::DeviceBuffer> held;
+  for (;;) {
+    auto buffer = (*tenant)->Malloc(64 << 10);
+    if (!buffer.ok()) {
+      ASSERT_EQ(buffer.status().code(), absl::StatusCode::kResourceExhausted)
+          << buffer.status();
+      break;
+    }
+    held.push_back(*std::move(buffer));
+    ASSERT_LE(held.size(), kCapacity / (64 << 10));
+  }
+
+  for (std::optional<uint32_t> device0 :
+       {std::optional<uint32_t>(), std::optional<uint32_t>(0)}) {
+    absl::StatusOr<v1::EvaluateResponse> full =
+        Evaluate(**client, EvaluateRequest(device0));
+    EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted)
+        << full.status();
+    EXPECT_THAT(full.status().message(), HasSubstr("cannot allocate"));
+  }
+  absl::StatusOr<v1::EvaluateResponse> on1 =
+      Evaluate(**client, EvaluateRequest(1));
+  ASSERT_TRUE(on1.ok()) << on1.status();
+  EXPECT_THAT(on1->output().values(), ElementsAre(2, 3));
+
+  for (uint32_t device : {2u, 0xFFFFFFFFu}) {
+    absl::StatusOr<v1::EvaluateResponse> none =
+        Evaluate(**client, EvaluateRequest(device));
+    EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(none.status().message(),
+              absl::StrCat("Evaluate: device ", device,
+                           " does not exist: the server has 2 devices (0 to "
+                           "1); GetDeviceInfo lists them"));
+  }
+}
+
 // Over two FakeDevices, the second one's memory not host-addressable: a
 // session on device 1 stages every transfer (gRPC and data path) through
 // device 1's streams and launches there; device 0 sees only Evaluate.
@@ -333,24 +418,11 @@ TEST_F(FakeDevicesTest, ASessionOnDevice1UsesOnlyDevice1) {
   EXPECT_EQ(stats->devices(1).free_bytes(), kCapacity1 - 3 * bytes - 16);
   EXPECT_GT(stats->data_path_transfers(), 0u);
 
-  // Evaluate needs no session and runs on device 0.
-  v1::EvaluateRequest request;
-  request.set_op("ThresholdBackward");
-  request.mutable_params()->set_threshold(1);
-  for (const char* name : {"gradOutput", "self"}) {
-    v1::ValueTensor& t = (*request.mutable_inputs())[name];
-    t.set_dtype(v1::FLOAT);
-    t.add_shape(2);
-    t.add_values(2);
-    t.add_values(3);
-  }
-  request.mutable_output()->set_dtype(v1::FLOAT);
-  request.mutable_output()->add_shape(2);
-  grpc::ClientContext context;
-  client_->SetDeadline(&context);
-  v1::EvaluateResponse response;
-  ASSERT_TRUE(client_->operators().Evaluate(&context, request, &response).ok());
-  EXPECT_THAT(response.output().values(), ElementsAre(2, 3));
+  // Evaluate needs no session and, naming no device, runs on device 0.
+  absl::StatusOr<v1::EvaluateResponse> response =
+      Evaluate(*client_, EvaluateRequest(/*device=*/std::nullopt));
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_THAT(response->output().values(), ElementsAre(2, 3));
   EXPECT_EQ(device0_->streams().size(), 1u);
 
   // Closing gives device 1 everything back.

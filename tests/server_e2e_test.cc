@@ -4,6 +4,7 @@
 #include <memory>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
@@ -116,6 +117,61 @@ TEST(ServerE2ETest, ShutdownIsIdempotentAndRefusesNewCalls) {
   auto client = Client::Connect(address, options);
   EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(client.status().message(), HasSubstr(address));
+}
+
+uint32_t SessionCount(remote::Client& client) {
+  grpc::ClientContext context;
+  client.SetDeadline(&context);
+  v1::ServerStats stats;
+  grpc::Status status = client.runtime().GetServerStats(
+      &context, v1::GetServerStatsRequest(), &stats);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return stats.sessions();
+}
+
+// Polls until the server has `want` sessions, for up to a minute (a closed
+// session goes on the session manager's teardown, after the call ended).
+bool AwaitSessionCount(remote::Client& client, uint32_t want) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (SessionCount(client) != want) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+// Issue 37, item 13: a CreateSession whose reply cannot be delivered (here
+// the client cancels while the server holds the made session's reply)
+// leaves no session behind.
+TEST(ServerE2ETest, ACreateSessionCancelledBeforeItsReplyLeavesNoSession) {
+  absl::Notification made;
+  Options options;
+  options.listen = "127.0.0.1:0";
+  options.threads = 2;
+  options.transfer_limits.hold_create_session_reply =
+      [&](const std::string& /*session*/) {
+        made.Notify();
+        return true;  // Until the call is cancelled.
+      };
+  auto server = Server::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = remote::Client::Connect((*server)->address());
+  ASSERT_TRUE(client.ok()) << client.status();
+
+  grpc::ClientContext context;
+  std::thread canceller([&] {
+    made.WaitForNotification();
+    // The session exists, its reply not sent: now the client gives up.
+    EXPECT_TRUE(AwaitSessionCount(**client, 1));
+    context.TryCancel();
+  });
+  v1::CreateSessionResponse response;
+  grpc::Status status = (*client)->runtime().CreateSession(
+      &context, v1::CreateSessionRequest(), &response);
+  canceller.join();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(AwaitSessionCount(**client, 0))
+      << "the session nobody knows is still open";
 }
 
 TEST(ServerStartTest, RejectsBadOptionsNamingTheFlag) {
