@@ -278,8 +278,9 @@ grpc::ServerWriteReactor<v1::AttachEvent>* RuntimeService::Attach(
   auto binding = std::make_unique<TokenBoundCall>(authenticator_, context);
   absl::StatusOr<std::shared_ptr<Session>> session =
       sessions_->GetForCaller(request->session(), binding->caller());
-  absl::StatusOr<SessionSlot> slot = session.status();
-  if (session.ok()) slot = (*session)->TakeAttachSlot();
+  absl::StatusOr<SessionSlot> slot =
+      session.ok() ? (*session)->TakeAttachSlot()
+                   : absl::StatusOr<SessionSlot>(session.status());
   if (!slot.ok()) {
     // A reactor that only finishes with the error (a refused call does not
     // attach, so its end closes nothing).
