@@ -1188,8 +1188,10 @@ TEST_F(HardeningTest, AbandonedSynchronizesAreReleasedAndBounded) {
   const uint64_t e = CreateEvent(s);
   RecordEvent(s, e, t);
 
-  // Abandoned: their deadlines pass while the record is held.
-  for (int i = 0; i < 6; ++i) {
+  // Abandoned: their deadlines pass while the record is held. Fewer than
+  // the limit, so none is refused however late the server sees the
+  // deadlines.
+  for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(
         SynchronizeEvent(s, e, absl::Milliseconds(20)).status.error_code(),
         grpc::StatusCode::DEADLINE_EXCEEDED);
