@@ -87,8 +87,7 @@ TEST(StreamTest, AForgottenSynchronizeIsDroppedAndLeavesTheError) {
   // On an idle stream (a new one) it is answered at once, with nothing to
   // forget.
   Stream idle;
-  EXPECT_EQ(idle.SynchronizeOrForget([&](absl::Status) { called = true; }),
-            0u);
+  EXPECT_EQ(idle.SynchronizeOrForget([&](absl::Status) { called = true; }), 0u);
   EXPECT_TRUE(called);
 }
 
