@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/aclnn_status.h"
 
@@ -35,32 +37,70 @@ void EventBudget::Give() { held_.fetch_sub(1); }
 struct Event::State {
   explicit State(std::shared_ptr<EventBudget> b) : budget(std::move(b)) {}
 
+  // How a record completed: OK, or CANCELLED when its stream was cancelled
+  // before reaching it. Guarded by `mu`; shared with the waits on it,
+  // which read it once their stream reaches them.
+  struct Outcome {
+    absl::Status status;
+  };
   // What a record not yet completed releases when it completes.
   struct Pending {
+    std::shared_ptr<Outcome> outcome = std::make_shared<Outcome>();
+    std::vector<std::shared_ptr<Stream::Gate>> gates;
+    // Synchronizes waiting on it (keys of `synchronizes`).
+    absl::flat_hash_set<uint64_t> tickets;
+  };
+  // What Release runs outside the lock.
+  struct Released {
     std::vector<std::shared_ptr<Stream::Gate>> gates;
     std::vector<std::function<void(absl::Status)>> done;
   };
+  struct Synchronize {
+    uint64_t record;
+    std::function<void(absl::Status)> done;
+  };
 
-  // Record `gen` reached its stream.
-  void Complete(uint64_t gen) {
+  // Moves what waits on `pending` into `released`.
+  void TakeWaitersLocked(Pending& pending, Released& released)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (auto& gate : pending.gates) released.gates.push_back(std::move(gate));
+    pending.gates.clear();
+    for (uint64_t ticket : pending.tickets) {
+      auto it = synchronizes.find(ticket);
+      released.done.push_back(std::move(it->second.done));
+      synchronizes.erase(it);
+    }
+    pending.tickets.clear();
+  }
+
+  // Record `gen` reached its stream (`status` OK), or its stream was
+  // cancelled before (CANCELLED).
+  void Complete(uint64_t gen, absl::Status status) {
     const Clock::time_point now = Clock::now();
-    Pending released;
+    Released released;
     {
       absl::MutexLock lock(&mu);
       auto it = pending.find(gen);
       if (it != pending.end()) {
-        released = std::move(it->second);
+        it->second.outcome->status = status;
+        TakeWaitersLocked(it->second, released);
         pending.erase(it);
       }
-      if (!destroyed && gen == latest) latest_time = now;
+      if (!destroyed && gen == latest) {
+        if (status.ok()) {
+          latest_time = now;
+        } else {
+          latest_error = status;
+        }
+      }
     }
     budget->Give();  // The record's.
-    Release(std::move(released), absl::OkStatus());
+    Release(std::move(released), status);
   }
 
   // Outside mu: a gate's destruction takes its stream's lock, and `done`
   // may finish an RPC.
-  void Release(Pending released, const absl::Status& status) {
+  void Release(Released released, const absl::Status& status) {
     for (size_t i = 0; i < released.gates.size() + released.done.size(); ++i) {
       budget->Give();
     }
@@ -75,16 +115,28 @@ struct Event::State {
     return latest != 0 && pending.count(latest) != 0;
   }
 
+  // A new record is in force (gen != 0), or none (reset).
+  void ReplaceLatestLocked(uint64_t gen) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    latest = gen;
+    latest_time.reset();
+    latest_error = absl::OkStatus();
+  }
+
   const std::shared_ptr<EventBudget> budget;
   mutable absl::Mutex mu;
   // Records issued so far; each is numbered by the count after it.
   uint64_t issued ABSL_GUARDED_BY(mu) = 0;
   // The record in force: 0 when never recorded or reset.
   uint64_t latest ABSL_GUARDED_BY(mu) = 0;
-  // When `latest` completed (unset while it has not).
+  // When `latest` completed (unset while it has not, or if cancelled).
   std::optional<Clock::time_point> latest_time ABSL_GUARDED_BY(mu);
+  // CANCELLED when `latest` was cancelled before its stream reached it.
+  absl::Status latest_error ABSL_GUARDED_BY(mu);
   // Records issued and not completed, by number.
   std::map<uint64_t, Pending> pending ABSL_GUARDED_BY(mu);
+  // Synchronizes waiting, by ticket.
+  absl::flat_hash_map<uint64_t, Synchronize> synchronizes ABSL_GUARDED_BY(mu);
+  uint64_t tickets ABSL_GUARDED_BY(mu) = 0;
   bool destroyed ABSL_GUARDED_BY(mu) = false;
 };
 
@@ -108,31 +160,60 @@ absl::Status Event::Record(Stream& stream) {
   {
     absl::MutexLock lock(&state_->mu);
     gen = ++state_->issued;
-    state_->latest = gen;
-    state_->latest_time.reset();
+    state_->ReplaceLatestLocked(gen);
     state_->pending[gen];
   }
   // A callback, not a task: Cancel keeps it, so the record completes (and
-  // releases its waiters) even on a stream destroyed before reaching it.
-  stream.WhenReached([state = state_, gen] { state->Complete(gen); });
+  // releases its waiters) even on a stream destroyed before reaching it,
+  // then with the cancellation.
+  stream.WhenReachedOrCancelled([state = state_, gen](absl::Status reached) {
+    if (!reached.ok()) {
+      reached = absl::CancelledError(absl::StrCat(
+          "the event's record was cancelled before its stream reached it (",
+          reached.message(), "): the work before it may not have run"));
+    }
+    state->Complete(gen, std::move(reached));
+  });
   return absl::OkStatus();
 }
 
 absl::Status Event::Wait(Stream& stream) {
   auto gate = std::make_shared<Stream::Gate>();
+  std::shared_ptr<State::Outcome> outcome;
+  absl::Status cancelled;
   {
     absl::MutexLock lock(&state_->mu);
-    if (!state_->IncompleteLocked() || state_->destroyed) {
-      return absl::OkStatus();
+    if (state_->destroyed) return absl::OkStatus();
+    if (state_->IncompleteLocked()) {
+      if (absl::Status s = state_->budget->Take(); !s.ok()) return s;
+      State::Pending& pending = state_->pending[state_->latest];
+      pending.gates.push_back(gate);
+      outcome = pending.outcome;
+    } else {
+      cancelled = state_->latest_error;
     }
-    if (absl::Status s = state_->budget->Take(); !s.ok()) return s;
-    state_->pending[state_->latest].gates.push_back(gate);
+  }
+  if (outcome == nullptr) {
+    // Waiting on a cancelled record fails the stream as when it waited
+    // before the record was cancelled.
+    if (!cancelled.ok()) stream.Fail(std::move(cancelled));
+    return absl::OkStatus();
   }
   // The record may complete before Hold: the gate is then destroyed when
   // `gate` goes below, and the stream skips it. A cancelled stream opens
   // it by itself, so it needs no callback.
-  return stream.Hold(
-      gate, [] {}, nullptr);
+  if (absl::Status held = stream.Hold(
+          gate, [] {}, nullptr);
+      !held.ok()) {
+    return held;
+  }
+  // Right behind the gate: a record that completed with CANCELLED becomes
+  // the stream's deferred error at the wait's place.
+  stream.FailWith([state = state_, outcome] {
+    absl::MutexLock lock(&state->mu);
+    return outcome->status;
+  });
+  return absl::OkStatus();
 }
 
 absl::Status Event::Reset(Stream& stream) {
@@ -146,10 +227,7 @@ absl::Status Event::Reset(Stream& stream) {
     {
       absl::MutexLock lock(&state->mu);
       // A record issued after the reset stays in force.
-      if (state->latest == latest) {
-        state->latest = 0;
-        state->latest_time.reset();
-      }
+      if (state->latest == latest) state->ReplaceLatestLocked(0);
     }
     state->budget->Give();
   });
@@ -166,12 +244,22 @@ bool Event::Recorded() const {
   return state_->latest != 0;
 }
 
+absl::Status Event::RecordError() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->latest_error;
+}
+
 absl::StatusOr<Event::Clock::time_point> Event::CompletionTime() const {
   absl::MutexLock lock(&state_->mu);
   if (state_->latest == 0) {
     return kernels::AclnnError(
         kAclErrorRtEventTimestampInvalid, absl::StatusCode::kFailedPrecondition,
         "the event was never recorded (or was reset): it has no timestamp");
+  }
+  if (!state_->latest_error.ok()) {
+    return kernels::AclnnError(
+        kAclErrorRtEventTimestampInvalid, absl::StatusCode::kCancelled,
+        absl::StrCat(state_->latest_error.message(), "; it has no timestamp"));
   }
   if (!state_->latest_time.has_value()) {
     return kernels::AclnnError(
@@ -183,16 +271,41 @@ absl::StatusOr<Event::Clock::time_point> Event::CompletionTime() const {
 }
 
 absl::Status Event::WhenComplete(std::function<void(absl::Status)> done) {
+  return WhenCompleteOrForgotten(std::move(done)).status();
+}
+
+absl::StatusOr<uint64_t> Event::WhenCompleteOrForgotten(
+    std::function<void(absl::Status)> done) {
+  absl::Status now;
   {
     absl::MutexLock lock(&state_->mu);
     if (state_->IncompleteLocked() && !state_->destroyed) {
       if (absl::Status s = state_->budget->Take(); !s.ok()) return s;
-      state_->pending[state_->latest].done.push_back(std::move(done));
-      return absl::OkStatus();
+      const uint64_t ticket = ++state_->tickets;
+      state_->pending[state_->latest].tickets.insert(ticket);
+      state_->synchronizes.emplace(
+          ticket, State::Synchronize{state_->latest, std::move(done)});
+      return ticket;
     }
+    now = state_->latest_error;
   }
-  done(absl::OkStatus());
-  return absl::OkStatus();
+  done(std::move(now));
+  return 0;
+}
+
+bool Event::Forget(uint64_t ticket) {
+  std::function<void(absl::Status)> dropped;  // Destroyed outside the lock.
+  {
+    absl::MutexLock lock(&state_->mu);
+    auto it = state_->synchronizes.find(ticket);
+    if (it == state_->synchronizes.end()) return false;
+    auto pending = state_->pending.find(it->second.record);
+    if (pending != state_->pending.end()) pending->second.tickets.erase(ticket);
+    dropped = std::move(it->second.done);
+    state_->synchronizes.erase(it);
+  }
+  state_->budget->Give();
+  return true;
 }
 
 absl::StatusOr<float> Event::ElapsedMs(const Event& start, const Event& end) {
@@ -212,7 +325,7 @@ absl::StatusOr<float> Event::ElapsedMs(const Event& start, const Event& end) {
 }
 
 void Event::Destroy() {
-  State::Pending released;
+  State::Released released;
   {
     absl::MutexLock lock(&state_->mu);
     if (state_->destroyed) return;
@@ -220,10 +333,7 @@ void Event::Destroy() {
     // The records stay pending (their callbacks return the budget); what
     // waits on them goes now.
     for (auto& [gen, pending] : state_->pending) {
-      for (auto& gate : pending.gates)
-        released.gates.push_back(std::move(gate));
-      for (auto& done : pending.done) released.done.push_back(std::move(done));
-      pending = State::Pending();
+      state_->TakeWaitersLocked(pending, released);
     }
   }
   state_->Release(std::move(released),

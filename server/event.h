@@ -9,6 +9,21 @@
 // waits on the event runs its later work only once the most recent record
 // issued before the wait has completed, without blocking any thread: the
 // wait is a Stream::Hold whose gate the completion releases.
+//
+// A record whose stream is cancelled (destroyed, or its session closed)
+// before reaching it completes too, so nothing waits on it forever, but
+// with an error, not as a normal completion: the work before it may never
+// have run. Then:
+//   - a stream waiting on it goes on, with a deferred CANCELLED error at
+//     the wait's place in its order (its next Synchronize reports it);
+//   - synchronizes answer CANCELLED;
+//   - while it is the record in force, the event reports the error:
+//     RecordError, and CompletionTime (so ElapsedMs) fails with CANCELLED
+//     and aclnn status 107006 (it has no timestamp); Complete() is true
+//     (nothing is pending any more);
+//   - a later Wait on it fails its stream the same way, and a later
+//     synchronize answers CANCELLED at once,
+// until a new record or a reset replaces it.
 #ifndef OPSERVER_SERVER_EVENT_H_
 #define OPSERVER_SERVER_EVENT_H_
 
@@ -90,14 +105,17 @@ class Event {
   // which completes once `stream` has run everything queued on it before
   // this call. A stream that is cancelled before reaching it still
   // completes it (Stream keeps callbacks through Cancel), so its waiters
-  // are never left waiting. CANCELLED when the stream was cancelled
-  // already (nothing is recorded then), RESOURCE_EXHAUSTED past the budget.
+  // are never left waiting, but with CANCELLED (see the top of this file).
+  // CANCELLED when the stream was cancelled already (nothing is recorded
+  // then), RESOURCE_EXHAUSTED past the budget.
   absl::Status Record(Stream& stream);
 
   // aclrtStreamWaitEvent: work queued on `stream` after this call waits
   // until the most recent record issued before it has completed. A no-op
   // when the event is not recorded (never, or reset) or that record has
-  // completed. The wait is released by the record's completion, by
+  // completed (but one completed with CANCELLED fails `stream` with it).
+  // The wait is released by the record's completion (a cancelled record's
+  // CANCELLED becomes `stream`'s deferred error, at the wait's place), by
   // Destroy, or by the stream's Cancel (stream destroyed, session closed).
   absl::Status Wait(Stream& stream);
 
@@ -111,22 +129,37 @@ class Event {
   bool Complete() const;
   // A record is in force (issued and not reset), complete or not.
   bool Recorded() const;
+  // CANCELLED when the record in force completed because its stream was
+  // cancelled before reaching it; OK otherwise.
+  absl::Status RecordError() const;
 
   // The completion time of the most recent record. FAILED_PRECONDITION
   // carrying aclnn status 107006 when the event is not recorded or its
-  // record has not completed.
+  // record has not completed; CANCELLED with 107006 when it was cancelled.
   absl::StatusOr<Clock::time_point> CompletionTime() const;
 
   // aclrtSynchronizeEvent without blocking: `done(OK)` once the most
   // recent record issued before this call has completed (at once when it
   // has, or none was issued), or `done(CANCELLED)` when the event is
-  // destroyed first. Runs on the stream's thread, the Destroy caller's or
-  // this caller's. RESOURCE_EXHAUSTED past the budget (`done` not called).
+  // destroyed first or the record was cancelled. Runs on the stream's
+  // thread, the Destroy caller's or this caller's. RESOURCE_EXHAUSTED past
+  // the budget (`done` not called).
   absl::Status WhenComplete(std::function<void(absl::Status)> done);
+  // The same for a caller that may stop waiting (an RPC cancelled or past
+  // its deadline): returns a ticket for Forget, or 0 when `done` was
+  // called already.
+  absl::StatusOr<uint64_t> WhenCompleteOrForgotten(
+      std::function<void(absl::Status)> done);
+  // Drops the synchronize `ticket` if it is still waiting: its `done` is
+  // destroyed uncalled and its budget unit returned now, not when the
+  // record completes. False when it is not waiting any more (`done` was
+  // called, or is being called).
+  bool Forget(uint64_t ticket);
 
   // aclrtEventElapsedTime: milliseconds from `start`'s completion to
   // `end`'s (negative when `end` completed first). FAILED_PRECONDITION
-  // with 107006 unless both have completed a record.
+  // with 107006 unless both have completed a record (CANCELLED with 107006
+  // when either record was cancelled).
   static absl::StatusOr<float> ElapsedMs(const Event& start, const Event& end);
 
   // aclrtDestroyEvent: releases every wait and synchronize at once;

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <memory>
+#include <string>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -163,6 +164,89 @@ TEST(EventTest, DestroyingTheEventReleasesWaitersAndSynchronizes) {
   blocker.reset();
   EXPECT_TRUE(a.SynchronizeAndWait().ok());
   EXPECT_EQ(budget->held(), 0u);
+}
+
+// The third review, finding 11: a record whose stream is cancelled before
+// reaching it completes (nothing waits forever), but with CANCELLED, not as
+// a normal completion, until a new record replaces it.
+TEST(EventTest, ARecordCancelledBeforeItsStreamReachedItFails) {
+  Stream a, b;
+  Event event(0);
+  std::shared_ptr<Stream::Gate> blocker = Block(a);
+  ASSERT_TRUE(event.Record(a).ok());
+  ASSERT_TRUE(event.Wait(b).ok());
+  absl::Notification answered;
+  absl::Status synced;
+  ASSERT_TRUE(event
+                  .WhenComplete([&](absl::Status s) {
+                    synced = std::move(s);
+                    answered.Notify();
+                  })
+                  .ok());
+  a.Cancel("the stream was destroyed");
+  const std::string why =
+      "the event's record was cancelled before its stream reached it (the "
+      "stream was destroyed): the work before it may not have run";
+  // The waiting stream goes on, with the cancellation as its error.
+  EXPECT_EQ(b.SynchronizeAndWait(), absl::CancelledError(why));
+  EXPECT_TRUE(b.SynchronizeAndWait().ok());  // Reported once.
+  ASSERT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(synced, absl::CancelledError(why));
+  EXPECT_TRUE(event.Complete());
+  EXPECT_TRUE(event.Recorded());
+  EXPECT_EQ(event.RecordError(), absl::CancelledError(why));
+  absl::StatusOr<Event::Clock::time_point> time = event.CompletionTime();
+  EXPECT_EQ(time.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(time.status().message(), why + "; it has no timestamp");
+  EXPECT_EQ(kernels::GetAclnnStatus(time.status()),
+            kAclErrorRtEventTimestampInvalid);
+  Stream c;
+  Event done(0);
+  ASSERT_TRUE(done.Record(c).ok());
+  ASSERT_TRUE(c.SynchronizeAndWait().ok());
+  absl::StatusOr<float> ms = Event::ElapsedMs(done, event);
+  EXPECT_EQ(ms.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(kernels::GetAclnnStatus(ms.status()),
+            kAclErrorRtEventTimestampInvalid);
+  // Later synchronizes and waits see it too.
+  absl::Status later = absl::UnknownError("not called");
+  ASSERT_TRUE(event.WhenComplete([&](absl::Status s) { later = s; }).ok());
+  EXPECT_EQ(later, absl::CancelledError(why));
+  ASSERT_TRUE(event.Wait(c).ok());
+  EXPECT_EQ(c.SynchronizeAndWait(), absl::CancelledError(why));
+  // A new record replaces it.
+  ASSERT_TRUE(event.Record(c).ok());
+  ASSERT_TRUE(c.SynchronizeAndWait().ok());
+  EXPECT_TRUE(event.RecordError().ok());
+  EXPECT_TRUE(event.CompletionTime().ok());
+}
+
+// The third review, finding 3: a synchronize whose caller stopped waiting
+// is dropped at once, with its budget, not when the record completes.
+TEST(EventTest, AForgottenSynchronizeIsDroppedAtOnce) {
+  Stream a;
+  auto budget = std::make_shared<EventBudget>(100);
+  Event event(0, budget);
+  std::shared_ptr<Stream::Gate> blocker = Block(a);
+  ASSERT_TRUE(event.Record(a).ok());
+  bool called = false;
+  absl::StatusOr<uint64_t> ticket =
+      event.WhenCompleteOrForgotten([&](absl::Status) { called = true; });
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  ASSERT_NE(*ticket, 0u);
+  EXPECT_EQ(budget->held(), 2u);
+  EXPECT_TRUE(event.Forget(*ticket));
+  EXPECT_EQ(budget->held(), 1u);
+  EXPECT_FALSE(event.Forget(*ticket));
+  blocker.reset();
+  EXPECT_TRUE(a.SynchronizeAndWait().ok());
+  EXPECT_FALSE(called);
+  EXPECT_EQ(budget->held(), 0u);
+  // Complete: answered at once, nothing to forget.
+  ticket = event.WhenCompleteOrForgotten([&](absl::Status) { called = true; });
+  ASSERT_TRUE(ticket.ok());
+  EXPECT_EQ(*ticket, 0u);
+  EXPECT_TRUE(called);
 }
 
 TEST(EventTest, ResetMakesTheEventUnrecordedInStreamOrder) {

@@ -84,6 +84,13 @@ ABSL_FLAG(uint64_t, max_launch_elements, 1ull << 31,
 ABSL_FLAG(uint32_t, max_pending_replies, 1024,
           "ExecuteStream replies that may wait for a client that does not "
           "read them; the server stops reading launches at this many.");
+ABSL_FLAG(uint32_t, max_attach_per_session, 4,
+          "Attach calls one session may have open; more are "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(uint32_t, max_pending_synchronizes_per_session, 256,
+          "SynchronizeStream and SynchronizeEvent calls one session may have "
+          "waiting; more are RESOURCE_EXHAUSTED. A cancelled call, or one "
+          "past its deadline, stops counting at once.");
 ABSL_FLAG(uint32_t, max_concurrent_evaluates, 4,
           "Evaluate calls that may compute at once.");
 ABSL_FLAG(uint32_t, max_pipelines_per_session, 8,
@@ -188,6 +195,10 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_launch_elements);
   options.session_limits.max_pending_replies =
       absl::GetFlag(FLAGS_max_pending_replies);
+  options.session_limits.max_attach_per_session =
+      absl::GetFlag(FLAGS_max_attach_per_session);
+  options.session_limits.max_pending_synchronizes_per_session =
+      absl::GetFlag(FLAGS_max_pending_synchronizes_per_session);
   options.session_limits.max_concurrent_evaluates =
       absl::GetFlag(FLAGS_max_concurrent_evaluates);
   options.session_limits.max_pipelines_per_session =

@@ -152,6 +152,18 @@ class Metrics::SnapshotCollector final : public prometheus::Collectable {
          &MetricsSnapshot::Tenant::buffers},
         {"opserver_buffer_bytes", "Bytes of device buffers, per tenant.",
          &MetricsSnapshot::Tenant::buffer_bytes},
+        {"opserver_events", "Events not destroyed, per tenant.",
+         &MetricsSnapshot::Tenant::events},
+        {"opserver_pending_event_operations",
+         "Event records, waits, resets and synchronizes outstanding, per "
+         "tenant.",
+         &MetricsSnapshot::Tenant::pending_event_operations},
+        {"opserver_attach_streams", "Open Attach calls, per tenant.",
+         &MetricsSnapshot::Tenant::attach_streams},
+        {"opserver_pending_synchronizes",
+         "SynchronizeStream and SynchronizeEvent calls not yet answered, per "
+         "tenant.",
+         &MetricsSnapshot::Tenant::pending_synchronizes},
     };
     for (const auto& m : per_tenant) {
       prometheus::MetricFamily& f = family(m.name, m.help, MetricType::Gauge);

@@ -58,6 +58,10 @@ struct MetricsSnapshot {
     uint64_t executors = 0;
     uint64_t buffers = 0;
     uint64_t buffer_bytes = 0;
+    uint64_t events = 0;
+    uint64_t pending_event_operations = 0;
+    uint64_t attach_streams = 0;
+    uint64_t pending_synchronizes = 0;
   };
   std::vector<Tenant> tenants;
   // One per device the server owns, labelled by its index.

@@ -10,6 +10,7 @@
 #include "server/grpc_status_util.h"
 #include "server/memory_ops.h"
 #include "server/runtime_service.h"
+#include "server/synchronize_reactor.h"
 
 namespace opserver {
 
@@ -88,6 +89,10 @@ grpc::ServerUnaryReactor* RuntimeService::QueryEvent(
   absl::StatusOr<EventTarget> target =
       ResolveEvent(context, request->session(), request->event(), std::nullopt);
   if (!target.ok()) return Reply(context, target.status());
+  // A cancelled record is no normal completion: the call fails with it.
+  if (absl::Status cancelled = target->event->RecordError(); !cancelled.ok()) {
+    return Reply(context, cancelled);
+  }
   response->set_complete(target->event->Complete());
   response->set_recorded(target->event->Recorded());
   absl::StatusOr<Event::Clock::time_point> time =
@@ -108,15 +113,26 @@ grpc::ServerUnaryReactor* RuntimeService::SynchronizeEvent(
   absl::StatusOr<EventTarget> target =
       ResolveEvent(context, request->session(), request->event(), std::nullopt);
   if (!target.ok()) return Reply(context, target.status());
+  absl::StatusOr<SessionSlot> slot = target->session->TakeSynchronizeSlot();
+  if (!slot.ok()) return Reply(context, slot.status());
   // Answered by the record's completion (a stream always reaches it, even
-  // cancelled) or the event's destruction: no thread waits meanwhile.
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status waiting =
-      target->event->WhenComplete([reactor, context](absl::Status status) {
-        reactor->Finish(ToGrpcStatus(status, context));
+  // cancelled), the event's destruction or the call's cancellation: no
+  // thread waits meanwhile, and an abandoned call leaves nothing behind.
+  return StartSynchronize(
+      context, *std::move(slot),
+      [event = target->event](
+          SynchronizeAnswer answer) -> absl::StatusOr<std::function<void()>> {
+        absl::StatusOr<uint64_t> ticket =
+            event->WhenCompleteOrForgotten(std::move(answer));
+        if (!ticket.ok()) return ticket.status();
+        if (*ticket == 0) return std::function<void()>();
+        return std::function<void()>(
+            [weak = std::weak_ptr<Event>(event), ticket = *ticket] {
+              if (std::shared_ptr<Event> live = weak.lock()) {
+                live->Forget(ticket);
+              }
+            });
       });
-  if (!waiting.ok()) reactor->Finish(ToGrpcStatus(waiting, context));
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* RuntimeService::EventElapsedTime(

@@ -23,6 +23,7 @@
 #include "server/grpc_status_util.h"
 #include "server/log.h"
 #include "server/raw_message.h"
+#include "server/synchronize_reactor.h"
 #include "server/upload_parser.h"
 #include "server/value_requests.h"
 #include "server/version.h"
@@ -33,12 +34,14 @@ namespace opserver {
 class RuntimeService::Attacher final
     : public grpc::ServerWriteReactor<v1::AttachEvent> {
  public:
+  // `slot` is the session's TakeAttachSlot, held until the call is done.
   Attacher(RuntimeService* service, std::shared_ptr<Session> session,
-           std::unique_ptr<TokenBoundCall> binding)
+           SessionSlot slot, std::unique_ptr<TokenBoundCall> binding)
       : service_(service),
         session_(std::move(session)),
+        slot_(std::move(slot)),
         binding_(std::move(binding)) {
-    session_->set_attached(true);
+    session_->Touch();
     absl::MutexLock lock(&mu_);
     event_.set_event("attached");
     writing_ = true;
@@ -85,7 +88,8 @@ class RuntimeService::Attacher final
       absl::MutexLock lock(&mu_);
       stopping = stopping_;
     }
-    session_->set_attached(false);
+    slot_ = SessionSlot();
+    session_->Touch();  // The idle timeout starts now.
     if (!stopping) {
       // The client went away (or cancelled): free everything it owned.
       service_->sessions_
@@ -107,6 +111,7 @@ class RuntimeService::Attacher final
 
   RuntimeService* const service_;
   const std::shared_ptr<Session> session_;
+  SessionSlot slot_;
   // Revoking the token ends the call, which closes the session.
   const std::unique_ptr<TokenBoundCall> binding_;
   absl::Mutex mu_;
@@ -326,17 +331,22 @@ grpc::ServerWriteReactor<v1::AttachEvent>* RuntimeService::Attach(
   auto binding = std::make_unique<TokenBoundCall>(authenticator_, context);
   absl::StatusOr<std::shared_ptr<Session>> session =
       sessions_->GetForCaller(request->session(), binding->caller());
-  if (!session.ok()) {
-    // A reactor that only finishes with the error.
+  absl::StatusOr<SessionSlot> slot =
+      session.ok() ? (*session)->TakeAttachSlot()
+                   : absl::StatusOr<SessionSlot>(session.status());
+  if (!slot.ok()) {
+    // A reactor that only finishes with the error (a refused call does not
+    // attach, so its end closes nothing).
     class Failed final : public grpc::ServerWriteReactor<v1::AttachEvent> {
      public:
       explicit Failed(grpc::Status status) { Finish(std::move(status)); }
       void OnDone() override { delete this; }
     };
-    return new Failed(ToGrpcStatus(session.status(), context));
+    return new Failed(ToGrpcStatus(slot.status(), context));
   }
   absl::MutexLock lock(&mu_);
-  auto* attacher = new Attacher(this, *std::move(session), std::move(binding));
+  auto* attacher = new Attacher(this, *std::move(session), *std::move(slot),
+                                std::move(binding));
   attachers_.insert(attacher);
   if (shutting_down_) attacher->Stop();
   return attacher;
@@ -353,6 +363,10 @@ grpc::ServerUnaryReactor* RuntimeService::GetSessionStats(
     response->set_buffer_bytes(stats.buffer_bytes);
     response->set_streams(stats.streams);
     response->set_executors(stats.executors);
+    response->set_events(stats.events);
+    response->set_pending_event_operations(stats.pending_event_operations);
+    response->set_attach_streams(stats.attach_streams);
+    response->set_pending_synchronizes(stats.pending_synchronizes);
     response->set_device((*session)->device_index());
   }
   return Reply(context, session.status());
@@ -432,11 +446,23 @@ grpc::ServerUnaryReactor* RuntimeService::SynchronizeStream(
   absl::StatusOr<std::shared_ptr<Stream>> stream =
       (*session)->GetStream(request->stream());
   if (!stream.ok()) return Reply(context, stream.status());
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  (*stream)->Synchronize([reactor, context](absl::Status status) {
-    reactor->Finish(ToGrpcStatus(status, context));
-  });
-  return reactor;
+  absl::StatusOr<SessionSlot> slot = (*session)->TakeSynchronizeSlot();
+  if (!slot.ok()) return Reply(context, slot.status());
+  // A call abandoned while the stream is held (a stalled transfer, a long
+  // queue) is taken off the queue at once.
+  return StartSynchronize(
+      context, *std::move(slot),
+      [stream = *std::move(stream)](
+          SynchronizeAnswer answer) -> absl::StatusOr<std::function<void()>> {
+        const uint64_t ticket = stream->SynchronizeOrForget(std::move(answer));
+        if (ticket == 0) return std::function<void()>();
+        return std::function<void()>(
+            [weak = std::weak_ptr<Stream>(stream), ticket] {
+              if (std::shared_ptr<Stream> live = weak.lock()) {
+                live->Forget(ticket);
+              }
+            });
+      });
 }
 
 grpc::ServerUnaryReactor* RuntimeService::Malloc(

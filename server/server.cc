@@ -343,7 +343,9 @@ MetricsSnapshot Server::MetricsSnapshotNow() const {
   for (const SessionManager::OwnerStats& owner : sessions_->StatsByOwner()) {
     s.tenants.push_back(MetricsSnapshot::Tenant{
         owner.owner, absl::StrCat(owner.device), owner.sessions, owner.streams,
-        owner.executors, owner.buffers, owner.buffer_bytes});
+        owner.executors, owner.buffers, owner.buffer_bytes, owner.events,
+        owner.pending_event_operations, owner.attach_streams,
+        owner.pending_synchronizes});
     s.devices[owner.device].queued_launches += owner.queued_launches;
   }
   const RuntimeService::TransferTotals totals = runtime_service_->Totals();

@@ -559,7 +559,48 @@ SessionStatsSnapshot Session::Stats() const {
   stats.buffer_bytes = buffer_bytes_;
   stats.streams = streams_.size();
   stats.executors = executors_.size();
+  stats.events = events_.size();
+  stats.pending_event_operations = event_budget_->held();
+  stats.attach_streams = attach_calls_->load();
+  stats.pending_synchronizes = synchronizes_->load();
   return stats;
+}
+
+namespace {
+
+// A SessionSlot of `count`, unless `limit` are held (then `refusal`).
+absl::StatusOr<SessionSlot> TakeSlot(
+    const std::shared_ptr<std::atomic<uint64_t>>& count, uint64_t limit,
+    const std::function<absl::Status(uint64_t held)>& refusal) {
+  uint64_t held = count->load();
+  do {
+    if (held >= limit) return refusal(held);
+  } while (!count->compare_exchange_weak(held, held + 1));
+  return SessionSlot(count);
+}
+
+}  // namespace
+
+absl::StatusOr<SessionSlot> Session::TakeAttachSlot() {
+  return TakeSlot(attach_calls_, limits_->max_attach_per_session,
+                  [](uint64_t held) {
+                    return absl::ResourceExhaustedError(
+                        absl::StrCat("the session has ", held,
+                                     " Attach calls open, the limit "
+                                     "(--max_attach_per_session)"));
+                  });
+}
+
+absl::StatusOr<SessionSlot> Session::TakeSynchronizeSlot() {
+  return TakeSlot(
+      synchronizes_, limits_->max_pending_synchronizes_per_session,
+      [](uint64_t held) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the session has ", held,
+            " synchronizes pending, the limit "
+            "(--max_pending_synchronizes_per_session); wait for them to be "
+            "answered before sending more"));
+      });
 }
 
 void Session::Touch() {
@@ -572,16 +613,7 @@ absl::Time Session::last_used() const {
   return last_used_;
 }
 
-void Session::set_attached(bool attached) {
-  absl::MutexLock lock(&mu_);
-  attached_ = attached;
-  last_used_ = absl::Now();
-}
-
-bool Session::attached() const {
-  absl::MutexLock lock(&mu_);
-  return attached_;
-}
+bool Session::attached() const { return attach_calls_->load() != 0; }
 
 SessionManager::SessionManager(std::vector<Device*> devices,
                                SessionLimits limits, Metrics* metrics)
@@ -618,6 +650,10 @@ std::vector<SessionManager::OwnerStats> SessionManager::StatsByOwner() const {
     o.executors += stats.executors;
     o.buffers += stats.buffers;
     o.buffer_bytes += stats.buffer_bytes;
+    o.events += stats.events;
+    o.pending_event_operations += stats.pending_event_operations;
+    o.attach_streams += stats.attach_streams;
+    o.pending_synchronizes += stats.pending_synchronizes;
     for (const std::shared_ptr<Stream>& stream : session->AllStreams()) {
       o.queued_launches += stream->queued();
     }

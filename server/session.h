@@ -52,6 +52,14 @@ struct SessionLimits {
   uint32_t max_pipelines_per_session = 8;
   uint64_t max_pipeline_batch_bytes = 4ull << 20;
   uint32_t max_pipeline_batch_commands = 65536;
+  // Attach calls open on one session (the documented use is one, tying the
+  // session to a process); each holds a call's state on the server.
+  uint32_t max_attach_per_session = 4;
+  // SynchronizeStream and SynchronizeEvent calls waiting on one session:
+  // each holds a call's state (about 12 KiB) until answered, far more than
+  // the event budget's unit, so they have a much smaller limit of their
+  // own. A call cancelled or past its deadline stops counting at once.
+  uint32_t max_pending_synchronizes_per_session = 256;
   absl::Duration idle_timeout = absl::Minutes(5);
   // Per owner identity (a token's tenant, a client certificate), so one
   // tenant cannot starve the others; 0 = no limit beyond the ones above.
@@ -140,6 +148,36 @@ struct SessionStatsSnapshot {
   uint64_t buffer_bytes = 0;
   uint64_t streams = 0;  // Besides the default stream.
   uint64_t executors = 0;
+  uint64_t events = 0;
+  // What the session's EventBudget holds (see server/event.h).
+  uint64_t pending_event_operations = 0;
+  uint64_t attach_streams = 0;
+  uint64_t pending_synchronizes = 0;
+};
+
+// One unit of a count a session bounds (its open Attach calls, its
+// pending synchronizes), held by the call that took it and given back when
+// destroyed. It shares only the count, not the session, so a call that
+// outlives its session keeps no session memory alive. Move-only.
+class SessionSlot {
+ public:
+  SessionSlot() = default;
+  explicit SessionSlot(std::shared_ptr<std::atomic<uint64_t>> count)
+      : count_(std::move(count)) {}
+  SessionSlot(SessionSlot&& other) = default;
+  SessionSlot& operator=(SessionSlot&& other) {
+    Give();
+    count_ = std::move(other.count_);
+    return *this;
+  }
+  ~SessionSlot() { Give(); }
+
+ private:
+  void Give() {
+    if (count_ != nullptr) count_->fetch_sub(1);
+    count_ = nullptr;
+  }
+  std::shared_ptr<std::atomic<uint64_t>> count_;
 };
 
 // Everything one client owns. Thread-safe. Lookups of another session's
@@ -272,10 +310,19 @@ class Session {
 
   SessionStatsSnapshot Stats() const;
 
+  // A slot for an Attach call, held for as long as the call is open.
+  // RESOURCE_EXHAUSTED past --max_attach_per_session.
+  absl::StatusOr<SessionSlot> TakeAttachSlot();
+  // A slot for a SynchronizeStream or SynchronizeEvent call, held until it
+  // is answered or cancelled. RESOURCE_EXHAUSTED past
+  // --max_pending_synchronizes_per_session.
+  absl::StatusOr<SessionSlot> TakeSynchronizeSlot();
+
   // Idle bookkeeping for the manager.
   void Touch();
   absl::Time last_used() const;
-  void set_attached(bool attached);
+  // An Attach call holds a slot (TakeAttachSlot): such a session ends with
+  // its calls, not by the idle timeout.
   bool attached() const;
 
  private:
@@ -345,7 +392,11 @@ class Session {
   uint64_t next_channel_ ABSL_GUARDED_BY(mu_) = 1;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_used_ ABSL_GUARDED_BY(mu_);
-  bool attached_ ABSL_GUARDED_BY(mu_) = false;
+  // Open Attach calls and pending synchronizes (SessionSlot's counts).
+  const std::shared_ptr<std::atomic<uint64_t>> attach_calls_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
+  const std::shared_ptr<std::atomic<uint64_t>> synchronizes_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
   // Mallocs in progress: populating or clearing gigabytes takes longer than
   // a short idle timeout, and the reaper must not take the session
   // meanwhile.
@@ -434,6 +485,10 @@ class SessionManager {
     uint64_t buffers = 0;
     uint64_t buffer_bytes = 0;
     uint64_t queued_launches = 0;
+    uint64_t events = 0;
+    uint64_t pending_event_operations = 0;
+    uint64_t attach_streams = 0;
+    uint64_t pending_synchronizes = 0;
   };
   std::vector<OwnerStats> StatsByOwner() const;
   // Buffers on all devices together.

@@ -432,5 +432,63 @@ TEST_F(SessionLaunchTest, EventsAreHandlesAndShareClientIds) {
   EXPECT_NE(*next, *event);
 }
 
+// The third review, findings 4 and 10: Attach calls and pending
+// synchronizes are bounded per session, counted in its stats, and a slot
+// given back is free again.
+TEST_F(SessionLaunchTest, AttachAndSynchronizeSlotsAreBoundedAndGivenBack) {
+  SessionLimits limits;
+  limits.max_attach_per_session = 2;
+  limits.max_pending_synchronizes_per_session = 1;
+  MakeSession(limits);
+  EXPECT_FALSE(session_->attached());
+  absl::StatusOr<SessionSlot> first = session_->TakeAttachSlot();
+  absl::StatusOr<SessionSlot> second = session_->TakeAttachSlot();
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_TRUE(session_->attached());
+  absl::StatusOr<SessionSlot> third = session_->TakeAttachSlot();
+  EXPECT_EQ(third.status(),
+            absl::ResourceExhaustedError(
+                "the session has 2 Attach calls open, the limit "
+                "(--max_attach_per_session)"));
+  EXPECT_EQ(session_->Stats().attach_streams, 2u);
+  *first = SessionSlot();  // The call ended.
+  EXPECT_EQ(session_->Stats().attach_streams, 1u);
+  EXPECT_TRUE(session_->TakeAttachSlot().ok());  // Taken and given back.
+  second = SessionSlot();
+  EXPECT_FALSE(session_->attached());
+
+  absl::StatusOr<SessionSlot> sync = session_->TakeSynchronizeSlot();
+  ASSERT_TRUE(sync.ok());
+  EXPECT_EQ(session_->Stats().pending_synchronizes, 1u);
+  EXPECT_EQ(session_->TakeSynchronizeSlot().status(),
+            absl::ResourceExhaustedError(
+                "the session has 1 synchronizes pending, the limit "
+                "(--max_pending_synchronizes_per_session); wait for them to "
+                "be answered before sending more"));
+  sync = absl::CancelledError("answered");
+  EXPECT_EQ(session_->Stats().pending_synchronizes, 0u);
+  EXPECT_TRUE(session_->TakeSynchronizeSlot().ok());
+}
+
+// Finding 10: events and what they hold outstanding show in the stats.
+TEST_F(SessionLaunchTest, EventsAndTheirPendingOperationsAreInTheStats) {
+  absl::StatusOr<uint64_t> event = session_->CreateEvent(0);
+  ASSERT_TRUE(event.ok()) << event.status();
+  EXPECT_EQ(session_->Stats().events, 1u);
+  std::shared_ptr<Stream> stream = GetStream(0);
+  auto gate = std::make_shared<Stream::Gate>();
+  ASSERT_TRUE(stream
+                  ->Hold(
+                      gate, [] {}, nullptr)
+                  .ok());
+  ASSERT_TRUE((*session_->GetEvent(*event))->Record(*stream).ok());
+  EXPECT_EQ(session_->Stats().pending_event_operations, 1u);
+  gate.reset();
+  EXPECT_TRUE(stream->SynchronizeAndWait().ok());
+  EXPECT_EQ(session_->Stats().pending_event_operations, 0u);
+  ASSERT_TRUE(session_->DestroyEvent(*event).ok());
+  EXPECT_EQ(session_->Stats().events, 0u);
+}
+
 }  // namespace
 }  // namespace opserver

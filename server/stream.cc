@@ -1,5 +1,6 @@
 #include "server/stream.h"
 
+#include <algorithm>
 #include <string>
 #include <thread>
 #include <utility>
@@ -69,6 +70,8 @@ struct Stream::State {
     Task task;
     std::function<void()> callback;
     std::shared_ptr<GateState> gate;
+    // A synchronize's ticket (SynchronizeOrForget), for Forget; 0 if none.
+    uint64_t ticket = 0;
   };
 
   // Lets the stream go on once `gate` no longer holds it: released or
@@ -177,6 +180,8 @@ struct Stream::State {
   bool failure_queued ABSL_GUARDED_BY(mu) = false;
   // Tasks dropped by Cancel that no Synchronize has reported yet.
   bool dropped ABSL_GUARDED_BY(mu) = false;
+  // SynchronizeOrForget tickets handed out.
+  uint64_t tickets ABSL_GUARDED_BY(mu) = 0;
   // An item (queued or inline) is running, or a gate holds the stream; the
   // thread waits for it.
   bool busy ABSL_GUARDED_BY(mu) = false;
@@ -303,6 +308,10 @@ absl::Status Stream::Enqueue(Task task, bool inline_if_idle) {
 }
 
 void Stream::Synchronize(std::function<void(absl::Status)> done) {
+  SynchronizeOrForget(std::move(done));
+}
+
+uint64_t Stream::SynchronizeOrForget(std::function<void(absl::Status)> done) {
   State* s = state_.get();
   auto report = [s, done = std::move(done)] {
     absl::Status status = std::exchange(s->first_error, absl::OkStatus());
@@ -318,11 +327,26 @@ void Stream::Synchronize(std::function<void(absl::Status)> done) {
   if (s->TryClaimIdle()) {
     report();
     s->Release();
-    return;
+    return 0;
   }
   absl::MutexLock lock(&s->mu);
   s->failure_queued = false;
-  s->queue.push_back(State::Item{nullptr, std::move(report)});
+  const uint64_t ticket = ++s->tickets;
+  s->queue.push_back(State::Item{nullptr, std::move(report), nullptr, ticket});
+  return ticket;
+}
+
+bool Stream::Forget(uint64_t ticket) {
+  State::Item dropped;  // Destroyed outside the lock.
+  absl::MutexLock lock(&state_->mu);
+  std::deque<State::Item>& queue = state_->queue;
+  auto it = std::find_if(
+      queue.begin(), queue.end(),
+      [ticket](const auto& item) { return item.ticket == ticket; });
+  if (ticket == 0 || it == queue.end()) return false;
+  dropped = std::move(*it);
+  queue.erase(it);
+  return true;
 }
 
 void Stream::Fail(absl::Status error) {
@@ -356,6 +380,32 @@ void Stream::WhenReached(std::function<void()> reached) {
   }
   absl::MutexLock lock(&s.mu);
   s.queue.push_back(State::Item{nullptr, std::move(reached)});
+}
+
+void Stream::WhenReachedOrCancelled(std::function<void(absl::Status)> reached) {
+  State* s = state_.get();
+  WhenReached([s, reached = std::move(reached)] {
+    absl::Status status;
+    {
+      absl::MutexLock lock(&s->mu);
+      if (s->cancelled) status = absl::CancelledError(s->cancel_reason);
+    }
+    reached(std::move(status));
+  });
+}
+
+void Stream::FailWith(std::function<absl::Status()> error) {
+  State* s = state_.get();
+  if (s->TryClaimIdle()) {
+    s->Record(error());
+    s->Release();
+    return;
+  }
+  absl::MutexLock lock(&s->mu);
+  // A callback, not a task: Cancel does not drop it, and it does not count
+  // against max_queued.
+  s->queue.push_back(State::Item{
+      nullptr, [s, error = std::move(error)] { s->Record(error()); }});
 }
 
 void Stream::WhenStopped(std::function<void()> stopped) {

@@ -2,6 +2,7 @@
 #define OPSERVER_SERVER_STREAM_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -130,12 +131,26 @@ class Stream {
   // the previous Synchronize (OK if none; CANCELLED if queued work was
   // dropped).
   void Synchronize(std::function<void(absl::Status)> done);
+  // The same for a caller that may stop waiting (an RPC cancelled or past
+  // its deadline): returns a ticket for Forget, or 0 when `done` was
+  // called already.
+  uint64_t SynchronizeOrForget(std::function<void(absl::Status)> done);
+  // Drops the synchronize `ticket` while it is still queued: `done` is
+  // destroyed uncalled, and the error it would have taken stays for the
+  // next Synchronize. False when it has run or is running.
+  bool Forget(uint64_t ticket);
 
   // Calls `reached` once everything queued before this call has run and
   // the device has finished it (its errors recorded); does not consume the
   // sticky error. Used to order transfers after compute, and for event
   // records.
   void WhenReached(std::function<void()> reached);
+  // The same, telling `reached` whether the stream got there or was
+  // cancelled first: OK, or CANCELLED with Cancel's reason when the stream
+  // was cancelled before running it (the work queued before it may have
+  // been dropped). For event records, which must not pass for complete
+  // then.
+  void WhenReachedOrCancelled(std::function<void(absl::Status)> reached);
 
   // Calls `stopped` once this stream is destroyed and its thread has left
   // its StreamThreads group, on that thread: after the running task and the
@@ -166,6 +181,10 @@ class Stream {
   // failure queued behind no Synchronize is not queued twice, as only the
   // first could be reported.
   void Fail(absl::Status error);
+  // The same with the error `error()` returns once the stream reaches this
+  // call (nothing when OK): for an error not known yet when it is queued,
+  // such as how the event record a wait was released by completed.
+  void FailWith(std::function<absl::Status()> error);
 
   // Blocking form of Synchronize, for callers off the RPC threads.
   absl::Status SynchronizeAndWait();

@@ -64,6 +64,61 @@ TEST(StreamTest, WhenReachedDoesNotConsumeTheError) {
   EXPECT_EQ(stream.SynchronizeAndWait().message(), "boom");
 }
 
+// A synchronize whose caller stopped waiting is taken off the queue: it is
+// never called, and the error it would have taken stays for the next one.
+TEST(StreamTest, AForgottenSynchronizeIsDroppedAndLeavesTheError) {
+  Stream stream;
+  auto gate = std::make_shared<Stream::Gate>();
+  ASSERT_TRUE(stream
+                  .Hold(
+                      gate, [] {}, nullptr)
+                  .ok());
+  stream.Fail(absl::InternalError("boom"));
+  bool called = false;
+  const uint64_t ticket =
+      stream.SynchronizeOrForget([&](absl::Status) { called = true; });
+  ASSERT_NE(ticket, 0u);
+  EXPECT_TRUE(stream.Forget(ticket));
+  EXPECT_FALSE(stream.Forget(ticket));
+  EXPECT_FALSE(stream.Forget(0));
+  gate.reset();
+  EXPECT_EQ(stream.SynchronizeAndWait(), absl::InternalError("boom"));
+  EXPECT_FALSE(called);
+  // On an idle stream (a new one) it is answered at once, with nothing to
+  // forget.
+  Stream idle;
+  EXPECT_EQ(idle.SynchronizeOrForget([&](absl::Status) { called = true; }), 0u);
+  EXPECT_TRUE(called);
+}
+
+// WhenReachedOrCancelled says whether the stream got there or was
+// cancelled first; FailWith's error is taken when the stream reaches it.
+TEST(StreamTest, WhenReachedOrCancelledAndFailWith) {
+  Stream stream;
+  absl::Status first = absl::UnknownError("not called");
+  stream.WhenReachedOrCancelled([&](absl::Status s) { first = s; });
+  EXPECT_TRUE(first.ok());  // Idle: at once.
+  auto gate = std::make_shared<Stream::Gate>();
+  ASSERT_TRUE(stream
+                  .Hold(
+                      gate, [] {}, nullptr)
+                  .ok());
+  absl::Status error = absl::OkStatus();
+  stream.FailWith([&] { return error; });
+  error = absl::DataLossError("known when reached");
+  absl::Notification reached;
+  absl::Status second;
+  stream.WhenReachedOrCancelled([&](absl::Status s) {
+    second = s;
+    reached.Notify();
+  });
+  stream.Cancel("the test cancelled it");
+  ASSERT_TRUE(reached.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(second, absl::CancelledError("the test cancelled it"));
+  EXPECT_EQ(stream.SynchronizeAndWait(),
+            absl::DataLossError("known when reached"));
+}
+
 TEST(StreamTest, DifferentStreamsRunConcurrently) {
   // Each stream's task waits for the other's: only concurrent streams finish.
   Stream a, b;

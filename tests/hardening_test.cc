@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -21,6 +22,7 @@
 #include "proto/opserver.grpc.pb.h"
 #include "proto/opserver.pb.h"
 #include "server/server.h"
+#include "testing/metrics_scrape.h"
 #include "tests/tensor_desc.h"
 
 namespace opserver {
@@ -270,6 +272,63 @@ class HardeningTest : public ::testing::Test {
       if ((*queue)->busy()) return;
       absl::SleepFor(absl::Milliseconds(5));
     }
+  }
+
+  v1::SessionStats SessionStats(const std::string& session) {
+    v1::GetSessionStatsRequest request;
+    request.set_session(session);
+    v1::SessionStats stats;
+    Result r = Rpc(
+        [&](auto* c) { return runtime_->GetSessionStats(c, request, &stats); });
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    return stats;
+  }
+
+  // Polls GetSessionStats until `done` holds, for at most 30 s (a bounded
+  // wait, not a timing assertion); false if it never did.
+  bool StatsEventually(
+      const std::string& session,
+      const std::function<bool(const v1::SessionStats&)>& done) {
+    for (int i = 0; i < 3000; ++i) {
+      if (done(SessionStats(session))) return true;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  }
+
+  uint64_t CreateEvent(const std::string& session) {
+    v1::CreateEventRequest request;
+    request.set_session(session);
+    v1::CreateEventResponse response;
+    Result r = Rpc(
+        [&](auto* c) { return runtime_->CreateEvent(c, request, &response); });
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    return response.event();
+  }
+
+  void RecordEvent(const std::string& session, uint64_t event,
+                   uint64_t stream) {
+    v1::RecordEventRequest request;
+    request.set_session(session);
+    request.set_event(event);
+    request.set_stream(stream);
+    v1::RecordEventResponse response;
+    Result r = Rpc(
+        [&](auto* c) { return runtime_->RecordEvent(c, request, &response); });
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  }
+
+  Result SynchronizeEvent(const std::string& session, uint64_t event,
+                          absl::Duration deadline) {
+    v1::SynchronizeEventRequest request;
+    request.set_session(session);
+    request.set_event(event);
+    v1::SynchronizeEventResponse response;
+    return Rpc(
+        [&](auto* c) {
+          return runtime_->SynchronizeEvent(c, request, &response);
+        },
+        deadline);
   }
 
   // Polls GetServerStats until no buffer memory is held (a bounded while);
@@ -1099,4 +1158,157 @@ TEST_F(HardeningTest, ShutdownEndsStalledTransfers) {
 }
 
 }  // namespace
+// The third review, finding 3: synchronizes whose calls are abandoned
+// (deadline passed, cancelled) while the record they wait for is held are
+// dropped at once, not kept until it completes; and a session may keep only
+// --max_pending_synchronizes_per_session waiting. Finding 10: all of it
+// shows in SessionStats and in the per-tenant gauges.
+TEST_F(HardeningTest, AbandonedSynchronizesAreReleasedAndBounded) {
+  Options options;
+  options.session_limits.max_pending_synchronizes_per_session = 4;
+  // The stalled upload below holds its stream for the whole test.
+  options.transfer_limits.idle_timeout = absl::Minutes(10);
+  options.metrics_listen = "127.0.0.1:0";
+  Start(options);
+  const std::string s = NewSession();
+  const uint64_t buffer = MustMalloc(s, 4096);
+  uint64_t t = 0;
+  ASSERT_TRUE(CreateStream(s, &t).status.ok());
+  // An upload stalled after its header holds t, so a record on t stays
+  // pending for as long as the test needs.
+  v1::UploadRequest header;
+  header.set_session(s);
+  header.set_buffer(buffer);
+  header.set_size(4096);
+  header.set_stream(t);
+  auto upload = std::make_unique<PausedUpload>(grpc::CreateChannel(
+      server_->address(), grpc::InsecureChannelCredentials()));
+  ASSERT_TRUE(upload->Send(header.SerializeAsString()));
+  WaitUntilStreamBusy(s, t);
+  const uint64_t e = CreateEvent(s);
+  RecordEvent(s, e, t);
+
+  // Abandoned: their deadlines pass while the record is held. Fewer than
+  // the limit, so none is refused however late the server sees the
+  // deadlines.
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(
+        SynchronizeEvent(s, e, absl::Milliseconds(20)).status.error_code(),
+        grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  EXPECT_EQ(Synchronize(s, t, absl::Milliseconds(20)).status.error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  // Only the record is left outstanding.
+  EXPECT_TRUE(StatsEventually(s, [](const v1::SessionStats& stats) {
+    return stats.pending_synchronizes() == 0 &&
+           stats.pending_event_operations() == 1;
+  })) << SessionStats(s).DebugString();
+
+  // Waiting ones count, up to the limit.
+  struct Waiting {
+    grpc::ClientContext context;
+    v1::SynchronizeEventRequest request;
+    v1::SynchronizeEventResponse response;
+    grpc::Status status;
+    absl::Notification done;
+  };
+  std::vector<std::unique_ptr<Waiting>> waiting;
+  for (int i = 0; i < 4; ++i) {
+    auto call = std::make_unique<Waiting>();
+    call->context.set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+    call->request.set_session(s);
+    call->request.set_event(e);
+    Waiting* w = call.get();
+    runtime_->async()->SynchronizeEvent(&w->context, &w->request, &w->response,
+                                        [w](grpc::Status status) {
+                                          w->status = std::move(status);
+                                          w->done.Notify();
+                                        });
+    waiting.push_back(std::move(call));
+  }
+  ASSERT_TRUE(StatsEventually(s, [](const v1::SessionStats& stats) {
+    return stats.pending_synchronizes() == 4;
+  })) << SessionStats(s).DebugString();
+  const v1::SessionStats held = SessionStats(s);
+  EXPECT_EQ(held.events(), 1u);
+  EXPECT_EQ(held.pending_event_operations(), 5u);  // The record, 4 waits.
+  const std::string limit =
+      "the session has 4 synchronizes pending, the limit "
+      "(--max_pending_synchronizes_per_session); wait for them to be "
+      "answered before sending more";
+  Result refused = SynchronizeEvent(s, e, absl::Seconds(30));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(refused.status.error_message(), limit);
+  refused = Synchronize(s, t);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(refused.status.error_message(), limit);
+  const std::string page = scrape::Metrics(server_->metrics_address());
+  EXPECT_EQ(scrape::Sum(page, "opserver_pending_synchronizes"), 4);
+  EXPECT_EQ(scrape::Sum(page, "opserver_pending_event_operations"), 5);
+  EXPECT_EQ(scrape::Sum(page, "opserver_events"), 1);
+
+  // Cancelled ones are answered and released at once.
+  for (auto& call : waiting) call->context.TryCancel();
+  for (auto& call : waiting) {
+    ASSERT_TRUE(call->done.WaitForNotificationWithTimeout(absl::Seconds(60)));
+    EXPECT_EQ(call->status.error_code(), grpc::StatusCode::CANCELLED);
+  }
+  EXPECT_TRUE(StatsEventually(s, [](const v1::SessionStats& stats) {
+    return stats.pending_synchronizes() == 0 &&
+           stats.pending_event_operations() == 1;
+  })) << SessionStats(s).DebugString();
+
+  // The stream goes on once the upload ends; the record then completes.
+  upload.reset();
+  EXPECT_TRUE(StatsEventually(s, [](const v1::SessionStats& stats) {
+    return stats.pending_event_operations() == 0;
+  })) << SessionStats(s).DebugString();
+  EXPECT_TRUE(SynchronizeEvent(s, e, absl::Seconds(30)).status.ok());
+}
+
+// Finding 4: Attach calls per session are bounded; a refused one attaches
+// nothing (its end closes nothing), and the open ones show in the stats.
+TEST_F(HardeningTest, AttachCallsPerSessionAreBounded) {
+  Options options;
+  options.session_limits.max_attach_per_session = 2;
+  Start(options);
+  const std::string s = NewSession();
+  v1::AttachRequest request;
+  request.set_session(s);
+  grpc::ClientContext first_context, second_context, third_context;
+  auto first = runtime_->Attach(&first_context, request);
+  auto second = runtime_->Attach(&second_context, request);
+  v1::AttachEvent event;
+  ASSERT_TRUE(first->Read(&event));
+  EXPECT_EQ(event.event(), "attached");
+  ASSERT_TRUE(second->Read(&event));
+  EXPECT_EQ(event.event(), "attached");
+  auto third = runtime_->Attach(&third_context, request);
+  EXPECT_FALSE(third->Read(&event));
+  grpc::Status refused = third->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(refused.error_message(),
+            "the session has 2 Attach calls open, the limit "
+            "(--max_attach_per_session)");
+  EXPECT_EQ(SessionStats(s).attach_streams(), 2u);
+  MustMalloc(s, 4096);  // The session lives on.
+  // Another session has slots of its own.
+  const std::string other = NewSession();
+  v1::AttachRequest other_request;
+  other_request.set_session(other);
+  grpc::ClientContext other_context;
+  auto other_attach = runtime_->Attach(&other_context, other_request);
+  ASSERT_TRUE(other_attach->Read(&event));
+  EXPECT_EQ(event.event(), "attached");
+  EXPECT_EQ(SessionStats(other).attach_streams(), 1u);
+  ASSERT_TRUE(CloseSession(s).status.ok());
+  ASSERT_TRUE(CloseSession(other).status.ok());
+  for (auto* call : {first.get(), second.get(), other_attach.get()}) {
+    while (call->Read(&event)) {
+    }
+    EXPECT_TRUE(call->Finish().ok());
+  }
+}
+
 }  // namespace opserver
