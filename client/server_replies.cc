@@ -11,18 +11,63 @@
 namespace opserver {
 namespace remote {
 
+namespace {
+
+using google::protobuf::internal::WireFormatLite;
+using google::protobuf::io::CodedInputStream;
+
+constexpr absl::string_view kNotAResponse =
+    "the server sent a message that is not a DownloadResponse";
+
+// A tag or a length as protobuf's own parser takes it: at most 5 bytes
+// (CodedInputStream takes up to 10 and drops the high bits, which would
+// accept messages protobuf refuses).
+bool ReadVarint32Strictly(CodedInputStream* input, uint32_t* value) {
+  const int before = input->CurrentPosition();
+  return input->ReadVarint32(value) && input->CurrentPosition() - before <= 5;
+}
+
+// The bytes of the message after the current position.
+uint64_t Left(const CodedInputStream& input, uint64_t message_bytes) {
+  const uint64_t position = static_cast<uint64_t>(input.CurrentPosition());
+  return message_bytes > position ? message_bytes - position : 0;
+}
+
+// Skips the value of a field other than data. Groups are refused: no
+// proto3 message has them.
+bool SkipOther(CodedInputStream* input, uint32_t tag, uint64_t message_bytes) {
+  switch (WireFormatLite::GetTagWireType(tag)) {
+    case WireFormatLite::WIRETYPE_VARINT: {
+      uint64_t value;
+      return input->ReadVarint64(&value);
+    }
+    case WireFormatLite::WIRETYPE_FIXED64:
+      return input->Skip(8);
+    case WireFormatLite::WIRETYPE_FIXED32:
+      return input->Skip(4);
+    case WireFormatLite::WIRETYPE_LENGTH_DELIMITED: {
+      uint32_t size;
+      return ReadVarint32Strictly(input, &size) &&
+             size <= Left(*input, message_bytes) &&
+             input->Skip(static_cast<int>(size));
+    }
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<uint64_t> ParseDownloadChunk(
     google::protobuf::io::ZeroCopyInputStream* message, uint64_t message_bytes,
     char* out, uint64_t at, uint64_t capacity) {
-  using google::protobuf::internal::WireFormatLite;
-  constexpr absl::string_view kNotAResponse =
-      "the server sent a message that is not a DownloadResponse";
-  google::protobuf::io::CodedInputStream input(message);
+  CodedInputStream input(message);
   const uint32_t data_tag =
       WireFormatLite::MakeTag(v1::DownloadResponse::kDataFieldNumber,
                               WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
   uint64_t data_size = 0;
   for (;;) {
+    const int before = input.CurrentPosition();
     const uint32_t tag = input.ReadTag();
     if (tag == 0) {
       // The end of the message, or a malformed tag.
@@ -31,23 +76,25 @@ absl::StatusOr<uint64_t> ParseDownloadChunk(
       }
       return data_size;
     }
-    if (WireFormatLite::GetTagFieldNumber(tag) == 0) {
-      return absl::InternalError(kNotAResponse);  // No field has number 0.
+    // No field has number 0.
+    if (input.CurrentPosition() - before > 5 ||
+        WireFormatLite::GetTagFieldNumber(tag) == 0) {
+      return absl::InternalError(kNotAResponse);
     }
     if (tag != data_tag) {
-      if (!WireFormatLite::SkipField(&input, tag)) {
+      if (!SkipOther(&input, tag, message_bytes)) {
         return absl::InternalError(kNotAResponse);
       }
       continue;
     }
     uint32_t size = 0;
-    if (!input.ReadVarint32(&size)) return absl::InternalError(kNotAResponse);
+    if (!ReadVarint32Strictly(&input, &size)) {
+      return absl::InternalError(kNotAResponse);
+    }
     // The length is the server's word: checked against the bytes the
     // message really has left before ReadRaw copies any (ReadRaw takes an
     // int, and a length of 2^31 or more would turn negative).
-    const uint64_t position = static_cast<uint64_t>(input.CurrentPosition());
-    const uint64_t left =
-        message_bytes > position ? message_bytes - position : 0;
+    const uint64_t left = Left(input, message_bytes);
     if (size > left || size > static_cast<uint64_t>(INT_MAX)) {
       return absl::InternalError(
           absl::StrCat(kNotAResponse, ": its data claims ", size,

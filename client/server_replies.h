@@ -27,7 +27,9 @@ namespace remote {
 // than the bytes left in the message) or its data does not fit in what is
 // left of the download; a data field is refused before any of its bytes is
 // copied. Unknown fields are skipped; a repeated data field replaces the
-// previous one, as protobuf's own parser would.
+// previous one, as protobuf's own parser would. What protobuf's parser
+// refuses is refused too (a tag or length longer than 5 bytes), and so are
+// groups, which no proto3 message has.
 absl::StatusOr<uint64_t> ParseDownloadChunk(
     google::protobuf::io::ZeroCopyInputStream* message, uint64_t message_bytes,
     char* out, uint64_t at, uint64_t capacity);

@@ -95,7 +95,12 @@ TEST(ParseDownloadChunkTest, DataBeyondTheDownloadIsRefused) {
 TEST(ParseDownloadChunkTest, MalformedMessagesAreRefused) {
   for (const std::string& message :
        {std::string("\x0a"), std::string("\x0a\x80"), std::string("\x0b"),
-        std::string("\x00", 1), std::string("\x48")}) {
+        std::string("\x00", 1), std::string("\x48"),
+        // A tag, and a length, in 6 bytes (protobuf's parser takes 5).
+        std::string("\x88\x80\x80\x80\x80\x00\x01", 7),
+        std::string("\x0a\x81\x80\x80\x80\x80\x00x", 8),
+        // An unknown group, and an unknown field longer than the message.
+        std::string("\x13\x14"), std::string("\x12\x05" "abc")}) {
     std::string out(4, '#');
     absl::StatusOr<uint64_t> n = Parse(message, out.data(), 0, 4);
     EXPECT_EQ(n.status().code(), absl::StatusCode::kInternal);

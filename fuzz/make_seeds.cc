@@ -585,6 +585,11 @@ void ServerRepliesSeeds() {
   response.set_data("bye");
   two += response.SerializeAsString() + std::string("\x48\x2a", 2);
   Write(f, "download_two_data_fields_in_pieces", chunk(5, 20, 0, two));
+  // A tag in 6 bytes, which protobuf's parser refuses (a smoke run's
+  // finding: the parser took it, dropping the high bits).
+  Write(f, "download_six_byte_tag",
+        chunk(0, 0, 0,
+              std::string("\x79yyyyyyyy\x90\x90\x90\x90\x90\x03\x62", 16)));
   // The third review, finding 1: a length of 2^31 with 3 GiB of room.
   Write(
       f, "finding1_two_gib_length",
