@@ -784,6 +784,13 @@ absl::StatusOr<std::vector<double>> Session::ReadValues(uint64_t buffer,
   absl::Status status = Unary(*client_, &v1::Runtime::Stub::ReadValues, request,
                               &response, "ReadValues");
   if (!status.ok()) return status;
+  // Callers index the values by what they asked for: a server's other
+  // count would have them read past the end, or see too few.
+  if (static_cast<uint64_t>(response.values_size()) != count) {
+    return absl::InternalError(absl::StrCat("ReadValues: the server sent ",
+                                            response.values_size(),
+                                            " values for a read of ", count));
+  }
   return std::vector<double>(response.values().begin(),
                              response.values().end());
 }

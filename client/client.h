@@ -460,7 +460,8 @@ class Session {
   // status 107006 when either has not completed a record.
   absl::StatusOr<float> EventElapsedMs(uint64_t start, uint64_t end);
 
-  // Typed values (converted by the server).
+  // Typed values (converted by the server). ReadValues returns exactly
+  // `count` values, or INTERNAL when the server sent another number.
   absl::Status WriteValues(uint64_t buffer, uint64_t offset,
                            kernels::DType dtype,
                            const std::vector<double>& values,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,10 +18,9 @@ namespace {
 absl::Status FenceStatus(const v1::FenceResult& result,
                          absl::string_view prefix) {
   if (result.code() == 0) return absl::OkStatus();
+  // PipelineReplies checked the code and shortened the message.
   const auto code = static_cast<absl::StatusCode>(result.code());
-  std::string message = result.message();
-  if (message.size() > 4096) message.resize(4096);  // A hostile server's.
-  message = absl::StrCat(prefix, message);
+  const std::string message = absl::StrCat(prefix, result.message());
   const int32_t aclnn = result.aclnn_status() != 0
                             ? result.aclnn_status()
                             : kernels::GetAclnnStatus(absl::Status(code, ""));
@@ -99,7 +99,7 @@ absl::Status CommandChannel::Send(v1::PipelineCommand command) {
   absl::MutexLock lock(&mu_);
   absl::Status room = WaitLocked(
       [this, bytes]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return issued_ - acknowledged_ < window_.commands &&
+        return issued_ - replies_.acknowledged() < window_.commands &&
                (unacked_bytes_ == 0 || unacked_bytes_ + bytes <= window_.bytes);
       },
       client_.options().wait_timeout, "Pipeline: room in the command window");
@@ -113,29 +113,39 @@ absl::Status CommandChannel::Send(v1::PipelineCommand command) {
 
 absl::Status CommandChannel::Drain() {
   absl::MutexLock lock(&mu_);
-  if (issued_ == acknowledged_) return broken_;
+  if (issued_ == replies_.acknowledged()) return broken_;
   const uint64_t target = issued_;
   return WaitLocked(
-      [this, target]()
-          ABSL_NO_THREAD_SAFETY_ANALYSIS { return acknowledged_ >= target; },
+      [this, target]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return replies_.acknowledged() >= target;
+      },
       client_.options().wait_timeout,
       "Pipeline: the server applying the queued commands");
 }
 
 bool CommandChannel::Idle() {
   absl::MutexLock lock(&mu_);
-  return broken_.ok() && issued_ == acknowledged_;
+  return broken_.ok() && issued_ == replies_.acknowledged();
 }
 
-absl::StatusOr<uint64_t> CommandChannel::SendFence(
-    v1::PipelineCommand command) {
+absl::StatusOr<uint64_t> CommandChannel::SendFence(v1::PipelineCommand command,
+                                                   const ReadTarget* read) {
   uint64_t id;
   {
+    // Awaited before it is queued: its result may come as soon as it is
+    // written, and a result for a fence not awaited ends the channel.
     absl::MutexLock lock(&mu_);
     id = next_fence_++;
+    replies_.Await(id, read != nullptr ? read->size : 0);
+    if (read != nullptr) reads_[id] = *read;
   }
   command.mutable_fence()->set_id(id);
-  if (absl::Status s = Send(std::move(command)); !s.ok()) return s;
+  if (absl::Status s = Send(std::move(command)); !s.ok()) {
+    absl::MutexLock lock(&mu_);
+    reads_.erase(id);
+    replies_.Withdraw(id);  // Never sent, so never answered.
+    return s;
+  }
   return id;
 }
 
@@ -143,15 +153,16 @@ absl::StatusOr<v1::FenceResult> CommandChannel::TakeFence(
     uint64_t id, absl::string_view what) {
   absl::MutexLock lock(&mu_);
   absl::Status waited = WaitLocked(
-      [this, id]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return fence_results_.contains(id);
-      },
+      [this, id]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return replies_.Has(id); },
       client_.options().wait_timeout, what);
-  auto it = fence_results_.find(id);
-  if (it == fence_results_.end()) return waited;
-  v1::FenceResult result = std::move(it->second);
-  fence_results_.erase(it);
-  return result;
+  std::optional<v1::FenceResult> result = replies_.Take(id);
+  if (!result.has_value()) {
+    // Given up on (the wait timed out, or the channel broke): its result
+    // is dropped when it comes, not held for nobody.
+    replies_.Forget(id);
+    return waited;
+  }
+  return *std::move(result);
 }
 
 absl::Status CommandChannel::Fence(uint64_t stream, bool session) {
@@ -187,18 +198,19 @@ absl::StatusOr<uint64_t> CommandChannel::SendRead(uint64_t stream,
   fence.set_read_buffer(buffer);
   fence.set_read_offset(offset);
   fence.set_read_size(size);
-  absl::StatusOr<uint64_t> id = SendFence(std::move(command));
-  if (id.ok()) {
-    absl::MutexLock lock(&mu_);
-    reads_[*id] = ReadTarget{data, size};
-  }
-  return id;
+  const ReadTarget target{data, size};
+  return SendFence(std::move(command), &target);
 }
 
 void CommandChannel::ForgetRead(uint64_t id) {
   absl::MutexLock lock(&mu_);
   if (reads_.erase(id) == 0) return;
-  if (fence_results_.erase(id) == 0) forgotten_.insert(id);
+  replies_.Forget(id);
+}
+
+size_t CommandChannel::HeldResults() {
+  absl::MutexLock lock(&mu_);
+  return replies_.stored();
 }
 
 absl::Status CommandChannel::WaitRead(uint64_t id) {
@@ -218,11 +230,7 @@ absl::Status CommandChannel::WaitRead(uint64_t id) {
   if (absl::Status s = FenceStatus(*result, "SynchronizeStream: "); !s.ok()) {
     return s;
   }
-  if (result->data().size() != target.size) {
-    return absl::InternalError(
-        absl::StrCat("the server sent ", result->data().size(),
-                     " bytes for a read of ", target.size));
-  }
+  // PipelineReplies took only a result of exactly target.size bytes.
   if (target.size > 0) {
     std::memcpy(target.data, result->data().data(), target.size);
   }
@@ -251,6 +259,9 @@ void CommandChannel::WriteLoop() {
         *request.add_commands() = std::move(queue_.front());
         queue_.pop_front();
       }
+      // Counted before the write: the server may apply and acknowledge
+      // them before Write returns.
+      written_ += request.commands_size();
       writing_ = true;
     }
     const bool written = stream_->Write(request);
@@ -265,19 +276,21 @@ void CommandChannel::ReadLoop() {
   while (stream_->Read(&event)) {
     absl::MutexLock lock(&mu_);
     opened_ = true;
-    // Never beyond what was sent: a hostile server cannot unblock waiters
-    // early by acknowledging commands it never got.
-    acknowledged_ = std::max(acknowledged_,
-                             std::min<uint64_t>(event.acknowledged(), issued_));
-    while (!unacked_.empty() && unacked_.front().first <= acknowledged_) {
+    // A reply the protocol does not allow (an acknowledgement beyond what
+    // was written, a result for a fence not awaited or already taken)
+    // ends the channel: what else such a server says cannot be trusted,
+    // and held results stay bounded by the fences awaited.
+    if (absl::Status s = replies_.Apply(event, written_); !s.ok()) {
+      broken_ = absl::InternalError(
+          absl::StrCat("Pipeline: ", s.message(),
+                       " (a broken or hostile server); the channel is closed"));
+      context_.TryCancel();
+      break;
+    }
+    while (!unacked_.empty() &&
+           unacked_.front().first <= replies_.acknowledged()) {
       unacked_bytes_ -= unacked_.front().second;
       unacked_.pop_front();
-    }
-    for (const v1::FenceResult& result : event.fences()) {
-      // Only fences this client is waiting for (bounded by its threads).
-      if (result.id() == 0 || result.id() >= next_fence_) continue;
-      if (forgotten_.erase(result.id()) > 0) continue;
-      fence_results_[result.id()] = result;
     }
   }
   // The call is over: whatever its end, every waiter learns it. The writer
@@ -292,6 +305,7 @@ void CommandChannel::ReadLoop() {
   }
   grpc::Status status = stream_->Finish();
   absl::MutexLock lock(&mu_);
+  if (!broken_.ok()) return;  // The server broke the protocol.
   if (closing_) {
     broken_ = absl::CancelledError("the session was closed");
     return;

@@ -15,12 +15,12 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/server_replies.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/opserver.grpc.pb.h"
 
@@ -89,20 +89,32 @@ class CommandChannel {
                                     uint64_t offset, uint64_t size, void* data);
   // Waits for the read `id` and copies its bytes into its `data`; returns
   // the stream's deferred error, as Fence does (the bytes are not copied
-  // then), or INTERNAL if the server sent another number of bytes.
+  // then).
   absl::Status WaitRead(uint64_t id);
   // Read `id` will not be waited for: its result is dropped when it comes,
   // and its `data` is never written.
   void ForgetRead(uint64_t id);
 
+  // Fence results received and not yet taken: at most one per fence
+  // awaited (a hostile server's replays end the channel instead).
+  size_t HeldResults();
+
  private:
+  // Where a read fence puts its bytes.
+  struct ReadTarget {
+    void* data;
+    uint64_t size;
+  };
+
   CommandChannel(Client& client, ChannelWindow window);
   void WriteLoop();
   void ReadLoop();
   // Waits for `ready` (evaluated under mu_) or the channel to break, at
   // most `timeout`.
   // Sends a fence command with a new id; its result is collected by id.
-  absl::StatusOr<uint64_t> SendFence(v1::PipelineCommand command);
+  // `read`: where a read fence's bytes go (null for other fences).
+  absl::StatusOr<uint64_t> SendFence(v1::PipelineCommand command,
+                                     const ReadTarget* read = nullptr);
   // Waits for fence `id`'s result and takes it.
   absl::StatusOr<v1::FenceResult> TakeFence(uint64_t id,
                                             absl::string_view what);
@@ -122,9 +134,9 @@ class CommandChannel {
   absl::Mutex mu_;
   // Queued, not yet handed to the writer.
   std::deque<v1::PipelineCommand> queue_ ABSL_GUARDED_BY(mu_);
-  // Commands sent (queued) and acknowledged so far.
+  // Commands sent (queued), and handed to the transport, so far.
   uint64_t issued_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t acknowledged_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;
   // (last command number, bytes) of each command not yet acknowledged, for
   // the byte window.
   std::deque<std::pair<uint64_t, uint64_t>> unacked_ ABSL_GUARDED_BY(mu_);
@@ -139,15 +151,10 @@ class CommandChannel {
   // Set once the call ended: every later call returns it.
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   uint64_t next_fence_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<uint64_t, v1::FenceResult> fence_results_
-      ABSL_GUARDED_BY(mu_);
+  // The server's replies: acknowledgements, and results of awaited fences.
+  PipelineReplies replies_ ABSL_GUARDED_BY(mu_);
   // Where each read fence not yet waited for puts its bytes.
-  struct ReadTarget {
-    void* data;
-    uint64_t size;
-  };
   absl::flat_hash_map<uint64_t, ReadTarget> reads_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<uint64_t> forgotten_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace remote

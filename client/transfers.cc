@@ -19,10 +19,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client.h"
+#include "client/server_replies.h"
 #include "common/data_path.h"
 #include "common/transfer_framing.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 
@@ -93,37 +92,18 @@ std::string UploadPrefix(std::string header, uint64_t data_size) {
   return header + UploadDataPrefix(data_size);
 }
 
-// Parses one DownloadResponse from `message`, copying its data straight
-// from gRPC's slices into out[at, capacity) (the only copy of the data on
-// this side). Returns the bytes of data, or -1 when the message is not a
-// DownloadResponse or its data does not fit (a hostile or broken server).
-// Unknown fields are skipped; a repeated data field replaces the previous
-// one, as protobuf's own parser would.
-int64_t ParseDownloadChunk(grpc::ByteBuffer* message, char* out, uint64_t at,
-                           uint64_t capacity) {
-  using google::protobuf::internal::WireFormatLite;
+// Parses one DownloadResponse from gRPC's slices straight into
+// out[at, capacity) (ParseDownloadChunk's checks, on the message as it
+// came).
+absl::StatusOr<uint64_t> ParseDownloadMessage(grpc::ByteBuffer* message,
+                                              char* out, uint64_t at,
+                                              uint64_t capacity) {
   grpc::ProtoBufferReader reader(message);
-  if (!reader.status().ok()) return -1;
-  google::protobuf::io::CodedInputStream input(&reader);
-  const uint32_t data_tag =
-      WireFormatLite::MakeTag(v1::DownloadResponse::kDataFieldNumber,
-                              WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
-  int64_t data_size = 0;
-  for (;;) {
-    const uint32_t tag = input.ReadTag();
-    if (tag == 0) {
-      // The end of the message, or a malformed tag.
-      return input.ConsumedEntireMessage() ? data_size : -1;
-    }
-    if (tag != data_tag) {
-      if (!WireFormatLite::SkipField(&input, tag)) return -1;
-      continue;
-    }
-    uint32_t size = 0;
-    if (!input.ReadVarint32(&size) || size > capacity - at) return -1;
-    if (!input.ReadRaw(out + at, static_cast<int>(size))) return -1;
-    data_size = size;
+  if (!reader.status().ok()) {
+    return absl::InternalError(
+        "the server sent a message that is not a DownloadResponse");
   }
+  return ParseDownloadChunk(&reader, message->Length(), out, at, capacity);
 }
 
 }  // namespace
@@ -228,7 +208,15 @@ std::optional<absl::Status> Session::DataPathTransfer(bool upload,
       client_->DisableDataPath(status);
       return std::nullopt;
     }
-    return status;
+    if (!status.ok()) return status;
+    // OK without a ticket claims a transfer that moved nothing: a broken
+    // or hostile server. Reported, not retried over gRPC: such a server's
+    // word on what it queued cannot be trusted either, and success must
+    // never be claimed for bytes that did not move.
+    return absl::InternalError(
+        absl::StrCat(what,
+                     ": the server ended OpenDataTransfer without a data-path "
+                     "ticket, so nothing was moved"));
   }
   const bool malformed = event.ticket().size() != kDataTicketBytes ||
                          event.port() == 0 || event.port() > 65535;
@@ -458,23 +446,21 @@ absl::Status Session::DownloadCall(grpc::Channel* channel, uint64_t buffer,
           &context, request));
   uint64_t at = 0;
   grpc::ByteBuffer chunk;
-  bool bad_chunk = false;
+  absl::Status bad_chunk;
   while (reader->Read(&chunk)) {
-    const int64_t n = ParseDownloadChunk(&chunk, bytes, at, size);
+    absl::StatusOr<uint64_t> n = ParseDownloadMessage(&chunk, bytes, at, size);
     chunk.Clear();
-    if (n < 0) {
-      bad_chunk = true;
+    if (!n.ok()) {
+      bad_chunk = n.status();
       context.TryCancel();
       break;
     }
-    at += n;
+    at += *n;
   }
   absl::Status status = FromGrpcStatus(reader->Finish(), context, "Download");
-  if (bad_chunk) {
+  if (!bad_chunk.ok()) {
     return absl::InternalError(absl::StrCat(
-        "Download: after ", at, " of ", size,
-        " bytes the server sent more than asked for, or a message that is "
-        "not a DownloadResponse"));
+        "Download: after ", at, " of ", size, " bytes, ", bad_chunk.message()));
   }
   if (!status.ok()) return status;
   if (at != size) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "proto/opserver.pb.h"
@@ -566,6 +567,66 @@ void DataListenerSeeds() {
         bytes({0x3F, 0, 0, 1, 0, 3, 3, 'A', 'B', 'C', 'D', 0, 1, 1, 0, 15}));
 }
 
+// server_replies_fuzzer's own byte format (fuzz/server_replies_fuzzer.cc).
+void ServerRepliesSeeds() {
+  const std::string f = "server_replies_fuzzer";
+  // Download chunks: mode 0, flags (bit 7: 3 GiB of room; bits 0-5: piece
+  // size), room, offset, then the message.
+  auto chunk = [](uint8_t flags, uint8_t room, uint8_t at,
+                  const std::string& message) {
+    return std::string{'\0', static_cast<char>(flags), static_cast<char>(room),
+                       static_cast<char>(at)} +
+           message;
+  };
+  DownloadResponse response;
+  response.set_data("hello, client");
+  Write(f, "download_chunk", chunk(0, 32, 3, response.SerializeAsString()));
+  std::string two = response.SerializeAsString();
+  response.set_data("bye");
+  two += response.SerializeAsString() + std::string("\x48\x2a", 2);
+  Write(f, "download_two_data_fields_in_pieces", chunk(5, 20, 0, two));
+  // A tag in 6 bytes, which protobuf's parser refuses (a smoke run's
+  // finding: the parser took it, dropping the high bits).
+  Write(f, "download_six_byte_tag",
+        chunk(0, 0, 0,
+              std::string("\x79yyyyyyyy\x90\x90\x90\x90\x90\x03\x62", 16)));
+  // The third review, finding 1: a length of 2^31 with 3 GiB of room.
+  Write(
+      f, "finding1_two_gib_length",
+      chunk(0x80, 0, 0,
+            std::string("\x0a\x80\x80\x80\x80\x08", 6) + std::string(64, 'A')));
+
+  // Pipeline scripts: mode 1, then ops (fuzz/server_replies_fuzzer.cc):
+  // 0 await a fence (8: a read of the next byte's size), 1 other commands,
+  // 2 take (10: forget) the fence the next byte names, 3 withdraw the last,
+  // 4 an event (two length bytes, then a PipelineEvent).
+  auto event =
+      [](uint64_t acknowledged,
+         std::initializer_list<std::pair<uint64_t, std::string>> results) {
+        PipelineEvent e;
+        e.set_acknowledged(acknowledged);
+        for (const auto& [id, data] : results) {
+          FenceResult* r = e.add_fences();
+          r->set_id(id);
+          r->set_data(data);
+        }
+        const std::string bytes = e.SerializeAsString();
+        return std::string{'\4', static_cast<char>(bytes.size() & 0xff),
+                           static_cast<char>(bytes.size() >> 8)} +
+               bytes;
+      };
+  const std::string fences_and_read =
+      std::string{'\1', '\0', '\1', '\2', '\x08', '\4'} + event(0, {}) +
+      event(4, {{1, ""}, {2, "read"}}) + std::string{'\2', '\1', '\2', '\2'};
+  Write(f, "fences_and_a_read", fences_and_read);
+  // The third review, finding 2: results already taken, sent again.
+  Write(f, "finding2_replayed_results",
+        fences_and_read + event(4, {{1, ""}, {2, "read"}}));
+  Write(f, "forgotten_read_then_withdrawn",
+        std::string{'\1', '\x08', '\3', '\x0a', '\1'} + event(1, {{1, "abc"}}) +
+            std::string{'\0', '\3'} + event(1, {{1, "abc"}}));
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: make_seeds CORPUS_ROOT\n");
@@ -580,5 +641,6 @@ int main(int argc, char** argv) {
   PipelineSeeds();
   OpCatalogSeeds();
   DataListenerSeeds();
+  ServerRepliesSeeds();
   return 0;
 }

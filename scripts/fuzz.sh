@@ -7,7 +7,8 @@
 #   scripts/fuzz.sh values_fuzzer crash-1234...    # reproduce one input
 #
 # Targets: workspace_fuzzer, evaluate_fuzzer, values_fuzzer, upload_fuzzer,
-# tensor_view_fuzzer, pipeline_fuzzer, data_listener_fuzzer (fuzz/BUILD.bazel).
+# tensor_view_fuzzer, pipeline_fuzzer, data_listener_fuzzer, op_catalog_fuzzer,
+# server_replies_fuzzer (fuzz/BUILD.bazel).
 # What libFuzzer finds goes to
 # $FUZZ_OUT/<target>/ (default /tmp/opserver-fuzz): new corpus entries to
 # corpus/, a crashing input to crash-<sha1>; never into fuzz/corpus/. Memory

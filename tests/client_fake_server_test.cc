@@ -1,7 +1,10 @@
 // The clients (C++ and the aclnn C API) against a fake opserver whose
 // answers the test controls: a call that does not return until the test
-// says so, and a message far larger than the protocol needs: a hostile
-// or broken server must not hang or exhaust its clients.
+// says so, a message far larger than the protocol needs, lying lengths,
+// replayed fence results and a data-path answer without a ticket: a
+// hostile or broken server must not hang, crash or exhaust its clients.
+
+#include <sys/mman.h>
 
 #include <atomic>
 #include <cstdint>
@@ -11,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -18,6 +22,7 @@
 #include "aclnn/acl_meta.h"
 #include "aclnnop/aclnn_hardswish_backward.h"
 #include "client/client.h"
+#include "client/command_channel.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -41,7 +46,41 @@ struct Gate {
   }
 };
 
-class FakeRuntime final : public v1::Runtime::Service {
+// Writes `messages` as they are, whatever was asked: raw bytes, so a test
+// can send what no protobuf serializer would (a lying length prefix).
+class RawWriter : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit RawWriter(std::vector<std::string> messages)
+      : messages_(std::move(messages)) {
+    Next();
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    Next();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Next() {
+    if (next_ == messages_.size()) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    grpc::Slice slice(messages_[next_++]);
+    buffer_ = grpc::ByteBuffer(&slice, 1);
+    StartWrite(&buffer_);
+  }
+
+  const std::vector<std::string> messages_;
+  size_t next_ = 0;
+  grpc::ByteBuffer buffer_;
+};
+
+class FakeRuntime final
+    : public v1::Runtime::WithRawCallbackMethod_Download<v1::Runtime::Service> {
  public:
   grpc::Status CreateSession(grpc::ServerContext*,
                              const v1::CreateSessionRequest*,
@@ -81,10 +120,12 @@ class FakeRuntime final : public v1::Runtime::Service {
   }
 
   // Download answers with these chunks whatever was asked (a hostile or
-  // broken server); each gets an unknown varint field when asked to.
-  grpc::Status Download(
-      grpc::ServerContext*, const v1::DownloadRequest*,
-      grpc::ServerWriter<v1::DownloadResponse>* writer) override {
+  // broken server); each gets an unknown varint field when asked to. Or,
+  // when download_raw is set, with those messages byte for byte.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Download(
+      grpc::CallbackServerContext*, const grpc::ByteBuffer*) override {
+    if (!download_raw.empty()) return new RawWriter(download_raw);
+    std::vector<std::string> messages;
     for (const std::string& data : download_chunks) {
       v1::DownloadResponse chunk;
       chunk.set_data(data);
@@ -93,13 +134,33 @@ class FakeRuntime final : public v1::Runtime::Service {
         chunk.GetReflection()->MutableUnknownFields(&chunk)->AddLengthDelimited(
             10, "not data");
       }
-      if (!writer->Write(chunk)) break;
+      messages.push_back(chunk.SerializeAsString());
     }
+    return new RawWriter(std::move(messages));
+  }
+
+  // With open_without_ticket, OpenDataTransfer ends OK having sent
+  // nothing; otherwise it is UNIMPLEMENTED, as on a server without the
+  // data path.
+  grpc::Status OpenDataTransfer(
+      grpc::ServerContext*, const v1::OpenDataTransferRequest*,
+      grpc::ServerWriter<v1::OpenDataTransferResponse>*) override {
+    if (open_without_ticket) return grpc::Status::OK;
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no data path");
+  }
+
+  // ReadValues answers read_values_sent values, whatever the count asked.
+  grpc::Status ReadValues(grpc::ServerContext*, const v1::ReadValuesRequest*,
+                          v1::ReadValuesResponse* response) override {
+    for (int i = 0; i < read_values_sent; ++i) response->add_values(i);
     return grpc::Status::OK;
   }
 
   std::vector<std::string> download_chunks;
   bool download_unknown_fields = false;
+  std::atomic<int> read_values_sent{0};
+  std::vector<std::string> download_raw;
+  std::atomic<bool> open_without_ticket{false};
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> next_{0};
   // What GetDeviceInfo answers: a hostile server's huge message.
@@ -121,9 +182,48 @@ class FakeOperators final : public v1::Operators::Service {
     return grpc::Status::OK;
   }
 
+  // Without pipeline_on, UNIMPLEMENTED (the clients then make unary calls,
+  // which the gates hold). With it, a Pipeline that applies every command
+  // and answers every fence, but first sends again the result of each
+  // fence it answered before (with 64 KiB of data), or with unasked_fence
+  // set, a result for a fence never sent.
+  grpc::Status Pipeline(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::PipelineEvent, v1::PipelineRequest>* stream)
+      override {
+    if (!pipeline_on) {
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no Pipeline");
+    }
+    v1::PipelineRequest request;
+    if (!stream->Read(&request)) return grpc::Status::OK;
+    stream->Write(v1::PipelineEvent());  // Accepted.
+    uint64_t applied = 0;
+    std::vector<uint64_t> answered;
+    while (stream->Read(&request)) {
+      v1::PipelineEvent event;
+      for (const v1::PipelineCommand& command : request.commands()) {
+        ++applied;
+        if (!command.has_fence()) continue;
+        for (uint64_t id : answered) {
+          v1::FenceResult* replay = event.add_fences();
+          replay->set_id(id);
+          replay->set_data(std::string(64 << 10, 'r'));
+        }
+        if (unasked_fence) event.add_fences()->set_id(1000);
+        event.add_fences()->set_id(command.fence().id());
+        answered.push_back(command.fence().id());
+      }
+      event.set_acknowledged(applied);
+      if (!stream->Write(event)) break;
+    }
+    return grpc::Status::OK;
+  }
+
   Gate plan;
   Gate execute;
   std::atomic<uint64_t> next_{100};
+  std::atomic<bool> pipeline_on{false};
+  std::atomic<bool> unasked_fence{false};
 };
 
 class FakeServerTest : public ::testing::Test {
@@ -217,6 +317,126 @@ TEST_F(FakeServerTest, DownloadChecksWhatTheServerSends) {
     }
     EXPECT_EQ(out.substr(c.size), std::string(8, '#'))
         << "wrote past the range asked for";
+  }
+}
+
+// The third review, finding 1: a Download with 2 GiB or more left, answered
+// with a data length of 2^31 or more, made a negative copy size and
+// crashed the client. Refused before any byte is copied: the 3 GiB
+// destination is reserved, never touched (its pages stay unbacked).
+TEST_F(FakeServerTest, ALyingChunkLengthIsRefusedBeforeAnyCopy) {
+  ConnectOptions options;
+  options.pipeline = false;
+  auto client = Client::Connect(address_, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto session = (*client)->CreateSession("hostile", /*attach=*/false);
+  ASSERT_TRUE(session.ok()) << session.status();
+  constexpr uint64_t kSize = uint64_t{3} << 30;
+  void* out = mmap(nullptr, kSize, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(out, MAP_FAILED);
+  for (const std::string& length :
+       {std::string("\x80\x80\x80\x80\x08"),  // 2^31
+        std::string("\xff\xff\xff\xff\x0f"),  // 2^32 - 1
+        std::string("\x41")}) {               // 65: one past the message
+    SCOPED_TRACE(testing::PrintToString(length));
+    runtime_.download_raw = {"\x0a" + length + std::string(64, 'A')};
+    absl::Status status = (*session)->Download(1, 0, out, kSize);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+    EXPECT_THAT(status.message(),
+                HasSubstr("Download: after 0 of 3221225472 bytes, the server "
+                          "sent a message that is not a DownloadResponse: its "
+                          "data claims "));
+    EXPECT_THAT(status.message(), HasSubstr("but only 64 follow"));
+    EXPECT_EQ(static_cast<const char*>(out)[0], 0) << "copied before refusing";
+  }
+  munmap(out, kSize);
+}
+
+// ReadValues returns what the server sent: a count other than the one
+// asked for would have callers read past the end, or see too few.
+TEST_F(FakeServerTest, ReadValuesChecksTheServersCount) {
+  ConnectOptions options;
+  options.pipeline = false;
+  auto client = Client::Connect(address_, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto session = (*client)->CreateSession("hostile", /*attach=*/false);
+  ASSERT_TRUE(session.ok()) << session.status();
+  for (const int sent : {0, 3, 5, 1000}) {
+    runtime_.read_values_sent = sent;
+    auto values = (*session)->ReadValues(1, 0, kernels::DType::kFloat, 4);
+    EXPECT_EQ(values.status().code(), absl::StatusCode::kInternal)
+        << values.status();
+    EXPECT_EQ(values.status().message(),
+              absl::StrCat("ReadValues: the server sent ", sent,
+                           " values for a read of 4"));
+  }
+  runtime_.read_values_sent = 4;
+  auto values = (*session)->ReadValues(1, 0, kernels::DType::kFloat, 4);
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(*values, (std::vector<double>{0, 1, 2, 3}));
+}
+
+// The third review, finding 9: OpenDataTransfer ended OK without a ticket
+// counted as a finished transfer, though no byte moved. It is a malformed
+// answer: INTERNAL, and the destination is left as it was.
+TEST_F(FakeServerTest, ADataPathAnswerWithoutATicketIsAnError) {
+  runtime_.open_without_ticket = true;
+  ConnectOptions options;
+  options.pipeline = false;
+  options.data_path_bytes = 1;
+  auto client = Client::Connect(address_, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto session = (*client)->CreateSession("hostile", /*attach=*/false);
+  ASSERT_TRUE(session.ok()) << session.status();
+  std::string out(64 << 10, '\xab');
+  absl::Status download = (*session)->Download(1, 0, out.data(), out.size());
+  EXPECT_EQ(download.code(), absl::StatusCode::kInternal) << download;
+  EXPECT_EQ(download.message(),
+            "Download: the server ended OpenDataTransfer without a data-path "
+            "ticket, so nothing was moved");
+  EXPECT_EQ(out, std::string(64 << 10, '\xab'));
+  absl::Status upload = (*session)->Upload(1, 0, out.data(), out.size());
+  EXPECT_EQ(upload.code(), absl::StatusCode::kInternal) << upload;
+  EXPECT_THAT(upload.message(), HasSubstr("Upload: the server ended"));
+}
+
+// The third review, finding 2: a server that sent again the results of
+// fences the client had already taken had them stored again, without
+// bound. A result for a fence the client did not send, or already took,
+// ends the channel with a clear error, and no result is held for nobody.
+TEST_F(FakeServerTest, FenceResultsNotAwaitedEndTheChannel) {
+  ConnectOptions options;
+  options.pipeline = false;  // The test opens the channel itself.
+  auto client = Client::Connect(address_, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto session = (*client)->CreateSession("hostile", /*attach=*/false);
+  ASSERT_TRUE(session.ok()) << session.status();
+  operators_.pipeline_on = true;
+  for (const bool unasked : {false, true}) {
+    SCOPED_TRACE(unasked ? "a fence never sent" : "replayed results");
+    operators_.unasked_fence = unasked;
+    auto channel = remote::CommandChannel::Open(**client, (*session)->token(), {});
+    ASSERT_TRUE(channel.ok()) << channel.status();
+    int fenced = 0;
+    absl::Status ended;
+    for (int i = 0; i < 10 && ended.ok(); ++i) {
+      ended = (*channel)->Fence(0, /*session=*/false);
+      if (ended.ok()) ++fenced;
+    }
+    // The first fence has nothing to replay; the second's answer comes
+    // after the replay of the first.
+    EXPECT_EQ(fenced, unasked ? 0 : 1);
+    EXPECT_EQ(ended.code(), absl::StatusCode::kInternal) << ended;
+    EXPECT_EQ(ended.message(),
+              absl::StrCat("Pipeline: the server sent a result for fence ",
+                           unasked ? 1000 : 1,
+                           ", which this client did not send, already took, "
+                           "or already has (a broken or hostile server); the "
+                           "channel is closed"));
+    EXPECT_EQ((*channel)->HeldResults(), 0u);
+    // Every later call says why.
+    EXPECT_EQ((*channel)->Fence(0, false), ended);
   }
 }
 
