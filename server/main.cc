@@ -127,6 +127,13 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "port 0 picks a free port (printed as 'metrics on HOST:PORT'). "
           "Off when empty. A non-loopback address needs --allow_insecure: "
           "the page names tenants.");
+ABSL_FLAG(int, metrics_threads, 8,
+          "Threads serving /metrics: so many connections are served at once, "
+          "and one that sends half a request holds one until "
+          "--metrics_request_timeout_ms ends it.");
+ABSL_FLAG(int, metrics_request_timeout_ms, 5000,
+          "A /metrics connection that has not sent its whole request (or "
+          "not read the reply) in this long is closed.");
 ABSL_FLAG(bool, allow_insecure, false,
           "Serve a non-loopback --listen address without TLS and "
           "authentication anyway.");
@@ -176,6 +183,9 @@ int main(int argc, char** argv) {
   opserver::Options options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.metrics_serve.threads = absl::GetFlag(FLAGS_metrics_threads);
+  options.metrics_serve.request_timeout = absl::Milliseconds(
+      std::max(1, absl::GetFlag(FLAGS_metrics_request_timeout_ms)));
   options.threads = absl::GetFlag(FLAGS_threads);
   options.device = absl::GetFlag(FLAGS_device);
   options.devices = absl::GetFlag(FLAGS_devices);

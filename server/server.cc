@@ -316,7 +316,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   if (metrics_listen.has_value()) {
     Server* s = server.get();
     s->metrics_->SetSnapshot([s] { return s->MetricsSnapshotNow(); });
-    absl::StatusOr<int> port = s->metrics_->Serve(metrics_listen->ToString());
+    absl::StatusOr<int> port =
+        s->metrics_->Serve(metrics_listen->ToString(), options.metrics_serve);
     if (!port.ok()) {
       return absl::Status(
           port.status().code(),
