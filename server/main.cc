@@ -17,6 +17,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/thread_start.h"
 #include "grpc/grpc.h"
 #include "server/log.h"
 #include "server/server.h"
@@ -284,7 +285,7 @@ int main(int argc, char** argv) {
     // receiver of signals; when it ends, it wakes the sigwait below.
     std::atomic<bool> drained{false};
     const pthread_t main_thread = pthread_self();
-    std::thread drainer([&] {
+    auto drain = [&] {
       const opserver::Server::DrainEnd end = (*server)->Drain();
       if (end == opserver::Server::DrainEnd::kSessionsClosed) {
         opserver::LogLine("drained: every session has closed");
@@ -294,9 +295,21 @@ int main(int argc, char** argv) {
                                        " sessions open"));
       }
       drained.store(true);
-      pthread_kill(main_thread, SIGTERM);
-    });
-    for (;;) {
+    };
+    absl::StatusOr<std::thread> drainer =
+        opserver::StartThread("the drain thread", [&] {
+          drain();
+          pthread_kill(main_thread, SIGTERM);
+        });
+    if (!drainer.ok()) {
+      // No thread (a client holds every thread the process may have): the
+      // drain runs here, to its end or its time limit; a second SIGTERM
+      // waits for it.
+      opserver::LogLine(absl::StrCat(drainer.status().message(),
+                                     "; draining on the main thread"));
+      drain();
+    }
+    while (drainer.ok()) {
       sigwait(&signals, &signal_number);
       if (signal_number == SIGHUP) {
         if (absl::Status status = (*server)->ReloadTokens(); !status.ok()) {
@@ -311,7 +324,7 @@ int main(int argc, char** argv) {
                                      " while draining: ending the drain"));
       (*server)->EndDrain();
     }
-    drainer.join();
+    if (drainer.ok()) drainer->join();
     opserver::LogLine("shutting down");
   } else {
     opserver::LogLine(

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/thread_start.h"
 
 namespace opserver {
 void StreamThreads::Add() {
@@ -200,7 +201,7 @@ Stream::Stream(std::unique_ptr<DeviceStream> device_stream, size_t max_queued,
   // std::thread may throw (no more threads): the caller sees the exception
   // and the count is given back.
   try {
-    std::thread(&Stream::Loop, state_).detach();
+    NewThread([state = state_] { Loop(state); }).detach();
   } catch (...) {
     state_->threads->Done();
     throw;
