@@ -20,6 +20,7 @@ namespace {
 constexpr int kStreamThreadNice = 10;
 
 }  // namespace
+
 void StreamThreads::Add() {
   {
     absl::MutexLock lock(&mu_);
