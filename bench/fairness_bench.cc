@@ -20,11 +20,29 @@
 //                  port as fast as they can, sending nothing
 //   unauth_flood   4 threads of GetDeviceInfo with a wrong token
 //   compute_hog    4 sessions x 2 streams of 2^25-element launches
+//   memset_flood   on the other logical device (the server runs
+//                  --devices=2; the victim is on device 0): 16 streams,
+//                  each keeping up to 8 Memsets of 64 MiB queued
+//   copy_flood     the same with 32 MiB CopyDeviceToDevice within each
+//                  stream's 64 MiB buffer
+//   attach_flood   2 threads opening Attach calls on one session and
+//                  holding them, up to 40,000 each
+//   abandoned_syncs  a record held behind an Upload that never finishes;
+//                  4 threads of SynchronizeEvent on it, each given up
+//                  after 20 ms, up to 100,000 each
+//   held_batches   4 sessions x 8 Pipeline channels, each sending one batch
+//                  of 9 read fences of 1 MiB and a plan with a 3.9M-dim
+//                  packed shape, never reading
 //   alone          again, to see the machine did not drift
+//
+// Per phase also the server's resident memory (VmRSS; the server runs in
+// this process, beside the victim's small client) before the attacker
+// starts, when the phase ends, and a second after the attacker is gone.
 //
 // Per phase: victim steps, failures, p50 and p99 in ms, and the ratio to
 // the first "alone" phase, with the targets (p99 <= 5x alone beside every
-// attacker but the compute hog; p50 <= 3x alone beside it; no failures).
+// attacker but the compute hog and the other device's memset and copy
+// floods; p50 <= 3x alone beside those; no failures).
 // Every loop is bounded by the phase's time and stops by itself; all
 // traffic stays on 127.0.0.1.
 
@@ -53,6 +71,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -184,6 +203,18 @@ PhaseResult RunVictim(const std::string& name, Session& session,
     result.p99_ms = ms[std::min(ms.size() - 1, ms.size() * 99 / 100)];
   }
   return result;
+}
+
+// VmRSS of this process (the server's, with the victim's client), in MiB.
+double ResidentMiB() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (absl::StartsWith(line, "VmRSS:")) {
+      return std::strtod(line.c_str() + 6, nullptr) / 1024.0;
+    }
+  }
+  return 0;
 }
 
 // Attackers. Each returns an Attack that runs until destroyed.
@@ -327,6 +358,184 @@ std::unique_ptr<Attack> ComputeHog(const std::string& address) {
       });
 }
 
+// Keeps up to 8 Memsets of 64 MiB (or, with `copy`, CopyDeviceToDevice of
+// 32 MiB within the buffer) queued on each of 16 streams of one session on
+// device 1.
+std::unique_ptr<Attack> MemsetFlood(const std::string& address, bool copy) {
+  auto client = std::make_shared<std::unique_ptr<Client>>(
+      Connect(address, kAttackerToken, false));
+  auto created = (*client)->CreateSession(copy ? "copies" : "memsets",
+                                          /*attach=*/false, /*device=*/1);
+  if (!created.ok()) {
+    std::fprintf(stderr, "session on device 1: %s\n",
+                 created.status().ToString().c_str());
+    std::exit(1);
+  }
+  std::shared_ptr<Session> session = *std::move(created);
+  return std::make_unique<Attack>(
+      16, [client, session, copy](const std::atomic<bool>& stop, int) {
+        constexpr uint64_t kBytes = 64 << 20;
+        auto buffer = session->Malloc(kBytes);
+        if (!buffer.ok()) return;
+        auto stream = session->CreateStream();
+        const uint64_t s = stream.ok() ? stream->handle() : 0;
+        while (!stop) {
+          for (int i = 0; i < 8 && !stop; ++i) {
+            if (copy) {
+              session
+                  ->CopyOnDevice(buffer->handle(), 0, buffer->handle(),
+                                 kBytes / 2, kBytes / 2, s)
+                  .IgnoreError();
+            } else {
+              session->Memset(buffer->handle(), 0, kBytes, i, s).IgnoreError();
+            }
+          }
+          session->Synchronize(s).IgnoreError();
+        }
+      });
+}
+
+grpc::ClientContext* Authorized(grpc::ClientContext* context,
+                                absl::Duration deadline) {
+  context->AddMetadata("authorization",
+                       absl::StrCat("Bearer ", kAttackerToken));
+  context->set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  return context;
+}
+
+// Attach calls on one session, held open: 2 threads, up to 40,000 each.
+std::unique_ptr<Attack> AttachFlood(const std::string& address) {
+  auto client = std::make_shared<std::unique_ptr<Client>>(
+      Connect(address, kAttackerToken, false));
+  std::shared_ptr<Session> session = Open(**client, "attacher");
+  return std::make_unique<Attack>(
+      2, [client, session](const std::atomic<bool>& stop, int) {
+        struct Held {
+          std::unique_ptr<grpc::ClientContext> context;
+          std::unique_ptr<grpc::ClientReader<v1::AttachEvent>> reader;
+        };
+        std::vector<Held> held;
+        v1::AttachRequest request;
+        request.set_session(session->token());
+        while (!stop && held.size() < 40000) {
+          Held h;
+          h.context = std::make_unique<grpc::ClientContext>();
+          Authorized(h.context.get(), absl::Minutes(10));
+          h.reader = (*client)->runtime().Attach(h.context.get(), request);
+          held.push_back(std::move(h));
+        }
+        while (!stop) absl::SleepFor(absl::Milliseconds(10));
+        for (Held& h : held) h.context->TryCancel();
+      });
+}
+
+// SynchronizeEvent calls given up after 20 ms on a record that cannot
+// complete: it is queued behind an Upload on its stream that sent its
+// header and one byte of 1 MiB and then nothing (held until the server's
+// transfer idle timeout, longer than a phase).
+std::unique_ptr<Attack> AbandonedSyncs(const std::string& address) {
+  auto client = std::make_shared<std::unique_ptr<Client>>(
+      Connect(address, kAttackerToken, false));
+  std::shared_ptr<Session> session = Open(**client, "syncs");
+  auto stream = session->CreateStream();
+  auto buffer = session->Malloc(1 << 20);
+  if (!stream.ok() || !buffer.ok()) std::exit(1);
+  struct Upload {
+    grpc::ClientContext context;
+    v1::UploadResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> writer;
+  };
+  auto upload = std::make_shared<Upload>();
+  Authorized(&upload->context, absl::Minutes(10));
+  upload->writer =
+      (*client)->runtime().Upload(&upload->context, &upload->response);
+  v1::UploadRequest first;
+  first.set_session(session->token());
+  first.set_buffer(buffer->handle());
+  first.set_size(1 << 20);
+  first.set_stream(stream->handle());
+  first.set_data("x");
+  upload->writer->Write(first);
+  // The record must queue behind the Upload's hold: retried (a few times)
+  // until it is seen incomplete.
+  auto event = std::make_shared<uint64_t>(0);
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    absl::SleepFor(absl::Milliseconds(20));
+    auto created = session->CreateEvent();
+    if (!created.ok()) continue;
+    if (!session->RecordEvent(*created, stream->handle()).ok()) continue;
+    auto done = session->QueryEvent(*created);
+    if (done.ok() && !*done) {
+      *event = *created;
+      break;
+    }
+  }
+  if (*event == 0) {
+    std::fprintf(stderr, "abandoned_syncs: no held record\n");
+    std::exit(1);
+  }
+  return std::make_unique<Attack>(
+      4, [client, session, upload, event](const std::atomic<bool>& stop, int) {
+        v1::SynchronizeEventRequest request;
+        request.set_session(session->token());
+        request.set_event(*event);
+        for (int i = 0; i < 100000 && !stop; ++i) {
+          grpc::ClientContext context;
+          Authorized(&context, absl::Milliseconds(20));
+          v1::SynchronizeEventResponse response;
+          (*client)
+              ->runtime()
+              .SynchronizeEvent(&context, request, &response)
+              .error_code();
+        }
+      });
+}
+
+// 4 sessions x 8 Pipeline channels; each sends one batch that stops at its
+// read fences (9 MiB of results the channel never reads) with a plan of a
+// 3.9M-dim packed shape behind them, and holds the channel open.
+std::unique_ptr<Attack> HeldBatches(const std::string& address) {
+  auto client = std::make_shared<std::unique_ptr<Client>>(
+      Connect(address, kAttackerToken, false));
+  return std::make_unique<Attack>(4, [client](const std::atomic<bool>& stop,
+                                              int t) {
+    std::unique_ptr<Session> session = Open(**client, absl::StrCat("held", t));
+    auto buffer = session->Malloc(1 << 20);
+    if (!buffer.ok()) return;
+    v1::PipelineRequest batch;
+    batch.set_session(session->token());
+    for (uint64_t j = 1; j <= 9; ++j) {
+      v1::FenceCommand* fence = batch.add_commands()->mutable_fence();
+      fence->set_id(j);
+      fence->set_read_buffer(buffer->handle());
+      fence->set_read_size(1 << 20);
+    }
+    v1::PlanCommand* plan = batch.add_commands()->mutable_plan();
+    plan->set_executor((uint64_t{1} << 62) + 1);
+    plan->mutable_request()->set_op("ThresholdBackward");
+    v1::TensorDesc& grad =
+        (*plan->mutable_request()->mutable_tensors())["gradOutput"];
+    grad.set_buffer(buffer->handle());
+    grad.mutable_shape()->Resize(3900000, 0);
+    struct Channel {
+      grpc::ClientContext context;
+      std::unique_ptr<
+          grpc::ClientReaderWriter<v1::PipelineRequest, v1::PipelineEvent>>
+          stream;
+    };
+    std::vector<std::unique_ptr<Channel>> channels;
+    for (int c = 0; c < 8 && !stop; ++c) {
+      auto channel = std::make_unique<Channel>();
+      Authorized(&channel->context, absl::Minutes(10));
+      channel->stream = (*client)->operators().Pipeline(&channel->context);
+      channel->stream->Write(batch);
+      channels.push_back(std::move(channel));
+    }
+    while (!stop) absl::SleepFor(absl::Milliseconds(10));
+    for (auto& channel : channels) channel->context.TryCancel();
+  });
+}
+
 // One attacker, in a process of its own, until --attack_s seconds passed
 // (the bench kills it sooner).
 int RunAttacker() {
@@ -347,6 +556,14 @@ int RunAttacker() {
     attack = UnauthenticatedFlood(address);
   } else if (name == "compute_hog") {
     attack = ComputeHog(address);
+  } else if (name == "memset_flood" || name == "copy_flood") {
+    attack = MemsetFlood(address, name == "copy_flood");
+  } else if (name == "attach_flood") {
+    attack = AttachFlood(address);
+  } else if (name == "abandoned_syncs") {
+    attack = AbandonedSyncs(address);
+  } else if (name == "held_batches") {
+    attack = HeldBatches(address);
   } else {
     std::fprintf(stderr, "unknown attacker %s\n", name.c_str());
     return 2;
@@ -372,6 +589,8 @@ int Main(int argc, char** argv) {
   options.listen = "127.0.0.1:0";
   options.auth_token_file = tokens;
   options.device_memory_bytes = 4ull << 30;
+  // Device 1 is the memset and copy floods' (the victim's is 0).
+  options.devices = 2;
   auto server = Server::Start(options);
   unlink(tokens.c_str());
   rmdir(dir);
@@ -393,10 +612,13 @@ int Main(int argc, char** argv) {
     bool compute;  // The p50 target instead of the p99 one.
   };
   const std::vector<Phase> phases = {
-      {"alone", false},        {"giant_batches", false},
-      {"malloc_churn", false}, {"big_evaluates", false},
-      {"data_port", false},    {"unauth_flood", false},
-      {"compute_hog", true},   {"alone", false},
+      {"alone", false},           {"giant_batches", false},
+      {"malloc_churn", false},    {"big_evaluates", false},
+      {"data_port", false},       {"unauth_flood", false},
+      {"compute_hog", true},      {"memset_flood", true},
+      {"copy_flood", true},       {"attach_flood", false},
+      {"abandoned_syncs", false}, {"held_batches", false},
+      {"alone", false},
   };
   const std::string data_port = absl::StrCat((*server)->data_port());
   std::printf(
@@ -404,8 +626,9 @@ int Main(int argc, char** argv) {
       "+ Execute + ReadValues (4096 fp32), %d s per phase, attacker "
       "processes at nice %d\n",
       absl::GetFlag(FLAGS_phase_s), absl::GetFlag(FLAGS_attacker_nice));
-  std::printf("%-14s %7s %6s %9s %9s %8s %8s  %s\n", "phase", "steps", "fail",
-              "p50 ms", "p99 ms", "p50 x", "p99 x", "target");
+  std::printf("%-15s %7s %6s %9s %9s %8s %8s  %-28s %s\n", "phase", "steps",
+              "fail", "p50 ms", "p99 ms", "p50 x", "p99 x", "target",
+              "server RSS MiB: before / end / after");
   PhaseResult alone;
   bool all_met = true;
   const std::vector<std::string> wanted =
@@ -418,6 +641,7 @@ int Main(int argc, char** argv) {
     // The attacker is a process of its own, as a tenant's client would
     // be: its threads (gRPC's included) are not the server's.
     pid_t attacker = 0;
+    const double rss_before = ResidentMiB();
     if (std::string(p.name) != "alone") {
       std::vector<std::string> args = {
           "/proc/self/exe",
@@ -438,10 +662,14 @@ int Main(int argc, char** argv) {
       absl::SleepFor(absl::Seconds(1));
     }
     PhaseResult r = RunVictim(p.name, *session, *a, *b, phase);
+    const double rss_end = ResidentMiB();
     if (attacker != 0) {
       kill(attacker, SIGKILL);
       waitpid(attacker, nullptr, 0);
+      // The server notices the connections are gone.
+      absl::SleepFor(absl::Seconds(1));
     }
+    const double rss_after = ResidentMiB();
     if (alone.steps == 0) alone = r;
     const double p50x = alone.p50_ms > 0 ? r.p50_ms / alone.p50_ms : 0;
     const double p99x = alone.p99_ms > 0 ? r.p99_ms / alone.p99_ms : 0;
@@ -453,8 +681,10 @@ int Main(int argc, char** argv) {
       target = absl::StrCat(p.compute ? "p50<=3x" : "p99<=5x",
                             ", no failure: ", met ? "met" : "MISSED");
     }
-    std::printf("%-14s %7d %6d %9.2f %9.2f %8.2f %8.2f  %s\n", p.name, r.steps,
-                r.failures, r.p50_ms, r.p99_ms, p50x, p99x, target.c_str());
+    std::printf(
+        "%-15s %7d %6d %9.2f %9.2f %8.2f %8.2f  %-28s %.0f / %.0f / %.0f\n",
+        p.name, r.steps, r.failures, r.p50_ms, r.p99_ms, p50x, p99x,
+        target.c_str(), rss_before, rss_end, rss_after);
     if (r.failures > 0) {
       std::printf("  first failure: %s\n", r.first_error.c_str());
     }

@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/thread_start.h"
 
 namespace opserver {
 // A connection that has not yet sent a whole ticket.
@@ -97,7 +98,10 @@ absl::StatusOr<std::unique_ptr<DataListener>> DataListener::Start(
     return absl::InternalError(
         absl::StrCat("data path: eventfd: ", std::strerror(errno)));
   }
-  listener->thread_ = std::thread([l = listener.get()] { l->Run(); });
+  absl::StatusOr<std::thread> thread =
+      StartThread("the data path's thread", [l = listener.get()] { l->Run(); });
+  if (!thread.ok()) return thread.status();
+  listener->thread_ = *std::move(thread);
   return listener;
 }
 

@@ -17,6 +17,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/thread_start.h"
 #include "grpc/grpc.h"
 #include "server/log.h"
 #include "server/server.h"
@@ -134,6 +135,13 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "port 0 picks a free port (printed as 'metrics on HOST:PORT'). "
           "Off when empty. A non-loopback address needs --allow_insecure: "
           "the page names tenants.");
+ABSL_FLAG(int, metrics_threads, 8,
+          "Threads serving /metrics: so many connections are served at once, "
+          "and one that sends half a request holds one until "
+          "--metrics_request_timeout_ms ends it.");
+ABSL_FLAG(int, metrics_request_timeout_ms, 5000,
+          "A /metrics connection that has not sent its whole request (or "
+          "not read the reply) in this long is closed.");
 ABSL_FLAG(bool, allow_insecure, false,
           "Serve a non-loopback --listen address without TLS and "
           "authentication anyway.");
@@ -183,6 +191,9 @@ int main(int argc, char** argv) {
   opserver::Options options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.metrics_serve.threads = absl::GetFlag(FLAGS_metrics_threads);
+  options.metrics_serve.request_timeout = absl::Milliseconds(
+      std::max(1, absl::GetFlag(FLAGS_metrics_request_timeout_ms)));
   options.threads = absl::GetFlag(FLAGS_threads);
   options.device = absl::GetFlag(FLAGS_device);
   options.devices = absl::GetFlag(FLAGS_devices);
@@ -285,7 +296,7 @@ int main(int argc, char** argv) {
     // receiver of signals; when it ends, it wakes the sigwait below.
     std::atomic<bool> drained{false};
     const pthread_t main_thread = pthread_self();
-    std::thread drainer([&] {
+    auto drain = [&] {
       const opserver::Server::DrainEnd end = (*server)->Drain();
       if (end == opserver::Server::DrainEnd::kSessionsClosed) {
         opserver::LogLine("drained: every session has closed");
@@ -295,9 +306,21 @@ int main(int argc, char** argv) {
                                        " sessions open"));
       }
       drained.store(true);
-      pthread_kill(main_thread, SIGTERM);
-    });
-    for (;;) {
+    };
+    absl::StatusOr<std::thread> drainer =
+        opserver::StartThread("the drain thread", [&] {
+          drain();
+          pthread_kill(main_thread, SIGTERM);
+        });
+    if (!drainer.ok()) {
+      // No thread (a client holds every thread the process may have): the
+      // drain runs here, to its end or its time limit; a second SIGTERM
+      // waits for it.
+      opserver::LogLine(absl::StrCat(drainer.status().message(),
+                                     "; draining on the main thread"));
+      drain();
+    }
+    while (drainer.ok()) {
       sigwait(&signals, &signal_number);
       if (signal_number == SIGHUP) {
         if (absl::Status status = (*server)->ReloadTokens(); !status.ok()) {
@@ -312,7 +335,7 @@ int main(int argc, char** argv) {
                                      " while draining: ending the drain"));
       (*server)->EndDrain();
     }
-    drainer.join();
+    if (drainer.ok()) drainer->join();
     opserver::LogLine("shutting down");
   } else {
     opserver::LogLine(

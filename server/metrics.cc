@@ -264,9 +264,27 @@ Metrics::Interceptors() {
   return factories;
 }
 
-absl::StatusOr<int> Metrics::Serve(const std::string& host_port) {
+absl::StatusOr<int> Metrics::Serve(const std::string& host_port,
+                                   const MetricsServeOptions& options) {
+  const int64_t timeout_ms =
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(options.request_timeout));
+  std::vector<std::string> civetweb_options = {
+      "listening_ports",
+      host_port,
+      "num_threads",
+      absl::StrCat(std::max(1, options.threads)),
+      "request_timeout_ms",
+      absl::StrCat(timeout_ms),
+      // A scrape is one request: a kept-alive connection would hold a
+      // thread between scrapes.
+      "enable_keep_alive",
+      "no",
+      "connection_queue",
+      absl::StrCat(std::max(1, options.queued_connections)),
+  };
   try {
-    exposer_ = std::make_unique<prometheus::Exposer>(host_port);
+    exposer_ =
+        std::make_unique<prometheus::Exposer>(std::move(civetweb_options));
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on ", host_port, ": ", e.what()));

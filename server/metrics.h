@@ -82,6 +82,18 @@ struct MetricsSnapshot {
   uint64_t data_port_refused = 0;
 };
 
+// How /metrics is served (civetweb's options). A connection that sends
+// part of a request and then nothing holds one of `threads` until
+// `request_timeout` ends it, so several threads and a short time-out keep a
+// few silent connections from blocking every scrape (the third review,
+// finding 6). Connections beyond the threads wait in a queue of
+// `queued_connections`, and beyond that in the kernel's listen backlog.
+struct MetricsServeOptions {
+  int threads = 8;
+  absl::Duration request_timeout = absl::Seconds(5);
+  int queued_connections = 32;
+};
+
 class Metrics {
  public:
   Metrics();
@@ -97,7 +109,8 @@ class Metrics {
 
   // Serves /metrics on HOST:PORT (port 0: any) until this object is gone;
   // the port it listens on. UNAVAILABLE when it cannot listen.
-  absl::StatusOr<int> Serve(const std::string& host_port);
+  absl::StatusOr<int> Serve(const std::string& host_port,
+                            const MetricsServeOptions& options = {});
 
   // The scrape-time part (called on the exposer's thread for each scrape).
   void SetSnapshot(std::function<MetricsSnapshot()> snapshot);

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/data_path.h"
+#include "common/thread_start.h"
 #include "common/values.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
@@ -131,7 +132,9 @@ RuntimeService::RuntimeService(SessionManager* sessions, TransferLimits limits,
       authenticator_(authenticator),
       data_listener_(data_listener),
       workers_(workers),
-      watchdog_([this] { WatchTransfers(); }) {}
+      // Throws std::system_error without a thread (the Server turns it into
+      // its start's error).
+      watchdog_(NewThread([this] { WatchTransfers(); })) {}
 
 RuntimeService::~RuntimeService() {
   {

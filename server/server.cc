@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "common/listen_address.h"
 #include "common/malloc_tuning.h"
+#include "common/thread_start.h"
 #include "devices/device_factory.h"
 #include "google/protobuf/descriptor.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -248,8 +249,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     return absl::ResourceExhaustedError(
         absl::StrCat("--work_threads: cannot start the threads: ", e.what()));
   }
-  server->sessions_ = std::make_unique<SessionManager>(
-      device_list, options.session_limits, server->metrics_.get());
+  try {
+    server->sessions_ = std::make_unique<SessionManager>(
+        device_list, options.session_limits, server->metrics_.get());
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot start the session reaper thread: ", e.what()));
+  }
   if (!tls && options.data_port >= 0) {
     DataListener::Options data;
     data.host = listen->host;
@@ -264,9 +270,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     }
     server->data_listener_ = *std::move(listener);
   }
-  server->runtime_service_ = std::make_unique<RuntimeService>(
-      server->sessions_.get(), transfer, server->authenticator_.get(),
-      server->data_listener_.get(), server->workers_.get());
+  try {
+    server->runtime_service_ = std::make_unique<RuntimeService>(
+        server->sessions_.get(), transfer, server->authenticator_.get(),
+        server->data_listener_.get(), server->workers_.get());
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot start the transfer watchdog thread: ", e.what()));
+  }
   // ListOperators describes device 0; Evaluate runs on the device its
   // request names.
   server->operator_service_ = std::make_unique<OperatorService>(
@@ -317,7 +328,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   if (metrics_listen.has_value()) {
     Server* s = server.get();
     s->metrics_->SetSnapshot([s] { return s->MetricsSnapshotNow(); });
-    absl::StatusOr<int> port = s->metrics_->Serve(metrics_listen->ToString());
+    absl::StatusOr<int> port =
+        s->metrics_->Serve(metrics_listen->ToString(), options.metrics_serve);
     if (!port.ok()) {
       return absl::Status(
           port.status().code(),
@@ -436,15 +448,24 @@ void Server::Shutdown() {
   // work. So at the deadline the queued work is dropped too, and those
   // calls end with CANCELLED at once.
   absl::Notification stopped;
-  std::thread canceller([this, deadline, &stopped] {
-    if (!stopped.WaitForNotificationWithDeadline(deadline)) {
-      sessions_->CancelAllWork();
-    }
-  });
+  absl::StatusOr<std::thread> canceller =
+      StartThread("the shutdown canceller thread", [this, deadline, &stopped] {
+        if (!stopped.WaitForNotificationWithDeadline(deadline)) {
+          sessions_->CancelAllWork();
+        }
+      });
+  if (!canceller.ok()) {
+    // No thread to wait for the deadline (a client holds every thread the
+    // process may have): the queued work is dropped now, so the calls
+    // waiting on it end at once and shutdown completes without the grace.
+    LogLine(absl::StrCat(canceller.status().message(),
+                         "; cancelling queued work now, without the grace"));
+    sessions_->CancelAllWork();
+  }
   grpc_server_->Shutdown(absl::ToChronoTime(deadline));
   grpc_server_->Wait();
   stopped.Notify();
-  canceller.join();
+  if (canceller.ok()) canceller->join();
   if (authenticator_ != nullptr) authenticator_->FlushRejections();
 }
 

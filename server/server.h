@@ -35,6 +35,9 @@ struct Options {
   // Server::metrics_port()); empty: none. Like `listen`, an address other
   // machines can reach needs allow_insecure: the page names tenants.
   std::string metrics_listen;
+  // Threads, request time-out and queue of the /metrics server
+  // (--metrics_threads, --metrics_request_timeout_ms).
+  MetricsServeOptions metrics_serve;
   // Count metrics at all (the interceptor and the event counters). Off
   // only to measure what counting costs (bench/step_bench's A/B).
   bool metrics = true;

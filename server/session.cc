@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/thread_start.h"
 #include "kernels/aclnn_status.h"
 #include "server/log.h"
 
@@ -622,7 +623,9 @@ SessionManager::SessionManager(std::vector<Device*> devices,
     device_accounts_.push_back(std::make_unique<MemoryAccounting>(&account_));
   }
   // Started last: the reaper reads the members above.
-  reaper_ = std::thread([this] { ReaperLoop(); });
+  // Throws std::system_error without a thread (the Server turns it into
+  // its start's error).
+  reaper_ = NewThread([this] { ReaperLoop(); });
 }
 
 std::vector<uint64_t> SessionManager::SessionsPerDevice() const {

@@ -1,5 +1,9 @@
 #include "server/stream.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -35,6 +39,22 @@ TEST(StreamTest, RunsInIssueOrder) {
   EXPECT_TRUE(stream.SynchronizeAndWait().ok());
   ASSERT_EQ(order.size(), 100u);
   for (int i = 0; i < 100; ++i) EXPECT_EQ(order[i], i);
+}
+
+// Queued work runs behind the calls gRPC's threads answer (the third
+// review, finding 7): the stream's thread is niced, the caller's is not.
+TEST(StreamTest, QueuedWorkRunsAtALowerPriorityThanTheCaller) {
+  Stream stream;
+  const int caller = getpriority(PRIO_PROCESS, 0);
+  int worker = caller;
+  Enq(stream, [&worker] {
+    worker = getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(stream.SynchronizeAndWait().ok());
+  // 10, or the caller's own if already lower (raising it needs privilege).
+  EXPECT_GE(worker, 10);
+  EXPECT_GE(worker, caller);
 }
 
 TEST(StreamTest, FirstErrorIsReportedOnceByTheNextSynchronize) {

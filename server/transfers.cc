@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/data_path.h"
+#include "common/thread_start.h"
 #include "common/transfer_framing.h"
 #include "server/grpc_status_util.h"
 #include "server/log.h"
@@ -720,7 +721,7 @@ class RuntimeService::DataTransfer final
       if (service_->limits_.start_thread) {
         service_->limits_.start_thread(std::move(move));
       } else {
-        std::thread(std::move(move)).detach();
+        NewThread(std::move(move)).detach();
       }
     } catch (const std::system_error& e) {
       {

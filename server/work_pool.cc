@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/thread_start.h"
 
 namespace opserver {
 
@@ -16,7 +17,7 @@ WorkPool::WorkPool(const Options& options) : options_(options) {
   threads_.reserve(static_cast<size_t>(threads));
   try {
     for (int i = 0; i < threads; ++i) {
-      threads_.emplace_back([this] {
+      threads_.push_back(NewThread([this] {
         if (options_.nice > 0) {
           // Best effort: a thread left at the process's priority still
           // runs its turns.
@@ -25,7 +26,7 @@ WorkPool::WorkPool(const Options& options) : options_(options) {
                             options_.nice);
         }
         Loop();
-      });
+      }));
     }
   } catch (...) {
     {

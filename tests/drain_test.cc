@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/time/clock.h"
+#include "common/thread_start.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -290,6 +291,55 @@ TEST_F(DrainTest, ShutdownEndsADrainInProgress) {
   server_->Shutdown();
   EXPECT_EQ(JoinDrain(), Server::DrainEnd::kEnded);
   EXPECT_LT(drain_time_, absl::Seconds(60));
+}
+
+// Issue 37, item 12: once a client has used up the process's threads
+// (RLIMIT_NPROC; here the test hook), the calls that need a thread fail
+// with RESOURCE_EXHAUSTED, and shutdown, which used to start a thread and
+// die of the exception (SIGABRT), completes without one.
+TEST_F(DrainTest, WithoutThreadsCallsFailCleanlyAndShutdownCompletes) {
+  Start(absl::ZeroDuration());
+  const std::string session = MustCreateSession();
+  FailThreadStartsForTesting(true);
+  std::string refused;
+  grpc::Status create = CreateSession(&refused);
+  EXPECT_EQ(create.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(create.error_message(),
+            "cannot start the session's stream thread: Resource temporarily "
+            "unavailable");
+  {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    v1::CreateStreamRequest request;
+    request.set_session(session);
+    v1::CreateStreamResponse response;
+    grpc::Status stream = runtime_->CreateStream(&context, request, &response);
+    EXPECT_EQ(stream.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_EQ(stream.error_message(),
+              "cannot start a stream thread: Resource temporarily unavailable");
+  }
+  ::testing::internal::CaptureStderr();
+  server_->Shutdown();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  server_.reset();
+  FailThreadStartsForTesting(false);
+  EXPECT_THAT(log, HasSubstr("cannot start the shutdown canceller thread: "
+                             "Resource temporarily unavailable; cancelling "
+                             "queued work now, without the grace"));
+}
+
+TEST(ServerStartTest, WithoutThreadsStartIsAnErrorNotAnAbort) {
+  Options options;
+  options.listen = "127.0.0.1:0";
+  options.threads = 2;
+  FailThreadStartsForTesting(true);
+  auto server = Server::Start(options);
+  FailThreadStartsForTesting(false);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(server.status().message()),
+              HasSubstr("cannot start the threads: Resource temporarily "
+                        "unavailable"));
 }
 
 }  // namespace

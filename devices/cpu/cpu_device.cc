@@ -53,13 +53,17 @@ uint64_t CpuDevice::DefaultMemoryBytes() {
 CpuDevice::CpuDevice(int threads, uint64_t pool_cache_bytes,
                      uint64_t memory_bytes)
     : CpuDevice(std::make_shared<ThreadPool>(ResolveThreads(threads)),
-                pool_cache_bytes, memory_bytes) {}
+                std::make_shared<ComputeTurns>(ResolveThreads(threads)),
+                /*party=*/0, pool_cache_bytes, memory_bytes) {}
 
 CpuDevice::CpuDevice(std::shared_ptr<ThreadPool> compute,
+                     std::shared_ptr<ComputeTurns> turns, int party,
                      uint64_t pool_cache_bytes, uint64_t memory_bytes)
     : memory_(pool_cache_bytes,
               memory_bytes != 0 ? memory_bytes : DefaultMemoryBytes()),
-      compute_(std::move(compute)) {
+      compute_(std::move(compute)),
+      turns_(std::move(turns)),
+      party_(party) {
   description_.kind = "cpu";
   description_.name = CpuModelName();
   description_.threads = static_cast<uint32_t>(compute_->num_threads());
@@ -87,7 +91,8 @@ void CpuDevice::Deallocate(void* block, uint64_t bytes) {
 }
 
 absl::StatusOr<std::unique_ptr<DeviceStream>> CpuDevice::CreateStream() {
-  return std::make_unique<CpuStream>(this, compute_.get());
+  return std::make_unique<CpuStream>(this, compute_.get(), turns_.get(),
+                                     party_);
 }
 
 absl::Status CpuStream::CopyToDevice(void* device_dst, const void* host_src,
@@ -102,15 +107,39 @@ absl::Status CpuStream::CopyFromDevice(void* host_dst, const void* device_src,
   return absl::OkStatus();
 }
 
+absl::Status CpuStream::CheckCancelled(const char* what) const {
+  if (!cancelled_.load(std::memory_order_relaxed)) return absl::OkStatus();
+  return absl::CancelledError(absl::StrCat(
+      "the ", what,
+      " was cancelled (its stream was destroyed, its session closed, or the "
+      "server is shutting down); its destination is partly written"));
+}
+
 absl::Status CpuStream::Memset(void* dst, int value, uint64_t bytes) {
-  if (bytes != 0) std::memset(dst, value & 0xff, bytes);
+  char* const out = static_cast<char*>(dst);
+  for (uint64_t at = 0; at < bytes; at += kSliceBytes) {
+    if (absl::Status s = CheckCancelled("memset"); !s.ok()) return s;
+    ComputeTurns::Turn turn(turns_, party_);
+    std::memset(out + at, value & 0xff, std::min(kSliceBytes, bytes - at));
+  }
   return absl::OkStatus();
 }
 
 absl::Status CpuStream::CopyOnDevice(void* dst, const void* src,
                                      uint64_t bytes) {
-  // memmove: a copy within one buffer may overlap.
-  if (bytes != 0) std::memmove(dst, src, bytes);
+  char* const out = static_cast<char*>(dst);
+  const char* const in = static_cast<const char*>(src);
+  // A copy within one buffer may overlap: when the destination starts
+  // inside the source, slices go from the end so that none overwrites
+  // source bytes a later slice still reads (memmove within each slice).
+  const bool backward = out > in && out < in + bytes;
+  for (uint64_t done = 0; done < bytes; done += kSliceBytes) {
+    if (absl::Status s = CheckCancelled("copy"); !s.ok()) return s;
+    const uint64_t n = std::min(kSliceBytes, bytes - done);
+    const uint64_t at = backward ? bytes - done - n : done;
+    ComputeTurns::Turn turn(turns_, party_);
+    std::memmove(out + at, in + at, n);
+  }
   return absl::OkStatus();
 }
 
@@ -118,7 +147,8 @@ absl::Status CpuStream::Launch(const DevicePlan& plan, void* workspace,
                                uint64_t workspace_size) {
   absl::StatusOr<const Plan*> host = HostPlan::Of(plan, device_);
   if (!host.ok()) return host.status();
-  return RunPlan(**host, workspace, workspace_size, compute_, &cancelled_);
+  return RunPlan(**host, workspace, workspace_size, compute_, &cancelled_,
+                 turns_, party_);
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCpuDevices(
@@ -152,12 +182,18 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCpuDevices(
   // still gets every core, and busy devices share them; the pool takes
   // concurrent launches from many streams already (one device's streams
   // run concurrently on it today).
-  auto compute =
-      std::make_shared<ThreadPool>(CpuDevice::ResolveThreads(options.threads));
+  //
+  // Sharing the cores, the devices take turns at them (ComputeTurns): a
+  // slot per compute thread, handed round the devices that want one, so a
+  // device's latency does not depend on how much work another queues.
+  const int threads = CpuDevice::ResolveThreads(options.threads);
+  auto compute = std::make_shared<ThreadPool>(threads);
+  auto turns = std::make_shared<ComputeTurns>(threads);
   std::vector<std::unique_ptr<Device>> devices;
   for (uint64_t i = 0; i < count; ++i) {
-    devices.push_back(std::make_unique<CpuDevice>(
-        compute, options.memory_cache_bytes / count, share));
+    devices.push_back(
+        std::make_unique<CpuDevice>(compute, turns, static_cast<int>(i),
+                                    options.memory_cache_bytes / count, share));
   }
   return devices;
 }

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "devices/cpu/compute_turns.h"
 #include "devices/cpu/memory_pool.h"
 #include "devices/cpu/thread_pool.h"
 #include "devices/device.h"
@@ -16,10 +17,20 @@ namespace opserver::cpu {
 // calling (host stream) thread using the device's compute pool, so every
 // operation is complete when it returns and Synchronize has nothing to wait
 // for. The device must outlive it.
+//
+// Launches, memsets and on-device copies of any size run in slices (a
+// piece of about a million elements, or kSliceBytes), each of which takes
+// a turn at the cores as the device's `party` from `turns` (shared by the
+// logical devices of one host) and first checks the cancel flag: so
+// devices take turns slice by slice, and a cancelled stream stops within
+// one slice.
 class CpuStream : public DeviceStream {
  public:
-  CpuStream(const Device* device, ThreadPool* compute)
-      : device_(device), compute_(compute) {}
+  static constexpr uint64_t kSliceBytes = 1 << 20;
+
+  CpuStream(const Device* device, ThreadPool* compute,
+            ComputeTurns* turns = nullptr, int party = 0)
+      : device_(device), compute_(compute), turns_(turns), party_(party) {}
   absl::Status CopyToDevice(void* device_dst, const void* host_src,
                             uint64_t bytes) override;
   absl::Status CopyFromDevice(void* host_dst, const void* device_src,
@@ -30,13 +41,21 @@ class CpuStream : public DeviceStream {
   absl::Status Launch(const DevicePlan& plan, void* workspace,
                       uint64_t workspace_size) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
+  // The turns its slices take, and as whom (for tests).
+  ComputeTurns* turns() const { return turns_; }
+  int party() const { return party_; }
   void CancelRunning() override {
     cancelled_.store(true, std::memory_order_relaxed);
   }
 
  private:
+  // CANCELLED once cancelled_ is set, naming `what` ("memset", "copy").
+  absl::Status CheckCancelled(const char* what) const;
+
   const Device* const device_;
   ThreadPool* const compute_;
+  ComputeTurns* const turns_;
+  const int party_;
   std::atomic<bool> cancelled_{false};
 };
 
@@ -50,8 +69,11 @@ class CpuDevice : public Device {
   CpuDevice(int threads, uint64_t pool_cache_bytes, uint64_t memory_bytes = 0);
   // The same computing on `compute`, which other CpuDevices may share: the
   // logical devices one host is split into (CreateDevices, --devices).
-  CpuDevice(std::shared_ptr<ThreadPool> compute, uint64_t pool_cache_bytes,
-            uint64_t memory_bytes = 0);
+  // `turns` (may be null: no turns) is shared with them too, and `party`
+  // is this device's number in it.
+  CpuDevice(std::shared_ptr<ThreadPool> compute,
+            std::shared_ptr<ComputeTurns> turns, int party,
+            uint64_t pool_cache_bytes, uint64_t memory_bytes = 0);
   uint64_t CachedBytes() const override { return memory_.cached_bytes(); }
   // The capacity less the blocks in use: the cache gives way to Allocate.
   uint64_t FreeBytes() const override;
@@ -78,13 +100,16 @@ class CpuDevice : public Device {
   DeviceDescription description_;
   MemoryPool memory_;
   const std::shared_ptr<ThreadPool> compute_;
+  const std::shared_ptr<ComputeTurns> turns_;
+  const int party_;
 };
 
 // --device=cpu (devices/device_factory.cc): options.devices logical
 // devices (--devices) splitting the host. Each gets options.memory_bytes /
 // devices of capacity (0 = DefaultMemoryBytes()), rounded down to whole
 // 4 KiB pages, and memory_cache_bytes / devices of reuse cache; all compute
-// on one pool of options.threads threads. INVALID_ARGUMENT for a count
+// on one pool of options.threads threads, taking turns at it slice by
+// slice (ComputeTurns, one party per device). INVALID_ARGUMENT for a count
 // outside 1..64, a share below one page, or anything after "cpu".
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCpuDevices(
     const DeviceOptions& options);

@@ -1,9 +1,14 @@
 #include "devices/cpu/cpu_device.h"
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/validate.h"
@@ -70,6 +75,114 @@ TEST(CpuDeviceTest, RefusesAPlanAnotherDevicePrepared) {
   DevicePlan bare(&two, Threshold(x.data(), 2, 0.0));
   EXPECT_EQ((*stream)->Launch(bare, nullptr, 0).code(),
             absl::StatusCode::kInternal);
+}
+
+constexpr uint64_t kSlice = CpuStream::kSliceBytes;
+
+// Polls (bounded) until `turns` has `n` slices waiting.
+void AwaitWaiting(const ComputeTurns& turns, int n) {
+  const absl::Time give_up = absl::Now() + absl::Minutes(1);
+  while (turns.waiting() != n && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(turns.waiting(), n);
+}
+
+// A memset and a copy take one turn per kSliceBytes (rounded up), so they
+// are bounded and interleave with other devices' work like launches.
+TEST(CpuStreamTest, MemsetAndCopyRunInSlicesEachTakingATurn) {
+  ComputeTurns turns(1);
+  CpuStream stream(nullptr, nullptr, &turns, /*party=*/0);
+  const uint64_t bytes = 5 * kSlice + 7;
+  std::vector<char> a(bytes, 0), b(bytes, 0);
+  ASSERT_TRUE(stream.Memset(a.data(), 0x5a, bytes).ok());
+  EXPECT_EQ(turns.taken(), 6u);
+  EXPECT_EQ(std::vector<char>(bytes, 0x5a), a);
+  ASSERT_TRUE(stream.CopyOnDevice(b.data(), a.data(), bytes).ok());
+  EXPECT_EQ(turns.taken(), 12u);
+  EXPECT_EQ(a, b);
+  ASSERT_TRUE(stream.Memset(a.data(), 1, 0).ok());
+  EXPECT_EQ(turns.taken(), 12u);
+}
+
+// Sliced copies within one buffer still behave as memmove, both ways.
+TEST(CpuStreamTest, OverlappingSlicedCopiesAreMemmove) {
+  CpuStream stream(nullptr, nullptr);
+  const uint64_t bytes = 3 * kSlice + 11;
+  const uint64_t shift = kSlice / 2 + 3;
+  std::vector<char> buffer(bytes + shift);
+  for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = char(i * 7 + i / 251);
+  for (const bool forward : {true, false}) {
+    std::vector<char> expected = buffer, got = buffer;
+    char* dst_e = expected.data() + (forward ? shift : 0);
+    char* src_e = expected.data() + (forward ? 0 : shift);
+    std::memmove(dst_e, src_e, bytes);
+    ASSERT_TRUE(stream
+                    .CopyOnDevice(got.data() + (forward ? shift : 0),
+                                  got.data() + (forward ? 0 : shift), bytes)
+                    .ok());
+    EXPECT_EQ(expected, got) << (forward ? "dst after src" : "dst before src");
+  }
+}
+
+// A cancel (DestroyStream, CloseSession, shutdown: CancelRunning) stops a
+// huge memset between slices. The test holds the only turn, so the memset
+// waits before its first slice; it is cancelled there, given the turn,
+// writes that one slice and stops.
+TEST(CpuStreamTest, ACancelStopsAMemsetBetweenSlices) {
+  ComputeTurns turns(1);
+  CpuStream stream(nullptr, nullptr, &turns, /*party=*/1);
+  const uint64_t bytes = 64 * kSlice;
+  std::vector<char> buffer(bytes, 0);
+  auto held = std::make_unique<ComputeTurns::Turn>(&turns, 0);
+  absl::Status result;
+  std::thread memset(
+      [&] { result = stream.Memset(buffer.data(), 0x7f, bytes); });
+  AwaitWaiting(turns, 1);
+  stream.CancelRunning();
+  held.reset();
+  memset.join();
+  EXPECT_EQ(result.code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(std::string(result.message()),
+              HasSubstr("the memset was cancelled"));
+  EXPECT_EQ(buffer[kSlice - 1], 0x7f);  // The slice it had its turn for.
+  EXPECT_EQ(buffer[kSlice], 0);         // Nothing after it.
+  EXPECT_EQ(buffer[bytes - 1], 0);
+  EXPECT_EQ(turns.taken(), 2u);
+}
+
+TEST(CpuStreamTest, ACancelledStreamCopiesNothing) {
+  CpuStream stream(nullptr, nullptr);
+  std::vector<char> a(2 * kSlice, 1), b(2 * kSlice, 0);
+  stream.CancelRunning();
+  absl::Status copy = stream.CopyOnDevice(b.data(), a.data(), a.size());
+  EXPECT_EQ(copy.code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(std::string(copy.message()), HasSubstr("the copy was cancelled"));
+  EXPECT_EQ(b, std::vector<char>(2 * kSlice, 0));
+}
+
+// Logical devices split from one host share one set of turns, one party
+// each.
+TEST(CpuDeviceTest, LogicalDevicesTakeTurnsAsDevicesOfTheirOwn) {
+  DeviceOptions options;
+  options.kind = "cpu";
+  options.devices = 2;
+  options.threads = 1;
+  options.memory_bytes = 64 << 20;
+  auto devices = CreateCpuDevices(options);
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  ASSERT_EQ(devices->size(), 2u);
+  auto s0 = (*devices)[0]->CreateStream();
+  auto s1 = (*devices)[1]->CreateStream();
+  ASSERT_TRUE(s0.ok() && s1.ok());
+  auto* c0 = dynamic_cast<CpuStream*>(s0->get());
+  auto* c1 = dynamic_cast<CpuStream*>(s1->get());
+  ASSERT_NE(c0, nullptr);
+  ASSERT_NE(c1, nullptr);
+  EXPECT_EQ(c0->turns(), c1->turns());
+  EXPECT_NE(c0->turns(), nullptr);
+  EXPECT_EQ(c0->party(), 0);
+  EXPECT_EQ(c1->party(), 1);
 }
 
 }  // namespace

@@ -244,7 +244,8 @@ void GatherBytes(const TensorView& t, uint8_t* dst) {
 }  // namespace
 
 absl::Status RunPlan(const Plan& plan, void* workspace, uint64_t workspace_size,
-                     ThreadPool* pool, const std::atomic<bool>* cancelled) {
+                     ThreadPool* pool, const std::atomic<bool>* cancelled,
+                     ComputeTurns* turns, int party) {
   if (workspace_size < plan.workspace_size_) {
     return ParamInvalid(
         absl::StrCat("workspaceSize ", workspace_size, " is smaller than the ",
@@ -260,14 +261,18 @@ absl::Status RunPlan(const Plan& plan, void* workspace, uint64_t workspace_size,
     GatherBytes(*plan.call_.self, static_cast<uint8_t*>(workspace));
     s_base = static_cast<const char*>(workspace);
   }
-  // [begin, end) in pieces, checking the cancel flag between them.
+  // [begin, end) in pieces, checking the cancel flag and taking a turn
+  // for each.
   auto run = [&](int64_t begin, int64_t end) {
-    if (cancelled == nullptr) {
+    if (cancelled == nullptr && turns == nullptr) {
       plan.RunRange(s_base, begin, end, plan.stream_);
       return;
     }
     for (int64_t at = begin; at < end; at += kCancelCheckElements) {
-      if (cancelled->load(std::memory_order_relaxed)) return;
+      if (cancelled != nullptr && cancelled->load(std::memory_order_relaxed)) {
+        return;
+      }
+      ComputeTurns::Turn turn(turns, party);
       plan.RunRange(s_base, at, std::min(end, at + kCancelCheckElements),
                     plan.stream_);
     }

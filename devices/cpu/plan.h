@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "devices/cpu/compute_turns.h"
 #include "devices/cpu/kernel_table.h"
 #include "devices/cpu/thread_pool.h"
 #include "devices/device.h"
@@ -52,7 +53,8 @@ class Plan {
   friend absl::StatusOr<Plan> PlanCall(const kernels::ValidCall& valid);
   friend absl::Status RunPlan(const Plan& plan, void* workspace,
                               uint64_t workspace_size, ThreadPool* pool,
-                              const std::atomic<bool>* cancelled);
+                              const std::atomic<bool>* cancelled,
+                              ComputeTurns* turns, int party);
   Plan() = default;
 
   void RunRange(const char* s_base, int64_t begin, int64_t end,
@@ -115,9 +117,13 @@ class HostPlan : public DevicePlan {
 // elements and, once it is set, stops early with CANCELLED (the output then
 // partly written): so a stream that is destroyed, or a server that shuts
 // down, need not wait for a launch of billions of elements.
+// With `turns`, each such piece also takes a turn at the cores as `party`
+// (compute_turns.h), so launches of logical devices sharing the pool
+// alternate piece by piece.
 absl::Status RunPlan(const Plan& plan, void* workspace, uint64_t workspace_size,
                      ThreadPool* pool,
-                     const std::atomic<bool>* cancelled = nullptr);
+                     const std::atomic<bool>* cancelled = nullptr,
+                     ComputeTurns* turns = nullptr, int party = 0);
 
 }  // namespace opserver::cpu
 

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <system_error>
+
+#include "common/thread_start.h"
 
 namespace opserver::cpu {
 
@@ -21,7 +24,13 @@ struct ThreadPool::Job {
 
 ThreadPool::ThreadPool(int num_threads) {
   for (int i = 1; i < num_threads; ++i) {
-    workers_.emplace_back([this] { WorkerLoop(); });
+    try {
+      workers_.push_back(NewThread([this] { WorkerLoop(); }));
+    } catch (const std::system_error&) {
+      // Fewer workers than asked: a ParallelFor still completes, since its
+      // caller always takes part (num_threads() says how many there are).
+      break;
+    }
   }
 }
 

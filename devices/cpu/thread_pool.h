@@ -15,7 +15,9 @@ namespace opserver::cpu {
 
 // `num_threads` is the total parallelism of a ParallelFor, counting the
 // calling thread: the pool starts num_threads - 1 workers, so ThreadPool(1)
-// (or 0) starts none and runs everything on the caller.
+// (or 0) starts none and runs everything on the caller. When the process
+// can start no more threads it keeps the workers it has (num_threads()
+// says how many) rather than throwing.
 //
 // ParallelFor may be called from several threads at once (one per stream);
 // each call's tasks are shared between its caller and whichever workers are

@@ -7,6 +7,7 @@ session's tenant and memory.
     metrics_test.py OPSERVER_BINARY
 """
 
+import socket
 import subprocess
 import sys
 import unittest
@@ -166,6 +167,47 @@ class MetricsTest(unittest.TestCase):
                        if name == "grpc_server_call_started_total"}
             self.assertNotIn("opserver.v1.Runtime/NoSuchMethod", methods)
             self.assertFalse(any(m and "made.up" in m for m in methods))
+
+    def test_silent_connections_do_not_block_a_scrape(self):
+        # Four connections that send half a request and then nothing, more
+        # than civetweb's default two threads. The request time-out is
+        # longer than the test, so the scrape succeeds only because a
+        # thread is free, while the silent connections still hold theirs.
+        with testing.Server(BINARY, "--metrics_listen=127.0.0.1:0",
+                            "--metrics_request_timeout_ms=600000") as server:
+            host, port = server.metrics_address.rsplit(":", 1)
+            silent = [socket.create_connection((host, int(port)), timeout=60)
+                      for _ in range(4)]
+            try:
+                for s in silent:
+                    s.sendall(b"GET /metr")
+                samples = scrape(server.metrics_address)
+                self.assertIn(
+                    ("opserver_device_memory_capacity_bytes",
+                     (("device", "0"),)), samples)
+                for s in silent:
+                    # Still open: nothing to read, and no end of stream.
+                    s.setblocking(False)
+                    with self.assertRaises(BlockingIOError):
+                        s.recv(1, socket.MSG_PEEK)
+            finally:
+                for s in silent:
+                    s.close()
+
+    def test_a_silent_connection_is_closed_after_the_request_timeout(self):
+        with testing.Server(BINARY, "--metrics_listen=127.0.0.1:0",
+                            "--metrics_request_timeout_ms=100") as server:
+            host, port = server.metrics_address.rsplit(":", 1)
+            with socket.create_connection((host, int(port)),
+                                          timeout=60) as s:
+                s.sendall(b"GET /metr")
+                # The server ends it (perhaps after an error reply); the
+                # generous time-out only bounds a broken server.
+                while s.recv(4096):
+                    pass
+            self.assertIn(("opserver_device_memory_capacity_bytes",
+                           (("device", "0"),)),
+                          scrape(server.metrics_address))
 
     def test_non_loopback_needs_allow_insecure(self):
         result = subprocess.run([BINARY, "--listen=127.0.0.1:0",
