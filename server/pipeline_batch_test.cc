@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "devices/device_factory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -35,7 +36,7 @@ class PipelineBatchTest : public ::testing::Test {
     device_ = *std::move(device);
     session_ = std::make_unique<Session>("s", 1, "pipeline_batch_test",
                                          device_.get(), &limits_, &account_,
-                                         std::make_shared<StreamThreads>());
+                                         threads_);
     pipeline_ = std::make_unique<CommandPipeline>(
         limits_, /*max_fences=*/1024,
         [this](uint64_t id, absl::Status status, std::string /*data*/) {
@@ -44,8 +45,12 @@ class PipelineBatchTest : public ::testing::Test {
         });
   }
 
+  // The stream threads outlive the session that owned them: each finishes
+  // its running task, whose callback may still hold a buffer (charged to
+  // account_) or reach pipeline_. Wait for them before those go.
   void TearDown() override {
     session_.reset();
+    EXPECT_TRUE(threads_->WaitForZero(absl::Minutes(1)));
     pipeline_.reset();
   }
 
@@ -82,6 +87,8 @@ class PipelineBatchTest : public ::testing::Test {
 
   SessionLimits limits_;
   MemoryAccounting account_;
+  const std::shared_ptr<StreamThreads> threads_ =
+      std::make_shared<StreamThreads>();
   std::unique_ptr<Device> device_;
   std::unique_ptr<Session> session_;
   std::unique_ptr<CommandPipeline> pipeline_;
