@@ -131,7 +131,7 @@ Inputs MakeInputs() {
 }
 
 // The chain on the host, with the fp32 formulas of the spec
-// (shared/spec/operators.md) written as the kernels compute them, so that
+// (docs/operators.md) written as the kernels compute them, so that
 // the comparison can be exact.
 std::vector<float> HostChain(const Inputs& inputs) {
   std::vector<float> grad = inputs.grad;

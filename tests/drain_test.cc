@@ -293,7 +293,7 @@ TEST_F(DrainTest, ShutdownEndsADrainInProgress) {
   EXPECT_LT(drain_time_, absl::Seconds(60));
 }
 
-// Issue 37, item 12: once a client has used up the process's threads
+// Once a client has used up the process's threads
 // (RLIMIT_NPROC; here the test hook), the calls that need a thread fail
 // with RESOURCE_EXHAUSTED, and shutdown, which used to start a thread and
 // die of the exception (SIGABRT), completes without one.

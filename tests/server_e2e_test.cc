@@ -140,7 +140,7 @@ bool AwaitSessionCount(remote::Client& client, uint32_t want) {
   return true;
 }
 
-// Issue 37, item 13: a CreateSession whose reply cannot be delivered (here
+// A CreateSession whose reply cannot be delivered (here
 // the client cancels while the server holds the made session's reply)
 // leaves no session behind.
 TEST(ServerE2ETest, ACreateSessionCancelledBeforeItsReplyLeavesNoSession) {
