@@ -244,7 +244,24 @@ class FakeServerTest : public ::testing::Test {
     for (Gate* gate : {&operators_.plan, &operators_.execute}) {
       if (!gate->release.HasBeenNotified()) gate->release.Notify();
     }
+    session_.reset();
     server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  }
+
+  // client_ and session_ on the fake server, unary calls only unless
+  // `options` says otherwise (most tests script the answers themselves).
+  void OpenSession(ConnectOptions options = Unary()) {
+    auto client = Client::Connect(address_, options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+    auto session = client_->CreateSession("hostile", /*attach=*/false);
+    ASSERT_TRUE(session.ok()) << session.status();
+    session_ = *std::move(session);
+  }
+  static ConnectOptions Unary() {
+    ConnectOptions options;
+    options.pipeline = false;
+    return options;
   }
 
   FakeRuntime runtime_;
@@ -252,6 +269,8 @@ class FakeServerTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::string address_;
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<remote::Session> session_;
 };
 
 // Finding 16(c): a server's message is bounded by what the protocol needs
@@ -279,12 +298,7 @@ TEST_F(FakeServerTest, OversizedMessagesAreRefused) {
 // unknown fields, any split) and refuses more or fewer bytes than asked
 // for without writing past the caller's range.
 TEST_F(FakeServerTest, DownloadChecksWhatTheServerSends) {
-  ConnectOptions options;
-  options.pipeline = false;
-  auto client = Client::Connect(address_, options);
-  ASSERT_TRUE(client.ok()) << client.status();
-  auto session = (*client)->CreateSession("hostile", /*attach=*/false);
-  ASSERT_TRUE(session.ok()) << session.status();
+  OpenSession();
   struct Case {
     std::vector<std::string> chunks;
     bool unknown_fields;
@@ -306,7 +320,7 @@ TEST_F(FakeServerTest, DownloadChecksWhatTheServerSends) {
     runtime_.download_chunks = c.chunks;
     runtime_.download_unknown_fields = c.unknown_fields;
     std::string out(c.size + 8, '#');
-    absl::Status status = (*session)->Download(1, 0, out.data(), c.size);
+    absl::Status status = session_->Download(1, 0, out.data(), c.size);
     if (c.ok) {
       ASSERT_TRUE(status.ok()) << status;
       std::string expected;
@@ -325,12 +339,7 @@ TEST_F(FakeServerTest, DownloadChecksWhatTheServerSends) {
 // crashed the client. Refused before any byte is copied: the 3 GiB
 // destination is reserved, never touched (its pages stay unbacked).
 TEST_F(FakeServerTest, ALyingChunkLengthIsRefusedBeforeAnyCopy) {
-  ConnectOptions options;
-  options.pipeline = false;
-  auto client = Client::Connect(address_, options);
-  ASSERT_TRUE(client.ok()) << client.status();
-  auto session = (*client)->CreateSession("hostile", /*attach=*/false);
-  ASSERT_TRUE(session.ok()) << session.status();
+  OpenSession();
   constexpr uint64_t kSize = uint64_t{3} << 30;
   void* out = mmap(nullptr, kSize, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -341,7 +350,7 @@ TEST_F(FakeServerTest, ALyingChunkLengthIsRefusedBeforeAnyCopy) {
         std::string("\x41")}) {               // 65: one past the message
     SCOPED_TRACE(testing::PrintToString(length));
     runtime_.download_raw = {"\x0a" + length + std::string(64, 'A')};
-    absl::Status status = (*session)->Download(1, 0, out, kSize);
+    absl::Status status = session_->Download(1, 0, out, kSize);
     EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
     EXPECT_THAT(status.message(),
                 HasSubstr("Download: after 0 of 3221225472 bytes, the server "
@@ -356,15 +365,10 @@ TEST_F(FakeServerTest, ALyingChunkLengthIsRefusedBeforeAnyCopy) {
 // ReadValues returns what the server sent: a count other than the one
 // asked for would have callers read past the end, or see too few.
 TEST_F(FakeServerTest, ReadValuesChecksTheServersCount) {
-  ConnectOptions options;
-  options.pipeline = false;
-  auto client = Client::Connect(address_, options);
-  ASSERT_TRUE(client.ok()) << client.status();
-  auto session = (*client)->CreateSession("hostile", /*attach=*/false);
-  ASSERT_TRUE(session.ok()) << session.status();
+  OpenSession();
   for (const int sent : {0, 3, 5, 1000}) {
     runtime_.read_values_sent = sent;
-    auto values = (*session)->ReadValues(1, 0, kernels::DType::kFloat, 4);
+    auto values = session_->ReadValues(1, 0, kernels::DType::kFloat, 4);
     EXPECT_EQ(values.status().code(), absl::StatusCode::kInternal)
         << values.status();
     EXPECT_EQ(values.status().message(),
@@ -372,7 +376,7 @@ TEST_F(FakeServerTest, ReadValuesChecksTheServersCount) {
                            " values for a read of 4"));
   }
   runtime_.read_values_sent = 4;
-  auto values = (*session)->ReadValues(1, 0, kernels::DType::kFloat, 4);
+  auto values = session_->ReadValues(1, 0, kernels::DType::kFloat, 4);
   ASSERT_TRUE(values.ok()) << values.status();
   EXPECT_EQ(*values, (std::vector<double>{0, 1, 2, 3}));
 }
@@ -382,21 +386,17 @@ TEST_F(FakeServerTest, ReadValuesChecksTheServersCount) {
 // answer: INTERNAL, and the destination is left as it was.
 TEST_F(FakeServerTest, ADataPathAnswerWithoutATicketIsAnError) {
   runtime_.open_without_ticket = true;
-  ConnectOptions options;
-  options.pipeline = false;
+  ConnectOptions options = Unary();
   options.data_path_bytes = 1;
-  auto client = Client::Connect(address_, options);
-  ASSERT_TRUE(client.ok()) << client.status();
-  auto session = (*client)->CreateSession("hostile", /*attach=*/false);
-  ASSERT_TRUE(session.ok()) << session.status();
+  OpenSession(options);
   std::string out(64 << 10, '\xab');
-  absl::Status download = (*session)->Download(1, 0, out.data(), out.size());
+  absl::Status download = session_->Download(1, 0, out.data(), out.size());
   EXPECT_EQ(download.code(), absl::StatusCode::kInternal) << download;
   EXPECT_EQ(download.message(),
             "Download: the server ended OpenDataTransfer without a data-path "
             "ticket, so nothing was moved");
   EXPECT_EQ(out, std::string(64 << 10, '\xab'));
-  absl::Status upload = (*session)->Upload(1, 0, out.data(), out.size());
+  absl::Status upload = session_->Upload(1, 0, out.data(), out.size());
   EXPECT_EQ(upload.code(), absl::StatusCode::kInternal) << upload;
   EXPECT_THAT(upload.message(), HasSubstr("Upload: the server ended"));
 }
@@ -406,17 +406,13 @@ TEST_F(FakeServerTest, ADataPathAnswerWithoutATicketIsAnError) {
 // bound. A result for a fence the client did not send, or already took,
 // ends the channel with a clear error, and no result is held for nobody.
 TEST_F(FakeServerTest, FenceResultsNotAwaitedEndTheChannel) {
-  ConnectOptions options;
-  options.pipeline = false;  // The test opens the channel itself.
-  auto client = Client::Connect(address_, options);
-  ASSERT_TRUE(client.ok()) << client.status();
-  auto session = (*client)->CreateSession("hostile", /*attach=*/false);
-  ASSERT_TRUE(session.ok()) << session.status();
+  OpenSession();  // Unary: the test opens the channel itself.
   operators_.pipeline_on = true;
   for (const bool unasked : {false, true}) {
     SCOPED_TRACE(unasked ? "a fence never sent" : "replayed results");
     operators_.unasked_fence = unasked;
-    auto channel = remote::CommandChannel::Open(**client, (*session)->token(), {});
+    auto channel =
+        remote::CommandChannel::Open(*client_, session_->token(), {});
     ASSERT_TRUE(channel.ok()) << channel.status();
     int fenced = 0;
     absl::Status ended;
