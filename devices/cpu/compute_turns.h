@@ -31,6 +31,17 @@ namespace opserver::cpu {
 // Thread-safe. A thread must not wait for a turn while holding one.
 class ComputeTurns {
  public:
+  // Work this small (a launch of at most kSmallElements elements, a
+  // memset or on-device copy of at most kSmallBytes) takes no turn and runs
+  // at once: it is done in about the time a turn takes to pass on, and a
+  // tenant's small step must not queue behind other tenants' slices (a
+  // waiting slice holds its place whatever its thread's priority, so the
+  // OS could no longer put a tenant's small call ahead of bulk work, and
+  // a slice preempted by other threads keeps its slot meanwhile). What one
+  // call can take this way is bounded by its size.
+  static constexpr int64_t kSmallElements = 16 * 1024;
+  static constexpr uint64_t kSmallBytes = 64 * 1024;
+
   explicit ComputeTurns(int slots);
   ComputeTurns(const ComputeTurns&) = delete;
   ComputeTurns& operator=(const ComputeTurns&) = delete;

@@ -115,11 +115,16 @@ absl::Status CpuStream::CheckCancelled(const char* what) const {
       "server is shutting down); its destination is partly written"));
 }
 
+ComputeTurns* CpuStream::TurnsFor(uint64_t bytes) const {
+  return bytes <= ComputeTurns::kSmallBytes ? nullptr : turns_;
+}
+
 absl::Status CpuStream::Memset(void* dst, int value, uint64_t bytes) {
   char* const out = static_cast<char*>(dst);
+  ComputeTurns* const turns = TurnsFor(bytes);
   for (uint64_t at = 0; at < bytes; at += kSliceBytes) {
     if (absl::Status s = CheckCancelled("memset"); !s.ok()) return s;
-    ComputeTurns::Turn turn(turns_, party_);
+    ComputeTurns::Turn turn(turns, party_);
     std::memset(out + at, value & 0xff, std::min(kSliceBytes, bytes - at));
   }
   return absl::OkStatus();
@@ -133,11 +138,12 @@ absl::Status CpuStream::CopyOnDevice(void* dst, const void* src,
   // inside the source, slices go from the end so that none overwrites
   // source bytes a later slice still reads (memmove within each slice).
   const bool backward = out > in && out < in + bytes;
+  ComputeTurns* const turns = TurnsFor(bytes);
   for (uint64_t done = 0; done < bytes; done += kSliceBytes) {
     if (absl::Status s = CheckCancelled("copy"); !s.ok()) return s;
     const uint64_t n = std::min(kSliceBytes, bytes - done);
     const uint64_t at = backward ? bytes - done - n : done;
-    ComputeTurns::Turn turn(turns_, party_);
+    ComputeTurns::Turn turn(turns, party_);
     std::memmove(out + at, in + at, n);
   }
   return absl::OkStatus();

@@ -23,7 +23,7 @@ namespace opserver::cpu {
 // a turn at the cores as the device's `party` from `turns` (shared by the
 // logical devices of one host) and first checks the cancel flag: so
 // devices take turns slice by slice, and a cancelled stream stops within
-// one slice.
+// one slice. Small ones take no turn (ComputeTurns::kSmallBytes).
 class CpuStream : public DeviceStream {
  public:
   static constexpr uint64_t kSliceBytes = 1 << 20;
@@ -51,6 +51,8 @@ class CpuStream : public DeviceStream {
  private:
   // CANCELLED once cancelled_ is set, naming `what` ("memset", "copy").
   absl::Status CheckCancelled(const char* what) const;
+  // turns_, or none for work of at most ComputeTurns::kSmallBytes.
+  ComputeTurns* TurnsFor(uint64_t bytes) const;
 
   const Device* const device_;
   ThreadPool* const compute_;

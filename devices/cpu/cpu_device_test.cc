@@ -2,11 +2,13 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -103,6 +105,79 @@ TEST(CpuStreamTest, MemsetAndCopyRunInSlicesEachTakingATurn) {
   EXPECT_EQ(a, b);
   ASSERT_TRUE(stream.Memset(a.data(), 1, 0).ok());
   EXPECT_EQ(turns.taken(), 12u);
+}
+
+// Runs `work` on a thread while the test holds every turn of `turns`;
+// returns whether it finished before the turn was given back (a minute's
+// bound, so that a regression fails instead of hanging), and its status.
+struct HeldTurnResult {
+  bool ran_while_held = false;
+  absl::Status status;
+};
+HeldTurnResult RunWhileTheOnlyTurnIsHeld(ComputeTurns* turns,
+                                         std::function<absl::Status()> work) {
+  HeldTurnResult result;
+  auto held = std::make_unique<ComputeTurns::Turn>(turns, /*party=*/0);
+  absl::Notification done;
+  std::thread worker([&] {
+    result.status = work();
+    done.Notify();
+  });
+  result.ran_while_held = done.WaitForNotificationWithTimeout(absl::Minutes(1));
+  held.reset();
+  worker.join();
+  return result;
+}
+
+// A small launch, memset or copy takes no turn: a tenant's small step runs
+// at once, even when other work (here the test, as the same device) holds
+// every slot. One element or byte more, and it waits for its turn.
+TEST(CpuStreamTest, SmallWorkRunsWithoutATurn) {
+  CpuDevice device(/*threads=*/1, /*pool_cache_bytes=*/0, 1 << 20);
+  absl::StatusOr<std::unique_ptr<DeviceStream>> created = device.CreateStream();
+  ASSERT_TRUE(created.ok());
+  auto* stream = static_cast<CpuStream*>(created->get());
+  ComputeTurns* turns = stream->turns();
+  ASSERT_NE(turns, nullptr);
+  const int64_t n = ComputeTurns::kSmallElements;
+  std::vector<float> x(n + 1, -1.0f);
+  absl::StatusOr<std::unique_ptr<DevicePlan>> small =
+      device.Prepare(Threshold(x.data(), n, 0.0));
+  absl::StatusOr<std::unique_ptr<DevicePlan>> big =
+      device.Prepare(Threshold(x.data(), n + 1, 0.0));
+  ASSERT_TRUE(small.ok() && big.ok());
+  std::vector<char> a(ComputeTurns::kSmallBytes + 1, 0), b(a.size(), 0);
+  const uint64_t bytes = ComputeTurns::kSmallBytes;
+
+  HeldTurnResult launch = RunWhileTheOnlyTurnIsHeld(
+      turns, [&] { return stream->Launch(**small, nullptr, 0); });
+  EXPECT_TRUE(launch.ran_while_held);
+  EXPECT_TRUE(launch.status.ok()) << launch.status;
+  EXPECT_EQ(x[n - 1], 0.0f);  // -1 <= 0: the gradient is zeroed.
+  HeldTurnResult memset = RunWhileTheOnlyTurnIsHeld(
+      turns, [&] { return stream->Memset(a.data(), 0x5a, bytes); });
+  EXPECT_TRUE(memset.ran_while_held);
+  EXPECT_EQ(a[bytes - 1], 0x5a);
+  HeldTurnResult copy = RunWhileTheOnlyTurnIsHeld(
+      turns, [&] { return stream->CopyOnDevice(b.data(), a.data(), bytes); });
+  EXPECT_TRUE(copy.ran_while_held);
+  EXPECT_EQ(b[bytes - 1], 0x5a);
+  EXPECT_EQ(turns->taken(), 3u);  // The test's own three.
+
+  // Just above the bounds, each waits for the held turn.
+  auto held = std::make_unique<ComputeTurns::Turn>(turns, /*party=*/0);
+  std::thread waiters([&] {
+    EXPECT_TRUE(stream->Launch(**big, nullptr, 0).ok());
+    EXPECT_TRUE(stream->Memset(a.data(), 1, bytes + 1).ok());
+    EXPECT_TRUE(stream->CopyOnDevice(b.data(), a.data(), bytes + 1).ok());
+  });
+  AwaitWaiting(*turns, 1);
+  EXPECT_EQ(x[n], -1.0f) << "the bigger launch ran without a turn";
+  held.reset();
+  waiters.join();
+  EXPECT_EQ(x[n], 0.0f);
+  EXPECT_EQ(b[bytes], 1);
+  EXPECT_EQ(turns->taken(), 7u);
 }
 
 // Sliced copies within one buffer still behave as memmove, both ways.

@@ -256,6 +256,7 @@ absl::Status RunPlan(const Plan& plan, void* workspace, uint64_t workspace_size,
                                      plan.workspace_size_, " bytes"));
   }
   if (plan.numel_ == 0) return absl::OkStatus();
+  if (plan.numel_ <= ComputeTurns::kSmallElements) turns = nullptr;
   const char* s_base = plan.s_base_;
   if (plan.gather_mask_) {
     GatherBytes(*plan.call_.self, static_cast<uint8_t*>(workspace));
