@@ -291,11 +291,21 @@ void CommandPipeline::Fence(Session& session, const v1::FenceCommand& fence) {
     absl::Status status = event.status();
     if (status.ok()) {
       // Answered by the record's completion or the event's destruction,
-      // both of which come (a stream always reaches its records, even
-      // cancelled), so the channel never waits for it forever.
-      status = (*event)->WhenComplete([this, id](absl::Status done) {
-        fence_done_(id, std::move(done), std::string());
-      });
+      // or forgotten when the channel ends first (ForgetWaits).
+      const uint64_t key = AddWait(id, 0);
+      absl::StatusOr<uint64_t> ticket = (*event)->WhenCompleteOrForgotten(
+          [this, id, key](absl::Status done) {
+            DropWait(key);
+            fence_done_(id, std::move(done), std::string());
+          });
+      status = ticket.status();
+      if (!ticket.ok()) {
+        DropWait(key);
+      } else if (*ticket != 0) {
+        SetForget(key, [event = *event, ticket = *ticket] {
+          return event->Forget(ticket);
+        });
+      }
     }
     if (!status.ok()) fence_done_(id, std::move(status), std::string());
     return;
@@ -314,11 +324,18 @@ void CommandPipeline::Fence(Session& session, const v1::FenceCommand& fence) {
                  nullptr, 0, size);
       return;
     }
-    (*stream)->Synchronize([this, id, buffer = *std::move(buffer),
-                            stream = *stream, offset = fence.read_offset(),
-                            size](absl::Status status) {
-      FinishRead(id, std::move(status), buffer, stream, offset, size);
-    });
+    const uint64_t key = AddWait(id, size);
+    const uint64_t ticket = (*stream)->SynchronizeOrForget(
+        [this, id, key, buffer = *std::move(buffer), stream = *stream,
+         offset = fence.read_offset(), size](absl::Status status) {
+          DropWait(key);
+          FinishRead(id, std::move(status), buffer, stream, offset, size);
+        });
+    if (ticket != 0) {
+      SetForget(key, [stream = *stream, ticket] {
+        return stream->Forget(ticket);
+      });
+    }
     return;
   }
   // Refused plans nobody launched are reported by the next session fence.
@@ -451,8 +468,69 @@ void CommandPipeline::FencesWritten(size_t count, uint64_t data_bytes) {
     }
   }
   if (waiter) waiter();
-  // Nothing more is written: a batch waiting for write room stops too.
-  if (count == SIZE_MAX) writes_->Release(0);
+  // Nothing more is written: a batch waiting for write room stops too,
+  // and fences stop waiting.
+  if (count == SIZE_MAX) {
+    writes_->Release(0);
+    ForgetWaits();
+  }
+}
+
+uint64_t CommandPipeline::AddWait(uint64_t id, uint64_t read_size) {
+  absl::MutexLock lock(&waits_mu_);
+  const uint64_t key = ++next_wait_;
+  waits_[key] = Wait{id, read_size, nullptr};
+  return key;
+}
+
+void CommandPipeline::DropWait(uint64_t key) {
+  absl::MutexLock lock(&waits_mu_);
+  waits_.erase(key);
+}
+
+void CommandPipeline::SetForget(uint64_t key, std::function<bool()> forget) {
+  Wait wait;
+  {
+    absl::MutexLock lock(&waits_mu_);
+    auto it = waits_.find(key);
+    if (it == waits_.end()) return;  // Answered meanwhile.
+    if (!forgetting_) {
+      it->second.forget = std::move(forget);
+      return;
+    }
+    // The channel ended while this wait was starting.
+    wait = std::move(it->second);
+    waits_.erase(it);
+  }
+  if (forget()) AnswerForgotten(wait.id, wait.read_size);
+}
+
+void CommandPipeline::ForgetWaits() {
+  std::vector<Wait> waits;
+  {
+    absl::MutexLock lock(&waits_mu_);
+    forgetting_ = true;
+    // A wait whose forget is still null is starting: it stays, and
+    // SetForget, seeing forgetting_, forgets it.
+    for (auto it = waits_.begin(); it != waits_.end();) {
+      if (it->second.forget == nullptr) {
+        ++it;
+        continue;
+      }
+      waits.push_back(std::move(it->second));
+      waits_.erase(it++);
+    }
+  }
+  for (Wait& wait : waits) {
+    if (wait.forget()) AnswerForgotten(wait.id, wait.read_size);
+  }
+}
+
+void CommandPipeline::AnswerForgotten(uint64_t id, uint64_t read_size) {
+  FinishRead(id,
+             absl::CancelledError("the channel ended before the fence was "
+                                  "answered"),
+             nullptr, nullptr, 0, read_size);
 }
 
 void CommandPipeline::FailSession(absl::Status error) {

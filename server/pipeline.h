@@ -119,6 +119,21 @@ class CommandPipeline {
   }
   absl::Status TakeSessionError();
 
+  // Fences waiting for a stream or an event record, which may take as long
+  // as whatever holds the stream (an upload that stalls): a channel that
+  // ends stops waiting for them at once (ForgetWaits), so its call and
+  // what the fences hold go now, not when the record completes.
+  // AddWait registers fence `id` before its wait starts and returns a key;
+  // the wait's `done` calls DropWait(key) first; SetForget then gives the
+  // way to stop the wait (null when `done` ran already), which returns
+  // whether it stopped it before `done` was called.
+  uint64_t AddWait(uint64_t id, uint64_t read_size);
+  void DropWait(uint64_t key);
+  void SetForget(uint64_t key, std::function<bool()> forget);
+  void ForgetWaits();
+  // A forgotten fence's answer (CANCELLED), its read bytes returned.
+  void AnswerForgotten(uint64_t id, uint64_t read_size);
+
   const SessionLimits& limits_;
   const size_t max_fences_;
   const FenceDone fence_done_;
@@ -129,6 +144,16 @@ class CommandPipeline {
   size_t fences_held_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t read_bytes_held_ ABSL_GUARDED_BY(mu_) = 0;
   Resume fence_waiter_ ABSL_GUARDED_BY(mu_);
+
+  struct Wait {
+    uint64_t id = 0;
+    uint64_t read_size = 0;
+    std::function<bool()> forget;  // Null until SetForget.
+  };
+  absl::Mutex waits_mu_;
+  uint64_t next_wait_ ABSL_GUARDED_BY(waits_mu_) = 0;
+  bool forgetting_ ABSL_GUARDED_BY(waits_mu_) = false;
+  absl::flat_hash_map<uint64_t, Wait> waits_ ABSL_GUARDED_BY(waits_mu_);
 
   // Bytes of writes queued on streams and not yet copied: shared with the
   // queued copies, which may run after this pipeline is gone.

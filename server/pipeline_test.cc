@@ -43,6 +43,7 @@ class CommandPipelineTest : public ::testing::Test {
         limits_, max_fences,
         [this](uint64_t id, absl::Status status, std::string data) {
           absl::MutexLock lock(&mu_);
+          ++answers_[id];
           fences_[id] = std::move(status);
           data_[id] = std::move(data);
         });
@@ -119,6 +120,22 @@ class CommandPipelineTest : public ::testing::Test {
     command.mutable_fence()->set_read_size(size);
     return command;
   }
+  static v1::PipelineCommand CreateEvent(uint64_t event) {
+    v1::PipelineCommand command;
+    command.mutable_create_event()->set_event(event);
+    return command;
+  }
+  static v1::PipelineCommand RecordEvent(uint64_t event, uint64_t stream = 0) {
+    v1::PipelineCommand command;
+    command.mutable_record_event()->set_event(event);
+    command.mutable_record_event()->set_stream(stream);
+    return command;
+  }
+  static v1::PipelineCommand EventFence(uint64_t id, uint64_t event) {
+    v1::PipelineCommand command = Fence(id, false);
+    command.mutable_fence()->set_event(event);
+    return command;
+  }
   // A fence's bytes, once it has its result.
   std::string FenceData(uint64_t id) {
     FenceResult(id).IgnoreError();
@@ -149,6 +166,7 @@ class CommandPipelineTest : public ::testing::Test {
   absl::Mutex mu_;
   std::map<uint64_t, absl::Status> fences_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::string> data_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, int> answers_ ABSL_GUARDED_BY(mu_);  // Per fence id.
 };
 
 constexpr uint64_t kId = kClientExecutorBase;
@@ -245,6 +263,46 @@ TEST_F(CommandPipelineTest, FullStreamWaitsAndResumes) {
   }
   EXPECT_EQ(applied, commands.size());
   EXPECT_TRUE(FenceResult(1).ok()) << FenceResult(1);
+}
+
+// A fence waits for its stream, or for its event's record, which takes as
+// long as whatever holds the stream (an upload that stalls). A channel that
+// ends (FencesWritten(SIZE_MAX): the client went away, the session closed)
+// stops waiting at once: each such fence is answered CANCELLED then, once,
+// so the call and what its fences hold go now; the stream reaching them
+// later answers nothing more.
+TEST_F(CommandPipelineTest, AnEndedChannelStopsWaitingForItsFences) {
+  Open();
+  const uint64_t a = WriteFloats(*session_, {1, 2, 3, 4});
+  std::shared_ptr<Stream> stream = *session_->GetStream(0);
+  auto gate = std::make_shared<Stream::Gate>();
+  ASSERT_TRUE(stream->Hold(gate, [] {}, [] {}).ok());
+  constexpr uint64_t kEvent = kClientExecutorBase + 7;
+  EXPECT_EQ(Apply({CreateEvent(kEvent), RecordEvent(kEvent),
+                   EventFence(1, kEvent), Read(2, a, 0, 16)}),
+            4u);
+  {
+    absl::MutexLock lock(&mu_);
+    EXPECT_TRUE(answers_.empty()) << "the stream is held";
+  }
+  pipeline_->FencesWritten(SIZE_MAX, 0);
+  {
+    absl::MutexLock lock(&mu_);
+    for (uint64_t id : {1, 2}) {
+      ASSERT_EQ(answers_[id], 1) << "fence " << id << " waits on";
+      EXPECT_EQ(fences_[id].code(), absl::StatusCode::kCancelled) << id;
+      EXPECT_THAT(std::string(fences_[id].message()),
+                  HasSubstr("the channel ended"));
+      EXPECT_EQ(data_[id], "");
+    }
+  }
+  gate.reset();  // The stream reaches the record and the read now.
+  absl::Notification synchronized;
+  stream->Synchronize([&](absl::Status) { synchronized.Notify(); });
+  synchronized.WaitForNotification();
+  absl::MutexLock lock(&mu_);
+  EXPECT_EQ(answers_[1], 1);
+  EXPECT_EQ(answers_[2], 1);
 }
 
 // Fence results the client has not read count against max_fences.
