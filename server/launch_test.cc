@@ -19,8 +19,7 @@ class LaunchTest : public ::testing::Test {
   void Open(int max_streams = -1) {
     device_ = std::make_unique<FakeDevice>(max_streams);
     session_ = std::make_unique<Session>("s", 1, "launch_test", device_.get(),
-                                         &limits_, &account_,
-                                         std::make_shared<StreamThreads>());
+                                         &limits_, &account_, threads_.get());
   }
 
   static v1::TensorDesc Desc(uint64_t buffer) {
@@ -51,6 +50,7 @@ class LaunchTest : public ::testing::Test {
   SessionLimits limits_;
   MemoryAccounting account_;
   std::unique_ptr<FakeDevice> device_;  // Outlives the session.
+  JoinedStreamThreads threads_;         // Joined between the two.
   std::unique_ptr<Session> session_;
 };
 

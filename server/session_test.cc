@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/validate.h"
+#include "server/session_test_util.h"
 
 namespace opserver {
 namespace {
@@ -24,7 +25,7 @@ class SessionLaunchTest : public ::testing::Test {
     limits_ = limits;
     session_ =
         std::make_unique<Session>("s", 1, "session_test", nullptr, &limits_,
-                                  &account_, std::make_shared<StreamThreads>());
+                                  &account_, threads_.get());
   }
 
   // A ThresholdBackward executor over four host floats.
@@ -76,8 +77,9 @@ class SessionLaunchTest : public ::testing::Test {
   float data_[4] = {1, 2, 3, 4};
   SessionLimits limits_;
   MemoryAccounting account_;
-  std::unique_ptr<Session> session_;
   std::atomic<int> ran_{0};
+  JoinedStreamThreads threads_;
+  std::unique_ptr<Session> session_;
 };
 
 TEST_F(SessionLaunchTest, LaunchConsumesASingleUseExecutor) {
@@ -194,8 +196,9 @@ class SlowAllocationDevice : public Device {
 // counts as used when the allocation ends.
 TEST_F(SessionLaunchTest, SessionIsBusyWhileMallocAllocates) {
   SlowAllocationDevice device;
+  JoinedStreamThreads threads;
   Session session("slow", 2, "session_test", &device, &limits_, &account_,
-                  std::make_shared<StreamThreads>());
+                  threads.get());
   EXPECT_FALSE(session.Busy());
   std::thread malloc([&] { EXPECT_TRUE(session.Malloc(64).ok()); });
   device.entered_.WaitForNotification();
@@ -213,8 +216,9 @@ TEST(SessionDeviceTest, StreamsComeFromTheDevice) {
   FakeDevice device;
   SessionLimits limits;
   MemoryAccounting account;
+  JoinedStreamThreads threads;
   Session session("d", 3, "session_test", &device, &limits, &account,
-                  std::make_shared<StreamThreads>());
+                  threads.get());
   EXPECT_EQ(device.streams().size(), 1u) << "the default stream's";
   absl::StatusOr<uint64_t> handle = session.CreateStream();
   ASSERT_TRUE(handle.ok()) << handle.status();
@@ -230,8 +234,9 @@ TEST(SessionDeviceTest, CreateStreamFailsWithTheDevicesError) {
   FakeDevice device(/*max_streams=*/1);
   SessionLimits limits;
   MemoryAccounting account;
+  JoinedStreamThreads threads;
   Session session("d", 3, "session_test", &device, &limits, &account,
-                  std::make_shared<StreamThreads>());
+                  threads.get());
   for (int i = 0; i < 2; ++i) {
     absl::StatusOr<uint64_t> handle = session.CreateStream();
     EXPECT_EQ(handle.status().code(), absl::StatusCode::kResourceExhausted);

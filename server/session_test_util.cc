@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 
 namespace opserver {
@@ -21,6 +22,11 @@ std::vector<float> ReadFloats(Session& session, uint64_t handle, size_t n) {
   std::memcpy(out.data(), (*session.GetBuffer(handle))->data(),
               n * sizeof(float));
   return out;
+}
+
+JoinedStreamThreads::~JoinedStreamThreads() {
+  EXPECT_TRUE(threads_->WaitForZero(absl::Minutes(1)))
+      << "a stream thread outlived its session by a minute";
 }
 
 }  // namespace opserver

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "server/session.h"
@@ -18,6 +19,26 @@ uint64_t WriteFloats(Session& session, const std::vector<float>& values);
 
 // The first `n` floats of buffer `handle`.
 std::vector<float> ReadFloats(Session& session, uint64_t handle, size_t n);
+
+// Stream threads for the sessions a test makes, joined on destruction. The
+// threads outlive their session (each finishes its running task, which may
+// hold a buffer, a device stream or the test's own state): declare this
+// after the device and the test state, and before the session, so that
+// its destructor waits for them once the session is gone and before the
+// rest goes.
+class JoinedStreamThreads {
+ public:
+  JoinedStreamThreads() = default;
+  JoinedStreamThreads(const JoinedStreamThreads&) = delete;
+  JoinedStreamThreads& operator=(const JoinedStreamThreads&) = delete;
+  ~JoinedStreamThreads();
+
+  const std::shared_ptr<StreamThreads>& get() const { return threads_; }
+
+ private:
+  const std::shared_ptr<StreamThreads> threads_ =
+      std::make_shared<StreamThreads>();
+};
 
 }  // namespace opserver
 
