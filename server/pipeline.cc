@@ -31,6 +31,14 @@ absl::Status Deferred(const absl::Status& error, absl::string_view context) {
 
 }  // namespace
 
+template <typename... Context>
+void CommandPipeline::DeferToSession(const absl::Status& status,
+                                     const Context&... context) {
+  if (status.ok()) return;
+  FailSessionLazily(
+      [&] { return Deferred(status, absl::StrCat(context...)); });
+}
+
 CommandPipeline::CommandPipeline(const SessionLimits& limits, size_t max_fences,
                                  FenceDone fence_done, Metrics* metrics)
     : limits_(limits),
@@ -57,153 +65,37 @@ bool CommandPipeline::ApplyOne(Session& session,
                                const v1::PipelineCommand& command,
                                const Resume& resume) {
   if (metrics_ != nullptr) metrics_->PipelineCommand(command.command_case());
+  using C = v1::PipelineCommand;
   switch (command.command_case()) {
-    case v1::PipelineCommand::kPlan:
-      Plan(session, command.plan());
-      return true;
-    case v1::PipelineCommand::kLaunch: {
-      // A fast client waits for a full stream rather than losing launches
-      // to its limit: the launch is retried once the stream has run what it
-      // holds.
-      absl::StatusOr<std::shared_ptr<Stream>> stream =
-          session.GetStream(command.launch().stream());
-      if (stream.ok() && (*stream)->CheckRoom().code() ==
-                             absl::StatusCode::kResourceExhausted) {
-        (*stream)->WhenReached(resume);
-        return false;
-      }
-      Launch(session, command.launch());
-      return true;
-    }
-    case v1::PipelineCommand::kDestroyExecutor: {
-      const uint64_t id = command.destroy_executor();
-      if (std::optional<absl::Status> refused = session.TakeRefusedPlan(id)) {
-        // A refused plan not reported yet (by a launch or a session fence)
-        // is reported now, once.
-        if (!refused->ok()) FailSession(*std::move(refused));
-        return true;
-      }
-      if (absl::Status s = session.DestroyExecutor(id); !s.ok()) {
-        FailSessionLazily(
-            [&] { return Deferred(s, absl::StrCat("DestroyExecutor ", id)); });
-      }
-      return true;
-    }
-    case v1::PipelineCommand::kSetExecutorRepeatable: {
-      const uint64_t id = command.set_executor_repeatable();
-      // Its launches report the plan's error.
-      if (session.RefusedPlan(id, /*launch=*/false).has_value()) return true;
-      if (absl::Status s = session.SetExecutorRepeatable(id); !s.ok()) {
-        FailSessionLazily([&] {
-          return Deferred(s, absl::StrCat("SetExecutorRepeatable ", id));
-        });
-      }
-      return true;
-    }
-    case v1::PipelineCommand::kFree:
-      if (absl::Status s = session.Free(command.free()); !s.ok()) {
-        FailSessionLazily(
-            [&] { return Deferred(s, absl::StrCat("Free ", command.free())); });
-      }
-      return true;
-    case v1::PipelineCommand::kFence: {
-      const v1::FenceCommand& fence = command.fence();
-      // What a read fence holds once read, counted from now on (a read
-      // over the limit holds nothing: it is refused).
-      const uint64_t read = fence.event() == 0 && !fence.session() &&
-                                    fence.read_size() <= kMaxCommandBytes
-                                ? fence.read_size()
-                                : 0;
-      absl::MutexLock lock(&mu_);
-      if (fences_held_ >= max_fences_ ||
-          (read_bytes_held_ > 0 && read_bytes_held_ + read > kMaxHeldBytes)) {
-        fence_waiter_ = resume;
-        return false;
-      }
-      ++fences_held_;
-      read_bytes_held_ += read;
-    }
-      Fence(session, command.fence());
-      return true;
-    case v1::PipelineCommand::kWrite: {
-      // Like a launch, a write waits for room on its stream, and for the
-      // channel's queued writes to shrink below kMaxHeldBytes.
-      absl::StatusOr<std::shared_ptr<Stream>> stream =
-          session.GetStream(command.write().stream());
-      if (stream.ok() && (*stream)->CheckRoom().code() ==
-                             absl::StatusCode::kResourceExhausted) {
-        (*stream)->WhenReached(resume);
-        return false;
-      }
-      {
-        absl::MutexLock lock(&writes_->mu);
-        if (writes_->held > 0 &&
-            writes_->held + command.write().data().size() > kMaxHeldBytes) {
-          writes_->waiter = resume;
-          return false;
-        }
-      }
-      Write(session, command.write());
-      return true;
-    }
-    case v1::PipelineCommand::kCreateEvent: {
-      const v1::CreateEventCommand& create = command.create_event();
-      if (absl::Status s =
-              session.CreateEventAs(create.event(), create.flags());
-          !s.ok()) {
-        FailSessionLazily([&] {
-          return Deferred(s, absl::StrCat("CreateEvent ", create.event()));
-        });
-      }
-      return true;
-    }
-    case v1::PipelineCommand::kRecordEvent:
-      OnEvent(
-          session, command.record_event().event(),
-          command.record_event().stream(), "RecordEvent",
-          [](Event& event, Stream& stream) { return event.Record(stream); });
-      return true;
-    case v1::PipelineCommand::kWaitEvent:
-      OnEvent(session, command.wait_event().event(),
-              command.wait_event().stream(), "StreamWaitEvent",
-              [](Event& event, Stream& stream) { return event.Wait(stream); });
-      return true;
-    case v1::PipelineCommand::kResetEvent:
-      OnEvent(session, command.reset_event().event(),
-              command.reset_event().stream(), "ResetEvent",
-              [](Event& event, Stream& stream) { return event.Reset(stream); });
-      return true;
-    case v1::PipelineCommand::kDestroyEvent: {
-      const uint64_t id = command.destroy_event();
-      if (absl::Status s = session.DestroyEvent(id); !s.ok()) {
-        FailSessionLazily(
-            [&] { return Deferred(s, absl::StrCat("DestroyEvent ", id)); });
-      }
-      return true;
-    }
-    case v1::PipelineCommand::kMemset:
-    case v1::PipelineCommand::kCopy: {
-      const bool memset =
-          command.command_case() == v1::PipelineCommand::kMemset;
-      // Like a launch, it waits for room on a full stream.
-      absl::StatusOr<std::shared_ptr<Stream>> stream = session.GetStream(
-          memset ? command.memset().stream() : command.copy().stream());
-      if (stream.ok() && (*stream)->CheckRoom().code() ==
-                             absl::StatusCode::kResourceExhausted) {
-        (*stream)->WhenReached(resume);
-        return false;
-      }
-      const absl::string_view what = memset ? "Memset" : "CopyDeviceToDevice";
-      if (!stream.ok()) {
-        FailSessionLazily([&] { return Deferred(stream.status(), what); });
-        return true;
-      }
-      absl::Status s = memset ? QueueMemset(session, **stream, command.memset())
-                              : QueueCopy(session, **stream, command.copy());
-      if (!s.ok()) (*stream)->Fail(Deferred(s, what));
-      return true;
-    }
-    case v1::PipelineCommand::COMMAND_NOT_SET:
+    case C::kPlan:
+      return Plan(session, command.plan());
+    case C::kLaunch:
+      return Launch(session, command.launch(), resume);
+    case C::kDestroyExecutor:
+      return DestroyExecutor(session, command.destroy_executor());
+    case C::kSetExecutorRepeatable:
+      return SetRepeatable(session, command.set_executor_repeatable());
+    case C::kFree:
+      return Free(session, command.free());
+    case C::kFence:
+      return Fence(session, command.fence(), resume);
+    case C::kWrite:
+      return Write(session, command.write(), resume);
+    case C::kCreateEvent:
+      return CreateEvent(session, command.create_event());
+    case C::kRecordEvent:
+      return RecordEvent(session, command.record_event());
+    case C::kWaitEvent:
+      return WaitEvent(session, command.wait_event());
+    case C::kResetEvent:
+      return ResetEvent(session, command.reset_event());
+    case C::kDestroyEvent:
+      return DestroyEvent(session, command.destroy_event());
+    case C::kMemset:
+      return Memset(session, command.memset(), resume);
+    case C::kCopy:
+      return Copy(session, command.copy(), resume);
+    case C::COMMAND_NOT_SET:
       break;
   }
   FailSession(absl::InvalidArgumentError(
@@ -211,6 +103,154 @@ bool CommandPipeline::ApplyOne(Session& session,
       "launch, destroy_executor, set_executor_repeatable, free, fence, "
       "write, create_event, record_event, wait_event, reset_event, "
       "destroy_event, memset and copy)"));
+  return true;
+}
+
+bool CommandPipeline::StreamFull(Session& session, uint64_t stream_id,
+                                 const Resume& resume) {
+  // A fast client waits for a full stream rather than losing work to its
+  // limit: the command is retried once the stream has run what it holds.
+  absl::StatusOr<std::shared_ptr<Stream>> stream = session.GetStream(stream_id);
+  if (!stream.ok() ||
+      (*stream)->CheckRoom().code() != absl::StatusCode::kResourceExhausted) {
+    return false;
+  }
+  (*stream)->WhenReached(resume);
+  return true;
+}
+
+bool CommandPipeline::DestroyExecutor(Session& session, uint64_t id) {
+  if (std::optional<absl::Status> refused = session.TakeRefusedPlan(id)) {
+    // A refused plan not reported yet (by a launch or a session fence) is
+    // reported now, once.
+    if (!refused->ok()) FailSession(*std::move(refused));
+    return true;
+  }
+  DeferToSession(session.DestroyExecutor(id), "DestroyExecutor ", id);
+  return true;
+}
+
+bool CommandPipeline::SetRepeatable(Session& session, uint64_t id) {
+  // A refused plan's launches report the plan's error.
+  if (session.RefusedPlan(id, /*launch=*/false).has_value()) return true;
+  DeferToSession(session.SetExecutorRepeatable(id), "SetExecutorRepeatable ",
+                 id);
+  return true;
+}
+
+bool CommandPipeline::Free(Session& session, uint64_t buffer) {
+  DeferToSession(session.Free(buffer), "Free ", buffer);
+  return true;
+}
+
+bool CommandPipeline::Fence(Session& session, const v1::FenceCommand& fence,
+                            const Resume& resume) {
+  // What a read fence holds once read, counted from now on (a read over
+  // the limit holds nothing: it is refused).
+  const uint64_t read = fence.event() == 0 && !fence.session() &&
+                                fence.read_size() <= kMaxCommandBytes
+                            ? fence.read_size()
+                            : 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (fences_held_ >= max_fences_ ||
+        (read_bytes_held_ > 0 && read_bytes_held_ + read > kMaxHeldBytes)) {
+      fence_waiter_ = resume;
+      return false;
+    }
+    ++fences_held_;
+    read_bytes_held_ += read;
+  }
+  if (fence.event() != 0) {
+    EventFence(session, fence.id(), fence.event());
+  } else if (!fence.session()) {
+    StreamFence(session, fence);
+  } else {
+    SessionFence(session, fence.id());
+  }
+  return true;
+}
+
+bool CommandPipeline::Write(Session& session, const v1::WriteCommand& write,
+                            const Resume& resume) {
+  // Like a launch, a write waits for room on its stream, and for the
+  // channel's queued writes to shrink below kMaxHeldBytes.
+  if (StreamFull(session, write.stream(), resume)) return false;
+  {
+    absl::MutexLock lock(&writes_->mu);
+    if (writes_->held > 0 &&
+        writes_->held + write.data().size() > kMaxHeldBytes) {
+      writes_->waiter = resume;
+      return false;
+    }
+  }
+  QueueWrite(session, write);
+  return true;
+}
+
+bool CommandPipeline::CreateEvent(Session& session,
+                                  const v1::CreateEventCommand& create) {
+  DeferToSession(session.CreateEventAs(create.event(), create.flags()),
+                 "CreateEvent ", create.event());
+  return true;
+}
+
+bool CommandPipeline::RecordEvent(Session& session,
+                                  const v1::RecordEventRequest& record) {
+  OnEvent(session, record.event(), record.stream(), "RecordEvent",
+          [](Event& event, Stream& stream) { return event.Record(stream); });
+  return true;
+}
+
+bool CommandPipeline::WaitEvent(Session& session,
+                                const v1::StreamWaitEventRequest& wait) {
+  OnEvent(session, wait.event(), wait.stream(), "StreamWaitEvent",
+          [](Event& event, Stream& stream) { return event.Wait(stream); });
+  return true;
+}
+
+bool CommandPipeline::ResetEvent(Session& session,
+                                 const v1::ResetEventRequest& reset) {
+  OnEvent(session, reset.event(), reset.stream(), "ResetEvent",
+          [](Event& event, Stream& stream) { return event.Reset(stream); });
+  return true;
+}
+
+bool CommandPipeline::DestroyEvent(Session& session, uint64_t id) {
+  DeferToSession(session.DestroyEvent(id), "DestroyEvent ", id);
+  return true;
+}
+
+bool CommandPipeline::Memset(Session& session, const v1::MemsetRequest& memset,
+                             const Resume& resume) {
+  return OnStream(session, memset.stream(), "Memset", resume,
+                  [&](Stream& stream) {
+                    return QueueMemset(session, stream, memset);
+                  });
+}
+
+bool CommandPipeline::Copy(Session& session,
+                           const v1::CopyDeviceToDeviceRequest& copy,
+                           const Resume& resume) {
+  return OnStream(session, copy.stream(), "CopyDeviceToDevice", resume,
+                  [&](Stream& stream) {
+                    return QueueCopy(session, stream, copy);
+                  });
+}
+
+bool CommandPipeline::OnStream(
+    Session& session, uint64_t stream_id, absl::string_view what,
+    const Resume& resume, const std::function<absl::Status(Stream&)>& queue) {
+  // Like a launch, it waits for room on a full stream.
+  if (StreamFull(session, stream_id, resume)) return false;
+  absl::StatusOr<std::shared_ptr<Stream>> stream = session.GetStream(stream_id);
+  if (!stream.ok()) {
+    FailSessionLazily([&] { return Deferred(stream.status(), what); });
+    return true;
+  }
+  if (absl::Status s = queue(**stream); !s.ok()) {
+    (*stream)->Fail(Deferred(s, what));
+  }
   return true;
 }
 
@@ -232,14 +272,14 @@ void CommandPipeline::OnEvent(
   }
 }
 
-void CommandPipeline::Plan(Session& session, const v1::PlanCommand& plan) {
+bool CommandPipeline::Plan(Session& session, const v1::PlanCommand& plan) {
   absl::StatusOr<std::shared_ptr<Executor>> executor =
       PlanExecutor(plan.request(), session, limits_.max_launch_elements);
   absl::Status status =
       executor.ok()
           ? session.AddExecutorAs(plan.executor(), *std::move(executor))
           : executor.status();
-  if (status.ok()) return;
+  if (status.ok()) return true;
   // The op name is the client's: only its start goes into the message.
   constexpr size_t kMaxOpNameBytes = 128;
   status = Deferred(
@@ -251,7 +291,7 @@ void CommandPipeline::Plan(Session& session, const v1::PlanCommand& plan) {
   if (session.RefusedPlan(plan.executor(), /*launch=*/false).has_value() ||
       session.ExecutorForLaunch(plan.executor(), /*consume=*/false).ok()) {
     FailSession(std::move(status));
-    return;
+    return true;
   }
   // Past the handle limit the refusal is the session's error at once, and
   // its launches fail as launches of an unknown executor.
@@ -259,10 +299,12 @@ void CommandPipeline::Plan(Session& session, const v1::PlanCommand& plan) {
       !kept.ok()) {
     FailSession(std::move(status));
   }
+  return true;
 }
 
-void CommandPipeline::Launch(Session& session,
-                             const v1::ExecuteRequest& launch) {
+bool CommandPipeline::Launch(Session& session, const v1::ExecuteRequest& launch,
+                             const Resume& resume) {
+  if (StreamFull(session, launch.stream(), resume)) return false;
   absl::Status status;
   if (std::optional<absl::Status> refused =
           session.RefusedPlan(launch.executor(), /*launch=*/true)) {
@@ -270,7 +312,7 @@ void CommandPipeline::Launch(Session& session,
   }
   if (status.ok()) {
     status = LaunchExecutor(launch, session);
-    if (status.ok()) return;
+    if (status.ok()) return true;
     status = Deferred(status,
                       absl::StrCat("launch of executor ", launch.executor()));
   }
@@ -281,63 +323,64 @@ void CommandPipeline::Launch(Session& session,
   } else {
     FailSession(std::move(status));
   }
+  return true;
 }
 
-void CommandPipeline::Fence(Session& session, const v1::FenceCommand& fence) {
-  const uint64_t id = fence.id();
-  if (fence.event() != 0) {
-    absl::StatusOr<std::shared_ptr<Event>> event =
-        session.GetEvent(fence.event());
-    absl::Status status = event.status();
-    if (status.ok()) {
-      // Answered by the record's completion or the event's destruction,
-      // or forgotten when the channel ends first (ForgetWaits).
-      const uint64_t key = AddWait(id, 0);
-      absl::StatusOr<uint64_t> ticket = (*event)->WhenCompleteOrForgotten(
-          [this, id, key](absl::Status done) {
-            DropWait(key);
-            fence_done_(id, std::move(done), std::string());
-          });
-      status = ticket.status();
-      if (!ticket.ok()) {
-        DropWait(key);
-      } else if (*ticket != 0) {
-        SetForget(key, [event = *event, ticket = *ticket] {
-          return event->Forget(ticket);
-        });
-      }
-    }
-    if (!status.ok()) fence_done_(id, std::move(status), std::string());
-    return;
-  }
-  if (!fence.session()) {
-    const uint64_t size = fence.read_size();
-    absl::StatusOr<std::shared_ptr<Stream>> stream =
-        session.GetStream(fence.stream());
-    absl::StatusOr<std::shared_ptr<Buffer>> buffer = std::shared_ptr<Buffer>();
-    if (stream.ok() && size > 0) {
-      buffer = CheckRange(session, fence.read_buffer(), fence.read_offset(),
-                          size, "read");
-    }
-    if (!stream.ok() || !buffer.ok()) {
-      FinishRead(id, !stream.ok() ? stream.status() : buffer.status(), nullptr,
-                 nullptr, 0, size);
-      return;
-    }
-    const uint64_t key = AddWait(id, size);
-    const uint64_t ticket = (*stream)->SynchronizeOrForget(
-        [this, id, key, buffer = *std::move(buffer), stream = *stream,
-         offset = fence.read_offset(), size](absl::Status status) {
+void CommandPipeline::EventFence(Session& session, uint64_t id,
+                                 uint64_t event_id) {
+  absl::StatusOr<std::shared_ptr<Event>> event = session.GetEvent(event_id);
+  absl::Status status = event.status();
+  if (status.ok()) {
+    // Answered by the record's completion or the event's destruction, or
+    // forgotten when the channel ends first (ForgetWaits).
+    const uint64_t key = AddWait(id, 0);
+    absl::StatusOr<uint64_t> ticket = (*event)->WhenCompleteOrForgotten(
+        [this, id, key](absl::Status done) {
           DropWait(key);
-          FinishRead(id, std::move(status), buffer, stream, offset, size);
+          fence_done_(id, std::move(done), std::string());
         });
-    if (ticket != 0) {
-      SetForget(key, [stream = *stream, ticket] {
-        return stream->Forget(ticket);
+    status = ticket.status();
+    if (!ticket.ok()) {
+      DropWait(key);
+    } else if (*ticket != 0) {
+      SetForget(key, [event = *event, ticket = *ticket] {
+        return event->Forget(ticket);
       });
     }
+  }
+  if (!status.ok()) fence_done_(id, std::move(status), std::string());
+}
+
+void CommandPipeline::StreamFence(Session& session,
+                                  const v1::FenceCommand& fence) {
+  const uint64_t id = fence.id();
+  const uint64_t size = fence.read_size();
+  absl::StatusOr<std::shared_ptr<Stream>> stream =
+      session.GetStream(fence.stream());
+  absl::StatusOr<std::shared_ptr<Buffer>> buffer = std::shared_ptr<Buffer>();
+  if (stream.ok() && size > 0) {
+    buffer = CheckRange(session, fence.read_buffer(), fence.read_offset(),
+                        size, "read");
+  }
+  if (!stream.ok() || !buffer.ok()) {
+    FinishRead(id, !stream.ok() ? stream.status() : buffer.status(), nullptr,
+               nullptr, 0, size);
     return;
   }
+  const uint64_t key = AddWait(id, size);
+  const uint64_t ticket = (*stream)->SynchronizeOrForget(
+      [this, id, key, buffer = *std::move(buffer), stream = *stream,
+       offset = fence.read_offset(), size](absl::Status status) {
+        DropWait(key);
+        FinishRead(id, std::move(status), buffer, stream, offset, size);
+      });
+  if (ticket != 0) {
+    SetForget(key,
+              [stream = *stream, ticket] { return stream->Forget(ticket); });
+  }
+}
+
+void CommandPipeline::SessionFence(Session& session, uint64_t id) {
   // Refused plans nobody launched are reported by the next session fence.
   if (absl::Status refused = session.TakeUnreportedRefusal(); !refused.ok()) {
     FailSession(std::move(refused));
@@ -399,7 +442,8 @@ void CommandPipeline::FinishRead(uint64_t id, absl::Status status,
   fence_done_(id, std::move(status), std::move(data));
 }
 
-void CommandPipeline::Write(Session& session, const v1::WriteCommand& write) {
+void CommandPipeline::QueueWrite(Session& session,
+                                 const v1::WriteCommand& write) {
   absl::StatusOr<std::shared_ptr<Stream>> stream =
       session.GetStream(write.stream());
   if (!stream.ok()) {

@@ -78,18 +78,55 @@ class CommandPipeline {
   static constexpr uint64_t kMaxHeldBytes = 8 << 20;
 
  private:
-  // Applies one command; false if it must wait (then `resume` is arranged).
+  // Applies one command: one call per kind below, each returning false
+  // when the command must wait (then `resume` is arranged) and true when
+  // it was applied (its failure, if any, deferred).
   bool ApplyOne(Session& session, const v1::PipelineCommand& command,
                 const Resume& resume);
-  void Plan(Session& session, const v1::PlanCommand& plan);
-  void Launch(Session& session, const v1::ExecuteRequest& launch);
-  void Fence(Session& session, const v1::FenceCommand& fence);
+  bool Plan(Session& session, const v1::PlanCommand& plan);
+  bool Launch(Session& session, const v1::ExecuteRequest& launch,
+              const Resume& resume);
+  bool DestroyExecutor(Session& session, uint64_t id);
+  bool SetRepeatable(Session& session, uint64_t id);
+  bool Free(Session& session, uint64_t buffer);
+  bool Fence(Session& session, const v1::FenceCommand& fence,
+             const Resume& resume);
+  bool Write(Session& session, const v1::WriteCommand& write,
+             const Resume& resume);
+  bool CreateEvent(Session& session, const v1::CreateEventCommand& create);
+  bool RecordEvent(Session& session, const v1::RecordEventRequest& record);
+  bool WaitEvent(Session& session, const v1::StreamWaitEventRequest& wait);
+  bool ResetEvent(Session& session, const v1::ResetEventRequest& reset);
+  bool DestroyEvent(Session& session, uint64_t id);
+  bool Memset(Session& session, const v1::MemsetRequest& memset,
+              const Resume& resume);
+  bool Copy(Session& session, const v1::CopyDeviceToDeviceRequest& copy,
+            const Resume& resume);
+
+  // True when stream `stream_id` is full: then `resume` is called once it
+  // has run what it holds. An unknown stream is not full (the command
+  // reports it).
+  bool StreamFull(Session& session, uint64_t stream_id, const Resume& resume);
+  // A memset or copy: waits for room, then `queue` on the stream; an
+  // unknown stream is the session's error, `queue`'s the stream's. `what`
+  // names the command in them.
+  bool OnStream(Session& session, uint64_t stream_id, absl::string_view what,
+                const Resume& resume,
+                const std::function<absl::Status(Stream&)>& queue);
+  // The three kinds of fence, once the channel has room for them.
+  void EventFence(Session& session, uint64_t id, uint64_t event_id);
+  void StreamFence(Session& session, const v1::FenceCommand& fence);
+  void SessionFence(Session& session, uint64_t id);
+  void QueueWrite(Session& session, const v1::WriteCommand& write);
+  // A failed `status` becomes the session's error (if it has none yet),
+  // named by StrCat(context...).
+  template <typename... Context>
+  void DeferToSession(const absl::Status& status, const Context&... context);
   // A read fence's copy, on its stream's thread once the stream reached it.
   void FinishRead(uint64_t id, absl::Status status,
                   const std::shared_ptr<Buffer>& buffer,
                   const std::shared_ptr<Stream>& stream, uint64_t offset,
                   uint64_t size);
-  void Write(Session& session, const v1::WriteCommand& write);
   // record_event, wait_event and reset_event: `apply` on the event and the
   // stream, whose errors (an unknown event among them) become the stream's
   // deferred error; an unknown stream's, the session's. `what` names the
