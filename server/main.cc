@@ -135,6 +135,11 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "port 0 picks a free port (printed as 'metrics on HOST:PORT'). "
           "Off when empty. A non-loopback address needs --allow_insecure: "
           "the page names tenants.");
+ABSL_FLAG(std::string, health_listen, "",
+          "HOST:PORT to serve grpc.health.v1 alone on, in plaintext and "
+          "without a token (for probes that speak no TLS, such as "
+          "Kubernetes'), beside a TLS --listen port; port 0 picks a free "
+          "port (printed as 'health on HOST:PORT'). Off when empty.");
 ABSL_FLAG(int, metrics_threads, 8,
           "Threads serving /metrics: so many connections are served at once, "
           "and one that sends half a request holds one until "
@@ -191,6 +196,7 @@ int main(int argc, char** argv) {
   opserver::Options options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.health_listen = absl::GetFlag(FLAGS_health_listen);
   options.metrics_serve.threads = absl::GetFlag(FLAGS_metrics_threads);
   options.metrics_serve.request_timeout = absl::Milliseconds(
       std::max(1, absl::GetFlag(FLAGS_metrics_request_timeout_ms)));
@@ -270,6 +276,9 @@ int main(int argc, char** argv) {
   if (!(*server)->metrics_address().empty()) {
     // Before "listening on", which tools wait for: both are known then.
     std::printf("metrics on %s\n", (*server)->metrics_address().c_str());
+  }
+  if (!(*server)->health_address().empty()) {
+    std::printf("health on %s\n", (*server)->health_address().c_str());
   }
   std::printf("listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);

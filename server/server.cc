@@ -325,6 +325,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   ListenAddress bound = *listen;
   bound.port = server->port_;
   server->address_ = bound.ToString();
+  if (absl::Status s = server->StartHealthPort(options); !s.ok()) return s;
   if (metrics_listen.has_value()) {
     Server* s = server.get();
     s->metrics_->SetSnapshot([s] { return s->MetricsSnapshotNow(); });
@@ -387,6 +388,34 @@ absl::Status Server::ReloadTokens() {
   return absl::OkStatus();
 }
 
+absl::Status Server::StartHealthPort(const Options& options) {
+  if (options.health_listen.empty()) return absl::OkStatus();
+  absl::StatusOr<ListenAddress> listen =
+      ParseListenAddress(options.health_listen);
+  if (!listen.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--health_listen: ", listen.status().message()));
+  }
+  health_port_service_ = std::make_unique<HealthService>(
+      std::set<std::string>{v1::Runtime::service_full_name(),
+                            v1::Operators::service_full_name()},
+      options.max_health_watches);
+  grpc::ServerBuilder builder;
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  int port = 0;
+  builder.AddListeningPort(listen->ToString(),
+                           grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(health_port_service_.get());
+  health_server_ = builder.BuildAndStart();
+  if (health_server_ == nullptr || port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--health_listen: cannot listen on ", listen->ToString()));
+  }
+  listen->port = port;
+  health_address_ = listen->ToString();
+  return absl::OkStatus();
+}
+
 Server::~Server() {
   // No scrape reads the sessions or services once they start going.
   if (metrics_ != nullptr) metrics_->SetSnapshot(nullptr);
@@ -404,6 +433,7 @@ void Server::BeginDrain() {
   if (draining_ || grpc_server_ == nullptr) return;
   runtime_service_->BeginDrain();
   health_service_->Drain();
+  if (health_port_service_ != nullptr) health_port_service_->Drain();
   draining_ = true;
 }
 
@@ -440,6 +470,11 @@ void Server::Shutdown() {
   if (shut_down_ || grpc_server_ == nullptr) return;
   shut_down_ = true;
   health_service_->Shutdown();
+  if (health_server_ != nullptr) {
+    health_port_service_->Shutdown();  // Its Watch streams end now.
+    health_server_->Shutdown();
+    health_server_->Wait();
+  }
   runtime_service_->Shutdown();
   const absl::Time deadline = absl::Now() + options_.shutdown_grace;
   // gRPC cancels the calls still running at the deadline but then waits

@@ -35,6 +35,13 @@ struct Options {
   // Server::metrics_port()); empty: none. Like `listen`, an address other
   // machines can reach needs allow_insecure: the page names tenants.
   std::string metrics_listen;
+  // HOST:PORT to serve grpc.health.v1 alone on, in plaintext, beside a
+  // TLS (or token) `listen` port: Kubernetes' gRPC probes speak no TLS and
+  // send no token. It answers what the main port's health service answers
+  // (NOT_SERVING while draining) and serves nothing else (server
+  // reflection there lists only the health service). Any address: the
+  // health of a server is not a secret. Empty: none.
+  std::string health_listen;
   // Threads, request time-out and queue of the /metrics server
   // (--metrics_threads, --metrics_request_timeout_ms).
   MetricsServeOptions metrics_serve;
@@ -163,6 +170,9 @@ class Server {
   // HOST:PORT /metrics is served on (the bound port); empty without
   // Options::metrics_listen.
   const std::string& metrics_address() const { return metrics_address_; }
+  // HOST:PORT of the plaintext health port (the bound port); empty without
+  // Options::health_listen.
+  const std::string& health_address() const { return health_address_; }
 
   // Re-reads Options::auth_token_file (SIGHUP): calls made afterwards are
   // checked against the new tokens, and the open streaming calls (Pipeline,
@@ -218,6 +228,12 @@ class Server {
   std::unique_ptr<RuntimeService> runtime_service_;
   std::unique_ptr<OperatorService> operator_service_;
   std::unique_ptr<HealthService> health_service_;
+  // Options::health_listen's server and its own health service, which
+  // mirrors health_service_ (Drain, Shutdown).
+  absl::Status StartHealthPort(const Options& options);
+  std::unique_ptr<HealthService> health_port_service_;
+  std::unique_ptr<grpc::Server> health_server_;
+  std::string health_address_;
   std::shared_ptr<Authenticator> authenticator_;  // Null without tokens.
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;

@@ -3,6 +3,7 @@
 // C++ client, raw gRPC and the C API, sessions invisible to other
 // identities, per-tenant limits, and the refusal to listen insecurely.
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -378,6 +379,71 @@ TEST_F(SecurityTest, RotatedCertificatesTakeEffectWithoutRestart) {
     rotated = Client::Connect(server_->address(), trusts_other).ok();
   }
   EXPECT_TRUE(rotated) << "the server still presents the old certificate";
+}
+
+// --health_listen: grpc.health.v1 alone, in plaintext and without a token,
+// for probes that speak neither (Kubernetes'), while the main port needs
+// TLS and a token. It follows the drain and serves nothing else.
+TEST_F(SecurityTest, HealthPortAnswersInPlaintextBesideTls) {
+  Options options;
+  options.tls_cert_file = Cert("server");
+  options.tls_key_file = Key("server");
+  options.auth_token_file = TokenFile();
+  options.health_listen = "127.0.0.1:0";
+  Start(options);
+  ASSERT_THAT(server_->health_address(), HasSubstr("127.0.0.1:"));
+  EXPECT_NE(server_->health_address(), server_->address());
+  auto channel = grpc::CreateChannel(server_->health_address(),
+                                     grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  auto check = [&](const std::string& service) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(30));
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service(service);
+    grpc::health::v1::HealthCheckResponse response;
+    grpc::Status status = health->Check(&context, request, &response);
+    return status.ok() ? grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+                             response.status())
+                       : absl::StrCat("error ", status.error_code(), ": ",
+                                      status.error_message());
+  };
+  EXPECT_EQ(check(""), "SERVING");
+  EXPECT_EQ(check(v1::Runtime::service_full_name()), "SERVING");
+  EXPECT_EQ(check(v1::Operators::service_full_name()), "SERVING");
+  EXPECT_THAT(check("no.such.Service"), HasSubstr("error 5"));  // NOT_FOUND
+  // Nothing but health there, with or without a token.
+  v1::GetDeviceInfoResponse info;
+  EXPECT_EQ(CallWithHeaders(channel.get(), "/opserver.v1.Runtime/GetDeviceInfo",
+                            v1::GetDeviceInfoRequest(),
+                            {absl::StrCat("Bearer ", kAliceToken)}, &info)
+                .error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  // The main port still wants TLS.
+  EXPECT_EQ(Connect(WithToken(kAliceToken)).status().code(),
+            absl::StatusCode::kUnavailable);
+  server_->BeginDrain();
+  EXPECT_EQ(check(""), "NOT_SERVING");
+  EXPECT_EQ(check(v1::Runtime::service_full_name()), "NOT_SERVING");
+}
+
+// A --health_listen that cannot be parsed or bound stops the start with
+// the flag's name.
+TEST_F(SecurityTest, HealthPortErrorsNameTheFlag) {
+  Options options;
+  options.listen = "127.0.0.1:0";
+  options.threads = 1;
+  options.health_listen = "no-port";
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(server.status().message(), HasSubstr("--health_listen: "));
+  options.health_listen = "192.0.2.1:0";  // Not an address of this host.
+  server = Server::Start(options);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kUnavailable)
+      << server.status();
+  EXPECT_THAT(server.status().message(),
+              HasSubstr("--health_listen: cannot listen on 192.0.2.1:0"));
 }
 
 TEST_F(SecurityTest, MutualTlsNeedsAClientCertificateFromTheClientCa) {
