@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,8 +20,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/thread_start.h"
+#include "devices/device_factory.h"
 #include "grpc/grpc.h"
 #include "server/log.h"
+#include "server/preflight.h"
 #include "server/server.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -135,6 +139,12 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "port 0 picks a free port (printed as 'metrics on HOST:PORT'). "
           "Off when empty. A non-loopback address needs --allow_insecure: "
           "the page names tenants.");
+ABSL_FLAG(bool, preflight, false,
+          "Check the devices instead of serving: list the devices --device "
+          "opens with their memory, run every operator once on a tiny "
+          "tensor on each and compare it bit for bit with the CPU device; "
+          "exit 0 when all match, 1 when one does not, 2 when the devices "
+          "cannot be opened. Opens no port.");
 ABSL_FLAG(std::string, health_listen, "",
           "HOST:PORT to serve grpc.health.v1 alone on, in plaintext and "
           "without a token (for probes that speak no TLS, such as "
@@ -176,6 +186,39 @@ ABSL_FLAG(int, drain_s, 0,
           "\"server draining\") and open sessions go on until they close; "
           "the server exits as soon as none is left. A second SIGTERM (or "
           "SIGINT) ends the drain. 0 = no drain; SIGINT never drains.");
+
+namespace {
+
+// --preflight: the devices, and every operator once on each against the
+// CPU device (server/preflight.h); 0 when all matched, 1 when one did not,
+// 2 when the devices cannot be opened.
+int Preflight(const opserver::Options& options) {
+  absl::StatusOr<std::vector<std::unique_ptr<opserver::Device>>> devices =
+      opserver::CreateDevices(opserver::DeviceOptionsFor(options));
+  if (!devices.ok()) {
+    opserver::LogLine(
+        absl::StrCat("error: --device: ", devices.status().message()));
+    return 2;
+  }
+  opserver::DeviceOptions cpu;
+  cpu.threads = 1;
+  cpu.memory_cache_bytes = 0;
+  cpu.memory_bytes = 64 << 20;
+  absl::StatusOr<std::unique_ptr<opserver::Device>> reference =
+      opserver::CreateDevice(cpu);
+  if (!reference.ok()) {
+    opserver::LogLine(absl::StrCat("error: the CPU device: ",
+                                   reference.status().message()));
+    return 2;
+  }
+  std::vector<opserver::Device*> list;
+  for (const auto& device : *devices) list.push_back(device.get());
+  const bool passed = opserver::RunPreflight(list, **reference, std::cout);
+  std::cout.flush();
+  return passed ? 0 : 1;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -267,6 +310,8 @@ int main(int argc, char** argv) {
   // --shutdown_grace_ms. This reference keeps the server's destruction from
   // running that cleanup; the process ends without it below, once
   // everything opserver owns is released.
+  if (absl::GetFlag(FLAGS_preflight)) return Preflight(options);
+
   grpc_init();
   auto server = opserver::Server::Start(options);
   if (!server.ok()) {

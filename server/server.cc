@@ -198,16 +198,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
           authenticator);
   if (!credentials.ok()) return credentials.status();
 
-  DeviceOptions device_options;
-  device_options.kind = options.device;
-  device_options.threads = options.threads;
-  device_options.memory_cache_bytes = options.memory_cache_bytes;
-  device_options.memory_bytes = options.device_memory_bytes;
-  device_options.cann_libraries = options.cann_libraries;
-  device_options.devices = options.devices;
   absl::StatusOr<std::vector<std::unique_ptr<Device>>> devices =
       std::move(given);
-  if (!given_devices) devices = CreateDevices(device_options);
+  if (!given_devices) devices = CreateDevices(DeviceOptionsFor(options));
   if (!devices.ok()) {
     const char* flag = options.threads < 0       ? "--threads: "
                        : options.device != "cpu" ? "--device: "
@@ -386,6 +379,17 @@ absl::Status Server::ReloadTokens() {
                        options_.auth_token_file, "; ended ", ended,
                        " open calls made with tokens no longer in it"));
   return absl::OkStatus();
+}
+
+DeviceOptions DeviceOptionsFor(const Options& options) {
+  DeviceOptions device_options;
+  device_options.kind = options.device;
+  device_options.threads = options.threads;
+  device_options.memory_cache_bytes = options.memory_cache_bytes;
+  device_options.memory_bytes = options.device_memory_bytes;
+  device_options.cann_libraries = options.cann_libraries;
+  device_options.devices = options.devices;
+  return device_options;
 }
 
 absl::Status Server::StartHealthPort(const Options& options) {

@@ -127,6 +127,10 @@ struct Options {
   bool allow_insecure = false;
 };
 
+// The devices `options` ask for (--device, --devices, --threads, the
+// memory and CANN flags), as CreateDevices takes them.
+DeviceOptions DeviceOptionsFor(const Options& options);
+
 // A running opserver: the device plus the gRPC server with the opserver
 // services, grpc.health.v1 and server reflection.
 //

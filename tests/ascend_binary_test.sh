@@ -2,7 +2,8 @@
 # opserver --device=ascend as a person starts it: CANN's libraries that are
 # missing, or lack a symbol the device needs, stop it with one error line
 # naming them and exit status 2; a CANN it can load (the fake one the unit
-# tests use) is served, and it exits cleanly on SIGTERM.
+# tests use) is served, and it exits cleanly on SIGTERM; --preflight checks
+# it without serving.
 set -uo pipefail
 opserver="$1"
 opctl="$2"
@@ -68,6 +69,28 @@ if start_opserver "$tmp/out" "$tmp/err" "$opserver" --device=ascend:3,1 \
 else
   failures=$((failures + 1))
 fi
+
+# --preflight: the devices and every operator once on each, against the
+# CPU device. The fake CANN computes nothing (its outputs stay zero), which
+# the preflight must catch: exit status 1, each operator a mismatch. (The
+# chain test runs it where it passes.)
+"$opserver" --device=ascend:1,3 --cann_libraries="$fake" --preflight \
+  >"$tmp/preflight" 2>&1
+rc=$?
+[[ $rc -eq 1 ]] || fail "--preflight: exit status $rc, want 1: $(cat "$tmp/preflight")"
+grep -q "^device 0: ascend (FakeAscend910B (NPU 1)), 1.0 GiB, " "$tmp/preflight" ||
+  fail "--preflight lists no NPU 1: $(cat "$tmp/preflight")"
+grep -q "^device 1 HardswishBackward: MISMATCH: element " "$tmp/preflight" ||
+  fail "--preflight: $(cat "$tmp/preflight")"
+grep -q "^preflight FAILED: 0 of 10 " "$tmp/preflight" ||
+  fail "--preflight: $(cat "$tmp/preflight")"
+# Devices that cannot be opened: exit status 2, as when serving.
+"$opserver" --device=ascend --cann_libraries=/nonexistent/libascendcl.so \
+  --preflight >"$tmp/preflight" 2>&1
+rc=$?
+[[ $rc -eq 2 ]] || fail "--preflight without CANN: exit status $rc, want 2"
+grep -qF "cannot load CANN library /nonexistent/libascendcl.so" "$tmp/preflight" ||
+  fail "--preflight without CANN: $(cat "$tmp/preflight")"
 
 if [[ $failures -ne 0 ]]; then
   echo "$failures failure(s)" >&2

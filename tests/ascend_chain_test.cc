@@ -428,6 +428,28 @@ TEST_F(AscendChainTest, TheFrontIsAnAscendDeviceOnTheBackend) {
   EXPECT_EQ(ops->SerializeAsString(), ref_ops->SerializeAsString());
 }
 
+// opserver --preflight as docs/ascend.md runs it, here on the chain: the
+// front's two NPUs (the backend's devices) listed, every operator run on
+// each and matched with the CPU device, exit status 0.
+TEST_F(AscendChainTest, PreflightPassesOnTheChain) {
+  const std::string out = std::string(getenv("TEST_TMPDIR")) + "/preflight";
+  const std::string command = absl::StrCat(
+      "OPSERVER_ADDRESS=", backend_->address(), " ", g_opserver,
+      " --device=ascend:1,0 --cann_libraries=",
+      process::Absolute(g_remote_lib), " --preflight >", out, " 2>&1");
+  const int status = std::system(command.c_str());
+  const std::string report = ReadFile(out);
+  ASSERT_TRUE(WIFEXITED(status)) << report;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << report;
+  EXPECT_TRUE(absl::StrContains(
+      report, "device 0: ascend (opserver-cpu (NPU 1)), "))
+      << report;
+  EXPECT_TRUE(absl::StrContains(report, "device 1 DropoutBackward: ok\n"))
+      << report;
+  EXPECT_TRUE(absl::StrContains(report, "preflight passed: 10 of 10 "))
+      << report;
+}
+
 TEST_F(AscendChainTest, EveryOperatorDtypeViewAndErrorMatchesTheCpuDevice) {
   auto front = front_->CreateSession("ascend_chain_test");
   auto reference = reference_client_->CreateSession("ascend_chain_test");
