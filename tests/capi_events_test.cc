@@ -165,6 +165,44 @@ class CApiEventsTest : public ::testing::Test {
 
 // The control: without the wait, the consumer reads the producer's output
 // before it exists (what the next test would see if waits were ignored).
+// A record its stream never reached (the stream was destroyed while a
+// launch before the record held it) is cancelled, not complete: querying
+// or synchronizing the event fails with the cancellation, with its code
+// and message, rather than reporting COMPLETE.
+TEST_F(CApiEventsTest, ACancelledRecordIsAnErrorNotACompletion) {
+  void* dg = Floats(std::vector<float>(kN, 1));
+  void* dx = Floats(std::vector<float>(kN, 1));
+  void* dy = Floats(std::vector<float>(kN, 0));
+  auto [a, a_device] = NewStream();
+  aclrtEvent event = nullptr;
+  ASSERT_EQ(aclrtCreateEvent(&event), ACL_SUCCESS) << LastError();
+  a_device->HoldLaunches();
+  CopyByLaunch(dg, dx, dy, a);
+  ASSERT_EQ(aclrtRecordEvent(event, a), ACL_SUCCESS) << LastError();
+  for (int i = 0; i < 60000 && a_device->WaitingLaunches() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(a_device->WaitingLaunches(), 1);
+  aclrtEventRecordedStatus status = ACL_EVENT_RECORDED_STATUS_COMPLETE;
+  EXPECT_EQ(aclrtQueryEventStatus(event, &status), ACL_SUCCESS);
+  EXPECT_EQ(status, ACL_EVENT_RECORDED_STATUS_NOT_READY);
+  // Destroying the stream cancels what it holds: the held launch stops,
+  // and the record queued behind it is dropped, never reached.
+  EXPECT_EQ(aclrtDestroyStream(a), ACL_SUCCESS) << LastError();
+  status = ACL_EVENT_RECORDED_STATUS_COMPLETE;
+  const aclError query = aclrtQueryEventStatus(event, &status);
+  const std::string query_error = LastError();
+  EXPECT_EQ(query, ACL_ERROR_RT_FAILURE) << query_error;
+  EXPECT_THAT(query_error,
+              HasSubstr("QueryEvent: the event's record was cancelled before "
+                        "its stream reached it (the stream was destroyed)"));
+  EXPECT_EQ(status, ACL_EVENT_RECORDED_STATUS_COMPLETE) << "left as it was";
+  EXPECT_EQ(aclrtSynchronizeEvent(event), ACL_ERROR_RT_FAILURE);
+  EXPECT_THAT(LastError(), HasSubstr("record was cancelled"));
+  EXPECT_EQ(aclrtDestroyEvent(event), ACL_SUCCESS);
+  for (void* p : {dg, dx, dy}) aclrtFree(p);
+}
+
 TEST_F(CApiEventsTest, WithoutAWaitTheConsumerRunsFirst) {
   EXPECT_EQ(ProduceAndConsume(/*wait=*/false), std::vector<float>(kN, -1));
 }
