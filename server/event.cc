@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/aclnn_status.h"
+#include "server/memory_charge.h"
 
 namespace opserver {
 
@@ -29,10 +30,17 @@ absl::Status EventBudget::Take() {
           "synchronize before issuing more"));
     }
   } while (!held_.compare_exchange_weak(held, held + 1));
-  return absl::OkStatus();
+  if (bytes_ == nullptr) return absl::OkStatus();
+  absl::Status room = ReserveSessionBytes(
+      *bytes_, byte_limit_, kEventOperationBytes, "an event operation");
+  if (!room.ok()) held_.fetch_sub(1);
+  return room;
 }
 
-void EventBudget::Give() { held_.fetch_sub(1); }
+void EventBudget::Give() {
+  held_.fetch_sub(1);
+  if (bytes_ != nullptr) bytes_->fetch_sub(kEventOperationBytes);
+}
 
 struct Event::State {
   explicit State(std::shared_ptr<EventBudget> b) : budget(std::move(b)) {}

@@ -34,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -69,14 +70,22 @@ absl::Status CheckEventFlags(uint32_t flags);
 // by the events of one session. Thread-safe.
 class EventBudget {
  public:
-  explicit EventBudget(uint64_t limit) : limit_(limit) {}
-  // RESOURCE_EXHAUSTED when `limit` are outstanding.
+  // With `bytes` (the session's memory counter, up to `byte_limit`), each
+  // operation also charges kEventOperationBytes there while outstanding.
+  explicit EventBudget(uint64_t limit,
+                       std::shared_ptr<std::atomic<uint64_t>> bytes = nullptr,
+                       uint64_t byte_limit = UINT64_MAX)
+      : limit_(limit), bytes_(std::move(bytes)), byte_limit_(byte_limit) {}
+  // RESOURCE_EXHAUSTED when `limit` are outstanding, or the session's
+  // memory has no room for one more.
   absl::Status Take();
   void Give();
   uint64_t held() const { return held_.load(); }
 
  private:
   const uint64_t limit_;
+  const std::shared_ptr<std::atomic<uint64_t>> bytes_;
+  const uint64_t byte_limit_;
   std::atomic<uint64_t> held_{0};
 };
 

@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "kernels/aclnn_status.h"
+#include "server/memory_charge.h"
 #include "server/stream.h"
 
 namespace opserver {
@@ -26,6 +27,27 @@ std::shared_ptr<Stream::Gate> Block(Stream& stream) {
                       gate, [] {}, nullptr)
                   .ok());
   return gate;
+}
+
+
+// Each outstanding operation of a session's events is charged to the
+// session's memory too (kEventOperationBytes): without room, the next one
+// is refused and nothing is taken; a given-back one frees its bytes.
+TEST(EventBudgetTest, OperationsAreChargedToTheSessionsMemory) {
+  auto bytes = std::make_shared<std::atomic<uint64_t>>(0);
+  EventBudget budget(/*limit=*/10, bytes, 2 * kEventOperationBytes);
+  ASSERT_TRUE(budget.Take().ok());
+  ASSERT_TRUE(budget.Take().ok());
+  EXPECT_EQ(bytes->load(), 2 * kEventOperationBytes);
+  absl::Status refused = budget.Take();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("no room for an event operation"),
+            absl::string_view::npos)
+      << refused;
+  EXPECT_EQ(budget.held(), 2u);
+  budget.Give();
+  EXPECT_EQ(bytes->load(), kEventOperationBytes);
+  EXPECT_TRUE(budget.Take().ok());
 }
 
 TEST(EventTest, FlagsAreCannsAndUnknownBitsAreRefused) {

@@ -196,7 +196,9 @@ absl::StatusOr<uint64_t> Session::Malloc(uint64_t size) {
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckHandleLimitLocked(); !s.ok()) return s;
-    // held_bytes_ only shrinks outside the lock, so the check is safe.
+    // held_bytes_ grows outside the lock only by call-state charges (a
+    // few KiB each, reserved against the limit themselves), so the check
+    // overshoots by those at most.
     const uint64_t held = held_bytes_->load();
     if (charge > limit - std::min(limit, held)) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -569,15 +571,25 @@ SessionStatsSnapshot Session::Stats() const {
 
 namespace {
 
-// A SessionSlot of `count`, unless `limit` are held (then `refusal`).
+// A SessionSlot of `count`, unless `limit` are held (then `refusal`), with
+// kCallStateBytes charged to `bytes` (the session's, up to `byte_limit`;
+// `what` names the call in the refusal).
 absl::StatusOr<SessionSlot> TakeSlot(
     const std::shared_ptr<std::atomic<uint64_t>>& count, uint64_t limit,
-    const std::function<absl::Status(uint64_t held)>& refusal) {
+    const std::function<absl::Status(uint64_t held)>& refusal,
+    const std::shared_ptr<std::atomic<uint64_t>>& bytes, uint64_t byte_limit,
+    absl::string_view what) {
   uint64_t held = count->load();
   do {
     if (held >= limit) return refusal(held);
   } while (!count->compare_exchange_weak(held, held + 1));
-  return SessionSlot(count);
+  if (absl::Status s =
+          ReserveSessionBytes(*bytes, byte_limit, kCallStateBytes, what);
+      !s.ok()) {
+    count->fetch_sub(1);
+    return s;
+  }
+  return SessionSlot(count, MemoryCharge(bytes, kCallStateBytes));
 }
 
 }  // namespace
@@ -589,7 +601,9 @@ absl::StatusOr<SessionSlot> Session::TakeAttachSlot() {
                         absl::StrCat("the session has ", held,
                                      " Attach calls open, the limit "
                                      "(--max_attach_per_session)"));
-                  });
+                  },
+                  held_bytes_, limits_->session_memory_bytes,
+                  "an Attach call's state");
 }
 
 absl::StatusOr<SessionSlot> Session::TakeSynchronizeSlot() {
@@ -601,7 +615,9 @@ absl::StatusOr<SessionSlot> Session::TakeSynchronizeSlot() {
             " synchronizes pending, the limit "
             "(--max_pending_synchronizes_per_session); wait for them to be "
             "answered before sending more"));
-      });
+      },
+      held_bytes_, limits_->session_memory_bytes,
+      "a pending synchronize's state");
 }
 
 void Session::Touch() {

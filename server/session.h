@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "devices/device.h"
 #include "server/event.h"
+#include "server/memory_charge.h"
 #include "server/stream.h"
 
 namespace opserver {
@@ -157,17 +158,21 @@ struct SessionStatsSnapshot {
 
 // One unit of a count a session bounds (its open Attach calls, its
 // pending synchronizes), held by the call that took it and given back when
-// destroyed. It shares only the count, not the session, so a call that
-// outlives its session keeps no session memory alive. Move-only.
+// destroyed, with the call's state charged to the session's memory
+// (kCallStateBytes) meanwhile. It shares only the counters, not the
+// session, so a call that outlives its session keeps no session memory
+// alive. Move-only.
 class SessionSlot {
  public:
   SessionSlot() = default;
-  explicit SessionSlot(std::shared_ptr<std::atomic<uint64_t>> count)
-      : count_(std::move(count)) {}
+  SessionSlot(std::shared_ptr<std::atomic<uint64_t>> count,
+              MemoryCharge charge)
+      : count_(std::move(count)), charge_(std::move(charge)) {}
   SessionSlot(SessionSlot&& other) = default;
   SessionSlot& operator=(SessionSlot&& other) {
     Give();
     count_ = std::move(other.count_);
+    charge_ = std::move(other.charge_);
     return *this;
   }
   ~SessionSlot() { Give(); }
@@ -176,8 +181,10 @@ class SessionSlot {
   void Give() {
     if (count_ != nullptr) count_->fetch_sub(1);
     count_ = nullptr;
+    charge_ = MemoryCharge();
   }
   std::shared_ptr<std::atomic<uint64_t>> count_;
+  MemoryCharge charge_;
 };
 
 // Everything one client owns. Thread-safe. Lookups of another session's
@@ -356,7 +363,8 @@ class Session {
   // thread has finished its running launch.
   const std::shared_ptr<StreamThreads> threads_;
   // Bytes of this session's buffers still allocated (page-rounded), freed
-  // handles included until the memory is released.
+  // handles included until the memory is released, and of the state its
+  // open calls and pending event operations hold (server/memory_charge.h).
   const std::shared_ptr<std::atomic<uint64_t>> held_bytes_ =
       std::make_shared<std::atomic<uint64_t>>(0);
 
@@ -377,9 +385,11 @@ class Session {
   absl::flat_hash_map<uint64_t, ExecutorEntry> executors_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Event>> events_
       ABSL_GUARDED_BY(mu_);
-  // What the session's events may have outstanding (see EventBudget).
+  // What the session's events may have outstanding (see EventBudget),
+  // each operation charged to the session's memory.
   const std::shared_ptr<EventBudget> event_budget_ =
-      std::make_shared<EventBudget>(kMaxPendingEventOperations);
+      std::make_shared<EventBudget>(kMaxPendingEventOperations, held_bytes_,
+                                    limits_->session_memory_bytes);
   struct RefusedPlanEntry {
     absl::Status error;
     bool reported = false;

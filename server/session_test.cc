@@ -5,6 +5,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "devices/testing/fake_device.h"
@@ -472,6 +473,33 @@ TEST_F(SessionLaunchTest, AttachAndSynchronizeSlotsAreBoundedAndGivenBack) {
                 "be answered before sending more"));
   sync = absl::CancelledError("answered");
   EXPECT_EQ(session_->Stats().pending_synchronizes, 0u);
+  EXPECT_TRUE(session_->TakeSynchronizeSlot().ok());
+}
+
+// Each open call's state is charged to the session's memory while it
+// holds its slot (kCallStateBytes): past --session_memory_bytes the next
+// call is refused, whatever its count limit, and an ended call's bytes
+// are free again.
+TEST_F(SessionLaunchTest, OpenCallsAreChargedToTheSessionsMemory) {
+  SessionLimits limits;
+  limits.session_memory_bytes = 2 * kCallStateBytes + 100;
+  MakeSession(limits);
+  absl::StatusOr<SessionSlot> attach = session_->TakeAttachSlot();
+  absl::StatusOr<SessionSlot> sync = session_->TakeSynchronizeSlot();
+  ASSERT_TRUE(attach.ok() && sync.ok());
+  absl::StatusOr<SessionSlot> refused = session_->TakeSynchronizeSlot();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused.status().message(),
+            absl::StrCat("no room for a pending synchronize's state (",
+                         kCallStateBytes, " bytes): the session holds ",
+                         2 * kCallStateBytes, " of its ",
+                         2 * kCallStateBytes + 100,
+                         " bytes (--session_memory_bytes: buffers, open calls "
+                         "and pending event operations)"));
+  EXPECT_EQ(session_->Stats().pending_synchronizes, 1u) << "refused: not held";
+  EXPECT_EQ(session_->TakeAttachSlot().status().code(),
+            absl::StatusCode::kResourceExhausted);
+  *attach = SessionSlot();  // The Attach call ended.
   EXPECT_TRUE(session_->TakeSynchronizeSlot().ok());
 }
 

@@ -77,14 +77,17 @@ class HardeningTest : public ::testing::Test {
     return response.session();
   }
 
+  // A Malloc clears its block: gigabytes take tens of seconds on a loaded
+  // machine, hence the long deadline (a bound, not a timing assumption).
   Result Malloc(const std::string& session, uint64_t size,
                 uint64_t* buffer = nullptr) {
     v1::MallocRequest request;
     request.set_session(session);
     request.set_size(size);
     v1::MallocResponse response;
-    Result r =
-        Rpc([&](auto* c) { return runtime_->Malloc(c, request, &response); });
+    Result r = Rpc(
+        [&](auto* c) { return runtime_->Malloc(c, request, &response); },
+        absl::Minutes(5));
     if (buffer != nullptr) *buffer = response.buffer();
     return r;
   }
