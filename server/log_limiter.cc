@@ -63,8 +63,7 @@ void LogLimiter::ExpireLocked(absl::Time now, bool all) {
           absl::Ceil(now - window.start, absl::Seconds(1));
       sink_(absl::StrCat("suppressed ", window.suppressed, " similar line",
                          window.suppressed == 1 ? "" : "s", " (", cause,
-                         ") in the last ", absl::ToInt64Seconds(elapsed),
-                         "s"));
+                         ") in the last ", absl::ToInt64Seconds(elapsed), "s"));
     }
     windows_.erase(it);
   }

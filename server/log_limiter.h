@@ -24,8 +24,7 @@ class LogLimiter {
   using Clock = std::function<absl::Time()>;
   using Sink = std::function<void(absl::string_view line)>;
 
-  LogLimiter(size_t max_lines, absl::Duration interval, Clock clock,
-             Sink sink);
+  LogLimiter(size_t max_lines, absl::Duration interval, Clock clock, Sink sink);
 
   // Writes `line` unless its cause has had max_lines in this interval.
   // `cause` must come from a bounded set (method names the server serves,

@@ -17,26 +17,24 @@ using ::testing::ElementsAre;
 struct Fixture {
   absl::Time now = absl::UnixEpoch();
   std::vector<std::string> lines;
-  LogLimiter limiter{3, absl::Seconds(10), [this] { return now; },
-                     [this](absl::string_view line) {
-                       lines.emplace_back(line);
-                     }};
+  LogLimiter limiter{
+      3, absl::Seconds(10), [this] { return now; },
+      [this](absl::string_view line) { lines.emplace_back(line); }};
 };
 
 TEST(LogLimiterTest, WritesTheFirstLinesOfACauseThenSummarizesTheRest) {
   Fixture f;
-  for (int i = 0; i < 10; ++i) f.limiter.Log("Malloc INVALID_ARGUMENT",
-                                             absl::StrCat("line ", i));
+  for (int i = 0; i < 10; ++i)
+    f.limiter.Log("Malloc INVALID_ARGUMENT", absl::StrCat("line ", i));
   EXPECT_THAT(f.lines, ElementsAre("line 0", "line 1", "line 2"));
   // The summary waits for the interval to end; the next line of any cause
   // after it brings it out, before that line.
   f.now += absl::Seconds(10);
   f.limiter.Log("Malloc INVALID_ARGUMENT", "line 10");
-  EXPECT_THAT(f.lines,
-              ElementsAre("line 0", "line 1", "line 2",
-                          "suppressed 7 similar lines (Malloc "
-                          "INVALID_ARGUMENT) in the last 10s",
-                          "line 10"));
+  EXPECT_THAT(f.lines, ElementsAre("line 0", "line 1", "line 2",
+                                   "suppressed 7 similar lines (Malloc "
+                                   "INVALID_ARGUMENT) in the last 10s",
+                                   "line 10"));
 }
 
 TEST(LogLimiterTest, CausesAreCountedApart) {
@@ -68,10 +66,10 @@ TEST(LogLimiterTest, QuietCausesAreSummarizedWhenAnotherCauseLogs) {
   for (int i = 0; i < 4; ++i) f.limiter.Log("a", "a");
   f.now += absl::Seconds(12);
   f.limiter.Log("b", "b");
-  EXPECT_THAT(f.lines,
-              ElementsAre("a", "a", "a",
-                          "suppressed 1 similar line (a) in the last 12s",
-                          "b"));
+  EXPECT_THAT(
+      f.lines,
+      ElementsAre("a", "a", "a",
+                  "suppressed 1 similar line (a) in the last 12s", "b"));
 }
 
 TEST(LogLimiterTest, AFloodOfDistinctCausesIsBounded) {
@@ -84,8 +82,7 @@ TEST(LogLimiterTest, AFloodOfDistinctCausesIsBounded) {
   f.limiter.Flush();
   ASSERT_EQ(f.lines.size(), LogLimiter::kMaxCauses + 4);
   EXPECT_EQ(f.lines.back(),
-            absl::StrCat("suppressed ",
-                         100000 - LogLimiter::kMaxCauses - 3,
+            absl::StrCat("suppressed ", 100000 - LogLimiter::kMaxCauses - 3,
                          " similar lines (other causes) in the last 0s"));
 }
 
