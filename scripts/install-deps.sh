@@ -66,3 +66,17 @@ if [[ ! -x "$tools/node_modules/.bin/buf" ]] ||
     --prefix "$tools" "@bufbuild/buf@$buf_version" >/dev/null
   $sudo rm -rf "$npm_cache"
 fi
+
+# One directory to put on PATH for the docs' commands: `buf`, and `grpcurl`
+# (scripts/grpcurl: grpcurl's command line over `buf curl`, since grpcurl
+# is not packaged for Debian 12). Copied, not linked, so a moved checkout
+# leaves it working; rewritten only when it differs.
+wrapper="$(dirname "$(readlink -f "$0")")/grpcurl"
+if [[ "$(readlink "$tools/bin/buf" 2>/dev/null)" != "../node_modules/.bin/buf" ]] ||
+   ! cmp -s "$wrapper" "$tools/bin/grpcurl"; then
+  sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  $sudo mkdir -p "$tools/bin"
+  $sudo ln -sfn ../node_modules/.bin/buf "$tools/bin/buf"
+  $sudo install -m 755 "$wrapper" "$tools/bin/grpcurl"
+fi
