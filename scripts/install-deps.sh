@@ -23,6 +23,7 @@ packages=(
   python3-torch          # opserver.torch, its tests, and the benchmarks' peer
   prometheus-cpp-dev     # the server's /metrics (--metrics_listen)
   python3-prometheus-client python3-grpcio  # metrics_test: parser, raw calls
+  python3-yaml           # prometheus_config_test: parses docs/prometheus.yml
   openssl                # tests generate TLS certificates at run time
   clang-14               # the fuzz configuration's compiler (libFuzzer)
   libclang-rt-14-dev     # libFuzzer + ASan/UBSan runtimes for clang-14
