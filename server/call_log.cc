@@ -19,7 +19,9 @@ namespace {
 struct Note {
   const void* owner;  // The interceptor that registered it.
   CallLog* log;
-  std::string method;
+  // gRPC's name of a registered method, which lives as long as the server:
+  // no copy per call.
+  absl::string_view method;
   std::string session;
 };
 
@@ -111,7 +113,7 @@ class CallLog::Interceptor final : public grpc::experimental::Interceptor {
       : context_(info->server_context()) {
     absl::string_view method(info->method() == nullptr ? "" : info->method());
     absl::ConsumePrefix(&method, "/");
-    Calls().Add(context_, Note{this, log, std::string(method), "-"});
+    Calls().Add(context_, Note{this, log, method, "-"});
   }
   ~Interceptor() override { Calls().Remove(context_, this); }
 
