@@ -329,6 +329,8 @@ ServerLog ReadServerLog(const std::string& path, bool tokens) {
       const std::string rest = line.substr(at + 11);
       for (const char* known :
            {"started: ", "call failed: ", "received ", "stopped",
+            // Failed calls past the rate limit, summarized (CallLog).
+            "suppressed ",
             // Calls refused for their token, the first in full and then a
             // summary every 10 s: only when the server has tokens.
             "rejected "}) {

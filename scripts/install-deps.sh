@@ -23,6 +23,7 @@ packages=(
   python3-torch          # opserver.torch, its tests, and the benchmarks' peer
   prometheus-cpp-dev     # the server's /metrics (--metrics_listen)
   python3-prometheus-client python3-grpcio  # metrics_test: parser, raw calls
+  python3-yaml           # prometheus_config_test: parses docs/prometheus.yml
   openssl                # tests generate TLS certificates at run time
   clang-14               # the fuzz configuration's compiler (libFuzzer)
   libclang-rt-14-dev     # libFuzzer + ASan/UBSan runtimes for clang-14
@@ -65,4 +66,18 @@ if [[ ! -x "$tools/node_modules/.bin/buf" ]] ||
   $sudo npm install --silent --no-audit --no-fund --cache "$npm_cache" \
     --prefix "$tools" "@bufbuild/buf@$buf_version" >/dev/null
   $sudo rm -rf "$npm_cache"
+fi
+
+# One directory to put on PATH for the docs' commands: `buf`, and `grpcurl`
+# (scripts/grpcurl: grpcurl's command line over `buf curl`, since grpcurl
+# is not packaged for Debian 12). Copied, not linked, so a moved checkout
+# leaves it working; rewritten only when it differs.
+wrapper="$(dirname "$(readlink -f "$0")")/grpcurl"
+if [[ "$(readlink "$tools/bin/buf" 2>/dev/null)" != "../node_modules/.bin/buf" ]] ||
+   ! cmp -s "$wrapper" "$tools/bin/grpcurl"; then
+  sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  $sudo mkdir -p "$tools/bin"
+  $sudo ln -sfn ../node_modules/.bin/buf "$tools/bin/buf"
+  $sudo install -m 755 "$wrapper" "$tools/bin/grpcurl"
 fi

@@ -4,12 +4,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/aclnn_status.h"
+#include "server/call_log.h"
 #include "server/log.h"
 
 namespace opserver {
 
 grpc::Status ToGrpcStatus(const absl::Status& status,
-                          grpc::ServerContextBase* context) {
+                          grpc::ServerContextBase* context, FailureLog log) {
   if (status.ok()) return grpc::Status::OK;
   const int32_t aclnn = kernels::GetAclnnStatus(status);
   if (context != nullptr) {
@@ -20,9 +21,10 @@ grpc::Status ToGrpcStatus(const absl::Status& status,
   // in the one place every error leaves through, so no reply or log line
   // echoes megabytes back.
   std::string message = Truncated(status.message(), kMaxErrorMessageBytes);
-  // The server's one log line per failed call.
-  LogLine(absl::StrCat("call failed: ", absl::StatusCodeToString(status.code()),
-                       " (aclnn ", aclnn, "): ", message));
+  // The server's one log line per failed call (rate-limited).
+  if (log == FailureLog::kLog) {
+    CallLog::LogFailure(context, status, aclnn, message);
+  }
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
                       std::move(message));
 }

@@ -21,8 +21,13 @@ inline constexpr size_t kMaxErrorMessageBytes = 4096;
 // `context`'s trailing metadata under kAclnnStatusMetadataKey (the kernels'
 // code when the status carries one, else derived from the canonical code),
 // so clients return the exact aclnn code, and logs one line for it.
+// The line names the call's method, tenant and session and is rate-limited
+// (CallLog). kQuiet: no line, for a call that ended the way its client
+// asked (its session was closed under it).
+enum class FailureLog { kLog, kQuiet };
 grpc::Status ToGrpcStatus(const absl::Status& status,
-                          grpc::ServerContextBase* context);
+                          grpc::ServerContextBase* context,
+                          FailureLog log = FailureLog::kLog);
 
 // Finishes a unary call with `status` (through ToGrpcStatus) and returns
 // its reactor: `return Reply(context, status);` from a callback handler.

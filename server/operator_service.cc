@@ -158,6 +158,7 @@ absl::Status OperatorService::Launch(const v1::ExecuteRequest& request,
 grpc::ServerUnaryReactor* OperatorService::Execute(
     grpc::CallbackServerContext* context, const v1::ExecuteRequest* request,
     v1::ExecuteResponse* response) {
+  CallLog::NoteSession(context, request->session());
   absl::StatusOr<std::string> caller = Caller(context);
   absl::Status status =
       caller.ok() ? Launch(*request, *caller) : caller.status();
@@ -421,6 +422,7 @@ class OperatorService::Pipeliner final
       if (end_status_.ok()) {
         end_status_ = absl::NotFoundError(absl::StrCat(
             "session ", session_id_, " was closed; the channel ended"));
+        session_closed_ = true;
       }
       failed_ = true;
       // A write the client does not read never completes: cancel the call.
@@ -495,6 +497,7 @@ class OperatorService::Pipeliner final
       std::shared_ptr<Session> session = session_.lock();
       if (session == nullptr) {
         in_batch_ = false;
+        if (end_status_.ok()) session_closed_ = true;
         EndLocked(absl::NotFoundError(
             absl::StrCat("session ", session_id_, " was closed")));
         break;
@@ -566,6 +569,7 @@ class OperatorService::Pipeliner final
 
   // The first batch opens the channel on its session.
   absl::Status OpenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    CallLog::NoteSession(context_, batch_->session());
     absl::StatusOr<std::shared_ptr<Session>> session =
         service_->sessions_->Get(batch_->session(), *caller_);
     if (!session.ok()) return session.status();
@@ -651,7 +655,12 @@ class OperatorService::Pipeliner final
           closing_session_->CloseChannel(channel_);
         channel_ = 0;
       }
-      Finish(!end_status_.ok() ? ToGrpcStatus(end_status_, context_)
+      // A channel whose session was closed (by its client, mostly) ended
+      // normally: its status tells the client, the log says nothing.
+      Finish(!end_status_.ok()
+                 ? ToGrpcStatus(end_status_, context_,
+                                session_closed_ ? FailureLog::kQuiet
+                                                : FailureLog::kLog)
              : failed_         ? grpc::Status::CANCELLED
                                : grpc::Status::OK);
     }
@@ -690,6 +699,8 @@ class OperatorService::Pipeliner final
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);
+  // end_status_ says the session was closed.
+  bool session_closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*

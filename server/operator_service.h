@@ -8,6 +8,7 @@
 #include "devices/device.h"
 #include "proto/opserver.grpc.pb.h"
 #include "server/auth.h"
+#include "server/call_log.h"
 #include "server/runtime_service.h"
 #include "server/session.h"
 #include "server/work_pool.h"
@@ -99,6 +100,7 @@ class OperatorService final : public OperatorsBase {
   // Session `id` when the call's identity owns it.
   absl::StatusOr<std::shared_ptr<Session>> SessionOf(
       const grpc::ServerContextBase* context, absl::string_view id) const {
+    CallLog::NoteSession(context, id);
     return sessions_->GetForCaller(id, Caller(context));
   }
 

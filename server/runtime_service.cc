@@ -308,6 +308,7 @@ grpc::ServerUnaryReactor* RuntimeService::CloseSession(
     const v1::CloseSessionRequest* request,
     v1::CloseSessionResponse* /*response*/) {
   // Answer once the session's memory is released, not merely scheduled.
+  CallLog::NoteSession(context, request->session());
   absl::StatusOr<std::string> caller = Caller(context);
   if (!caller.ok()) return Reply(context, caller.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -332,6 +333,7 @@ grpc::ServerWriteReactor<v1::AttachEvent>* RuntimeService::Attach(
   // Bound before the session is looked up: a revocation from here on ends
   // the call.
   auto binding = std::make_unique<TokenBoundCall>(authenticator_, context);
+  CallLog::NoteSession(context, request->session());
   absl::StatusOr<std::shared_ptr<Session>> session =
       sessions_->GetForCaller(request->session(), binding->caller());
   absl::StatusOr<SessionSlot> slot =

@@ -16,6 +16,7 @@
 #include "devices/device.h"
 #include "proto/opserver.grpc.pb.h"
 #include "server/auth.h"
+#include "server/call_log.h"
 #include "server/byte_range.h"  // CheckRange, for the services
 #include "server/data_listener.h"
 #include "server/event.h"
@@ -247,6 +248,7 @@ class RuntimeService final : public RuntimeServiceBase {
   // Session `id` when the call's identity owns it.
   absl::StatusOr<std::shared_ptr<Session>> SessionOf(
       const grpc::ServerContextBase* context, absl::string_view id) const {
+    CallLog::NoteSession(context, id);
     return sessions_->GetForCaller(id, Caller(context));
   }
 

@@ -222,6 +222,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   server->options_ = options;
   if (options.metrics) server->metrics_ = std::make_unique<Metrics>();
   server->authenticator_ = std::move(authenticator);
+  server->call_log_ = std::make_unique<CallLog>(server->authenticator_.get());
+  // gRPC core logs each failed handshake: as many lines as peers like.
+  CallLog::RouteGrpcCoreLog();
   server->devices_ = *std::move(devices);
   std::vector<Device*> device_list;
   for (const std::unique_ptr<Device>& device : server->devices_) {
@@ -306,9 +309,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   builder.RegisterService(server->runtime_service_.get());
   builder.RegisterService(server->operator_service_.get());
   builder.RegisterService(server->health_service_.get());
-  if (server->metrics_ != nullptr) {
-    builder.experimental().SetInterceptorCreators(
-        server->metrics_->Interceptors());
+  {
+    std::vector<
+        std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+        interceptors;
+    if (server->metrics_ != nullptr) {
+      interceptors = server->metrics_->Interceptors();
+    }
+    interceptors.push_back(server->call_log_->MakeInterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
   }
   server->grpc_server_ = builder.BuildAndStart();
   if (server->grpc_server_ == nullptr || server->port_ == 0) {
@@ -506,6 +515,8 @@ void Server::Shutdown() {
   stopped.Notify();
   if (canceller.ok()) canceller->join();
   if (authenticator_ != nullptr) authenticator_->FlushRejections();
+  call_log_->Flush();
+  CallLog::FlushGrpcCoreLog();
 }
 
 }  // namespace opserver

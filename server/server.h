@@ -11,6 +11,7 @@
 #include "devices/device.h"
 #include "grpcpp/grpcpp.h"
 #include "server/auth.h"
+#include "server/call_log.h"
 #include "server/data_listener.h"
 #include "server/health_service.h"
 #include "server/metrics.h"
@@ -239,6 +240,7 @@ class Server {
   std::unique_ptr<grpc::Server> health_server_;
   std::string health_address_;
   std::shared_ptr<Authenticator> authenticator_;  // Null without tokens.
+  std::unique_ptr<CallLog> call_log_;  // Outlives grpc_server_'s calls.
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;
   std::string address_;

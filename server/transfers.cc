@@ -353,6 +353,7 @@ class RuntimeService::Uploader final
   absl::StatusOr<std::shared_ptr<Stream>> StartFromHeaderLocked() {
     absl::StatusOr<v1::UploadRequest> header = ParseUploadHeader(&message_);
     if (!header.ok()) return header.status();
+    CallLog::NoteSession(context_, header->session());
     absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
         header->session(), header->buffer(), header->offset(), header->size(),
         header->stream(), "upload range", binding_.caller());
@@ -483,6 +484,7 @@ class RuntimeService::Downloader final
         !s.ok()) {
       return s;
     }
+    CallLog::NoteSession(context_, request.session());
     absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
         request.session(), request.buffer(), request.offset(), request.size(),
         request.stream(), "download range", binding_.caller());
