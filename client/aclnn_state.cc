@@ -150,7 +150,11 @@ absl::Status State::DropSession(uint32_t device) {
   absl::Status pending;
   if (slot.session != nullptr) {
     pending = slot.session->Flush();
-    if (absl::IsNotFound(pending)) pending = absl::OkStatus();
+    // A session already gone (closed by its server, or its server went
+    // away) was reported when it was lost; dropping it is not a new error.
+    if (absl::IsNotFound(pending) || absl::IsUnavailable(pending)) {
+      pending = absl::OkStatus();
+    }
   }
   // Handles die with the session on the server; forget them here without
   // a call each.
@@ -325,7 +329,10 @@ absl::StatusOr<uint32_t> CurrentDevice(State& state) {
         ACL_ERROR_RT_CONTEXT_NULL);
   }
   if (absl::Status lost = slot.session->Lost(); !lost.ok()) {
-    return state.Pin(device).Named(absl::NotFoundError(
+    // Its code kept: a server that went away is UNAVAILABLE
+    // (ACL_ERROR_RT_FAILURE), a session the server closed NOT_FOUND.
+    return state.Pin(device).Named(absl::Status(
+        lost.code(),
         absl::StrCat(lost.message(), "; call aclrtResetDevice(", device,
                      ") and aclrtSetDevice(", device, ") to start a new one")));
   }

@@ -79,9 +79,9 @@ absl::Status Unary(Client& client,
   } else {
     client.SetDeadline(&context);
   }
-  return FromGrpcStatus((StubOf(client, static_cast<Stub*>(nullptr)).*method)(
-                            &context, request, response),
-                        context, what);
+  return client.CallStatus((StubOf(client, static_cast<Stub*>(nullptr)).*
+                            method)(&context, request, response),
+                           context, what);
 }
 
 // Waits until `channel` is ready; nothing when it is, else why not. It
@@ -159,6 +159,29 @@ absl::Status FromGrpcStatus(const grpc::Status& status,
   // No server verdict (the call never reached it, or timed out): derive it.
   absl::Status plain(code, message);
   return kernels::AclnnError(kernels::GetAclnnStatus(plain), code, message);
+}
+
+bool IsConnectionLoss(const grpc::Status& status,
+                      const grpc::ClientContext& context) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+         context.GetServerTrailingMetadata().count(kAclnnStatusKey) == 0;
+}
+
+absl::Status Client::WentAway(absl::string_view detail) const {
+  return kernels::AclnnError(
+      kernels::kAclnnErrRuntimeError, absl::StatusCode::kUnavailable,
+      absl::StrCat("server at ", address_, " went away (", detail, ")"));
+}
+
+absl::Status Client::CallStatus(const grpc::Status& status,
+                                const grpc::ClientContext& context,
+                                absl::string_view what) const {
+  if (!IsConnectionLoss(status, context)) {
+    return FromGrpcStatus(status, context, what);
+  }
+  absl::Status lost = WentAway(status.error_message());
+  return kernels::AclnnError(kernels::kAclnnErrRuntimeError, lost.code(),
+                             absl::StrCat(what, ": ", lost.message()));
 }
 
 // ---------------------------------------------------------------- Client
@@ -323,8 +346,8 @@ absl::StatusOr<std::string> Client::CheckHealth(const std::string& service) {
   grpc::health::v1::HealthCheckResponse response;
   grpc::ClientContext context;
   SetDeadline(&context);
-  absl::Status status = FromGrpcStatus(
-      health_->Check(&context, request, &response), context, "Health.Check");
+  absl::Status status = CallStatus(health_->Check(&context, request, &response),
+                                   context, "Health.Check");
   if (!status.ok()) return status;
   return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
       response.status());
@@ -536,6 +559,14 @@ void Session::StartAttach() {
     grpc::Status status = reader->Finish();
     absl::MutexLock lock(&mu_);
     if (closed_) return;
+    if (!status.ok() && IsConnectionLoss(status, *attach_context_)) {
+      // Not the server's doing: it (or the way to it) is gone, and the
+      // session with it.
+      lost_ = client_->WentAway(
+          absl::StrCat(status.error_message(),
+                       "; the session and everything in it are lost"));
+      return;
+    }
     // The server freed the session (this went unnoticed
     // and later calls failed with a bare "no session", or not at all).
     std::string why =
