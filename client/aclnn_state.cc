@@ -100,9 +100,24 @@ absl::StatusOr<bool> State::LearnNextServer() {
   while (next < servers.size() && servers[next].devices.has_value()) ++next;
   if (next == servers.size()) return false;
   absl::StatusOr<std::shared_ptr<Client>> client = Connect(next);
-  if (!client.ok()) return client.status();
-  absl::StatusOr<std::vector<v1::DeviceInfo>> listed = (*client)->ListDevices();
+  absl::StatusOr<std::vector<v1::DeviceInfo>> listed =
+      client.ok()
+          ? (*client)->ListDevices()
+          : absl::StatusOr<std::vector<v1::DeviceInfo>>(client.status());
+  if (absl::IsUnavailable(listed.status()) ||
+      absl::IsDeadlineExceeded(listed.status())) {
+    // Its device count is unknown; the ordinals of the servers after it
+    // must not wait for it.
+    servers[next].unreachable = listed.status();
+    servers[next].client.reset();
+    servers[next].devices = 1;
+    DeviceSlot slot;
+    slot.server = next;
+    devices.push_back(std::move(slot));
+    return true;
+  }
   if (!listed.ok()) return listed.status();
+  servers[next].unreachable = absl::OkStatus();
   servers[next].devices = static_cast<uint32_t>(listed->size());
   for (uint32_t local = 0; local < listed->size(); ++local) {
     DeviceSlot slot;
@@ -114,10 +129,18 @@ absl::StatusOr<bool> State::LearnNextServer() {
 }
 
 absl::StatusOr<DeviceSlot*> State::Device(int64_t ordinal) {
+  const size_t known = devices.size();
   while (ordinal >= 0 && static_cast<uint64_t>(ordinal) >= devices.size()) {
     absl::StatusOr<bool> learned = LearnNextServer();
     if (!learned.ok()) return learned.status();
     if (!*learned) break;
+  }
+  // The device of a server this very call found down: its error, rather
+  // than a second try at once (aclrtSetDevice tries again next time).
+  if (ordinal >= 0 && static_cast<uint64_t>(ordinal) >= known &&
+      static_cast<uint64_t>(ordinal) < devices.size()) {
+    const absl::Status& down = servers[devices[ordinal].server].unreachable;
+    if (!down.ok()) return down;
   }
   if (ordinal < 0 || static_cast<uint64_t>(ordinal) >= devices.size()) {
     return WithAclError(
@@ -136,8 +159,13 @@ absl::StatusOr<uint32_t> State::DeviceCount() {
   for (;;) {
     absl::StatusOr<bool> learned = LearnNextServer();
     if (!learned.ok()) return learned.status();
-    if (!*learned) return static_cast<uint32_t>(devices.size());
+    if (!*learned) break;
   }
+  for (const ServerSlot& server : servers) {
+    if (server.unreachable.ok()) return static_cast<uint32_t>(devices.size());
+  }
+  // Not one server answers: no device to count on.
+  return servers.front().unreachable;
 }
 
 Pinned State::Pin(uint32_t device) const {
