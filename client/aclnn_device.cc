@@ -186,7 +186,7 @@ aclError aclrtGetMemInfo(aclrtMemAttr attr, size_t* free, size_t* total) {
   grpc::Status status = pinned->client->runtime().GetServerStats(
       &context, opserver::v1::GetServerStatsRequest(), &stats);
   if (!status.ok()) {
-    return FailAcl(pinned->Named(opserver::remote::FromGrpcStatus(
+    return FailAcl(pinned->Named(pinned->client->CallStatus(
         status, context, "aclrtGetMemInfo: GetServerStats")));
   }
   const opserver::v1::DeviceStats* device =

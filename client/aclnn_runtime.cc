@@ -224,6 +224,7 @@ absl::Status OpenDevice(State& state, const char* function, int32_t device_id) {
   if (state.servers[server].client == nullptr) {
     state.servers[server].client = client;
   }
+  state.servers[server].unreachable = absl::OkStatus();  // It is back.
   if (slot.session == nullptr) {
     // Another thread may have opened it meanwhile: theirs stays.
     slot.client = std::move(client);

@@ -100,9 +100,24 @@ absl::StatusOr<bool> State::LearnNextServer() {
   while (next < servers.size() && servers[next].devices.has_value()) ++next;
   if (next == servers.size()) return false;
   absl::StatusOr<std::shared_ptr<Client>> client = Connect(next);
-  if (!client.ok()) return client.status();
-  absl::StatusOr<std::vector<v1::DeviceInfo>> listed = (*client)->ListDevices();
+  absl::StatusOr<std::vector<v1::DeviceInfo>> listed =
+      client.ok()
+          ? (*client)->ListDevices()
+          : absl::StatusOr<std::vector<v1::DeviceInfo>>(client.status());
+  if (absl::IsUnavailable(listed.status()) ||
+      absl::IsDeadlineExceeded(listed.status())) {
+    // Its device count is unknown; the ordinals of the servers after it
+    // must not wait for it.
+    servers[next].unreachable = listed.status();
+    servers[next].client.reset();
+    servers[next].devices = 1;
+    DeviceSlot slot;
+    slot.server = next;
+    devices.push_back(std::move(slot));
+    return true;
+  }
   if (!listed.ok()) return listed.status();
+  servers[next].unreachable = absl::OkStatus();
   servers[next].devices = static_cast<uint32_t>(listed->size());
   for (uint32_t local = 0; local < listed->size(); ++local) {
     DeviceSlot slot;
@@ -114,10 +129,18 @@ absl::StatusOr<bool> State::LearnNextServer() {
 }
 
 absl::StatusOr<DeviceSlot*> State::Device(int64_t ordinal) {
+  const size_t known = devices.size();
   while (ordinal >= 0 && static_cast<uint64_t>(ordinal) >= devices.size()) {
     absl::StatusOr<bool> learned = LearnNextServer();
     if (!learned.ok()) return learned.status();
     if (!*learned) break;
+  }
+  // The device of a server this very call found down: its error, rather
+  // than a second try at once (aclrtSetDevice tries again next time).
+  if (ordinal >= 0 && static_cast<uint64_t>(ordinal) >= known &&
+      static_cast<uint64_t>(ordinal) < devices.size()) {
+    const absl::Status& down = servers[devices[ordinal].server].unreachable;
+    if (!down.ok()) return down;
   }
   if (ordinal < 0 || static_cast<uint64_t>(ordinal) >= devices.size()) {
     return WithAclError(
@@ -136,8 +159,13 @@ absl::StatusOr<uint32_t> State::DeviceCount() {
   for (;;) {
     absl::StatusOr<bool> learned = LearnNextServer();
     if (!learned.ok()) return learned.status();
-    if (!*learned) return static_cast<uint32_t>(devices.size());
+    if (!*learned) break;
   }
+  for (const ServerSlot& server : servers) {
+    if (server.unreachable.ok()) return static_cast<uint32_t>(devices.size());
+  }
+  // Not one server answers: no device to count on.
+  return servers.front().unreachable;
 }
 
 Pinned State::Pin(uint32_t device) const {
@@ -150,7 +178,11 @@ absl::Status State::DropSession(uint32_t device) {
   absl::Status pending;
   if (slot.session != nullptr) {
     pending = slot.session->Flush();
-    if (absl::IsNotFound(pending)) pending = absl::OkStatus();
+    // A session already gone (closed by its server, or its server went
+    // away) was reported when it was lost; dropping it is not a new error.
+    if (absl::IsNotFound(pending) || absl::IsUnavailable(pending)) {
+      pending = absl::OkStatus();
+    }
   }
   // Handles die with the session on the server; forget them here without
   // a call each.
@@ -325,7 +357,10 @@ absl::StatusOr<uint32_t> CurrentDevice(State& state) {
         ACL_ERROR_RT_CONTEXT_NULL);
   }
   if (absl::Status lost = slot.session->Lost(); !lost.ok()) {
-    return state.Pin(device).Named(absl::NotFoundError(
+    // Its code kept: a server that went away is UNAVAILABLE
+    // (ACL_ERROR_RT_FAILURE), a session the server closed NOT_FOUND.
+    return state.Pin(device).Named(absl::Status(
+        lost.code(),
         absl::StrCat(lost.message(), "; call aclrtResetDevice(", device,
                      ") and aclrtSetDevice(", device, ") to start a new one")));
   }

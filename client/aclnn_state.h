@@ -78,6 +78,11 @@ struct ServerSlot {
   // Its device count, learned once: device ordinals count the servers'
   // devices in the order the servers are listed, so they never change.
   std::optional<uint32_t> devices;
+  // Why it could not be reached when its devices were counted (OK: it
+  // was). Such a server counts as one device, whose aclrtSetDevice tries
+  // it again and fails naming it while it stays down: one dead host of a
+  // list does not stop the jobs on the others.
+  absl::Status unreachable;
 };
 
 // One device ordinal: device `local` of server `server`.
@@ -169,10 +174,14 @@ struct State {
   // ACL_ERROR_INVALID_DEVICE past the last device; the connection's error
   // (naming the server) when a server it must ask cannot be reached.
   absl::StatusOr<DeviceSlot*> Device(int64_t ordinal);
-  // The total over every server (connecting to each).
+  // The total over every server (connecting to each); a server that cannot
+  // be reached counts as one device (ServerSlot::unreachable). The error
+  // of the first server when none can be reached.
   absl::StatusOr<uint32_t> DeviceCount();
   // Lists the devices of the first server not asked yet (connecting to
-  // it) and appends their slots; false when every server was asked.
+  // it) and appends their slots (one for a server that cannot be reached,
+  // its ServerSlot::unreachable set); false when every server was asked.
+  // Other errors (a bad TLS file, a server's refusal) are returned.
   absl::StatusOr<bool> LearnNextServer();
   // The client of server `index`, connected now if it is not.
   absl::StatusOr<std::shared_ptr<Client>> Connect(size_t index);

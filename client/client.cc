@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <tuple>
 #include <utility>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/dial_address.h"
 #include "common/data_path.h"
 #include "common/listen_address.h"
 #include "common/malloc_tuning.h"
@@ -77,9 +79,53 @@ absl::Status Unary(Client& client,
   } else {
     client.SetDeadline(&context);
   }
-  return FromGrpcStatus((StubOf(client, static_cast<Stub*>(nullptr)).*method)(
-                            &context, request, response),
-                        context, what);
+  return client.CallStatus((StubOf(client, static_cast<Stub*>(nullptr)).*
+                            method)(&context, request, response),
+                           context, what);
+}
+
+// Waits until `channel` is ready; nothing when it is, else why not. It
+// stops at the first TRANSIENT_FAILURE rather than at the deadline: gRPC
+// reaches it at once for a refused connection or a failed handshake, and
+// only retries with backoff from there.
+std::optional<std::string> AwaitConnected(grpc::Channel& channel,
+                                          const std::string& address,
+                                          const ConnectOptions& options,
+                                          bool tls) {
+  const absl::Time deadline = absl::Now() + options.connect_timeout;
+  grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
+  while (state != GRPC_CHANNEL_READY &&
+         state != GRPC_CHANNEL_TRANSIENT_FAILURE) {
+    if (!channel.WaitForStateChange(state, absl::ToChronoTime(deadline))) {
+      return absl::StrCat("no answer within ",
+                          absl::FormatDuration(options.connect_timeout),
+                          " (host down, unreachable, or a firewall drops the "
+                          "packets)");
+    }
+    state = channel.GetState(/*try_to_connect=*/true);
+  }
+  if (state == GRPC_CHANNEL_READY) return std::nullopt;
+  // Whether TCP itself fails names the cause: refused, unreachable, a name
+  // that does not resolve. When TCP connects, gRPC's handshake failed.
+  if (std::optional<ListenAddress> host_port = DialHostPort(address)) {
+    if (std::optional<std::string> why = TcpConnectFailure(
+            *host_port,
+            std::max(deadline - absl::Now(), absl::Milliseconds(100)))) {
+      return why;
+    }
+    return tls ? std::string(
+                     "the TLS handshake failed (over TLS: is the server's "
+                     "certificate signed by tls_ca_file, does it want a "
+                     "client certificate, and does the server use TLS at "
+                     "all?)")
+               : std::string(
+                     "the server closed the connection during the gRPC "
+                     "handshake (is it a TLS server? then give the CA file: "
+                     "tls_ca_file, OPSERVER_TLS_CA_FILE, --tls_ca_file)");
+  }
+  return std::string(
+      "the connection failed (gRPC channel in "
+      "TRANSIENT_FAILURE)");
 }
 
 }  // namespace
@@ -113,6 +159,29 @@ absl::Status FromGrpcStatus(const grpc::Status& status,
   // No server verdict (the call never reached it, or timed out): derive it.
   absl::Status plain(code, message);
   return kernels::AclnnError(kernels::GetAclnnStatus(plain), code, message);
+}
+
+bool IsConnectionLoss(const grpc::Status& status,
+                      const grpc::ClientContext& context) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+         context.GetServerTrailingMetadata().count(kAclnnStatusKey) == 0;
+}
+
+absl::Status Client::WentAway(absl::string_view detail) const {
+  return kernels::AclnnError(
+      kernels::kAclnnErrRuntimeError, absl::StatusCode::kUnavailable,
+      absl::StrCat("server at ", address_, " went away (", detail, ")"));
+}
+
+absl::Status Client::CallStatus(const grpc::Status& status,
+                                const grpc::ClientContext& context,
+                                absl::string_view what) const {
+  if (!IsConnectionLoss(status, context)) {
+    return FromGrpcStatus(status, context, what);
+  }
+  absl::Status lost = WentAway(status.error_message());
+  return kernels::AclnnError(kernels::kAclnnErrRuntimeError, lost.code(),
+                             absl::StrCat(what, ": ", lost.message()));
 }
 
 // ---------------------------------------------------------------- Client
@@ -160,17 +229,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
       args.SetSslTargetNameOverride(options.tls_server_name);
     }
   }
+  if (absl::Status s = CheckDialAddress(address); !s.ok()) {
+    return kernels::AclnnError(kernels::kAclnnErrParamInvalid, s.code(),
+                               s.message());
+  }
   auto channel = grpc::CreateCustomChannel(address, credentials, args);
-  if (!channel->WaitForConnected(
-          absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
+  if (std::optional<std::string> why =
+          AwaitConnected(*channel, address, options, tls);
+      why.has_value()) {
     return kernels::AclnnError(
         kernels::kAclnnErrRuntimeError, absl::StatusCode::kUnavailable,
-        absl::StrCat("cannot reach opserver at ", address, " within ",
-                     absl::FormatDuration(options.connect_timeout),
-                     tls ? " (over TLS: is the server's certificate signed by "
-                           "tls_ca_file, and does it want a client "
-                           "certificate?)"
-                         : ""));
+        absl::StrCat("cannot reach opserver at ", address, ": ", *why));
   }
   // The data path is plain TCP: never beside a TLS channel.
   std::string data_path_host;
@@ -277,8 +346,8 @@ absl::StatusOr<std::string> Client::CheckHealth(const std::string& service) {
   grpc::health::v1::HealthCheckResponse response;
   grpc::ClientContext context;
   SetDeadline(&context);
-  absl::Status status = FromGrpcStatus(
-      health_->Check(&context, request, &response), context, "Health.Check");
+  absl::Status status = CallStatus(health_->Check(&context, request, &response),
+                                   context, "Health.Check");
   if (!status.ok()) return status;
   return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
       response.status());
@@ -490,6 +559,14 @@ void Session::StartAttach() {
     grpc::Status status = reader->Finish();
     absl::MutexLock lock(&mu_);
     if (closed_) return;
+    if (!status.ok() && IsConnectionLoss(status, *attach_context_)) {
+      // Not the server's doing: it (or the way to it) is gone, and the
+      // session with it.
+      lost_ = client_->WentAway(
+          absl::StrCat(status.error_message(),
+                       "; the session and everything in it are lost"));
+      return;
+    }
     // The server freed the session (this went unnoticed
     // and later calls failed with a bare "no session", or not at all).
     std::string why =

@@ -112,6 +112,12 @@ absl::Status FromGrpcStatus(const grpc::Status& status,
                             const grpc::ClientContext& context,
                             absl::string_view what);
 
+// Whether a failed call's `status` is the connection's, not a server's
+// verdict: UNAVAILABLE without the aclnn trailer every server error carries
+// (the server was killed, its host went down, or the network broke).
+bool IsConnectionLoss(const grpc::Status& status,
+                      const grpc::ClientContext& context);
+
 class Session;
 
 // The C++ thin client of an opserver. Thread-safe.
@@ -153,6 +159,16 @@ class Client {
   // connection.
   absl::StatusOr<std::unique_ptr<Session>> CreateSession(
       const std::string& client_name, bool attach = true, uint32_t device = 0);
+
+  // A call's `status` through FromGrpcStatus, with a connection loss said
+  // the same way on every surface: "WHAT: server at ADDRESS went away
+  // (gRPC's words)", UNAVAILABLE.
+  absl::Status CallStatus(const grpc::Status& status,
+                          const grpc::ClientContext& context,
+                          absl::string_view what) const;
+  // UNAVAILABLE "server at ADDRESS went away (DETAIL)", with the aclnn
+  // runtime error.
+  absl::Status WentAway(absl::string_view detail) const;
 
   // The stubs, for calls this class does not wrap.
   v1::Runtime::Stub& runtime() { return *runtime_; }

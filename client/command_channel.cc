@@ -312,17 +312,25 @@ void CommandChannel::ReadLoop() {
   }
   const absl::Status ended =
       status.ok() ? absl::UnavailableError("the server ended the call")
-                  : FromGrpcStatus(status, context_, "Pipeline");
+                  : client_.CallStatus(status, context_, "Pipeline");
   if (!opened_) {
     // Never opened (e.g. UNIMPLEMENTED from a server without it): as is.
     broken_ = ended;
     return;
   }
+  if (IsConnectionLoss(status, context_)) {
+    // Not the server's doing: it (or the way to it) is gone, and the
+    // session with it.
+    broken_ = client_.WentAway(
+        absl::StrCat(status.error_message(),
+                     "; the session and everything in it are lost: create "
+                     "a new session once it is back"));
+    return;
+  }
   // The channel's order cannot be recovered (commands may be lost), and a
-  // server that ended it, or a connection that broke, freed the session
-  // (an attached session dies with its connection; a restarted server
-  // knows none): later calls say so, as they would on any session the
-  // server does not know.
+  // server that ended it freed the session (a restarted server knows
+  // none): later calls say so, as they would on any session the server
+  // does not know.
   broken_ = absl::NotFoundError(absl::StrCat(
       "no session: its command channel ended (", ended.message(),
       "), so the server freed the session and everything in it; create a "

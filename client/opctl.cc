@@ -181,9 +181,9 @@ int Stats(Client& client) {
   client.SetDeadline(&context);
   v1::ServerStats stats;
   absl::Status status =
-      FromGrpcStatus(client.runtime().GetServerStats(
-                         &context, v1::GetServerStatsRequest(), &stats),
-                     context, "GetServerStats");
+      client.CallStatus(client.runtime().GetServerStats(
+                            &context, v1::GetServerStatsRequest(), &stats),
+                        context, "GetServerStats");
   if (!status.ok()) return Fail(status.message());
   std::printf("sessions:     %llu\n",
               static_cast<unsigned long long>(stats.sessions()));

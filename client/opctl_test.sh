@@ -161,6 +161,48 @@ expect_err "bench: unknown argument --size" bench --size=1
   >"$tmp/out" 2>"$tmp/err"
 grep -q "cannot reach opserver at 127.0.0.1:1" "$tmp/err" || fail "unreachable run: $(cat "$tmp/err")"
 
+# Refused and malformed addresses: the cause, at once (a 10-minute time-out
+# is never waited out).
+closed=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print("127.0.0.1:%d" % s.getsockname()[1])')
+"$opctl" --server="$closed" --timeout_ms=600000 info >"$tmp/out" 2>"$tmp/err"
+grep -qF "cannot reach opserver at $closed: connection refused" "$tmp/err" ||
+  fail "refused info: $(cat "$tmp/err")"
+"$opctl" --server="http://127.0.0.1:$port" --timeout_ms=600000 info >"$tmp/out" 2>"$tmp/err"
+grep -qF "cannot dial 'http://127.0.0.1:$port': it is a URL (http://)" "$tmp/err" ||
+  fail "URL address: $(cat "$tmp/err")"
+
+# A server SIGKILLed under opctl: one line, "server at ... went away". The
+# gate is a FIFO as the .npy input: opctl opens it after connecting and
+# fetching the operator list, so opening its other end returns only then.
+main_pid=$pid
+main_port=$port
+start_opserver "$tmp/lost.out" "$tmp/lost.err" "$opserver" --threads=1 || exit 1
+lost_pid=$pid
+lost_port=$port
+pid=$main_pid
+port=$main_port
+mkfifo "$tmp/gate.npy"
+"$opctl" --server="127.0.0.1:$lost_port" --timeout_ms=600000 run ThresholdBackward \
+  --threshold=-1 --gradOutput=@"$tmp/gate.npy" --self=1 --self_shape=1,1 \
+  >"$tmp/out" 2>"$tmp/err" &
+ctl_pid=$!
+# Should opctl end without opening the FIFO, this opens it (read-write
+# never blocks) so that the open below returns and the test fails, not hangs.
+( while kill -0 $ctl_pid 2>/dev/null; do sleep 0.2; done; exec 4<>"$tmp/gate.npy" ) &
+unblock_pid=$!
+exec 3>"$tmp/gate.npy"
+kill -KILL $lost_pid
+wait $lost_pid 2>/dev/null
+cat "$tmp/t.npy" >&3
+exec 3>&-
+wait $ctl_pid
+rc=$?
+wait $unblock_pid
+[[ $rc -eq 1 ]] || fail "opctl on a lost server: exit $rc, want 1"
+[[ $(wc -l <"$tmp/err") -eq 1 ]] || fail "opctl on a lost server: want one line, got: $(cat "$tmp/err")"
+grep -qF "server at 127.0.0.1:$lost_port went away" "$tmp/err" ||
+  fail "opctl on a lost server: $(cat "$tmp/err")"
+
 kill -0 $pid 2>/dev/null || fail "server died: $(cat "$tmp/server.err")"
 [[ $failures -eq 0 ]] || exit 1
 echo PASS

@@ -201,7 +201,7 @@ std::optional<absl::Status> Session::DataPathTransfer(bool upload,
       client_->runtime().OpenDataTransfer(&context, request);
   v1::OpenDataTransferResponse event;
   if (!reader->Read(&event)) {
-    absl::Status status = FromGrpcStatus(reader->Finish(), context, what);
+    absl::Status status = client_->CallStatus(reader->Finish(), context, what);
     // A server without the data path (or one older than it): nothing was
     // queued.
     if (absl::IsUnimplemented(status)) {
@@ -267,7 +267,7 @@ std::optional<absl::Status> Session::DataPathTransfer(bool upload,
   while (reader->Read(&event)) {
   }
   // The server's verdict first: it says why a connection broke.
-  absl::Status status = FromGrpcStatus(reader->Finish(), context, what);
+  absl::Status status = client_->CallStatus(reader->Finish(), context, what);
   if (!status.ok() && !(absl::IsCancelled(status) && !moved.ok())) {
     return status;
   }
@@ -404,7 +404,7 @@ absl::Status Session::UploadCall(grpc::Channel* channel, uint64_t buffer,
       first = false;
     }
     if (!half_closed) writer->WritesDone();
-    status = FromGrpcStatus(writer->Finish(), context, "Upload");
+    status = client_->CallStatus(writer->Finish(), context, "Upload");
   }  // The call is gone; what gRPC still holds of `data` is being released.
   lent.WaitUntilReturned();
   return status;
@@ -457,7 +457,8 @@ absl::Status Session::DownloadCall(grpc::Channel* channel, uint64_t buffer,
     }
     at += *n;
   }
-  absl::Status status = FromGrpcStatus(reader->Finish(), context, "Download");
+  absl::Status status =
+      client_->CallStatus(reader->Finish(), context, "Download");
   if (!bad_chunk.ok()) {
     return absl::InternalError(absl::StrCat(
         "Download: after ", at, " of ", size, " bytes, ", bad_chunk.message()));

@@ -43,6 +43,13 @@ check() {
 for program in "${examples[@]}"; do
   check "$(basename "$program")" "$program"
 done
+# A failing call prints aclGetRecentErrMsg(), not only the code: here a
+# port nothing listens on (bound to port 0, then closed).
+closed=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print("127.0.0.1:%d" % s.getsockname()[1])')
+OPSERVER_ADDRESS="$closed" "${examples[0]}" >"$tmp/refused.out" 2>&1
+grep -qF "cannot reach opserver at $closed: connection refused" "$tmp/refused.out" ||
+  fail "an example against $closed printed: $(cat "$tmp/refused.out")"
+
 # The C++ client example takes the address as its argument.
 "$cpp_client" "$OPSERVER_ADDRESS" >"$tmp/cpp.out" 2>&1 || fail "cpp_client: $(cat "$tmp/cpp.out")"
 got=$(sed -n 's/^result\[[0-9]*\] is: \(.*\)$/\1/p' "$tmp/cpp.out" | tr '\n' ' ' | sed 's/ $//')

@@ -31,15 +31,18 @@ int64_t GetShapeSize(const std::vector<int64_t>& shape) {
 int Init(int32_t deviceId, aclrtStream* stream) {
   // Fixed boilerplate: initialise acl, set the device, create a stream.
   auto ret = aclInit(nullptr);
-  CHECK_RET(ret == ACL_SUCCESS, LOG_PRINT("aclInit failed. ERROR: %d\n", ret);
+  CHECK_RET(ret == ACL_SUCCESS, LOG_PRINT("aclInit failed. ERROR: %d: %s\n",
+                                          ret, aclGetRecentErrMsg());
             return ret);
   ret = aclrtSetDevice(deviceId);
   CHECK_RET(ret == ACL_SUCCESS,
-            LOG_PRINT("aclrtSetDevice failed. ERROR: %d\n", ret);
+            LOG_PRINT("aclrtSetDevice failed. ERROR: %d: %s\n", ret,
+                      aclGetRecentErrMsg());
             return ret);
   ret = aclrtCreateStream(stream);
   CHECK_RET(ret == ACL_SUCCESS,
-            LOG_PRINT("aclrtCreateStream failed. ERROR: %d\n", ret);
+            LOG_PRINT("aclrtCreateStream failed. ERROR: %d: %s\n", ret,
+                      aclGetRecentErrMsg());
             return ret);
   return 0;
 }
@@ -51,14 +54,14 @@ int CreateAclTensor(const std::vector<T>& hostData,
   auto size = GetShapeSize(shape) * sizeof(T);
   // Device memory for the tensor.
   auto ret = aclrtMalloc(deviceAddr, size, ACL_MEM_MALLOC_HUGE_FIRST);
-  CHECK_RET(ret == ACL_SUCCESS,
-            LOG_PRINT("aclrtMalloc failed. ERROR: %d\n", ret);
+  CHECK_RET(ret == ACL_SUCCESS, LOG_PRINT("aclrtMalloc failed. ERROR: %d: %s\n",
+                                          ret, aclGetRecentErrMsg());
             return ret);
   // Host data to the device.
   ret = aclrtMemcpy(*deviceAddr, size, hostData.data(), size,
                     ACL_MEMCPY_HOST_TO_DEVICE);
-  CHECK_RET(ret == ACL_SUCCESS,
-            LOG_PRINT("aclrtMemcpy failed. ERROR: %d\n", ret);
+  CHECK_RET(ret == ACL_SUCCESS, LOG_PRINT("aclrtMemcpy failed. ERROR: %d: %s\n",
+                                          ret, aclGetRecentErrMsg());
             return ret);
 
   // Contiguous strides.
@@ -78,7 +81,8 @@ int main() {
   int32_t deviceId = 0;
   aclrtStream stream;
   auto ret = Init(deviceId, &stream);
-  CHECK_RET(ret == ACL_SUCCESS, LOG_PRINT("Init acl failed. ERROR: %d\n", ret);
+  CHECK_RET(ret == ACL_SUCCESS, LOG_PRINT("Init acl failed. ERROR: %d: %s\n",
+                                          ret, aclGetRecentErrMsg());
             return ret);
 
   // 2. Inputs and outputs.
@@ -116,25 +120,29 @@ int main() {
                                                &workspaceSize, &executor);
   CHECK_RET(
       ret == ACL_SUCCESS,
-      LOG_PRINT("aclnnThresholdBackwardGetWorkspaceSize failed. ERROR: %d\n",
-                ret);
+      LOG_PRINT(
+          "aclnnThresholdBackwardGetWorkspaceSize failed. ERROR: %d: %s\n", ret,
+          aclGetRecentErrMsg());
       return ret);
   void* workspaceAddr = nullptr;
   if (workspaceSize > 0) {
     ret = aclrtMalloc(&workspaceAddr, workspaceSize, ACL_MEM_MALLOC_HUGE_FIRST);
     CHECK_RET(ret == ACL_SUCCESS,
-              LOG_PRINT("allocate workspace failed. ERROR: %d\n", ret);
+              LOG_PRINT("allocate workspace failed. ERROR: %d: %s\n", ret,
+                        aclGetRecentErrMsg());
               return ret);
   }
   ret = aclnnThresholdBackward(workspaceAddr, workspaceSize, executor, stream);
   CHECK_RET(ret == ACL_SUCCESS,
-            LOG_PRINT("aclnnThresholdBackward failed. ERROR: %d\n", ret);
+            LOG_PRINT("aclnnThresholdBackward failed. ERROR: %d: %s\n", ret,
+                      aclGetRecentErrMsg());
             return ret);
 
   // 4. Wait for the stream.
   ret = aclrtSynchronizeStream(stream);
   CHECK_RET(ret == ACL_SUCCESS,
-            LOG_PRINT("aclrtSynchronizeStream failed. ERROR: %d\n", ret);
+            LOG_PRINT("aclrtSynchronizeStream failed. ERROR: %d: %s\n", ret,
+                      aclGetRecentErrMsg());
             return ret);
 
   // 5. The result back to the host.
@@ -143,10 +151,10 @@ int main() {
   ret = aclrtMemcpy(resultData.data(),
                     resultData.size() * sizeof(resultData[0]), outDeviceAddr,
                     size * sizeof(resultData[0]), ACL_MEMCPY_DEVICE_TO_HOST);
-  CHECK_RET(
-      ret == ACL_SUCCESS,
-      LOG_PRINT("copy result from device to host failed. ERROR: %d\n", ret);
-      return ret);
+  CHECK_RET(ret == ACL_SUCCESS,
+            LOG_PRINT("copy result from device to host failed. ERROR: %d: %s\n",
+                      ret, aclGetRecentErrMsg());
+            return ret);
   for (int64_t i = 0; i < size; i++) {
     LOG_PRINT("result[%ld] is: %f\n", i, resultData[i]);
   }

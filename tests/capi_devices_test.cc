@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
+#include "testing/closed_port.h"
 
 namespace opserver {
 namespace {
@@ -407,6 +408,49 @@ TEST_F(CApiDevicesTest, TwoServersOneLostAndBack) {
   float back[4];
   EXPECT_EQ(aclrtMemcpy(back, 16, on[2].o, 16, ACL_MEMCPY_DEVICE_TO_HOST),
             ACL_ERROR_INVALID_PARAM);
+}
+
+// One listed server is down when the program starts (the first-hour
+// review, problem 7): runtimes count devices first, and the count must not
+// fail every device. The dead server counts as one device whose
+// aclrtSetDevice fails naming it and the cause; the live server's devices
+// work. The long time-out is never waited out: a refused port fails at
+// once, which is why the error can say "refused".
+TEST_F(CApiDevicesTest, AServerDownAtStartUpCountsAsOneUnavailableDevice) {
+  setenv("OPSERVER_TIMEOUT_MS", "600000", 1);
+  server_ = StartServer(2);
+  const std::string dead = ClosedPortAddress();
+  Init(absl::StrCat(dead, ",", server_->address()));
+  uint32_t count = 0;
+  ASSERT_EQ(aclrtGetDeviceCount(&count), ACL_SUCCESS) << LastError();
+  EXPECT_EQ(count, 3u);
+  EXPECT_EQ(aclrtSetDevice(0), ACL_ERROR_RT_FAILURE);
+  EXPECT_THAT(LastError(), HasSubstr("cannot reach opserver at " + dead));
+  EXPECT_THAT(LastError(), HasSubstr("connection refused"));
+  const int64_t n = 4;
+  for (int32_t d : {1, 2}) {
+    ASSERT_EQ(aclrtSetDevice(d), ACL_SUCCESS) << LastError();
+    void* g = Device({1, 2, 3, 4});
+    void* s = Device({0, 1, 2, 3});
+    void* o = Device({-1, -1, -1, -1});
+    ASSERT_EQ(Threshold(g, s, o, n, 1.5f, nullptr), ACL_SUCCESS) << LastError();
+    ASSERT_EQ(aclrtSynchronizeDevice(), ACL_SUCCESS) << LastError();
+    EXPECT_THAT(Host(o, n), ElementsAre(0, 0, 3, 4));
+  }
+  // Still down: still its own error, the others unaffected.
+  EXPECT_EQ(aclrtSetDevice(0), ACL_ERROR_RT_FAILURE);
+  EXPECT_THAT(LastError(), HasSubstr(dead));
+}
+
+// With every listed server down there is nothing to count on.
+TEST_F(CApiDevicesTest, EveryServerDownFailsTheCountNamingTheFirst) {
+  const std::string first = ClosedPortAddress();
+  const std::string second = ClosedPortAddress();
+  Init(absl::StrCat(first, ",", second));
+  uint32_t count = 0;
+  EXPECT_EQ(aclrtGetDeviceCount(&count), ACL_ERROR_RT_FAILURE);
+  EXPECT_THAT(LastError(), HasSubstr("cannot reach opserver at " + first));
+  EXPECT_THAT(LastError(), HasSubstr("connection refused"));
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "kernels/half.h"
 #include "server/server.h"
+#include "testing/closed_port.h"
 
 namespace opserver {
 namespace {
@@ -636,13 +637,15 @@ TEST_F(CApiTest, UnreachableServerIsAnErrorCodeWithinTheDeadline) {
   stream_ = nullptr;
   aclrtResetDevice(0);
   aclFinalize();
-  setenv("OPSERVER_ADDRESS", "127.0.0.1:1", 1);
-  setenv("OPSERVER_TIMEOUT_MS", "300", 1);
+  // A refused port fails at once and says so, however long the time-out
+  // (the first-hour review, problem 4).
+  const std::string address = ClosedPortAddress();
+  setenv("OPSERVER_ADDRESS", address.c_str(), 1);
+  setenv("OPSERVER_TIMEOUT_MS", "600000", 1);
   ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);
-  const absl::Time start = absl::Now();
   EXPECT_EQ(aclrtSetDevice(0), ACL_ERROR_RT_FAILURE);
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-  EXPECT_THAT(LastError(), HasSubstr("cannot reach opserver at 127.0.0.1:1"));
+  EXPECT_THAT(LastError(), HasSubstr("cannot reach opserver at " + address +
+                                     ": connection refused"));
   // Everything after it fails cleanly too: the thread has no context.
   aclrtStream stream;
   EXPECT_EQ(aclrtCreateStream(&stream), ACL_ERROR_RT_CONTEXT_NULL);

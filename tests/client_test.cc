@@ -10,15 +10,18 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/aclnn_status.h"
 #include "server/server.h"
+#include "testing/closed_port.h"
 
 namespace opserver {
 namespace remote {
@@ -26,6 +29,7 @@ namespace {
 
 using kernels::DType;
 using kernels::GetAclnnStatus;
+using ::testing::AnyOf;
 using ::testing::ElementsAre;
 using ::testing::FloatNear;
 using ::testing::HasSubstr;
@@ -526,17 +530,38 @@ TEST_F(ClientTest, ConnectOptionsOutOfRangeAreInvalidArgument) {
   EXPECT_TRUE(Client::Connect(server_->address(), options).ok());
 }
 
-TEST_F(ClientTest, UnreachableServerIsAnErrorWithinTheDeadline) {
+// A refused connection fails at once, saying so: the time-out is never
+// waited out (the first-hour review, problem 4), which is the only way the
+// error can name the refusal.
+TEST_F(ClientTest, RefusedConnectionIsNamedWithoutWaitingOutTheDeadline) {
   ConnectOptions options;
-  options.connect_timeout = absl::Milliseconds(300);
-  const absl::Time start = absl::Now();
-  auto client = Client::Connect("127.0.0.1:1", options);
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  options.connect_timeout = absl::Minutes(10);
+  const std::string address = ClosedPortAddress();
+  auto client = Client::Connect(address, options);
   ASSERT_FALSE(client.ok());
   EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(client.status().message(),
-              HasSubstr("cannot reach opserver at 127.0.0.1:1"));
+              HasSubstr("cannot reach opserver at " + address +
+                        ": connection refused"));
   EXPECT_EQ(GetAclnnStatus(client.status()), kernels::kAclnnErrRuntimeError);
+}
+
+TEST_F(ClientTest, MalformedAddressesAreNamedBeforeDialing) {
+  ConnectOptions options;
+  options.connect_timeout = absl::Minutes(10);
+  for (const auto& [address, why] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"http://" + server_->address(), "it is a URL (http://)"},
+           {"127.0.0.1", "missing ':PORT'"},
+           {":50051", "empty host"},
+           {"", "the address is empty"}}) {
+    auto client = Client::Connect(address, options);
+    ASSERT_FALSE(client.ok()) << address;
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(client.status().message(),
+                HasSubstr("cannot dial '" + address + "': " + why));
+    EXPECT_EQ(GetAclnnStatus(client.status()), kernels::kAclnnErrParamInvalid);
+  }
 }
 
 TEST_F(ClientTest, DeadlineExceededIsReported) {
@@ -685,15 +710,22 @@ TEST_F(ClientTest, ServerRestartedUnderTheClientIsACleanError) {
   const std::string address = server_->address();
   server_.reset();  // Shuts down; the session is gone with it.
   StartServer(address);
-  // The channel reconnects; the old session is unknown to the new server.
+  // The old session is gone: its connection broke with the old server
+  // ("went away", UNAVAILABLE), or, when the channel reconnected before
+  // the client noticed, the new server does not know it (NOT_FOUND).
   absl::Status status;
   for (int i = 0; i < 600; ++i) {
     status = session_->Malloc(64).status();
-    if (status.code() != absl::StatusCode::kUnavailable) break;
+    if (absl::IsNotFound(status) ||
+        absl::StrContains(status.message(), "went away")) {
+      break;
+    }
     absl::SleepFor(absl::Milliseconds(100));
   }
-  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
-  EXPECT_THAT(status.message(), HasSubstr("no session"));
+  EXPECT_THAT(status.message(),
+              AnyOf(HasSubstr("no session"),
+                    HasSubstr("server at " + address + " went away")))
+      << status;
   buffer->Release();
   // A new session on the same client works.
   auto fresh = client_->CreateSession("after restart");

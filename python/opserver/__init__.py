@@ -297,8 +297,15 @@ class Session:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            self.close()
+        except Unavailable:
+            # The server went away. With an error in flight (the loss
+            # itself, raised by a call in the block, or one before it),
+            # a second traceback for the same loss would only hide it.
+            if exc_type is None:
+                raise
         return False
 
     @property
@@ -535,7 +542,10 @@ def connect(address, *, tls_ca_file=None, tls_cert_file=None,
     server's certificate; a certificate and key for mTLS). `token` is sent
     as a bearer token with every call. `pipeline=False` makes every call
     its own RPC (for debugging). Timeouts are in seconds. Raises
-    ``opserver.Unavailable`` when no server answers in time.
+    ``opserver.InvalidArgument`` for an address that is not HOST:PORT, and
+    ``opserver.Unavailable`` naming the cause when no server answers: at
+    once for a refused connection or a failed handshake, after
+    `connect_timeout` for a host that does not answer.
     """
     return Client(_opserver.Client.connect(
         address, tls_ca_file=tls_ca_file, tls_cert_file=tls_cert_file,
