@@ -42,7 +42,6 @@ expect_out "tensor mask" ops
 expect_out "negativeSlope" ops
 expect_out "BFLOAT16" ops
 expect_out "sessions:" stats
-expect_err "unexpected arguments after 'stats'" stats now
 
 # Per device: info lists both with their share of the memory; stats shows
 # each device with nothing on it; --device picks one for run and bench.
