@@ -55,8 +55,7 @@ std::vector<char*> ParseFlagsOrExit(int argc, char** argv,
     return absl::StrCat(line, "\n");
   };
   absl::SetFlagsUsageConfig(config);
-  static const bool registered =
-      std::atexit(ExitParseErrorAsUsageError) == 0;
+  static const bool registered = std::atexit(ExitParseErrorAsUsageError) == 0;
   (void)registered;
   parsing.store(true);
   std::vector<char*> args = absl::flags_internal::ParseCommandLineImpl(
