@@ -21,8 +21,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -35,6 +33,7 @@
 #include "client/host_tensor.h"
 #include "client/loopback_tcp.h"
 #include "client/op_catalog.h"
+#include "common/cli_flags.h"
 #include "common/listen_address.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
@@ -74,7 +73,10 @@ constexpr char kUsage[] =
     "          draining\n"
     "  bench   transfer throughput, per-operator latency and the\n"
     "          pipelined vs unary cost of a backward step\n"
-    "          (opctl bench --help for the details)";
+    "          (opctl bench --help for the details)\n"
+    "Exit status: 0 done, 1 the command failed (the server's answer, a\n"
+    "connection, a command's arguments), 2 opctl's own command line\n"
+    "(a flag, COMMAND).";
 
 constexpr char kRunUsage[] =
     "Usage: opctl [--server=..] run OP [--NAME=VALUE ...]\n"
@@ -119,6 +121,12 @@ int Fail(absl::string_view message) {
   std::fprintf(stderr, "opctl: %.*s\n", static_cast<int>(message.size()),
                message.data());
   return 1;
+}
+
+// A command line opctl cannot use: the same one line, the usage status.
+int UsageError(absl::string_view message) {
+  Fail(message);
+  return kUsageErrorExit;
 }
 
 // `status`'s message after `prefix`, with its aclnn status when that says
@@ -869,7 +877,6 @@ int Bench(const Connector& connect, const std::vector<std::string>& raw) {
 }
 
 int Main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsage);
   // Abseil's Mutex deadlock detection (on in Debian's build) records every
   // lock order; a command-line client has no use for it, and it slows the
   // pipelined channel that `opctl bench` measures.
@@ -887,23 +894,25 @@ int Main(int argc, char** argv) {
       ++command_at;
     }
   }
+  // Exits on --help, --version and a bad flag.
   std::vector<char*> args =
-      absl::ParseCommandLine(command_at, argv);  // Exits on --help / bad flag.
+      ParseFlagsOrExit(command_at, argv, "opctl", kUsage, "client/opctl.cc");
   if (args.size() > 1) {
-    return Fail(
+    return UsageError(
         absl::StrCat("unexpected argument '", args[1], "' (try --help)"));
   }
-  if (command_at >= argc) return Fail("missing COMMAND (try --help)");
+  if (command_at >= argc) return UsageError("missing COMMAND (try --help)");
   const std::string command = argv[command_at];
   std::vector<std::string> rest(argv + command_at + 1, argv + argc);
   if (command != "info" && command != "ops" && command != "stats" &&
       command != "run" && command != "bench") {
-    return Fail(absl::StrCat("unknown command '", command, "' (try --help)"));
+    return UsageError(
+        absl::StrCat("unknown command '", command, "' (try --help)"));
   }
   if ((command == "info" || command == "ops" || command == "stats") &&
       !rest.empty()) {
-    return Fail(absl::StrCat("unexpected arguments after '", command,
-                             "' (try --help)"));
+    return UsageError(absl::StrCat("unexpected arguments after '", command,
+                                   "' (try --help)"));
   }
   // Help needs no server (run's lists the server's operators when it
   // answers; see RunHelp).

@@ -61,15 +61,30 @@ absl::Status SetParams(const OpInfo& op, const v1::OpParams& in,
   out->lambd = in.lambd();
   out->self_is_result = in.self_is_result();
   out->scale = in.scale();
+  // A parameter left out takes the default ListOperators advertises
+  // (threshold and selfIsResult advertise proto3's own zero, so only the
+  // fields with presence need it).
+  v1::ScalarValue slope = in.negative_slope();
+  bool has_slope = in.has_negative_slope();
+  for (const kernels::ScalarArgInfo& arg : op.scalars) {
+    if (!arg.default_value.has_value()) continue;
+    const double value = *arg.default_value;
+    if (arg.name == "lambd" && !in.has_lambd()) out->lambd = value;
+    if (arg.name == "scale" && !in.has_scale()) out->scale = value;
+    if (arg.name == "negativeSlope" && !has_slope && !arg.dtypes.empty()) {
+      slope.set_dtype(static_cast<v1::DataType>(arg.dtypes.front()));
+      slope.set_value(value);
+      has_slope = true;
+    }
+  }
   if (op.kind == kernels::OpKind::kLeakyReluBackward) {
-    if (!in.has_negative_slope()) {
+    if (!has_slope) {
       return kernels::ParamNullptr(
           "negativeSlope is missing (params.negative_slope)");
     }
-    absl::StatusOr<DType> dtype =
-        ToDType(in.negative_slope().dtype(), "negativeSlope");
+    absl::StatusOr<DType> dtype = ToDType(slope.dtype(), "negativeSlope");
     if (!dtype.ok()) return dtype.status();
-    const double v = in.negative_slope().value();
+    const double v = slope.value();
     if (kernels::IsFloating(*dtype)) {
       out->negative_slope = kernels::Scalar::Float(v, *dtype);
     } else if (*dtype == DType::kBool) {

@@ -28,7 +28,9 @@ absl::StatusOr<const kernels::OpInfo*> FindOperator(const std::string& name);
 absl::StatusOr<kernels::DType> ToDType(int32_t value, absl::string_view what);
 
 // The operator parameters of a request, checked as far as they can be
-// without the tensors (the rest is kernels::Validate's).
+// without the tensors (the rest is kernels::Validate's). A parameter the
+// request leaves out takes its advertised default (ScalarArgInfo::
+// default_value, ListOperators' default_value).
 absl::Status SetParams(const kernels::OpInfo& op, const v1::OpParams& in,
                        kernels::OpParams* out);
 

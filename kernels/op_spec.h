@@ -39,9 +39,10 @@ struct ScalarArgInfo {
   absl::string_view type;
   // Only for type "scalar"; the first is the dtype of `default_value`.
   std::vector<DType> dtypes;
-  // What a caller that has no value of its own passes (opctl run when the
-  // flag is absent): PyTorch's default where it has one. Bool: 0 or 1.
-  // Absent: the caller must give one.
+  // The value a request that leaves the parameter out gets (the server
+  // applies it, common/op_call.h; opctl run shows and uses it): PyTorch's
+  // default where it has one. Bool: 0 or 1. Absent: the caller must give
+  // one.
   std::optional<double> default_value;
 };
 

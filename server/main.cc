@@ -15,10 +15,9 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/cli_flags.h"
 #include "common/thread_start.h"
 #include "devices/device_factory.h"
 #include "grpc/grpc.h"
@@ -221,11 +220,22 @@ int Preflight(const opserver::Options& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Serves aclnn backward operators over gRPC.\n"
-      "Usage: opserver [--listen=127.0.0.1:50051] [--device=cpu|ascend[:N]] "
-      "[--threads=N]");
-  absl::ParseCommandLine(argc, argv);
+  const std::vector<char*> args = opserver::ParseFlagsOrExit(
+      argc, argv, "opserver",
+      "Serves aclnn backward operators over gRPC.\n\n"
+      "Usage: opserver [--listen=HOST:PORT] [--device=cpu|ascend[:N,...]] "
+      "[--threads=N] [FLAG...]\n\n"
+      "Every flag is in docs/server-flags.md; --helpfull also lists the "
+      "libraries' flags, --version prints the release, commit and build "
+      "mode. A flag that cannot be used exits with status 2.",
+      "server/main.cc");
+  if (args.size() > 1) {
+    std::fprintf(stderr,
+                 "opserver: unexpected argument '%s'; opserver takes only "
+                 "flags (try --help)\n",
+                 args[1]);
+    return opserver::kUsageErrorExit;
+  }
 
   // Block the shutdown and reload signals before any thread starts so every
   // thread inherits the mask and sigwait() below is the only receiver.

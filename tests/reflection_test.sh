@@ -97,6 +97,37 @@ evaluated=$(call Operators/Evaluate '{"op": "DropoutBackward", "params": {"scale
 [[ "$evaluated" == "[0, 2, 0, 6, 0, 10, 0, 0]" ]] || fail "Evaluate: $evaluated"
 call Runtime/CloseSession "{$s}" >/dev/null || fail "CloseSession"
 
+# docs/by-hand.md's parameters and dtype names: both names of aclDataType 27
+# are accepted, BFLOAT16 is the one printed, a ScalarValue parameter is a
+# {dtype, value} object, and a parameter left out takes its advertised
+# default (negativeSlope FLOAT 0.01, lambd 0.5, scale 2).
+grep -q '"BFLOAT16"' <<<"$ops" || fail "ListOperators does not print BFLOAT16"
+grep -q '"BF16"' <<<"$ops" && fail "ListOperators prints BF16"
+leaky() {
+  call Operators/Evaluate "{\"op\": \"LeakyReluBackward\"$1,
+    \"inputs\": {\"gradOutput\": {\"dtype\": \"BF16\", \"shape\": [3], \"values\": [4, 4, 4]},
+               \"self\": {\"dtype\": \"BFLOAT16\", \"shape\": [3], \"values\": [1, 0, -1]}},
+    \"output\": {\"dtype\": \"$2\", \"shape\": [3]}}"
+}
+got=$(leaky ', "params": {"negativeSlope": {"dtype": "FLOAT", "value": 0.25}}' FLOAT)
+[[ $(json '["output"]["values"]' <<<"$got") == "[4, 1, 1]" ]] || fail "LeakyRelu slope 0.25: $got"
+got=$(leaky '' FLOAT)
+[[ $(json '["output"]["values"]' <<<"$got") == "[4, 0.0400390625, 0.0400390625]" ]] ||
+  fail "LeakyRelu without negativeSlope: $got"
+got=$(leaky '' BF16)
+[[ $(json '["output"]["dtype"]' <<<"$got") == "BFLOAT16" ]] || fail "output dtype name: $got"
+got=$(call Operators/Evaluate '{"op": "SoftshrinkBackward",
+  "inputs": {"gradOutput": {"dtype": "FLOAT", "shape": [3], "values": [1, 1, 1]},
+             "self": {"dtype": "FLOAT", "shape": [3], "values": [0.25, 0.75, -1]}},
+  "output": {"dtype": "FLOAT", "shape": [3]}}')
+[[ $(json '["output"]["values"]' <<<"$got") == "[0, 1, 1]" ]] || fail "Softshrink without lambd: $got"
+got=$(call Operators/Evaluate '{"op": "DropoutBackward",
+  "inputs": {"gradOutput": {"dtype": "FLOAT", "shape": [2], "values": [1, 3]},
+             "mask": {"dtype": "UINT8", "shape": [16], "values": [3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]}},
+  "output": {"dtype": "FLOAT", "shape": [2]}}')
+[[ $(json '["output"]["values"]' <<<"$got") == "[2, 6]" ]] || fail "Dropout without scale: $got"
+
+
 if ((failures)); then
   echo "$failures failure(s)" >&2
   exit 1

@@ -715,7 +715,8 @@ TEST_F(RemoteTest, OperatorChecksCarryTheExactAclnnStatus) {
     }
     EXPECT_THAT(result.status.error_message(), HasSubstr(c.message)) << c.name;
   }
-  // Negative slope with selfIsResult, and a missing slope.
+  // Negative slope with selfIsResult, and a missing slope, which takes the
+  // default ListOperators advertises (FLOAT 0.01) rather than 161001.
   CallResult slope = plan([&](auto& r) {
     r.set_op("LeakyReluBackward");
     r.mutable_params()->set_self_is_result(true);
@@ -723,8 +724,7 @@ TEST_F(RemoteTest, OperatorChecksCarryTheExactAclnnStatus) {
   });
   EXPECT_EQ(slope.aclnn, 161002);
   CallResult no_slope = plan([&](auto& r) { r.set_op("LeakyReluBackward"); });
-  EXPECT_EQ(no_slope.aclnn, 161001);
-  EXPECT_THAT(no_slope.status.error_message(), HasSubstr("negativeSlope"));
+  EXPECT_TRUE(no_slope.status.ok()) << no_slope.status.error_message();
 }
 
 TEST_F(RemoteTest, SessionsCannotTouchEachOthersHandles) {

@@ -42,7 +42,8 @@ __all__ = [
 
 
 class DType(enum.IntEnum):
-    """aclDataType's values (the wire's dtypes)."""
+    """aclDataType's values (the wire's dtypes). 27 has two names, as on
+    every surface: BFLOAT16, the one printed, and BF16 (CANN's ACL_BF16)."""
     FLOAT = 0
     FLOAT16 = 1
     INT8 = 2
@@ -56,6 +57,7 @@ class DType(enum.IntEnum):
     DOUBLE = 11
     BOOL = 12
     BFLOAT16 = 27
+    BF16 = 27  # The same member as BFLOAT16.
 
 
 float32, float16, bfloat16, float64 = (DType.FLOAT, DType.FLOAT16,

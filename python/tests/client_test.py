@@ -7,6 +7,7 @@ two threads that must not wait for each other.
 """
 
 import threading
+import unittest
 
 import testing
 
@@ -54,6 +55,16 @@ def bits_equal(a, b):
     view = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
     a, b = a.contiguous().view(view), b.contiguous().view(view)
     return bool(((a == b) | both_nan).all())
+
+
+class DTypeNamesTest(unittest.TestCase):
+    """Both names of aclDataType 27, one printed (docs/api.md's table)."""
+
+    def test_bf16_is_bfloat16(self):
+        self.assertIs(DType.BF16, DType.BFLOAT16)
+        self.assertIs(DType["BF16"], DType.BFLOAT16)
+        self.assertEqual(DType.BF16.name, "BFLOAT16")
+        self.assertEqual(int(DType.BF16), 27)
 
 
 class ClientTest(testing.ServerTestCase):
