@@ -110,7 +110,9 @@ bool CommandPipeline::ApplyOne(Session& session,
       const v1::FenceCommand& fence = command.fence();
       // What a read fence holds once read, counted from now on (a read
       // over the limit holds nothing: it is refused).
-      const uint64_t read = fence.event() == 0 && !fence.session() &&
+      // A query's answer is one byte.
+      const uint64_t read = fence.query() ? 1
+                            : fence.event() == 0 && !fence.session() &&
                                     fence.read_size() <= kMaxCommandBytes
                                 ? fence.read_size()
                                 : 0;
@@ -298,6 +300,22 @@ void CommandPipeline::Fence(Session& session, const v1::FenceCommand& fence) {
       });
     }
     if (!status.ok()) fence_done_(id, std::move(status), std::string());
+    return;
+  }
+  if (fence.query()) {
+    absl::StatusOr<std::shared_ptr<Stream>> stream =
+        session.GetStream(fence.stream());
+    if (!stream.ok()) {
+      {
+        // Its answer byte was counted as held; an error carries none.
+        absl::MutexLock lock(&mu_);
+        read_bytes_held_ -= std::min<uint64_t>(read_bytes_held_, 1);
+      }
+      fence_done_(id, stream.status(), std::string());
+      return;
+    }
+    fence_done_(id, absl::OkStatus(),
+                std::string(1, (*stream)->busy() ? '\1' : '\0'));
     return;
   }
   if (!fence.session()) {
