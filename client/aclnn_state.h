@@ -98,7 +98,6 @@ struct DeviceSlot {
   std::string soc_name;
   // aclrtSetDeviceSatMode's mode (aclrtFloatOverflowMode), kept only.
   int sat_mode = 1;  // ACL_RT_OVERFLOW_MODE_INFNAN
-
 };
 
 struct ContextEntry {

@@ -48,10 +48,9 @@ absl::StatusOr<PinnedStream> PinStreamOf(State& state, const char* function,
   absl::StatusOr<uint64_t> handle =
       StreamHandle(state, stream, current->device);
   if (!handle.ok()) {
-    return WithAclError(
-        absl::InvalidArgumentError(
-            absl::StrCat(function, ": ", handle.status().message())),
-        ACL_ERROR_INVALID_PARAM);
+    return WithAclError(absl::InvalidArgumentError(absl::StrCat(
+                            function, ": ", handle.status().message())),
+                        ACL_ERROR_INVALID_PARAM);
   }
   return PinnedStream{*std::move(current), *handle};
 }
@@ -62,9 +61,9 @@ absl::StatusOr<std::optional<absl::Duration>> TimeoutOf(const char* function,
   if (timeout == -1) return std::nullopt;
   if (timeout < 0) {
     return WithAclError(
-        absl::InvalidArgumentError(absl::StrCat(
-            function, ": timeout ", timeout,
-            " ms is negative (-1 waits for ever, 0 only checks)")),
+        absl::InvalidArgumentError(
+            absl::StrCat(function, ": timeout ", timeout,
+                         " ms is negative (-1 waits for ever, 0 only checks)")),
         ACL_ERROR_INVALID_PARAM);
   }
   return absl::Milliseconds(timeout);
@@ -76,7 +75,8 @@ absl::Status WaitWithin(const char* function, const PinnedStream& target,
                         absl::Duration timeout) {
   absl::Status status;
   if (timeout == absl::ZeroDuration()) {
-    absl::StatusOr<bool> busy = target.pinned.session->StreamBusy(target.handle);
+    absl::StatusOr<bool> busy =
+        target.pinned.session->StreamBusy(target.handle);
     status = busy.ok() && *busy
                  ? absl::DeadlineExceededError("the stream is not done")
                  : busy.status();
@@ -113,7 +113,8 @@ aclError aclrtStreamQuery(aclrtStream stream, aclrtStreamStatus* status) {
   absl::StatusOr<opserver::PinnedStream> target =
       opserver::PinStreamOf(state, __func__, stream);
   if (!target.ok()) return FailAcl(target.status());
-  absl::StatusOr<bool> busy = target->pinned.session->StreamBusy(target->handle);
+  absl::StatusOr<bool> busy =
+      target->pinned.session->StreamBusy(target->handle);
   if (!busy.ok()) {
     return FailAcl(opserver::Prefixed(target->pinned.Named(busy.status()),
                                       "aclrtStreamQuery: "));

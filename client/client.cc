@@ -755,8 +755,7 @@ absl::StatusOr<uint64_t> Session::Probe(uint64_t stream) {
 }
 
 absl::Status Session::WaitStream(uint64_t stream, absl::Duration timeout) {
-  if (absl::Status s = CheckLocalStream("SynchronizeStream", stream);
-      !s.ok()) {
+  if (absl::Status s = CheckLocalStream("SynchronizeStream", stream); !s.ok()) {
     return s;
   }
   absl::StatusOr<uint64_t> probe = Probe(stream);

@@ -630,8 +630,7 @@ class Session {
   // made on first use and destroyed with the stream.
   absl::StatusOr<uint64_t> Probe(uint64_t stream);
   // By stream: the commands sent before it was last found idle.
-  absl::flat_hash_map<uint64_t, uint64_t> idle_at_
-      ABSL_GUARDED_BY(handles_mu_);
+  absl::flat_hash_map<uint64_t, uint64_t> idle_at_ ABSL_GUARDED_BY(handles_mu_);
   absl::flat_hash_map<uint64_t, uint64_t> probes_ ABSL_GUARDED_BY(handles_mu_);
   // Client-chosen ids (executors and events) are never reused.
   uint64_t next_executor_ ABSL_GUARDED_BY(handles_mu_) = kClientExecutorBase;

@@ -240,9 +240,9 @@ absl::StatusOr<bool> CommandChannel::QueryStream(uint64_t stream) {
   // PipelineReplies took only a result of exactly one byte.
   const char busy = result->data()[0];
   if (busy != 0 && busy != 1) {
-    return absl::InternalError(absl::StrCat(
-        "StreamQuery: the server answered ", static_cast<int>(busy),
-        ", neither 0 (idle) nor 1 (busy)"));
+    return absl::InternalError(absl::StrCat("StreamQuery: the server answered ",
+                                            static_cast<int>(busy),
+                                            ", neither 0 (idle) nor 1 (busy)"));
   }
   return busy == 1;
 }

@@ -212,16 +212,15 @@ ACL_FUNC_VISIBILITY aclError aclrtStreamQuery(aclrtStream stream,
 // its deferred error stays for the next synchronize. -1 waits for ever;
 // 0 only checks (as aclrtStreamQuery); other negative values are
 // ACL_ERROR_INVALID_PARAM.
-ACL_FUNC_VISIBILITY aclError aclrtSynchronizeStreamWithTimeout(
-    aclrtStream stream, int32_t timeout);
+ACL_FUNC_VISIBILITY aclError
+aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t timeout);
 // aclrtSynchronizeDevice with a time-out, as above (the time-out covers
 // every stream of the device together).
-ACL_FUNC_VISIBILITY aclError aclrtSynchronizeDeviceWithTimeout(
-    int32_t timeout);
+ACL_FUNC_VISIBILITY aclError aclrtSynchronizeDeviceWithTimeout(int32_t timeout);
 // aclrtSynchronizeEvent with a time-out, as above, but
 // ACL_ERROR_RT_EVENT_SYNC_TIMEOUT.
-ACL_FUNC_VISIBILITY aclError aclrtSynchronizeEventWithTimeout(
-    aclrtEvent event, int32_t timeout);
+ACL_FUNC_VISIBILITY aclError aclrtSynchronizeEventWithTimeout(aclrtEvent event,
+                                                              int32_t timeout);
 
 // ---- Errors ----
 // The code of the last call on this thread that failed (ACL_SUCCESS when
@@ -238,8 +237,8 @@ ACL_FUNC_VISIBILITY aclError aclrtGetRunMode(aclrtRunMode *runMode);
 // reported only: the server's kernels compute IEEE results (inf and NaN on
 // overflow) in either mode.
 ACL_FUNC_VISIBILITY aclError aclrtSetDeviceSatMode(aclrtFloatOverflowMode mode);
-ACL_FUNC_VISIBILITY aclError aclrtGetDeviceSatMode(
-    aclrtFloatOverflowMode *mode);
+ACL_FUNC_VISIBILITY aclError
+aclrtGetDeviceSatMode(aclrtFloatOverflowMode *mode);
 
 #ifdef __cplusplus
 }
