@@ -157,7 +157,9 @@ TEST_F(CApiSyncTest, StreamQueryFollowsTheStreamsWork) {
   // Asking again asks the server again (nothing says it is done).
   ASSERT_EQ(aclrtStreamQuery(a, &status), ACL_SUCCESS) << LastError();
   EXPECT_EQ(status, ACL_STREAM_STATUS_NOT_READY);
-  // The default stream is idle meanwhile.
+  // The default stream is idle meanwhile (once the uploads' tails there are
+  // done: the server answers an upload before its stream lets go of it).
+  ASSERT_EQ(aclrtSynchronizeStream(nullptr), ACL_SUCCESS) << LastError();
   ASSERT_EQ(aclrtStreamQuery(nullptr, &status), ACL_SUCCESS) << LastError();
   EXPECT_EQ(status, ACL_STREAM_STATUS_COMPLETE);
   a_device->ReleaseLaunches();
