@@ -37,6 +37,7 @@ namespace {
 
 thread_local std::string last_error;
 thread_local uintptr_t current_context = 0;
+thread_local int last_error_code = 0;
 
 // The payload key WithAclError stores the exact aclError under.
 constexpr absl::string_view kAclErrorPayload = "opserver-acl-error";
@@ -45,6 +46,7 @@ constexpr absl::string_view kAclErrorPayload = "opserver-acl-error";
 
 std::string& LastError() { return last_error; }
 uintptr_t& CurrentContext() { return current_context; }
+int& LastErrorCode() { return last_error_code; }
 
 absl::Status WithAclError(absl::Status status, aclError code) {
   status.SetPayload(kAclErrorPayload, absl::Cord(absl::StrCat(code)));

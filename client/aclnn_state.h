@@ -56,6 +56,9 @@ inline constexpr uintptr_t kEventBase = uintptr_t{0x50} << 40;
 // function, not an extern thread_local, so the variable stays local to
 // aclnn_state.cc (libaclnn_remote.so's dynamic symbols are the API's only).
 std::string& LastError();
+// The calling thread's last failed call's code (aclrtPeekAtLastError,
+// aclrtGetLastError); ACL_SUCCESS when none.
+int& LastErrorCode();
 
 // The calling thread's current context (aclrtSetDevice,
 // aclrtSetCurrentContext, aclrtCreateContext); 0: none. A handle, looked
@@ -98,6 +101,8 @@ struct DeviceSlot {
   uintptr_t default_context = 0;
   // aclrtGetSocName's answer, kept until aclFinalize.
   std::string soc_name;
+  // aclrtSetDeviceSatMode's mode (aclrtFloatOverflowMode), kept only.
+  int sat_mode = 1;  // ACL_RT_OVERFLOW_MODE_INFNAN
 };
 
 struct ContextEntry {
@@ -201,6 +206,8 @@ State& GetState();
 template <typename Code>
 Code Fail(Code code, absl::string_view message) {
   LastError() = std::string(message);
+  // 0: a constructor's failure (it returns NULL, not a code).
+  if (code != 0) LastErrorCode() = static_cast<int>(code);
   return code;
 }
 

@@ -396,6 +396,17 @@ class Session {
   absl::StatusOr<Stream> CreateStream();
   absl::Status DestroyStream(uint64_t stream);
   absl::Status Synchronize(uint64_t stream = 0);
+  // Whether `stream` has work queued or running on the server
+  // (aclrtStreamQuery). Pipelined: no round trip when the stream is known
+  // idle (a synchronize or query of it found it idle and no command queued
+  // work on it since), else one (a query fence). Otherwise two (a record
+  // of the stream's probe event and its query).
+  absl::StatusOr<bool> StreamBusy(uint64_t stream);
+  // Waits until the work queued on `stream` so far has run, at most
+  // `timeout` (DEADLINE_EXCEEDED then, the work still queued and running):
+  // a record of the stream's probe event, waited for. It takes no deferred
+  // error: Synchronize, called next, returns it.
+  absl::Status WaitStream(uint64_t stream, absl::Duration timeout);
 
   // Streams `size` bytes from `data` into buffer[offset, offset + size) in
   // chunks of ConnectOptions::upload_chunk_bytes, after the work queued on
@@ -471,6 +482,9 @@ class Session {
   absl::StatusOr<bool> QueryEvent(uint64_t event);
   // Blocks until the event's most recent record has completed.
   absl::Status SynchronizeEvent(uint64_t event);
+  // The same, giving up after `timeout` (DEADLINE_EXCEEDED; the record
+  // stays in force).
+  absl::Status SynchronizeEventFor(uint64_t event, absl::Duration timeout);
   // Milliseconds between the completions of `start`'s and `end`'s most
   // recent records, measured by the server. FAILED_PRECONDITION with aclnn
   // status 107006 when either has not completed a record.
@@ -620,6 +634,20 @@ class Session {
   // session's events and `stream` (if given) one of its streams.
   absl::Status CheckLocalEvent(absl::string_view what, uint64_t event,
                                std::optional<uint64_t> stream);
+  // NOT_FOUND (prefixed with `what`) unless `stream` is 0 or one of this
+  // session's streams (pipelined sessions, which know them).
+  absl::Status CheckLocalStream(absl::string_view what, uint64_t stream);
+  // Pipelined: `stream` was found idle by a fence or call ordered after
+  // the first `issued` commands sent.
+  void NoteIdle(uint64_t stream, uint64_t issued);
+  // Pipelined: no command queued work on `stream` since it was found idle.
+  bool KnownIdle(uint64_t stream);
+  // The event StreamBusy (unpipelined) and WaitStream record on `stream`,
+  // made on first use and destroyed with the stream.
+  absl::StatusOr<uint64_t> Probe(uint64_t stream);
+  // By stream: the commands sent before it was last found idle.
+  absl::flat_hash_map<uint64_t, uint64_t> idle_at_ ABSL_GUARDED_BY(handles_mu_);
+  absl::flat_hash_map<uint64_t, uint64_t> probes_ ABSL_GUARDED_BY(handles_mu_);
   // Client-chosen ids (executors and events) are never reused.
   uint64_t next_executor_ ABSL_GUARDED_BY(handles_mu_) = kClientExecutorBase;
 };

@@ -27,6 +27,33 @@ absl::Status FenceStatus(const v1::FenceResult& result,
   return kernels::AclnnError(aclnn, code, message);
 }
 
+// The stream `command` queues work on, if it does.
+std::optional<uint64_t> WorkStream(const v1::PipelineCommand& command) {
+  switch (command.command_case()) {
+    case v1::PipelineCommand::kLaunch:
+      return command.launch().stream();
+    case v1::PipelineCommand::kWrite:
+      return command.write().stream();
+    case v1::PipelineCommand::kFence:
+      // A read waits on the stream and then reads; other fences only wait
+      // or ask, and are answered once what they wait for is done.
+      if (command.fence().read_size() > 0) return command.fence().stream();
+      return std::nullopt;
+    case v1::PipelineCommand::kRecordEvent:
+      return command.record_event().stream();
+    case v1::PipelineCommand::kWaitEvent:
+      return command.wait_event().stream();
+    case v1::PipelineCommand::kResetEvent:
+      return command.reset_event().stream();
+    case v1::PipelineCommand::kMemset:
+      return command.memset().stream();
+    case v1::PipelineCommand::kCopy:
+      return command.copy().stream();
+    default:
+      return std::nullopt;
+  }
+}
+
 }  // namespace
 
 CommandChannel::CommandChannel(Client& client, ChannelWindow window)
@@ -104,8 +131,10 @@ absl::Status CommandChannel::Send(v1::PipelineCommand command) {
       },
       client_.options().wait_timeout, "Pipeline: room in the command window");
   if (!room.ok()) return room;
+  const std::optional<uint64_t> work = WorkStream(command);
   queue_.push_back(std::move(command));
   ++issued_;
+  if (work.has_value()) last_work_[*work] = issued_;
   unacked_.emplace_back(issued_, bytes);
   unacked_bytes_ += bytes;
   return absl::OkStatus();
@@ -129,14 +158,15 @@ bool CommandChannel::Idle() {
 }
 
 absl::StatusOr<uint64_t> CommandChannel::SendFence(v1::PipelineCommand command,
-                                                   const ReadTarget* read) {
+                                                   const ReadTarget* read,
+                                                   uint64_t answer_bytes) {
   uint64_t id;
   {
     // Awaited before it is queued: its result may come as soon as it is
     // written, and a result for a fence not awaited ends the channel.
     absl::MutexLock lock(&mu_);
     id = next_fence_++;
-    replies_.Await(id, read != nullptr ? read->size : 0);
+    replies_.Await(id, read != nullptr ? read->size : answer_bytes);
     if (read != nullptr) reads_[id] = *read;
   }
   command.mutable_fence()->set_id(id);
@@ -150,11 +180,12 @@ absl::StatusOr<uint64_t> CommandChannel::SendFence(v1::PipelineCommand command,
 }
 
 absl::StatusOr<v1::FenceResult> CommandChannel::TakeFence(
-    uint64_t id, absl::string_view what) {
+    uint64_t id, absl::string_view what,
+    std::optional<absl::Duration> timeout) {
   absl::MutexLock lock(&mu_);
   absl::Status waited = WaitLocked(
       [this, id]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return replies_.Has(id); },
-      client_.options().wait_timeout, what);
+      timeout.value_or(client_.options().wait_timeout), what);
   std::optional<v1::FenceResult> result = replies_.Take(id);
   if (!result.has_value()) {
     // Given up on (the wait timed out, or the channel broke): its result
@@ -179,13 +210,57 @@ absl::Status CommandChannel::Fence(uint64_t stream, bool session) {
 }
 
 absl::Status CommandChannel::FenceEvent(uint64_t event) {
+  return FenceEvent(event, client_.options().wait_timeout);
+}
+
+absl::Status CommandChannel::FenceEvent(uint64_t event,
+                                        absl::Duration timeout) {
   v1::PipelineCommand command;
   command.mutable_fence()->set_event(event);
   absl::StatusOr<uint64_t> id = SendFence(std::move(command));
   if (!id.ok()) return id.status();
-  absl::StatusOr<v1::FenceResult> result = TakeFence(*id, "SynchronizeEvent");
+  absl::StatusOr<v1::FenceResult> result =
+      TakeFence(*id, "SynchronizeEvent", timeout);
   if (!result.ok()) return result.status();
   return FenceStatus(*result, "SynchronizeEvent: ");
+}
+
+absl::StatusOr<bool> CommandChannel::QueryStream(uint64_t stream) {
+  v1::PipelineCommand command;
+  command.mutable_fence()->set_stream(stream);
+  command.mutable_fence()->set_query(true);
+  absl::StatusOr<uint64_t> id =
+      SendFence(std::move(command), nullptr, /*answer_bytes=*/1);
+  if (!id.ok()) return id.status();
+  absl::StatusOr<v1::FenceResult> result = TakeFence(*id, "StreamQuery");
+  if (!result.ok()) return result.status();
+  if (absl::Status s = FenceStatus(*result, "StreamQuery: "); !s.ok()) {
+    return s;
+  }
+  // PipelineReplies took only a result of exactly one byte.
+  const char busy = result->data()[0];
+  if (busy != 0 && busy != 1) {
+    return absl::InternalError(absl::StrCat("StreamQuery: the server answered ",
+                                            static_cast<int>(busy),
+                                            ", neither 0 (idle) nor 1 (busy)"));
+  }
+  return busy == 1;
+}
+
+uint64_t CommandChannel::Issued() {
+  absl::MutexLock lock(&mu_);
+  return issued_;
+}
+
+uint64_t CommandChannel::LastWorkOn(uint64_t stream) {
+  absl::MutexLock lock(&mu_);
+  auto it = last_work_.find(stream);
+  return it != last_work_.end() ? it->second : 0;
+}
+
+void CommandChannel::ForgetStream(uint64_t stream) {
+  absl::MutexLock lock(&mu_);
+  last_work_.erase(stream);
 }
 
 absl::StatusOr<uint64_t> CommandChannel::SendRead(uint64_t stream,

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -80,6 +81,22 @@ class CommandChannel {
   // NOT_FOUND for an unknown event, CANCELLED when it is destroyed first;
   // it reports no stream's deferred error.
   absl::Status FenceEvent(uint64_t event);
+  // The same, giving up after `timeout` (DEADLINE_EXCEEDED); the event
+  // fence carries no deferred error, so nothing is lost by giving up.
+  absl::Status FenceEvent(uint64_t event, absl::Duration timeout);
+  // Sends a query fence and waits for its answer: true while `stream` has
+  // work queued or running on the server (one round trip).
+  absl::StatusOr<bool> QueryStream(uint64_t stream);
+  // Commands sent so far.
+  uint64_t Issued();
+  // The number (1 for the first command sent) of the last command sent
+  // that queues work on `stream` (a launch, write, read, event operation,
+  // memset or copy naming it; not a fence that only waits or asks); 0 when
+  // none. A stream found idle by a fence sent after command N stays idle
+  // while this is at most N.
+  uint64_t LastWorkOn(uint64_t stream);
+  // `stream` was destroyed: its entry goes.
+  void ForgetStream(uint64_t stream);
 
   // A fence on `stream` that also reads buffer[offset, offset + size)
   // (size at most kMaxPipelinedBytes) once the stream's work before it has
@@ -113,11 +130,16 @@ class CommandChannel {
   // most `timeout`.
   // Sends a fence command with a new id; its result is collected by id.
   // `read`: where a read fence's bytes go (null for other fences).
+  // `answer_bytes`: the data a result without error must carry (a query's
+  // byte; a read's size comes from `read`).
   absl::StatusOr<uint64_t> SendFence(v1::PipelineCommand command,
-                                     const ReadTarget* read = nullptr);
-  // Waits for fence `id`'s result and takes it.
-  absl::StatusOr<v1::FenceResult> TakeFence(uint64_t id,
-                                            absl::string_view what);
+                                     const ReadTarget* read = nullptr,
+                                     uint64_t answer_bytes = 0);
+  // Waits for fence `id`'s result and takes it (at most `timeout`; the
+  // client's wait timeout when not given).
+  absl::StatusOr<v1::FenceResult> TakeFence(
+      uint64_t id, absl::string_view what,
+      std::optional<absl::Duration> timeout = std::nullopt);
   absl::Status WaitLocked(absl::FunctionRef<bool()> ready,
                           absl::Duration timeout, absl::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -151,6 +173,8 @@ class CommandChannel {
   // Set once the call ended: every later call returns it.
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   uint64_t next_fence_ ABSL_GUARDED_BY(mu_) = 1;
+  // See LastWorkOn; one entry per stream the session's commands named.
+  absl::flat_hash_map<uint64_t, uint64_t> last_work_ ABSL_GUARDED_BY(mu_);
   // The server's replies: acknowledgements, and results of awaited fences.
   PipelineReplies replies_ ABSL_GUARDED_BY(mu_);
   // Where each read fence not yet waited for puts its bytes.

@@ -146,8 +146,9 @@ bool CommandPipeline::Free(Session& session, uint64_t buffer) {
 bool CommandPipeline::Fence(Session& session, const v1::FenceCommand& fence,
                             const Resume& resume) {
   // What a read fence holds once read, counted from now on (a read over
-  // the limit holds nothing: it is refused).
-  const uint64_t read = fence.event() == 0 && !fence.session() &&
+  // the limit holds nothing: it is refused); a query's answer is one byte.
+  const uint64_t read = fence.query() ? 1
+                        : fence.event() == 0 && !fence.session() &&
                                 fence.read_size() <= kMaxCommandBytes
                             ? fence.read_size()
                             : 0;
@@ -161,7 +162,9 @@ bool CommandPipeline::Fence(Session& session, const v1::FenceCommand& fence,
     ++fences_held_;
     read_bytes_held_ += read;
   }
-  if (fence.event() != 0) {
+  if (fence.query()) {
+    QueryFence(session, fence);
+  } else if (fence.event() != 0) {
     EventFence(session, fence.id(), fence.event());
   } else if (!fence.session()) {
     StreamFence(session, fence);
@@ -349,6 +352,23 @@ void CommandPipeline::EventFence(Session& session, uint64_t id,
     }
   }
   if (!status.ok()) fence_done_(id, std::move(status), std::string());
+}
+
+void CommandPipeline::QueryFence(Session& session,
+                                 const v1::FenceCommand& fence) {
+  absl::StatusOr<std::shared_ptr<Stream>> stream =
+      session.GetStream(fence.stream());
+  if (!stream.ok()) {
+    {
+      // Its answer byte was counted as held; an error carries none.
+      absl::MutexLock lock(&mu_);
+      read_bytes_held_ -= std::min<uint64_t>(read_bytes_held_, 1);
+    }
+    fence_done_(fence.id(), stream.status(), std::string());
+    return;
+  }
+  fence_done_(fence.id(), absl::OkStatus(),
+              std::string(1, (*stream)->busy() ? '\1' : '\0'));
 }
 
 void CommandPipeline::StreamFence(Session& session,

@@ -113,7 +113,8 @@ class CommandPipeline {
   bool OnStream(Session& session, uint64_t stream_id, absl::string_view what,
                 const Resume& resume,
                 const std::function<absl::Status(Stream&)>& queue);
-  // The three kinds of fence, once the channel has room for them.
+  // The four kinds of fence, once the channel has room for them.
+  void QueryFence(Session& session, const v1::FenceCommand& fence);
   void EventFence(Session& session, uint64_t id, uint64_t event_id);
   void StreamFence(Session& session, const v1::FenceCommand& fence);
   void SessionFence(Session& session, uint64_t id);

@@ -305,6 +305,39 @@ TEST_F(CommandPipelineTest, AnEndedChannelStopsWaitingForItsFences) {
   EXPECT_EQ(answers_[2], 1);
 }
 
+// A query fence answers at once, with one byte: 1 while its stream holds
+// work (a gate here), 0 once it is idle; an unknown stream is NOT_FOUND.
+TEST_F(CommandPipelineTest, QueryFenceSaysWhetherTheStreamIsBusy) {
+  Open();
+  auto query = [](uint64_t id, uint64_t stream) {
+    v1::PipelineCommand command = Fence(id, false, stream);
+    command.mutable_fence()->set_query(true);
+    return command;
+  };
+  std::shared_ptr<Stream> stream = *session_->GetStream(0);
+  EXPECT_EQ(Apply({query(1, 0)}), 1u);
+  EXPECT_EQ(FenceData(1), std::string(1, '\0'));
+  auto gate = std::make_shared<Stream::Gate>();
+  ASSERT_TRUE(stream->Hold(gate, [] {}, [] {}).ok());
+  EXPECT_EQ(Apply({query(2, 0), query(3, 77)}), 2u);
+  EXPECT_TRUE(FenceResult(2).ok());
+  EXPECT_EQ(FenceData(2), std::string(1, '\1'));
+  EXPECT_TRUE(absl::IsNotFound(FenceResult(3))) << FenceResult(3);
+  EXPECT_EQ(FenceData(3), "");
+  pipeline_->FencesWritten(3, 2);  // The two answer bytes.
+  gate.reset();
+  // Released: idle once its thread has let go of the gate (asked until
+  // then, for up to a minute).
+  std::string answer;
+  for (uint64_t id = 4; id < 60000 && answer != std::string(1, '\0'); ++id) {
+    if (id > 4) absl::SleepFor(absl::Milliseconds(1));
+    EXPECT_EQ(Apply({query(id, 0)}), 1u);
+    answer = FenceData(id);
+    pipeline_->FencesWritten(1, answer.size());
+  }
+  EXPECT_EQ(answer, std::string(1, '\0'));
+}
+
 // Fence results the client has not read count against max_fences.
 TEST_F(CommandPipelineTest, FenceBudgetHoldsTheChannel) {
   Open(/*max_fences=*/1);

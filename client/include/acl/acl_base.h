@@ -45,6 +45,10 @@ static const int ACL_ERROR_RT_STREAM_CONTEXT = 107003;
 // aclrtEventElapsedTime of an event without a completed record.
 static const int ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID = 107006;
 static const int ACL_ERROR_RT_INVALID_HANDLE = 107017;
+// aclrtSynchronizeStreamWithTimeout / aclrtSynchronizeDeviceWithTimeout,
+// and aclrtSynchronizeEventWithTimeout, past their time-out.
+static const int ACL_ERROR_RT_STREAM_SYNC_TIMEOUT = 507046;
+static const int ACL_ERROR_RT_EVENT_SYNC_TIMEOUT = 507047;
 
 typedef enum {
   ACL_DT_UNDEFINED = -1,

@@ -64,6 +64,27 @@ typedef enum aclrtEventRecordedStatus {
   ACL_EVENT_RECORDED_STATUS_COMPLETE = 1,
 } aclrtEventRecordedStatus;
 
+typedef enum aclrtStreamStatus {
+  ACL_STREAM_STATUS_COMPLETE = 0,
+  ACL_STREAM_STATUS_NOT_READY = 1,
+  ACL_STREAM_STATUS_RESERVED = 0xFFFF,
+} aclrtStreamStatus;
+
+typedef enum aclrtRunMode {
+  ACL_DEVICE,
+  ACL_HOST,
+} aclrtRunMode;
+
+typedef enum aclrtLastErrLevel {
+  ACL_RT_THREAD_LEVEL = 0,
+} aclrtLastErrLevel;
+
+typedef enum aclrtFloatOverflowMode {
+  ACL_RT_OVERFLOW_MODE_SATURATION = 0,
+  ACL_RT_OVERFLOW_MODE_INFNAN,
+  ACL_RT_OVERFLOW_MODE_UNDEF,
+} aclrtFloatOverflowMode;
+
 // ---- Devices and contexts ----
 // Device ordinals count the devices of the servers OPSERVER_ADDRESS lists
 // (HOST:PORT[,HOST:PORT...]), in that order.
@@ -177,6 +198,47 @@ ACL_FUNC_VISIBILITY aclError aclrtEventElapsedTime(float *ms,
                                                    aclrtEvent startEvent,
                                                    aclrtEvent endEvent);
 ACL_FUNC_VISIBILITY aclError aclrtDestroyEvent(aclrtEvent event);
+
+// ---- Asking and waiting ----
+// ACL_STREAM_STATUS_COMPLETE once everything queued on `stream` (NULL: the
+// current context's default stream) has run on the server, else
+// ACL_STREAM_STATUS_NOT_READY. No round trip when the library knows the
+// stream is idle (a synchronize or query found it so and nothing was queued
+// on it since), else one. Takes no deferred error.
+ACL_FUNC_VISIBILITY aclError aclrtStreamQuery(aclrtStream stream,
+                                              aclrtStreamStatus *status);
+// aclrtSynchronizeStream that gives up after `timeout` milliseconds with
+// ACL_ERROR_RT_STREAM_SYNC_TIMEOUT: the queued work goes on running and
+// its deferred error stays for the next synchronize. -1 waits for ever;
+// 0 only checks (as aclrtStreamQuery); other negative values are
+// ACL_ERROR_INVALID_PARAM.
+ACL_FUNC_VISIBILITY aclError
+aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t timeout);
+// aclrtSynchronizeDevice with a time-out, as above (the time-out covers
+// every stream of the device together).
+ACL_FUNC_VISIBILITY aclError aclrtSynchronizeDeviceWithTimeout(int32_t timeout);
+// aclrtSynchronizeEvent with a time-out, as above, but
+// ACL_ERROR_RT_EVENT_SYNC_TIMEOUT.
+ACL_FUNC_VISIBILITY aclError aclrtSynchronizeEventWithTimeout(aclrtEvent event,
+                                                              int32_t timeout);
+
+// ---- Errors ----
+// The code of the last call on this thread that failed (ACL_SUCCESS when
+// none since the last aclrtGetLastError); Get also clears it. The level
+// must be ACL_RT_THREAD_LEVEL (ACL_ERROR_INVALID_PARAM otherwise).
+ACL_FUNC_VISIBILITY aclError aclrtPeekAtLastError(aclrtLastErrLevel level);
+ACL_FUNC_VISIBILITY aclError aclrtGetLastError(aclrtLastErrLevel level);
+
+// ---- Modes ----
+// ACL_HOST: the program runs on the host; the device is a server.
+ACL_FUNC_VISIBILITY aclError aclrtGetRunMode(aclrtRunMode *runMode);
+// The current device's floating-point overflow mode, kept per device until
+// aclFinalize (ACL_RT_OVERFLOW_MODE_INFNAN until set). It is kept and
+// reported only: the server's kernels compute IEEE results (inf and NaN on
+// overflow) in either mode.
+ACL_FUNC_VISIBILITY aclError aclrtSetDeviceSatMode(aclrtFloatOverflowMode mode);
+ACL_FUNC_VISIBILITY aclError
+aclrtGetDeviceSatMode(aclrtFloatOverflowMode *mode);
 
 #ifdef __cplusplus
 }
