@@ -552,8 +552,9 @@ void Client::BadParam() {
       t["mask"] = Desc(b, v1::UINT8, {16});
       t.erase("self");
       break;
-    case 5:  // negativeSlope missing.
-      request.set_op("LeakyReluBackward");
+    case 5:  // The output under another operator's name (it is gradInput).
+      request.set_op("SoftshrinkBackward");
+      request.mutable_params()->set_lambd(0.5);
       break;
     case 6:  // An integer slope that is not an integer.
       leaky();

@@ -109,10 +109,10 @@ const std::map<std::string, std::string>& Explanations() {
       {"bad_param",
        "operator parameters and names the API refuses: unknown operator or "
        "tensor name, lambd < 0, scale in (0, 1) or NaN, a non-integer "
-       "integer negativeSlope, a negative slope with selfIsResult "
-       "(INVALID_ARGUMENT 161002); negativeSlope or a tensor missing "
-       "(INVALID_ARGUMENT 161001); Evaluate with a values count that does "
-       "not match its shape"},
+       "integer negativeSlope, a negative slope with selfIsResult, a "
+       "tensor under a name its operator does not have (INVALID_ARGUMENT "
+       "161002); a tensor missing (INVALID_ARGUMENT 161001); Evaluate with "
+       "a values count that does not match its shape"},
       {"oversized",
        "requests past a server limit: Malloc of 2^40 and 2^64-1 bytes "
        "(--session_memory_bytes), ReadValues/WriteValues/Evaluate of more "
