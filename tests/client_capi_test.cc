@@ -708,9 +708,17 @@ TEST_F(CApiTest, ServerRestartedUnderTheProgram) {
   // The server's answer, or the client's own once it saw Attach end.
   EXPECT_THAT(LastError(), AnyOf(HasSubstr("no session"),
                                  HasSubstr("the session was lost")));
+  // The old session's handles are dead. Which of the two true causes this
+  // call names depends on which the client saw first for its channel (the
+  // old server going away, or the new one not knowing the session), so
+  // either code is right, with its words.
   float back[4];
-  EXPECT_EQ(aclrtMemcpy(back, 16, p, 16, ACL_MEMCPY_DEVICE_TO_HOST),
-            ACL_ERROR_INVALID_RESOURCE_HANDLE);
+  const aclError copy = aclrtMemcpy(back, 16, p, 16, ACL_MEMCPY_DEVICE_TO_HOST);
+  EXPECT_THAT(copy, AnyOf(ACL_ERROR_INVALID_RESOURCE_HANDLE,
+                          ACL_ERROR_RT_FAILURE));
+  EXPECT_THAT(LastError(), AnyOf(HasSubstr("no session"),
+                                 HasSubstr("the session was lost"),
+                                 HasSubstr("went away")));
   // Starting over on the new server works.
   stream_ = nullptr;  // It died with the old session.
   ASSERT_EQ(aclrtResetDevice(0), ACL_SUCCESS);
