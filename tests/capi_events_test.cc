@@ -19,89 +19,15 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
+#include "tests/capi_held_streams.h"
 
 namespace opserver {
 namespace {
 
 using ::testing::HasSubstr;
 
-// Above the server's inline-launch size, so launches run on their stream's
-// thread (a held launch run inline would hold the command channel).
-constexpr int64_t kN = 20000;
-
-std::string LastError() { return aclGetRecentErrMsg(); }
-
-class CApiEventsTest : public ::testing::Test {
+class CApiEventsTest : public CApiHeldStreamsTest {
  protected:
-  void SetUp() override {
-    Options options;
-    options.listen = "127.0.0.1:0";
-    options.shutdown_grace = absl::ZeroDuration();
-    auto device = std::make_unique<FakeDevice>(/*max_streams=*/-1,
-                                               /*host_addressable=*/true);
-    device_ = device.get();
-    auto server = Server::Start(options, std::move(device));
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    setenv("OPSERVER_ADDRESS", server_->address().c_str(), 1);
-    setenv("OPSERVER_DETECT_MUTEX_DEADLOCKS", "1", 1);
-    ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);
-    ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS) << LastError();
-  }
-  void TearDown() override {
-    for (const auto& record : device_->streams()) record->ReleaseLaunches();
-    aclFinalize();
-    server_.reset();
-  }
-
-  // A new stream and its device stream's record.
-  std::pair<aclrtStream, std::shared_ptr<FakeStreamRecord>> NewStream() {
-    const size_t before = device_->streams().size();
-    aclrtStream stream = nullptr;
-    EXPECT_EQ(aclrtCreateStream(&stream), ACL_SUCCESS) << LastError();
-    auto records = device_->streams();
-    EXPECT_EQ(records.size(), before + 1);
-    return {stream, records.back()};
-  }
-
-  void* Floats(const std::vector<float>& values) {
-    void* data = nullptr;
-    const size_t bytes = values.size() * sizeof(float);
-    EXPECT_EQ(aclrtMalloc(&data, bytes, ACL_MEM_MALLOC_HUGE_FIRST),
-              ACL_SUCCESS);
-    EXPECT_EQ(aclrtMemcpy(data, bytes, values.data(), bytes,
-                          ACL_MEMCPY_HOST_TO_DEVICE),
-              ACL_SUCCESS)
-        << LastError();
-    return data;
-  }
-
-  // out = grad (self is all positive): a copy made by a launch on `stream`.
-  void CopyByLaunch(void* grad, void* self, void* out, aclrtStream stream) {
-    const int64_t shape[] = {kN};
-    aclTensor* g = aclCreateTensor(shape, 1, ACL_FLOAT, nullptr, 0,
-                                   ACL_FORMAT_ND, shape, 1, grad);
-    aclTensor* s = aclCreateTensor(shape, 1, ACL_FLOAT, nullptr, 0,
-                                   ACL_FORMAT_ND, shape, 1, self);
-    aclTensor* o = aclCreateTensor(shape, 1, ACL_FLOAT, nullptr, 0,
-                                   ACL_FORMAT_ND, shape, 1, out);
-    float zero = 0;
-    aclScalar* threshold = aclCreateScalar(&zero, ACL_FLOAT);
-    uint64_t workspace = 0;
-    aclOpExecutor* executor = nullptr;
-    ASSERT_EQ(aclnnThresholdBackwardGetWorkspaceSize(g, s, threshold, o,
-                                                     &workspace, &executor),
-              ACLNN_SUCCESS)
-        << LastError();
-    ASSERT_EQ(aclnnThresholdBackward(nullptr, 0, executor, stream),
-              ACLNN_SUCCESS)
-        << LastError();
-    aclDestroyTensor(g);
-    aclDestroyTensor(s);
-    aclDestroyTensor(o);
-    aclDestroyScalar(threshold);
-  }
-
   // The producer (y = g on stream A, held on the device) and the consumer
   // (z = y on stream B, copied back asynchronously), with or without a
   // record on A and a wait on B between them; the bytes B copied back.
@@ -159,8 +85,6 @@ class CApiEventsTest : public ::testing::Test {
     return host;
   }
 
-  std::unique_ptr<Server> server_;
-  FakeDevice* device_ = nullptr;  // Owned by server_.
 };
 
 // The control: without the wait, the consumer reads the producer's output

@@ -1,0 +1,47 @@
+// A fixture for C API tests over a device whose streams a test can hold
+// (FakeDevice): an in-process server on a free port, aclInit and device 0
+// set, and helpers to make streams (with their device stream's record, to
+// hold and release launches), device buffers and launches that take a
+// while. Held launches are released at teardown.
+#ifndef OPSERVER_TESTS_CAPI_HELD_STREAMS_H_
+#define OPSERVER_TESTS_CAPI_HELD_STREAMS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "acl/acl.h"
+#include "devices/testing/fake_device.h"
+#include "gtest/gtest.h"
+#include "server/server.h"
+
+namespace opserver {
+
+class CApiHeldStreamsTest : public ::testing::Test {
+ protected:
+  // Above the server's inline-launch size, so launches run on their
+  // stream's thread (a held launch run inline would hold the command
+  // channel).
+  static constexpr int64_t kN = 20000;
+
+  static std::string LastError() { return aclGetRecentErrMsg(); }
+
+  void SetUp() override;
+  void TearDown() override;
+
+  // A new stream and its device stream's record.
+  std::pair<aclrtStream, std::shared_ptr<FakeStreamRecord>> NewStream();
+  // A device buffer holding `values`.
+  void* Floats(const std::vector<float>& values);
+  // out = grad (self is all positive): a copy made by a launch on `stream`.
+  void CopyByLaunch(void* grad, void* self, void* out, aclrtStream stream);
+
+  std::unique_ptr<Server> server_;
+  FakeDevice* device_ = nullptr;  // Owned by server_.
+};
+
+}  // namespace opserver
+
+#endif  // OPSERVER_TESTS_CAPI_HELD_STREAMS_H_
