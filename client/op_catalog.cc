@@ -202,17 +202,7 @@ OpCatalog ParseCatalog(const v1::ListOperatorsResponse& response,
 
 void SetParam(const ParamSignature& param, double value, DType dtype,
               v1::OpParams* params) {
-  const google::protobuf::Reflection& r = *params->GetReflection();
-  if (param.type == "bool") {
-    r.SetBool(params, param.field, value != 0);
-  } else if (param.type == "scalar") {
-    auto* scalar =
-        static_cast<v1::ScalarValue*>(r.MutableMessage(params, param.field));
-    scalar->set_dtype(static_cast<v1::DataType>(dtype));
-    scalar->set_value(value);
-  } else {
-    r.SetDouble(params, param.field, value);
-  }
+  SetOpParamField(*param.field, value, dtype, params);
 }
 
 absl::StatusOr<std::vector<int64_t>> OutputShape(

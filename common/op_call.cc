@@ -180,4 +180,24 @@ absl::StatusOr<kernels::OpCall> ToOpCall(
   return call;
 }
 
+void SetOpParamField(const google::protobuf::FieldDescriptor& field,
+                     double value, kernels::DType dtype,
+                     v1::OpParams* params) {
+  const google::protobuf::Reflection& r = *params->GetReflection();
+  switch (field.cpp_type()) {
+    case google::protobuf::FieldDescriptor::CPPTYPE_BOOL:
+      r.SetBool(params, &field, value != 0);
+      return;
+    case google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE: {
+      auto* scalar =
+          static_cast<v1::ScalarValue*>(r.MutableMessage(params, &field));
+      scalar->set_dtype(static_cast<v1::DataType>(dtype));
+      scalar->set_value(value);
+      return;
+    }
+    default:
+      r.SetDouble(params, &field, value);
+  }
+}
+
 }  // namespace opserver

@@ -34,6 +34,14 @@ absl::StatusOr<kernels::DType> ToDType(int32_t value, absl::string_view what);
 absl::Status SetParams(const kernels::OpInfo& op, const v1::OpParams& in,
                        kernels::OpParams* out);
 
+// Sets the v1::OpParams `field` to `value`: a bool field to value != 0, a
+// ScalarValue field to {dtype, value}, a double field to value. The one
+// way a caller that holds a parameter as a number fills a request (opctl
+// from its flags, the server's --preflight from the defaults).
+void SetOpParamField(const google::protobuf::FieldDescriptor& field,
+                     double value, kernels::DType dtype,
+                     v1::OpParams* params);
+
 // The operator `name` with its parameters set in `call` (the tensors are
 // the caller's): FindOperator + SetParams.
 absl::StatusOr<const kernels::OpInfo*> BeginOpCall(const std::string& name,

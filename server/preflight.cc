@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/op_call.h"
 #include "kernels/validate.h"
 #include "server/op_requests.h"
 
@@ -34,19 +35,9 @@ void SetParam(const kernels::ScalarArgInfo& arg, v1::OpParams* params) {
   const google::protobuf::FieldDescriptor* field =
       params->GetDescriptor()->FindFieldByCamelcaseName(std::string(arg.name));
   if (field == nullptr) return;  // Evaluate reports the missing argument.
-  const google::protobuf::Reflection& r = *params->GetReflection();
-  const double value = ParamValue(arg);
-  if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_BOOL) {
-    r.SetBool(params, field, value != 0);
-  } else if (field->cpp_type() ==
-             google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) {
-    auto* scalar = static_cast<v1::ScalarValue*>(r.MutableMessage(params, field));
-    scalar->set_dtype(static_cast<v1::DataType>(
-        arg.dtypes.empty() ? kernels::DType::kFloat : arg.dtypes[0]));
-    scalar->set_value(value);
-  } else {
-    r.SetDouble(params, field, value);
-  }
+  SetOpParamField(*field, ParamValue(arg),
+                  arg.dtypes.empty() ? kernels::DType::kFloat : arg.dtypes[0],
+                  params);
 }
 
 v1::ValueTensor FloatTensor(bool with_values) {
