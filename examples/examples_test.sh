@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The example programs against a live opserver: each prints the numbers the
 # spec's worked examples give. Then the same sources are compiled outside
-# Bazel with exactly the command of docs/c-api.md (g++ prog.cpp -I<include>
-# -L<dir> -laclnn_remote) and must print the same.
+# Bazel with the flags aclnn_remote.pc gives in README.md and docs/c-api.md,
+# spelled out (g++ prog.cpp -I<include> -L<dir> -laclnn_remote), and must
+# print the same.
 set -uo pipefail
 opserver="$1"
 library="$2"

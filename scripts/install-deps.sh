@@ -27,6 +27,8 @@ packages=(
   openssl                # tests generate TLS certificates at run time
   clang-14               # the fuzz configuration's compiler (libFuzzer)
   libclang-rt-14-dev     # libFuzzer + ASan/UBSan runtimes for clang-14
+  pkgconf                # the C API's aclnn_remote.pc (package_test)
+  python3-pip python3-setuptools python3-wheel  # `pip install ./python`
 )
 
 missing=()

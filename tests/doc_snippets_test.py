@@ -15,9 +15,11 @@ starts on a free port, with:
   - `127.0.0.1:50051` (the documents' address) replaced by the server's;
     OPSERVER_ADDRESS set to it too;
   - the current directory a fresh one per document under $TEST_TMPDIR,
-    holding links to the workspace's top-level entries and `bazel-bin`
+    holding links to the workspace's top-level entries, `bazel-bin`
     (a link to the workspace, where Bazel puts the built files the test
-    depends on), so repository paths work and what a snippet writes stays
+    depends on) and `out` (the prefix scripts/install.sh lays out, laid out
+    here by the same scripts/lay_out_prefix.sh from the test's own build),
+    so repository and installed paths work and what a snippet writes stays
     in the test's directory;
   - `grpcurl` (scripts/grpcurl) and `buf` first on PATH, as
     scripts/install-deps.sh puts them in /opt/opserver/tools/bin.
@@ -169,15 +171,26 @@ def sanitizer_runtimes(library):
     return re.findall(r"=> (\S*lib(?:asan|ubsan)\.so\S*)", libs)
 
 
-def work_dir(tmp, name, workspace):
-    """A fresh directory with links to the workspace's entries, and
-    bazel-bin linking to the workspace."""
+def installed_prefix(tmp, workspace):
+    """The documents' `out/` prefix, laid out as scripts/install.sh does
+    from the files this test's build made."""
+    prefix = os.path.join(tmp, "out")
+    shutil.rmtree(prefix, ignore_errors=True)
+    subprocess.run([os.path.join(workspace, "scripts", "lay_out_prefix.sh"),
+                    workspace, workspace, prefix], check=True)
+    return prefix
+
+
+def work_dir(tmp, name, workspace, prefix):
+    """A fresh directory with links to the workspace's entries, bazel-bin
+    linking to the workspace and out to the installed prefix."""
     path = os.path.join(tmp, "run", name.replace("/", "_"))
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path)
     for entry in os.listdir(workspace):
         os.symlink(os.path.join(workspace, entry), os.path.join(path, entry))
     os.symlink(workspace, os.path.join(path, "bazel-bin"))
+    os.symlink(prefix, os.path.join(path, "out"))
     return path
 
 
@@ -262,6 +275,7 @@ class DocSnippetsTest(unittest.TestCase):
         home = os.path.join(tmp, "home")
         shutil.rmtree(home, ignore_errors=True)
         os.makedirs(home)
+        prefix = installed_prefix(tmp, self.workspace)
         server = Server(self.binary, tmp)
         try:
             env = dict(os.environ, OPSERVER_ADDRESS=server.address,
@@ -281,7 +295,7 @@ class DocSnippetsTest(unittest.TestCase):
                 script = script_of(blocks, server.address)
                 result = subprocess.run(
                     ["bash", "-e", "-o", "pipefail", "-c", script],
-                    cwd=work_dir(tmp, path, self.workspace), env=env,
+                    cwd=work_dir(tmp, path, self.workspace, prefix), env=env,
                     capture_output=True,
                     text=True, timeout=300)
                 self.assertEqual(
