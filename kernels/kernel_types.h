@@ -1,6 +1,6 @@
 // The types every element kernel shares: the operator scalars as the
 // kernels compute with them, and the two kernel signatures (contiguous SIMD
-// and strided). Internal to //kernels: use ops.h.
+// and strided). Internal to //kernels.
 #ifndef OPSERVER_KERNELS_KERNEL_TYPES_H_
 #define OPSERVER_KERNELS_KERNEL_TYPES_H_
 

@@ -1,6 +1,10 @@
 // Hostile and greedy clients against a real Server: each test reproduces a
 // way a client once could hurt the server or other sessions, and checks
 // that it is refused cleanly and costs other sessions nothing.
+//
+// "Finding N" is finding N of the first security review,
+// docs/reviews/security-review-1.md (findings 12-17 are in its "Lower
+// severity" section).
 
 #include <atomic>
 #include <cmath>
