@@ -5,6 +5,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/aclnn_status.h"
 #include "server/memory_charge.h"
 
@@ -163,7 +164,7 @@ absl::Status Event::Record(Stream& stream) {
         "cannot record on a stream that was destroyed or whose session "
         "closed");
   }
-  if (absl::Status s = state_->budget->Take(); !s.ok()) return s;
+  RETURN_IF_ERROR(state_->budget->Take());
   uint64_t gen;
   {
     absl::MutexLock lock(&state_->mu);
@@ -193,7 +194,7 @@ absl::Status Event::Wait(Stream& stream) {
     absl::MutexLock lock(&state_->mu);
     if (state_->destroyed) return absl::OkStatus();
     if (state_->IncompleteLocked()) {
-      if (absl::Status s = state_->budget->Take(); !s.ok()) return s;
+      RETURN_IF_ERROR(state_->budget->Take());
       State::Pending& pending = state_->pending[state_->latest];
       pending.gates.push_back(gate);
       outcome = pending.outcome;
@@ -225,7 +226,7 @@ absl::Status Event::Wait(Stream& stream) {
 }
 
 absl::Status Event::Reset(Stream& stream) {
-  if (absl::Status s = state_->budget->Take(); !s.ok()) return s;
+  RETURN_IF_ERROR(state_->budget->Take());
   uint64_t latest;
   {
     absl::MutexLock lock(&state_->mu);
@@ -288,7 +289,7 @@ absl::StatusOr<uint64_t> Event::WhenCompleteOrForgotten(
   {
     absl::MutexLock lock(&state_->mu);
     if (state_->IncompleteLocked() && !state_->destroyed) {
-      if (absl::Status s = state_->budget->Take(); !s.ok()) return s;
+      RETURN_IF_ERROR(state_->budget->Take());
       const uint64_t ticket = ++state_->tickets;
       state_->pending[state_->latest].tickets.insert(ticket);
       state_->synchronizes.emplace(

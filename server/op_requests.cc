@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
+#include "common/status_macros.h"
 #include "common/values.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
@@ -52,9 +53,7 @@ class ScratchBuffer {
 
   absl::Status Allocate(uint64_t size) {
     // Owner 0: never another caller's bytes.
-    absl::StatusOr<void*> data = device_->Allocate(size, /*owner=*/0);
-    if (!data.ok()) return data.status();
-    data_ = *data;
+    ASSIGN_OR_RETURN(data_, device_->Allocate(size, /*owner=*/0));
     size_ = size;
     return absl::OkStatus();
   }
@@ -110,14 +109,10 @@ absl::Status CheckDeviceSupports(const Device& device, kernels::OpKind op) {
 absl::StatusOr<std::unique_ptr<DevicePlan>> PlanGetWorkspaceSize(
     const v1::GetWorkspaceSizeRequest& request, BufferLookup lookup,
     uint64_t max_launch_elements, const Device& device) {
-  absl::StatusOr<kernels::OpCall> call = ToOpCall(request, lookup);
-  if (!call.ok()) return call.status();
-  absl::StatusOr<kernels::ValidCall> valid = kernels::Validate(*call);
-  if (!valid.ok()) return valid.status();
-  if (absl::Status s = CheckLaunchSize(*valid, max_launch_elements); !s.ok()) {
-    return s;
-  }
-  return device.Prepare(*std::move(valid));
+  ASSIGN_OR_RETURN(const kernels::OpCall call, ToOpCall(request, lookup));
+  ASSIGN_OR_RETURN(kernels::ValidCall valid, kernels::Validate(call));
+  RETURN_IF_ERROR(CheckLaunchSize(valid, max_launch_elements));
+  return device.Prepare(std::move(valid));
 }
 
 absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
@@ -127,9 +122,7 @@ absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
   absl::StatusOr<const OpInfo*> op =
       BeginOpCall(request.op(), request.params(), &call);
   if (!op.ok()) return op.status();
-  if (absl::Status s = CheckDeviceSupports(*device, (*op)->kind); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckDeviceSupports(*device, (*op)->kind));
   for (const auto& [name, t] : request.inputs()) {
     bool known = false;
     for (const auto& arg : (*op)->tensors) {
@@ -159,8 +152,8 @@ absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
   std::vector<std::unique_ptr<ScratchBuffer>> scratch;
   ScratchBuffer workspace(device);
   std::unique_ptr<DevicePlan> plan;
-  absl::StatusOr<std::unique_ptr<DeviceStream>> stream = device->CreateStream();
-  if (!stream.ok()) return stream.status();
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceStream> stream,
+                   device->CreateStream());
   void* output_data = nullptr;
   int64_t output_numel = 0;
   DType output_dtype = DType::kFloat;
@@ -174,21 +167,20 @@ absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
       if (it != request.inputs().end()) t = &it->second;
     }
     if (t == nullptr) continue;  // Validate reports the missing argument.
-    absl::StatusOr<DType> dtype = ToDType(t->dtype(), name);
-    if (!dtype.ok()) return dtype.status();
-    absl::StatusOr<int64_t> numel = CheckValueShape(*t, name, max_values);
-    if (!numel.ok()) return numel.status();
+    ASSIGN_OR_RETURN(const DType dtype, ToDType(t->dtype(), name));
+    ASSIGN_OR_RETURN(const int64_t numel,
+                     CheckValueShape(*t, name, max_values));
     std::string bytes;
     if (arg.is_output) {
-      bytes.assign(*numel * kernels::DTypeSize(*dtype), '\0');
+      bytes.assign(numel * kernels::DTypeSize(dtype), '\0');
     } else {
-      if (t->values_size() != *numel) {
-        return kernels::ParamInvalid(absl::StrCat(name, " has shape of ",
-                                                  *numel, " elements but ",
+      if (t->values_size() != numel) {
+        return kernels::ParamInvalid(absl::StrCat(name, " has shape of ", numel,
+                                                  " elements but ",
                                                   t->values_size(), " values"));
       }
       absl::StatusOr<std::string> encoded = EncodeValues(
-          *dtype, absl::MakeConstSpan(t->values().data(), t->values_size()));
+          dtype, absl::MakeConstSpan(t->values().data(), t->values_size()));
       if (!encoded.ok()) {
         return kernels::ParamInvalid(
             absl::StrCat(name, ": ", encoded.status().message()));
@@ -196,54 +188,32 @@ absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
       bytes = *std::move(encoded);
     }
     scratch.push_back(std::make_unique<ScratchBuffer>(device));
-    if (absl::Status s = scratch.back()->Allocate(bytes.size()); !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(scratch.back()->Allocate(bytes.size()));
     staged.push_back(std::move(bytes));
-    if (absl::Status s = (*stream)->CopyToDevice(
-            scratch.back()->data(), staged.back().data(), staged.back().size());
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(stream->CopyToDevice(
+        scratch.back()->data(), staged.back().data(), staged.back().size()));
     kernels::TensorView view;
-    view.dtype = *dtype;
+    view.dtype = dtype;
     view.shape.assign(t->shape().begin(), t->shape().end());
     view.data = scratch.back()->data();
     if (arg.is_output) {
       output_data = view.data;
-      output_numel = *numel;
-      output_dtype = *dtype;
+      output_numel = numel;
+      output_dtype = dtype;
     }
-    if (absl::Status s = PlaceTensor(**op, name, std::move(view), &call);
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(PlaceTensor(**op, name, std::move(view), &call));
   }
-  absl::StatusOr<kernels::ValidCall> valid = kernels::Validate(call);
-  if (!valid.ok()) return valid.status();
-  absl::StatusOr<std::unique_ptr<DevicePlan>> prepared =
-      device->Prepare(*std::move(valid));
-  if (!prepared.ok()) return prepared.status();
-  plan = *std::move(prepared);
+  ASSIGN_OR_RETURN(kernels::ValidCall valid, kernels::Validate(call));
+  ASSIGN_OR_RETURN(plan, device->Prepare(std::move(valid)));
   const uint64_t workspace_size = plan->workspace_size();
   if (workspace_size > 0) {
-    if (absl::Status s = workspace.Allocate(workspace_size); !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(workspace.Allocate(workspace_size));
   }
-  if (absl::Status s =
-          (*stream)->Launch(*plan, workspace.data(), workspace_size);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(stream->Launch(*plan, workspace.data(), workspace_size));
   std::string host(output_numel * kernels::DTypeSize(output_dtype), '\0');
-  if (absl::Status s =
-          (*stream)->CopyFromDevice(host.data(), output_data, host.size());
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(stream->CopyFromDevice(host.data(), output_data, host.size()));
   // Before `host` is read.
-  if (absl::Status s = (*stream)->Synchronize(); !s.ok()) return s;
+  RETURN_IF_ERROR(stream->Synchronize());
   std::vector<double> values =
       DecodeValues(output_dtype, host.data(), output_numel);
   v1::ValueTensor out;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/types/span.h"
+#include "common/status_macros.h"
 #include "common/values.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/tensor.h"
@@ -85,7 +86,7 @@ class AscendDevice::Backing : public MemoryBacking {
   explicit Backing(AscendDevice* device) : device_(device) {}
 
   absl::StatusOr<void*> Map(uint64_t size) override {
-    if (absl::Status s = device_->Bind(); !s.ok()) return s;
+    RETURN_IF_ERROR(device_->Bind());
     const CannLibrary& cann = *device_->cann_;
     void* block = nullptr;
     if (aclError error =
@@ -106,7 +107,7 @@ class AscendDevice::Backing : public MemoryBacking {
   }
 
   absl::Status Zero(void* block, uint64_t size) override {
-    if (absl::Status s = device_->Bind(); !s.ok()) return s;
+    RETURN_IF_ERROR(device_->Bind());
     return device_->Zero(block, size);
   }
 
@@ -218,7 +219,7 @@ uint64_t AscendDevice::FreeBytes() const {
 
 absl::StatusOr<void*> AscendDevice::AllocateRaw(uint64_t bytes) {
   // Counted in the pool's capacity, which trims its cache to make room.
-  if (absl::Status s = memory_->Reserve(bytes); !s.ok()) return s;
+  RETURN_IF_ERROR(memory_->Reserve(bytes));
   if (absl::Status s = Bind(); !s.ok()) {
     memory_->Unreserve(bytes);
     return s;
@@ -282,7 +283,7 @@ void AscendDevice::Deallocate(void* block, uint64_t bytes) {
 }
 
 absl::StatusOr<std::unique_ptr<DeviceStream>> AscendDevice::CreateStream() {
-  if (absl::Status s = Bind(); !s.ok()) return s;
+  RETURN_IF_ERROR(Bind());
   aclrtStream stream = nullptr;
   if (aclError error = cann_->api().aclrtCreateStream(&stream);
       error != ACL_SUCCESS) {
@@ -312,12 +313,11 @@ void AscendStream::ReleasePending() {
 
 absl::StatusOr<void*> AscendStream::Scratch(uint64_t bytes) {
   if (bytes <= scratch_bytes_) return scratch_;
-  absl::StatusOr<void*> block = device_->AllocateRaw(bytes);
-  if (!block.ok()) return block;
+  ASSIGN_OR_RETURN(void* block, device_->AllocateRaw(bytes));
   if (scratch_ != nullptr) {
     pending_.retired_scratch.emplace_back(scratch_, scratch_bytes_);
   }
-  scratch_ = *block;
+  scratch_ = block;
   scratch_bytes_ = bytes;
   return scratch_;
 }
@@ -325,7 +325,7 @@ absl::StatusOr<void*> AscendStream::Scratch(uint64_t bytes) {
 absl::Status AscendStream::CopyToDevice(void* device_dst, const void* host_src,
                                         uint64_t bytes) {
   if (bytes == 0) return absl::OkStatus();
-  if (absl::Status s = device_->Bind(); !s.ok()) return s;
+  RETURN_IF_ERROR(device_->Bind());
   if (aclError error = device_->cann().api().aclrtMemcpyAsync(
           device_dst, bytes, host_src, bytes, ACL_MEMCPY_HOST_TO_DEVICE,
           stream_);
@@ -340,7 +340,7 @@ absl::Status AscendStream::CopyFromDevice(void* host_dst,
                                           const void* device_src,
                                           uint64_t bytes) {
   if (bytes == 0) return absl::OkStatus();
-  if (absl::Status s = device_->Bind(); !s.ok()) return s;
+  RETURN_IF_ERROR(device_->Bind());
   if (aclError error = device_->cann().api().aclrtMemcpyAsync(
           host_dst, bytes, device_src, bytes, ACL_MEMCPY_DEVICE_TO_HOST,
           stream_);
@@ -353,7 +353,7 @@ absl::Status AscendStream::CopyFromDevice(void* host_dst,
 
 absl::Status AscendStream::Memset(void* dst, int value, uint64_t bytes) {
   if (bytes == 0) return absl::OkStatus();
-  if (absl::Status s = device_->Bind(); !s.ok()) return s;
+  RETURN_IF_ERROR(device_->Bind());
   const CannApi& api = device_->cann().api();
   if (api.has_memset()) {
     if (aclError error =
@@ -377,7 +377,7 @@ absl::Status AscendStream::Memset(void* dst, int value, uint64_t bytes) {
 absl::Status AscendStream::CopyOnDevice(void* dst, const void* src,
                                         uint64_t bytes) {
   if (bytes == 0 || dst == src) return absl::OkStatus();
-  if (absl::Status s = device_->Bind(); !s.ok()) return s;
+  RETURN_IF_ERROR(device_->Bind());
   const CannApi& api = device_->cann().api();
   auto copy = [&](void* to, const void* from) -> absl::Status {
     if (aclError error = api.aclrtMemcpyAsync(
@@ -391,10 +391,9 @@ absl::Status AscendStream::CopyOnDevice(void* dst, const void* src,
   const auto d = reinterpret_cast<uintptr_t>(dst);
   const auto s = reinterpret_cast<uintptr_t>(src);
   if (d + bytes <= s || s + bytes <= d) return copy(dst, src);
-  absl::StatusOr<void*> scratch = Scratch(bytes);
-  if (!scratch.ok()) return scratch.status();
-  if (absl::Status status = copy(*scratch, src); !status.ok()) return status;
-  return copy(dst, *scratch);
+  ASSIGN_OR_RETURN(void* scratch, Scratch(bytes));
+  RETURN_IF_ERROR(copy(scratch, src));
+  return copy(dst, scratch);
 }
 
 AscendPlan::AscendPlan(const AscendDevice* device, kernels::ValidCall valid)
@@ -484,9 +483,9 @@ absl::Status AscendPlan::PlanLocked() const {
   // A validated call has all three tensors (for DropoutBackward, `self` is
   // the mask; for SoftshrinkBackward, `out` is gradInput).
   aclTensor *grad = nullptr, *self = nullptr, *out = nullptr;
-  if (absl::Status s = tensor(call.grad_output, &grad); !s.ok()) return s;
-  if (absl::Status s = tensor(call.self, &self); !s.ok()) return s;
-  if (absl::Status s = tensor(call.out, &out); !s.ok()) return s;
+  RETURN_IF_ERROR(tensor(call.grad_output, &grad));
+  RETURN_IF_ERROR(tensor(call.self, &self));
+  RETURN_IF_ERROR(tensor(call.out, &out));
 
   const CannApi::OpFunctions& functions = api.ops[static_cast<int>(call.op)];
   uint64_t needed = 0;
@@ -496,7 +495,7 @@ absl::Status AscendPlan::PlanLocked() const {
     case OpKind::kThresholdBackward: {
       float threshold = static_cast<float>(call.params.threshold);
       aclScalar* t = nullptr;
-      if (absl::Status s = scalar(&threshold, ACL_FLOAT, &t); !s.ok()) return s;
+      RETURN_IF_ERROR(scalar(&threshold, ACL_FLOAT, &t));
       status =
           reinterpret_cast<decltype(&::aclnnThresholdBackwardGetWorkspaceSize)>(
               functions.get_workspace_size)(grad, self, t, out, &needed,
@@ -506,7 +505,7 @@ absl::Status AscendPlan::PlanLocked() const {
     case OpKind::kSoftshrinkBackward: {
       float lambd = static_cast<float>(call.params.lambd);
       aclScalar* l = nullptr;
-      if (absl::Status s = scalar(&lambd, ACL_FLOAT, &l); !s.ok()) return s;
+      RETURN_IF_ERROR(scalar(&lambd, ACL_FLOAT, &l));
       status = reinterpret_cast<
           decltype(&::aclnnSoftshrinkBackwardGetWorkspaceSize)>(
           functions.get_workspace_size)(grad, self, l, out, &needed, &executor);
@@ -574,18 +573,15 @@ absl::Status AscendStream::Launch(const DevicePlan& plan, void* workspace,
     return absl::InternalError(
         "a launch was prepared by another device than the stream's");
   }
-  if (absl::Status s = device_->Bind(); !s.ok()) return s;
-  absl::StatusOr<uint64_t> needed = ascend->Planned();
-  if (!needed.ok()) return needed.status();
+  RETURN_IF_ERROR(device_->Bind());
+  ASSIGN_OR_RETURN(const uint64_t needed, ascend->Planned());
   // opserver's workspace follows its own contract (kernels' workspace
   // rules); an aclnn kernel that needs more gets the stream's scratch.
   void* launch_workspace = workspace;
   uint64_t launch_workspace_size = workspace_size;
-  if (*needed > workspace_size) {
-    absl::StatusOr<void*> scratch = Scratch(*needed);
-    if (!scratch.ok()) return scratch.status();
-    launch_workspace = *scratch;
-    launch_workspace_size = *needed;
+  if (needed > workspace_size) {
+    ASSIGN_OR_RETURN(launch_workspace, Scratch(needed));
+    launch_workspace_size = needed;
   }
   if (aclnnStatus status =
           ascend->Launch(launch_workspace, launch_workspace_size, stream_);
@@ -596,7 +592,7 @@ absl::Status AscendStream::Launch(const DevicePlan& plan, void* workspace,
 }
 
 absl::Status AscendStream::Synchronize() {
-  if (absl::Status s = device_->Bind(); !s.ok()) return s;
+  RETURN_IF_ERROR(device_->Bind());
   const aclError error = device_->cann().api().aclrtSynchronizeStream(stream_);
   // Before the destroys below, which may replace the thread's last error.
   absl::Status status =
@@ -640,18 +636,18 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateAscendDevices(
         "got devices ",
         options.devices));
   }
-  absl::StatusOr<std::vector<int32_t>> ids = AscendDeviceIds(options.kind);
-  if (!ids.ok()) return ids.status();
-  absl::StatusOr<std::shared_ptr<CannLibrary>> cann = CannLibrary::Load(
-      options.cann_libraries.empty() ? CannLibrary::DefaultLibraries()
-                                     : options.cann_libraries);
-  if (!cann.ok()) return cann.status();
+  ASSIGN_OR_RETURN(const std::vector<int32_t> ids,
+                   AscendDeviceIds(options.kind));
+  ASSIGN_OR_RETURN(std::shared_ptr<CannLibrary> cann,
+                   CannLibrary::Load(options.cann_libraries.empty()
+                                         ? CannLibrary::DefaultLibraries()
+                                         : options.cann_libraries));
   std::vector<std::unique_ptr<Device>> devices;
-  for (int32_t id : *ids) {
-    absl::StatusOr<std::unique_ptr<AscendDevice>> device = AscendDevice::Create(
-        *cann, id, options.memory_bytes, options.memory_cache_bytes);
-    if (!device.ok()) return device.status();
-    devices.push_back(*std::move(device));
+  for (int32_t id : ids) {
+    ASSIGN_OR_RETURN(std::unique_ptr<AscendDevice> device,
+                     AscendDevice::Create(cann, id, options.memory_bytes,
+                                          options.memory_cache_bytes));
+    devices.push_back(std::move(device));
   }
   return devices;
 }
