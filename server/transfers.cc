@@ -246,6 +246,16 @@ class RuntimeService::Transfer {
   std::shared_ptr<Stream::Gate> gate_;
   std::shared_ptr<Session> session_;
   std::shared_ptr<Buffer> buffer_;
+
+  // Called as the call finishes: it lets go of its stream, session and
+  // buffer then, not when gRPC deletes it (OnDone), which may come after
+  // the server and its devices are gone; a device stream outliving its
+  // device would be torn down on freed memory.
+  void ReleaseHoldsLocked() {
+    gate_.reset();
+    session_.reset();
+    buffer_.reset();
+  }
 };
 
 // Upload: the header is taken from the first message; data is copied from
@@ -323,10 +333,12 @@ class RuntimeService::Uploader final
     if (finished_) return;
     finished_ = true;
     // The last byte is in (or never will be): the stream goes on.
-    gate_.reset();
+    const uint64_t written = writer_ ? writer_->written() : 0;
+    writer_.reset();
+    ReleaseHoldsLocked();
     if (status.ok()) {
       v1::UploadResponse response;
-      response.set_bytes_written(writer_ ? writer_->written() : 0);
+      response.set_bytes_written(written);
       service_->grpc_count_.Add(response.bytes_written());
       bool own_buffer;
       grpc::Status serialized =
@@ -472,7 +484,8 @@ class RuntimeService::Downloader final
     if (finished_) return;
     finished_ = true;
     // Slices still in gRPC's hands keep holding the stream.
-    gate_.reset();
+    device_stream_.reset();
+    ReleaseHoldsLocked();
     Finish(ToGrpcStatus(status, context_));
   }
 
@@ -751,7 +764,8 @@ class RuntimeService::DataTransfer final
     if (finished_) return;
     finished_ = true;
     if (!ticket_.empty()) service_->data_listener_->Forget(ticket_);
-    gate_.reset();
+    device_stream_.reset();
+    ReleaseHoldsLocked();
     connection_.reset();
     Finish(ToGrpcStatus(status, context_));
   }
