@@ -21,6 +21,7 @@
 #include "common/listen_address.h"
 #include "common/malloc_tuning.h"
 #include "common/op_call.h"
+#include "common/session_routing.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/validate.h"
@@ -67,14 +68,18 @@ v1::Operators::Stub& StubOf(Client& client, v1::Operators::Stub*) {
 // deadline (`wait`: ConnectOptions::wait_timeout, for calls that wait for
 // device work) and the token, the call, and its status through
 // FromGrpcStatus with `what` naming the call.
+// `routing_key` (empty: none) is sent as the session's routing key.
 template <typename Stub, typename Request, typename Response>
-absl::Status Unary(Client& client,
+absl::Status Unary(Client& client, const std::string& routing_key,
                    grpc::Status (Stub::*method)(grpc::ClientContext*,
                                                 const Request&, Response*),
                    const Request& request, Response* response,
                    absl::string_view what, bool wait = false,
                    std::optional<absl::Duration> within = std::nullopt) {
   grpc::ClientContext context;
+  if (!routing_key.empty()) {
+    context.AddMetadata(kSessionRoutingHeader, routing_key);
+  }
   if (within.has_value()) {
     // A caller's own time-out (aclrtSynchronizeEventWithTimeout).
     context.set_deadline(absl::ToChronoTime(absl::Now() + *within));
@@ -339,7 +344,7 @@ void Client::Authorize(grpc::ClientContext* context) const {
 absl::StatusOr<v1::GetDeviceInfoResponse> Client::GetDeviceInfo() {
   v1::GetDeviceInfoResponse response;
   absl::Status status =
-      Unary(*this, &v1::Runtime::Stub::GetDeviceInfo,
+      Unary(*this, std::string(), &v1::Runtime::Stub::GetDeviceInfo,
             v1::GetDeviceInfoRequest(), &response, "GetDeviceInfo");
   if (!status.ok()) return status;
   return response;
@@ -361,7 +366,7 @@ absl::StatusOr<std::string> Client::CheckHealth(const std::string& service) {
 absl::StatusOr<v1::ListOperatorsResponse> Client::ListOperators() {
   v1::ListOperatorsResponse response;
   absl::Status status =
-      Unary(*this, &v1::Operators::Stub::ListOperators,
+      Unary(*this, std::string(), &v1::Operators::Stub::ListOperators,
             v1::ListOperatorsRequest(), &response, "ListOperators");
   if (!status.ok()) return status;
   return response;
@@ -390,15 +395,20 @@ absl::StatusOr<std::unique_ptr<Session>> Client::CreateSession(
   request.set_client_name(client_name);
   request.set_device(device);
   v1::CreateSessionResponse response;
-  absl::Status status = Unary(*this, &v1::Runtime::Stub::CreateSession, request,
+  // Chosen before the call, so CreateSession is routed like the rest.
+  std::string routing_key = NewSessionRoutingKey();
+  absl::Status status = Unary(*this, routing_key,
+                              &v1::Runtime::Stub::CreateSession, request,
                               &response, "CreateSession");
   if (!status.ok()) return status;
-  std::unique_ptr<Session> session(new Session(this, response.session()));
+  std::unique_ptr<Session> session(
+      new Session(this, response.session(), std::move(routing_key)));
   session->device_ = device;
   if (attach) session->StartAttach();
   if (options_.pipeline) {
     absl::StatusOr<std::unique_ptr<CommandChannel>> channel =
-        CommandChannel::Open(*this, session->token(), options_.pipeline_window);
+        CommandChannel::Open(*this, session->token(), session->routing_key(),
+                             options_.pipeline_window);
     if (channel.ok()) {
       session->channel_ = *std::move(channel);
     } else if (!absl::IsUnimplemented(channel.status())) {
@@ -543,14 +553,21 @@ absl::Status Executor::Destroy() {
 
 // ---------------------------------------------------------------- Session
 
-Session::Session(Client* client, std::string token)
-    : client_(client), token_(std::move(token)) {}
+Session::Session(Client* client, std::string token, std::string routing_key)
+    : client_(client),
+      token_(std::move(token)),
+      routing_key_(std::move(routing_key)) {}
+
+void Session::Route(grpc::ClientContext* context) const {
+  context->AddMetadata(kSessionRoutingHeader, routing_key_);
+}
 
 Session::~Session() { Close().IgnoreError(); }
 
 void Session::StartAttach() {
   attach_context_ = std::make_unique<grpc::ClientContext>();
   client_->Authorize(attach_context_.get());  // No deadline: it lasts.
+  Route(attach_context_.get());
   v1::AttachRequest request;
   request.set_session(token_);
   // Read on a background thread until the server ends the call or Close()
@@ -602,7 +619,7 @@ absl::Status Session::Close() {
   v1::CloseSessionRequest request;
   request.set_session(token_);
   v1::CloseSessionResponse response;
-  absl::Status status = Unary(*client_, &v1::Runtime::Stub::CloseSession,
+  absl::Status status = Unary(*client_, routing_key_, &v1::Runtime::Stub::CloseSession,
                               request, &response, "CloseSession");
   if (attach_context_ != nullptr) {
     attach_context_->TryCancel();
@@ -665,7 +682,7 @@ absl::StatusOr<v1::SessionStats> Session::Stats() {
   v1::GetSessionStatsRequest request;
   request.set_session(token_);
   v1::SessionStats response;
-  absl::Status status = Unary(*client_, &v1::Runtime::Stub::GetSessionStats,
+  absl::Status status = Unary(*client_, routing_key_, &v1::Runtime::Stub::GetSessionStats,
                               request, &response, "GetSessionStats");
   if (!status.ok()) return status;
   return response;
@@ -678,7 +695,7 @@ absl::StatusOr<DeviceBuffer> Session::Malloc(uint64_t size) {
   request.set_size(size);
   v1::MallocResponse response;
   absl::Status status =
-      Unary(*client_, &v1::Runtime::Stub::Malloc, request, &response, "Malloc");
+      Unary(*client_, routing_key_, &v1::Runtime::Stub::Malloc, request, &response, "Malloc");
   if (!status.ok()) return status;
   if (channel_ != nullptr) {
     absl::MutexLock lock(&handles_mu_);
@@ -703,7 +720,7 @@ absl::Status Session::FreeBuffer(uint64_t buffer) {
   request.set_session(token_);
   request.set_buffer(buffer);
   v1::FreeResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::Free, request, &response, "Free");
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::Free, request, &response, "Free");
 }
 
 absl::StatusOr<Stream> Session::CreateStream() {
@@ -711,7 +728,7 @@ absl::StatusOr<Stream> Session::CreateStream() {
   v1::CreateStreamRequest request;
   request.set_session(token_);
   v1::CreateStreamResponse response;
-  absl::Status status = Unary(*client_, &v1::Runtime::Stub::CreateStream,
+  absl::Status status = Unary(*client_, routing_key_, &v1::Runtime::Stub::CreateStream,
                               request, &response, "CreateStream");
   if (!status.ok()) return status;
   if (channel_ != nullptr) {
@@ -741,7 +758,7 @@ absl::Status Session::DestroyStream(uint64_t stream) {
   request.set_session(token_);
   request.set_stream(stream);
   v1::DestroyStreamResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::DestroyStream, request, &response,
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::DestroyStream, request, &response,
                "DestroyStream", /*wait=*/true);
 }
 
@@ -761,7 +778,7 @@ absl::Status Session::Synchronize(uint64_t stream) {
     request.set_session(token_);
     request.set_stream(stream);
     v1::SynchronizeStreamResponse response;
-    status = Unary(*client_, &v1::Runtime::Stub::SynchronizeStream, request,
+    status = Unary(*client_, routing_key_, &v1::Runtime::Stub::SynchronizeStream, request,
                    &response, "SynchronizeStream", /*wait=*/true);
   }
   if (status.ok()) NoteIdle(stream, issued);
@@ -856,7 +873,7 @@ absl::Status Session::SynchronizeEventFor(uint64_t event,
   request.set_session(token_);
   request.set_event(event);
   v1::SynchronizeEventResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::SynchronizeEvent, request,
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::SynchronizeEvent, request,
                &response, "SynchronizeEvent", /*wait=*/true, timeout);
 }
 
@@ -952,7 +969,7 @@ absl::Status Session::WriteValues(uint64_t buffer, uint64_t offset,
   request.set_stream(stream);
   request.mutable_values()->Add(values.begin(), values.end());
   v1::WriteValuesResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::WriteValues, request, &response,
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::WriteValues, request, &response,
                "WriteValues");
 }
 
@@ -972,7 +989,7 @@ absl::StatusOr<std::vector<double>> Session::ReadValues(uint64_t buffer,
   request.set_count(count);
   request.set_stream(stream);
   v1::ReadValuesResponse response;
-  absl::Status status = Unary(*client_, &v1::Runtime::Stub::ReadValues, request,
+  absl::Status status = Unary(*client_, routing_key_, &v1::Runtime::Stub::ReadValues, request,
                               &response, "ReadValues");
   if (!status.ok()) return status;
   // Callers index the values by what they asked for: a server's other
@@ -1003,7 +1020,7 @@ absl::StatusOr<Executor> Session::GetWorkspaceSize(
   if (absl::Status s = Ordered(); !s.ok()) return s;
   v1::GetWorkspaceSizeResponse response;
   absl::Status status =
-      Unary(*client_, &v1::Operators::Stub::GetWorkspaceSize, request,
+      Unary(*client_, routing_key_, &v1::Operators::Stub::GetWorkspaceSize, request,
             &response, absl::StrCat(op, " GetWorkspaceSize"));
   if (!status.ok()) return status;
   return Executor(this, response.executor(), response.workspace_size());
@@ -1102,7 +1119,7 @@ absl::Status Session::ExecuteHandle(uint64_t executor, uint64_t stream,
   if (absl::Status s = Ordered(); !s.ok()) return s;
   request.set_session(token_);
   v1::ExecuteResponse response;
-  return Unary(*client_, &v1::Operators::Stub::Execute, request, &response,
+  return Unary(*client_, routing_key_, &v1::Operators::Stub::Execute, request, &response,
                "Execute");
 }
 
@@ -1129,7 +1146,7 @@ absl::Status Session::SetExecutorRepeatable(uint64_t executor) {
   request.set_session(token_);
   request.set_executor(executor);
   v1::SetExecutorRepeatableResponse response;
-  return Unary(*client_, &v1::Operators::Stub::SetExecutorRepeatable, request,
+  return Unary(*client_, routing_key_, &v1::Operators::Stub::SetExecutorRepeatable, request,
                &response, "SetExecutorRepeatable");
 }
 
@@ -1154,7 +1171,7 @@ absl::Status Session::DestroyExecutor(uint64_t executor) {
   request.set_session(token_);
   request.set_executor(executor);
   v1::DestroyExecutorResponse response;
-  return Unary(*client_, &v1::Operators::Stub::DestroyExecutor, request,
+  return Unary(*client_, routing_key_, &v1::Operators::Stub::DestroyExecutor, request,
                &response, "DestroyExecutor");
 }
 
@@ -1179,7 +1196,7 @@ absl::Status Session::Memset(uint64_t buffer, uint64_t offset, uint64_t size,
   }
   request.set_session(token_);
   v1::MemsetResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::Memset, request, &response,
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::Memset, request, &response,
                "Memset");
 }
 
@@ -1210,7 +1227,7 @@ absl::Status Session::CopyOnDevice(uint64_t dst_buffer, uint64_t dst_offset,
   }
   request.set_session(token_);
   v1::CopyDeviceToDeviceResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::CopyDeviceToDevice, request,
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::CopyDeviceToDevice, request,
                &response, "CopyDeviceToDevice");
 }
 
@@ -1251,7 +1268,7 @@ absl::StatusOr<uint64_t> Session::CreateEvent(uint32_t flags) {
   request.set_session(token_);
   request.set_flags(flags);
   v1::CreateEventResponse response;
-  absl::Status status = Unary(*client_, &v1::Runtime::Stub::CreateEvent,
+  absl::Status status = Unary(*client_, routing_key_, &v1::Runtime::Stub::CreateEvent,
                               request, &response, "CreateEvent");
   if (!status.ok()) return status;
   return response.event();
@@ -1273,7 +1290,7 @@ absl::Status Session::DestroyEvent(uint64_t event) {
   request.set_session(token_);
   request.set_event(event);
   v1::DestroyEventResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::DestroyEvent, request, &response,
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::DestroyEvent, request, &response,
                "DestroyEvent");
 }
 
@@ -1292,7 +1309,7 @@ absl::Status Session::RecordEvent(uint64_t event, uint64_t stream) {
   }
   request.set_session(token_);
   v1::RecordEventResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::RecordEvent, request, &response,
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::RecordEvent, request, &response,
                "RecordEvent");
 }
 
@@ -1311,7 +1328,7 @@ absl::Status Session::StreamWaitEvent(uint64_t stream, uint64_t event) {
   }
   request.set_session(token_);
   v1::StreamWaitEventResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::StreamWaitEvent, request,
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::StreamWaitEvent, request,
                &response, "StreamWaitEvent");
 }
 
@@ -1330,7 +1347,7 @@ absl::Status Session::ResetEvent(uint64_t event, uint64_t stream) {
   }
   request.set_session(token_);
   v1::ResetEventResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::ResetEvent, request, &response,
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::ResetEvent, request, &response,
                "ResetEvent");
 }
 
@@ -1341,7 +1358,7 @@ absl::StatusOr<bool> Session::QueryEvent(uint64_t event) {
   request.set_session(token_);
   request.set_event(event);
   v1::QueryEventResponse response;
-  absl::Status status = Unary(*client_, &v1::Runtime::Stub::QueryEvent, request,
+  absl::Status status = Unary(*client_, routing_key_, &v1::Runtime::Stub::QueryEvent, request,
                               &response, "QueryEvent");
   if (!status.ok()) return status;
   return response.complete();
@@ -1360,7 +1377,7 @@ absl::Status Session::SynchronizeEvent(uint64_t event) {
   request.set_session(token_);
   request.set_event(event);
   v1::SynchronizeEventResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::SynchronizeEvent, request,
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::SynchronizeEvent, request,
                &response, "SynchronizeEvent", /*wait=*/true);
 }
 
@@ -1371,7 +1388,7 @@ absl::StatusOr<float> Session::EventElapsedMs(uint64_t start, uint64_t end) {
   request.set_start(start);
   request.set_end(end);
   v1::EventElapsedTimeResponse response;
-  absl::Status status = Unary(*client_, &v1::Runtime::Stub::EventElapsedTime,
+  absl::Status status = Unary(*client_, routing_key_, &v1::Runtime::Stub::EventElapsedTime,
                               request, &response, "EventElapsedTime");
   if (!status.ok()) return status;
   return response.ms();

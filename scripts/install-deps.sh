@@ -27,6 +27,7 @@ packages=(
   openssl                # tests generate TLS certificates at run time
   clang-14               # the fuzz configuration's compiler (libFuzzer)
   libclang-rt-14-dev     # libFuzzer + ASan/UBSan runtimes for clang-14
+  haproxy                # tests/haproxy_test: deploy/haproxy in front of two servers
 )
 
 missing=()
