@@ -561,9 +561,9 @@ int AddressesMain(const std::string& spec, int rounds) {
       "OPSERVER_DATA_PATH=%s; %d rounds, addresses alternating.\n\n",
       kOps, static_cast<long long>(kElements), kSteps, kWarmupSteps,
       data_path == nullptr ? "(unset: on)" : data_path, rounds);
-  std::printf("%-10s %-6s %9s %9s %9s %11s %11s %9s %9s\n", "address",
-              "round", "RTT us", "step ms", "us/op", "upload ms",
-              "download ms", "up MB/s", "down MB/s");
+  std::printf("%-10s %-6s %9s %9s %9s %11s %11s %9s %9s\n", "address", "round",
+              "RTT us", "step ms", "us/op", "upload ms", "download ms",
+              "up MB/s", "down MB/s");
   for (int round = 0; round < rounds; ++round) {
     for (const auto& [name, address] : targets) {
       const Result step =

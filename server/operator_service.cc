@@ -574,9 +574,8 @@ class OperatorService::Pipeliner final
   // The first batch opens the channel on its session.
   absl::Status OpenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     CallLog::NoteSession(context_, batch_->session());
-    absl::StatusOr<std::shared_ptr<Session>> session =
-        service_->sessions_->Get(batch_->session(), *caller_,
-                                 SessionRoutingKeyOf(context_));
+    absl::StatusOr<std::shared_ptr<Session>> session = service_->sessions_->Get(
+        batch_->session(), *caller_, SessionRoutingKeyOf(context_));
     if (!session.ok()) return session.status();
     std::shared_ptr<Link> link = link_;
     absl::StatusOr<uint64_t> channel = (*session)->OpenChannel([link] {

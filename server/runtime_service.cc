@@ -314,10 +314,10 @@ grpc::ServerUnaryReactor* RuntimeService::CloseSession(
   absl::StatusOr<std::string> caller = Caller(context);
   if (!caller.ok()) return Reply(context, caller.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status status =
-      sessions_->Close(request->session(), *caller, "closed by the client",
-                       [reactor] { reactor->Finish(grpc::Status::OK); },
-                       SessionRoutingKeyOf(context));
+  absl::Status status = sessions_->Close(
+      request->session(), *caller, "closed by the client",
+      [reactor] { reactor->Finish(grpc::Status::OK); },
+      SessionRoutingKeyOf(context));
   if (!status.ok()) {
     reactor->Finish(ToGrpcStatus(status, context));
     return reactor;
@@ -337,9 +337,8 @@ grpc::ServerWriteReactor<v1::AttachEvent>* RuntimeService::Attach(
   // the call.
   auto binding = std::make_unique<TokenBoundCall>(authenticator_, context);
   CallLog::NoteSession(context, request->session());
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->GetForCaller(request->session(), binding->caller(),
-                              SessionRoutingKeyOf(context));
+  absl::StatusOr<std::shared_ptr<Session>> session = sessions_->GetForCaller(
+      request->session(), binding->caller(), SessionRoutingKeyOf(context));
   absl::StatusOr<SessionSlot> slot =
       session.ok() ? (*session)->TakeAttachSlot()
                    : absl::StatusOr<SessionSlot>(session.status());
@@ -518,10 +517,10 @@ grpc::ServerUnaryReactor* RuntimeService::WriteValues(
   absl::StatusOr<std::string> bytes =
       EncodeWriteValues(*request, limits_.max_values);
   if (!bytes.ok()) return Reply(context, bytes.status());
-  absl::StatusOr<TransferTarget> target = ResolveTransfer(
-      request->session(), request->buffer(), request->offset(), bytes->size(),
-      request->stream(), "values", Caller(context),
-      SessionRoutingKeyOf(context));
+  absl::StatusOr<TransferTarget> target =
+      ResolveTransfer(request->session(), request->buffer(), request->offset(),
+                      bytes->size(), request->stream(), "values",
+                      Caller(context), SessionRoutingKeyOf(context));
   if (!target.ok()) return Reply(context, target.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Reached, the stream runs nothing else, so its device stream is ours

@@ -16,11 +16,11 @@
 #include "devices/device.h"
 #include "proto/opserver.grpc.pb.h"
 #include "server/auth.h"
-#include "server/routing_key.h"
-#include "server/call_log.h"
 #include "server/byte_range.h"  // CheckRange, for the services
+#include "server/call_log.h"
 #include "server/data_listener.h"
 #include "server/event.h"
+#include "server/routing_key.h"
 #include "server/session.h"
 #include "server/work_pool.h"
 

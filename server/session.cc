@@ -774,7 +774,9 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
         absl::StrCat("cannot start the session's stream thread: ", e.what()));
   }
   session->set_metrics(metrics_);
-  if (routing_key.has_value()) session->set_routing_key(*std::move(routing_key));
+  if (routing_key.has_value()) {
+    session->set_routing_key(*std::move(routing_key));
+  }
   ++tenant->sessions;
   sessions_[id] = session;
   return session;

@@ -394,8 +394,8 @@ TEST(SessionManagerRoutingTest, CallsMustCarryTheSessionsKeyOrNone) {
 TEST(SessionManagerRoutingTest, MalformedKeyAtCreateIsInvalidArgument) {
   FakeDevice device;
   SessionManager manager(&device, SessionLimits());
-  for (const std::string& bad : {std::string(), std::string("abc"),
-                                 std::string(32, 'G')}) {
+  for (const std::string& bad :
+       {std::string(), std::string("abc"), std::string(32, 'G')}) {
     absl::StatusOr<std::shared_ptr<Session>> session =
         manager.Create("client", "owner", 0, bad);
     EXPECT_EQ(session.status(), CheckSessionRoutingKey(bad));
