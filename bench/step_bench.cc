@@ -30,6 +30,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "acl/acl.h"
 #include "aclnn/acl_meta.h"
@@ -500,6 +501,87 @@ Result RunConfiguration(const std::string& path, const std::string& address,
   return result;
 }
 
+// A 256 MiB aclrtMemcpy each way through the C API on `address`: the
+// median of 3 after one warm-up, in ms, the bytes checked after each.
+struct CopyTimes {
+  double upload_ms = 0;
+  double download_ms = 0;
+};
+CopyTimes BigCopies(const std::string& address) {
+  constexpr size_t kBytes = 256ull << 20;
+  setenv("OPSERVER_ADDRESS", address.c_str(), 1);
+  setenv("OPSERVER_PIPELINE", "1", 1);
+  CHECK_ACL(aclInit(nullptr));
+  CHECK_ACL(aclrtSetDevice(0));
+  void* device = DeviceAlloc(kBytes);
+  std::vector<char> host(kBytes);
+  for (size_t i = 0; i < kBytes; ++i) host[i] = static_cast<char>(i * 131);
+  std::vector<char> back(kBytes);
+  std::vector<double> up, down;
+  for (int i = 0; i < 4; ++i) {
+    const Clock::time_point start = Clock::now();
+    Upload(device, host.data(), kBytes);
+    const Clock::time_point uploaded = Clock::now();
+    CHECK_ACL(aclrtMemcpy(back.data(), kBytes, device, kBytes,
+                          ACL_MEMCPY_DEVICE_TO_HOST));
+    const Clock::time_point downloaded = Clock::now();
+    if (back != host) Die("256 MiB copy: the bytes came back different");
+    if (i > 0) {
+      up.push_back(Micros(uploaded - start) / 1000);
+      down.push_back(Micros(downloaded - uploaded) / 1000);
+    }
+  }
+  CHECK_ACL(aclrtFree(device));
+  CHECK_ACL(aclrtResetDevice(0));
+  CHECK_ACL(aclFinalize());
+  return {Median(up), Median(down)};
+}
+
+// --addresses=NAME=HOST:PORT,...: the pipelined step (all five operators in
+// turn) and a 256 MiB copy each way against each named server, the
+// addresses alternating, `rounds` rounds: e.g. an opserver directly and
+// the same through a proxy (bench/haproxy_bench.sh). The environment
+// (OPSERVER_DATA_PATH, ...) applies as to any C API program.
+int AddressesMain(const std::string& spec, int rounds) {
+  std::vector<std::pair<std::string, std::string>> targets;
+  for (absl::string_view item : absl::StrSplit(spec, ',')) {
+    std::pair<std::string, std::string> named = absl::StrSplit(item, '=');
+    if (named.first.empty() || named.second.empty()) {
+      Die(absl::StrCat("--addresses: \"", item, "\" is not NAME=HOST:PORT"));
+    }
+    targets.push_back(std::move(named));
+  }
+  const Inputs inputs = MakeInputs();
+  const std::vector<float> expected = HostChain(inputs);
+  const char* data_path = std::getenv("OPSERVER_DATA_PATH");
+  std::printf(
+      "step_bench --addresses: %d dependent operators on %lld-element fp32 "
+      "tensors per step, pipelined, median of %d steps after %d warm-up; "
+      "256 MiB aclrtMemcpy each way, median of 3 after 1 warm-up; "
+      "OPSERVER_DATA_PATH=%s; %d rounds, addresses alternating.\n\n",
+      kOps, static_cast<long long>(kElements), kSteps, kWarmupSteps,
+      data_path == nullptr ? "(unset: on)" : data_path, rounds);
+  std::printf("%-10s %-6s %9s %9s %9s %11s %11s %9s %9s\n", "address", "round",
+              "RTT us", "step ms", "us/op", "upload ms", "download ms",
+              "up MB/s", "down MB/s");
+  for (int round = 0; round < rounds; ++round) {
+    for (const auto& [name, address] : targets) {
+      const Result step =
+          RunConfiguration(name, address, "1", inputs, expected);
+      const CopyTimes copies = BigCopies(address);
+      const double mb = (256ull << 20) / 1e6;
+      std::printf("%-10s %-6d %9.1f %9.2f %9.1f %11.1f %11.1f %9.0f %9.0f\n",
+                  name.c_str(), round + 1, step.round_trip_us,
+                  step.step_median_us / 1000, step.step_median_us / kOps,
+                  copies.upload_ms, copies.download_ms,
+                  mb / (copies.upload_ms / 1000),
+                  mb / (copies.download_ms / 1000));
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 // --chain=OPSERVER,LIBACLNN_REMOTE: the step against the Ascend device over
 // the chain (a front opserver on --device=ascend with libaclnn_remote.so as
 // its CANN, backed by a CPU opserver) and against that backend directly,
@@ -744,20 +826,24 @@ int Main() {
 
 int main(int argc, char** argv) {
   std::string chain;
+  std::string addresses;
   int rounds = 2;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--chain=", 0) == 0) {
       chain = arg.substr(strlen("--chain="));
+    } else if (arg.rfind("--addresses=", 0) == 0) {
+      addresses = arg.substr(strlen("--addresses="));
     } else if (arg.rfind("--rounds=", 0) == 0) {
       rounds = std::max(1, std::atoi(arg.c_str() + strlen("--rounds=")));
     } else {
       std::fprintf(stderr,
-                   "usage: step_bench [--chain=OPSERVER,LIBACLNN_REMOTE "
-                   "[--rounds=N]]\n");
+                   "usage: step_bench [--chain=OPSERVER,LIBACLNN_REMOTE | "
+                   "--addresses=NAME=HOST:PORT,...] [--rounds=N]\n");
       return 2;
     }
   }
   if (!chain.empty()) return opserver::ChainMain(chain, rounds);
+  if (!addresses.empty()) return opserver::AddressesMain(addresses, rounds);
   return opserver::Main();
 }

@@ -183,6 +183,8 @@ aclError aclrtGetMemInfo(aclrtMemAttr attr, size_t* free, size_t* total) {
   opserver::v1::ServerStats stats;
   grpc::ClientContext context;
   pinned->client->SetDeadline(&context);
+  // Routed as the session is: behind a proxy, the stats of its server.
+  pinned->session->Route(&context);
   grpc::Status status = pinned->client->runtime().GetServerStats(
       &context, opserver::v1::GetServerStatsRequest(), &stats);
   if (!status.ok()) {

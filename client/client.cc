@@ -21,6 +21,7 @@
 #include "common/listen_address.h"
 #include "common/malloc_tuning.h"
 #include "common/op_call.h"
+#include "common/session_routing.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/validate.h"
@@ -67,14 +68,18 @@ v1::Operators::Stub& StubOf(Client& client, v1::Operators::Stub*) {
 // deadline (`wait`: ConnectOptions::wait_timeout, for calls that wait for
 // device work) and the token, the call, and its status through
 // FromGrpcStatus with `what` naming the call.
+// `routing_key` (empty: none) is sent as the session's routing key.
 template <typename Stub, typename Request, typename Response>
-absl::Status Unary(Client& client,
+absl::Status Unary(Client& client, const std::string& routing_key,
                    grpc::Status (Stub::*method)(grpc::ClientContext*,
                                                 const Request&, Response*),
                    const Request& request, Response* response,
                    absl::string_view what, bool wait = false,
                    std::optional<absl::Duration> within = std::nullopt) {
   grpc::ClientContext context;
+  if (!routing_key.empty()) {
+    context.AddMetadata(kSessionRoutingHeader, routing_key);
+  }
   if (within.has_value()) {
     // A caller's own time-out (aclrtSynchronizeEventWithTimeout).
     context.set_deadline(absl::ToChronoTime(absl::Now() + *within));
@@ -339,7 +344,7 @@ void Client::Authorize(grpc::ClientContext* context) const {
 absl::StatusOr<v1::GetDeviceInfoResponse> Client::GetDeviceInfo() {
   v1::GetDeviceInfoResponse response;
   absl::Status status =
-      Unary(*this, &v1::Runtime::Stub::GetDeviceInfo,
+      Unary(*this, std::string(), &v1::Runtime::Stub::GetDeviceInfo,
             v1::GetDeviceInfoRequest(), &response, "GetDeviceInfo");
   if (!status.ok()) return status;
   return response;
@@ -361,7 +366,7 @@ absl::StatusOr<std::string> Client::CheckHealth(const std::string& service) {
 absl::StatusOr<v1::ListOperatorsResponse> Client::ListOperators() {
   v1::ListOperatorsResponse response;
   absl::Status status =
-      Unary(*this, &v1::Operators::Stub::ListOperators,
+      Unary(*this, std::string(), &v1::Operators::Stub::ListOperators,
             v1::ListOperatorsRequest(), &response, "ListOperators");
   if (!status.ok()) return status;
   return response;
@@ -390,15 +395,20 @@ absl::StatusOr<std::unique_ptr<Session>> Client::CreateSession(
   request.set_client_name(client_name);
   request.set_device(device);
   v1::CreateSessionResponse response;
-  absl::Status status = Unary(*this, &v1::Runtime::Stub::CreateSession, request,
-                              &response, "CreateSession");
+  // Chosen before the call, so CreateSession is routed like the rest.
+  std::string routing_key = NewSessionRoutingKey();
+  absl::Status status =
+      Unary(*this, routing_key, &v1::Runtime::Stub::CreateSession, request,
+            &response, "CreateSession");
   if (!status.ok()) return status;
-  std::unique_ptr<Session> session(new Session(this, response.session()));
+  std::unique_ptr<Session> session(
+      new Session(this, response.session(), std::move(routing_key)));
   session->device_ = device;
   if (attach) session->StartAttach();
   if (options_.pipeline) {
     absl::StatusOr<std::unique_ptr<CommandChannel>> channel =
-        CommandChannel::Open(*this, session->token(), options_.pipeline_window);
+        CommandChannel::Open(*this, session->token(), session->routing_key(),
+                             options_.pipeline_window);
     if (channel.ok()) {
       session->channel_ = *std::move(channel);
     } else if (!absl::IsUnimplemented(channel.status())) {
@@ -543,14 +553,21 @@ absl::Status Executor::Destroy() {
 
 // ---------------------------------------------------------------- Session
 
-Session::Session(Client* client, std::string token)
-    : client_(client), token_(std::move(token)) {}
+Session::Session(Client* client, std::string token, std::string routing_key)
+    : client_(client),
+      token_(std::move(token)),
+      routing_key_(std::move(routing_key)) {}
+
+void Session::Route(grpc::ClientContext* context) const {
+  context->AddMetadata(kSessionRoutingHeader, routing_key_);
+}
 
 Session::~Session() { Close().IgnoreError(); }
 
 void Session::StartAttach() {
   attach_context_ = std::make_unique<grpc::ClientContext>();
   client_->Authorize(attach_context_.get());  // No deadline: it lasts.
+  Route(attach_context_.get());
   v1::AttachRequest request;
   request.set_session(token_);
   // Read on a background thread until the server ends the call or Close()
@@ -602,8 +619,9 @@ absl::Status Session::Close() {
   v1::CloseSessionRequest request;
   request.set_session(token_);
   v1::CloseSessionResponse response;
-  absl::Status status = Unary(*client_, &v1::Runtime::Stub::CloseSession,
-                              request, &response, "CloseSession");
+  absl::Status status =
+      Unary(*client_, routing_key_, &v1::Runtime::Stub::CloseSession, request,
+            &response, "CloseSession");
   if (attach_context_ != nullptr) {
     attach_context_->TryCancel();
     attach_thread_.join();
@@ -665,8 +683,9 @@ absl::StatusOr<v1::SessionStats> Session::Stats() {
   v1::GetSessionStatsRequest request;
   request.set_session(token_);
   v1::SessionStats response;
-  absl::Status status = Unary(*client_, &v1::Runtime::Stub::GetSessionStats,
-                              request, &response, "GetSessionStats");
+  absl::Status status =
+      Unary(*client_, routing_key_, &v1::Runtime::Stub::GetSessionStats,
+            request, &response, "GetSessionStats");
   if (!status.ok()) return status;
   return response;
 }
@@ -678,7 +697,8 @@ absl::StatusOr<DeviceBuffer> Session::Malloc(uint64_t size) {
   request.set_size(size);
   v1::MallocResponse response;
   absl::Status status =
-      Unary(*client_, &v1::Runtime::Stub::Malloc, request, &response, "Malloc");
+      Unary(*client_, routing_key_, &v1::Runtime::Stub::Malloc, request,
+            &response, "Malloc");
   if (!status.ok()) return status;
   if (channel_ != nullptr) {
     absl::MutexLock lock(&handles_mu_);
@@ -703,7 +723,8 @@ absl::Status Session::FreeBuffer(uint64_t buffer) {
   request.set_session(token_);
   request.set_buffer(buffer);
   v1::FreeResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::Free, request, &response, "Free");
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::Free, request,
+               &response, "Free");
 }
 
 absl::StatusOr<Stream> Session::CreateStream() {
@@ -711,8 +732,9 @@ absl::StatusOr<Stream> Session::CreateStream() {
   v1::CreateStreamRequest request;
   request.set_session(token_);
   v1::CreateStreamResponse response;
-  absl::Status status = Unary(*client_, &v1::Runtime::Stub::CreateStream,
-                              request, &response, "CreateStream");
+  absl::Status status =
+      Unary(*client_, routing_key_, &v1::Runtime::Stub::CreateStream, request,
+            &response, "CreateStream");
   if (!status.ok()) return status;
   if (channel_ != nullptr) {
     absl::MutexLock lock(&handles_mu_);
@@ -741,8 +763,8 @@ absl::Status Session::DestroyStream(uint64_t stream) {
   request.set_session(token_);
   request.set_stream(stream);
   v1::DestroyStreamResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::DestroyStream, request, &response,
-               "DestroyStream", /*wait=*/true);
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::DestroyStream,
+               request, &response, "DestroyStream", /*wait=*/true);
 }
 
 absl::Status Session::Synchronize(uint64_t stream) {
@@ -761,8 +783,9 @@ absl::Status Session::Synchronize(uint64_t stream) {
     request.set_session(token_);
     request.set_stream(stream);
     v1::SynchronizeStreamResponse response;
-    status = Unary(*client_, &v1::Runtime::Stub::SynchronizeStream, request,
-                   &response, "SynchronizeStream", /*wait=*/true);
+    status =
+        Unary(*client_, routing_key_, &v1::Runtime::Stub::SynchronizeStream,
+              request, &response, "SynchronizeStream", /*wait=*/true);
   }
   if (status.ok()) NoteIdle(stream, issued);
   return status;
@@ -856,8 +879,8 @@ absl::Status Session::SynchronizeEventFor(uint64_t event,
   request.set_session(token_);
   request.set_event(event);
   v1::SynchronizeEventResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::SynchronizeEvent, request,
-               &response, "SynchronizeEvent", /*wait=*/true, timeout);
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::SynchronizeEvent,
+               request, &response, "SynchronizeEvent", /*wait=*/true, timeout);
 }
 
 absl::Status Session::CheckLocalRange(uint64_t buffer, uint64_t offset,
@@ -952,8 +975,8 @@ absl::Status Session::WriteValues(uint64_t buffer, uint64_t offset,
   request.set_stream(stream);
   request.mutable_values()->Add(values.begin(), values.end());
   v1::WriteValuesResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::WriteValues, request, &response,
-               "WriteValues");
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::WriteValues, request,
+               &response, "WriteValues");
 }
 
 absl::StatusOr<std::vector<double>> Session::ReadValues(uint64_t buffer,
@@ -972,8 +995,9 @@ absl::StatusOr<std::vector<double>> Session::ReadValues(uint64_t buffer,
   request.set_count(count);
   request.set_stream(stream);
   v1::ReadValuesResponse response;
-  absl::Status status = Unary(*client_, &v1::Runtime::Stub::ReadValues, request,
-                              &response, "ReadValues");
+  absl::Status status =
+      Unary(*client_, routing_key_, &v1::Runtime::Stub::ReadValues, request,
+            &response, "ReadValues");
   if (!status.ok()) return status;
   // Callers index the values by what they asked for: a server's other
   // count would have them read past the end, or see too few.
@@ -1003,8 +1027,8 @@ absl::StatusOr<Executor> Session::GetWorkspaceSize(
   if (absl::Status s = Ordered(); !s.ok()) return s;
   v1::GetWorkspaceSizeResponse response;
   absl::Status status =
-      Unary(*client_, &v1::Operators::Stub::GetWorkspaceSize, request,
-            &response, absl::StrCat(op, " GetWorkspaceSize"));
+      Unary(*client_, routing_key_, &v1::Operators::Stub::GetWorkspaceSize,
+            request, &response, absl::StrCat(op, " GetWorkspaceSize"));
   if (!status.ok()) return status;
   return Executor(this, response.executor(), response.workspace_size());
 }
@@ -1102,8 +1126,8 @@ absl::Status Session::ExecuteHandle(uint64_t executor, uint64_t stream,
   if (absl::Status s = Ordered(); !s.ok()) return s;
   request.set_session(token_);
   v1::ExecuteResponse response;
-  return Unary(*client_, &v1::Operators::Stub::Execute, request, &response,
-               "Execute");
+  return Unary(*client_, routing_key_, &v1::Operators::Stub::Execute, request,
+               &response, "Execute");
 }
 
 absl::Status Session::SetExecutorRepeatable(uint64_t executor) {
@@ -1129,8 +1153,9 @@ absl::Status Session::SetExecutorRepeatable(uint64_t executor) {
   request.set_session(token_);
   request.set_executor(executor);
   v1::SetExecutorRepeatableResponse response;
-  return Unary(*client_, &v1::Operators::Stub::SetExecutorRepeatable, request,
-               &response, "SetExecutorRepeatable");
+  return Unary(*client_, routing_key_,
+               &v1::Operators::Stub::SetExecutorRepeatable, request, &response,
+               "SetExecutorRepeatable");
 }
 
 absl::Status Session::DestroyExecutor(uint64_t executor) {
@@ -1154,8 +1179,8 @@ absl::Status Session::DestroyExecutor(uint64_t executor) {
   request.set_session(token_);
   request.set_executor(executor);
   v1::DestroyExecutorResponse response;
-  return Unary(*client_, &v1::Operators::Stub::DestroyExecutor, request,
-               &response, "DestroyExecutor");
+  return Unary(*client_, routing_key_, &v1::Operators::Stub::DestroyExecutor,
+               request, &response, "DestroyExecutor");
 }
 
 // ------------------------------------------------- memory ops and events
@@ -1179,8 +1204,8 @@ absl::Status Session::Memset(uint64_t buffer, uint64_t offset, uint64_t size,
   }
   request.set_session(token_);
   v1::MemsetResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::Memset, request, &response,
-               "Memset");
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::Memset, request,
+               &response, "Memset");
 }
 
 absl::Status Session::CopyOnDevice(uint64_t dst_buffer, uint64_t dst_offset,
@@ -1210,8 +1235,8 @@ absl::Status Session::CopyOnDevice(uint64_t dst_buffer, uint64_t dst_offset,
   }
   request.set_session(token_);
   v1::CopyDeviceToDeviceResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::CopyDeviceToDevice, request,
-               &response, "CopyDeviceToDevice");
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::CopyDeviceToDevice,
+               request, &response, "CopyDeviceToDevice");
 }
 
 absl::Status Session::CheckLocalEvent(absl::string_view what, uint64_t event,
@@ -1251,8 +1276,9 @@ absl::StatusOr<uint64_t> Session::CreateEvent(uint32_t flags) {
   request.set_session(token_);
   request.set_flags(flags);
   v1::CreateEventResponse response;
-  absl::Status status = Unary(*client_, &v1::Runtime::Stub::CreateEvent,
-                              request, &response, "CreateEvent");
+  absl::Status status =
+      Unary(*client_, routing_key_, &v1::Runtime::Stub::CreateEvent, request,
+            &response, "CreateEvent");
   if (!status.ok()) return status;
   return response.event();
 }
@@ -1273,8 +1299,8 @@ absl::Status Session::DestroyEvent(uint64_t event) {
   request.set_session(token_);
   request.set_event(event);
   v1::DestroyEventResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::DestroyEvent, request, &response,
-               "DestroyEvent");
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::DestroyEvent,
+               request, &response, "DestroyEvent");
 }
 
 absl::Status Session::RecordEvent(uint64_t event, uint64_t stream) {
@@ -1292,8 +1318,8 @@ absl::Status Session::RecordEvent(uint64_t event, uint64_t stream) {
   }
   request.set_session(token_);
   v1::RecordEventResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::RecordEvent, request, &response,
-               "RecordEvent");
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::RecordEvent, request,
+               &response, "RecordEvent");
 }
 
 absl::Status Session::StreamWaitEvent(uint64_t stream, uint64_t event) {
@@ -1311,8 +1337,8 @@ absl::Status Session::StreamWaitEvent(uint64_t stream, uint64_t event) {
   }
   request.set_session(token_);
   v1::StreamWaitEventResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::StreamWaitEvent, request,
-               &response, "StreamWaitEvent");
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::StreamWaitEvent,
+               request, &response, "StreamWaitEvent");
 }
 
 absl::Status Session::ResetEvent(uint64_t event, uint64_t stream) {
@@ -1330,8 +1356,8 @@ absl::Status Session::ResetEvent(uint64_t event, uint64_t stream) {
   }
   request.set_session(token_);
   v1::ResetEventResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::ResetEvent, request, &response,
-               "ResetEvent");
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::ResetEvent, request,
+               &response, "ResetEvent");
 }
 
 absl::StatusOr<bool> Session::QueryEvent(uint64_t event) {
@@ -1341,8 +1367,9 @@ absl::StatusOr<bool> Session::QueryEvent(uint64_t event) {
   request.set_session(token_);
   request.set_event(event);
   v1::QueryEventResponse response;
-  absl::Status status = Unary(*client_, &v1::Runtime::Stub::QueryEvent, request,
-                              &response, "QueryEvent");
+  absl::Status status =
+      Unary(*client_, routing_key_, &v1::Runtime::Stub::QueryEvent, request,
+            &response, "QueryEvent");
   if (!status.ok()) return status;
   return response.complete();
 }
@@ -1360,8 +1387,8 @@ absl::Status Session::SynchronizeEvent(uint64_t event) {
   request.set_session(token_);
   request.set_event(event);
   v1::SynchronizeEventResponse response;
-  return Unary(*client_, &v1::Runtime::Stub::SynchronizeEvent, request,
-               &response, "SynchronizeEvent", /*wait=*/true);
+  return Unary(*client_, routing_key_, &v1::Runtime::Stub::SynchronizeEvent,
+               request, &response, "SynchronizeEvent", /*wait=*/true);
 }
 
 absl::StatusOr<float> Session::EventElapsedMs(uint64_t start, uint64_t end) {
@@ -1371,8 +1398,9 @@ absl::StatusOr<float> Session::EventElapsedMs(uint64_t start, uint64_t end) {
   request.set_start(start);
   request.set_end(end);
   v1::EventElapsedTimeResponse response;
-  absl::Status status = Unary(*client_, &v1::Runtime::Stub::EventElapsedTime,
-                              request, &response, "EventElapsedTime");
+  absl::Status status =
+      Unary(*client_, routing_key_, &v1::Runtime::Stub::EventElapsedTime,
+            request, &response, "EventElapsedTime");
   if (!status.ok()) return status;
   return response.ms();
 }

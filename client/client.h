@@ -368,6 +368,13 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   const std::string& token() const { return token_; }
+  // The session's routing key (common/session_routing.h): chosen here
+  // before CreateSession and sent with every call made for the session, so
+  // a proxy in front of several servers keeps them on one.
+  const std::string& routing_key() const { return routing_key_; }
+  // Adds the routing key to `context` (for calls made on the session
+  // outside this class, e.g. the C API's GetServerStats).
+  void Route(grpc::ClientContext* context) const;
   Client& client() { return *client_; }
   // The device the session was created on (Client::CreateSession).
   uint32_t device() const { return device_; }
@@ -546,7 +553,7 @@ class Session {
 
  private:
   friend class Client;
-  Session(Client* client, std::string token);
+  Session(Client* client, std::string token, std::string routing_key);
   friend class PendingRead;
   void StartAttach();
   // NOT_FOUND / OUT_OF_RANGE unless buffer[offset, offset + size) is in a
@@ -607,6 +614,7 @@ class Session {
 
   Client* const client_;
   const std::string token_;
+  const std::string routing_key_;
   // Set by Client::CreateSession once, before the session is handed out.
   uint32_t device_ = 0;
   mutable absl::Mutex mu_;

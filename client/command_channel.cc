@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "common/session_routing.h"
 #include "kernels/aclnn_status.h"
 
 namespace opserver {
@@ -60,11 +61,15 @@ CommandChannel::CommandChannel(Client& client, ChannelWindow window)
     : client_(client), window_(window) {}
 
 absl::StatusOr<std::unique_ptr<CommandChannel>> CommandChannel::Open(
-    Client& client, const std::string& session, ChannelWindow window) {
+    Client& client, const std::string& session, const std::string& routing_key,
+    ChannelWindow window) {
   window.commands = std::max<uint64_t>(window.commands, 1);
   window.batch_bytes = std::max<uint64_t>(window.batch_bytes, 1);
   std::unique_ptr<CommandChannel> channel(new CommandChannel(client, window));
   client.Authorize(&channel->context_);  // No deadline: the call lasts.
+  if (!routing_key.empty()) {
+    channel->context_.AddMetadata(kSessionRoutingHeader, routing_key);
+  }
   channel->stream_ = client.operators().Pipeline(&channel->context_);
   v1::PipelineRequest open;
   open.set_session(session);

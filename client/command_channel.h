@@ -57,9 +57,11 @@ class CommandChannel {
  public:
   // Opens the channel on `session` and waits (up to the client's call
   // timeout) for the server to accept it. UNIMPLEMENTED from a server
-  // without the Pipeline RPC.
+  // without the Pipeline RPC. `routing_key` (empty: none) is sent as the
+  // session's routing key (common/session_routing.h).
   static absl::StatusOr<std::unique_ptr<CommandChannel>> Open(
-      Client& client, const std::string& session, ChannelWindow window);
+      Client& client, const std::string& session,
+      const std::string& routing_key, ChannelWindow window);
   // Ends the call; commands not yet acknowledged may be lost (Drain first).
   ~CommandChannel();
 

@@ -187,6 +187,7 @@ std::optional<absl::Status> Session::DataPathTransfer(bool upload,
   }
   grpc::ClientContext context;
   client_->SetWaitDeadline(&context);
+  Route(&context);
   v1::OpenDataTransferRequest request;
   request.set_session(token_);
   request.set_buffer(buffer);
@@ -358,6 +359,7 @@ absl::Status Session::UploadCall(grpc::Channel* channel, uint64_t buffer,
   {
     grpc::ClientContext context;
     client_->SetWaitDeadline(&context);
+    Route(&context);
     grpc::ByteBuffer response;
     // Each message is an UploadRequest serialized by hand: a few header
     // bytes plus a slice pointing into `data`, so the client copies nothing
@@ -428,6 +430,7 @@ absl::Status Session::DownloadCall(grpc::Channel* channel, uint64_t buffer,
                                    uint64_t stream) {
   grpc::ClientContext context;
   client_->SetWaitDeadline(&context);
+  Route(&context);
   v1::DownloadRequest request;
   request.set_session(token_);
   request.set_buffer(buffer);

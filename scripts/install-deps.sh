@@ -29,6 +29,7 @@ packages=(
   libclang-rt-14-dev     # libFuzzer + ASan/UBSan runtimes for clang-14
   pkgconf                # the C API's aclnn_remote.pc (package_test)
   python3-pip python3-setuptools python3-wheel  # `pip install ./python`
+  haproxy                # tests/haproxy_test: deploy/haproxy in front of two servers
 )
 
 missing=()

@@ -147,10 +147,11 @@ grpc::ServerUnaryReactor* OperatorService::GetWorkspaceSize(
   return Reply(context, absl::OkStatus());
 }
 
-absl::Status OperatorService::Launch(const v1::ExecuteRequest& request,
-                                     absl::string_view caller) {
+absl::Status OperatorService::Launch(
+    const v1::ExecuteRequest& request, absl::string_view caller,
+    std::optional<absl::string_view> routing_key) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request.session(), caller);
+      sessions_->Get(request.session(), caller, routing_key);
   if (!session.ok()) return session.status();
   return LaunchExecutor(request, **session);
 }
@@ -161,7 +162,8 @@ grpc::ServerUnaryReactor* OperatorService::Execute(
   CallLog::NoteSession(context, request->session());
   absl::StatusOr<std::string> caller = Caller(context);
   absl::Status status =
-      caller.ok() ? Launch(*request, *caller) : caller.status();
+      caller.ok() ? Launch(*request, *caller, SessionRoutingKeyOf(context))
+                  : caller.status();
   if (status.ok()) response->set_aclnn_status(kernels::kAclnnSuccess);
   return Reply(context, status);
 }
@@ -178,6 +180,7 @@ class OperatorService::Launcher final
       : service_(service),
         binding_(service->authenticator_, context),
         caller_(binding_.caller()),
+        routing_key_(SessionRoutingKeyOf(context)),
         max_pending_(std::max<size_t>(
             1, service->sessions_->limits().max_pending_replies)) {
     if (!caller_.ok()) {
@@ -198,7 +201,7 @@ class OperatorService::Launcher final
     absl::Status status =
         binding_.revoked()
             ? absl::UnauthenticatedError("the call's token was revoked")
-            : service_->Launch(request_, *caller_);
+            : service_->Launch(request_, *caller_, routing_key_);
     v1::ExecuteResponse response;
     response.set_executor(request_.executor());
     response.set_aclnn_status(kernels::GetAclnnStatus(status));
@@ -267,6 +270,7 @@ class OperatorService::Launcher final
   const TokenBoundCall binding_;  // Revoking the token ends the call.
   // Whose sessions the launches may name.
   const absl::StatusOr<std::string> caller_;
+  const std::optional<std::string> routing_key_;
   const size_t max_pending_;
   v1::ExecuteRequest request_;  // Touched only by the read chain.
   absl::Mutex mu_;
@@ -570,8 +574,8 @@ class OperatorService::Pipeliner final
   // The first batch opens the channel on its session.
   absl::Status OpenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     CallLog::NoteSession(context_, batch_->session());
-    absl::StatusOr<std::shared_ptr<Session>> session =
-        service_->sessions_->Get(batch_->session(), *caller_);
+    absl::StatusOr<std::shared_ptr<Session>> session = service_->sessions_->Get(
+        batch_->session(), *caller_, SessionRoutingKeyOf(context_));
     if (!session.ok()) return session.status();
     std::shared_ptr<Link> link = link_;
     absl::StatusOr<uint64_t> channel = (*session)->OpenChannel([link] {

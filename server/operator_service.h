@@ -3,12 +3,14 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "devices/device.h"
 #include "proto/opserver.grpc.pb.h"
 #include "server/auth.h"
 #include "server/call_log.h"
+#include "server/routing_key.h"
 #include "server/runtime_service.h"
 #include "server/session.h"
 #include "server/work_pool.h"
@@ -82,9 +84,11 @@ class OperatorService final : public OperatorsBase {
 
   // Execute's work, shared by the unary and the streaming form: checks the
   // request, consumes a single-use executor and queues the launch.
-  // `caller` is the identity the session must belong to.
+  // `caller` is the identity the session must belong to, `routing_key`
+  // the call's (SessionManager::Get).
   absl::Status Launch(const v1::ExecuteRequest& request,
-                      absl::string_view caller);
+                      absl::string_view caller,
+                      std::optional<absl::string_view> routing_key);
 
   // Evaluate's work on a worker: parses `request`, computes, and writes the
   // EvaluateResponse to `response`.
@@ -97,11 +101,13 @@ class OperatorService final : public OperatorsBase {
       const grpc::ServerContextBase* context) const {
     return CallerIdentity(context, authenticator_);
   }
-  // Session `id` when the call's identity owns it.
+  // Session `id` when the call's identity owns it and the call's routing
+  // key, if it carries one, is the session's (SessionManager::Get).
   absl::StatusOr<std::shared_ptr<Session>> SessionOf(
       const grpc::ServerContextBase* context, absl::string_view id) const {
     CallLog::NoteSession(context, id);
-    return sessions_->GetForCaller(id, Caller(context));
+    return sessions_->GetForCaller(id, Caller(context),
+                                   SessionRoutingKeyOf(context));
   }
 
   Device* const device_;  // ListOperators'.

@@ -158,10 +158,11 @@ void RuntimeService::Shutdown() {
 absl::StatusOr<RuntimeService::TransferTarget> RuntimeService::ResolveTransfer(
     absl::string_view session, uint64_t buffer, uint64_t offset, uint64_t size,
     uint64_t stream, absl::string_view what,
-    const absl::StatusOr<std::string>& caller) {
+    const absl::StatusOr<std::string>& caller,
+    std::optional<absl::string_view> routing_key) {
   TransferTarget target;
   absl::StatusOr<std::shared_ptr<Session>> owner =
-      sessions_->GetForCaller(session, caller);
+      sessions_->GetForCaller(session, caller, routing_key);
   if (!owner.ok()) return owner.status();
   target.session = *std::move(owner);
   absl::StatusOr<std::shared_ptr<Buffer>> found =
@@ -295,7 +296,8 @@ grpc::ServerUnaryReactor* RuntimeService::CreateSession(
                      "use another server"));
   }
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Create(request->client_name(), *caller, request->device());
+      sessions_->Create(request->client_name(), *caller, request->device(),
+                        SessionRoutingKeyOf(context));
   if (!session.ok()) return Reply(context, session.status());
   response->set_session((*session)->id());
   response->set_idle_timeout_seconds(static_cast<uint32_t>(
@@ -312,9 +314,10 @@ grpc::ServerUnaryReactor* RuntimeService::CloseSession(
   absl::StatusOr<std::string> caller = Caller(context);
   if (!caller.ok()) return Reply(context, caller.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status status =
-      sessions_->Close(request->session(), *caller, "closed by the client",
-                       [reactor] { reactor->Finish(grpc::Status::OK); });
+  absl::Status status = sessions_->Close(
+      request->session(), *caller, "closed by the client",
+      [reactor] { reactor->Finish(grpc::Status::OK); },
+      SessionRoutingKeyOf(context));
   if (!status.ok()) {
     reactor->Finish(ToGrpcStatus(status, context));
     return reactor;
@@ -334,8 +337,8 @@ grpc::ServerWriteReactor<v1::AttachEvent>* RuntimeService::Attach(
   // the call.
   auto binding = std::make_unique<TokenBoundCall>(authenticator_, context);
   CallLog::NoteSession(context, request->session());
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->GetForCaller(request->session(), binding->caller());
+  absl::StatusOr<std::shared_ptr<Session>> session = sessions_->GetForCaller(
+      request->session(), binding->caller(), SessionRoutingKeyOf(context));
   absl::StatusOr<SessionSlot> slot =
       session.ok() ? (*session)->TakeAttachSlot()
                    : absl::StatusOr<SessionSlot>(session.status());
@@ -514,9 +517,10 @@ grpc::ServerUnaryReactor* RuntimeService::WriteValues(
   absl::StatusOr<std::string> bytes =
       EncodeWriteValues(*request, limits_.max_values);
   if (!bytes.ok()) return Reply(context, bytes.status());
-  absl::StatusOr<TransferTarget> target = ResolveTransfer(
-      request->session(), request->buffer(), request->offset(), bytes->size(),
-      request->stream(), "values", Caller(context));
+  absl::StatusOr<TransferTarget> target =
+      ResolveTransfer(request->session(), request->buffer(), request->offset(),
+                      bytes->size(), request->stream(), "values",
+                      Caller(context), SessionRoutingKeyOf(context));
   if (!target.ok()) return Reply(context, target.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Reached, the stream runs nothing else, so its device stream is ours
@@ -546,7 +550,8 @@ grpc::ServerUnaryReactor* RuntimeService::ReadValues(
   const uint64_t bytes = read->bytes;
   absl::StatusOr<TransferTarget> target =
       ResolveTransfer(request->session(), request->buffer(), request->offset(),
-                      bytes, request->stream(), "values", Caller(context));
+                      bytes, request->stream(), "values", Caller(context),
+                      SessionRoutingKeyOf(context));
   if (!target.ok()) return Reply(context, target.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   target->stream->WhenReached([context, reactor, response,

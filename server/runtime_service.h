@@ -16,10 +16,11 @@
 #include "devices/device.h"
 #include "proto/opserver.grpc.pb.h"
 #include "server/auth.h"
-#include "server/call_log.h"
 #include "server/byte_range.h"  // CheckRange, for the services
+#include "server/call_log.h"
 #include "server/data_listener.h"
 #include "server/event.h"
+#include "server/routing_key.h"
 #include "server/session.h"
 #include "server/work_pool.h"
 
@@ -223,7 +224,8 @@ class RuntimeService final : public RuntimeServiceBase {
   absl::StatusOr<TransferTarget> ResolveTransfer(
       absl::string_view session, uint64_t buffer, uint64_t offset,
       uint64_t size, uint64_t stream, absl::string_view what,
-      const absl::StatusOr<std::string>& caller);
+      const absl::StatusOr<std::string>& caller,
+      std::optional<absl::string_view> routing_key);
 
   void RemoveAttacher(Attacher* attacher);
 
@@ -245,11 +247,13 @@ class RuntimeService final : public RuntimeServiceBase {
       const grpc::ServerContextBase* context) const {
     return CallerIdentity(context, authenticator_);
   }
-  // Session `id` when the call's identity owns it.
+  // Session `id` when the call's identity owns it and the call's routing
+  // key, if it carries one, is the session's (SessionManager::Get).
   absl::StatusOr<std::shared_ptr<Session>> SessionOf(
       const grpc::ServerContextBase* context, absl::string_view id) const {
     CallLog::NoteSession(context, id);
-    return sessions_->GetForCaller(id, Caller(context));
+    return sessions_->GetForCaller(id, Caller(context),
+                                   SessionRoutingKeyOf(context));
   }
 
   // Registers a live Upload/Download (through the link by which it can be

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/session_routing.h"
 #include "common/thread_start.h"
 #include "kernels/aclnn_status.h"
 #include "server/log.h"
@@ -718,10 +719,16 @@ absl::StatusOr<Device*> SessionManager::FindDevice(uint32_t index) const {
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
-    std::string client_name, std::string owner, uint32_t device) {
+    std::string client_name, std::string owner, uint32_t device,
+    std::optional<std::string> routing_key) {
   // Checked before anything else: `device` comes from the wire.
   if (absl::StatusOr<Device*> d = FindDevice(device); !d.ok()) {
     return d.status();
+  }
+  if (routing_key.has_value()) {
+    if (absl::Status s = CheckSessionRoutingKey(*routing_key); !s.ok()) {
+      return s;
+    }
   }
   if (client_name.size() > kMaxClientNameBytes) {
     return absl::InvalidArgumentError(
@@ -767,20 +774,38 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
         absl::StrCat("cannot start the session's stream thread: ", e.what()));
   }
   session->set_metrics(metrics_);
+  if (routing_key.has_value()) {
+    session->set_routing_key(*std::move(routing_key));
+  }
   ++tenant->sessions;
   sessions_[id] = session;
   return session;
 }
 
+namespace {
+
+// Whether the listed session `found` (null: none) is the one a call by
+// `caller` carrying `routing_key` (if any) may use.
+bool Reachable(const Session* found, absl::string_view caller,
+               std::optional<absl::string_view> routing_key) {
+  if (found == nullptr || found->owner() != caller) return false;
+  return !routing_key.has_value() || found->routing_key() == *routing_key;
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Get(
-    absl::string_view id, absl::string_view caller) {
+    absl::string_view id, absl::string_view caller,
+    std::optional<absl::string_view> routing_key) {
   if (id.empty()) {
     return absl::InvalidArgumentError(
         "session is empty; open one with Runtime/CreateSession");
   }
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
-  if (it == sessions_.end() || it->second->owner() != caller) {
+  const Session* found = it == sessions_.end() ? nullptr : it->second.get();
+  if (!Reachable(found, caller, routing_key)) {
+    if (routing_key.has_value()) return SessionRoutingKeyNotFound(*routing_key);
     return absl::NotFoundError(
         absl::StrCat("no session ", Quoted(id),
                      " (closed, timed out after inactivity, or never opened)"));
@@ -804,15 +829,19 @@ std::shared_ptr<Session> SessionManager::UnlistLocked(
   return session;
 }
 
-absl::Status SessionManager::Close(absl::string_view id,
-                                   absl::string_view caller,
-                                   absl::string_view why,
-                                   std::function<void()> on_freed) {
+absl::Status SessionManager::Close(
+    absl::string_view id, absl::string_view caller, absl::string_view why,
+    std::function<void()> on_freed,
+    std::optional<absl::string_view> routing_key) {
   std::shared_ptr<Session> session;
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(id);
-    if (it == sessions_.end() || it->second->owner() != caller) {
+    const Session* found = it == sessions_.end() ? nullptr : it->second.get();
+    if (!Reachable(found, caller, routing_key)) {
+      if (routing_key.has_value()) {
+        return SessionRoutingKeyNotFound(*routing_key);
+      }
       return absl::NotFoundError(
           absl::StrCat("no session ", Quoted(id), " (already closed?)"));
     }

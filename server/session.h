@@ -223,6 +223,11 @@ class Session {
   // The server's metrics (null in tests that make sessions by hand).
   Metrics* metrics() const { return metrics_; }
   void set_metrics(Metrics* metrics) { metrics_ = metrics; }
+  // The routing key (common/session_routing.h) the session was created
+  // with; empty when CreateSession carried none. Set before the session is
+  // listed, never after.
+  const std::string& routing_key() const { return routing_key_; }
+  void set_routing_key(std::string key) { routing_key_ = std::move(key); }
   // The WorkPool owner of this session's heavy requests (Pipeline batches,
   // large Mallocs): they share one turn, whichever call made them.
   std::string work_owner() const { return absl::StrCat("session:", id_); }
@@ -353,6 +358,7 @@ class Session {
   const uint64_t serial_;
   const std::string client_name_;
   const std::string owner_;
+  std::string routing_key_;
   const std::shared_ptr<TenantUsage> tenant_;
   Device* const device_;
   const uint32_t device_index_;
@@ -449,29 +455,40 @@ class SessionManager {
   // A session on device `device` owned by `owner` (the caller's identity).
   // INVALID_ARGUMENT naming the device and the count when there is no such
   // device; RESOURCE_EXHAUSTED past --max_sessions or the owner's
-  // --max_sessions_per_tenant.
-  absl::StatusOr<std::shared_ptr<Session>> Create(std::string client_name,
-                                                  std::string owner,
-                                                  uint32_t device = 0);
+  // --max_sessions_per_tenant. `routing_key` (the call's
+  // x-opserver-session, when it has one) is remembered for Get and Close;
+  // INVALID_ARGUMENT when it is not a well-formed key.
+  absl::StatusOr<std::shared_ptr<Session>> Create(
+      std::string client_name, std::string owner, uint32_t device = 0,
+      std::optional<std::string> routing_key = std::nullopt);
   // NOT_FOUND for unknown, closed or timed-out sessions, and for another
   // owner's, with the same message: a stolen session name is useless to a
   // different identity, and probing reveals nothing. Marks it used.
-  absl::StatusOr<std::shared_ptr<Session>> Get(absl::string_view id,
-                                               absl::string_view caller);
+  // A call that carries a routing key (`routing_key`) gets NOT_FOUND
+  // naming that key (SessionRoutingKeyNotFound) instead, also when the
+  // session exists but was created with another key or none: the call was
+  // misrouted. Without one, the key is not checked (grpcurl, older
+  // clients).
+  absl::StatusOr<std::shared_ptr<Session>> Get(
+      absl::string_view id, absl::string_view caller,
+      std::optional<absl::string_view> routing_key = std::nullopt);
   // The same for a caller whose identity could not be resolved
   // (CallerIdentity's UNAUTHENTICATED): that error, as it is.
   absl::StatusOr<std::shared_ptr<Session>> GetForCaller(
-      absl::string_view id, const absl::StatusOr<std::string>& caller) {
+      absl::string_view id, const absl::StatusOr<std::string>& caller,
+      std::optional<absl::string_view> routing_key = std::nullopt) {
     if (!caller.ok()) return caller.status();
-    return Get(id, *caller);
+    return Get(id, *caller, routing_key);
   }
   // Ends the session if `caller` owns it (else NOT_FOUND as for an unknown
-  // one); `on_freed` (if given) runs on the teardown thread once its streams
-  // have drained and its memory is released, so a caller can report
-  // completion only when everything is gone.
-  absl::Status Close(absl::string_view id, absl::string_view caller,
-                     absl::string_view why,
-                     std::function<void()> on_freed = nullptr);
+  // one, and for a routing key as Get says); `on_freed` (if given) runs on
+  // the teardown thread once its streams have drained and its memory is
+  // released, so a caller can report completion only when everything is
+  // gone.
+  absl::Status Close(
+      absl::string_view id, absl::string_view caller, absl::string_view why,
+      std::function<void()> on_freed = nullptr,
+      std::optional<absl::string_view> routing_key = std::nullopt);
 
   // Drops the work queued on every session's streams (Session::CancelWork),
   // so calls waiting for it (synchronizes, fences, transfers behind it)

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/session_routing.h"
 #include "devices/testing/fake_device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -349,6 +350,58 @@ TEST(SessionManagerDevicesTest, DeviceOutOfRangeIsInvalidArgument) {
   SessionManager single(&device0, SessionLimits());
   EXPECT_THAT(single.Create("client", "owner", 1).status().message(),
               ::testing::HasSubstr("the server has 1 device (0)"));
+}
+
+// The routing key a session was created with (common/session_routing.h)
+// admits calls that carry it or none; another key, or a key for a session
+// created without one, is NOT_FOUND naming the call's key, not the session.
+TEST(SessionManagerRoutingTest, CallsMustCarryTheSessionsKeyOrNone) {
+  FakeDevice device;
+  SessionManager manager(&device, SessionLimits());
+  const std::string key(32, 'a');
+  const std::string other(32, 'b');
+  absl::StatusOr<std::shared_ptr<Session>> keyed =
+      manager.Create("keyed", "owner", 0, key);
+  ASSERT_TRUE(keyed.ok()) << keyed.status();
+  absl::StatusOr<std::shared_ptr<Session>> plain =
+      manager.Create("plain", "owner", 0);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const std::string id = (*keyed)->id();
+
+  EXPECT_TRUE(manager.Get(id, "owner", key).ok());
+  EXPECT_TRUE(manager.Get(id, "owner").ok());  // grpcurl, older clients.
+  EXPECT_TRUE(manager.Get((*plain)->id(), "owner").ok());
+  const std::string refused = SessionRoutingKeyNotFound(other).ToString();
+  EXPECT_EQ(manager.Get(id, "owner", other).status().ToString(), refused);
+  EXPECT_THAT(refused, ::testing::Not(::testing::HasSubstr(id)));
+  EXPECT_THAT(refused, ::testing::HasSubstr(
+                           "NOT_FOUND: no session with routing key " + other));
+  EXPECT_EQ(manager.Get((*plain)->id(), "owner", other).status().ToString(),
+            refused);
+  // Unknown here (the proxy sent it to the wrong server) and another
+  // owner's: the same answer.
+  EXPECT_EQ(manager.Get("0123", "owner", other).status().ToString(), refused);
+  EXPECT_EQ(manager.Get(id, "intruder", key).status(),
+            SessionRoutingKeyNotFound(key));
+  // Close is checked the same way, and a refused Close closes nothing.
+  EXPECT_EQ(manager.Close(id, "owner", "test", nullptr, other),
+            SessionRoutingKeyNotFound(other));
+  EXPECT_EQ(manager.session_count(), 2u);
+  EXPECT_TRUE(manager.Close(id, "owner", "test", nullptr, key).ok());
+  EXPECT_EQ(manager.session_count(), 1u);
+}
+
+TEST(SessionManagerRoutingTest, MalformedKeyAtCreateIsInvalidArgument) {
+  FakeDevice device;
+  SessionManager manager(&device, SessionLimits());
+  for (const std::string& bad :
+       {std::string(), std::string("abc"), std::string(32, 'G')}) {
+    absl::StatusOr<std::shared_ptr<Session>> session =
+        manager.Create("client", "owner", 0, bad);
+    EXPECT_EQ(session.status(), CheckSessionRoutingKey(bad));
+    EXPECT_EQ(session.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(manager.session_count(), 0u);
 }
 
 // A session's streams, the default one included, are its device's streams.

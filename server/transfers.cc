@@ -368,7 +368,8 @@ class RuntimeService::Uploader final
     CallLog::NoteSession(context_, header->session());
     absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
         header->session(), header->buffer(), header->offset(), header->size(),
-        header->stream(), "upload range", binding_.caller());
+        header->stream(), "upload range", binding_.caller(),
+        SessionRoutingKeyOf(context_));
     if (!target.ok()) return target.status();
     session_ = target->session;
     buffer_ = target->buffer;
@@ -500,7 +501,8 @@ class RuntimeService::Downloader final
     CallLog::NoteSession(context_, request.session());
     absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
         request.session(), request.buffer(), request.offset(), request.size(),
-        request.stream(), "download range", binding_.caller());
+        request.stream(), "download range", binding_.caller(),
+        SessionRoutingKeyOf(context_));
     if (!target.ok()) return target.status();
     session_ = target->session;
     buffer_ = target->buffer;
@@ -654,7 +656,7 @@ class RuntimeService::DataTransfer final
     absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
         request.session(), request.buffer(), request.offset(), request.size(),
         request.stream(), upload_ ? "upload range" : "download range",
-        binding_.caller());
+        binding_.caller(), SessionRoutingKeyOf(context_));
     if (!target.ok()) return target.status();
     std::shared_ptr<TransferLink> link = link_;
     // Runs on the listener's thread: hands the connection over under the

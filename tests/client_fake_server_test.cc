@@ -411,8 +411,8 @@ TEST_F(FakeServerTest, FenceResultsNotAwaitedEndTheChannel) {
   for (const bool unasked : {false, true}) {
     SCOPED_TRACE(unasked ? "a fence never sent" : "replayed results");
     operators_.unasked_fence = unasked;
-    auto channel =
-        remote::CommandChannel::Open(*client_, session_->token(), {});
+    auto channel = remote::CommandChannel::Open(*client_, session_->token(),
+                                                session_->routing_key(), {});
     ASSERT_TRUE(channel.ok()) << channel.status();
     int fenced = 0;
     absl::Status ended;

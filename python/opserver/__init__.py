@@ -315,6 +315,12 @@ class Session:
         return self._s.token
 
     @property
+    def routing_key(self):
+        """The key every call of this session carries as the metadata
+        x-opserver-session, for a proxy's session affinity (docs/pool.md)."""
+        return self._s.routing_key
+
+    @property
     def closed(self):
         return self._s.closed
 

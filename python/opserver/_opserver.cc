@@ -448,6 +448,8 @@ PYBIND11_MODULE(_opserver, m) {
       .def_property_readonly("token",
                              [](PySession& s) { return s.session->token(); })
       .def_property_readonly(
+          "routing_key", [](PySession& s) { return s.session->routing_key(); })
+      .def_property_readonly(
           "pipelined", [](PySession& s) { return s.session->pipelined(); })
       .def_property_readonly("closed", &PySession::Closed)
       .def("close",
