@@ -20,23 +20,25 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# An opserver on a free port; prints its HOST:PORT.
+# An opserver on a free port; sets `address` to its HOST:PORT. Not run in
+# a command substitution: its pid must reach `pids` in this shell.
 start_server() {
   local out=$tmp/server$1.out
   "$bin/server/opserver" --listen=127.0.0.1:0 --device_memory_bytes=2147483648 \
     >"$out" 2>"$tmp/server$1.err" &
   pids+=($!)
   for _ in $(seq 300); do
-    local a
-    a=$(sed -n 's/^listening on \(127\.0\.0\.1:[0-9]*\)$/\1/p' "$out")
-    if [[ -n $a ]]; then echo "$a"; return; fi
+    address=$(sed -n 's/^listening on \(127\.0\.0\.1:[0-9]*\)$/\1/p' "$out")
+    [[ -n $address ]] && return
     sleep 0.1
   done
   echo "opserver did not start: $(cat "$tmp/server$1.err")" >&2
   exit 1
 }
-s1=$(start_server 1)
-s2=$(start_server 2)
+start_server 1
+s1=$address
+start_server 2
+s2=$address
 front_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 OPSERVER_HAPROXY_BIND=127.0.0.1:$front_port OPSERVER_HAPROXY_ADMIN=$tmp/admin.sock \
 OPSERVER_BACKEND_1=$s1 OPSERVER_BACKEND_2=$s2 \
