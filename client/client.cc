@@ -1091,10 +1091,9 @@ absl::StatusOr<v1::PipelineCommand> Session::LaunchCommand(
   const uint64_t needed = it->second.workspace_size;
   if (needed > 0) {
     if (workspace_size < needed) {
-      return kernels::ParamInvalid(
-          absl::StrCat("Execute: workspaceSize ", workspace_size,
-                       " is smaller than the ", needed,
-                       " bytes GetWorkspaceSize reported"));
+      return kernels::ParamInvalid(absl::StrCat(
+          "Execute: workspaceSize ", workspace_size, " is smaller than the ",
+          needed, " bytes GetWorkspaceSize reported"));
     }
     auto buffer = buffer_sizes_.find(workspace);
     if (buffer == buffer_sizes_.end()) {
@@ -1106,10 +1105,10 @@ absl::StatusOr<v1::PipelineCommand> Session::LaunchCommand(
     }
     if (workspace_offset > buffer->second ||
         workspace_size > buffer->second - workspace_offset) {
-      return kernels::ParamInvalid(absl::StrCat(
-          "Execute: workspace: bytes [", workspace_offset, ", +",
-          workspace_size, ") run past the end of its buffer of ",
-          buffer->second, " bytes"));
+      return kernels::ParamInvalid(
+          absl::StrCat("Execute: workspace: bytes [", workspace_offset, ", +",
+                       workspace_size, ") run past the end of its buffer of ",
+                       buffer->second, " bytes"));
     }
   }
   if (!it->second.repeatable) executors_.erase(it);
@@ -1377,12 +1376,13 @@ absl::Status Session::CheckPipelined(absl::string_view what) const {
       what, ": graphs need a pipelined session (ConnectOptions::pipeline)"));
 }
 
-absl::StatusOr<v1::PipelineCommand> Session::MemsetCommand(
-    uint64_t buffer, uint64_t offset, uint64_t size, uint8_t value,
-    uint64_t stream) {
+absl::StatusOr<v1::PipelineCommand> Session::MemsetCommand(uint64_t buffer,
+                                                           uint64_t offset,
+                                                           uint64_t size,
+                                                           uint8_t value,
+                                                           uint64_t stream) {
   if (absl::Status s = CheckPipelined("Memset"); !s.ok()) return s;
-  if (absl::Status s = CheckLocalRange(buffer, offset, size, stream);
-      !s.ok()) {
+  if (absl::Status s = CheckLocalRange(buffer, offset, size, stream); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("Memset: ", s.message()));
   }
   v1::PipelineCommand command;
@@ -1420,9 +1420,11 @@ absl::StatusOr<v1::PipelineCommand> Session::CopyCommand(
   return command;
 }
 
-absl::StatusOr<v1::PipelineCommand> Session::WriteCommand(
-    uint64_t buffer, uint64_t offset, const void* data, uint64_t size,
-    uint64_t stream) {
+absl::StatusOr<v1::PipelineCommand> Session::WriteCommand(uint64_t buffer,
+                                                          uint64_t offset,
+                                                          const void* data,
+                                                          uint64_t size,
+                                                          uint64_t stream) {
   if (absl::Status s = CheckPipelined("WriteAsync"); !s.ok()) return s;
   if (size > kMaxPipelinedBytes) {
     return absl::InvalidArgumentError(
@@ -1496,10 +1498,10 @@ absl::StatusOr<uint64_t> Session::DefineGraph(
   define.set_graph(kClientExecutorBase);
   if (const uint64_t bytes = command.ByteSizeLong();
       bytes > kMaxGraphDefinitionBytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "DefineGraph: the definition takes ", bytes,
-        " bytes, over the limit of ", kMaxGraphDefinitionBytes,
-        " (fewer or smaller writes, or fewer tasks)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("DefineGraph: the definition takes ", bytes,
+                     " bytes, over the limit of ", kMaxGraphDefinitionBytes,
+                     " (fewer or smaller writes, or fewer tasks)"));
   }
   absl::MutexLock lock(&handles_mu_);
   const uint64_t id = next_executor_++;

@@ -74,18 +74,16 @@ std::string StreamName(uint64_t stream) {
 std::string DescribeLaunch(const v1::ExecuteRequest& launch,
                            const Executor& executor) {
   const kernels::OpCall& call = executor.plan->call();
-  const kernels::TensorView* out =
-      call.out.has_value() ? &*call.out : nullptr;
-  std::string shape =
-      out == nullptr
-          ? std::string("?")
-          : absl::StrCat(kernels::DTypeName(out->dtype), "[",
-                         absl::StrJoin(out->shape, ","), "]");
+  const kernels::TensorView* out = call.out.has_value() ? &*call.out : nullptr;
+  std::string shape = out == nullptr
+                          ? std::string("?")
+                          : absl::StrCat(kernels::DTypeName(out->dtype), "[",
+                                         absl::StrJoin(out->shape, ","), "]");
   std::string workspace =
       launch.workspace_size() == 0
           ? std::string()
-          : absl::StrCat(", workspace buffer ", launch.workspace_buffer(),
-                         " +", launch.workspace_offset(), " (",
+          : absl::StrCat(", workspace buffer ", launch.workspace_buffer(), " +",
+                         launch.workspace_offset(), " (",
                          launch.workspace_size(), " bytes)");
   return absl::StrCat("launch ", kernels::GetOpInfo(call.op).name, " ", shape,
                       " (executor ", launch.executor(), workspace, ", ",
@@ -184,22 +182,22 @@ class TaskBuilder {
     task.dst_offset = memset.offset();
     task.size = memset.size();
     task.value = static_cast<int>(memset.value());
-    task.line = absl::StrCat("memset buffer ", memset.buffer(), " [",
-                             memset.offset(), ", +", memset.size(), ") to ",
-                             memset.value(), " (", StreamName(memset.stream()),
-                             ")");
+    task.line =
+        absl::StrCat("memset buffer ", memset.buffer(), " [", memset.offset(),
+                     ", +", memset.size(), ") to ", memset.value(), " (",
+                     StreamName(memset.stream()), ")");
     return task;
   }
 
   absl::StatusOr<Graph::Task> Copy(const v1::CopyDeviceToDeviceRequest& copy) {
     if (absl::Status s = CheckStream(copy.stream()); !s.ok()) return s;
     absl::StatusOr<std::shared_ptr<Buffer>> src =
-        BufferRange(session_, copy.src_buffer(), copy.src_offset(),
-                    copy.size(), "copy source");
+        BufferRange(session_, copy.src_buffer(), copy.src_offset(), copy.size(),
+                    "copy source");
     if (!src.ok()) return src.status();
     absl::StatusOr<std::shared_ptr<Buffer>> dst =
-        BufferRange(session_, copy.dst_buffer(), copy.dst_offset(),
-                    copy.size(), "copy destination");
+        BufferRange(session_, copy.dst_buffer(), copy.dst_offset(), copy.size(),
+                    "copy destination");
     if (!dst.ok()) return dst.status();
     Graph::Task task;
     task.kind = TaskKind::kCopy;
@@ -208,11 +206,10 @@ class TaskBuilder {
     task.src_offset = copy.src_offset();
     task.dst_offset = copy.dst_offset();
     task.size = copy.size();
-    task.line = absl::StrCat("copy buffer ", copy.src_buffer(), " [",
-                             copy.src_offset(), ", +", copy.size(),
-                             ") to buffer ", copy.dst_buffer(), " at ",
-                             copy.dst_offset(), " (", StreamName(copy.stream()),
-                             ")");
+    task.line = absl::StrCat(
+        "copy buffer ", copy.src_buffer(), " [", copy.src_offset(), ", +",
+        copy.size(), ") to buffer ", copy.dst_buffer(), " at ",
+        copy.dst_offset(), " (", StreamName(copy.stream()), ")");
     return task;
   }
 
@@ -388,15 +385,16 @@ absl::Status DefineGraph(Session& session,
     absl::StatusOr<Graph::Task> task =
         builder.Build(define.tasks(static_cast<int>(i)));
     if (!task.ok()) {
-      return kernels::AclnnError(
-          kernels::GetAclnnStatus(task.status()), task.status().code(),
-          absl::StrCat("task ", i + 1, " of ", count, ": ",
-                       task.status().message()));
+      return kernels::AclnnError(kernels::GetAclnnStatus(task.status()),
+                                 task.status().code(),
+                                 absl::StrCat("task ", i + 1, " of ", count,
+                                              ": ", task.status().message()));
     }
     graph->tasks_.push_back(*std::move(task));
   }
   // The replay's steps, and every buffer once.
-  absl::flat_hash_map<const Buffer*, uint64_t> handles = session.BufferHandles();
+  absl::flat_hash_map<const Buffer*, uint64_t> handles =
+      session.BufferHandles();
   absl::flat_hash_map<const Buffer*, size_t> seen;
   auto use = [&](const std::shared_ptr<Buffer>& buffer, size_t task) {
     if (buffer == nullptr || !seen.emplace(buffer.get(), task).second) return;
@@ -413,10 +411,10 @@ absl::Status DefineGraph(Session& session,
         continue;
       }
       if (t.kind == TaskKind::kRecord) recorded.insert(t.event.get());
-      graph->steps_.push_back(
-          Graph::Step{t.kind == TaskKind::kRecord ? Graph::Step::Kind::kRecord
-                                                  : Graph::Step::Kind::kWait,
-                      i, i + 1});
+      graph->steps_.push_back(Graph::Step{t.kind == TaskKind::kRecord
+                                              ? Graph::Step::Kind::kRecord
+                                              : Graph::Step::Kind::kWait,
+                                          i, i + 1});
       continue;
     }
     if (graph->steps_.empty() ||
@@ -433,8 +431,8 @@ absl::Status DefineGraph(Session& session,
   }
   const uint64_t bytes =
       kGraphBytes + count * kGraphTaskBytes + builder.write_bytes();
-  absl::StatusOr<MemoryCharge> charge = session.ChargeMemory(
-      bytes, absl::StrCat("a graph of ", count, " tasks"));
+  absl::StatusOr<MemoryCharge> charge =
+      session.ChargeMemory(bytes, absl::StrCat("a graph of ", count, " tasks"));
   if (!charge.ok()) return charge.status();
   graph->charge_ = *std::move(charge);
   graph->metrics_ = session.metrics();

@@ -255,7 +255,8 @@ TEST_F(GraphTest, DefinitionDoesNotRunAndReplaysDo) {
   EXPECT_EQ(session_->Stats().graph_tasks, 1u);
   Apply({Replay(kId + 1)});
   EXPECT_TRUE(StreamError(3).ok()) << StreamError(3);
-  EXPECT_THAT(ReadFloats(*session_, s.out, 4), ElementsAre(0, 4.4f, 4.3f, 4.2f));
+  EXPECT_THAT(ReadFloats(*session_, s.out, 4),
+              ElementsAre(0, 4.4f, 4.3f, 4.2f));
   // Again, on another stream, after the output was poisoned again.
   const uint64_t other = *session_->CreateStream();
   Apply({Memset(s.out, 16, 0xff)});
@@ -263,7 +264,8 @@ TEST_F(GraphTest, DefinitionDoesNotRunAndReplaysDo) {
   EXPECT_THAT(ReadFloats(*session_, s.out, 4)[0], ::testing::IsNan());
   Apply({Replay(kId + 1, other)});
   EXPECT_TRUE(StreamError(5, other).ok());
-  EXPECT_THAT(ReadFloats(*session_, s.out, 4), ElementsAre(0, 4.4f, 4.3f, 4.2f));
+  EXPECT_THAT(ReadFloats(*session_, s.out, 4),
+              ElementsAre(0, 4.4f, 4.3f, 4.2f));
   absl::StatusOr<std::shared_ptr<Graph>> graph = session_->GetGraph(kId + 1);
   ASSERT_TRUE(graph.ok());
   EXPECT_EQ((*graph)->replays(), 2u);
@@ -351,16 +353,15 @@ TEST_F(GraphTest, GraphCountAndTaskLimits) {
   Apply({Define(kId + 2, {Memset(s.out, 4, 0)})});
   absl::Status error = SessionError(2);
   EXPECT_EQ(error.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(error.message(),
-              HasSubstr("the session has 2 graphs, the limit "
-                        "(--max_graphs_per_session)"));
+  EXPECT_THAT(error.message(), HasSubstr("the session has 2 graphs, the limit "
+                                         "(--max_graphs_per_session)"));
   // Destroyed, a graph stops counting.
   Apply({Destroy(kId)});
   EXPECT_TRUE(SessionError(3).ok());
   EXPECT_EQ(session_->Stats().graphs, 1u);
   // One task is held: three more do not fit, two do.
-  Apply({Define(kId + 3,
-                {Memset(s.out, 4, 0), Memset(s.out, 4, 0), Memset(s.out, 4, 0)})});
+  Apply({Define(kId + 3, {Memset(s.out, 4, 0), Memset(s.out, 4, 0),
+                          Memset(s.out, 4, 0)})});
   error = SessionError(4);
   EXPECT_EQ(error.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(error.message(),
@@ -435,8 +436,8 @@ TEST_F(GraphTest, AFailingTaskIsNamedAndTheRestOfTheReplayDoesNotRun) {
   const Step a = MakeStep();
   const Step b = MakeStep();
   const Step c = MakeStep();
-  Apply({Plan(kId, a.grad, a.self, a.out, 4), Plan(kId + 1, b.grad, b.self,
-                                                   b.out, 4),
+  Apply({Plan(kId, a.grad, a.self, a.out, 4),
+         Plan(kId + 1, b.grad, b.self, b.out, 4),
          Plan(kId + 2, c.grad, c.self, c.out, 4),
          Define(kId + 3, {Launch(kId), Launch(kId + 1), Launch(kId + 2)}),
          Replay(kId + 3)});
@@ -444,12 +445,14 @@ TEST_F(GraphTest, AFailingTaskIsNamedAndTheRestOfTheReplayDoesNotRun) {
   EXPECT_EQ(error.code(), absl::StatusCode::kInternal);
   EXPECT_EQ(error.message(),
             "replay of graph 4611686018427387907: task 2 of 3: injected");
-  EXPECT_THAT(ReadFloats(*session_, a.out, 4), ElementsAre(0, 4.4f, 4.3f, 4.2f));
+  EXPECT_THAT(ReadFloats(*session_, a.out, 4),
+              ElementsAre(0, 4.4f, 4.3f, 4.2f));
   EXPECT_THAT(ReadFloats(*session_, c.out, 4), ElementsAre(-1, -1, -1, -1));
   // The next replay runs whole.
   Apply({Replay(kId + 3)});
   EXPECT_TRUE(StreamError(2).ok());
-  EXPECT_THAT(ReadFloats(*session_, c.out, 4), ElementsAre(0, 4.4f, 4.3f, 4.2f));
+  EXPECT_THAT(ReadFloats(*session_, c.out, 4),
+              ElementsAre(0, 4.4f, 4.3f, 4.2f));
 }
 
 TEST_F(GraphTest, DestroyWaitsForTheReplaysQueued) {
@@ -459,7 +462,10 @@ TEST_F(GraphTest, DestroyWaitsForTheReplaysQueued) {
   EXPECT_TRUE(SessionError(1).ok());
   std::shared_ptr<Graph> graph = *session_->GetGraph(kId + 1);
   auto gate = std::make_shared<Stream::Gate>();
-  ASSERT_TRUE(GetStream(0)->Hold(gate, [] {}, nullptr).ok());
+  ASSERT_TRUE(GetStream(0)
+                  ->Hold(
+                      gate, [] {}, nullptr)
+                  .ok());
   Apply({Replay(kId + 1), Replay(kId + 1), Destroy(kId + 1)});
   // Gone from the session at once; its replays are still queued.
   EXPECT_EQ(session_->Stats().graphs, 0u);
@@ -475,7 +481,8 @@ TEST_F(GraphTest, DestroyWaitsForTheReplaysQueued) {
   EXPECT_THAT(error.message(), HasSubstr("ReplayGraph: no graph"));
   EXPECT_EQ(graph->pending_replays(), 0u);
   EXPECT_EQ(graph->replays(), 2u);
-  EXPECT_THAT(ReadFloats(*session_, s.out, 4), ElementsAre(0, 4.4f, 4.3f, 4.2f));
+  EXPECT_THAT(ReadFloats(*session_, s.out, 4),
+              ElementsAre(0, 4.4f, 4.3f, 4.2f));
   EXPECT_TRUE(SessionError(3).ok());
 }
 
@@ -487,7 +494,10 @@ TEST_F(GraphTest, ClosingTheSessionDropsQueuedReplays) {
   std::shared_ptr<Graph> graph = *session_->GetGraph(kId + 1);
   std::shared_ptr<Buffer> out = *session_->GetBuffer(s.out);
   auto gate = std::make_shared<Stream::Gate>();
-  ASSERT_TRUE(GetStream(0)->Hold(gate, [] {}, nullptr).ok());
+  ASSERT_TRUE(GetStream(0)
+                  ->Hold(
+                      gate, [] {}, nullptr)
+                  .ok());
   Apply({Replay(kId + 1), Replay(kId + 1)});
   EXPECT_EQ(graph->pending_replays(), 2u);
   session_.reset();  // With the gate still held.
@@ -517,7 +527,9 @@ TEST_F(GraphTest, EventsInsideAndOutsideTheGraph) {
   // `outside` is recorded on a held stream: the replay waits for it.
   auto gate = std::make_shared<Stream::Gate>();
   std::shared_ptr<Stream> held = GetStream(other);
-  ASSERT_TRUE(held->Hold(gate, [] {}, nullptr).ok());
+  ASSERT_TRUE(held->Hold(
+                      gate, [] {}, nullptr)
+                  .ok());
   ASSERT_TRUE((*session_->GetEvent(outside))->Record(*held).ok());
   Apply({Replay(kId + 11)});
   std::shared_ptr<Event> record = *session_->GetEvent(inside);
@@ -528,7 +540,8 @@ TEST_F(GraphTest, EventsInsideAndOutsideTheGraph) {
   EXPECT_TRUE(StreamError(2).ok());
   EXPECT_TRUE(record->Complete());
   EXPECT_TRUE(record->Recorded());
-  EXPECT_THAT(ReadFloats(*session_, s.out, 4), ElementsAre(0, 4.4f, 4.3f, 4.2f));
+  EXPECT_THAT(ReadFloats(*session_, s.out, 4),
+              ElementsAre(0, 4.4f, 4.3f, 4.2f));
   EXPECT_THAT((*session_->GetGraph(kId + 11))->Describe(),
               ElementsAre(HasSubstr("1: wait_event"), HasSubstr("2: memset"),
                           HasSubstr("3: record_event"),

@@ -85,8 +85,8 @@ absl::StatusOr<LaunchWorkspace> CheckWorkspace(
     return kernels::ParamInvalid(s.message());
   }
   workspace.buffer = *std::move(buffer);
-  workspace.data = static_cast<char*>(workspace.buffer->data()) +
-                   request.workspace_offset();
+  workspace.data =
+      static_cast<char*>(workspace.buffer->data()) + request.workspace_offset();
   return workspace;
 }
 

@@ -17,9 +17,11 @@ absl::Status NoDevice() {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<Buffer>> BufferRange(Session& session, uint64_t handle,
-                                              uint64_t offset, uint64_t size,
-                                              absl::string_view what) {
+absl::StatusOr<std::shared_ptr<Buffer>> BufferRange(Session& session,
+                                                    uint64_t handle,
+                                                    uint64_t offset,
+                                                    uint64_t size,
+                                                    absl::string_view what) {
   absl::StatusOr<std::shared_ptr<Buffer>> buffer = session.GetBuffer(handle);
   if (!buffer.ok()) return buffer.status();
   const uint64_t capacity = (*buffer)->size();
@@ -54,12 +56,12 @@ absl::Status QueueMemset(Session& session, Stream& stream,
 absl::Status QueueCopy(Session& session, Stream& stream,
                        const v1::CopyDeviceToDeviceRequest& request) {
   absl::StatusOr<std::shared_ptr<Buffer>> src =
-      BufferRange(session, request.src_buffer(), request.src_offset(), request.size(),
-            "copy source");
+      BufferRange(session, request.src_buffer(), request.src_offset(),
+                  request.size(), "copy source");
   if (!src.ok()) return src.status();
   absl::StatusOr<std::shared_ptr<Buffer>> dst =
-      BufferRange(session, request.dst_buffer(), request.dst_offset(), request.size(),
-            "copy destination");
+      BufferRange(session, request.dst_buffer(), request.dst_offset(),
+                  request.size(), "copy destination");
   if (!dst.ok()) return dst.status();
   std::shared_ptr<DeviceStream> device = stream.device_stream();
   if (device == nullptr) return NoDevice();

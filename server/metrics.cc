@@ -435,12 +435,12 @@ void Metrics::CollectEvents(
       "Graph replays queued (Pipeline's replay_graph and ReplayGraph).",
       MetricType::Counter,
       {counter({}, commands_.graph_replays.load(std::memory_order_relaxed))}});
-  families->push_back(prometheus::MetricFamily{
-      "opserver_graph_replayed_tasks_total",
-      "Tasks of the graph replays queued.",
-      MetricType::Counter,
-      {counter({}, commands_.graph_replayed_tasks.load(
-                       std::memory_order_relaxed))}});
+  families->push_back(
+      prometheus::MetricFamily{"opserver_graph_replayed_tasks_total",
+                               "Tasks of the graph replays queued.",
+                               MetricType::Counter,
+                               {counter({}, commands_.graph_replayed_tasks.load(
+                                                std::memory_order_relaxed))}});
 
   prometheus::ClientMetric wait;
   wait.histogram.sample_sum =

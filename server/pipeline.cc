@@ -259,11 +259,10 @@ bool CommandPipeline::DefineGraph(Session& session,
 bool CommandPipeline::ReplayGraph(Session& session,
                                   const v1::ReplayGraphRequest& replay,
                                   const Resume& resume) {
-  return OnStream(session, replay.stream(), "ReplayGraph", resume,
-                  [&](Stream& stream) {
-                    return opserver::ReplayGraph(session, replay.graph(),
-                                                 stream);
-                  });
+  return OnStream(
+      session, replay.stream(), "ReplayGraph", resume, [&](Stream& stream) {
+        return opserver::ReplayGraph(session, replay.graph(), stream);
+      });
 }
 
 bool CommandPipeline::DestroyGraph(Session& session, uint64_t id) {
