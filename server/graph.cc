@@ -333,8 +333,6 @@ absl::Status Graph::Replay(Stream& stream) {
         "the stream has no device stream (the device could not create one)");
   }
   auto state = std::make_shared<ReplayState>(shared_from_this());
-  replays_.fetch_add(1);
-  if (metrics_ != nullptr) metrics_->GraphReplayed(tasks_.size());
   for (size_t i = 0; i < steps_.size(); ++i) {
     const Step& step = steps_[i];
     absl::Status status;
@@ -360,8 +358,10 @@ absl::Status Graph::Replay(Stream& stream) {
     // Part of the replay is queued: the rest is the stream's error, in
     // order, and the parts queued run (they cannot be taken back).
     stream.Fail(Named(status, step.begin));
-    return absl::OkStatus();
+    break;
   }
+  replays_.fetch_add(1);
+  if (metrics_ != nullptr) metrics_->GraphReplayed(tasks_.size());
   return absl::OkStatus();
 }
 

@@ -24,6 +24,7 @@
 #include "kernels/dtype.h"
 #include "kernels/validate.h"
 #include "server/server.h"
+#include "testing/metrics_scrape.h"
 
 namespace opserver {
 namespace remote {
@@ -37,6 +38,7 @@ class GraphE2eTest : public ::testing::Test {
   // `fake`: on a FakeDevice, whose streams a test can hold.
   void Start(opserver::Options options = {}, bool fake = false) {
     options.listen = "127.0.0.1:0";
+    options.metrics_listen = "127.0.0.1:0";
     options.threads = 2;
     options.shutdown_grace = absl::ZeroDuration();
     absl::StatusOr<std::unique_ptr<opserver::Server>> server;
@@ -360,6 +362,11 @@ TEST_F(GraphE2eTest, TwoGraphsReplaySideBySide) {
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->graphs(), 2u);
   EXPECT_EQ(stats->graph_tasks(), 8u);
+  const std::string page = scrape::Metrics(server_->metrics_address());
+  EXPECT_EQ(scrape::Sum(page, "opserver_graphs"), 2);
+  EXPECT_EQ(scrape::Sum(page, "opserver_graph_tasks"), 8);
+  EXPECT_EQ(scrape::Sum(page, "opserver_graph_replays_total"), 6);
+  EXPECT_EQ(scrape::Sum(page, "opserver_graph_replayed_tasks_total"), 24);
 }
 
 // Held launches keep the first replay running and the second queued while
