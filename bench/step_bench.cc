@@ -47,7 +47,10 @@
 #include "bench/chain.h"
 #include "bench/delay_proxy.h"
 #include "client/client.h"
+#include "devices/device_factory.h"
+#include "server/launch.h"
 #include "server/server.h"
+#include "server/session.h"
 
 namespace opserver {
 namespace {
@@ -753,9 +756,95 @@ ReplayResult RunReplayComparison(const std::string& address,
   return result;
 }
 
+// The in-process launch cost of the same 250 operators: planned once on a
+// Session of a CPU device made here (as the server plans them), then each
+// step launched straight on a device stream, no RPC, no queue. The median
+// step over kSteps, in microseconds per operator.
+double InProcessUsPerOp(const Inputs& inputs) {
+  DeviceOptions device_options;
+  device_options.memory_cache_bytes = 0;
+  std::unique_ptr<opserver::Device> device =
+      Must(CreateDevice(device_options), "CreateDevice");
+  SessionLimits limits;
+  MemoryAccounting account;
+  auto threads = std::make_shared<StreamThreads>();
+  std::vector<double> steps;
+  {
+    opserver::Session session("in-process", 1, "step_bench", device.get(),
+                              &limits, &account, threads);
+    auto buffer = [&](const void* data, uint64_t bytes) {
+      const uint64_t handle = Must(session.Malloc(bytes), "Malloc");
+      if (data != nullptr) {
+        std::memcpy((*session.GetBuffer(handle))->data(), data, bytes);
+      }
+      return handle;
+    };
+    const uint64_t bytes = kElements * sizeof(float);
+    const uint64_t grad = buffer(inputs.grad.data(), bytes);
+    const uint64_t ping_pong[2] = {buffer(nullptr, bytes),
+                                   buffer(nullptr, bytes)};
+    const uint64_t selfs = buffer(inputs.selfs.data(),
+                                  inputs.selfs.size() * sizeof(float));
+    const uint64_t masks = buffer(inputs.masks.data(), inputs.masks.size());
+    auto desc = [](uint64_t handle, uint64_t offset, v1::DataType dtype,
+                   int64_t n) {
+      v1::TensorDesc d;
+      d.set_buffer(handle);
+      d.set_buffer_offset(offset);
+      d.set_dtype(dtype);
+      d.add_shape(n);
+      return d;
+    };
+    std::vector<std::shared_ptr<Executor>> plans;
+    for (int op = 0; op < kOps; ++op) {
+      v1::GetWorkspaceSizeRequest request;
+      request.set_op(kOpNames[static_cast<int>(OpAt(op))]);
+      auto& tensors = *request.mutable_tensors();
+      tensors["gradOutput"] = desc(op == 0 ? grad : ping_pong[(op + 1) % 2],
+                                   0, v1::FLOAT, kElements);
+      const std::string out =
+          OpAt(op) == Op::kSoftshrink ? "gradInput" : "out";
+      tensors[out] = desc(ping_pong[op % 2], 0, v1::FLOAT, kElements);
+      v1::OpParams& params = *request.mutable_params();
+      if (OpAt(op) == Op::kDropout) {
+        tensors["mask"] = desc(masks, op * kMaskBytes, v1::UINT8, kMaskBytes);
+        params.set_scale(kScale);
+      } else {
+        tensors["self"] = desc(selfs, op * bytes, v1::FLOAT, kElements);
+      }
+      params.set_threshold(kThreshold);
+      params.set_lambd(kLambd);
+      params.mutable_negative_slope()->set_dtype(v1::FLOAT);
+      params.mutable_negative_slope()->set_value(kSlope);
+      plans.push_back(Must(
+          PlanExecutor(request, session, limits.max_launch_elements), "plan"));
+    }
+    std::unique_ptr<DeviceStream> stream =
+        Must(device->CreateStream(), "CreateStream");
+    for (int i = 0; i < kWarmupSteps + kSteps; ++i) {
+      const Clock::time_point start = Clock::now();
+      for (const std::shared_ptr<Executor>& plan : plans) {
+        Must(stream->Launch(*plan->plan, nullptr, 0), "Launch");
+      }
+      Must(stream->Synchronize(), "Synchronize");
+      if (i >= kWarmupSteps) steps.push_back(Micros(Clock::now() - start));
+    }
+  }
+  threads->WaitForZero(absl::Minutes(1));
+  return Median(steps) / kOps;
+}
+
 void ReportReplay(const std::string& direct, const Inputs& inputs,
                   const std::vector<float>& expected) {
   ReplayResult r = RunReplayComparison(direct, inputs, expected);
+  const double in_process = InProcessUsPerOp(inputs);
+  std::printf(
+      "in-process launch of the same operators (planned once, launched on a "
+      "device stream, same run): %.2f us/op; replayed step / in-process "
+      "step %.2fx, process CPU per replayed operator / in-process launch "
+      "%.2fx\n",
+      in_process, r.replay_us / kOps / in_process,
+      r.replay_cpu_us_per_op / in_process);
   std::printf(
       "graph replay (C++ client, loopback, median of %d steps after %d): "
       "eager step %.2f ms (%.2f us/op), replayed step %.2f ms (%.2f us/op): "
