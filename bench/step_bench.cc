@@ -4,6 +4,7 @@
 // measures how many network round trips each operator costs.
 //
 //   bazel run -c opt //bench:step_bench
+//   bazel run -c opt //bench:step_bench -- --replay   # the graph rows only
 //
 // An in-process opserver (CPU device) on a free loopback port serves four
 // configurations: {loopback, through a DelayProxy adding 250 us each way}
@@ -14,6 +15,11 @@
 // round trips per operator, and, through the proxy, the target
 // step <= 3 RTT + 250 x (loopback us per operator). Every step's result is
 // copied back and compared bit for bit with the same chain on the host.
+// Last, the same step through the C++ client, eager against a graph
+// defined once and replayed (issue 31), in the same run (--replay: only
+// that, three rounds).
+
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -41,7 +47,11 @@
 #include "aclnnop/aclnn_threshold_backward.h"
 #include "bench/chain.h"
 #include "bench/delay_proxy.h"
+#include "client/client.h"
+#include "devices/device_factory.h"
+#include "server/launch.h"
 #include "server/server.h"
+#include "server/session.h"
 
 namespace opserver {
 namespace {
@@ -684,6 +694,266 @@ int ChainMain(const std::string& spec, int rounds) {
   return 0;
 }
 
+// ------------------------------------------------- graphs (issue 31)
+
+// The same step through the C++ client (remote::Session), eagerly (250
+// plans and launches, one synchronize) and as a graph defined once and
+// replayed (one replay_graph command and one synchronize per step), in
+// the same run, alternating rounds; each step's result checked against
+// the host chain. Also the process's CPU time (client and server: the
+// server is in-process) per replayed operator.
+struct ReplayResult {
+  double eager_us = 0;
+  double replay_us = 0;
+  double replay_cpu_us_per_op = 0;
+};
+
+double ProcessCpuUs() {
+  rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_utime.tv_sec * 1e6 + usage.ru_utime.tv_usec +
+         usage.ru_stime.tv_sec * 1e6 + usage.ru_stime.tv_usec;
+}
+
+template <typename T>
+T Must(absl::StatusOr<T> value, const char* what) {
+  if (!value.ok()) Die(absl::StrCat(what, ": ", value.status().ToString()));
+  return *std::move(value);
+}
+void Must(const absl::Status& status, const char* what) {
+  if (!status.ok()) Die(absl::StrCat(what, ": ", status.ToString()));
+}
+
+ReplayResult RunReplayComparison(const std::string& address,
+                                 const Inputs& inputs,
+                                 const std::vector<float>& expected) {
+  std::unique_ptr<Client> client = Must(Client::Connect(address), "Connect");
+  std::unique_ptr<remote::Session> session =
+      Must(client->CreateSession("step_bench replay"), "CreateSession");
+  remote::Session& s = *session;
+  const uint64_t bytes = kElements * sizeof(float);
+  remote::DeviceBuffer grad = Must(s.Malloc(bytes), "Malloc");
+  remote::DeviceBuffer ping_pong[2] = {Must(s.Malloc(bytes), "Malloc"),
+                                       Must(s.Malloc(bytes), "Malloc")};
+  remote::DeviceBuffer selfs =
+      Must(s.Malloc(inputs.selfs.size() * sizeof(float)), "Malloc");
+  remote::DeviceBuffer masks = Must(s.Malloc(inputs.masks.size()), "Malloc");
+  Must(s.Upload(grad.handle(), 0, inputs.grad.data(), bytes), "Upload");
+  Must(s.Upload(selfs.handle(), 0, inputs.selfs.data(),
+                inputs.selfs.size() * sizeof(float)),
+       "Upload");
+  Must(s.Upload(masks.handle(), 0, inputs.masks.data(), inputs.masks.size()),
+       "Upload");
+  remote::Stream stream = Must(s.CreateStream(), "CreateStream");
+  auto plan = [&](int op) {
+    const uint64_t in =
+        op == 0 ? grad.handle() : ping_pong[(op + 1) % 2].handle();
+    remote::TensorDesc g =
+        remote::TensorDesc::Contiguous(in, kernels::DType::kFloat, {kElements});
+    remote::TensorDesc o = remote::TensorDesc::Contiguous(
+        ping_pong[op % 2].handle(), kernels::DType::kFloat, {kElements});
+    remote::TensorDesc x = remote::TensorDesc::Contiguous(
+        selfs.handle(), kernels::DType::kFloat, {kElements});
+    x.buffer_offset = op * kElements * sizeof(float);
+    switch (OpAt(op)) {
+      case Op::kThreshold:
+        return s.ThresholdBackward(g, x, kThreshold, o);
+      case Op::kSoftshrink:
+        return s.SoftshrinkBackward(g, x, kLambd, o);
+      case Op::kHardswish:
+        return s.HardswishBackward(g, x, o);
+      case Op::kLeakyRelu:
+        return s.LeakyReluBackward(
+            g, x, remote::ScalarValue{kernels::DType::kFloat, kSlope}, false,
+            o);
+      case Op::kDropout: {
+        remote::TensorDesc mask = remote::TensorDesc::Contiguous(
+            masks.handle(), kernels::DType::kUint8, {kMaskBytes});
+        mask.buffer_offset = op * kMaskBytes;
+        return s.DropoutBackward(g, mask, kScale, o);
+      }
+    }
+    return absl::StatusOr<remote::Executor>(absl::InternalError("no op"));
+  };
+  auto check = [&](const char* what) {
+    std::vector<float> actual(kElements);
+    Must(s.Download(ping_pong[(kOps - 1) % 2].handle(), 0, actual.data(), bytes,
+                    stream.handle()),
+         "Download");
+    if (std::memcmp(actual.data(), expected.data(), bytes) != 0) {
+      Die(absl::StrCat(what, ": the result differs from the host chain"));
+    }
+  };
+  auto eager_step = [&] {
+    for (int op = 0; op < kOps; ++op) {
+      Must(Must(plan(op), "plan").Execute(stream.handle()), "Execute");
+    }
+    Must(s.Synchronize(stream.handle()), "Synchronize");
+  };
+  std::vector<v1::PipelineCommand> tasks;
+  for (int op = 0; op < kOps; ++op) {
+    remote::Executor executor = Must(plan(op), "plan");
+    tasks.push_back(
+        Must(s.LaunchCommand(executor.handle(), stream.handle(), 0, 0, 0),
+             "record"));
+    executor.Release();
+  }
+  const uint64_t graph = Must(s.DefineGraph(std::move(tasks)), "DefineGraph");
+  Must(s.Flush(), "DefineGraph (deferred)");
+  auto replay_step = [&] {
+    Must(s.ReplayGraph(graph, stream.handle()), "ReplayGraph");
+    Must(s.Synchronize(stream.handle()), "Synchronize");
+  };
+  for (int i = 0; i < kWarmupSteps; ++i) {
+    eager_step();
+    replay_step();
+  }
+  std::vector<double> eager, replay;
+  double replay_cpu = 0;
+  for (int i = 0; i < kSteps; ++i) {
+    Must(s.Memset(ping_pong[(kOps - 1) % 2].handle(), 0, bytes, 0,
+                  stream.handle()),
+         "Memset");
+    Clock::time_point start = Clock::now();
+    eager_step();
+    eager.push_back(Micros(Clock::now() - start));
+    check("eager step");
+    Must(s.Memset(ping_pong[(kOps - 1) % 2].handle(), 0, bytes, 0,
+                  stream.handle()),
+         "Memset");
+    Must(s.Synchronize(stream.handle()), "Synchronize");
+    const double cpu = ProcessCpuUs();
+    start = Clock::now();
+    replay_step();
+    replay.push_back(Micros(Clock::now() - start));
+    replay_cpu += ProcessCpuUs() - cpu;
+    check("replayed step");
+  }
+  Must(s.DestroyGraph(graph), "DestroyGraph");
+  Must(s.Flush(), "Flush");
+  ReplayResult result;
+  result.eager_us = Median(eager);
+  result.replay_us = Median(replay);
+  result.replay_cpu_us_per_op = replay_cpu / kSteps / kOps;
+  return result;
+}
+
+// The in-process launch cost of the same 250 operators: planned once on a
+// Session of a CPU device made here (as the server plans them), then each
+// step launched straight on a device stream, no RPC, no queue. The median
+// step over kSteps, in microseconds per operator.
+double InProcessUsPerOp(const Inputs& inputs) {
+  DeviceOptions device_options;
+  device_options.memory_cache_bytes = 0;
+  std::unique_ptr<opserver::Device> device =
+      Must(CreateDevice(device_options), "CreateDevice");
+  SessionLimits limits;
+  MemoryAccounting account;
+  auto threads = std::make_shared<StreamThreads>();
+  std::vector<double> steps;
+  {
+    opserver::Session session("in-process", 1, "step_bench", device.get(),
+                              &limits, &account, threads);
+    auto buffer = [&](const void* data, uint64_t bytes) {
+      const uint64_t handle = Must(session.Malloc(bytes), "Malloc");
+      if (data != nullptr) {
+        std::memcpy((*session.GetBuffer(handle))->data(), data, bytes);
+      }
+      return handle;
+    };
+    const uint64_t bytes = kElements * sizeof(float);
+    const uint64_t grad = buffer(inputs.grad.data(), bytes);
+    const uint64_t ping_pong[2] = {buffer(nullptr, bytes),
+                                   buffer(nullptr, bytes)};
+    const uint64_t selfs = buffer(inputs.selfs.data(),
+                                  inputs.selfs.size() * sizeof(float));
+    const uint64_t masks = buffer(inputs.masks.data(), inputs.masks.size());
+    auto desc = [](uint64_t handle, uint64_t offset, v1::DataType dtype,
+                   int64_t n) {
+      v1::TensorDesc d;
+      d.set_buffer(handle);
+      d.set_buffer_offset(offset);
+      d.set_dtype(dtype);
+      d.add_shape(n);
+      return d;
+    };
+    std::vector<std::shared_ptr<Executor>> plans;
+    for (int op = 0; op < kOps; ++op) {
+      v1::GetWorkspaceSizeRequest request;
+      request.set_op(kOpNames[static_cast<int>(OpAt(op))]);
+      auto& tensors = *request.mutable_tensors();
+      tensors["gradOutput"] = desc(op == 0 ? grad : ping_pong[(op + 1) % 2],
+                                   0, v1::FLOAT, kElements);
+      const std::string out =
+          OpAt(op) == Op::kSoftshrink ? "gradInput" : "out";
+      tensors[out] = desc(ping_pong[op % 2], 0, v1::FLOAT, kElements);
+      v1::OpParams& params = *request.mutable_params();
+      if (OpAt(op) == Op::kDropout) {
+        tensors["mask"] = desc(masks, op * kMaskBytes, v1::UINT8, kMaskBytes);
+        params.set_scale(kScale);
+      } else {
+        tensors["self"] = desc(selfs, op * bytes, v1::FLOAT, kElements);
+      }
+      params.set_threshold(kThreshold);
+      params.set_lambd(kLambd);
+      params.mutable_negative_slope()->set_dtype(v1::FLOAT);
+      params.mutable_negative_slope()->set_value(kSlope);
+      plans.push_back(Must(
+          PlanExecutor(request, session, limits.max_launch_elements), "plan"));
+    }
+    std::unique_ptr<DeviceStream> stream =
+        Must(device->CreateStream(), "CreateStream");
+    for (int i = 0; i < kWarmupSteps + kSteps; ++i) {
+      const Clock::time_point start = Clock::now();
+      for (const std::shared_ptr<Executor>& plan : plans) {
+        Must(stream->Launch(*plan->plan, nullptr, 0), "Launch");
+      }
+      Must(stream->Synchronize(), "Synchronize");
+      if (i >= kWarmupSteps) steps.push_back(Micros(Clock::now() - start));
+    }
+  }
+  threads->WaitForZero(absl::Minutes(1));
+  return Median(steps) / kOps;
+}
+
+void ReportReplay(const std::string& direct, const Inputs& inputs,
+                  const std::vector<float>& expected) {
+  ReplayResult r = RunReplayComparison(direct, inputs, expected);
+  const double in_process = InProcessUsPerOp(inputs);
+  std::printf(
+      "in-process launch of the same operators (planned once, launched on a "
+      "device stream, same run): %.2f us/op; replayed step / in-process "
+      "step %.2fx, process CPU per replayed operator / in-process launch "
+      "%.2fx\n",
+      in_process, r.replay_us / kOps / in_process,
+      r.replay_cpu_us_per_op / in_process);
+  std::printf(
+      "graph replay (C++ client, loopback, median of %d steps after %d): "
+      "eager step %.2f ms (%.2f us/op), replayed step %.2f ms (%.2f us/op): "
+      "replay/eager %.3f (target <= 0.25: %s); process CPU per replayed "
+      "operator %.2f us (client and in-process server together)\n",
+      kSteps, kWarmupSteps, r.eager_us / 1000, r.eager_us / kOps,
+      r.replay_us / 1000, r.replay_us / kOps, r.replay_us / r.eager_us,
+      r.replay_us <= 0.25 * r.eager_us ? "met" : "MISSED",
+      r.replay_cpu_us_per_op);
+  std::fflush(stdout);
+}
+
+int ReplayMain() {
+  Options options;
+  options.listen = "127.0.0.1:0";
+  options.detect_mutex_deadlocks = false;
+  auto server = Server::Start(options);
+  if (!server.ok())
+    Die(absl::StrCat("Server::Start: ", server.status().ToString()));
+  const Inputs inputs = MakeInputs();
+  const std::vector<float> expected = HostChain(inputs);
+  for (int round = 0; round < 3; ++round) {
+    ReportReplay((*server)->address(), inputs, expected);
+  }
+  return 0;
+}
+
 int Main() {
   Options options;
   options.listen = "127.0.0.1:0";
@@ -818,6 +1088,8 @@ int Main() {
       "client without the pipelined channel ignores it, and then its two "
       "rows measure the same unary path.\n",
       kSteps, kWarmupSteps, kOps, kRoundTrips, kBlock);
+  std::printf("\n");
+  ReportReplay(direct, inputs, expected);
   return 0;
 }
 
@@ -828,22 +1100,27 @@ int main(int argc, char** argv) {
   std::string chain;
   std::string addresses;
   int rounds = 2;
+  bool replay = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--chain=", 0) == 0) {
       chain = arg.substr(strlen("--chain="));
     } else if (arg.rfind("--addresses=", 0) == 0) {
       addresses = arg.substr(strlen("--addresses="));
+    } else if (arg == "--replay") {
+      replay = true;
     } else if (arg.rfind("--rounds=", 0) == 0) {
       rounds = std::max(1, std::atoi(arg.c_str() + strlen("--rounds=")));
     } else {
       std::fprintf(stderr,
-                   "usage: step_bench [--chain=OPSERVER,LIBACLNN_REMOTE | "
-                   "--addresses=NAME=HOST:PORT,...] [--rounds=N]\n");
+                   "usage: step_bench [--replay | "
+                   "--chain=OPSERVER,LIBACLNN_REMOTE [--rounds=N] | "
+                   "--addresses=NAME=HOST:PORT,... [--rounds=N]]\n");
       return 2;
     }
   }
   if (!chain.empty()) return opserver::ChainMain(chain, rounds);
   if (!addresses.empty()) return opserver::AddressesMain(addresses, rounds);
+  if (replay) return opserver::ReplayMain();
   return opserver::Main();
 }
