@@ -884,16 +884,10 @@ absl::Status Session::WriteAsync(uint64_t buffer, uint64_t offset,
   if (channel_ == nullptr || size > kMaxPipelinedBytes) {
     return Upload(buffer, offset, data, size, stream);
   }
-  if (absl::Status s = CheckLocalRange(buffer, offset, size, stream); !s.ok()) {
-    return s;
-  }
-  v1::PipelineCommand command;
-  v1::WriteCommand& write = *command.mutable_write();
-  write.set_buffer(buffer);
-  write.set_offset(offset);
-  write.set_data(static_cast<const char*>(data), size);
-  write.set_stream(stream);
-  return channel_->Send(std::move(command));
+  absl::StatusOr<v1::PipelineCommand> command =
+      WriteCommand(buffer, offset, data, size, stream);
+  if (!command.ok()) return command.status();
+  return channel_->Send(*std::move(command));
 }
 
 absl::StatusOr<PendingRead> Session::ReadAsync(uint64_t buffer, uint64_t offset,
@@ -1041,69 +1035,85 @@ absl::Status Session::ExecuteHandle(uint64_t executor, uint64_t stream,
                                     uint64_t workspace,
                                     uint64_t workspace_offset,
                                     uint64_t workspace_size) {
+  if (channel_ != nullptr && executor >= kClientExecutorBase) {
+    absl::StatusOr<v1::PipelineCommand> command = LaunchCommand(
+        executor, stream, workspace, workspace_offset, workspace_size);
+    if (!command.ok()) return command.status();
+    return channel_->Send(*std::move(command));
+  }
+  if (absl::Status s = Ordered(); !s.ok()) return s;
   v1::ExecuteRequest request;
+  request.set_session(token_);
   request.set_executor(executor);
   request.set_workspace_buffer(workspace);
   request.set_workspace_offset(workspace_offset);
   request.set_workspace_size(workspace_size);
   request.set_stream(stream);
-  if (channel_ != nullptr && executor >= kClientExecutorBase) {
-    // The checks the server would make first, so their errors are
-    // immediate; the server makes them again.
-    {
-      absl::MutexLock lock(&handles_mu_);
-      if (stream != 0 && !streams_.contains(stream)) {
-        return UnknownHandle("Execute: ", "stream", stream);
-      }
-      auto it = executors_.find(executor);
-      if (it == executors_.end()) {
-        return kernels::AclnnError(
-            kernels::kAclnnErrInnerNullptr,
-            executor < next_executor_ ? absl::StatusCode::kFailedPrecondition
-                                      : absl::StatusCode::kNotFound,
-            absl::StrCat("Execute: executor ", executor,
-                         executor < next_executor_
-                             ? " was already consumed by a launch or "
-                               "destroyed; call GetWorkspaceSize again, or "
-                               "make it repeatable before its first launch"
-                             : " was never created in this session"));
-      }
-      const uint64_t needed = it->second.workspace_size;
-      if (needed > 0) {
-        if (workspace_size < needed) {
-          return kernels::ParamInvalid(
-              absl::StrCat("Execute: workspaceSize ", workspace_size,
-                           " is smaller than the ", needed,
-                           " bytes GetWorkspaceSize reported"));
-        }
-        auto buffer = buffer_sizes_.find(workspace);
-        if (buffer == buffer_sizes_.end()) {
-          return kernels::AclnnError(
-              kernels::kAclnnErrParamInvalid, absl::StatusCode::kNotFound,
-              absl::StrCat("Execute: workspace: no buffer ", workspace,
-                           " in this session (never created, freed, or "
-                           "another session's)"));
-        }
-        if (workspace_offset > buffer->second ||
-            workspace_size > buffer->second - workspace_offset) {
-          return kernels::ParamInvalid(absl::StrCat(
-              "Execute: workspace: bytes [", workspace_offset, ", +",
-              workspace_size, ") run past the end of its buffer of ",
-              buffer->second, " bytes"));
-        }
-      }
-      if (!it->second.repeatable) executors_.erase(it);
-    }
-    // The channel names the session once, not each launch.
-    v1::PipelineCommand command;
-    *command.mutable_launch() = std::move(request);
-    return channel_->Send(std::move(command));
-  }
-  if (absl::Status s = Ordered(); !s.ok()) return s;
-  request.set_session(token_);
   v1::ExecuteResponse response;
   return Unary(*client_, &v1::Operators::Stub::Execute, request, &response,
                "Execute");
+}
+
+absl::StatusOr<v1::PipelineCommand> Session::LaunchCommand(
+    uint64_t executor, uint64_t stream, uint64_t workspace,
+    uint64_t workspace_offset, uint64_t workspace_size) {
+  if (absl::Status s = CheckPipelined("Execute"); !s.ok()) return s;
+  v1::PipelineCommand command;
+  // The channel names the session once, not each launch.
+  v1::ExecuteRequest& request = *command.mutable_launch();
+  request.set_executor(executor);
+  request.set_workspace_buffer(workspace);
+  request.set_workspace_offset(workspace_offset);
+  request.set_workspace_size(workspace_size);
+  request.set_stream(stream);
+  // Executors planned by unary calls are not known here: the server checks
+  // them.
+  if (executor < kClientExecutorBase) return command;
+  // The checks the server would make first, so their errors are
+  // immediate; the server makes them again.
+  absl::MutexLock lock(&handles_mu_);
+  if (stream != 0 && !streams_.contains(stream)) {
+    return UnknownHandle("Execute: ", "stream", stream);
+  }
+  auto it = executors_.find(executor);
+  if (it == executors_.end()) {
+    return kernels::AclnnError(
+        kernels::kAclnnErrInnerNullptr,
+        executor < next_executor_ ? absl::StatusCode::kFailedPrecondition
+                                  : absl::StatusCode::kNotFound,
+        absl::StrCat("Execute: executor ", executor,
+                     executor < next_executor_
+                         ? " was already consumed by a launch or "
+                           "destroyed; call GetWorkspaceSize again, or "
+                           "make it repeatable before its first launch"
+                         : " was never created in this session"));
+  }
+  const uint64_t needed = it->second.workspace_size;
+  if (needed > 0) {
+    if (workspace_size < needed) {
+      return kernels::ParamInvalid(
+          absl::StrCat("Execute: workspaceSize ", workspace_size,
+                       " is smaller than the ", needed,
+                       " bytes GetWorkspaceSize reported"));
+    }
+    auto buffer = buffer_sizes_.find(workspace);
+    if (buffer == buffer_sizes_.end()) {
+      return kernels::AclnnError(
+          kernels::kAclnnErrParamInvalid, absl::StatusCode::kNotFound,
+          absl::StrCat("Execute: workspace: no buffer ", workspace,
+                       " in this session (never created, freed, or "
+                       "another session's)"));
+    }
+    if (workspace_offset > buffer->second ||
+        workspace_size > buffer->second - workspace_offset) {
+      return kernels::ParamInvalid(absl::StrCat(
+          "Execute: workspace: bytes [", workspace_offset, ", +",
+          workspace_size, ") run past the end of its buffer of ",
+          buffer->second, " bytes"));
+    }
+  }
+  if (!it->second.repeatable) executors_.erase(it);
+  return command;
 }
 
 absl::Status Session::SetExecutorRepeatable(uint64_t executor) {
@@ -1162,21 +1172,18 @@ absl::Status Session::DestroyExecutor(uint64_t executor) {
 
 absl::Status Session::Memset(uint64_t buffer, uint64_t offset, uint64_t size,
                              uint8_t value, uint64_t stream) {
+  if (channel_ != nullptr) {
+    absl::StatusOr<v1::PipelineCommand> command =
+        MemsetCommand(buffer, offset, size, value, stream);
+    if (!command.ok()) return command.status();
+    return channel_->Send(*std::move(command));
+  }
   v1::MemsetRequest request;
   request.set_buffer(buffer);
   request.set_offset(offset);
   request.set_size(size);
   request.set_value(value);
   request.set_stream(stream);
-  if (channel_ != nullptr) {
-    if (absl::Status s = CheckLocalRange(buffer, offset, size, stream);
-        !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("Memset: ", s.message()));
-    }
-    v1::PipelineCommand command;
-    *command.mutable_memset() = std::move(request);
-    return channel_->Send(std::move(command));
-  }
   request.set_session(token_);
   v1::MemsetResponse response;
   return Unary(*client_, &v1::Runtime::Stub::Memset, request, &response,
@@ -1186,6 +1193,12 @@ absl::Status Session::Memset(uint64_t buffer, uint64_t offset, uint64_t size,
 absl::Status Session::CopyOnDevice(uint64_t dst_buffer, uint64_t dst_offset,
                                    uint64_t src_buffer, uint64_t src_offset,
                                    uint64_t size, uint64_t stream) {
+  if (channel_ != nullptr) {
+    absl::StatusOr<v1::PipelineCommand> command = CopyCommand(
+        dst_buffer, dst_offset, src_buffer, src_offset, size, stream);
+    if (!command.ok()) return command.status();
+    return channel_->Send(*std::move(command));
+  }
   v1::CopyDeviceToDeviceRequest request;
   request.set_dst_buffer(dst_buffer);
   request.set_dst_offset(dst_offset);
@@ -1193,21 +1206,6 @@ absl::Status Session::CopyOnDevice(uint64_t dst_buffer, uint64_t dst_offset,
   request.set_src_offset(src_offset);
   request.set_size(size);
   request.set_stream(stream);
-  if (channel_ != nullptr) {
-    absl::Status s = CheckLocalRange(src_buffer, src_offset, size, stream);
-    if (!s.ok()) {
-      return absl::Status(s.code(),
-                          absl::StrCat("CopyOnDevice: source ", s.message()));
-    }
-    s = CheckLocalRange(dst_buffer, dst_offset, size, stream);
-    if (!s.ok()) {
-      return absl::Status(
-          s.code(), absl::StrCat("CopyOnDevice: destination ", s.message()));
-    }
-    v1::PipelineCommand command;
-    *command.mutable_copy() = std::move(request);
-    return channel_->Send(std::move(command));
-  }
   request.set_session(token_);
   v1::CopyDeviceToDeviceResponse response;
   return Unary(*client_, &v1::Runtime::Stub::CopyDeviceToDevice, request,
@@ -1278,18 +1276,15 @@ absl::Status Session::DestroyEvent(uint64_t event) {
 }
 
 absl::Status Session::RecordEvent(uint64_t event, uint64_t stream) {
+  if (channel_ != nullptr) {
+    absl::StatusOr<v1::PipelineCommand> command =
+        RecordEventCommand(event, stream);
+    if (!command.ok()) return command.status();
+    return channel_->Send(*std::move(command));
+  }
   v1::RecordEventRequest request;
   request.set_event(event);
   request.set_stream(stream);
-  if (channel_ != nullptr) {
-    if (absl::Status s = CheckLocalEvent("RecordEvent", event, stream);
-        !s.ok()) {
-      return s;
-    }
-    v1::PipelineCommand command;
-    *command.mutable_record_event() = std::move(request);
-    return channel_->Send(std::move(command));
-  }
   request.set_session(token_);
   v1::RecordEventResponse response;
   return Unary(*client_, &v1::Runtime::Stub::RecordEvent, request, &response,
@@ -1297,18 +1292,15 @@ absl::Status Session::RecordEvent(uint64_t event, uint64_t stream) {
 }
 
 absl::Status Session::StreamWaitEvent(uint64_t stream, uint64_t event) {
+  if (channel_ != nullptr) {
+    absl::StatusOr<v1::PipelineCommand> command =
+        WaitEventCommand(stream, event);
+    if (!command.ok()) return command.status();
+    return channel_->Send(*std::move(command));
+  }
   v1::StreamWaitEventRequest request;
   request.set_stream(stream);
   request.set_event(event);
-  if (channel_ != nullptr) {
-    if (absl::Status s = CheckLocalEvent("StreamWaitEvent", event, stream);
-        !s.ok()) {
-      return s;
-    }
-    v1::PipelineCommand command;
-    *command.mutable_wait_event() = std::move(request);
-    return channel_->Send(std::move(command));
-  }
   request.set_session(token_);
   v1::StreamWaitEventResponse response;
   return Unary(*client_, &v1::Runtime::Stub::StreamWaitEvent, request,
@@ -1375,6 +1367,177 @@ absl::StatusOr<float> Session::EventElapsedMs(uint64_t start, uint64_t end) {
                               request, &response, "EventElapsedTime");
   if (!status.ok()) return status;
   return response.ms();
+}
+
+// ------------------------------------------------------------------ graphs
+
+absl::Status Session::CheckPipelined(absl::string_view what) const {
+  if (channel_ != nullptr) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, ": graphs need a pipelined session (ConnectOptions::pipeline)"));
+}
+
+absl::StatusOr<v1::PipelineCommand> Session::MemsetCommand(
+    uint64_t buffer, uint64_t offset, uint64_t size, uint8_t value,
+    uint64_t stream) {
+  if (absl::Status s = CheckPipelined("Memset"); !s.ok()) return s;
+  if (absl::Status s = CheckLocalRange(buffer, offset, size, stream);
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("Memset: ", s.message()));
+  }
+  v1::PipelineCommand command;
+  v1::MemsetRequest& request = *command.mutable_memset();
+  request.set_buffer(buffer);
+  request.set_offset(offset);
+  request.set_size(size);
+  request.set_value(value);
+  request.set_stream(stream);
+  return command;
+}
+
+absl::StatusOr<v1::PipelineCommand> Session::CopyCommand(
+    uint64_t dst_buffer, uint64_t dst_offset, uint64_t src_buffer,
+    uint64_t src_offset, uint64_t size, uint64_t stream) {
+  if (absl::Status s = CheckPipelined("CopyOnDevice"); !s.ok()) return s;
+  absl::Status s = CheckLocalRange(src_buffer, src_offset, size, stream);
+  if (!s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("CopyOnDevice: source ", s.message()));
+  }
+  s = CheckLocalRange(dst_buffer, dst_offset, size, stream);
+  if (!s.ok()) {
+    return absl::Status(
+        s.code(), absl::StrCat("CopyOnDevice: destination ", s.message()));
+  }
+  v1::PipelineCommand command;
+  v1::CopyDeviceToDeviceRequest& request = *command.mutable_copy();
+  request.set_dst_buffer(dst_buffer);
+  request.set_dst_offset(dst_offset);
+  request.set_src_buffer(src_buffer);
+  request.set_src_offset(src_offset);
+  request.set_size(size);
+  request.set_stream(stream);
+  return command;
+}
+
+absl::StatusOr<v1::PipelineCommand> Session::WriteCommand(
+    uint64_t buffer, uint64_t offset, const void* data, uint64_t size,
+    uint64_t stream) {
+  if (absl::Status s = CheckPipelined("WriteAsync"); !s.ok()) return s;
+  if (size > kMaxPipelinedBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WriteAsync: a pipelined write of ", size,
+                     " bytes is over the limit of ", kMaxPipelinedBytes));
+  }
+  if (absl::Status s = CheckLocalRange(buffer, offset, size, stream); !s.ok()) {
+    return s;
+  }
+  v1::PipelineCommand command;
+  v1::WriteCommand& write = *command.mutable_write();
+  write.set_buffer(buffer);
+  write.set_offset(offset);
+  write.set_data(static_cast<const char*>(data), size);
+  write.set_stream(stream);
+  return command;
+}
+
+absl::StatusOr<v1::PipelineCommand> Session::RecordEventCommand(
+    uint64_t event, uint64_t stream) {
+  if (absl::Status s = CheckPipelined("RecordEvent"); !s.ok()) return s;
+  if (absl::Status s = CheckLocalEvent("RecordEvent", event, stream); !s.ok()) {
+    return s;
+  }
+  v1::PipelineCommand command;
+  command.mutable_record_event()->set_event(event);
+  command.mutable_record_event()->set_stream(stream);
+  return command;
+}
+
+absl::StatusOr<v1::PipelineCommand> Session::WaitEventCommand(uint64_t stream,
+                                                              uint64_t event) {
+  if (absl::Status s = CheckPipelined("StreamWaitEvent"); !s.ok()) return s;
+  if (absl::Status s = CheckLocalEvent("StreamWaitEvent", event, stream);
+      !s.ok()) {
+    return s;
+  }
+  v1::PipelineCommand command;
+  command.mutable_wait_event()->set_stream(stream);
+  command.mutable_wait_event()->set_event(event);
+  return command;
+}
+
+absl::StatusOr<uint64_t> Session::DefineGraph(
+    std::vector<v1::PipelineCommand> tasks) {
+  if (absl::Status s = CheckPipelined("DefineGraph"); !s.ok()) return s;
+  if (tasks.empty()) {
+    return absl::InvalidArgumentError("DefineGraph: a graph has no tasks");
+  }
+  v1::PipelineCommand command;
+  v1::DefineGraphCommand& define = *command.mutable_define_graph();
+  define.mutable_tasks()->Reserve(static_cast<int>(tasks.size()));
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    switch (tasks[i].command_case()) {
+      case v1::PipelineCommand::kLaunch:
+      case v1::PipelineCommand::kMemset:
+      case v1::PipelineCommand::kCopy:
+      case v1::PipelineCommand::kWrite:
+      case v1::PipelineCommand::kRecordEvent:
+      case v1::PipelineCommand::kWaitEvent:
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            "DefineGraph: task ", i + 1, " of ", tasks.size(),
+            " is not a launch, memset, copy, write, record_event or "
+            "wait_event"));
+    }
+    *define.add_tasks() = std::move(tasks[i]);
+  }
+  // Sized with a placeholder id of the same width as the real one.
+  define.set_graph(kClientExecutorBase);
+  if (const uint64_t bytes = command.ByteSizeLong();
+      bytes > kMaxGraphDefinitionBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "DefineGraph: the definition takes ", bytes,
+        " bytes, over the limit of ", kMaxGraphDefinitionBytes,
+        " (fewer or smaller writes, or fewer tasks)"));
+  }
+  absl::MutexLock lock(&handles_mu_);
+  const uint64_t id = next_executor_++;
+  define.set_graph(id);
+  // Sent under the lock that chose the id (see PlanLocally).
+  if (absl::Status s = channel_->Send(std::move(command)); !s.ok()) return s;
+  graphs_.insert(id);
+  return id;
+}
+
+absl::Status Session::ReplayGraph(uint64_t graph, uint64_t stream) {
+  if (absl::Status s = CheckPipelined("ReplayGraph"); !s.ok()) return s;
+  {
+    absl::MutexLock lock(&handles_mu_);
+    if (!graphs_.contains(graph)) {
+      return UnknownHandle("ReplayGraph: ", "graph", graph);
+    }
+    if (stream != 0 && !streams_.contains(stream)) {
+      return UnknownHandle("ReplayGraph: ", "stream", stream);
+    }
+  }
+  v1::PipelineCommand command;
+  command.mutable_replay_graph()->set_graph(graph);
+  command.mutable_replay_graph()->set_stream(stream);
+  return channel_->Send(std::move(command));
+}
+
+absl::Status Session::DestroyGraph(uint64_t graph) {
+  if (absl::Status s = CheckPipelined("DestroyGraph"); !s.ok()) return s;
+  {
+    absl::MutexLock lock(&handles_mu_);
+    if (graphs_.erase(graph) == 0) {
+      return UnknownHandle("DestroyGraph: ", "graph", graph);
+    }
+  }
+  v1::PipelineCommand command;
+  command.set_destroy_graph(graph);
+  return channel_->Send(std::move(command));
 }
 
 }  // namespace remote

@@ -537,6 +537,57 @@ class Session {
   // ConnectOptions::pipeline).
   bool pipelined() const { return channel_ != nullptr; }
 
+  // Graphs (the server side of aclmdlRI capture; DefineGraphCommand in
+  // proto/opserver.proto). Pipelined sessions only: FAILED_PRECONDITION
+  // otherwise.
+  //
+  // The command ExecuteHandle, Memset, CopyOnDevice, WriteAsync (at most
+  // kMaxPipelinedBytes), RecordEvent and StreamWaitEvent would send,
+  // checked and accounted for here exactly as those calls do (a launch
+  // consumes its single-use executor, as if launched), but returned
+  // instead of sent: a recorder keeps them as a graph's tasks. A launch
+  // command that is never defined into a graph leaves its executor on the
+  // server until the session ends.
+  absl::StatusOr<v1::PipelineCommand> LaunchCommand(uint64_t executor,
+                                                    uint64_t stream,
+                                                    uint64_t workspace,
+                                                    uint64_t workspace_offset,
+                                                    uint64_t workspace_size);
+  absl::StatusOr<v1::PipelineCommand> MemsetCommand(uint64_t buffer,
+                                                    uint64_t offset,
+                                                    uint64_t size,
+                                                    uint8_t value,
+                                                    uint64_t stream);
+  absl::StatusOr<v1::PipelineCommand> CopyCommand(
+      uint64_t dst_buffer, uint64_t dst_offset, uint64_t src_buffer,
+      uint64_t src_offset, uint64_t size, uint64_t stream);
+  absl::StatusOr<v1::PipelineCommand> WriteCommand(uint64_t buffer,
+                                                   uint64_t offset,
+                                                   const void* data,
+                                                   uint64_t size,
+                                                   uint64_t stream);
+  absl::StatusOr<v1::PipelineCommand> RecordEventCommand(uint64_t event,
+                                                         uint64_t stream);
+  absl::StatusOr<v1::PipelineCommand> WaitEventCommand(uint64_t stream,
+                                                       uint64_t event);
+  // Chooses the graph's id from the counter executor and event ids come
+  // from and sends define_graph with `tasks`, under one lock: the server
+  // takes client-chosen ids only in increasing order, so the id is chosen
+  // when the definition is sent, not when a capture begins. Returns the
+  // id at once; what only the server finds (a handle gone meanwhile, its
+  // graph limits) is the session's deferred error (Flush), and the graph
+  // then does not exist. INVALID_ARGUMENT for an empty list or a task of
+  // another kind; RESOURCE_EXHAUSTED when the definition is larger than
+  // kMaxGraphDefinitionBytes.
+  absl::StatusOr<uint64_t> DefineGraph(std::vector<v1::PipelineCommand> tasks);
+  // Queues one replay of `graph` on `stream` (no round trip); NOT_FOUND at
+  // once for a graph or stream this session does not know. Errors during
+  // the replay are `stream`'s deferred error (Synchronize).
+  absl::Status ReplayGraph(uint64_t graph, uint64_t stream = 0);
+  // Releases `graph` once the replays already queued have run; NOT_FOUND
+  // for a graph this session does not know (or destroyed).
+  absl::Status DestroyGraph(uint64_t graph);
+
   // Handle-level executor calls (the RAII Executor uses these).
   absl::Status ExecuteHandle(uint64_t executor, uint64_t stream,
                              uint64_t workspace, uint64_t workspace_offset,
@@ -554,6 +605,8 @@ class Session {
   // sessions, which know them).
   absl::Status CheckLocalRange(uint64_t buffer, uint64_t offset, uint64_t size,
                                uint64_t stream);
+  // FAILED_PRECONDITION naming `what` unless the session is pipelined.
+  absl::Status CheckPipelined(absl::string_view what) const;
   // Pipelined: waits until the channel's commands took effect, so the
   // unary call that follows sees them (calls take effect in issue order).
   absl::Status Ordered();
@@ -630,6 +683,8 @@ class Session {
   absl::flat_hash_map<uint64_t, LocalExecutor> executors_
       ABSL_GUARDED_BY(handles_mu_);
   absl::flat_hash_set<uint64_t> events_ ABSL_GUARDED_BY(handles_mu_);
+  // Graphs defined and not destroyed (DefineGraph).
+  absl::flat_hash_set<uint64_t> graphs_ ABSL_GUARDED_BY(handles_mu_);
   // NOT_FOUND (prefixed with `what`) unless `event` is one of this
   // session's events and `stream` (if given) one of its streams.
   absl::Status CheckLocalEvent(absl::string_view what, uint64_t event,

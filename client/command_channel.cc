@@ -49,6 +49,8 @@ std::optional<uint64_t> WorkStream(const v1::PipelineCommand& command) {
       return command.memset().stream();
     case v1::PipelineCommand::kCopy:
       return command.copy().stream();
+    case v1::PipelineCommand::kReplayGraph:
+      return command.replay_graph().stream();
     default:
       return std::nullopt;
   }

@@ -38,6 +38,10 @@ inline constexpr uint64_t kClientExecutorBase = uint64_t{1} << 62;
 // PipelineCommand limit); larger transfers are Uploads and Downloads.
 inline constexpr uint64_t kMaxPipelinedBytes = 1 << 20;
 
+// The largest define_graph command a client sends: one batch holds it,
+// and the server's --max_pipeline_batch_bytes is 4 MiB by default.
+inline constexpr uint64_t kMaxGraphDefinitionBytes = (4 << 20) - (64 << 10);
+
 // Back-pressure: at most this much is sent and not yet acknowledged.
 struct ChannelWindow {
   uint64_t commands = 8192;
