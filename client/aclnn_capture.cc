@@ -52,6 +52,29 @@ absl::Status RefuseIfCapturing(State& state, const char* function,
                    ACL_ERROR_RT_STREAM_CAPTURED));
 }
 
+Capture* CaptureRecording(State& state, uint32_t device, uint64_t handle) {
+  for (auto& [model, capture] : state.captures) {
+    if (capture->device == device && capture->recorded.count(handle) != 0) {
+      return capture.get();
+    }
+  }
+  return nullptr;
+}
+
+absl::Status RefuseIfEventCaptured(State& state, const char* function,
+                                   uint32_t device, uint64_t handle) {
+  Capture* capture = CaptureRecording(state, device, handle);
+  if (capture == nullptr) return absl::OkStatus();
+  return Invalidate(
+      *capture,
+      WithAclError(absl::FailedPreconditionError(absl::StrCat(
+                       function,
+                       ": the event was recorded in a capture that has not "
+                       "ended; its record runs only in a replay (the capture "
+                       "is invalidated)")),
+                   ACL_ERROR_RT_EVENT_CAPTURED));
+}
+
 absl::Status CheckUnsafeCall(State& state, const char* function) {
   absl::MutexLock lock(&state.mu);
   if (state.captures.empty()) return absl::OkStatus();
@@ -83,7 +106,9 @@ absl::Status CheckUnsafeCall(State& state, const char* function) {
           "aclmdlRICaptureThreadExchangeMode first (the capture is "
           "invalidated)")),
       ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT);
-  for (Capture* capture : forbidding) Invalidate(*capture, refused);
+  for (Capture* capture : forbidding) {
+    Invalidate(*capture, refused).IgnoreError();
+  }
   return refused;
 }
 

@@ -498,34 +498,36 @@ aclnnStatus Plan(const char* function, const std::string& op,
   return ACLNN_SUCCESS;
 }
 
-// Phase two on a capturing stream: the launch is recorded and its
-// executor moves into the capture, whether repeatable or not (the graph
-// owns it once defined). Under `state.mu`.
+namespace {
+
+// Phase two on a capturing stream: the launch is recorded, checked as a
+// sent one would be, and its executor moves into the capture, repeatable
+// or not (the graph owns it once defined). Under `state.mu`.
 aclnnStatus CaptureLaunch(State& state, const char* function,
-                          Capture& capture,
+                          const Pinned& pinned, Capture& capture,
                           std::map<uintptr_t, ExecutorEntry>::iterator it,
                           aclrtStream stream, uint64_t stream_handle,
                           uint64_t buffer, uint64_t offset,
                           uint64_t workspace_size) {
   if (!capture.invalidated.ok()) {
     return Fail(ACLNN_ERR_RUNTIME_ERROR,
-                absl::StrCat(function, ": the capture of this stream was "
-                                       "invalidated: ",
+                absl::StrCat(function,
+                             ": the capture of this stream was "
+                             "invalidated: ",
                              capture.invalidated.message()));
   }
-  v1::PipelineCommand task;
-  v1::ExecuteRequest& launch = *task.mutable_launch();
-  launch.set_executor(it->second.executor.handle());
-  launch.set_workspace_buffer(buffer);
-  launch.set_workspace_offset(offset);
-  launch.set_workspace_size(workspace_size);
-  launch.set_stream(stream_handle);
-  Record(capture, reinterpret_cast<uintptr_t>(stream), std::move(task),
+  absl::StatusOr<v1::PipelineCommand> task =
+      pinned.session->LaunchCommand(it->second.executor.handle(), stream_handle,
+                                    buffer, offset, workspace_size);
+  if (!task.ok()) return FailAclnn(pinned.Named(task.status()));
+  Record(capture, reinterpret_cast<uintptr_t>(stream), *std::move(task),
          it->second.op);
   capture.executors.push_back(std::move(it->second.executor));
   state.executors.erase(it);
   return ACLNN_SUCCESS;
 }
+
+}  // namespace
 
 // Phase two of every operator.
 aclnnStatus Launch(const char* function, void* workspace,
@@ -591,7 +593,7 @@ aclnnStatus Launch(const char* function, void* workspace,
     offset = range->offset;
   }
   if (Capture* capture = CaptureOf(state, stream); capture != nullptr) {
-    return CaptureLaunch(state, function, *capture, it, stream,
+    return CaptureLaunch(state, function, pinned, *capture, it, stream,
                          *stream_handle, buffer, offset, workspace_size);
   }
   // The call runs without the lock. A single-use

@@ -342,6 +342,17 @@ absl::Status Invalidate(Capture& capture, absl::Status why);
 absl::Status RefuseIfCapturing(State& state, const char* function,
                                aclrtStream stream);
 
+// The capture (not ended) that recorded event `handle` of device
+// `device`, or null. Under `state.mu`.
+Capture* CaptureRecording(State& state, uint32_t device, uint64_t handle);
+
+// `function` (a query or synchronize of the event) is refused while a
+// capture recorded the event: its record was never sent, so it completes
+// only in a replay. ACL_ERROR_RT_EVENT_CAPTURED, invalidating the capture;
+// OK otherwise. Under `state.mu`.
+absl::Status RefuseIfEventCaptured(State& state, const char* function,
+                                   uint32_t device, uint64_t handle);
+
 // An unsafe call (synchronous copies and memsets, device synchronizes)
 // while captures are going on: allowed or not by the calling thread's mode
 // and the captures' modes, as CANN rules (docs/graphs.md).
