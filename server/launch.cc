@@ -59,6 +59,37 @@ absl::StatusOr<std::shared_ptr<Executor>> PlanExecutor(
       Executor{*std::move(plan), std::move(buffers)});
 }
 
+absl::StatusOr<LaunchWorkspace> CheckWorkspace(
+    const v1::ExecuteRequest& request, const Executor& executor,
+    Session& session) {
+  LaunchWorkspace workspace;
+  workspace.size = request.workspace_size();
+  const uint64_t needed = executor.plan->workspace_size();
+  if (needed == 0) return workspace;
+  if (request.workspace_size() < needed) {
+    return kernels::ParamInvalid(absl::StrCat(
+        "workspaceSize ", request.workspace_size(), " is smaller than the ",
+        needed, " bytes GetWorkspaceSize reported"));
+  }
+  absl::StatusOr<std::shared_ptr<Buffer>> buffer =
+      session.GetBuffer(request.workspace_buffer());
+  if (!buffer.ok()) {
+    return kernels::AclnnError(
+        kernels::kAclnnErrParamInvalid, absl::StatusCode::kNotFound,
+        absl::StrCat("workspace: ", buffer.status().message()));
+  }
+  if (absl::Status s =
+          CheckRange(request.workspace_offset(), request.workspace_size(),
+                     (*buffer)->size(), "workspace");
+      !s.ok()) {
+    return kernels::ParamInvalid(s.message());
+  }
+  workspace.buffer = *std::move(buffer);
+  workspace.data = static_cast<char*>(workspace.buffer->data()) +
+                   request.workspace_offset();
+  return workspace;
+}
+
 absl::Status LaunchExecutor(const v1::ExecuteRequest& request,
                             Session& session) {
   absl::StatusOr<std::shared_ptr<Stream>> stream =
@@ -76,32 +107,11 @@ absl::Status LaunchExecutor(const v1::ExecuteRequest& request,
   absl::StatusOr<std::shared_ptr<Executor>> executor =
       session.ExecutorForLaunch(request.executor(), /*consume=*/false);
   if (!executor.ok()) return executor.status();
-  const uint64_t needed = (*executor)->plan->workspace_size();
-  std::shared_ptr<Buffer> workspace;
-  void* workspace_data = nullptr;
-  if (needed > 0) {
-    if (request.workspace_size() < needed) {
-      return kernels::ParamInvalid(absl::StrCat(
-          "workspaceSize ", request.workspace_size(), " is smaller than the ",
-          needed, " bytes GetWorkspaceSize reported"));
-    }
-    absl::StatusOr<std::shared_ptr<Buffer>> buffer =
-        session.GetBuffer(request.workspace_buffer());
-    if (!buffer.ok()) {
-      return kernels::AclnnError(
-          kernels::kAclnnErrParamInvalid, absl::StatusCode::kNotFound,
-          absl::StrCat("workspace: ", buffer.status().message()));
-    }
-    if (absl::Status s =
-            CheckRange(request.workspace_offset(), request.workspace_size(),
-                       (*buffer)->size(), "workspace");
-        !s.ok()) {
-      return kernels::ParamInvalid(s.message());
-    }
-    workspace = *std::move(buffer);
-    workspace_data =
-        static_cast<char*>(workspace->data()) + request.workspace_offset();
-  }
+  absl::StatusOr<LaunchWorkspace> checked =
+      CheckWorkspace(request, **executor, session);
+  if (!checked.ok()) return checked.status();
+  std::shared_ptr<Buffer> workspace = std::move(checked->buffer);
+  void* workspace_data = checked->data;
   const bool tiny = (*executor)->plan->numel() <= kInlineLaunchElements;
   // A full or destroyed stream refuses the launch without consuming the
   // executor (Session::Launch).

@@ -22,6 +22,18 @@ absl::StatusOr<std::shared_ptr<Executor>> PlanExecutor(
     const v1::GetWorkspaceSizeRequest& request, Session& session,
     uint64_t max_launch_elements);
 
+// The workspace a launch of `executor` gives (`request`'s workspace
+// fields), checked as Execute checks it: its buffer (null when the plan
+// needs none) and the address the launch passes.
+struct LaunchWorkspace {
+  std::shared_ptr<Buffer> buffer;
+  void* data = nullptr;
+  uint64_t size = 0;
+};
+absl::StatusOr<LaunchWorkspace> CheckWorkspace(
+    const v1::ExecuteRequest& request, const Executor& executor,
+    Session& session);
+
 // Execute's work on `session` (the request's session field is not read):
 // checks the stream, executor and workspace, consumes a single-use executor
 // and queues the launch on the stream, whose task runs it on the stream's

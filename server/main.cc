@@ -95,6 +95,12 @@ ABSL_FLAG(uint32_t, max_pending_synchronizes_per_session, 256,
           "SynchronizeStream and SynchronizeEvent calls one session may have "
           "waiting; more are RESOURCE_EXHAUSTED. A cancelled call, or one "
           "past its deadline, stops counting at once.");
+ABSL_FLAG(uint32_t, max_graphs_per_session, 64,
+          "Graphs (captured steps, defined by the Pipeline's define_graph) "
+          "one session may hold; more are RESOURCE_EXHAUSTED.");
+ABSL_FLAG(uint64_t, max_graph_tasks_per_session, 65536,
+          "Tasks of all the graphs one session holds together; a definition "
+          "past it is RESOURCE_EXHAUSTED.");
 ABSL_FLAG(uint32_t, max_concurrent_evaluates, 4,
           "Evaluate calls that may compute at once.");
 ABSL_FLAG(uint32_t, max_pipelines_per_session, 8,
@@ -269,6 +275,10 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_attach_per_session);
   options.session_limits.max_pending_synchronizes_per_session =
       absl::GetFlag(FLAGS_max_pending_synchronizes_per_session);
+  options.session_limits.max_graphs_per_session =
+      absl::GetFlag(FLAGS_max_graphs_per_session);
+  options.session_limits.max_graph_tasks_per_session =
+      absl::GetFlag(FLAGS_max_graph_tasks_per_session);
   options.session_limits.max_concurrent_evaluates =
       absl::GetFlag(FLAGS_max_concurrent_evaluates);
   options.session_limits.max_pipelines_per_session =

@@ -10,8 +10,14 @@
 namespace opserver {
 namespace {
 
-// Buffer `handle` of `session` when [offset, offset + size) lies inside it.
-absl::StatusOr<std::shared_ptr<Buffer>> Range(Session& session, uint64_t handle,
+absl::Status NoDevice() {
+  return absl::FailedPreconditionError(
+      "the stream has no device stream (the device could not create one)");
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Buffer>> BufferRange(Session& session, uint64_t handle,
                                               uint64_t offset, uint64_t size,
                                               absl::string_view what) {
   absl::StatusOr<std::shared_ptr<Buffer>> buffer = session.GetBuffer(handle);
@@ -25,20 +31,13 @@ absl::StatusOr<std::shared_ptr<Buffer>> Range(Session& session, uint64_t handle,
   return buffer;
 }
 
-absl::Status NoDevice() {
-  return absl::FailedPreconditionError(
-      "the stream has no device stream (the device could not create one)");
-}
-
-}  // namespace
-
 absl::Status QueueMemset(Session& session, Stream& stream,
                          const v1::MemsetRequest& request) {
   if (request.value() > 0xff) {
     return absl::InvalidArgumentError(absl::StrCat(
         "memset value ", request.value(), " is not a byte (0 to 255)"));
   }
-  absl::StatusOr<std::shared_ptr<Buffer>> buffer = Range(
+  absl::StatusOr<std::shared_ptr<Buffer>> buffer = BufferRange(
       session, request.buffer(), request.offset(), request.size(), "memset of");
   if (!buffer.ok()) return buffer.status();
   std::shared_ptr<DeviceStream> device = stream.device_stream();
@@ -55,11 +54,11 @@ absl::Status QueueMemset(Session& session, Stream& stream,
 absl::Status QueueCopy(Session& session, Stream& stream,
                        const v1::CopyDeviceToDeviceRequest& request) {
   absl::StatusOr<std::shared_ptr<Buffer>> src =
-      Range(session, request.src_buffer(), request.src_offset(), request.size(),
+      BufferRange(session, request.src_buffer(), request.src_offset(), request.size(),
             "copy source");
   if (!src.ok()) return src.status();
   absl::StatusOr<std::shared_ptr<Buffer>> dst =
-      Range(session, request.dst_buffer(), request.dst_offset(), request.size(),
+      BufferRange(session, request.dst_buffer(), request.dst_offset(), request.size(),
             "copy destination");
   if (!dst.ok()) return dst.status();
   std::shared_ptr<DeviceStream> device = stream.device_stream();

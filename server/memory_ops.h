@@ -5,12 +5,26 @@
 #ifndef OPSERVER_SERVER_MEMORY_OPS_H_
 #define OPSERVER_SERVER_MEMORY_OPS_H_
 
+#include <cstdint>
+#include <memory>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "proto/opserver.pb.h"
 #include "server/session.h"
 #include "server/stream.h"
 
 namespace opserver {
+
+// Buffer `handle` of `session` when [offset, offset + size) lies inside
+// it: NOT_FOUND for an unknown buffer, OUT_OF_RANGE (its message starting
+// with `what`) for a range outside it (overflow-safe).
+absl::StatusOr<std::shared_ptr<Buffer>> BufferRange(Session& session,
+                                                    uint64_t handle,
+                                                    uint64_t offset,
+                                                    uint64_t size,
+                                                    absl::string_view what);
 
 // Queues `request` on `stream` (the caller resolved request.stream(), so it
 // can charge a pipelined command's error to it). Returns once queued:

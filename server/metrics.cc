@@ -164,6 +164,10 @@ class Metrics::SnapshotCollector final : public prometheus::Collectable {
          "SynchronizeStream and SynchronizeEvent calls not yet answered, per "
          "tenant.",
          &MetricsSnapshot::Tenant::pending_synchronizes},
+        {"opserver_graphs", "Graphs defined and not destroyed, per tenant.",
+         &MetricsSnapshot::Tenant::graphs},
+        {"opserver_graph_tasks", "Tasks of those graphs, per tenant.",
+         &MetricsSnapshot::Tenant::graph_tasks},
     };
     for (const auto& m : per_tenant) {
       prometheus::MetricFamily& f = family(m.name, m.help, MetricType::Gauge);
@@ -365,6 +369,11 @@ void Metrics::DeferredError() {
   commands_.deferred_errors.fetch_add(1, std::memory_order_relaxed);
 }
 
+void Metrics::GraphReplayed(uint64_t tasks) {
+  commands_.graph_replays.fetch_add(1, std::memory_order_relaxed);
+  commands_.graph_replayed_tasks.fetch_add(tasks, std::memory_order_relaxed);
+}
+
 void Metrics::CollectEvents(
     std::vector<prometheus::MetricFamily>* families) const {
   using prometheus::MetricType;
@@ -421,6 +430,17 @@ void Metrics::CollectEvents(
       MetricType::Counter,
       {counter({},
                commands_.deferred_errors.load(std::memory_order_relaxed))}});
+  families->push_back(prometheus::MetricFamily{
+      "opserver_graph_replays_total",
+      "Graph replays queued (Pipeline's replay_graph and ReplayGraph).",
+      MetricType::Counter,
+      {counter({}, commands_.graph_replays.load(std::memory_order_relaxed))}});
+  families->push_back(prometheus::MetricFamily{
+      "opserver_graph_replayed_tasks_total",
+      "Tasks of the graph replays queued.",
+      MetricType::Counter,
+      {counter({}, commands_.graph_replayed_tasks.load(
+                       std::memory_order_relaxed))}});
 
   prometheus::ClientMetric wait;
   wait.histogram.sample_sum =

@@ -62,6 +62,8 @@ struct MetricsSnapshot {
     uint64_t pending_event_operations = 0;
     uint64_t attach_streams = 0;
     uint64_t pending_synchronizes = 0;
+    uint64_t graphs = 0;
+    uint64_t graph_tasks = 0;
   };
   std::vector<Tenant> tenants;
   // One per device the server owns, labelled by its index.
@@ -133,6 +135,8 @@ class Metrics {
   void PipelineCommand(int command_case);
   // A fence reported a deferred error to its client.
   void DeferredError();
+  // A replay of a graph of `tasks` tasks was queued.
+  void GraphReplayed(uint64_t tasks);
 
   // The registry the event metrics live in (for tests).
   prometheus::Registry& registry() { return *registry_; }
@@ -175,6 +179,8 @@ class Metrics {
     std::array<std::atomic<uint64_t>, kCommandSlots> by_case{};
     std::atomic<uint64_t> batches{0};
     std::atomic<uint64_t> deferred_errors{0};
+    std::atomic<uint64_t> graph_replays{0};
+    std::atomic<uint64_t> graph_replayed_tasks{0};
   } commands_;
   struct alignas(64) WaitHistogram {
     std::array<std::atomic<uint64_t>, kWaitBuckets + 1> buckets{};  // +Inf.

@@ -19,6 +19,7 @@
 #include "kernels/tensor.h"
 #include "kernels/validate.h"
 #include "server/auth.h"
+#include "server/graph.h"
 #include "server/grpc_status_util.h"
 #include "server/launch.h"
 #include "server/log.h"
@@ -726,6 +727,69 @@ grpc::ServerUnaryReactor* OperatorService::DestroyExecutor(
       SessionOf(context, request->session());
   if (!session.ok()) return Reply(context, session.status());
   return Reply(context, (*session)->DestroyExecutor(request->executor()));
+}
+
+namespace {
+
+void FillGraphInfo(uint64_t id, const Graph& graph, v1::GraphInfo* info) {
+  info->set_graph(id);
+  info->set_tasks(graph.tasks());
+  info->set_replays(graph.replays());
+  info->set_pending_replays(graph.pending_replays());
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* OperatorService::ListGraphs(
+    grpc::CallbackServerContext* context, const v1::ListGraphsRequest* request,
+    v1::ListGraphsResponse* response) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      SessionOf(context, request->session());
+  if (!session.ok()) return Reply(context, session.status());
+  for (const auto& [id, graph] : (*session)->AllGraphs()) {
+    FillGraphInfo(id, *graph, response->add_graphs());
+  }
+  return Reply(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* OperatorService::DescribeGraph(
+    grpc::CallbackServerContext* context,
+    const v1::DescribeGraphRequest* request,
+    v1::DescribeGraphResponse* response) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      SessionOf(context, request->session());
+  if (!session.ok()) return Reply(context, session.status());
+  absl::StatusOr<std::shared_ptr<Graph>> graph =
+      (*session)->GetGraph(request->graph());
+  if (!graph.ok()) return Reply(context, graph.status());
+  FillGraphInfo(request->graph(), **graph, response->mutable_info());
+  for (std::string& line : (*graph)->Describe()) {
+    response->add_tasks(std::move(line));
+  }
+  return Reply(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* OperatorService::ReplayGraph(
+    grpc::CallbackServerContext* context, const v1::ReplayGraphRequest* request,
+    v1::ReplayGraphResponse* /*response*/) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      SessionOf(context, request->session());
+  if (!session.ok()) return Reply(context, session.status());
+  absl::StatusOr<std::shared_ptr<Stream>> stream =
+      (*session)->GetStream(request->stream());
+  if (!stream.ok()) return Reply(context, stream.status());
+  return Reply(context,
+               opserver::ReplayGraph(**session, request->graph(), **stream));
+}
+
+grpc::ServerUnaryReactor* OperatorService::DestroyGraph(
+    grpc::CallbackServerContext* context,
+    const v1::DestroyGraphRequest* request,
+    v1::DestroyGraphResponse* /*response*/) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      SessionOf(context, request->session());
+  if (!session.ok()) return Reply(context, session.status());
+  return Reply(context, (*session)->DestroyGraph(request->graph()));
 }
 
 grpc::ServerUnaryReactor* OperatorService::Evaluate(

@@ -17,6 +17,11 @@ namespace opserver {
 
 // v1::Operators::CallbackService with Pipeline and Evaluate raw (every
 // other method as the generated CallbackService has it).
+using OperatorsGraphs = v1::Operators::WithCallbackMethod_ListGraphs<
+    v1::Operators::WithCallbackMethod_DescribeGraph<
+        v1::Operators::WithCallbackMethod_ReplayGraph<
+            v1::Operators::WithCallbackMethod_DestroyGraph<
+                v1::Operators::Service>>>>;
 using OperatorsBase = v1::Operators::WithCallbackMethod_ListOperators<
     v1::Operators::WithCallbackMethod_GetWorkspaceSize<
         v1::Operators::WithCallbackMethod_Execute<
@@ -25,7 +30,7 @@ using OperatorsBase = v1::Operators::WithCallbackMethod_ListOperators<
                     v1::Operators::WithCallbackMethod_DestroyExecutor<
                         v1::Operators::WithRawCallbackMethod_Evaluate<
                             v1::Operators::WithRawCallbackMethod_Pipeline<
-                                v1::Operators::Service>>>>>>>>;
+                                OperatorsGraphs>>>>>>>>;
 
 // opserver.v1.Operators: the operator table and the aclnn two-phase call
 // (GetWorkspaceSize -> executor, Execute on a stream), plus Evaluate for
@@ -75,6 +80,24 @@ class OperatorService final : public OperatorsBase {
   grpc::ServerUnaryReactor* Evaluate(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
+  // Graphs by hand (server/graph.h): each translates one call of the
+  // session's graphs.
+  grpc::ServerUnaryReactor* ListGraphs(
+      grpc::CallbackServerContext* context,
+      const v1::ListGraphsRequest* request,
+      v1::ListGraphsResponse* response) override;
+  grpc::ServerUnaryReactor* DescribeGraph(
+      grpc::CallbackServerContext* context,
+      const v1::DescribeGraphRequest* request,
+      v1::DescribeGraphResponse* response) override;
+  grpc::ServerUnaryReactor* ReplayGraph(
+      grpc::CallbackServerContext* context,
+      const v1::ReplayGraphRequest* request,
+      v1::ReplayGraphResponse* response) override;
+  grpc::ServerUnaryReactor* DestroyGraph(
+      grpc::CallbackServerContext* context,
+      const v1::DestroyGraphRequest* request,
+      v1::DestroyGraphResponse* response) override;
 
  private:
   class Launcher;

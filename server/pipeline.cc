@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/aclnn_status.h"
 #include "server/event.h"
+#include "server/graph.h"
 #include "server/launch.h"
 #include "server/log.h"
 #include "server/memory_ops.h"
@@ -95,6 +96,12 @@ bool CommandPipeline::ApplyOne(Session& session,
       return Memset(session, command.memset(), resume);
     case C::kCopy:
       return Copy(session, command.copy(), resume);
+    case C::kDefineGraph:
+      return DefineGraph(session, command.define_graph());
+    case C::kReplayGraph:
+      return ReplayGraph(session, command.replay_graph(), resume);
+    case C::kDestroyGraph:
+      return DestroyGraph(session, command.destroy_graph());
     case C::COMMAND_NOT_SET:
       break;
   }
@@ -102,7 +109,8 @@ bool CommandPipeline::ApplyOne(Session& session,
       "an empty or unknown Pipeline command (this server knows plan, "
       "launch, destroy_executor, set_executor_repeatable, free, fence, "
       "write, create_event, record_event, wait_event, reset_event, "
-      "destroy_event, memset and copy)"));
+      "destroy_event, memset, copy, define_graph, replay_graph and "
+      "destroy_graph)"));
   return true;
 }
 
@@ -239,6 +247,28 @@ bool CommandPipeline::Copy(Session& session,
                   [&](Stream& stream) {
                     return QueueCopy(session, stream, copy);
                   });
+}
+
+bool CommandPipeline::DefineGraph(Session& session,
+                                  const v1::DefineGraphCommand& define) {
+  DeferToSession(opserver::DefineGraph(session, define), "DefineGraph ",
+                 define.graph());
+  return true;
+}
+
+bool CommandPipeline::ReplayGraph(Session& session,
+                                  const v1::ReplayGraphRequest& replay,
+                                  const Resume& resume) {
+  return OnStream(session, replay.stream(), "ReplayGraph", resume,
+                  [&](Stream& stream) {
+                    return opserver::ReplayGraph(session, replay.graph(),
+                                                 stream);
+                  });
+}
+
+bool CommandPipeline::DestroyGraph(Session& session, uint64_t id) {
+  DeferToSession(session.DestroyGraph(id), "DestroyGraph ", id);
+  return true;
 }
 
 bool CommandPipeline::OnStream(

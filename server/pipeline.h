@@ -102,6 +102,12 @@ class CommandPipeline {
               const Resume& resume);
   bool Copy(Session& session, const v1::CopyDeviceToDeviceRequest& copy,
             const Resume& resume);
+  // Graphs (server/graph.h): a refused definition or destroy is the
+  // session's error, a refused replay its stream's.
+  bool DefineGraph(Session& session, const v1::DefineGraphCommand& define);
+  bool ReplayGraph(Session& session, const v1::ReplayGraphRequest& replay,
+                   const Resume& resume);
+  bool DestroyGraph(Session& session, uint64_t id);
 
   // True when stream `stream_id` is full: then `resume` is called once it
   // has run what it holds. An unknown stream is not full (the command

@@ -372,6 +372,8 @@ grpc::ServerUnaryReactor* RuntimeService::GetSessionStats(
     response->set_pending_event_operations(stats.pending_event_operations);
     response->set_attach_streams(stats.attach_streams);
     response->set_pending_synchronizes(stats.pending_synchronizes);
+    response->set_graphs(stats.graphs);
+    response->set_graph_tasks(stats.graph_tasks);
     response->set_device((*session)->device_index());
   }
   return Reply(context, session.status());

@@ -360,7 +360,7 @@ MetricsSnapshot Server::MetricsSnapshotNow() const {
         owner.owner, absl::StrCat(owner.device), owner.sessions, owner.streams,
         owner.executors, owner.buffers, owner.buffer_bytes, owner.events,
         owner.pending_event_operations, owner.attach_streams,
-        owner.pending_synchronizes});
+        owner.pending_synchronizes, owner.graphs, owner.graph_tasks});
     s.devices[owner.device].queued_launches += owner.queued_launches;
   }
   const RuntimeService::TransferTotals totals = runtime_service_->Totals();

@@ -165,6 +165,14 @@ Session::~Session() {
   }
   for (auto& [handle, event] : events) event->Destroy();
   events.clear();
+  // Their replays were dropped with the streams' queued work.
+  std::map<uint64_t, GraphEntry> graphs;
+  {
+    absl::MutexLock lock(&mu_);
+    graphs.swap(graphs_);
+    graph_tasks_ = 0;
+  }
+  graphs.clear();
   default_stream_.reset();
 }
 
@@ -251,6 +259,7 @@ absl::Status Session::Free(uint64_t buffer) {
   if (it == buffers_.end()) return UnknownHandle("buffer", buffer);
   buffer_bytes_ -= it->second->size();
   doomed = std::move(it->second);
+  doomed->MarkFreed();
   buffers_.erase(it);
   return absl::OkStatus();
 }
@@ -362,7 +371,7 @@ absl::Status Session::AddExecutorAs(uint64_t handle,
 }
 
 absl::StatusOr<std::shared_ptr<Executor>> Session::ExecutorForLaunch(
-    uint64_t executor, bool consume, bool* consumed) {
+    uint64_t executor, bool consume, bool* consumed, bool* repeatable) {
   if (consumed != nullptr) *consumed = false;
   absl::MutexLock lock(&mu_);
   auto it = executors_.find(executor);
@@ -380,6 +389,7 @@ absl::StatusOr<std::shared_ptr<Executor>> Session::ExecutorForLaunch(
         absl::StrCat("no executor ", executor, " in this session"));
   }
   std::shared_ptr<Executor> result = it->second.executor;
+  if (repeatable != nullptr) *repeatable = it->second.repeatable;
   if (consume && !it->second.repeatable) {
     executors_.erase(it);
     if (consumed != nullptr) *consumed = true;
@@ -566,7 +576,87 @@ SessionStatsSnapshot Session::Stats() const {
   stats.pending_event_operations = event_budget_->held();
   stats.attach_streams = attach_calls_->load();
   stats.pending_synchronizes = synchronizes_->load();
+  stats.graphs = graphs_.size();
+  stats.graph_tasks = graph_tasks_;
   return stats;
+}
+
+absl::Status Session::AddGraph(uint64_t id, std::shared_ptr<Graph> graph,
+                               uint64_t tasks,
+                               const std::vector<uint64_t>& consume) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = UseClientIdLocked(id, "graph"); !s.ok()) return s;
+  if (graphs_.size() >= limits_->max_graphs_per_session) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the session has ", graphs_.size(),
+                     " graphs, the limit (--max_graphs_per_session); destroy "
+                     "one first"));
+  }
+  const uint64_t task_limit = limits_->max_graph_tasks_per_session;
+  if (tasks > task_limit - std::min(task_limit, graph_tasks_)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a graph of ", tasks, " tasks does not fit: the session's graphs hold ",
+        graph_tasks_, " of ", task_limit,
+        " tasks (--max_graph_tasks_per_session)"));
+  }
+  for (uint64_t executor : consume) {
+    if (!executors_.contains(executor)) {
+      return kernels::AclnnError(
+          kernels::kAclnnErrInnerNullptr, absl::StatusCode::kFailedPrecondition,
+          absl::StrCat("executor ", executor,
+                       " was consumed or destroyed while the graph was being "
+                       "defined"));
+    }
+  }
+  for (uint64_t executor : consume) executors_.erase(executor);
+  graphs_[id] = GraphEntry{std::move(graph), tasks};
+  graph_tasks_ += tasks;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Graph>> Session::GetGraph(uint64_t id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = graphs_.find(id);
+  if (it == graphs_.end()) return UnknownHandle("graph", id);
+  return it->second.graph;
+}
+
+absl::Status Session::DestroyGraph(uint64_t id) {
+  std::shared_ptr<Graph> doomed;  // Released outside the lock.
+  absl::MutexLock lock(&mu_);
+  auto it = graphs_.find(id);
+  if (it == graphs_.end()) return UnknownHandle("graph", id);
+  doomed = std::move(it->second.graph);
+  graph_tasks_ -= std::min(graph_tasks_, it->second.tasks);
+  graphs_.erase(it);
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<uint64_t, std::shared_ptr<Graph>>> Session::AllGraphs()
+    const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<uint64_t, std::shared_ptr<Graph>>> graphs;
+  graphs.reserve(graphs_.size());
+  for (const auto& [id, entry] : graphs_) graphs.emplace_back(id, entry.graph);
+  return graphs;
+}
+
+absl::StatusOr<MemoryCharge> Session::ChargeMemory(uint64_t bytes,
+                                                   absl::string_view what) {
+  if (absl::Status s = ReserveSessionBytes(
+          *held_bytes_, limits_->session_memory_bytes, bytes, what);
+      !s.ok()) {
+    return s;
+  }
+  return MemoryCharge(held_bytes_, bytes);
+}
+
+absl::flat_hash_map<const Buffer*, uint64_t> Session::BufferHandles() const {
+  absl::MutexLock lock(&mu_);
+  absl::flat_hash_map<const Buffer*, uint64_t> handles;
+  handles.reserve(buffers_.size());
+  for (const auto& [handle, buffer] : buffers_) handles[buffer.get()] = handle;
+  return handles;
 }
 
 namespace {
@@ -673,6 +763,8 @@ std::vector<SessionManager::OwnerStats> SessionManager::StatsByOwner() const {
     o.pending_event_operations += stats.pending_event_operations;
     o.attach_streams += stats.attach_streams;
     o.pending_synchronizes += stats.pending_synchronizes;
+    o.graphs += stats.graphs;
+    o.graph_tasks += stats.graph_tasks;
     for (const std::shared_ptr<Stream>& stream : session->AllStreams()) {
       o.queued_launches += stream->queued();
     }

@@ -25,6 +25,7 @@
 
 namespace opserver {
 
+class Graph;
 class Metrics;
 
 // Limits on what clients may hold; each is a server flag.
@@ -61,6 +62,11 @@ struct SessionLimits {
   // the event budget's unit, so they have a much smaller limit of their
   // own. A call cancelled or past its deadline stops counting at once.
   uint32_t max_pending_synchronizes_per_session = 256;
+  // Graphs (server/graph.h) defined and not destroyed on one session, and
+  // their tasks together: each task holds a prepared plan or a write's
+  // bytes, charged to the session's memory as well.
+  uint32_t max_graphs_per_session = 64;
+  uint64_t max_graph_tasks_per_session = 65536;
   absl::Duration idle_timeout = absl::Minutes(5);
   // Per owner identity (a token's tenant, a client certificate), so one
   // tenant cannot starve the others; 0 = no limit beyond the ones above.
@@ -120,6 +126,10 @@ class Buffer {
   // The device the memory is on (its session's): transfers address and
   // copy it through this one.
   Device* device() const { return device_; }
+  // Its handle was freed (Session::Free): work that still holds the memory
+  // may finish, but a graph replayed after this refuses to run on it.
+  void MarkFreed() { freed_.store(true, std::memory_order_relaxed); }
+  bool freed() const { return freed_.load(std::memory_order_relaxed); }
 
  private:
   Device* const device_;
@@ -129,6 +139,7 @@ class Buffer {
   const std::shared_ptr<std::atomic<uint64_t>> session_bytes_;
   const uint64_t charged_;
   const std::shared_ptr<std::atomic<uint64_t>> tenant_bytes_;
+  std::atomic<bool> freed_{false};
 };
 
 // A planned operator (aclOpExecutor): the plan the session's device
@@ -154,6 +165,8 @@ struct SessionStatsSnapshot {
   uint64_t pending_event_operations = 0;
   uint64_t attach_streams = 0;
   uint64_t pending_synchronizes = 0;
+  uint64_t graphs = 0;
+  uint64_t graph_tasks = 0;
 };
 
 // One unit of a count a session bounds (its open Attach calls, its
@@ -220,6 +233,7 @@ class Session {
   // launches, transfers), and its index on the server.
   Device* device() const { return device_; }
   uint32_t device_index() const { return device_index_; }
+  const SessionLimits& limits() const { return *limits_; }
   // The server's metrics (null in tests that make sessions by hand).
   Metrics* metrics() const { return metrics_; }
   void set_metrics(Metrics* metrics) { metrics_ = metrics; }
@@ -261,8 +275,10 @@ class Session {
   // repeatable one stays); without, it is only looked up. Unknown or consumed
   // executors fail with aclnn 561103. `*consumed` (if given) says whether
   // this call removed it.
+  // `*repeatable` (if given) says whether it is repeatable.
   absl::StatusOr<std::shared_ptr<Executor>> ExecutorForLaunch(
-      uint64_t executor, bool consume, bool* consumed = nullptr);
+      uint64_t executor, bool consume, bool* consumed = nullptr,
+      bool* repeatable = nullptr);
   // Queues executor `handle` on `stream` as the task `make_task` makes of it
   // (Stream::Enqueue's `inline_if_idle`), consuming a single-use executor.
   // A launch the stream refuses leaves the executor as it was, also when the
@@ -274,6 +290,29 @@ class Session {
       const std::function<Stream::Task(std::shared_ptr<Executor>)>& make_task);
   absl::Status SetExecutorRepeatable(uint64_t executor);
   absl::Status DestroyExecutor(uint64_t executor);
+
+  // Graphs (server/graph.h), stored here so they end with the session.
+  // AddGraph takes `graph` under `id` (the rules of AddExecutorAs, sharing
+  // its counter), within --max_graphs_per_session and
+  // --max_graph_tasks_per_session (RESOURCE_EXHAUSTED), and consumes the
+  // single-use executors `consume` names (FAILED_PRECONDITION, and nothing
+  // consumed, when one is gone meanwhile). All or nothing.
+  absl::Status AddGraph(uint64_t id, std::shared_ptr<Graph> graph,
+                        uint64_t tasks, const std::vector<uint64_t>& consume);
+  // NOT_FOUND like any unknown handle.
+  absl::StatusOr<std::shared_ptr<Graph>> GetGraph(uint64_t id) const;
+  // Removes graph `id` from the session; replays queued keep it until they
+  // ran (they hold it).
+  absl::Status DestroyGraph(uint64_t id);
+  // Every graph, by increasing id.
+  std::vector<std::pair<uint64_t, std::shared_ptr<Graph>>> AllGraphs() const;
+  // `bytes` of the session's memory (--session_memory_bytes) for what the
+  // server keeps for it besides buffers (a graph's plans and bytes), held
+  // until the charge is destroyed. RESOURCE_EXHAUSTED naming `what`.
+  absl::StatusOr<MemoryCharge> ChargeMemory(uint64_t bytes,
+                                            absl::string_view what);
+  // The handle of each live buffer, by its object.
+  absl::flat_hash_map<const Buffer*, uint64_t> BufferHandles() const;
 
   // Pipeline plans the server refused, under the id the client chose for
   // them, until that id is destroyed or the session ends. They count as
@@ -397,6 +436,13 @@ class Session {
   // std::map: TakeUnreportedRefusal reports the earliest id first.
   std::map<uint64_t, RefusedPlanEntry> refused_plans_ ABSL_GUARDED_BY(mu_);
   size_t unreported_refusals_ ABSL_GUARDED_BY(mu_) = 0;
+  struct GraphEntry {
+    std::shared_ptr<Graph> graph;
+    uint64_t tasks = 0;
+  };
+  // std::map: ListGraphs answers in id order.
+  std::map<uint64_t, GraphEntry> graphs_ ABSL_GUARDED_BY(mu_);
+  uint64_t graph_tasks_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, std::function<void()>> channels_
       ABSL_GUARDED_BY(mu_);
   uint64_t next_channel_ ABSL_GUARDED_BY(mu_) = 1;
@@ -499,6 +545,8 @@ class SessionManager {
     uint64_t pending_event_operations = 0;
     uint64_t attach_streams = 0;
     uint64_t pending_synchronizes = 0;
+    uint64_t graphs = 0;
+    uint64_t graph_tasks = 0;
   };
   std::vector<OwnerStats> StatsByOwner() const;
   // Buffers on all devices together.

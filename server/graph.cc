@@ -1,0 +1,451 @@
+#include "server/graph.h"
+
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/aclnn_status.h"
+#include "kernels/dtype.h"
+#include "kernels/validate.h"
+#include "server/launch.h"
+#include "server/log.h"
+#include "server/memory_ops.h"
+#include "server/metrics.h"
+
+namespace opserver {
+
+struct Graph::Task {
+  enum class Kind { kLaunch, kMemset, kCopy, kWrite, kRecord, kWait };
+  Kind kind = Kind::kLaunch;
+  // Launch: the plan and its workspace.
+  std::shared_ptr<Executor> executor;
+  LaunchWorkspace workspace;
+  // Memset, copy, write: where, from where, how much.
+  std::shared_ptr<Buffer> dst;
+  std::shared_ptr<Buffer> src;
+  uint64_t dst_offset = 0;
+  uint64_t src_offset = 0;
+  uint64_t size = 0;
+  int value = 0;
+  std::string data;
+  // Record, wait.
+  std::shared_ptr<Event> event;
+  // Describe's line.
+  std::string line;
+};
+
+struct Graph::Step {
+  enum class Kind { kRun, kRecord, kWait };
+  Kind kind = Kind::kRun;
+  size_t begin = 0;  // kRun: tasks [begin, end); else the event's task.
+  size_t end = 0;
+};
+
+struct Graph::UsedBuffer {
+  std::shared_ptr<Buffer> buffer;
+  uint64_t handle = 0;
+  size_t first_task = 0;
+};
+
+// Held by the queued parts of one replay: the graph stays while any is
+// queued, and pending_replays counts the replay until the last is gone
+// (run or dropped).
+struct Graph::ReplayState {
+  explicit ReplayState(std::shared_ptr<const Graph> graph)
+      : graph(std::move(graph)) {
+    this->graph->pending_->fetch_add(1);
+  }
+  ~ReplayState() { graph->pending_->fetch_sub(1); }
+  const std::shared_ptr<const Graph> graph;
+  // A part failed: the later parts of this replay do not run.
+  std::atomic<bool> failed{false};
+};
+
+namespace {
+
+using TaskKind = Graph::Task::Kind;
+
+std::string StreamName(uint64_t stream) {
+  return absl::StrCat("stream ", stream);
+}
+
+std::string DescribeLaunch(const v1::ExecuteRequest& launch,
+                           const Executor& executor) {
+  const kernels::OpCall& call = executor.plan->call();
+  const kernels::TensorView* out =
+      call.out.has_value() ? &*call.out : nullptr;
+  std::string shape =
+      out == nullptr
+          ? std::string("?")
+          : absl::StrCat(kernels::DTypeName(out->dtype), "[",
+                         absl::StrJoin(out->shape, ","), "]");
+  std::string workspace =
+      launch.workspace_size() == 0
+          ? std::string()
+          : absl::StrCat(", workspace buffer ", launch.workspace_buffer(),
+                         " +", launch.workspace_offset(), " (",
+                         launch.workspace_size(), " bytes)");
+  return absl::StrCat("launch ", kernels::GetOpInfo(call.op).name, " ", shape,
+                      " (executor ", launch.executor(), workspace, ", ",
+                      StreamName(launch.stream()), ")");
+}
+
+// One task of a definition, validated and prepared; `used` collects the
+// buffers it holds.
+class TaskBuilder {
+ public:
+  explicit TaskBuilder(Session& session) : session_(session) {}
+
+  absl::StatusOr<Graph::Task> Build(const v1::PipelineCommand& command) {
+    using C = v1::PipelineCommand;
+    switch (command.command_case()) {
+      case C::kLaunch:
+        return Launch(command.launch());
+      case C::kMemset:
+        return Memset(command.memset());
+      case C::kCopy:
+        return Copy(command.copy());
+      case C::kWrite:
+        return Write(command.write());
+      case C::kRecordEvent:
+        return EventTask(TaskKind::kRecord, command.record_event().event(),
+                         command.record_event().stream(), "record_event");
+      case C::kWaitEvent:
+        return EventTask(TaskKind::kWait, command.wait_event().event(),
+                         command.wait_event().stream(), "wait_event");
+      default:
+        break;
+    }
+    const google::protobuf::FieldDescriptor* field =
+        C::descriptor()->FindFieldByNumber(command.command_case());
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a graph holds launch, memset, copy, write, record_event and "
+        "wait_event commands, not ",
+        field != nullptr ? field->name() : std::string("an empty command")));
+  }
+
+  // The single-use executors the launches consume.
+  const std::vector<uint64_t>& consumed() const { return consumed_; }
+  uint64_t write_bytes() const { return write_bytes_; }
+
+ private:
+  absl::Status CheckStream(uint64_t stream) {
+    return session_.GetStream(stream).status();
+  }
+
+  absl::StatusOr<Graph::Task> Launch(const v1::ExecuteRequest& launch) {
+    if (absl::Status s = CheckStream(launch.stream()); !s.ok()) return s;
+    // A refused plan's launch reports the plan's error, as a launch does.
+    if (std::optional<absl::Status> refused =
+            session_.RefusedPlan(launch.executor(), /*launch=*/true)) {
+      return *std::move(refused);
+    }
+    bool repeatable = false;
+    absl::StatusOr<std::shared_ptr<Executor>> executor =
+        session_.ExecutorForLaunch(launch.executor(), /*consume=*/false,
+                                   nullptr, &repeatable);
+    if (!executor.ok()) return executor.status();
+    if (!repeatable) {
+      if (!launched_.insert(launch.executor()).second) {
+        return kernels::AclnnError(
+            kernels::kAclnnErrInnerNullptr,
+            absl::StatusCode::kFailedPrecondition,
+            absl::StrCat("executor ", launch.executor(),
+                         " is launched twice in the graph and is not "
+                         "repeatable (aclSetAclOpExecutorRepeatable)"));
+      }
+      consumed_.push_back(launch.executor());
+    }
+    absl::StatusOr<LaunchWorkspace> workspace =
+        CheckWorkspace(launch, **executor, session_);
+    if (!workspace.ok()) return workspace.status();
+    Graph::Task task;
+    task.kind = TaskKind::kLaunch;
+    task.line = DescribeLaunch(launch, **executor);
+    task.executor = *std::move(executor);
+    task.workspace = *std::move(workspace);
+    return task;
+  }
+
+  absl::StatusOr<Graph::Task> Memset(const v1::MemsetRequest& memset) {
+    if (absl::Status s = CheckStream(memset.stream()); !s.ok()) return s;
+    if (memset.value() > 0xff) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "memset value ", memset.value(), " is not a byte (0 to 255)"));
+    }
+    absl::StatusOr<std::shared_ptr<Buffer>> dst = BufferRange(
+        session_, memset.buffer(), memset.offset(), memset.size(), "memset of");
+    if (!dst.ok()) return dst.status();
+    Graph::Task task;
+    task.kind = TaskKind::kMemset;
+    task.dst = *std::move(dst);
+    task.dst_offset = memset.offset();
+    task.size = memset.size();
+    task.value = static_cast<int>(memset.value());
+    task.line = absl::StrCat("memset buffer ", memset.buffer(), " [",
+                             memset.offset(), ", +", memset.size(), ") to ",
+                             memset.value(), " (", StreamName(memset.stream()),
+                             ")");
+    return task;
+  }
+
+  absl::StatusOr<Graph::Task> Copy(const v1::CopyDeviceToDeviceRequest& copy) {
+    if (absl::Status s = CheckStream(copy.stream()); !s.ok()) return s;
+    absl::StatusOr<std::shared_ptr<Buffer>> src =
+        BufferRange(session_, copy.src_buffer(), copy.src_offset(),
+                    copy.size(), "copy source");
+    if (!src.ok()) return src.status();
+    absl::StatusOr<std::shared_ptr<Buffer>> dst =
+        BufferRange(session_, copy.dst_buffer(), copy.dst_offset(),
+                    copy.size(), "copy destination");
+    if (!dst.ok()) return dst.status();
+    Graph::Task task;
+    task.kind = TaskKind::kCopy;
+    task.src = *std::move(src);
+    task.dst = *std::move(dst);
+    task.src_offset = copy.src_offset();
+    task.dst_offset = copy.dst_offset();
+    task.size = copy.size();
+    task.line = absl::StrCat("copy buffer ", copy.src_buffer(), " [",
+                             copy.src_offset(), ", +", copy.size(),
+                             ") to buffer ", copy.dst_buffer(), " at ",
+                             copy.dst_offset(), " (", StreamName(copy.stream()),
+                             ")");
+    return task;
+  }
+
+  absl::StatusOr<Graph::Task> Write(const v1::WriteCommand& write) {
+    if (absl::Status s = CheckStream(write.stream()); !s.ok()) return s;
+    // The pipelined write's limit (CommandPipeline::kMaxCommandBytes).
+    constexpr uint64_t kMaxWriteBytes = 1 << 20;
+    if (write.data().size() > kMaxWriteBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a write of ", write.data().size(),
+                       " bytes is over the limit of ", kMaxWriteBytes));
+    }
+    absl::StatusOr<std::shared_ptr<Buffer>> dst =
+        BufferRange(session_, write.buffer(), write.offset(),
+                    write.data().size(), "write of");
+    if (!dst.ok()) return dst.status();
+    Graph::Task task;
+    task.kind = TaskKind::kWrite;
+    task.dst = *std::move(dst);
+    task.dst_offset = write.offset();
+    task.size = write.data().size();
+    task.data = write.data();
+    write_bytes_ += task.size;
+    task.line = absl::StrCat("write ", task.size, " bytes to buffer ",
+                             write.buffer(), " at ", write.offset(), " (",
+                             StreamName(write.stream()), ")");
+    return task;
+  }
+
+  absl::StatusOr<Graph::Task> EventTask(TaskKind kind, uint64_t event,
+                                        uint64_t stream,
+                                        absl::string_view what) {
+    if (absl::Status s = CheckStream(stream); !s.ok()) return s;
+    absl::StatusOr<std::shared_ptr<Event>> found = session_.GetEvent(event);
+    if (!found.ok()) return found.status();
+    Graph::Task task;
+    task.kind = kind;
+    task.event = *std::move(found);
+    task.line = absl::StrCat(what, " ", event, " (", StreamName(stream), ")");
+    return task;
+  }
+
+  Session& session_;
+  absl::flat_hash_set<uint64_t> launched_;
+  std::vector<uint64_t> consumed_;
+  uint64_t write_bytes_ = 0;
+};
+
+}  // namespace
+
+Graph::Graph(uint64_t id) : id_(id) {}
+
+Graph::~Graph() = default;
+
+uint64_t Graph::tasks() const { return tasks_.size(); }
+
+std::vector<std::string> Graph::Describe() const {
+  std::vector<std::string> lines;
+  lines.reserve(tasks_.size());
+  for (size_t i = 0; i < tasks_.size(); ++i) {
+    lines.push_back(absl::StrCat(i + 1, ": ", tasks_[i].line));
+  }
+  return lines;
+}
+
+absl::Status Graph::Named(const absl::Status& error, size_t task) const {
+  return kernels::AclnnError(
+      kernels::GetAclnnStatus(error), error.code(),
+      Truncated(absl::StrCat("replay of graph ", id_, ": task ", task + 1,
+                             " of ", tasks_.size(), ": ", error.message()),
+                kMaxKeptErrorBytes));
+}
+
+absl::Status Graph::Run(DeviceStream& device, size_t begin, size_t end) const {
+  for (size_t i = begin; i < end; ++i) {
+    const Task& t = tasks_[i];
+    absl::Status status;
+    switch (t.kind) {
+      case TaskKind::kLaunch:
+        status = device.Launch(*t.executor->plan, t.workspace.data,
+                               t.workspace.size);
+        break;
+      case TaskKind::kMemset:
+        status = device.Memset(static_cast<char*>(t.dst->data()) + t.dst_offset,
+                               t.value, t.size);
+        break;
+      case TaskKind::kCopy:
+        status = device.CopyOnDevice(
+            static_cast<char*>(t.dst->data()) + t.dst_offset,
+            static_cast<const char*>(t.src->data()) + t.src_offset, t.size);
+        break;
+      case TaskKind::kWrite:
+        status = device.CopyToDevice(
+            static_cast<char*>(t.dst->data()) + t.dst_offset, t.data.data(),
+            t.size);
+        break;
+      case TaskKind::kRecord:
+      case TaskKind::kWait:
+        break;  // Steps of their own.
+    }
+    if (!status.ok()) return Named(status, i);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Graph::Replay(Stream& stream) {
+  for (const UsedBuffer& used : buffers_) {
+    if (used.buffer->freed()) {
+      return Named(
+          absl::FailedPreconditionError(absl::StrCat(
+              "buffer ", used.handle,
+              " was freed after the graph was defined; the graph still holds "
+              "its memory, but does not run on it (define the graph again "
+              "on live buffers)")),
+          used.first_task);
+    }
+  }
+  std::shared_ptr<DeviceStream> device = stream.device_stream();
+  if (device == nullptr) {
+    return absl::FailedPreconditionError(
+        "the stream has no device stream (the device could not create one)");
+  }
+  auto state = std::make_shared<ReplayState>(shared_from_this());
+  replays_.fetch_add(1);
+  if (metrics_ != nullptr) metrics_->GraphReplayed(tasks_.size());
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const Step& step = steps_[i];
+    absl::Status status;
+    switch (step.kind) {
+      case Step::Kind::kRun:
+        status = stream.Enqueue([state, device, begin = step.begin,
+                                 end = step.end]() -> absl::Status {
+          if (state->failed.load()) return absl::OkStatus();
+          absl::Status ran = state->graph->Run(*device, begin, end);
+          if (!ran.ok()) state->failed.store(true);
+          return ran;
+        });
+        break;
+      case Step::Kind::kRecord:
+        status = tasks_[step.begin].event->Record(stream);
+        break;
+      case Step::Kind::kWait:
+        status = tasks_[step.begin].event->Wait(stream);
+        break;
+    }
+    if (status.ok()) continue;
+    if (i == 0) return Named(status, step.begin);
+    // Part of the replay is queued: the rest is the stream's error, in
+    // order, and the parts queued run (they cannot be taken back).
+    stream.Fail(Named(status, step.begin));
+    return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DefineGraph(Session& session,
+                         const v1::DefineGraphCommand& define) {
+  const uint64_t count = static_cast<uint64_t>(define.tasks_size());
+  if (count == 0) {
+    return absl::InvalidArgumentError("a graph needs at least one task");
+  }
+  // The cheap refusal first: a definition over the limit is not looked at.
+  const uint64_t limit = session.limits().max_graph_tasks_per_session;
+  if (count > limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a graph of ", count, " tasks is over the limit of ", limit,
+        " tasks per session (--max_graph_tasks_per_session)"));
+  }
+  std::shared_ptr<Graph> graph(new Graph(define.graph()));
+  graph->tasks_.reserve(count);
+  TaskBuilder builder(session);
+  for (uint64_t i = 0; i < count; ++i) {
+    absl::StatusOr<Graph::Task> task =
+        builder.Build(define.tasks(static_cast<int>(i)));
+    if (!task.ok()) {
+      return kernels::AclnnError(
+          kernels::GetAclnnStatus(task.status()), task.status().code(),
+          absl::StrCat("task ", i + 1, " of ", count, ": ",
+                       task.status().message()));
+    }
+    graph->tasks_.push_back(*std::move(task));
+  }
+  // The replay's steps, and every buffer once.
+  absl::flat_hash_map<const Buffer*, uint64_t> handles = session.BufferHandles();
+  absl::flat_hash_map<const Buffer*, size_t> seen;
+  auto use = [&](const std::shared_ptr<Buffer>& buffer, size_t task) {
+    if (buffer == nullptr || !seen.emplace(buffer.get(), task).second) return;
+    auto handle = handles.find(buffer.get());
+    graph->buffers_.push_back(Graph::UsedBuffer{
+        buffer, handle != handles.end() ? handle->second : 0, task});
+  };
+  absl::flat_hash_set<const Event*> recorded;
+  for (size_t i = 0; i < graph->tasks_.size(); ++i) {
+    Graph::Task& t = graph->tasks_[i];
+    if (t.kind == TaskKind::kRecord || t.kind == TaskKind::kWait) {
+      // A wait on a record earlier in the graph holds by the order alone.
+      if (t.kind == TaskKind::kWait && recorded.contains(t.event.get())) {
+        continue;
+      }
+      if (t.kind == TaskKind::kRecord) recorded.insert(t.event.get());
+      graph->steps_.push_back(
+          Graph::Step{t.kind == TaskKind::kRecord ? Graph::Step::Kind::kRecord
+                                                  : Graph::Step::Kind::kWait,
+                      i, i + 1});
+      continue;
+    }
+    if (graph->steps_.empty() ||
+        graph->steps_.back().kind != Graph::Step::Kind::kRun) {
+      graph->steps_.push_back(Graph::Step{Graph::Step::Kind::kRun, i, i});
+    }
+    graph->steps_.back().end = i + 1;
+    if (t.executor != nullptr) {
+      for (const std::shared_ptr<Buffer>& b : t.executor->buffers) use(b, i);
+    }
+    use(t.workspace.buffer, i);
+    use(t.dst, i);
+    use(t.src, i);
+  }
+  const uint64_t bytes =
+      kGraphBytes + count * kGraphTaskBytes + builder.write_bytes();
+  absl::StatusOr<MemoryCharge> charge = session.ChargeMemory(
+      bytes, absl::StrCat("a graph of ", count, " tasks"));
+  if (!charge.ok()) return charge.status();
+  graph->charge_ = *std::move(charge);
+  graph->metrics_ = session.metrics();
+  return session.AddGraph(define.graph(), std::move(graph), count,
+                          builder.consumed());
+}
+
+absl::Status ReplayGraph(Session& session, uint64_t graph, Stream& stream) {
+  absl::StatusOr<std::shared_ptr<Graph>> found = session.GetGraph(graph);
+  if (!found.ok()) return found.status();
+  return (*found)->Replay(stream);
+}
+
+}  // namespace opserver
