@@ -501,8 +501,9 @@ aclnnStatus Plan(const char* function, const std::string& op,
 namespace {
 
 // Phase two on a capturing stream: the launch is recorded, checked as a
-// sent one would be, and its executor moves into the capture, repeatable
-// or not (the graph owns it once defined). Under `state.mu`.
+// sent one would be. A single-use executor moves into the capture (the
+// graph owns it once defined); a repeatable one stays the program's, as it
+// stays the session's on the server. Under `state.mu`.
 aclnnStatus CaptureLaunch(State& state, const char* function,
                           const Pinned& pinned, Capture& capture,
                           std::map<uintptr_t, ExecutorEntry>::iterator it,
@@ -522,8 +523,10 @@ aclnnStatus CaptureLaunch(State& state, const char* function,
   if (!task.ok()) return FailAclnn(pinned.Named(task.status()));
   Record(capture, reinterpret_cast<uintptr_t>(stream), *std::move(task),
          it->second.op);
-  capture.executors.push_back(std::move(it->second.executor));
-  state.executors.erase(it);
+  if (!it->second.executor.repeatable()) {
+    capture.executors.push_back(std::move(it->second.executor));
+    state.executors.erase(it);
+  }
   return ACLNN_SUCCESS;
 }
 

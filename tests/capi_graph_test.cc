@@ -440,6 +440,91 @@ TEST_F(CApiGraphTest, DestroyWaitsForTheReplaysAlreadyQueued) {
   EXPECT_EQ(ReadFloats(y, kN), Ramp(kN, 1));
 }
 
+TEST_F(CApiGraphTest, ExecutorsAreConsumedUnlessRepeatable) {
+  auto [a, a_device] = NewStream();
+  void* g = Floats(Ramp(kN, 1));
+  void* x = Floats(std::vector<float>(kN, 10));
+  void* y = Floats(std::vector<float>(kN, -1));
+  void* z = Floats(std::vector<float>(kN, -1));
+  const int64_t shape[] = {kN};
+  auto tensor = [&](void* data) {
+    return aclCreateTensor(shape, 1, ACL_FLOAT, nullptr, 0, ACL_FORMAT_ND,
+                           shape, 1, data);
+  };
+  aclTensor* tg = tensor(g);
+  aclTensor* tx = tensor(x);
+  aclTensor* ty = tensor(y);
+  aclTensor* tz = tensor(z);
+  float zero = 0;
+  aclScalar* th = aclCreateScalar(&zero, ACL_FLOAT);
+  uint64_t ws = 0;
+  aclOpExecutor* once = nullptr;
+  aclOpExecutor* again = nullptr;
+  ASSERT_EQ(aclnnThresholdBackwardGetWorkspaceSize(tg, tx, th, ty, &ws, &once),
+            ACLNN_SUCCESS);
+  ASSERT_EQ(aclnnThresholdBackwardGetWorkspaceSize(tg, tx, th, tz, &ws, &again),
+            ACLNN_SUCCESS);
+  ASSERT_EQ(aclSetAclOpExecutorRepeatable(again), ACLNN_SUCCESS);
+  ASSERT_EQ(aclmdlRICaptureBegin(a, ACL_MODEL_RI_CAPTURE_MODE_GLOBAL),
+            ACL_SUCCESS);
+  ASSERT_EQ(aclnnThresholdBackward(nullptr, 0, once, a), ACLNN_SUCCESS);
+  // The single-use executor is the model's now: a second launch, in the
+  // capture or after it, is refused at once.
+  EXPECT_EQ(aclnnThresholdBackward(nullptr, 0, once, a),
+            ACLNN_ERR_INNER_NULLPTR);
+  EXPECT_THAT(LastError(), HasSubstr("already consumed"));
+  ASSERT_EQ(aclnnThresholdBackward(nullptr, 0, again, a), ACLNN_SUCCESS);
+  aclmdlRI model = nullptr;
+  ASSERT_EQ(aclmdlRICaptureEnd(a, &model), ACL_SUCCESS) << LastError();
+  EXPECT_EQ(aclnnThresholdBackward(nullptr, 0, once, a),
+            ACLNN_ERR_INNER_NULLPTR);
+  // The repeatable one is still the program's.
+  ASSERT_EQ(aclnnThresholdBackward(nullptr, 0, again, a), ACLNN_SUCCESS)
+      << LastError();
+  ASSERT_EQ(aclrtSynchronizeStream(a), ACL_SUCCESS) << LastError();
+  EXPECT_EQ(ReadFloats(z, kN), Ramp(kN, 1));
+  EXPECT_EQ(ReadFloats(y, kN), std::vector<float>(kN, -1));
+  ASSERT_EQ(aclmdlRIExecute(model, -1), ACL_SUCCESS) << LastError();
+  EXPECT_EQ(ReadFloats(y, kN), Ramp(kN, 1));
+  EXPECT_EQ(aclmdlRIDestroy(model), ACL_SUCCESS);
+  EXPECT_EQ(aclDestroyAclOpExecutor(again), ACLNN_SUCCESS) << LastError();
+  for (aclTensor* t : {tg, tx, ty, tz}) aclDestroyTensor(t);
+  aclDestroyScalar(th);
+}
+
+TEST_F(CApiGraphTest, AReplayAfterAFreeFailsOnItsStream) {
+  auto [a, a_device] = NewStream();
+  void* g = Floats(Ramp(kN, 1));
+  void* x = Floats(std::vector<float>(kN, 10));
+  void* y = Floats(std::vector<float>(kN, -1));
+  aclmdlRI model = CaptureCopy(a, g, x, y);
+  ASSERT_EQ(aclrtFree(y), ACL_SUCCESS) << LastError();
+  ASSERT_EQ(aclmdlRIExecuteAsync(model, a), ACL_SUCCESS) << LastError();
+  EXPECT_NE(aclrtSynchronizeStream(a), ACL_SUCCESS);
+  EXPECT_THAT(LastError(), HasSubstr("was freed after the graph was defined"));
+  EXPECT_EQ(a_device->launches.load(), 0);
+  EXPECT_EQ(aclmdlRIDestroy(model), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(a), ACL_SUCCESS) << LastError();
+}
+
+TEST_F(CApiGraphTest, AResetDeviceEndsItsCapturesAndModels) {
+  auto [a, a_device] = NewStream();
+  void* g = Floats(Ramp(kN, 1));
+  void* x = Floats(std::vector<float>(kN, 10));
+  void* y = Floats(std::vector<float>(kN, -1));
+  aclmdlRI model = CaptureCopy(a, g, x, y);
+  ASSERT_EQ(aclmdlRICaptureBegin(a, ACL_MODEL_RI_CAPTURE_MODE_GLOBAL),
+            ACL_SUCCESS);
+  CopyByLaunch(g, x, y, a);
+  ASSERT_EQ(aclrtResetDevice(0), ACL_SUCCESS) << LastError();
+  ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS) << LastError();
+  EXPECT_EQ(aclmdlRIExecuteAsync(model, nullptr), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclmdlRIDestroy(model), ACL_ERROR_INVALID_PARAM);
+  // No capture is left to forbid this thread's synchronous calls.
+  void* d = Floats({1, 2});
+  EXPECT_EQ(ReadFloats(d, 2), (std::vector<float>{1, 2}));
+}
+
 TEST_F(CApiGraphTest, DebugJsonPrintListsTheTasks) {
   auto [a, a_device] = NewStream();
   void* g = Floats(Ramp(kN, 1));
