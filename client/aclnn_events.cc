@@ -269,6 +269,17 @@ aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
     } else {
       opserver::Capture* recording = opserver::CaptureRecording(
           state, target->event.pinned.device, target->event.handle);
+      if (stream == nullptr && recording != nullptr) {
+        // The default stream cannot be captured, so it cannot fork.
+        return FailAcl(opserver::Invalidate(
+            *recording,
+            opserver::WithAclError(
+                absl::FailedPreconditionError(
+                    "aclrtStreamWaitEvent: the default stream cannot wait on "
+                    "an event recorded in a capture (it cannot join one; the "
+                    "capture is invalidated)"),
+                ACL_ERROR_RT_FEATURE_NOT_SUPPORT)));
+      }
       if (waiting != nullptr || recording != nullptr) {
         return opserver::CaptureWait(state, waiting, recording, *target,
                                      stream);

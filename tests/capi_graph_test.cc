@@ -384,7 +384,17 @@ TEST_F(CApiGraphTest, AForkThatNeverJoinsBackIsRefusedAtEnd) {
   EXPECT_EQ(aclmdlRICaptureEnd(a, &model), ACL_ERROR_RT_STREAM_UNJOINED);
   EXPECT_THAT(LastError(), HasSubstr("did not join back"));
   EXPECT_EQ(model, nullptr);
-  // The capture is over on both streams; they work eagerly again.
+  // The default stream cannot join a capture.
+  ASSERT_EQ(aclmdlRICaptureBegin(a, ACL_MODEL_RI_CAPTURE_MODE_GLOBAL),
+            ACL_SUCCESS);
+  ASSERT_EQ(aclrtRecordEvent(fork, a), ACL_SUCCESS);
+  EXPECT_EQ(aclrtStreamWaitEvent(nullptr, fork),
+            ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  EXPECT_THAT(LastError(), HasSubstr("default stream cannot wait"));
+  EXPECT_EQ(StatusOf(a), ACL_MODEL_RI_CAPTURE_STATUS_INVALIDATED);
+  EXPECT_EQ(aclmdlRICaptureEnd(a, &model),
+            ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED);
+  // The captures are over on both streams; they work eagerly again.
   EXPECT_EQ(StatusOf(a), ACL_MODEL_RI_CAPTURE_STATUS_NONE);
   EXPECT_EQ(StatusOf(b), ACL_MODEL_RI_CAPTURE_STATUS_NONE);
   CopyByLaunch(g, x, y, b);
