@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -49,6 +50,56 @@ const Entry* LocalEntry(const google::protobuf::RepeatedPtrField<Entry>& list,
   return local < static_cast<uint32_t>(list.size()) ? &list[local] : nullptr;
 }
 
+// Records `task` (the command a call made on a capturing stream would
+// have sent) in `capture`; an invalidated capture takes nothing more.
+// Under state.mu.
+aclError RecordOrFail(Capture& capture, aclrtStream stream,
+                      absl::StatusOr<v1::PipelineCommand> task,
+                      const Pinned& pinned) {
+  if (!capture.invalidated.ok()) {
+    return Fail(ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED,
+                absl::StrCat("the capture of this stream was invalidated: ",
+                             capture.invalidated.message()));
+  }
+  if (!task.ok()) return FailAcl(pinned.Named(task.status()));
+  Record(capture, reinterpret_cast<uintptr_t>(stream), *std::move(task));
+  return ACL_SUCCESS;
+}
+
+// A host<->device aclrtMemcpyAsync on a capturing stream: refused, as
+// CANN refuses pageable host memory (ACL_ERROR_RT_PARAM_INVALID); a
+// page-locked (aclrtMallocHost) block too, with
+// ACL_ERROR_RT_FEATURE_NOT_SUPPORT, since the server cannot read this
+// process's memory at each replay. The capture is invalidated: its graph
+// would lack the copy. Under state.mu.
+absl::Status HostCopyInCapture(State& state, Capture& capture,
+                               aclrtMemcpyKind kind, const void* host) {
+  const char* direction =
+      kind == ACL_MEMCPY_HOST_TO_DEVICE ? "host-to-device" : "device-to-host";
+  auto block = state.host_blocks.upper_bound(const_cast<void*>(host));
+  const bool pinned = block != state.host_blocks.begin() &&
+                      static_cast<const char*>(host) <
+                          static_cast<const char*>(std::prev(block)->first) +
+                              std::prev(block)->second;
+  absl::Status refused =
+      pinned
+          ? WithAclError(
+                absl::FailedPreconditionError(absl::StrCat(
+                    "aclrtMemcpyAsync: a ", direction,
+                    " copy of aclrtMallocHost memory cannot be captured: the "
+                    "server cannot read this process's memory at each "
+                    "replay; copy before aclmdlRIExecuteAsync instead (the "
+                    "capture is invalidated)")),
+                ACL_ERROR_RT_FEATURE_NOT_SUPPORT)
+          : WithAclError(
+                absl::InvalidArgumentError(absl::StrCat(
+                    "aclrtMemcpyAsync: a ", direction,
+                    " copy of pageable host memory does not support graph "
+                    "capture (the capture is invalidated)")),
+                ACL_ERROR_RT_PARAM_INVALID);
+  return Invalidate(capture, refused);
+}
+
 aclError QueueMemset(const char* function, void* devPtr, size_t maxCount,
                      int32_t value, size_t count, aclrtStream stream) {
   if (devPtr == nullptr) {
@@ -85,6 +136,13 @@ aclError QueueMemset(const char* function, void* devPtr, size_t maxCount,
       return Fail(ACL_ERROR_INVALID_PARAM,
                   absl::StrCat(function, ": devPtr is on device ", range.device,
                                ", the stream on device ", pinned.device));
+    }
+    if (Capture* capture = CaptureOf(state, stream); capture != nullptr) {
+      return RecordOrFail(
+          *capture, stream,
+          pinned.session->MemsetCommand(range.buffer, range.offset, count,
+                                        static_cast<uint8_t>(value), handle),
+          pinned);
     }
   }
   absl::Status status = pinned.session->Memset(
@@ -140,6 +198,9 @@ aclError aclrtGetDevice(int32_t* deviceId) {
 
 aclError aclrtSynchronizeDevice(void) {
   State& state = GetState();
+  if (absl::Status s = opserver::CheckUnsafeCall(state, __func__); !s.ok()) {
+    return FailAcl(s);
+  }
   absl::StatusOr<opserver::Pinned> pinned = opserver::PinSession(state);
   if (!pinned.ok()) return FailAcl(pinned.status());
   std::vector<uint64_t> streams = {0};
@@ -354,6 +415,19 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src,
                          " (copy between devices with aclrtMemcpy)"));
       }
     }
+    if (opserver::Capture* capture = opserver::CaptureOf(state, stream);
+        capture != nullptr && kind != ACL_MEMCPY_HOST_TO_HOST) {
+      if (kind == ACL_MEMCPY_DEVICE_TO_DEVICE) {
+        return opserver::RecordOrFail(
+            *capture, stream,
+            pinned.session->CopyCommand(to.buffer, to.offset, from.buffer,
+                                        from.offset, count, handle),
+            pinned);
+      }
+      return FailAcl(opserver::HostCopyInCapture(
+          state, *capture, kind,
+          kind == ACL_MEMCPY_HOST_TO_DEVICE ? src : dst));
+    }
   }
   absl::Status status;
   switch (kind) {
@@ -397,6 +471,10 @@ aclError aclrtMemsetAsync(void* devPtr, size_t maxCount, int32_t value,
 
 aclError aclrtMemset(void* devPtr, size_t maxCount, int32_t value,
                      size_t count) {
+  if (absl::Status s = opserver::CheckUnsafeCall(GetState(), __func__);
+      !s.ok()) {
+    return FailAcl(s);
+  }
   if (aclError error = opserver::QueueMemset(__func__, devPtr, maxCount, value,
                                              count, nullptr);
       error != ACL_SUCCESS) {

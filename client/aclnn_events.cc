@@ -3,6 +3,7 @@
 // made. Record, wait and reset are queued on the session's command channel
 // (no round trip); query, synchronize and elapsed time ask the server.
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -118,8 +119,78 @@ aclError CreateEvent(const char* function, aclrtEvent* event, uint32_t flag) {
   return ACL_SUCCESS;
 }
 
+// A record (`queue` is RecordEvent) or reset on a capturing stream: the
+// record is recorded, and the event remembered as the capture's (a stream
+// that waits on it joins the capture); a reset is not a graph task.
+aclError CaptureOnStream(State& state, const char* function, Capture& capture,
+                         const StreamAndEvent& target, aclrtStream stream,
+                         bool record) {
+  const Pinned& pinned = target.event.pinned;
+  if (!capture.invalidated.ok()) {
+    return Fail(
+        ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED,
+        absl::StrCat(function, ": the capture of this stream was invalidated: ",
+                     capture.invalidated.message()));
+  }
+  if (!record) {
+    return FailAcl(Invalidate(
+        capture, WithAclError(absl::FailedPreconditionError(absl::StrCat(
+                                  function,
+                                  ": an event reset cannot be captured (the "
+                                  "capture is invalidated)")),
+                              ACL_ERROR_RT_FEATURE_NOT_SUPPORT)));
+  }
+  absl::StatusOr<v1::PipelineCommand> task =
+      pinned.session->RecordEventCommand(target.event.handle, target.stream);
+  if (!task.ok()) return FailAcl(pinned.Named(task.status()));
+  const uintptr_t key = reinterpret_cast<uintptr_t>(stream);
+  Record(capture, key, *std::move(task));
+  capture.recorded[target.event.handle] = {key, capture.work[key]};
+  return ACL_SUCCESS;
+}
+
+// A wait of `target.stream` on `target.event` while a capture is involved:
+// `waiting` (the stream's capture, or null) and `recording` (the event's).
+// The stream joins the event's capture when it is in none (fork); a stream
+// of the capture waiting on another's event joins that one back.
+aclError CaptureWait(State& state, Capture* waiting, Capture* recording,
+                     const StreamAndEvent& target, aclrtStream stream) {
+  const Pinned& pinned = target.event.pinned;
+  if (waiting != nullptr && recording != nullptr && waiting != recording) {
+    absl::Status refused = WithAclError(
+        absl::FailedPreconditionError(
+            "aclrtStreamWaitEvent: the stream and the event belong to two "
+            "different captures (both are invalidated)"),
+        ACL_ERROR_RT_CAPTURE_DEPENDENCY);
+    Invalidate(*recording, refused).IgnoreError();
+    return FailAcl(Invalidate(*waiting, refused));
+  }
+  Capture& capture = waiting != nullptr ? *waiting : *recording;
+  if (!capture.invalidated.ok()) {
+    return Fail(ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED,
+                absl::StrCat("aclrtStreamWaitEvent: the capture was "
+                             "invalidated: ",
+                             capture.invalidated.message()));
+  }
+  absl::StatusOr<v1::PipelineCommand> task =
+      pinned.session->WaitEventCommand(target.stream, target.event.handle);
+  if (!task.ok()) return FailAcl(pinned.Named(task.status()));
+  const uintptr_t key = reinterpret_cast<uintptr_t>(stream);
+  if (waiting == nullptr) {
+    state.capturing[key] = capture.model;  // The fork.
+  }
+  if (auto it = capture.recorded.find(target.event.handle);
+      it != capture.recorded.end() && it->second.first != key) {
+    uint64_t& joined = capture.joined_at[it->second.first];
+    joined = std::max(joined, it->second.second);
+  }
+  Record(capture, key, *std::move(task));
+  return ACL_SUCCESS;
+}
+
 // `function` (aclrtRecordEvent, aclrtResetEvent): `queue` of the event on
-// the stream, queued on the device's command channel.
+// the stream, queued on the device's command channel (recorded instead on
+// a capturing stream).
 aclError QueueOnStream(
     const char* function, aclrtEvent event, aclrtStream stream,
     absl::Status (remote::Session::*queue)(uint64_t event, uint64_t stream)) {
@@ -129,6 +200,10 @@ aclError QueueOnStream(
     absl::MutexLock lock(&state.mu);
     target = PinStreamAndEvent(state, function, event, stream);
     if (!target.ok()) return FailAcl(target.status());
+    if (Capture* capture = CaptureOf(state, stream); capture != nullptr) {
+      return CaptureOnStream(state, function, *capture, *target, stream,
+                             queue == &remote::Session::RecordEvent);
+    }
   }
   const Pinned& pinned = target->event.pinned;
   absl::Status status =
@@ -172,6 +247,7 @@ aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
   {
     absl::MutexLock lock(&state.mu);
     target = opserver::PinStreamAndEvent(state, __func__, event, stream);
+    opserver::Capture* waiting = opserver::CaptureOf(state, stream);
     if (!target.ok()) {
       if (opserver::AclErrorOf(target.status()) !=
           ACL_ERROR_RT_STREAM_CONTEXT) {
@@ -179,6 +255,35 @@ aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
       }
       other = opserver::PinEvent(state, __func__, event);
       if (!other.ok()) return FailAcl(other.status());
+      if (waiting != nullptr) {
+        // Waited for here, on the host: nothing a graph could hold.
+        return FailAcl(opserver::Invalidate(
+            *waiting,
+            opserver::WithAclError(
+                absl::FailedPreconditionError(
+                    "aclrtStreamWaitEvent: a capturing stream cannot wait on "
+                    "an event of another device (the capture is "
+                    "invalidated)"),
+                ACL_ERROR_RT_FEATURE_NOT_SUPPORT)));
+      }
+    } else {
+      opserver::Capture* recording = opserver::CaptureRecording(
+          state, target->event.pinned.device, target->event.handle);
+      if (stream == nullptr && recording != nullptr) {
+        // The default stream cannot be captured, so it cannot fork.
+        return FailAcl(opserver::Invalidate(
+            *recording,
+            opserver::WithAclError(
+                absl::FailedPreconditionError(
+                    "aclrtStreamWaitEvent: the default stream cannot wait on "
+                    "an event recorded in a capture (it cannot join one; the "
+                    "capture is invalidated)"),
+                ACL_ERROR_RT_FEATURE_NOT_SUPPORT)));
+      }
+      if (waiting != nullptr || recording != nullptr) {
+        return opserver::CaptureWait(state, waiting, recording, *target,
+                                     stream);
+      }
     }
   }
   if (!target.ok()) {
@@ -209,6 +314,11 @@ aclError aclrtQueryEventStatus(aclrtEvent event,
     absl::MutexLock lock(&state.mu);
     pinned = opserver::PinEvent(state, __func__, event);
     if (!pinned.ok()) return FailAcl(pinned.status());
+    if (absl::Status s = opserver::RefuseIfEventCaptured(
+            state, __func__, pinned->pinned.device, pinned->handle);
+        !s.ok()) {
+      return FailAcl(s);
+    }
   }
   absl::StatusOr<bool> complete =
       pinned->pinned.session->QueryEvent(pinned->handle);
@@ -225,6 +335,11 @@ aclError aclrtSynchronizeEvent(aclrtEvent event) {
     absl::MutexLock lock(&state.mu);
     pinned = opserver::PinEvent(state, __func__, event);
     if (!pinned.ok()) return FailAcl(pinned.status());
+    if (absl::Status s = opserver::RefuseIfEventCaptured(
+            state, __func__, pinned->pinned.device, pinned->handle);
+        !s.ok()) {
+      return FailAcl(s);
+    }
   }
   // Other threads may use the API while this one waits.
   absl::Status status =
@@ -246,6 +361,13 @@ aclError aclrtEventElapsedTime(float* ms, aclrtEvent startEvent,
     if (!start.ok()) return FailAcl(start.status());
     end = opserver::PinEvent(state, __func__, endEvent);
     if (!end.ok()) return FailAcl(end.status());
+    for (const opserver::PinnedEvent* one : {&*start, &*end}) {
+      if (absl::Status s = opserver::RefuseIfEventCaptured(
+              state, __func__, one->pinned.device, one->handle);
+          !s.ok()) {
+        return FailAcl(s);
+      }
+    }
     if (start->pinned.device != end->pinned.device) {
       return Fail(
           ACL_ERROR_RT_STREAM_CONTEXT,

@@ -510,6 +510,10 @@ aclError aclrtDestroyStream(aclrtStream stream) {
       return Fail(ACL_ERROR_INVALID_PARAM,
                   "aclrtDestroyStream: not a live aclrtCreateStream stream");
     }
+    if (absl::Status s = opserver::RefuseIfCapturing(state, __func__, stream);
+        !s.ok()) {
+      return FailAcl(s);
+    }
     pinned = state.Pin(it->second.device);
     doomed = std::move(it->second.stream);
     state.streams.erase(it);
@@ -555,6 +559,10 @@ aclError aclrtSynchronizeStream(aclrtStream stream) {
       return Fail(ACL_ERROR_INVALID_PARAM,
                   absl::StrCat("aclrtSynchronizeStream: ",
                                stream_handle.status().message()));
+    }
+    if (absl::Status s = opserver::RefuseIfCapturing(state, __func__, stream);
+        !s.ok()) {
+      return FailAcl(s);
     }
     handle = *stream_handle;
   }
@@ -634,6 +642,10 @@ aclError aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count,
                                                     count, kind);
       error != ACL_SUCCESS) {
     return error;
+  }
+  if (absl::Status s = opserver::CheckUnsafeCall(GetState(), __func__);
+      !s.ok()) {
+    return FailAcl(s);
   }
   if (kind == ACL_MEMCPY_HOST_TO_HOST) {
     std::memmove(dst, src, count);

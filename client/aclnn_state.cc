@@ -38,6 +38,9 @@ namespace {
 thread_local std::string last_error;
 thread_local uintptr_t current_context = 0;
 thread_local int last_error_code = 0;
+// CANN's default: the strictest.
+thread_local aclmdlRICaptureMode capture_mode =
+    ACL_MODEL_RI_CAPTURE_MODE_GLOBAL;
 
 // The payload key WithAclError stores the exact aclError under.
 constexpr absl::string_view kAclErrorPayload = "opserver-acl-error";
@@ -47,6 +50,7 @@ constexpr absl::string_view kAclErrorPayload = "opserver-acl-error";
 std::string& LastError() { return last_error; }
 uintptr_t& CurrentContext() { return current_context; }
 int& LastErrorCode() { return last_error_code; }
+aclmdlRICaptureMode& ThreadCaptureMode() { return capture_mode; }
 
 absl::Status WithAclError(absl::Status status, aclError code) {
   status.SetPayload(kAclErrorPayload, absl::Cord(absl::StrCat(code)));
@@ -208,6 +212,7 @@ absl::Status State::DropSession(uint32_t device) {
   for (auto it = events.begin(); it != events.end();) {
     it = it->second.device == device ? events.erase(it) : std::next(it);
   }
+  DropCaptures(*this, device);
   for (auto it = pending_reads.begin(); it != pending_reads.end();) {
     // Their bytes never come: the copies die too.
     it = it->first.first == device ? pending_reads.erase(it) : std::next(it);
@@ -436,9 +441,11 @@ absl::StatusOr<TensorDesc> ToDesc(State& state, const aclTensor* tensor,
   return desc;
 }
 
-aclOpExecutor* AddExecutor(State& state, uint32_t device, Executor executor) {
+aclOpExecutor* AddExecutor(State& state, uint32_t device, Executor executor,
+                           std::string op) {
   const uintptr_t id = kExecutorBase + 16 * state.next_executor++;
-  state.executors.emplace(id, ExecutorEntry{device, std::move(executor)});
+  state.executors.emplace(
+      id, ExecutorEntry{device, std::move(executor), std::move(op)});
   return reinterpret_cast<aclOpExecutor*>(id);
 }
 
@@ -487,9 +494,43 @@ aclnnStatus Plan(const char* function, const std::string& op,
         absl::StrCat(function, ": the device was reset during the call"));
   }
   *workspace_size = planned->workspace_size();
-  *executor = AddExecutor(state, pinned.device, *std::move(planned));
+  *executor = AddExecutor(state, pinned.device, *std::move(planned), op);
   return ACLNN_SUCCESS;
 }
+
+namespace {
+
+// Phase two on a capturing stream: the launch is recorded, checked as a
+// sent one would be. A single-use executor moves into the capture (the
+// graph owns it once defined); a repeatable one stays the program's, as it
+// stays the session's on the server. Under `state.mu`.
+aclnnStatus CaptureLaunch(State& state, const char* function,
+                          const Pinned& pinned, Capture& capture,
+                          std::map<uintptr_t, ExecutorEntry>::iterator it,
+                          aclrtStream stream, uint64_t stream_handle,
+                          uint64_t buffer, uint64_t offset,
+                          uint64_t workspace_size) {
+  if (!capture.invalidated.ok()) {
+    return Fail(ACLNN_ERR_RUNTIME_ERROR,
+                absl::StrCat(function,
+                             ": the capture of this stream was "
+                             "invalidated: ",
+                             capture.invalidated.message()));
+  }
+  absl::StatusOr<v1::PipelineCommand> task =
+      pinned.session->LaunchCommand(it->second.executor.handle(), stream_handle,
+                                    buffer, offset, workspace_size);
+  if (!task.ok()) return FailAclnn(pinned.Named(task.status()));
+  Record(capture, reinterpret_cast<uintptr_t>(stream), *std::move(task),
+         it->second.op);
+  if (!it->second.executor.repeatable()) {
+    capture.executors.push_back(std::move(it->second.executor));
+    state.executors.erase(it);
+  }
+  return ACLNN_SUCCESS;
+}
+
+}  // namespace
 
 // Phase two of every operator.
 aclnnStatus Launch(const char* function, void* workspace,
@@ -554,12 +595,17 @@ aclnnStatus Launch(const char* function, void* workspace,
     buffer = range->buffer;
     offset = range->offset;
   }
+  if (Capture* capture = CaptureOf(state, stream); capture != nullptr) {
+    return CaptureLaunch(state, function, pinned, *capture, it, stream,
+                         *stream_handle, buffer, offset, workspace_size);
+  }
   // The call runs without the lock. A single-use
   // executor is taken out meanwhile (a second launch of it is an error
   // anyway) and put back if the launch failed.
   const uintptr_t key = it->first;
   const bool repeatable = it->second.executor.repeatable();
   const uint64_t handle = it->second.executor.handle();
+  std::string op = it->second.op;
   Executor taken;
   if (!repeatable) {
     taken = std::move(it->second.executor);
@@ -574,8 +620,8 @@ aclnnStatus Launch(const char* function, void* workspace,
   if (!status.ok() && !repeatable) {
     absl::MutexLock relock(&state.mu);
     if (StillCurrent(state, pinned)) {
-      state.executors.emplace(key,
-                              ExecutorEntry{pinned.device, std::move(taken)});
+      state.executors.emplace(
+          key, ExecutorEntry{pinned.device, std::move(taken), std::move(op)});
     } else {
       taken.Release();  // It died with its session.
     }

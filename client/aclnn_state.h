@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -51,6 +52,7 @@ inline constexpr uintptr_t kStreamBase = uintptr_t{0x20} << 40;
 inline constexpr uintptr_t kExecutorBase = uintptr_t{0x30} << 40;
 inline constexpr uintptr_t kContextBase = uintptr_t{0x40} << 40;
 inline constexpr uintptr_t kEventBase = uintptr_t{0x50} << 40;
+inline constexpr uintptr_t kModelBase = uintptr_t{0x60} << 40;
 
 // The calling thread's last error, what aclGetRecentErrMsg returns. A
 // function, not an extern thread_local, so the variable stays local to
@@ -118,6 +120,8 @@ struct StreamEntry {
 struct ExecutorEntry {
   uint32_t device = 0;
   remote::Executor executor;
+  // The operator it plans (aclmdlRIDebugJsonPrint names launches by it).
+  std::string op;
 };
 
 struct EventEntry {
@@ -139,6 +143,45 @@ struct Pinned {
   // an error of a call on one device says which server failed it; other
   // errors are returned as they are.
   absl::Status Named(const absl::Status& status) const;
+};
+
+// One capture sequence (aclmdlRICaptureBegin to End): what was recorded
+// instead of sent. Its streams are the one it began on and those that
+// joined it by waiting on an event recorded in it (fork); see
+// docs/graphs.md.
+struct Capture {
+  uint32_t device = 0;
+  uintptr_t origin = 0;  // The stream Begin was called on.
+  aclmdlRICaptureMode mode = ACL_MODEL_RI_CAPTURE_MODE_GLOBAL;
+  std::thread::id thread;  // The thread that began it.
+  uintptr_t model = 0;     // The aclmdlRI GetInfo and End return.
+  // Why it was invalidated (OK: it was not).
+  absl::Status invalidated;
+  // The recorded tasks, in order, and the operator of each launch (empty
+  // for other tasks).
+  std::vector<v1::PipelineCommand> tasks;
+  std::vector<std::string> ops;
+  // The executors its launches consumed: released once the server took
+  // them into the graph, destroyed when it did not.
+  std::vector<remote::Executor> executors;
+  // By stream key: tasks recorded on it so far, and the count at which
+  // another stream of the capture last waited on an event it recorded
+  // (joined back when the two are equal).
+  std::map<uintptr_t, uint64_t> work;
+  std::map<uintptr_t, uint64_t> joined_at;
+  // By event handle: the stream that recorded it in this capture, and that
+  // stream's task count then.
+  std::map<uint64_t, std::pair<uintptr_t, uint64_t>> recorded;
+};
+
+// A model (aclmdlRI) once its capture ended: a graph of its device's
+// session.
+struct ModelEntry {
+  // Its device's session owns the graph (models die with it: DropCaptures).
+  uint32_t device = 0;
+  uint64_t graph = 0;
+  std::vector<v1::PipelineCommand> tasks;  // For aclmdlRIDebugJsonPrint.
+  std::vector<std::string> ops;
 };
 
 // Everything between aclInit and aclFinalize.
@@ -173,6 +216,12 @@ struct State {
       pending_reads;
   // aclrtMallocHost blocks and their sizes.
   std::map<void*, size_t> host_blocks;
+  // Captures by model handle, the capture each capturing stream is in (by
+  // stream key), and models whose capture ended.
+  uint64_t next_model = 1;
+  std::map<uintptr_t, std::shared_ptr<Capture>> captures;
+  std::map<uintptr_t, uintptr_t> capturing;
+  std::map<uintptr_t, ModelEntry> models;
 
   // The slot of device `ordinal`, learning the device counts of the
   // servers listed before it (connecting to them) as needed.
@@ -267,7 +316,53 @@ absl::StatusOr<remote::TensorDesc> ToDesc(State& state, const aclTensor* tensor,
                                           uint32_t device);
 
 aclOpExecutor* AddExecutor(State& state, uint32_t device,
-                           remote::Executor executor);
+                           remote::Executor executor, std::string op);
+
+// ---- Capture (client/aclnn_graph.cc has the aclmdlRI calls) ----
+
+// The calling thread's capture mode (aclmdlRICaptureThreadExchangeMode).
+aclmdlRICaptureMode& ThreadCaptureMode();
+
+// The capture `stream` is in (begun on it or joined), or null. Under
+// `state.mu`.
+Capture* CaptureOf(State& state, aclrtStream stream);
+
+// Records `task` (a launch, memset, copy, record or wait command whose
+// stream is the captured stream's handle) in `capture`, on stream `key`.
+void Record(Capture& capture, uintptr_t key, v1::PipelineCommand task,
+            std::string op = "");
+
+// Marks `capture` invalidated by `why` (the first reason stays) and
+// returns `why`, for a call refused during it.
+absl::Status Invalidate(Capture& capture, absl::Status why);
+
+// `function` may not be called while `stream` is capturing (a synchronize,
+// a query, a destroy): ACL_ERROR_RT_STREAM_CAPTURED, invalidating the
+// capture; OK when it is not capturing. Under `state.mu`.
+absl::Status RefuseIfCapturing(State& state, const char* function,
+                               aclrtStream stream);
+
+// The capture (not ended) that recorded event `handle` of device
+// `device`, or null. Under `state.mu`.
+Capture* CaptureRecording(State& state, uint32_t device, uint64_t handle);
+
+// `function` (a query or synchronize of the event) is refused while a
+// capture recorded the event: its record was never sent, so it completes
+// only in a replay. ACL_ERROR_RT_EVENT_CAPTURED, invalidating the capture;
+// OK otherwise. Under `state.mu`.
+absl::Status RefuseIfEventCaptured(State& state, const char* function,
+                                   uint32_t device, uint64_t handle);
+
+// An unsafe call (synchronous copies and memsets, device synchronizes)
+// while captures are going on: allowed or not by the calling thread's mode
+// and the captures' modes, as CANN rules (docs/graphs.md).
+// ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT when not, invalidating the
+// captures that forbid it. Takes `state.mu`.
+absl::Status CheckUnsafeCall(State& state, const char* function);
+
+// Forgets the captures and models of device `device` (its session is
+// going: their graphs and executors die with it). Under `state.mu`.
+void DropCaptures(State& state, uint32_t device);
 
 // Phase one of every operator: nullptr checks, descriptors, the call. The
 // call runs without `state.mu`, so one thread's slow call does not stop the

@@ -52,6 +52,10 @@ absl::StatusOr<PinnedStream> PinStreamOf(State& state, const char* function,
                             function, ": ", handle.status().message())),
                         ACL_ERROR_INVALID_PARAM);
   }
+  // Its captured work was never sent: nothing can wait for it.
+  if (absl::Status s = RefuseIfCapturing(state, function, stream); !s.ok()) {
+    return s;
+  }
   return PinnedStream{*std::move(current), *handle};
 }
 
@@ -146,6 +150,10 @@ aclError aclrtSynchronizeDeviceWithTimeout(int32_t timeout) {
   absl::StatusOr<std::optional<absl::Duration>> within =
       opserver::TimeoutOf(__func__, timeout);
   if (!within.ok()) return FailAcl(within.status());
+  if (absl::Status s = opserver::CheckUnsafeCall(GetState(), __func__);
+      !s.ok()) {
+    return FailAcl(s);
+  }
   if (within->has_value()) {
     State& state = GetState();
     std::vector<opserver::PinnedStream> targets;
@@ -199,6 +207,11 @@ aclError aclrtSynchronizeEventWithTimeout(aclrtEvent event, int32_t timeout) {
     }
     pinned = state.Pin(it->second.device);
     handle = it->second.handle;
+    if (absl::Status s = opserver::RefuseIfEventCaptured(state, __func__,
+                                                         pinned.device, handle);
+        !s.ok()) {
+      return FailAcl(s);
+    }
   }
   if (**within == absl::ZeroDuration()) {
     absl::StatusOr<bool> complete = pinned.session->QueryEvent(handle);

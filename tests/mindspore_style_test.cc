@@ -3,7 +3,8 @@
 // libaclnn_remote.so), dlsym of each aclrt* name of its runtime symbol list
 // (45 names), then calls through the pointers. It links nothing of the
 // client: the headers give the types only. The server is a real opserver
-// process (CPU device).
+// process (CPU device). The graph-capture names torch_npu's NPUGraph
+// resolves are checked the same way.
 //
 // Names MindSpore asks for that the library does not export yet are listed
 // in kNotYetExported, and the test checks that each of them is still absent,
@@ -165,6 +166,71 @@ TEST_F(MindSporeStyleTest, EveryNameResolvesButTheListedOnes) {
               std::end(kMindSporeRtSymbols))
         << name << " is not one of MindSpore's names";
   }
+}
+
+// The graph-capture names torch_npu's NPUGraph resolves (aclmdlRI*),
+// through dlsym as well: a capture of a memset and a device copy, which
+// runs only when replayed, against the real server binary.
+TEST_F(MindSporeStyleTest, GraphCaptureNamesResolveAndReplay) {
+  for (const char* name :
+       {"aclmdlRICaptureBegin", "aclmdlRICaptureGetInfo", "aclmdlRICaptureEnd",
+        "aclmdlRICaptureThreadExchangeMode", "aclmdlRIExecuteAsync",
+        "aclmdlRIExecute", "aclmdlRIDestroy", "aclmdlRIDebugJsonPrint"}) {
+    ASSERT_NE(dlsym(handle_, name), nullptr) << name;
+  }
+  ASSERT_EQ(Get<aclError(const char*)>("aclInit")(nullptr), ACL_SUCCESS);
+  ASSERT_EQ(Get<aclError(int32_t)>("aclrtSetDevice")(0), ACL_SUCCESS);
+  aclrtStream stream = nullptr;
+  ASSERT_EQ(Get<aclError(aclrtStream*)>("aclrtCreateStream")(&stream),
+            ACL_SUCCESS);
+  auto malloc =
+      Get<aclError(void**, size_t, aclrtMemMallocPolicy)>("aclrtMalloc");
+  void* src = nullptr;
+  void* dst = nullptr;
+  ASSERT_EQ(malloc(&src, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  ASSERT_EQ(malloc(&dst, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  auto memcpy_sync =
+      Get<aclError(void*, size_t, const void*, size_t, aclrtMemcpyKind)>(
+          "aclrtMemcpy");
+  const std::vector<char> poison(64, 7);
+  ASSERT_EQ(memcpy_sync(dst, 64, poison.data(), 64, ACL_MEMCPY_HOST_TO_DEVICE),
+            ACL_SUCCESS);
+  ASSERT_EQ(
+      Get<aclError(aclrtStream, aclmdlRICaptureMode)>("aclmdlRICaptureBegin")(
+          stream, ACL_MODEL_RI_CAPTURE_MODE_GLOBAL),
+      ACL_SUCCESS);
+  ASSERT_EQ(Get<aclError(void*, size_t, int32_t, size_t, aclrtStream)>(
+                "aclrtMemsetAsync")(src, 64, 3, 64, stream),
+            ACL_SUCCESS);
+  ASSERT_EQ(Get<aclError(void*, size_t, const void*, size_t, aclrtMemcpyKind,
+                         aclrtStream)>("aclrtMemcpyAsync")(
+                dst, 64, src, 64, ACL_MEMCPY_DEVICE_TO_DEVICE, stream),
+            ACL_SUCCESS);
+  aclmdlRICaptureStatus status = ACL_MODEL_RI_CAPTURE_STATUS_NONE;
+  aclmdlRI during = nullptr;
+  ASSERT_EQ(Get<aclError(aclrtStream, aclmdlRICaptureStatus*, aclmdlRI*)>(
+                "aclmdlRICaptureGetInfo")(stream, &status, &during),
+            ACL_SUCCESS);
+  EXPECT_EQ(status, ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE);
+  aclmdlRI model = nullptr;
+  ASSERT_EQ(Get<aclError(aclrtStream, aclmdlRI*)>("aclmdlRICaptureEnd")(
+                stream, &model),
+            ACL_SUCCESS);
+  EXPECT_EQ(model, during);
+  std::vector<char> out(64, 0);
+  ASSERT_EQ(memcpy_sync(out.data(), 64, dst, 64, ACL_MEMCPY_DEVICE_TO_HOST),
+            ACL_SUCCESS);
+  EXPECT_EQ(out, poison);  // Recorded, not run.
+  ASSERT_EQ(Get<aclError(aclmdlRI, aclrtStream)>("aclmdlRIExecuteAsync")(
+                model, stream),
+            ACL_SUCCESS);
+  ASSERT_EQ(Get<aclError(aclrtStream)>("aclrtSynchronizeStream")(stream),
+            ACL_SUCCESS);
+  ASSERT_EQ(memcpy_sync(out.data(), 64, dst, 64, ACL_MEMCPY_DEVICE_TO_HOST),
+            ACL_SUCCESS);
+  EXPECT_EQ(out, std::vector<char>(64, 3));
+  EXPECT_EQ(Get<aclError(aclmdlRI)>("aclmdlRIDestroy")(model), ACL_SUCCESS);
+  EXPECT_EQ(Get<aclError()>("aclFinalize")(), ACL_SUCCESS);
 }
 
 // The calls MindSpore's runtime makes at start and around a step, through

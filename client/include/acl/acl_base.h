@@ -44,7 +44,35 @@ static const int ACL_ERROR_RT_CONTEXT_NULL = 107002;
 static const int ACL_ERROR_RT_STREAM_CONTEXT = 107003;
 // aclrtEventElapsedTime of an event without a completed record.
 static const int ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID = 107006;
+// A model of another device than the current context's.
+static const int ACL_ERROR_RT_MODEL_CONTEXT = 107004;
+// aclmdlRIDebugJsonPrint's file could not be opened or written.
+static const int ACL_ERROR_RT_FILE_OPEN = 107009;
+static const int ACL_ERROR_RT_FILE_WRITE = 107010;
 static const int ACL_ERROR_RT_INVALID_HANDLE = 107017;
+// Graph capture (aclmdlRI*; docs/graphs.md says when each is returned).
+// A forked stream that never joined back before aclmdlRICaptureEnd.
+static const int ACL_ERROR_RT_CAPTURE_DEPENDENCY = 107024;
+static const int ACL_ERROR_RT_STREAM_UNJOINED = 107025;
+// A model whose capture is still going on.
+static const int ACL_ERROR_RT_MODEL_CAPTURED = 107026;
+// A call a capturing stream does not take (a second begin, a synchronize,
+// a query, a destroy).
+static const int ACL_ERROR_RT_STREAM_CAPTURED = 107027;
+// A query or synchronize of an event recorded in a capture.
+static const int ACL_ERROR_RT_EVENT_CAPTURED = 107028;
+static const int ACL_ERROR_RT_STREAM_NOT_CAPTURED = 107029;
+// A call the capture mode forbids on this thread (a synchronous copy or
+// memset, a device synchronize).
+static const int ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT = 107030;
+// aclmdlRICaptureEnd on a stream that joined a capture begun on another.
+static const int ACL_ERROR_RT_STREAM_CAPTURE_UNMATCHED = 107036;
+static const int ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD = 107038;
+// A host<->device aclrtMemcpyAsync from page-locked memory inside a
+// capture (the server cannot read the host's memory at each replay).
+static const int ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000;
+// aclmdlRICaptureEnd of a capture an earlier error invalidated.
+static const int ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED = 507903;
 // aclrtSynchronizeStreamWithTimeout / aclrtSynchronizeDeviceWithTimeout,
 // and aclrtSynchronizeEventWithTimeout, past their time-out.
 static const int ACL_ERROR_RT_STREAM_SYNC_TIMEOUT = 507046;

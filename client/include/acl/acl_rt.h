@@ -240,6 +240,61 @@ ACL_FUNC_VISIBILITY aclError aclrtSetDeviceSatMode(aclrtFloatOverflowMode mode);
 ACL_FUNC_VISIBILITY aclError
 aclrtGetDeviceSatMode(aclrtFloatOverflowMode *mode);
 
+// ---- Graph capture (aclmdlRI; docs/graphs.md) ----
+// A model runtime instance: the work a capture recorded, defined once on
+// the server and replayed there by one message.
+typedef void *aclmdlRI;
+
+typedef enum {
+  ACL_MODEL_RI_CAPTURE_MODE_GLOBAL = 0,
+  ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL,
+  ACL_MODEL_RI_CAPTURE_MODE_RELAXED,
+} aclmdlRICaptureMode;
+
+typedef enum {
+  ACL_MODEL_RI_CAPTURE_STATUS_NONE = 0,
+  ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE,
+  ACL_MODEL_RI_CAPTURE_STATUS_INVALIDATED,
+} aclmdlRICaptureStatus;
+
+// aclmdlRIDebugJsonPrint's flags.
+#define ACL_MDLRI_DEBUG_JSON_PRINT_SUMMARY 0x0UL
+#define ACL_MDLRI_DEBUG_JSON_PRINT_VERBOSE 0x1UL
+
+// Work queued on `stream` from now on (launches, aclrtMemsetAsync,
+// device-to-device aclrtMemcpyAsync, event records and waits) is recorded,
+// not run, until aclmdlRICaptureEnd. `mode` limits the unsafe calls
+// (synchronous copies and memsets, device synchronizes) of this and other
+// threads meanwhile.
+ACL_FUNC_VISIBILITY aclError aclmdlRICaptureBegin(aclrtStream stream,
+                                                 aclmdlRICaptureMode mode);
+// Whether `stream` is capturing (ACTIVE), was invalidated by a refused
+// call (INVALIDATED) or neither (NONE); the model being captured (NULL
+// for NONE).
+ACL_FUNC_VISIBILITY aclError aclmdlRICaptureGetInfo(
+    aclrtStream stream, aclmdlRICaptureStatus *status, aclmdlRI *modelRI);
+// Ends the capture begun on `stream` and defines its model on the server
+// (one round trip, to learn whether the server took it).
+ACL_FUNC_VISIBILITY aclError aclmdlRICaptureEnd(aclrtStream stream,
+                                               aclmdlRI *modelRI);
+// A readable JSON list of the model's tasks, written to `path`.
+ACL_FUNC_VISIBILITY aclError aclmdlRIDebugJsonPrint(aclmdlRI modelRI,
+                                                   const char *path,
+                                                   uint32_t flags);
+// Sets this thread's capture mode to *mode and returns the previous one in
+// *mode.
+ACL_FUNC_VISIBILITY aclError
+aclmdlRICaptureThreadExchangeMode(aclmdlRICaptureMode *mode);
+// Queues one replay of the model on `stream` (no round trip).
+ACL_FUNC_VISIBILITY aclError aclmdlRIExecuteAsync(aclmdlRI modelRI,
+                                                 aclrtStream stream);
+// Replays the model on the default stream and waits, at most `timeout`
+// milliseconds (-1: for ever).
+ACL_FUNC_VISIBILITY aclError aclmdlRIExecute(aclmdlRI modelRI,
+                                            int32_t timeout);
+// Releases the model once the replays already queued have run.
+ACL_FUNC_VISIBILITY aclError aclmdlRIDestroy(aclmdlRI modelRI);
+
 #ifdef __cplusplus
 }
 #endif
