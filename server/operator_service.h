@@ -75,6 +75,14 @@ class OperatorService final : public OperatorsBase {
   grpc::ServerUnaryReactor* Evaluate(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* LaunchCallback(
+      grpc::CallbackServerContext* context,
+      const v1::LaunchCallbackRequest* request,
+      v1::LaunchCallbackResponse* response) override;
+  grpc::ServerUnaryReactor* ReleaseCallback(
+      grpc::CallbackServerContext* context,
+      const v1::ReleaseCallbackRequest* request,
+      v1::ReleaseCallbackResponse* response) override;
 
  private:
   class Launcher;
