@@ -25,7 +25,10 @@ using OperatorsBase = v1::Operators::WithCallbackMethod_ListOperators<
                     v1::Operators::WithCallbackMethod_DestroyExecutor<
                         v1::Operators::WithRawCallbackMethod_Evaluate<
                             v1::Operators::WithRawCallbackMethod_Pipeline<
-                                v1::Operators::Service>>>>>>>>;
+                                v1::Operators::WithCallbackMethod_LaunchCallback<
+                                    v1::Operators::
+                                        WithCallbackMethod_ReleaseCallback<
+                                            v1::Operators::Service>>>>>>>>>>;
 
 // opserver.v1.Operators: the operator table and the aclnn two-phase call
 // (GetWorkspaceSize -> executor, Execute on a stream), plus Evaluate for

@@ -44,7 +44,19 @@ static const int ACL_ERROR_RT_CONTEXT_NULL = 107002;
 static const int ACL_ERROR_RT_STREAM_CONTEXT = 107003;
 // aclrtEventElapsedTime of an event without a completed record.
 static const int ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID = 107006;
+// aclrtSubscribeReport of a stream that has a subscribed thread already.
+static const int ACL_ERROR_RT_STREAM_SUBSCRIBE = 107011;
+// aclrtProcessReport on a thread no stream is subscribed to, and
+// aclrtUnSubscribeReport of another thread's stream.
+static const int ACL_ERROR_RT_THREAD_SUBSCRIBE = 107012;
+// aclrtLaunchCallback (or aclrtUnSubscribeReport) on a stream with no
+// subscribed thread.
+static const int ACL_ERROR_RT_STREAM_NO_CB_REG = 107015;
 static const int ACL_ERROR_RT_INVALID_HANDLE = 107017;
+// aclrtProcessReport found no callback to run within its time-out; also a
+// stream's deferred error when a blocking callback was not run within the
+// server's --callback_block_timeout_ms.
+static const int ACL_ERROR_RT_REPORT_TIMEOUT = 507012;
 // aclrtSynchronizeStreamWithTimeout / aclrtSynchronizeDeviceWithTimeout,
 // and aclrtSynchronizeEventWithTimeout, past their time-out.
 static const int ACL_ERROR_RT_STREAM_SYNC_TIMEOUT = 507046;
