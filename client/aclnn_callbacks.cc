@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -30,8 +31,23 @@
 namespace opserver {
 namespace {
 
-// A stream as subscriptions know it: its device and its handle there.
+// A stream as subscriptions know it: (device, 0) for a device's default
+// stream, else (0, the aclrtStream's value), which is never reused (a
+// server's handle may be, by the next session after aclrtResetDevice).
 using StreamKey = std::pair<uint32_t, uint64_t>;
+
+StreamKey KeyOf(const PinnedStream& target, aclrtStream stream) {
+  if (stream == nullptr) return {target.pinned.device, 0};
+  return {0, reinterpret_cast<uintptr_t>(stream)};
+}
+
+// How messages name a stream.
+std::string Named(StreamKey key) {
+  if (key.second == 0) {
+    return absl::StrCat("the default stream of device ", key.first);
+  }
+  return absl::StrCat("stream ", absl::Hex(key.second));
+}
 
 // One reached callback (or one that never will be: `status`), waiting for
 // its thread.
@@ -81,8 +97,7 @@ class Reports {
     auto [it, added] = subscribers_.emplace(key, thread);
     if (!added) {
       return Fail(ACL_ERROR_RT_STREAM_SUBSCRIBE,
-                  absl::StrCat("aclrtSubscribeReport: stream ", key.second,
-                               " of device ", key.first,
+                  absl::StrCat("aclrtSubscribeReport: ", Named(key),
                                " already has a subscribed thread (", it->second,
                                "); one thread per stream"));
     }
@@ -95,14 +110,12 @@ class Reports {
     auto it = subscribers_.find(key);
     if (it == subscribers_.end()) {
       return Fail(ACL_ERROR_RT_STREAM_NO_CB_REG,
-                  absl::StrCat("aclrtUnSubscribeReport: stream ", key.second,
-                               " of device ", key.first,
+                  absl::StrCat("aclrtUnSubscribeReport: ", Named(key),
                                " has no subscribed thread"));
     }
     if (it->second != thread) {
       return Fail(ACL_ERROR_RT_THREAD_SUBSCRIBE,
-                  absl::StrCat("aclrtUnSubscribeReport: stream ", key.second,
-                               " of device ", key.first,
+                  absl::StrCat("aclrtUnSubscribeReport: ", Named(key),
                                " is subscribed to thread ", it->second,
                                ", not ", thread));
     }
@@ -286,8 +299,8 @@ aclError aclrtSubscribeReport(uint64_t threadId, aclrtStream stream) {
   absl::StatusOr<opserver::PinnedStream> target =
       opserver::PinStreamOf(GetState(), __func__, stream);
   if (!target.ok()) return FailAcl(target.status());
-  return opserver::Reports::Get().Subscribe(
-      {target->pinned.device, target->handle}, threadId);
+  return opserver::Reports::Get().Subscribe(opserver::KeyOf(*target, stream),
+                                           threadId);
 }
 
 aclError aclrtUnSubscribeReport(uint64_t threadId, aclrtStream stream) {
@@ -295,7 +308,7 @@ aclError aclrtUnSubscribeReport(uint64_t threadId, aclrtStream stream) {
       opserver::PinStreamOf(GetState(), __func__, stream);
   if (!target.ok()) return FailAcl(target.status());
   return opserver::Reports::Get().Unsubscribe(
-      {target->pinned.device, target->handle}, threadId);
+      opserver::KeyOf(*target, stream), threadId);
 }
 
 aclError aclrtProcessReport(int32_t timeout) {
@@ -334,12 +347,11 @@ aclError aclrtLaunchCallback(aclrtCallback fn, void* userData,
   absl::StatusOr<opserver::PinnedStream> target =
       opserver::PinStreamOf(GetState(), __func__, stream);
   if (!target.ok()) return FailAcl(target.status());
-  std::optional<uint64_t> thread = opserver::Reports::Get().Subscriber(
-      {target->pinned.device, target->handle});
+  const opserver::StreamKey key = opserver::KeyOf(*target, stream);
+  std::optional<uint64_t> thread = opserver::Reports::Get().Subscriber(key);
   if (!thread.has_value()) {
     return Fail(ACL_ERROR_RT_STREAM_NO_CB_REG,
-                absl::StrCat("aclrtLaunchCallback: stream ", target->handle,
-                             " of device ", target->pinned.device,
+                absl::StrCat("aclrtLaunchCallback: ", opserver::Named(key),
                              " has no subscribed thread "
                              "(aclrtSubscribeReport)"));
   }
