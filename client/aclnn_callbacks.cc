@@ -158,11 +158,10 @@ class Reports {
                 thread, " (aclrtSubscribeReport) and no callback is left")),
             ACL_ERROR_RT_THREAD_SUBSCRIBE);
       }
-      return WithAclError(
-          absl::DeadlineExceededError(absl::StrCat(
-              "aclrtProcessReport: no callback reached within ",
-              absl::FormatDuration(*timeout))),
-          ACL_ERROR_RT_REPORT_TIMEOUT);
+      return WithAclError(absl::DeadlineExceededError(absl::StrCat(
+                              "aclrtProcessReport: no callback reached within ",
+                              absl::FormatDuration(*timeout))),
+                          ACL_ERROR_RT_REPORT_TIMEOUT);
     }
     std::deque<Report>& queue = ready_[thread];
     Report report = std::move(queue.front());
@@ -261,8 +260,8 @@ uint64_t ThisThread() { return static_cast<uint64_t>(pthread_self()); }
 // Queues the callback on its stream; `deliver` gets its report once the
 // server said.
 aclError LaunchOn(const char* function, bool block, const PinnedStream& target,
-                std::function<void(Report)> deliver, void (*fn)(void*),
-                void* user_data) {
+                  std::function<void(Report)> deliver, void (*fn)(void*),
+                  void* user_data) {
   std::weak_ptr<Client> client = target.pinned.client;
   std::weak_ptr<remote::Session> session = target.pinned.session;
   absl::StatusOr<uint64_t> id = target.pinned.session->LaunchCallback(
@@ -300,15 +299,15 @@ aclError aclrtSubscribeReport(uint64_t threadId, aclrtStream stream) {
       opserver::PinStreamOf(GetState(), __func__, stream);
   if (!target.ok()) return FailAcl(target.status());
   return opserver::Reports::Get().Subscribe(opserver::KeyOf(*target, stream),
-                                           threadId);
+                                            threadId);
 }
 
 aclError aclrtUnSubscribeReport(uint64_t threadId, aclrtStream stream) {
   absl::StatusOr<opserver::PinnedStream> target =
       opserver::PinStreamOf(GetState(), __func__, stream);
   if (!target.ok()) return FailAcl(target.status());
-  return opserver::Reports::Get().Unsubscribe(
-      opserver::KeyOf(*target, stream), threadId);
+  return opserver::Reports::Get().Unsubscribe(opserver::KeyOf(*target, stream),
+                                              threadId);
 }
 
 aclError aclrtProcessReport(int32_t timeout) {
@@ -324,8 +323,7 @@ aclError aclrtProcessReport(int32_t timeout) {
       opserver::Reports::Get().Next(opserver::ThisThread(), within);
   if (!report.ok()) return FailAcl(report.status());
   if (!report->status.ok()) {
-    return FailAcl(
-        opserver::Prefixed(report->status, "aclrtProcessReport: "));
+    return FailAcl(opserver::Prefixed(report->status, "aclrtProcessReport: "));
   }
   report->fn(report->user_data);
   opserver::ReleaseStream(*report);
@@ -363,8 +361,7 @@ aclError aclrtLaunchCallback(aclrtCallback fn, void* userData,
       fn, userData);
 }
 
-aclError aclrtLaunchHostFunc(aclrtStream stream, aclrtHostFunc fn,
-                             void* args) {
+aclError aclrtLaunchHostFunc(aclrtStream stream, aclrtHostFunc fn, void* args) {
   if (fn == nullptr) {
     return Fail(ACL_ERROR_INVALID_PARAM, "aclrtLaunchHostFunc: fn is NULL");
   }

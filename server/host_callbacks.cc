@@ -190,8 +190,7 @@ void HostCallbacks::Expired(
 }
 
 void HostCallbacks::Cancelled(const std::weak_ptr<Table>& table,
-                              const std::weak_ptr<Pending>& weak,
-                              uint64_t id) {
+                              const std::weak_ptr<Pending>& weak, uint64_t id) {
   std::shared_ptr<Table> live = table.lock();
   std::shared_ptr<Pending> pending = weak.lock();
   if (live == nullptr || pending == nullptr) return;

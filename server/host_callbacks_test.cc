@@ -168,8 +168,8 @@ TEST_F(HostCallbacksTest, CancelledStreamCancelsWaitingCallbacks) {
   }
   EXPECT_EQ(callbacks.blocked(), 0u);
   EXPECT_EQ(held_->load(), 0u);
-  EXPECT_TRUE(absl::IsCancelled(
-      callbacks.Queue(stream, 3, false, notices.For(3))));
+  EXPECT_TRUE(
+      absl::IsCancelled(callbacks.Queue(stream, 3, false, notices.For(3))));
 }
 
 TEST_F(HostCallbacksTest, CancelOpensAReachedBlockingCallback) {
@@ -181,7 +181,7 @@ TEST_F(HostCallbacksTest, CancelOpensAReachedBlockingCallback) {
   stream.Cancel("closing");
   EXPECT_EQ(callbacks.blocked(), 0u);
   EXPECT_EQ(notices.got().size(), 1u);  // No second notice.
-  stream.SynchronizeAndWait();  // Does not hang.
+  stream.SynchronizeAndWait();          // Does not hang.
 }
 
 TEST_F(HostCallbacksTest, PendingIdsMustDifferAndStateIsCharged) {

@@ -66,9 +66,9 @@ class CApiCallbacksTest : public CApiHeldStreamsTest {
   }
   void ExpectCopied(void* y) {
     std::vector<float> out(kN, 0);
-    ASSERT_EQ(aclrtMemcpy(out.data(), kN * 4, y, kN * 4,
-                          ACL_MEMCPY_DEVICE_TO_HOST),
-              ACL_SUCCESS)
+    ASSERT_EQ(
+        aclrtMemcpy(out.data(), kN * 4, y, kN * 4, ACL_MEMCPY_DEVICE_TO_HOST),
+        ACL_SUCCESS)
         << LastError();
     EXPECT_EQ(out[0], 1.0f);
     EXPECT_EQ(out[kN - 1], static_cast<float>(kN));
@@ -118,9 +118,9 @@ TEST_F(CApiCallbacksTest, CallbackRunsOnlyAfterTheWorkBeforeItOnItsThread) {
   WaitHeld(*record);
   Probe probe;
   probe.record = record;
-  ASSERT_EQ(aclrtLaunchCallback(&Probe::Run, &probe, ACL_CALLBACK_NO_BLOCK,
-                                stream),
-            ACL_SUCCESS)
+  ASSERT_EQ(
+      aclrtLaunchCallback(&Probe::Run, &probe, ACL_CALLBACK_NO_BLOCK, stream),
+      ACL_SUCCESS)
       << LastError();
   // The launch before it is held on the device: nothing can arrive.
   EXPECT_EQ(aclrtProcessReport(50), ACL_ERROR_RT_REPORT_TIMEOUT);
@@ -144,9 +144,9 @@ TEST_F(CApiCallbacksTest, BlockingCallbackHoldsLaterWorkUntilItReturns) {
   ASSERT_EQ(aclrtSubscribeReport(reports.id(), stream), ACL_SUCCESS);
   Probe probe;
   probe.gated = true;
-  ASSERT_EQ(aclrtLaunchCallback(&Probe::Run, &probe, ACL_CALLBACK_BLOCK,
-                                stream),
-            ACL_SUCCESS)
+  ASSERT_EQ(
+      aclrtLaunchCallback(&Probe::Run, &probe, ACL_CALLBACK_BLOCK, stream),
+      ACL_SUCCESS)
       << LastError();
   void* y = LaunchCopy(stream);
   ASSERT_TRUE(probe.entered.WaitForNotificationWithTimeout(absl::Minutes(1)));
@@ -172,9 +172,9 @@ TEST_F(CApiCallbacksTest, NonBlockingCallbackLetsLaterWorkRun) {
   ASSERT_EQ(aclrtSubscribeReport(reports.id(), stream), ACL_SUCCESS);
   Probe probe;
   probe.gated = true;
-  ASSERT_EQ(aclrtLaunchCallback(&Probe::Run, &probe, ACL_CALLBACK_NO_BLOCK,
-                                stream),
-            ACL_SUCCESS)
+  ASSERT_EQ(
+      aclrtLaunchCallback(&Probe::Run, &probe, ACL_CALLBACK_NO_BLOCK, stream),
+      ACL_SUCCESS)
       << LastError();
   void* y = LaunchCopy(stream);
   ASSERT_TRUE(probe.entered.WaitForNotificationWithTimeout(absl::Minutes(1)));
@@ -229,9 +229,9 @@ TEST_F(CApiCallbacksTest, ArgumentsAndSubscriptionsHaveCannsCodes) {
   auto [stream, record] = NewStream();
   Probe probe;
   // No subscribed thread.
-  EXPECT_EQ(aclrtLaunchCallback(&Probe::Run, &probe, ACL_CALLBACK_NO_BLOCK,
-                                stream),
-            ACL_ERROR_RT_STREAM_NO_CB_REG);
+  EXPECT_EQ(
+      aclrtLaunchCallback(&Probe::Run, &probe, ACL_CALLBACK_NO_BLOCK, stream),
+      ACL_ERROR_RT_STREAM_NO_CB_REG);
   EXPECT_THAT(LastError(), HasSubstr("has no subscribed thread"));
   EXPECT_EQ(aclrtProcessReport(10), ACL_ERROR_RT_THREAD_SUBSCRIBE);
   EXPECT_THAT(LastError(), HasSubstr("no stream is subscribed to thread"));
@@ -266,9 +266,9 @@ TEST_F(CApiCallbacksTest, ArgumentsAndSubscriptionsHaveCannsCodes) {
   EXPECT_EQ(aclrtProcessReport(10), ACL_ERROR_RT_REPORT_TIMEOUT);
   ASSERT_EQ(aclrtUnSubscribeReport(ThisThread(), stream), ACL_SUCCESS);
   // Unsubscribed: launching needs a thread again, and the thread has none.
-  EXPECT_EQ(aclrtLaunchCallback(&Probe::Run, &probe, ACL_CALLBACK_NO_BLOCK,
-                                stream),
-            ACL_ERROR_RT_STREAM_NO_CB_REG);
+  EXPECT_EQ(
+      aclrtLaunchCallback(&Probe::Run, &probe, ACL_CALLBACK_NO_BLOCK, stream),
+      ACL_ERROR_RT_STREAM_NO_CB_REG);
   EXPECT_EQ(aclrtProcessReport(10), ACL_ERROR_RT_THREAD_SUBSCRIBE);
   EXPECT_EQ(probe.runs.load(), 0);
 }
@@ -278,9 +278,9 @@ TEST_F(CApiCallbacksTest, ReachedCallbacksOutliveTheSubscription) {
   auto [stream, record] = NewStream();
   ASSERT_EQ(aclrtSubscribeReport(ThisThread(), stream), ACL_SUCCESS);
   Probe probe;
-  ASSERT_EQ(aclrtLaunchCallback(&Probe::Run, &probe, ACL_CALLBACK_NO_BLOCK,
-                                stream),
-            ACL_SUCCESS);
+  ASSERT_EQ(
+      aclrtLaunchCallback(&Probe::Run, &probe, ACL_CALLBACK_NO_BLOCK, stream),
+      ACL_SUCCESS);
   ASSERT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS);
   ASSERT_EQ(aclrtUnSubscribeReport(ThisThread(), stream), ACL_SUCCESS);
   // The notice may still be on its way: wait for it (bounded).
@@ -298,9 +298,9 @@ TEST_F(CApiCallbacksTest, DestroyedStreamEndsPendingCallbacks) {
   LaunchCopy(stream);
   WaitHeld(*record);
   Probe probe;
-  ASSERT_EQ(aclrtLaunchCallback(&Probe::Run, &probe, ACL_CALLBACK_BLOCK,
-                                stream),
-            ACL_SUCCESS);
+  ASSERT_EQ(
+      aclrtLaunchCallback(&Probe::Run, &probe, ACL_CALLBACK_BLOCK, stream),
+      ACL_SUCCESS);
   ASSERT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS) << LastError();
   const aclError woken = aclrtProcessReport(60000);
   EXPECT_NE(woken, ACL_SUCCESS);
@@ -318,9 +318,9 @@ TEST_F(CApiCallbacksTest, EndedSessionEndsPendingCallbacks) {
   LaunchCopy(stream);
   WaitHeld(*record);
   Probe probe;
-  ASSERT_EQ(aclrtLaunchCallback(&Probe::Run, &probe, ACL_CALLBACK_NO_BLOCK,
-                                stream),
-            ACL_SUCCESS);
+  ASSERT_EQ(
+      aclrtLaunchCallback(&Probe::Run, &probe, ACL_CALLBACK_NO_BLOCK, stream),
+      ACL_SUCCESS);
   server_->sessions().CancelAllWork();
   const aclError woken = aclrtProcessReport(60000);
   EXPECT_NE(woken, ACL_SUCCESS);
@@ -341,9 +341,9 @@ TEST_F(CApiCallbackTimeoutTest, UnprocessedBlockingCallbackTimesOut) {
   auto [stream, record] = NewStream();
   ASSERT_EQ(aclrtSubscribeReport(ThisThread(), stream), ACL_SUCCESS);
   Probe probe;
-  ASSERT_EQ(aclrtLaunchCallback(&Probe::Run, &probe, ACL_CALLBACK_BLOCK,
-                                stream),
-            ACL_SUCCESS);
+  ASSERT_EQ(
+      aclrtLaunchCallback(&Probe::Run, &probe, ACL_CALLBACK_BLOCK, stream),
+      ACL_SUCCESS);
   void* y = LaunchCopy(stream);
   // Nobody runs the callback; the stream is freed by the server alone.
   EXPECT_EQ(aclrtSynchronizeStream(stream), ACL_ERROR_RT_REPORT_TIMEOUT);
