@@ -347,6 +347,9 @@ aclError aclInit(const char* /*configPath*/) {
 
 aclError aclFinalize(void) {
   State& state = GetState();
+  // First and without the lock: the host-function thread may be inside a
+  // function that calls the API.
+  opserver::EndHostCallbacks();
   absl::MutexLock lock(&state.mu);
   if (!state.initialized) {
     return Fail(ACL_ERROR_REPEAT_FINALIZE,

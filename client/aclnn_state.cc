@@ -318,6 +318,13 @@ aclError AclErrorOf(const absl::Status& status) {
     int value;
     if (absl::SimpleAtoi(std::string(*code), &value)) return value;
   }
+  // A runtime code the server gave (CANN's rt codes, 107xxx and 507xxx,
+  // e.g. a blocking callback's time-out) is the call's aclError as it is.
+  if (const int32_t aclnn = kernels::GetAclnnStatus(status);
+      (aclnn >= 107000 && aclnn < 108000) ||
+      (aclnn >= 507000 && aclnn < 508000)) {
+    return aclnn;
+  }
   switch (status.code()) {
     case absl::StatusCode::kOk:
       return ACL_SUCCESS;
@@ -410,6 +417,34 @@ absl::StatusOr<uint64_t> StreamHandle(State& state, aclrtStream stream,
         ACL_ERROR_RT_STREAM_CONTEXT);
   }
   return it->second.stream.handle();
+}
+
+absl::StatusOr<PinnedStream> PinStreamOf(State& state, const char* function,
+                                         aclrtStream stream) {
+  absl::MutexLock lock(&state.mu);
+  absl::StatusOr<Pinned> current;
+  auto it = state.streams.find(reinterpret_cast<uintptr_t>(stream));
+  if (stream != nullptr && it != state.streams.end() && state.initialized) {
+    current = state.Pin(it->second.device);
+  } else {
+    current = PinCurrent(state);
+  }
+  if (!current.ok()) {
+    return Prefixed(current.status(), absl::StrCat(function, ": "));
+  }
+  absl::StatusOr<uint64_t> handle =
+      StreamHandle(state, stream, current->device);
+  if (!handle.ok()) {
+    return WithAclError(absl::InvalidArgumentError(absl::StrCat(
+                            function, ": ", handle.status().message())),
+                        ACL_ERROR_INVALID_PARAM);
+  }
+  // Its captured work was never sent: nothing can wait for it, and a
+  // callback cannot be ordered after it.
+  if (absl::Status s = RefuseIfCapturing(state, function, stream); !s.ok()) {
+    return s;
+  }
+  return PinnedStream{*std::move(current), *handle};
 }
 
 absl::StatusOr<TensorDesc> ToDesc(State& state, const aclTensor* tensor,

@@ -287,6 +287,23 @@ absl::StatusOr<DeviceRange> Resolve(State& state, const void* pointer,
 absl::StatusOr<uint64_t> StreamHandle(State& state, aclrtStream stream,
                                       uint32_t device);
 
+// The stream `stream` (NULL: the current context's default stream) of
+// `function`, pinned: a created stream is usable from any thread, as
+// aclrtSynchronizeStream's. The error to return otherwise (recorded by the
+// caller). Call without `state.mu`.
+struct PinnedStream {
+  Pinned pinned;
+  uint64_t handle = 0;
+};
+absl::StatusOr<PinnedStream> PinStreamOf(State& state, const char* function,
+                                         aclrtStream stream);
+
+// Host callbacks (aclnn_callbacks.cc): aclFinalize calls this first,
+// without `state.mu`: it stops the library's host-function thread (after
+// the function it runs now) and forgets every subscription and every
+// callback not yet run.
+void EndHostCallbacks();
+
 // What aclrtMemcpy and aclrtMemcpyAsync (`function`) check before anything
 // is resolved: NULL pointers, `count` over `destMax`, an unknown kind.
 // ACL_SUCCESS, else the error (recorded).

@@ -23,42 +23,6 @@
 namespace opserver {
 namespace {
 
-// The stream `stream` (NULL: the current context's default stream) of
-// `function`, pinned: a created stream is usable from any thread, as
-// aclrtSynchronizeStream's. The error to return otherwise (recorded by the
-// caller).
-struct PinnedStream {
-  Pinned pinned;
-  uint64_t handle = 0;
-};
-
-absl::StatusOr<PinnedStream> PinStreamOf(State& state, const char* function,
-                                         aclrtStream stream) {
-  absl::MutexLock lock(&state.mu);
-  absl::StatusOr<Pinned> current;
-  auto it = state.streams.find(reinterpret_cast<uintptr_t>(stream));
-  if (stream != nullptr && it != state.streams.end() && state.initialized) {
-    current = state.Pin(it->second.device);
-  } else {
-    current = PinCurrent(state);
-  }
-  if (!current.ok()) {
-    return Prefixed(current.status(), absl::StrCat(function, ": "));
-  }
-  absl::StatusOr<uint64_t> handle =
-      StreamHandle(state, stream, current->device);
-  if (!handle.ok()) {
-    return WithAclError(absl::InvalidArgumentError(absl::StrCat(
-                            function, ": ", handle.status().message())),
-                        ACL_ERROR_INVALID_PARAM);
-  }
-  // Its captured work was never sent: nothing can wait for it.
-  if (absl::Status s = RefuseIfCapturing(state, function, stream); !s.ok()) {
-    return s;
-  }
-  return PinnedStream{*std::move(current), *handle};
-}
-
 // -1: for ever (nullopt); below: INVALID_PARAM naming `function`.
 absl::StatusOr<std::optional<absl::Duration>> TimeoutOf(const char* function,
                                                         int32_t timeout) {

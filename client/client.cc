@@ -1351,6 +1351,28 @@ absl::Status Session::ResetEvent(uint64_t event, uint64_t stream) {
                &response, "ResetEvent");
 }
 
+absl::StatusOr<uint64_t> Session::LaunchCallback(
+    uint64_t stream, bool block,
+    std::function<void(uint64_t, absl::Status)> reached) {
+  if (channel_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "host callbacks need the command channel (ConnectOptions::pipeline): "
+        "the server tells it when a stream reaches one");
+  }
+  if (absl::Status s = CheckLocalStream("LaunchCallback", stream); !s.ok()) {
+    return s;
+  }
+  return channel_->SendCallback(stream, block, std::move(reached));
+}
+
+absl::Status Session::ReleaseCallback(uint64_t id) {
+  if (channel_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "host callbacks need the command channel");
+  }
+  return channel_->ReleaseCallback(id);
+}
+
 absl::StatusOr<bool> Session::QueryEvent(uint64_t event) {
   // The records issued before this call are on the server first.
   if (absl::Status s = Ordered(); !s.ok()) return s;

@@ -497,6 +497,19 @@ class Session {
   // status 107006 when either has not completed a record.
   absl::StatusOr<float> EventElapsedMs(uint64_t start, uint64_t end);
 
+  // Host callbacks (aclrtLaunchCallback; see CallbackCommand in
+  // proto/opserver.proto): queues a callback on `stream` and returns its id
+  // at once; `reached(id, status)` is called once, on the channel's
+  // reader thread, when the server says the stream reached it (OK) or
+  // that it never will (the error). With `block`, the stream waits for
+  // ReleaseCallback(id) (or the server's time-out). Pipelined sessions
+  // only: FAILED_PRECONDITION otherwise (a unary session has nobody to
+  // hear the server; Operators.LaunchCallback is there for people).
+  absl::StatusOr<uint64_t> LaunchCallback(
+      uint64_t stream, bool block,
+      std::function<void(uint64_t, absl::Status)> reached);
+  absl::Status ReleaseCallback(uint64_t id);
+
   // Typed values (converted by the server). ReadValues returns exactly
   // `count` values, or INTERNAL when the server sent another number.
   absl::Status WriteValues(uint64_t buffer, uint64_t offset,

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
@@ -52,6 +53,10 @@ std::optional<uint64_t> WorkStream(const v1::PipelineCommand& command) {
       return command.copy().stream();
     case v1::PipelineCommand::kReplayGraph:
       return command.replay_graph().stream();
+    case v1::PipelineCommand::kCallback:
+      // The stream is not idle until the server has reached it (and, for
+      // a blocking one, until the client released it).
+      return command.callback().stream();
     default:
       return std::nullopt;
   }
@@ -184,6 +189,58 @@ absl::StatusOr<uint64_t> CommandChannel::SendFence(v1::PipelineCommand command,
     return s;
   }
   return id;
+}
+
+absl::StatusOr<uint64_t> CommandChannel::SendCallback(uint64_t stream,
+                                                      bool block,
+                                                      CallbackReached reached) {
+  uint64_t id;
+  {
+    // Registered before it is queued: its notice may come as soon as it is
+    // written. A broken channel calls no callback any more.
+    absl::MutexLock lock(&mu_);
+    if (!broken_.ok()) return broken_;
+    id = next_callback_++;
+    replies_.AwaitCallback(id);
+    callbacks_[id] = std::move(reached);
+  }
+  v1::PipelineCommand command;
+  command.mutable_callback()->set_id(id);
+  command.mutable_callback()->set_stream(stream);
+  command.mutable_callback()->set_block(block);
+  if (absl::Status s = Send(std::move(command)); !s.ok()) {
+    absl::MutexLock lock(&mu_);
+    replies_.WithdrawCallback(id);
+    // Told already (the channel ended meanwhile): its error reached the
+    // callback's runner, so the launch itself went through.
+    if (callbacks_.erase(id) == 0) return id;
+    return s;
+  }
+  return id;
+}
+
+absl::Status CommandChannel::ReleaseCallback(uint64_t id) {
+  v1::PipelineCommand command;
+  command.set_release_callback(id);
+  return Send(std::move(command));
+}
+
+void CommandChannel::EndCallbacks() {
+  absl::flat_hash_map<uint64_t, CallbackReached> ended;
+  absl::Status why;
+  {
+    absl::MutexLock lock(&mu_);
+    ended.swap(callbacks_);
+    why = broken_.ok() ? absl::CancelledError("the channel ended") : broken_;
+  }
+  std::vector<uint64_t> ids;
+  for (const auto& entry : ended) ids.push_back(entry.first);
+  std::sort(ids.begin(), ids.end());  // In the order they were sent.
+  for (uint64_t id : ids) {
+    ended[id](id, absl::Status(why.code(),
+                               absl::StrCat("callback ", id,
+                                            " will not run: ", why.message())));
+  }
 }
 
 absl::StatusOr<v1::FenceResult> CommandChannel::TakeFence(
@@ -354,25 +411,51 @@ void CommandChannel::WriteLoop() {
 }
 
 void CommandChannel::ReadLoop() {
+  ReadUntilEnd();
+  // broken_ says why now: every callback still waiting learns it, so a
+  // thread waiting to run one wakes (a lost server, a closed session).
+  EndCallbacks();
+}
+
+void CommandChannel::ReadUntilEnd() {
   v1::PipelineEvent event;
   while (stream_->Read(&event)) {
-    absl::MutexLock lock(&mu_);
-    opened_ = true;
-    // A reply the protocol does not allow (an acknowledgement beyond what
-    // was written, a result for a fence not awaited or already taken)
-    // ends the channel: what else such a server says cannot be trusted,
-    // and held results stay bounded by the fences awaited.
-    if (absl::Status s = replies_.Apply(event, written_); !s.ok()) {
-      broken_ = absl::InternalError(
-          absl::StrCat("Pipeline: ", s.message(),
-                       " (a broken or hostile server); the channel is closed"));
-      context_.TryCancel();
-      break;
+    // Callbacks reached, told outside the lock.
+    std::vector<std::pair<CallbackReached, v1::CallbackNotice>> reached;
+    {
+      absl::MutexLock lock(&mu_);
+      opened_ = true;
+      // A reply the protocol does not allow (an acknowledgement beyond
+      // what was written, a result for a fence not awaited or already
+      // taken, a notice for no callback) ends the channel: what else such
+      // a server says cannot be trusted, and held results stay bounded by
+      // the fences awaited.
+      if (absl::Status s = replies_.Apply(event, written_); !s.ok()) {
+        broken_ = absl::InternalError(absl::StrCat(
+            "Pipeline: ", s.message(),
+            " (a broken or hostile server); the channel is closed"));
+        context_.TryCancel();
+        break;
+      }
+      while (!unacked_.empty() &&
+             unacked_.front().first <= replies_.acknowledged()) {
+        unacked_bytes_ -= unacked_.front().second;
+        unacked_.pop_front();
+      }
+      for (v1::CallbackNotice& notice : replies_.TakeNotices()) {
+        auto it = callbacks_.find(notice.id());
+        if (it == callbacks_.end()) continue;  // Withdrawn meanwhile.
+        reached.emplace_back(std::move(it->second), std::move(notice));
+        callbacks_.erase(it);
+      }
     }
-    while (!unacked_.empty() &&
-           unacked_.front().first <= replies_.acknowledged()) {
-      unacked_bytes_ -= unacked_.front().second;
-      unacked_.pop_front();
+    for (auto& [callback, notice] : reached) {
+      absl::Status status;
+      if (notice.code() != 0) {
+        status = absl::Status(static_cast<absl::StatusCode>(notice.code()),
+                              notice.message());
+      }
+      callback(notice.id(), std::move(status));
     }
   }
   // The call is over: whatever its end, every waiter learns it. The writer

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -118,6 +119,23 @@ class CommandChannel {
   // and its `data` is never written.
   void ForgetRead(uint64_t id);
 
+  // Host callbacks (CallbackCommand). `reached` is called once per
+  // callback, with its id: OK once its stream reached it on the server,
+  // else why it never will (refused, its stream destroyed, the channel
+  // ended). It runs on the channel's reader thread (or the thread that
+  // ends the channel), without the channel's lock, and must not block:
+  // it hands the callback to whoever runs it.
+  using CallbackReached = std::function<void(uint64_t id, absl::Status)>;
+  // Queues a callback on `stream` and returns its id at once: the server
+  // tells this channel when the stream reaches it, with no fence and no
+  // round trip of its own. With `block`, the stream then waits for
+  // ReleaseCallback(id). An error means `reached` will not be called.
+  absl::StatusOr<uint64_t> SendCallback(uint64_t stream, bool block,
+                                        CallbackReached reached);
+  // Lets the stream of blocking callback `id` go on (queued like any
+  // command; returns at once).
+  absl::Status ReleaseCallback(uint64_t id);
+
   // Fence results received and not yet taken: at most one per fence
   // awaited (a hostile server's replays end the channel instead).
   size_t HeldResults();
@@ -132,6 +150,8 @@ class CommandChannel {
   CommandChannel(Client& client, ChannelWindow window);
   void WriteLoop();
   void ReadLoop();
+  // ReadLoop's reading, until the call ended and broken_ says why.
+  void ReadUntilEnd();
   // Waits for `ready` (evaluated under mu_) or the channel to break, at
   // most `timeout`.
   // Sends a fence command with a new id; its result is collected by id.
@@ -185,6 +205,13 @@ class CommandChannel {
   PipelineReplies replies_ ABSL_GUARDED_BY(mu_);
   // Where each read fence not yet waited for puts its bytes.
   absl::flat_hash_map<uint64_t, ReadTarget> reads_ ABSL_GUARDED_BY(mu_);
+  // Callbacks sent whose notice has not come.
+  uint64_t next_callback_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, CallbackReached> callbacks_
+      ABSL_GUARDED_BY(mu_);
+  // Tells every callback still waiting that it never will run (the
+  // channel ended with `why`). Call without mu_.
+  void EndCallbacks();
 };
 
 }  // namespace remote

@@ -1,5 +1,6 @@
 #include "client/server_replies.h"
 
+#include <algorithm>
 #include <climits>
 #include <string>
 #include <utility>
@@ -156,6 +157,44 @@ absl::Status PipelineReplies::Apply(const v1::PipelineEvent& event,
   for (const v1::FenceResult& result : event.fences()) {
     if (absl::Status s = Store(result); !s.ok()) return s;
   }
+  for (const v1::CallbackNotice& notice : event.callbacks()) {
+    if (absl::Status s = Notice(notice); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+void PipelineReplies::AwaitCallback(uint64_t id) { callbacks_.insert(id); }
+
+void PipelineReplies::WithdrawCallback(uint64_t id) { callbacks_.erase(id); }
+
+std::vector<v1::CallbackNotice> PipelineReplies::TakeNotices() {
+  return std::exchange(notices_, {});
+}
+
+std::vector<uint64_t> PipelineReplies::UnnoticedCallbacks() const {
+  std::vector<uint64_t> ids(callbacks_.begin(), callbacks_.end());
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+absl::Status PipelineReplies::Notice(v1::CallbackNotice notice) {
+  const uint64_t id = notice.id();
+  if (callbacks_.erase(id) == 0) {
+    return absl::InternalError(absl::StrCat(
+        "the server sent a notice for callback ", id,
+        ", which this client did not send or heard of already"));
+  }
+  if (notice.code() < 0 ||
+      notice.code() >
+          static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
+    return absl::InternalError(absl::StrCat("the server's notice for callback ",
+                                            id, " has code ", notice.code(),
+                                            ", not a gRPC status code"));
+  }
+  if (notice.message().size() > kMaxFenceMessageBytes) {
+    notice.mutable_message()->resize(kMaxFenceMessageBytes);
+  }
+  notices_.push_back(std::move(notice));
   return absl::OkStatus();
 }
 

@@ -10,8 +10,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "google/protobuf/io/zero_copy_stream.h"
@@ -61,6 +63,18 @@ class PipelineReplies {
   // Fence `id` was not sent after all: no result may come for it.
   void Withdraw(uint64_t id);
 
+  // Callback `id` (CallbackCommand; ids are never reused) is about to be
+  // sent: exactly one notice may come for it.
+  void AwaitCallback(uint64_t id);
+  // Callback `id` was not sent after all.
+  void WithdrawCallback(uint64_t id);
+  // The notices Apply accepted since the last call, in the server's order
+  // (each at most kMaxFenceMessageBytes of text).
+  std::vector<v1::CallbackNotice> TakeNotices();
+  // Callbacks sent whose notice has not come, in id order (for a channel
+  // that ends: each is told).
+  std::vector<uint64_t> UnnoticedCallbacks() const;
+
   // Applies one event of the server; `sent`: the commands handed to the
   // transport so far (the server cannot have applied more).
   absl::Status Apply(const v1::PipelineEvent& event, uint64_t sent);
@@ -82,11 +96,14 @@ class PipelineReplies {
     bool forgotten;
   };
   absl::Status Store(v1::FenceResult result);
+  absl::Status Notice(v1::CallbackNotice notice);
 
   uint64_t acknowledged_ = 0;
   absl::flat_hash_map<uint64_t, Awaited> awaited_;
   absl::flat_hash_map<uint64_t, v1::FenceResult> results_;
   uint64_t stored_bytes_ = 0;
+  absl::flat_hash_set<uint64_t> callbacks_;  // Sent, not yet noticed.
+  std::vector<v1::CallbackNotice> notices_;
 };
 
 }  // namespace remote

@@ -242,6 +242,44 @@ TEST(PipelineRepliesTest, AcknowledgementsGrowWithinWhatWasSent) {
   EXPECT_EQ(replies.acknowledged(), 3u);
 }
 
+// A callback notice is accepted once per callback sent; anything else
+// ends the channel.
+TEST(PipelineRepliesTest, CallbackNoticesMatchTheCallbacksSent) {
+  PipelineReplies replies;
+  replies.AwaitCallback(4);
+  replies.AwaitCallback(5);
+  EXPECT_EQ(replies.UnnoticedCallbacks(), (std::vector<uint64_t>{4, 5}));
+  v1::PipelineEvent event;
+  event.add_callbacks()->set_id(5);
+  ASSERT_TRUE(replies.Apply(event, 0).ok());
+  std::vector<v1::CallbackNotice> notices = replies.TakeNotices();
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0].id(), 5u);
+  EXPECT_TRUE(replies.TakeNotices().empty());
+  EXPECT_EQ(replies.UnnoticedCallbacks(), (std::vector<uint64_t>{4}));
+  // Twice, or never sent.
+  absl::Status again = replies.Apply(event, 0);
+  EXPECT_EQ(again.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(again.message(),
+            "the server sent a notice for callback 5, which this client did "
+            "not send or heard of already");
+  v1::PipelineEvent bad;
+  v1::CallbackNotice* notice = bad.add_callbacks();
+  notice->set_id(4);
+  notice->set_code(99);
+  EXPECT_THAT(replies.Apply(bad, 0).message(),
+              HasSubstr("has code 99, not a gRPC status code"));
+  // A long text is cut.
+  replies.AwaitCallback(6);
+  v1::PipelineEvent wordy;
+  notice = wordy.add_callbacks();
+  notice->set_id(6);
+  notice->set_code(1);
+  notice->set_message(std::string(1 << 20, 'm'));
+  ASSERT_TRUE(replies.Apply(wordy, 0).ok());
+  EXPECT_EQ(replies.TakeNotices()[0].message().size(), kMaxFenceMessageBytes);
+}
+
 }  // namespace
 }  // namespace remote
 }  // namespace opserver

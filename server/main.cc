@@ -67,6 +67,11 @@ ABSL_FLAG(uint32_t, max_streams_per_session, 16,
 ABSL_FLAG(int, idle_timeout_s, 300,
           "A session no call has named for this long is closed (sessions "
           "bound to an Attach stream end with it instead).");
+ABSL_FLAG(int, callback_block_timeout_ms, 60000,
+          "How long a blocking host callback (ACL_CALLBACK_BLOCK, "
+          "aclrtLaunchHostFunc) may hold its stream once its client was "
+          "told; then the stream goes on and its next synchronize reports "
+          "DEADLINE_EXCEEDED (aclnn 507012).");
 ABSL_FLAG(uint32_t, max_values, 1u << 20,
           "Most typed values one WriteValues/ReadValues/Evaluate tensor may "
           "carry.");
@@ -297,6 +302,8 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_streams_per_session);
   options.session_limits.idle_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_idle_timeout_s));
+  options.session_limits.callback_block_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_callback_block_timeout_ms));
   options.transfer_limits.max_message_bytes =
       absl::GetFlag(FLAGS_max_message_bytes);
   options.transfer_limits.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);

@@ -28,6 +28,7 @@
 #include "server/pipeline.h"
 #include "server/pipeline_batch.h"
 #include "server/raw_message.h"
+#include "server/synchronize_reactor.h"
 
 namespace opserver {
 namespace {
@@ -331,6 +332,9 @@ class OperatorService::Pipeliner final
             service->sessions_->metrics()),
         link_(std::make_shared<Link>()) {
     link_->call = this;
+    pipeline_.SetCallbackDone([this](uint64_t id, absl::Status status) {
+      CallbackDone(id, std::move(status));
+    });
     if (!caller_.ok()) {
       absl::MutexLock lock(&mu_);
       finished_ = true;
@@ -396,6 +400,8 @@ class OperatorService::Pipeliner final
   }
 
   void OnDone() override {
+    // Callbacks queued on the session's streams may be reached later.
+    pipeline_.DisconnectCallbacks();
     {
       // The session's close callback no longer reaches this call.
       absl::MutexLock lock(&link_->mu);
@@ -611,6 +617,20 @@ class OperatorService::Pipeliner final
     MaybeFinishLocked();
   }
 
+  // Callback notices leave with the next event too; once nothing more is
+  // written, they are dropped (the client's channel is gone).
+  void CallbackDone(uint64_t id, absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || failed_) return;
+    v1::CallbackNotice* notice = Pending().add_callbacks();
+    notice->set_id(id);
+    if (!status.ok()) {
+      notice->set_code(static_cast<int32_t>(status.code()));
+      notice->set_message(Truncated(status.message(), kMaxErrorMessageBytes));
+    }
+    if (!writing_) WriteLocked();
+  }
+
   v1::PipelineEvent& Pending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!pending_.has_value()) pending_.emplace();
     return *pending_;
@@ -626,7 +646,8 @@ class OperatorService::Pipeliner final
     pending_.reset();
     // Later events carry the count too, so a client never sees it go back.
     event.set_acknowledged(acknowledged_);
-    written_fences_ = event.fences_size();
+    // A notice holds a place as a fence result does.
+    written_fences_ = event.fences_size() + event.callbacks_size();
     written_data_bytes_ = 0;
     for (const v1::FenceResult& fence : event.fences()) {
       written_data_bytes_ += fence.data().size();
@@ -823,6 +844,48 @@ grpc::ServerUnaryReactor* OperatorService::Evaluate(
                        });
   if (!queued.ok()) reactor->Finish(ToGrpcStatus(queued, context));
   return reactor;
+}
+
+grpc::ServerUnaryReactor* OperatorService::LaunchCallback(
+    grpc::CallbackServerContext* context,
+    const v1::LaunchCallbackRequest* request,
+    v1::LaunchCallbackResponse* /*response*/) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      SessionOf(context, request->session());
+  if (!session.ok()) return Reply(context, session.status());
+  absl::StatusOr<std::shared_ptr<Stream>> stream =
+      (*session)->GetStream(request->stream());
+  if (!stream.ok()) return Reply(context, stream.status());
+  absl::StatusOr<SessionSlot> slot = (*session)->TakeSynchronizeSlot();
+  if (!slot.ok()) return Reply(context, slot.status());
+  // The answer is the notice. An abandoned call stops waiting at once; the
+  // callback stays on its stream (there is no taking it back).
+  return StartSynchronize(
+      context, *std::move(slot),
+      [session = *session, stream = *stream, request](
+          SynchronizeAnswer answer) -> absl::StatusOr<std::function<void()>> {
+        absl::Status queued = session->callbacks().Queue(
+            *stream, request->id(), request->block(), std::move(answer));
+        if (!queued.ok()) return queued;
+        return std::function<void()>();
+      });
+}
+
+grpc::ServerUnaryReactor* OperatorService::ReleaseCallback(
+    grpc::CallbackServerContext* context,
+    const v1::ReleaseCallbackRequest* request,
+    v1::ReleaseCallbackResponse* /*response*/) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      SessionOf(context, request->session());
+  if (!session.ok()) return Reply(context, session.status());
+  if (!(*session)->callbacks().Release(request->id())) {
+    return Reply(context,
+                 absl::NotFoundError(absl::StrCat(
+                     "no blocking callback ", request->id(),
+                     " holds a stream of the session (released already, "
+                     "past --callback_block_timeout_ms, or never queued)")));
+  }
+  return Reply(context, absl::OkStatus());
 }
 
 absl::Status OperatorService::EvaluateBytes(const grpc::ByteBuffer& request,

@@ -32,7 +32,10 @@ using OperatorsBase = v1::Operators::WithCallbackMethod_ListOperators<
                     v1::Operators::WithCallbackMethod_DestroyExecutor<
                         v1::Operators::WithRawCallbackMethod_Evaluate<
                             v1::Operators::WithRawCallbackMethod_Pipeline<
-                                OperatorsGraphs>>>>>>>>;
+                                v1::Operators::WithCallbackMethod_LaunchCallback<
+                                    v1::Operators::
+                                        WithCallbackMethod_ReleaseCallback<
+                                            OperatorsGraphs>>>>>>>>>>;
 
 // opserver.v1.Operators: the operator table and the aclnn two-phase call
 // (GetWorkspaceSize -> executor, Execute on a stream), plus Evaluate for
@@ -100,6 +103,14 @@ class OperatorService final : public OperatorsBase {
       grpc::CallbackServerContext* context,
       const v1::DestroyGraphRequest* request,
       v1::DestroyGraphResponse* response) override;
+  grpc::ServerUnaryReactor* LaunchCallback(
+      grpc::CallbackServerContext* context,
+      const v1::LaunchCallbackRequest* request,
+      v1::LaunchCallbackResponse* response) override;
+  grpc::ServerUnaryReactor* ReleaseCallback(
+      grpc::CallbackServerContext* context,
+      const v1::ReleaseCallbackRequest* request,
+      v1::ReleaseCallbackResponse* response) override;
 
  private:
   class Launcher;

@@ -51,6 +51,8 @@ CommandPipeline::CommandPipeline(const SessionLimits& limits, size_t max_fences,
       }),
       metrics_(metrics) {}
 
+CommandPipeline::~CommandPipeline() { DisconnectCallbacks(); }
+
 size_t CommandPipeline::Apply(
     Session& session,
     const google::protobuf::RepeatedPtrField<v1::PipelineCommand>& commands,
@@ -102,6 +104,10 @@ bool CommandPipeline::ApplyOne(Session& session,
       return ReplayGraph(session, command.replay_graph(), resume);
     case C::kDestroyGraph:
       return DestroyGraph(session, command.destroy_graph());
+    case C::kCallback:
+      return Callback(session, command.callback(), resume);
+    case C::kReleaseCallback:
+      return ReleaseCallback(session, command.release_callback());
     case C::COMMAND_NOT_SET:
       break;
   }
@@ -109,8 +115,8 @@ bool CommandPipeline::ApplyOne(Session& session,
       "an empty or unknown Pipeline command (this server knows plan, "
       "launch, destroy_executor, set_executor_repeatable, free, fence, "
       "write, create_event, record_event, wait_event, reset_event, "
-      "destroy_event, memset, copy, define_graph, replay_graph and "
-      "destroy_graph)"));
+      "destroy_event, memset, copy, define_graph, replay_graph, "
+      "destroy_graph, callback and release_callback)"));
   return true;
 }
 
@@ -160,16 +166,7 @@ bool CommandPipeline::Fence(Session& session, const v1::FenceCommand& fence,
                                 fence.read_size() <= kMaxCommandBytes
                             ? fence.read_size()
                             : 0;
-  {
-    absl::MutexLock lock(&mu_);
-    if (fences_held_ >= max_fences_ ||
-        (read_bytes_held_ > 0 && read_bytes_held_ + read > kMaxHeldBytes)) {
-      fence_waiter_ = resume;
-      return false;
-    }
-    ++fences_held_;
-    read_bytes_held_ += read;
-  }
+  if (!TakeReplyRoom(read, resume)) return false;
   if (fence.query()) {
     QueryFence(session, fence);
   } else if (fence.event() != 0) {
@@ -180,6 +177,70 @@ bool CommandPipeline::Fence(Session& session, const v1::FenceCommand& fence,
     SessionFence(session, fence.id());
   }
   return true;
+}
+
+bool CommandPipeline::TakeReplyRoom(uint64_t read, const Resume& resume) {
+  absl::MutexLock lock(&mu_);
+  if (fences_held_ >= max_fences_ ||
+      (read_bytes_held_ > 0 && read_bytes_held_ + read > kMaxHeldBytes)) {
+    fence_waiter_ = resume;
+    return false;
+  }
+  ++fences_held_;
+  read_bytes_held_ += read;
+  return true;
+}
+
+bool CommandPipeline::Callback(Session& session,
+                               const v1::CallbackCommand& callback,
+                               const Resume& resume) {
+  // Its notice holds a place until written, as a fence's result does.
+  if (!TakeReplyRoom(0, resume)) return false;
+  const uint64_t id = callback.id();
+  absl::StatusOr<std::shared_ptr<Stream>> stream =
+      session.GetStream(callback.stream());
+  absl::Status status = stream.status();
+  if (status.ok()) {
+    status = session.callbacks().Queue(
+        **stream, id, callback.block(),
+        [sink = callbacks_, id](absl::Status reached) {
+          sink->Notify(id, std::move(reached));
+        });
+  }
+  if (status.ok()) return true;
+  status = Deferred(status, absl::StrCat("callback ", id));
+  // The client learns it twice: the notice lets it drop the callback now,
+  // the deferred error tells the next synchronize.
+  if (stream.ok()) {
+    (*stream)->Fail(status);
+  } else {
+    FailSession(status);
+  }
+  callbacks_->Notify(id, std::move(status));
+  return true;
+}
+
+bool CommandPipeline::ReleaseCallback(Session& session, uint64_t id) {
+  // An id that holds nothing may have crossed the time-out on the wire.
+  session.callbacks().Release(id);
+  return true;
+}
+
+void CommandPipeline::CallbackSink::Notify(uint64_t id, absl::Status status) {
+  absl::MutexLock lock(&mu);
+  if (done) done(id, std::move(status));
+}
+
+void CommandPipeline::SetCallbackDone(CallbackDone done) {
+  absl::MutexLock lock(&callbacks_->mu);
+  callbacks_->done = std::move(done);
+}
+
+void CommandPipeline::DisconnectCallbacks() {
+  CallbackDone dropped;  // Destroyed outside the lock.
+  absl::MutexLock lock(&callbacks_->mu);
+  dropped = std::move(callbacks_->done);
+  callbacks_->done = nullptr;
 }
 
 bool CommandPipeline::Write(Session& session, const v1::WriteCommand& write,

@@ -13,7 +13,9 @@
 // fails its stream with the plan's error; if none was launched by the next
 // session fence, that fence reports it, once. Event commands (record, wait,
 // reset) and memsets and copies are charged to their stream like launches;
-// create_event and destroy_event to the session.
+// create_event and destroy_event to the session. A callback is answered by
+// its notice (CallbackDone), which carries its refusal too; a refused one
+// is also its stream's deferred error.
 #ifndef OPSERVER_SERVER_PIPELINE_H_
 #define OPSERVER_SERVER_PIPELINE_H_
 
@@ -44,6 +46,10 @@ class CommandPipeline {
   // fence without error, the bytes read.
   using FenceDone =
       std::function<void(uint64_t id, absl::Status status, std::string data)>;
+  // Called once per callback command (CallbackCommand), on any thread (also
+  // inside Apply), with its id and OK when its stream reached it, or the
+  // error that means it never will (refused, or its stream cancelled).
+  using CallbackDone = std::function<void(uint64_t id, absl::Status status)>;
   // Called when a command that had to wait may be retried: once per Apply
   // that stopped early, on any thread (also inside that Apply).
   using Resume = std::function<void()>;
@@ -54,6 +60,17 @@ class CommandPipeline {
   // `metrics` (may be null) counts the commands and deferred errors.
   CommandPipeline(const SessionLimits& limits, size_t max_fences,
                   FenceDone fence_done, Metrics* metrics = nullptr);
+  ~CommandPipeline();
+
+  // Where callback notices go; until set, and after DisconnectCallbacks,
+  // they are dropped. A callback holds one of the `max_fences` places
+  // from the command until its notice is written (FencesWritten counts
+  // notices with fence results).
+  void SetCallbackDone(CallbackDone done);
+  // No notice reaches the CallbackDone once this returns (one being
+  // delivered now is waited for): the channel is ending, while callbacks
+  // queued on its streams may be reached much later.
+  void DisconnectCallbacks();
 
   // Applies commands[from, min(to, size)) in order to `session`; returns
   // the index of the first command not applied (min(to, size) when all
@@ -108,6 +125,14 @@ class CommandPipeline {
   bool ReplayGraph(Session& session, const v1::ReplayGraphRequest& replay,
                    const Resume& resume);
   bool DestroyGraph(Session& session, uint64_t id);
+  bool Callback(Session& session, const v1::CallbackCommand& callback,
+                const Resume& resume);
+  bool ReleaseCallback(Session& session, uint64_t id);
+
+  // Takes one of the max_fences places (and `read` bytes of read room)
+  // for a fence or callback; false when there is none: `resume` is called
+  // once there is.
+  bool TakeReplyRoom(uint64_t read, const Resume& resume);
 
   // True when stream `stream_id` is full: then `resume` is called once it
   // has run what it holds. An unknown stream is not full (the command
@@ -209,6 +234,16 @@ class CommandPipeline {
     void Release(uint64_t bytes);
   };
   const std::shared_ptr<WriteBudget> writes_ = std::make_shared<WriteBudget>();
+
+  // Where callback notices go: shared with the callbacks queued on
+  // streams, which may be reached after this pipeline is gone.
+  struct CallbackSink {
+    absl::Mutex mu;
+    CallbackDone done ABSL_GUARDED_BY(mu);
+    void Notify(uint64_t id, absl::Status status);
+  };
+  const std::shared_ptr<CallbackSink> callbacks_ =
+      std::make_shared<CallbackSink>();
 };
 
 }  // namespace opserver

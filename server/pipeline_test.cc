@@ -502,3 +502,107 @@ TEST_F(CommandPipelineTest, ReadBytesHoldTheChannel) {
 
 }  // namespace
 }  // namespace opserver
+
+namespace opserver {
+namespace {
+
+class CallbackPipelineTest : public CommandPipelineTest {
+ protected:
+  void OpenWithNotices(size_t max_fences = 16) {
+    Open(max_fences);
+    pipeline_->SetCallbackDone([this](uint64_t id, absl::Status status) {
+      absl::MutexLock lock(&mu_);
+      notices_.push_back({id, std::move(status)});
+    });
+  }
+  static v1::PipelineCommand Callback(uint64_t id, bool block,
+                                      uint64_t stream = 0) {
+    v1::PipelineCommand command;
+    command.mutable_callback()->set_id(id);
+    command.mutable_callback()->set_block(block);
+    command.mutable_callback()->set_stream(stream);
+    return command;
+  }
+  static v1::PipelineCommand Release(uint64_t id) {
+    v1::PipelineCommand command;
+    command.set_release_callback(id);
+    return command;
+  }
+  // Waits until `n` notices came; returns them.
+  std::vector<std::pair<uint64_t, absl::Status>> Notices(size_t n) {
+    std::pair<CallbackPipelineTest*, size_t> args(this, n);
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::pair<CallbackPipelineTest*, size_t>* a)
+             ABSL_NO_THREAD_SAFETY_ANALYSIS {
+               return a->first->notices_.size() >= a->second;
+             },
+        &args));
+    return notices_;
+  }
+  bool Answered(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    return fences_.count(id) > 0;
+  }
+  std::vector<std::pair<uint64_t, absl::Status>> notices_
+      ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(CallbackPipelineTest, BlockingCallbackHoldsItsStreamUntilReleased) {
+  OpenWithNotices();
+  ASSERT_EQ(Apply({Callback(5, /*block=*/true), Fence(1, false)}), 2u);
+  auto notices = Notices(1);
+  EXPECT_EQ(notices[0].first, 5u);
+  EXPECT_TRUE(notices[0].second.ok());
+  // The fence after it waits for the release (a bounded check: the
+  // stream stays held whatever the time, so nothing may answer it).
+  for (int i = 0; i < 100; ++i) EXPECT_FALSE(Answered(1));
+  EXPECT_EQ(session_->callbacks().blocked(), 1u);
+  ASSERT_EQ(Apply({Release(5)}), 1u);
+  EXPECT_TRUE(FenceResult(1).ok());
+  EXPECT_EQ(session_->callbacks().blocked(), 0u);
+  // A release of nothing is ignored.
+  ASSERT_EQ(Apply({Release(5), Fence(2, true)}), 2u);
+  EXPECT_TRUE(FenceResult(2).ok());
+}
+
+TEST_F(CallbackPipelineTest, RefusedCallbackIsNoticedAndDeferred) {
+  OpenWithNotices();
+  ASSERT_EQ(Apply({Callback(9, false, /*stream=*/77), Fence(1, true)}), 2u);
+  auto notices = Notices(1);
+  EXPECT_EQ(notices[0].first, 9u);
+  EXPECT_EQ(notices[0].second.code(), absl::StatusCode::kNotFound);
+  absl::Status session = FenceResult(1);
+  EXPECT_EQ(session.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(session.message(), ::testing::HasSubstr("callback 9"));
+}
+
+TEST_F(CallbackPipelineTest, NoticesHoldFencePlacesUntilWritten) {
+  OpenWithNotices(/*max_fences=*/1);
+  bool resumed = false;
+  // The second callback waits for the first one's place.
+  EXPECT_EQ(Apply({Callback(1, false), Callback(2, false)}, 0,
+                  [&resumed] { resumed = true; }),
+            1u);
+  Notices(1);
+  EXPECT_FALSE(resumed);
+  pipeline_->FencesWritten(1, 0);
+  EXPECT_TRUE(resumed);
+  EXPECT_EQ(Apply({Callback(1, false), Callback(2, false)}, 1), 2u);
+  EXPECT_EQ(Notices(2)[1].first, 2u);
+}
+
+TEST_F(CallbackPipelineTest, DisconnectedChannelHearsNothingMore) {
+  OpenWithNotices();
+  v1::PipelineCommand hold = Callback(1, true);
+  ASSERT_EQ(Apply({hold, Callback(2, false)}), 2u);
+  Notices(1);
+  pipeline_->DisconnectCallbacks();
+  ASSERT_EQ(Apply({Release(1), Fence(3, false)}), 2u);
+  EXPECT_TRUE(FenceResult(3).ok());
+  absl::MutexLock lock(&mu_);
+  EXPECT_EQ(notices_.size(), 1u);  // Callback 2's notice went nowhere.
+}
+
+}  // namespace
+}  // namespace opserver

@@ -113,6 +113,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
         "--max_sessions, --max_handles_per_session and --idle_timeout_s must "
         "be positive");
   }
+  if (options.session_limits.callback_block_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "--callback_block_timeout_ms must be positive");
+  }
   // Security before anything is allocated: a server that would expose the
   // device to the network unprotected must not start at all.
   const bool tls = !options.tls_cert_file.empty();

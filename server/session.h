@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "devices/device.h"
 #include "server/event.h"
+#include "server/host_callbacks.h"
 #include "server/memory_charge.h"
 #include "server/stream.h"
 
@@ -68,6 +69,9 @@ struct SessionLimits {
   uint32_t max_graphs_per_session = 64;
   uint64_t max_graph_tasks_per_session = 65536;
   absl::Duration idle_timeout = absl::Minutes(5);
+  // How long a blocking host callback may hold its stream after the server
+  // told the client it was reached (server/host_callbacks.h).
+  absl::Duration callback_block_timeout = absl::Seconds(60);
   // Per owner identity (a token's tenant, a client certificate), so one
   // tenant cannot starve the others; 0 = no limit beyond the ones above.
   uint32_t max_sessions_per_tenant = 0;
@@ -361,6 +365,9 @@ class Session {
 
   SessionStatsSnapshot Stats() const;
 
+  // The session's host callbacks (CallbackCommand).
+  HostCallbacks& callbacks() { return callbacks_; }
+
   // A slot for an Attach call, held for as long as the call is open.
   // RESOURCE_EXHAUSTED past --max_attach_per_session.
   absl::StatusOr<SessionSlot> TakeAttachSlot();
@@ -435,6 +442,9 @@ class Session {
   const std::shared_ptr<EventBudget> event_budget_ =
       std::make_shared<EventBudget>(kMaxPendingEventOperations, held_bytes_,
                                     limits_->session_memory_bytes);
+  // Blocking ones charge the session's memory.
+  HostCallbacks callbacks_{limits_->callback_block_timeout, held_bytes_,
+                           limits_->session_memory_bytes};
   struct RefusedPlanEntry {
     absl::Status error;
     bool reported = false;

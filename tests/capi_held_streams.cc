@@ -12,6 +12,7 @@ void CApiHeldStreamsTest::SetUp() {
   Options options;
   options.listen = "127.0.0.1:0";
   options.shutdown_grace = absl::ZeroDuration();
+  Configure(options);
   auto device = std::make_unique<FakeDevice>(/*max_streams=*/-1,
                                              /*host_addressable=*/true);
   device_ = device.get();

@@ -29,6 +29,8 @@ class CApiHeldStreamsTest : public ::testing::Test {
   static std::string LastError() { return aclGetRecentErrMsg(); }
 
   void SetUp() override;
+  // Changes the server's options before it starts (the default: none).
+  virtual void Configure(Options& /*options*/) {}
   void TearDown() override;
 
   // A new stream and its device stream's record.

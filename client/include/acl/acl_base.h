@@ -73,6 +73,18 @@ static const int ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD = 107038;
 static const int ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000;
 // aclmdlRICaptureEnd of a capture an earlier error invalidated.
 static const int ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED = 507903;
+// aclrtSubscribeReport of a stream that has a subscribed thread already.
+static const int ACL_ERROR_RT_STREAM_SUBSCRIBE = 107011;
+// aclrtProcessReport on a thread no stream is subscribed to, and
+// aclrtUnSubscribeReport of another thread's stream.
+static const int ACL_ERROR_RT_THREAD_SUBSCRIBE = 107012;
+// aclrtLaunchCallback (or aclrtUnSubscribeReport) on a stream with no
+// subscribed thread.
+static const int ACL_ERROR_RT_STREAM_NO_CB_REG = 107015;
+// aclrtProcessReport found no callback to run within its time-out; also a
+// stream's deferred error when a blocking callback was not run within the
+// server's --callback_block_timeout_ms.
+static const int ACL_ERROR_RT_REPORT_TIMEOUT = 507012;
 // aclrtSynchronizeStreamWithTimeout / aclrtSynchronizeDeviceWithTimeout,
 // and aclrtSynchronizeEventWithTimeout, past their time-out.
 static const int ACL_ERROR_RT_STREAM_SYNC_TIMEOUT = 507046;

@@ -70,6 +70,14 @@ typedef enum aclrtStreamStatus {
   ACL_STREAM_STATUS_RESERVED = 0xFFFF,
 } aclrtStreamStatus;
 
+typedef enum aclrtCallbackBlockType {
+  ACL_CALLBACK_NO_BLOCK,
+  ACL_CALLBACK_BLOCK,
+} aclrtCallbackBlockType;
+
+typedef void (*aclrtCallback)(void *userData);
+typedef void (*aclrtHostFunc)(void *args);
+
 typedef enum aclrtRunMode {
   ACL_DEVICE,
   ACL_HOST,
@@ -221,6 +229,51 @@ ACL_FUNC_VISIBILITY aclError aclrtSynchronizeDeviceWithTimeout(int32_t timeout);
 // ACL_ERROR_RT_EVENT_SYNC_TIMEOUT.
 ACL_FUNC_VISIBILITY aclError aclrtSynchronizeEventWithTimeout(aclrtEvent event,
                                                               int32_t timeout);
+
+// ---- Host callbacks ----
+// A callback is a stream command: it runs once the work queued on its
+// stream before it has finished on the server. The server tells the
+// library so on the session's command channel (no polling, no round trip
+// per callback), and `fn` then runs on the thread subscribed to the stream,
+// inside that thread's aclrtProcessReport.
+//
+// `threadId` (a pthread_t as uint64_t) will run the callbacks of `stream`
+// (NULL: the current context's default stream). One thread per stream:
+// ACL_ERROR_RT_STREAM_SUBSCRIBE when the stream has one already.
+ACL_FUNC_VISIBILITY aclError aclrtSubscribeReport(uint64_t threadId,
+                                                  aclrtStream stream);
+// Ends it: ACL_ERROR_RT_STREAM_NO_CB_REG when the stream has no subscribed
+// thread, ACL_ERROR_RT_THREAD_SUBSCRIBE when it is another thread's.
+// Callbacks already handed to the thread still run in its
+// aclrtProcessReport.
+ACL_FUNC_VISIBILITY aclError aclrtUnSubscribeReport(uint64_t threadId,
+                                                    aclrtStream stream);
+// Runs the calling thread's next reached callback, waiting up to `timeout`
+// ms (-1: for ever; 0 and other negative values: ACL_ERROR_INVALID_PARAM)
+// for one: ACL_ERROR_RT_REPORT_TIMEOUT when none came.
+// ACL_ERROR_RT_THREAD_SUBSCRIBE when no stream is subscribed to the thread
+// (also when the last one is unsubscribed while it waits) and nothing is
+// left to run. A callback that will never run (its stream destroyed, its
+// session closed or its server lost) is returned as that error, and its
+// function is not called.
+ACL_FUNC_VISIBILITY aclError aclrtProcessReport(int32_t timeout);
+// Queues `fn(userData)` on `stream`, which must have a subscribed thread
+// (ACL_ERROR_RT_STREAM_NO_CB_REG otherwise). ACL_CALLBACK_BLOCK: the
+// stream's later work waits until `fn` has returned; over a network that
+// costs the stream a round trip to this process plus the function's run
+// (docs/c-api.md), and a thread that never processes its reports is cut
+// off by the server's --callback_block_timeout_ms (the stream then goes on
+// and its next synchronize returns ACL_ERROR_RT_REPORT_TIMEOUT).
+// ACL_CALLBACK_NO_BLOCK: the stream goes on at once.
+ACL_FUNC_VISIBILITY aclError aclrtLaunchCallback(aclrtCallback fn,
+                                                 void *userData,
+                                                 aclrtCallbackBlockType blockType,
+                                                 aclrtStream stream);
+// Queues `fn(args)` on `stream`, run in stream order on a thread of the
+// library's own (no subscription); the stream's later work waits until it
+// has returned, as ACL_CALLBACK_BLOCK.
+ACL_FUNC_VISIBILITY aclError aclrtLaunchHostFunc(aclrtStream stream,
+                                                 aclrtHostFunc fn, void *args);
 
 // ---- Errors ----
 // The code of the last call on this thread that failed (ACL_SUCCESS when
