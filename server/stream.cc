@@ -223,8 +223,7 @@ Stream::Stream(std::unique_ptr<DeviceStream> device_stream, size_t max_queued,
   // std::thread may throw (no more threads): the caller sees the exception
   // and the count is given back.
   try {
-    NewThread([state = state_]() mutable { Loop(std::move(state)); })
-        .detach();
+    NewThread([state = state_]() mutable { Loop(std::move(state)); }).detach();
   } catch (...) {
     state_->threads->Done();
     throw;
