@@ -176,7 +176,8 @@ struct Stream::State {
 
   const size_t max_queued;
   const std::shared_ptr<StreamThreads> threads;
-  const std::shared_ptr<DeviceStream> device;
+  // Dropped by the thread as it stops (Loop), before it leaves its group.
+  std::shared_ptr<DeviceStream> device;
   // DeviceStream::asynchronous(): tasks are completed in batches.
   const bool asynchronous;
   mutable absl::Mutex mu;
@@ -214,10 +215,15 @@ Stream::Stream(std::unique_ptr<DeviceStream> device_stream, size_t max_queued,
           threads != nullptr ? std::move(threads) : StreamThreads::Default(),
           std::move(device_stream))) {
   state_->threads->Add();
+  // The state is moved into Loop, not copied: the thread's reference (the
+  // last once the Stream is gone, and with it the device stream) must go
+  // before the thread leaves its group. A capture lived until the thread
+  // function returned, after that: whoever waits for the group (the session
+  // manager) let the device go while its stream was still alive.
   // std::thread may throw (no more threads): the caller sees the exception
   // and the count is given back.
   try {
-    NewThread([state = state_] { Loop(state); }).detach();
+    NewThread([state = state_]() mutable { Loop(std::move(state)); }).detach();
   } catch (...) {
     state_->threads->Done();
     throw;
@@ -298,11 +304,16 @@ void Stream::Loop(std::shared_ptr<State> state) {
   }
   std::shared_ptr<StreamThreads> threads = state->threads;
   std::vector<std::function<void()>> stopped;
+  std::shared_ptr<DeviceStream> device;
   {
     absl::MutexLock lock(&state->mu);
     stopped.swap(state->on_stopped);
+    // Nothing uses it any more; a gate still held (its transfer not ended
+    // yet) keeps the state, not the device stream.
+    device = std::move(state->device);
   }
-  state.reset();
+  device.reset();
+  state.reset();  // See the constructor: before Done().
   threads->Done();
   for (std::function<void()>& callback : stopped) callback();
 }

@@ -85,8 +85,9 @@ class StreamThreads {
 // `max_queued` tasks wait at once, and destroying the stream (or Cancel)
 // drops every task that has not started. Destruction never waits for the
 // running task: the thread finishes it, completes the tasks it keeps issued
-// (synchronizing the device), runs the callbacks still queued and exits on
-// its own, then leaves its StreamThreads group.
+// (synchronizing the device), runs the callbacks still queued, lets go of
+// the device stream (destroyed then, unless a transfer still holds it) and
+// exits on its own, then leaves its StreamThreads group.
 class Stream {
  public:
   // Issues work on device_stream() and returns the error that kept it from

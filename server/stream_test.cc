@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -526,6 +527,60 @@ class CountingStream : public DeviceStream {
   const bool asynchronous_;
   const std::shared_ptr<std::atomic<int>> count_;
 };
+
+// A CountingStream that says when it is destroyed.
+class WatchedStream : public CountingStream {
+ public:
+  WatchedStream(bool asynchronous, std::shared_ptr<std::atomic<bool>> gone)
+      : CountingStream(asynchronous, std::make_shared<std::atomic<int>>(0)),
+        gone_(std::move(gone)) {}
+  ~WatchedStream() override { *gone_ = true; }
+
+ private:
+  const std::shared_ptr<std::atomic<bool>> gone_;
+};
+
+// Whoever waits for a group's threads (the session manager, before the
+// device goes) must find their device streams destroyed: one the thread
+// still held after leaving its group was destroyed late, after the device
+// (an Ascend stream outliving its session's teardown). WhenStopped runs
+// right after the thread left its group and before its function returns,
+// so it sees whether the thread still held the device stream then. A gate
+// its transfer has not let go of yet keeps the stream's state, but not its
+// device stream.
+TEST(StreamTest, TheDeviceStreamIsDestroyedBeforeTheThreadLeavesItsGroup) {
+  for (const bool asynchronous : {false, true}) {
+    for (const bool gated : {false, true}) {
+      SCOPED_TRACE(asynchronous ? "asynchronous" : "synchronous");
+      SCOPED_TRACE(gated ? "a gate still held" : "no gate");
+      auto gone = std::make_shared<std::atomic<bool>>(false);
+      auto threads = std::make_shared<StreamThreads>();
+      auto gate = std::make_shared<Stream::Gate>();
+      absl::Notification stopped;
+      bool gone_when_stopped = false;
+      int count_when_stopped = -1;
+      {
+        Stream stream(std::make_unique<WatchedStream>(asynchronous, gone), 0,
+                      threads);
+        Enq(stream, [device = stream.device_stream()] {
+          return device->Synchronize();
+        });
+        EXPECT_TRUE(stream.SynchronizeAndWait().ok());
+        const std::function<void()> reached = [] {};
+        if (gated) ASSERT_TRUE(stream.Hold(gate, reached, nullptr).ok());
+        stream.WhenStopped([&] {
+          gone_when_stopped = gone->load();
+          count_when_stopped = threads->count();
+          stopped.Notify();
+        });
+      }
+      ASSERT_TRUE(stopped.WaitForNotificationWithTimeout(absl::Seconds(30)));
+      EXPECT_EQ(count_when_stopped, 0);
+      EXPECT_TRUE(gone_when_stopped);
+      gate.reset();  // After the stream's thread: still fine.
+    }
+  }
+}
 
 // N tasks queued behind a running one, then one Synchronize: how many
 // times the stream synchronized its device stream.
