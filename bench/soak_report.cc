@@ -10,12 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/trailers.h"
 #include "kernels/aclnn_status.h"
 
 namespace opserver::soak {
-namespace {
-constexpr char kAclnnKey[] = "opserver-aclnn-status";
-}  // namespace
 
 const char* CodeName(int code) {
   static const char* const kNames[] = {"OK",
@@ -54,7 +52,7 @@ Outcome FromStatus(const grpc::Status& status,
   if (status.ok()) return o;
   o.message = status.error_message();
   const auto& trailers = context.GetServerTrailingMetadata();
-  auto it = trailers.find(kAclnnKey);
+  auto it = trailers.find(kAclnnStatusTrailerKey);
   if (it != trailers.end()) {
     absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()),
                      &o.aclnn);

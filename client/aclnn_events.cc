@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "acl/acl.h"
 #include "client/aclnn_state.h"
+#include "common/event_flags.h"
 
 namespace opserver {
 namespace {
@@ -89,13 +90,10 @@ aclError CreateEvent(const char* function, aclrtEvent* event, uint32_t flag) {
     return Fail(ACL_ERROR_INVALID_PARAM,
                 absl::StrCat(function, ": event is NULL"));
   }
-  constexpr uint32_t kKnownFlags =
-      ACL_EVENT_SYNC | ACL_EVENT_CAPTURE_STREAM_PROGRESS | ACL_EVENT_TIME_LINE |
-      ACL_EVENT_EXTERNAL | ACL_EVENT_IPC;
-  if ((flag & ~kKnownFlags) != 0) {
+  if ((flag & ~kKnownEventFlags) != 0) {
     return Fail(ACL_ERROR_INVALID_PARAM,
                 absl::StrCat(function, ": unknown flags 0x",
-                             absl::Hex(flag & ~kKnownFlags)));
+                             absl::Hex(flag & ~kKnownEventFlags)));
   }
   State& state = GetState();
   Pinned pinned;

@@ -18,10 +18,13 @@
 #include "absl/time/clock.h"
 #include "client/dial_address.h"
 #include "common/data_path.h"
+#include "common/event_flags.h"
 #include "common/listen_address.h"
 #include "common/malloc_tuning.h"
 #include "common/op_call.h"
 #include "common/session_routing.h"
+#include "common/status_macros.h"
+#include "common/trailers.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/validate.h"
@@ -38,8 +41,6 @@ absl::Status UnknownHandle(absl::string_view what, absl::string_view kind,
       what, "no ", kind, " ", handle,
       " in this session (never created, freed, or another session's)"));
 }
-
-constexpr char kAclnnStatusKey[] = "opserver-aclnn-status";
 
 v1::DataType ToProtoDType(kernels::DType dtype) {
   return static_cast<v1::DataType>(static_cast<int32_t>(dtype));
@@ -158,7 +159,7 @@ absl::Status FromGrpcStatus(const grpc::Status& status,
   const auto code = static_cast<absl::StatusCode>(status.error_code());
   const std::string message = absl::StrCat(what, ": ", status.error_message());
   const auto& trailers = context.GetServerTrailingMetadata();
-  auto it = trailers.find(kAclnnStatusKey);
+  auto it = trailers.find(kAclnnStatusTrailerKey);
   int32_t aclnn = 0;
   if (it != trailers.end() &&
       absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()),
@@ -174,7 +175,7 @@ absl::Status FromGrpcStatus(const grpc::Status& status,
 bool IsConnectionLoss(const grpc::Status& status,
                       const grpc::ClientContext& context) {
   return status.error_code() == grpc::StatusCode::UNAVAILABLE &&
-         context.GetServerTrailingMetadata().count(kAclnnStatusKey) == 0;
+         context.GetServerTrailingMetadata().count(kAclnnStatusTrailerKey) == 0;
 }
 
 absl::Status Client::WentAway(absl::string_view detail) const {
@@ -1250,14 +1251,11 @@ absl::Status Session::CheckLocalEvent(absl::string_view what, uint64_t event,
 
 absl::StatusOr<uint64_t> Session::CreateEvent(uint32_t flags) {
   if (channel_ != nullptr) {
-    // The server's rule (server/event.h's kKnownEventFlags), so the error
-    // is immediate; the server checks again.
-    constexpr uint32_t kKnownFlags = 0x1 | 0x2 | 0x8 | 0x20 | 0x40;
-    if ((flags & ~kKnownFlags) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "CreateEvent: event flags 0x", absl::Hex(flags),
-          " have unknown bits 0x", absl::Hex(flags & ~kKnownFlags)));
-    }
+    // The server's rule, so the error is immediate; the server checks
+    // again.
+    RETURN_IF_ERROR(CheckEventFlags(flags), [](absl::Status s) {
+      return absl::Status(s.code(), absl::StrCat("CreateEvent: ", s.message()));
+    });
     absl::MutexLock lock(&handles_mu_);
     const uint64_t id = next_executor_++;
     v1::PipelineCommand command;

@@ -41,27 +41,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/event_flags.h"
 #include "server/stream.h"
 
 namespace opserver {
 
-// aclrtCreateEventWithFlag's flags, as CANN numbers them.
-inline constexpr uint32_t kEventSync = 0x1;
-inline constexpr uint32_t kEventCaptureStreamProgress = 0x2;
-inline constexpr uint32_t kEventTimeLine = 0x8;
-inline constexpr uint32_t kEventExternal = 0x20;
-inline constexpr uint32_t kEventIpc = 0x40;
-inline constexpr uint32_t kKnownEventFlags =
-    kEventSync | kEventCaptureStreamProgress | kEventTimeLine | kEventExternal |
-    kEventIpc;
-
 // ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID: an elapsed time asked of an event
 // whose record has not completed (or that was never recorded).
 inline constexpr int32_t kAclErrorRtEventTimestampInvalid = 107006;
-
-// INVALID_ARGUMENT naming the bits when `flags` has any CANN does not
-// define.
-absl::Status CheckEventFlags(uint32_t flags);
 
 // What a session's events may have outstanding at once (records not yet
 // reached, waits not yet released, resets and synchronizes pending): each

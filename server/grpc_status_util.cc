@@ -14,7 +14,7 @@ grpc::Status ToGrpcStatus(const absl::Status& status,
   if (status.ok()) return grpc::Status::OK;
   const int32_t aclnn = kernels::GetAclnnStatus(status);
   if (context != nullptr) {
-    context->AddTrailingMetadata(kAclnnStatusMetadataKey,
+    context->AddTrailingMetadata(kAclnnStatusTrailerKey,
                                  std::to_string(aclnn));
   }
   // Messages may quote what the client sent (names, tokens): bounded here,

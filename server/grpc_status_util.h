@@ -4,12 +4,10 @@
 #include <cstddef>
 
 #include "absl/status/status.h"
+#include "common/trailers.h"
 #include "grpcpp/grpcpp.h"
 
 namespace opserver {
-
-// Trailing-metadata key holding the aclnn status (decimal) of a failed call.
-inline constexpr char kAclnnStatusMetadataKey[] = "opserver-aclnn-status";
 
 // Error messages sent to clients are cut to this many bytes.
 inline constexpr size_t kMaxErrorMessageBytes = 4096;
@@ -18,7 +16,7 @@ inline constexpr size_t kMaxErrorMessageBytes = 4096;
 // finishes through this, so codes and messages are converted identically
 // everywhere (the canonical codes have the same numbering in both
 // libraries). For a non-OK status it also adds the aclnn status to
-// `context`'s trailing metadata under kAclnnStatusMetadataKey (the kernels'
+// `context`'s trailing metadata under kAclnnStatusTrailerKey (the kernels'
 // code when the status carries one, else derived from the canonical code),
 // so clients return the exact aclnn code, and logs one line for it.
 // The line names the call's method, tenant and session and is rate-limited

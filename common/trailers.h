@@ -1,0 +1,14 @@
+#ifndef OPSERVER_COMMON_TRAILERS_H_
+#define OPSERVER_COMMON_TRAILERS_H_
+
+namespace opserver {
+
+// Trailing-metadata key holding the aclnn status (decimal) of a failed
+// call. The server writes it (server/grpc_status_util) and every client
+// reads it, so a client returns the kernels' exact code and not one
+// derived from the gRPC code.
+inline constexpr char kAclnnStatusTrailerKey[] = "opserver-aclnn-status";
+
+}  // namespace opserver
+
+#endif  // OPSERVER_COMMON_TRAILERS_H_
