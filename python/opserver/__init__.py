@@ -305,9 +305,9 @@ class GraphRecorder:
         self._keep.append(executor)  # Its tensors, until the definition.
 
     def define(self):
-        """Sends the definition (no round trip) and returns the ``Graph``.
-        What only the server finds (a handle gone, its graph limits) is the
-        session's deferred error: ``Session.flush`` raises it."""
+        """Sends the definition and returns the ``Graph`` once the server
+        has taken it (one round trip); raises what the server refused it
+        for (a handle gone, its graph limits), with no graph made."""
         graph = Graph(self._r.define())
         self._keep = []
         return graph

@@ -251,9 +251,10 @@ struct PyGraphRecorder {
 
 // Graph capture: session.record_graph() gives a recorder; recorder.launch
 // consumes an executor into it (as a launch would, checked at once);
-// recorder.define() sends the definition and gives the Graph, replayed by
-// replay(stream) and destroyed by destroy() or when its last reference
-// goes.
+// recorder.define() sends the definition, waits until the server took it
+// (raising its refusal: no Graph is made then) and gives the Graph,
+// replayed by replay(stream) and destroyed by destroy() or when its last
+// reference goes.
 void DefineGraphs(py::module_& m,
                   py::class_<PySession, std::shared_ptr<PySession>>& session) {
   session.def("record_graph", [](const std::shared_ptr<PySession>& s) {
@@ -271,8 +272,15 @@ void DefineGraphs(py::module_& m,
               throw StatusError{absl::InvalidArgumentError(
                   "the executor belongs to another session")};
             }
-            py::gil_scoped_release release;
             remote::Executor& executor = e.executor;
+            if (executor.handle() == 0) {
+              throw StatusError{kernels::AclnnError(
+                  kernels::kAclnnErrInnerNullptr,
+                  absl::StatusCode::kFailedPrecondition,
+                  "the executor was already consumed by a launch or a graph, "
+                  "or destroyed")};
+            }
+            py::gil_scoped_release release;
             r.tasks.push_back(ValueOrThrow(r.session->session->LaunchCommand(
                 executor.handle(), stream, 0, 0, 0)));
             // Consumed into the graph, as a launch consumes it.
@@ -285,6 +293,13 @@ void DefineGraphs(py::module_& m,
         {
           py::gil_scoped_release release;
           handle = r.session->session->DefineGraph(std::exchange(r.tasks, {}));
+          // The server's refusal (a handle gone, its graph limits) here,
+          // rather than as an unknown graph at the first replay.
+          if (handle.ok()) {
+            if (absl::Status taken = r.session->session->Flush(); !taken.ok()) {
+              handle = taken;
+            }
+          }
         }
         const uint64_t id = ValueOrThrow(std::move(handle));
         auto graph = std::make_unique<PyGraph>();

@@ -200,7 +200,8 @@ class Graph:
         run = _Run(self, session, capturing)
         _state.run = run
         try:
-            yield self
+            with _ot.remote(session):  # Modules without session= use it.
+                yield self
             run.finish()
         except BaseException:
             run.open = False
@@ -350,12 +351,10 @@ class _Run:
             return
         segments = self.graph._segments
         if self.capturing:
+            # Raises the server's refusal (its graph limits, ...).
             segment = self.recorder.define()
             self.recorder = self.session.record_graph()
             segments.append((end, segment))
-            # The definition's own errors (the server's graph limits, ...),
-            # here and now rather than as an unknown graph at the replay.
-            self.session.flush()
         else:
             m = self.segments
             if m >= len(segments) or segments[m][0] != end:
