@@ -21,13 +21,18 @@ many times a backward waited (once: every gradient but the last stays on
 the device).
 
 Last, one SGD step of the 784-256-128-10 MLP of python/tests/testing.py
-(batch 32), median of 20, with opserver.torch.nn's modules (backward on the
-server) and with torch.nn's: on loopback with a CPU device remote cannot
-win. Its extra cost is one wait per remote gradient torch needs (here two
-a step), not a round trip per transfer.
+(batch 32), median of --steps, with opserver.torch.nn's modules (backward
+on the server) issued eagerly and replayed from an opserver.torch.Graph
+(alternating, three rounds), and with torch.nn's: on loopback with a CPU
+device remote cannot win. Its extra cost is one wait per remote gradient
+torch needs (here two a step), not a round trip per transfer.
+`--mlp_only` runs only this part:
+
+    bazel run -c opt //bench:python_step_bench -- --mlp_only --steps=200
 """
 
 import argparse
+import contextlib
 import statistics
 import subprocess
 import sys
@@ -131,19 +136,53 @@ def autograd_chain_us(session, steps):
             statistics.median(backward) / OPS * 1e6, max(waits))
 
 
-def training_step_ms(remote, steps=20):
-    model = testing.mlp(remote)
+def training_step_ms(mode, steps=20):
+    """The MLP's median SGD step: "local" (torch.nn), "eager" (opserver.torch
+    modules) or "replay" (the same, inside an opserver.torch.Graph whose
+    first step captured the remote backward). Returns (ms, waits per step,
+    replays per step)."""
+    model = testing.mlp(mode != "local")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     x, label = torch.randn(32, 784), torch.randint(0, 10, (32,))
+    graph = ot.Graph() if mode == "replay" else None
     times = []
     for i in range(steps + 3):
+        before = ot.stats()
         start = time.perf_counter()
         optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), label).backward()
+        with graph.step() if graph else contextlib.nullcontext():
+            torch.nn.functional.cross_entropy(model(x), label).backward()
         optimizer.step()
         if i >= 3:
             times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    after = ot.stats()
+    if graph:
+        graph.destroy()
+    return (statistics.median(times) * 1e3, after["waits"] - before["waits"],
+            after["replays"] - before["replays"])
+
+
+def mlp_steps(session, steps):
+    """The MLP step with remote backward, eager and replayed (alternating,
+    three rounds, medians), and local."""
+    eager, replay = [], []
+    with ot.remote(session):
+        for _ in range(3):
+            eager.append(training_step_ms("eager", steps))
+            replay.append(training_step_ms("replay", steps))
+    local_ms = training_step_ms("local", steps)[0]
+    eager_ms = statistics.median(e[0] for e in eager)
+    replay_ms = statistics.median(r[0] for r in replay)
+    print("MLP 784-256-128-10, batch 32, one SGD step (median of %d, "
+          "3 rounds)" % steps)
+    print("  remote backward, eager    %7.3f ms   %d waits, %d replays a step"
+          % (eager_ms, eager[0][1], eager[0][2]))
+    print("  remote backward, replayed %7.3f ms   %d waits, %d replays a step"
+          "   %.2fx eager" % (replay_ms, replay[0][1], replay[0][2],
+                              replay_ms / eager_ms))
+    print("  local                     %7.3f ms   remote/local: eager %.1fx, "
+          "replayed %.1fx" % (local_ms, eager_ms / local_ms,
+                              replay_ms / local_ms))
 
 
 def main():
@@ -152,10 +191,16 @@ def main():
     parser.add_argument("client_step")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--mlp_only", action="store_true",
+                        help="only the MLP step, eager and replayed")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with testing.Server(args.opserver) as server:
         client = opserver.connect(server.address)
+        if args.mlp_only:
+            with client.session("python_step_bench") as session:
+                mlp_steps(session, args.steps)
+            return
         cpp, py, rtts = [], [], []
         with client.session("python_step_bench") as session:
             for _ in range(args.rounds):
@@ -185,12 +230,7 @@ def main():
             print("  forward  %7.2f us/op   backward %7.2f us/op = %.3f round "
                   "trips/op, %d wait per backward" %
                   (fwd_us, bwd_us, bwd_us / rtt_us, waits))
-            with ot.remote(session):
-                remote_ms = training_step_ms(True)
-            local_ms = training_step_ms(False)
-            print("MLP 784-256-128-10, batch 32, one SGD step (median of 20)")
-            print("  remote backward %7.2f ms   local %7.2f ms   ratio %.1fx"
-                  % (remote_ms, local_ms, remote_ms / local_ms))
+            mlp_steps(session, args.steps)
 
 
 if __name__ == "__main__":
