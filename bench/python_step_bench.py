@@ -136,53 +136,66 @@ def autograd_chain_us(session, steps):
             statistics.median(backward) / OPS * 1e6, max(waits))
 
 
-def training_step_ms(mode, steps=20):
-    """The MLP's median SGD step: "local" (torch.nn), "eager" (opserver.torch
-    modules) or "replay" (the same, inside an opserver.torch.Graph whose
-    first step captured the remote backward). Returns (ms, waits per step,
-    replays per step)."""
-    model = testing.mlp(mode != "local")
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    x, label = torch.randn(32, 784), torch.randint(0, 10, (32,))
-    graph = ot.Graph() if mode == "replay" else None
-    times = []
-    for i in range(steps + 3):
+class MlpSteps:
+    """The MLP's SGD steps in one mode: "local" (torch.nn), "eager"
+    (opserver.torch modules) or "replay" (the same, inside an
+    opserver.torch.Graph whose first step captured the remote backward).
+    Each step's wall and CPU time (this process, all threads), and the
+    waits and replays it made, are kept."""
+
+    def __init__(self, mode):
+        self.model = testing.mlp(mode != "local")
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        self.x, self.label = torch.randn(32, 784), torch.randint(0, 10, (32,))
+        self.graph = ot.Graph() if mode == "replay" else None
+        self.wall, self.cpu, self.counts = [], [], None
+
+    def step(self, record):
         before = ot.stats()
-        start = time.perf_counter()
-        optimizer.zero_grad()
-        with graph.step() if graph else contextlib.nullcontext():
-            torch.nn.functional.cross_entropy(model(x), label).backward()
-        optimizer.step()
-        if i >= 3:
-            times.append(time.perf_counter() - start)
-    after = ot.stats()
-    if graph:
-        graph.destroy()
-    return (statistics.median(times) * 1e3, after["waits"] - before["waits"],
-            after["replays"] - before["replays"])
+        wall, cpu = time.perf_counter(), time.process_time()
+        self.optimizer.zero_grad()
+        with self.graph.step() if self.graph else contextlib.nullcontext():
+            torch.nn.functional.cross_entropy(
+                self.model(self.x), self.label).backward()
+        self.optimizer.step()
+        if record:
+            self.wall.append(time.perf_counter() - wall)
+            self.cpu.append(time.process_time() - cpu)
+            after = ot.stats()
+            self.counts = (after["waits"] - before["waits"],
+                           after["replays"] - before["replays"])
+
+    def ms(self):
+        return (statistics.median(self.wall) * 1e3,
+                statistics.median(self.cpu) * 1e3)
 
 
 def mlp_steps(session, steps):
-    """The MLP step with remote backward, eager and replayed (alternating,
-    three rounds, medians), and local."""
-    eager, replay = [], []
+    """The MLP step with remote backward, eager and replayed, and local:
+    one step of each in turn (the order rotating), so that the load of a
+    shared machine falls on all three alike; medians of `steps`."""
+    modes = ("eager", "replay", "local")
     with ot.remote(session):
-        for _ in range(3):
-            eager.append(training_step_ms("eager", steps))
-            replay.append(training_step_ms("replay", steps))
-    local_ms = training_step_ms("local", steps)[0]
-    eager_ms = statistics.median(e[0] for e in eager)
-    replay_ms = statistics.median(r[0] for r in replay)
-    print("MLP 784-256-128-10, batch 32, one SGD step (median of %d, "
-          "3 rounds)" % steps)
-    print("  remote backward, eager    %7.3f ms   %d waits, %d replays a step"
-          % (eager_ms, eager[0][1], eager[0][2]))
-    print("  remote backward, replayed %7.3f ms   %d waits, %d replays a step"
-          "   %.2fx eager" % (replay_ms, replay[0][1], replay[0][2],
-                              replay_ms / eager_ms))
-    print("  local                     %7.3f ms   remote/local: eager %.1fx, "
-          "replayed %.1fx" % (local_ms, eager_ms / local_ms,
-                              replay_ms / local_ms))
+        runs = {mode: MlpSteps(mode) for mode in modes}
+        for i in range(steps + 3):
+            for k in range(3):
+                runs[modes[(i + k) % 3]].step(record=i >= 3)
+        runs["replay"].graph.destroy()
+    (eager, eager_cpu), (replay, replay_cpu), (local, local_cpu) = (
+        runs[mode].ms() for mode in modes)
+    print("MLP 784-256-128-10, batch 32, one SGD step (median of %d; wall, "
+          "and this process's CPU)" % steps)
+    for name, mode, wall, cpu in (("eager", "eager", eager, eager_cpu),
+                                  ("replayed", "replay", replay, replay_cpu)):
+        waits, replays = runs[mode].counts
+        print("  remote backward, %-8s %7.3f ms  cpu %7.3f ms   %d waits, "
+              "%d replays a step" % (name, wall, cpu, waits, replays))
+    print("  local                     %7.3f ms  cpu %7.3f ms" %
+          (local, local_cpu))
+    print("  replayed / eager: wall %.2fx, cpu %.2fx; remote cost over local: "
+          "eager %.3f ms, replayed %.3f ms" %
+          (replay / eager, replay_cpu / eager_cpu, eager - local,
+           replay - local))
 
 
 def main():

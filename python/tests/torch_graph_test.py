@@ -356,6 +356,15 @@ class GraphTest(testing.ServerTestCase):
         self.assertEqual((e.exception.aclnn_status, e.exception.message), (
             561103, "the executor was already consumed by a launch or a "
             "graph, or destroyed"))
+        other = self.client.session("other")
+        self.addCleanup(other.close)
+        foreign = other.hardswish_backward(
+            other.to_device(torch.ones(8)), other.to_device(torch.ones(8)),
+            launch=False)
+        with self.assertRaises(opserver.InvalidArgument) as e:
+            recorder.launch(foreign)
+        self.assertEqual(e.exception.message,
+                         "the executor belongs to another session")
         graph = recorder.define()
         self.assertEqual(graph.tasks, 1)
         s.upload(out.buffer, torch.full((8,), -1.0))
