@@ -22,9 +22,9 @@ the device).
 
 Last, one SGD step of the 784-256-128-10 MLP of python/tests/testing.py
 (batch 32), median of --steps, with opserver.torch.nn's modules (backward
-on the server) issued eagerly and replayed from an opserver.torch.Graph
-(alternating, three rounds), and with torch.nn's: on loopback with a CPU
-device remote cannot win. Its extra cost is one wait per remote gradient
+on the server) issued eagerly and replayed from an opserver.torch.Graph,
+and with torch.nn's, one step of each in turn: wall time and this
+process's CPU time. On loopback with a CPU device remote cannot win. Its extra cost is one wait per remote gradient
 torch needs (here two a step), not a round trip per transfer.
 `--mlp_only` runs only this part:
 
