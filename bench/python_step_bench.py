@@ -21,13 +21,18 @@ many times a backward waited (once: every gradient but the last stays on
 the device).
 
 Last, one SGD step of the 784-256-128-10 MLP of python/tests/testing.py
-(batch 32), median of 20, with opserver.torch.nn's modules (backward on the
-server) and with torch.nn's: on loopback with a CPU device remote cannot
-win. Its extra cost is one wait per remote gradient torch needs (here two
-a step), not a round trip per transfer.
+(batch 32), median of --steps, with opserver.torch.nn's modules (backward
+on the server) issued eagerly and replayed from an opserver.torch.Graph,
+and with torch.nn's, one step of each in turn: wall time and this
+process's CPU time. On loopback with a CPU device remote cannot win. Its extra cost is one wait per remote gradient
+torch needs (here two a step), not a round trip per transfer.
+`--mlp_only` runs only this part:
+
+    bazel run -c opt //bench:python_step_bench -- --mlp_only --steps=200
 """
 
 import argparse
+import contextlib
 import statistics
 import subprocess
 import sys
@@ -131,19 +136,66 @@ def autograd_chain_us(session, steps):
             statistics.median(backward) / OPS * 1e6, max(waits))
 
 
-def training_step_ms(remote, steps=20):
-    model = testing.mlp(remote)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    x, label = torch.randn(32, 784), torch.randint(0, 10, (32,))
-    times = []
-    for i in range(steps + 3):
-        start = time.perf_counter()
-        optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), label).backward()
-        optimizer.step()
-        if i >= 3:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+class MlpSteps:
+    """The MLP's SGD steps in one mode: "local" (torch.nn), "eager"
+    (opserver.torch modules) or "replay" (the same, inside an
+    opserver.torch.Graph whose first step captured the remote backward).
+    Each step's wall and CPU time (this process, all threads), and the
+    waits and replays it made, are kept."""
+
+    def __init__(self, mode):
+        self.model = testing.mlp(mode != "local")
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        self.x, self.label = torch.randn(32, 784), torch.randint(0, 10, (32,))
+        self.graph = ot.Graph() if mode == "replay" else None
+        self.wall, self.cpu, self.counts = [], [], None
+
+    def step(self, record):
+        before = ot.stats()
+        wall, cpu = time.perf_counter(), time.process_time()
+        self.optimizer.zero_grad()
+        with self.graph.step() if self.graph else contextlib.nullcontext():
+            torch.nn.functional.cross_entropy(
+                self.model(self.x), self.label).backward()
+        self.optimizer.step()
+        if record:
+            self.wall.append(time.perf_counter() - wall)
+            self.cpu.append(time.process_time() - cpu)
+            after = ot.stats()
+            self.counts = (after["waits"] - before["waits"],
+                           after["replays"] - before["replays"])
+
+    def ms(self):
+        return (statistics.median(self.wall) * 1e3,
+                statistics.median(self.cpu) * 1e3)
+
+
+def mlp_steps(session, steps):
+    """The MLP step with remote backward, eager and replayed, and local:
+    one step of each in turn (the order rotating), so that the load of a
+    shared machine falls on all three alike; medians of `steps`."""
+    modes = ("eager", "replay", "local")
+    with ot.remote(session):
+        runs = {mode: MlpSteps(mode) for mode in modes}
+        for i in range(steps + 3):
+            for k in range(3):
+                runs[modes[(i + k) % 3]].step(record=i >= 3)
+        runs["replay"].graph.destroy()
+    (eager, eager_cpu), (replay, replay_cpu), (local, local_cpu) = (
+        runs[mode].ms() for mode in modes)
+    print("MLP 784-256-128-10, batch 32, one SGD step (median of %d; wall, "
+          "and this process's CPU)" % steps)
+    for name, mode, wall, cpu in (("eager", "eager", eager, eager_cpu),
+                                  ("replayed", "replay", replay, replay_cpu)):
+        waits, replays = runs[mode].counts
+        print("  remote backward, %-8s %7.3f ms  cpu %7.3f ms   %d waits, "
+              "%d replays a step" % (name, wall, cpu, waits, replays))
+    print("  local                     %7.3f ms  cpu %7.3f ms" %
+          (local, local_cpu))
+    print("  replayed / eager: wall %.2fx, cpu %.2fx; remote cost over local: "
+          "eager %.3f ms, replayed %.3f ms" %
+          (replay / eager, replay_cpu / eager_cpu, eager - local,
+           replay - local))
 
 
 def main():
@@ -152,10 +204,16 @@ def main():
     parser.add_argument("client_step")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--mlp_only", action="store_true",
+                        help="only the MLP step, eager and replayed")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with testing.Server(args.opserver) as server:
         client = opserver.connect(server.address)
+        if args.mlp_only:
+            with client.session("python_step_bench") as session:
+                mlp_steps(session, args.steps)
+            return
         cpp, py, rtts = [], [], []
         with client.session("python_step_bench") as session:
             for _ in range(args.rounds):
@@ -185,12 +243,7 @@ def main():
             print("  forward  %7.2f us/op   backward %7.2f us/op = %.3f round "
                   "trips/op, %d wait per backward" %
                   (fwd_us, bwd_us, bwd_us / rtt_us, waits))
-            with ot.remote(session):
-                remote_ms = training_step_ms(True)
-            local_ms = training_step_ms(False)
-            print("MLP 784-256-128-10, batch 32, one SGD step (median of 20)")
-            print("  remote backward %7.2f ms   local %7.2f ms   ratio %.1fx"
-                  % (remote_ms, local_ms, remote_ms / local_ms))
+            mlp_steps(session, args.steps)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from opserver.errors import (  # noqa: F401  (re-exported)
 
 __all__ = [
     "connect", "Client", "Session", "DeviceTensor", "Executor", "DType",
-    "Scalar", "Error", "operators",
+    "Scalar", "Error", "operators", "Graph", "GraphRecorder",
 ]
 
 
@@ -287,6 +287,61 @@ class Executor:
         self._e.destroy()
 
 
+class GraphRecorder:
+    """The tasks of a graph being recorded (``Session.record_graph``):
+    ``launch`` consumes an executor into it instead of launching it
+    (checked at once, as ``execute`` would be), and ``define`` makes the
+    server-side graph of them all, in order (docs/graphs.md)."""
+
+    def __init__(self, recorder):
+        self._r = recorder
+        self._keep = []
+
+    def __len__(self):
+        return len(self._r)
+
+    def launch(self, executor, stream=None):
+        self._r.launch(executor._e, _stream(stream))
+        self._keep.append(executor)  # Its tensors, until the definition.
+
+    def define(self):
+        """Sends the definition and returns the ``Graph`` once the server
+        has taken it (one round trip); raises what the server refused it
+        for (a handle gone, its graph limits), with no graph made."""
+        graph = Graph(self._r.define())
+        self._keep = []
+        return graph
+
+
+class Graph:
+    """A graph on the server: ``replay`` queues all of its tasks on a
+    stream as one command; ``destroy`` (or the last reference going)
+    releases it after the replays already queued."""
+
+    def __init__(self, graph):
+        self._g = graph
+
+    @property
+    def handle(self):
+        return self._g.handle
+
+    @property
+    def tasks(self):
+        return self._g.tasks
+
+    @property
+    def destroyed(self):
+        return self._g.destroyed
+
+    def replay(self, stream=None):
+        """Queues one replay on `stream` without waiting; its errors are the
+        stream's deferred errors. ``FailedPrecondition`` once destroyed."""
+        self._g.replay(_stream(stream))
+
+    def destroy(self):
+        self._g.destroy()
+
+
 class Session:
     """A session on the server: owns the buffers, streams and executors made
     through it. A context manager: leaving it closes the session. Made by
@@ -353,6 +408,10 @@ class Session:
 
     def create_stream(self):
         return self._s.create_stream()
+
+    def record_graph(self):
+        """A ``GraphRecorder``: the launches of a graph, defined at once."""
+        return GraphRecorder(self._s.record_graph())
 
     def upload(self, buffer, data, offset=0, stream=None):
         """Copies a numpy array or torch CPU tensor into buffer[offset:],

@@ -125,6 +125,8 @@ struct SessionHandle {
 };
 using PyBuffer = SessionHandle<&remote::Session::FreeBuffer>;
 using PyStream = SessionHandle<&remote::Session::DestroyStream>;
+// `size` is the graph's task count.
+using PyGraph = SessionHandle<&remote::Session::DestroyGraph>;
 
 // A queued read and the array it fills (kept alive until it is done).
 struct PyPendingRead {
@@ -239,6 +241,93 @@ void DefineOperators(
 #undef OPSERVER_PY_OP
 #undef OPSERVER_PY_ARG
 #undef OPSERVER_PY_PARAM
+
+// Commands recorded for a graph (Session::LaunchCommand and friends), then
+// defined by define() as one graph: the Python side of aclmdlRI capture.
+struct PyGraphRecorder {
+  std::shared_ptr<PySession> session;
+  std::vector<v1::PipelineCommand> tasks;
+};
+
+// Graph capture: session.record_graph() gives a recorder; recorder.launch
+// consumes an executor into it (as a launch would, checked at once);
+// recorder.define() sends the definition, waits until the server took it
+// (raising its refusal: no Graph is made then) and gives the Graph,
+// replayed by replay(stream) and destroyed by destroy() or when its last
+// reference goes.
+void DefineGraphs(py::module_& m,
+                  py::class_<PySession, std::shared_ptr<PySession>>& session) {
+  session.def("record_graph", [](const std::shared_ptr<PySession>& s) {
+    auto recorder = std::make_unique<PyGraphRecorder>();
+    recorder->session = s;
+    return recorder;
+  });
+  py::class_<PyGraphRecorder>(m, "GraphRecorder",
+                              "The tasks of a graph being recorded.")
+      .def("__len__", [](PyGraphRecorder& r) { return r.tasks.size(); })
+      .def(
+          "launch",
+          [](PyGraphRecorder& r, PyExecutor& e, uint64_t stream) {
+            if (e.session != r.session) {
+              throw StatusError{absl::InvalidArgumentError(
+                  "the executor belongs to another session")};
+            }
+            remote::Executor& executor = e.executor;
+            if (executor.handle() == 0) {
+              throw StatusError{kernels::AclnnError(
+                  kernels::kAclnnErrInnerNullptr,
+                  absl::StatusCode::kFailedPrecondition,
+                  "the executor was already consumed by a launch or a graph, "
+                  "or destroyed")};
+            }
+            py::gil_scoped_release release;
+            r.tasks.push_back(ValueOrThrow(r.session->session->LaunchCommand(
+                executor.handle(), stream, 0, 0, 0)));
+            // Consumed into the graph, as a launch consumes it.
+            if (!executor.repeatable()) executor.Release();
+          },
+          py::arg("executor"), py::arg("stream") = 0)
+      .def("define", [](PyGraphRecorder& r) {
+        const uint64_t tasks = r.tasks.size();
+        absl::StatusOr<uint64_t> handle;
+        {
+          py::gil_scoped_release release;
+          handle = r.session->session->DefineGraph(std::exchange(r.tasks, {}));
+          // The server's refusal (a handle gone, its graph limits) here,
+          // rather than as an unknown graph at the first replay.
+          if (handle.ok()) {
+            if (absl::Status taken = r.session->session->Flush(); !taken.ok()) {
+              handle = taken;
+            }
+          }
+        }
+        const uint64_t id = ValueOrThrow(std::move(handle));
+        auto graph = std::make_unique<PyGraph>();
+        graph->session = r.session;
+        graph->size = tasks;
+        graph->handle = id;
+        return graph;
+      });
+  py::class_<PyGraph>(m, "Graph", "A graph defined on the server.")
+      .def_readonly("handle", &PyGraph::handle)
+      .def_readonly("tasks", &PyGraph::size)
+      .def_readonly("destroyed", &PyGraph::released)
+      .def(
+          "replay",
+          [](PyGraph& g, uint64_t stream) {
+            if (g.released) {
+              throw StatusError{absl::FailedPreconditionError(absl::StrCat(
+                  "graph ", g.handle, " was destroyed; define it again"))};
+            }
+            py::gil_scoped_release release;
+            ThrowIfError(g.session->session->ReplayGraph(g.handle, stream));
+          },
+          py::arg("stream") = 0)
+      .def("destroy", [](PyGraph& g) {
+        py::gil_scoped_release release;
+        ThrowIfError(g.Release());
+      });
+}
 
 remote::ConnectOptions MakeOptions(const py::dict& kw) {
   remote::ConnectOptions o;
@@ -573,6 +662,7 @@ PYBIND11_MODULE(_opserver, m) {
           "Queues a download into the writable array `data` after the work "
           "on `stream`; wait() on the result waits for it.");
   DefineOperators(session);
+  DefineGraphs(m, session);
 
   py::class_<PyPendingRead>(m, "PendingRead",
                             "A queued read; wait() for its bytes.")

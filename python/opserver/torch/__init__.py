@@ -43,23 +43,29 @@ from torch.utils._pytree import tree_map
 import opserver
 
 __all__ = ["remote", "current_session", "threshold", "softshrink",
-           "hardswish", "leaky_relu", "dropout", "nn", "stats"]
+           "hardswish", "leaky_relu", "dropout", "nn", "stats", "Graph",
+           "GraphError", "graph"]
 
 _state = threading.local()
 _stats_lock = threading.Lock()
-_stats = {"waits": 0}
+_stats = {"waits": 0, "replays": 0}
 
 
 def stats():
-    """{"waits": n}: how many times a backward (or torch, touching a pending
-    gradient) has waited for a gradient from the server, since the start."""
+    """{"waits": n, "replays": m}: how many times a backward (or torch,
+    touching a pending gradient) has waited for a gradient from the server,
+    and how many graph replays (see Graph) were queued, since the start."""
     with _stats_lock:
         return dict(_stats)
 
 
-def _count_wait():
+def _count(what):
     with _stats_lock:
-        _stats["waits"] += 1
+        _stats[what] += 1
+
+
+def _count_wait():
+    _count("waits")
 
 
 @contextlib.contextmanager
@@ -183,21 +189,26 @@ class _Pending(torch.Tensor):
     takes it as it is; anything else torch does with it reads it first."""
 
     @staticmethod
-    def __new__(cls, session, device, dtype):
+    def __new__(cls, session, device, dtype, run=None):
         r = torch.Tensor._make_wrapper_subclass(
             cls, device.shape, dtype=dtype, device="cpu")
         r._session, r._device, r._value = session, device, None
+        r._run = run  # The graph step that computes it (see Graph), if any.
         return r
 
     def value(self):
         if self._value is None:
+            if self._run is not None:
+                self._run.flush()  # Its graph segment runs first.
             self._value = _receive(self._session, self._device, self.dtype)
             self._device = None  # Its buffer goes back to the pool.
         return self._value
 
-    def on_device(self, session):
-        """The device tensor, if it is still there and in `session`."""
-        if self._value is None and self._session is session:
+    def on_device(self, session, run=None):
+        """The device tensor, if it is still there, in `session`, and made
+        by `run` (the graph step taking it, or None outside graphs)."""
+        if (self._value is None and self._session is session and
+                self._run is run):
             return self._device
         return None
 
@@ -218,15 +229,23 @@ def _feeds_remote(x):
     return getattr(type(x.grad_fn), "_forward_cls", None) in _FUNCTIONS
 
 
-def _resident(session, tensor):
-    """`tensor` sent for a later backward (queued)."""
-    return _send(session, tensor)
+def _resident(ctx, tensor):
+    """`tensor` sent for ctx's later backward (queued): into a pooled
+    buffer, or inside a Graph's block into the graph's static one."""
+    ctx.run = _graph.active_run(ctx.session)
+    if ctx.run is not None:
+        return ctx.run.resident(ctx, tensor)
+    return _send(ctx.session, tensor)
 
 
 def _backward(ctx, operator, grad_output, *args):
     """Runs `operator` (a Session method) on the gradient and `args`
     (resident tensors and scalars) into a pooled buffer; returns the
-    gradient, pending when it feeds another remote backward."""
+    gradient, pending when it feeds another remote backward. Inside a
+    Graph's block, the graph records or replays it instead."""
+    run = getattr(ctx, "run", None)
+    if run is not None:
+        return run.backward(ctx, operator, grad_output, args)
     session = ctx.session
     grad = (grad_output.on_device(session)
             if isinstance(grad_output, _Pending) else None)
@@ -248,7 +267,7 @@ class ThresholdFunction(torch.autograd.Function):
         session = current_session(session)
         ctx.session, ctx.threshold = session, float(threshold)
         ctx.pending = _feeds_remote(x)
-        ctx.x = _resident(session, x) if ctx.needs_input_grad[0] else None
+        ctx.x = _resident(ctx, x) if ctx.needs_input_grad[0] else None
         if inplace:
             torch.nn.functional.threshold(x, threshold, value, inplace=True)
             ctx.mark_dirty(x)
@@ -270,7 +289,7 @@ class SoftshrinkFunction(torch.autograd.Function):
         session = current_session(session)
         ctx.session, ctx.lambd = session, float(lambd)
         ctx.pending = _feeds_remote(x)
-        ctx.x = _resident(session, x) if ctx.needs_input_grad[0] else None
+        ctx.x = _resident(ctx, x) if ctx.needs_input_grad[0] else None
         return torch.nn.functional.softshrink(x, lambd)
 
     @staticmethod
@@ -287,7 +306,7 @@ class HardswishFunction(torch.autograd.Function):
     def forward(ctx, x, inplace, session):
         session = current_session(session)
         ctx.session, ctx.pending = session, _feeds_remote(x)
-        ctx.x = _resident(session, x) if ctx.needs_input_grad[0] else None
+        ctx.x = _resident(ctx, x) if ctx.needs_input_grad[0] else None
         if inplace:
             torch.nn.functional.hardswish(x, inplace=True)
             ctx.mark_dirty(x)
@@ -315,9 +334,9 @@ class LeakyReluFunction(torch.autograd.Function):
         if inplace:
             torch.nn.functional.leaky_relu(x, negative_slope, inplace=True)
             ctx.mark_dirty(x)
-            ctx.x = _resident(session, x) if ctx.needs_input_grad[0] else None
+            ctx.x = _resident(ctx, x) if ctx.needs_input_grad[0] else None
             return x
-        ctx.x = _resident(session, x) if ctx.needs_input_grad[0] else None
+        ctx.x = _resident(ctx, x) if ctx.needs_input_grad[0] else None
         return torch.nn.functional.leaky_relu(x, negative_slope)
 
     @staticmethod
@@ -356,7 +375,7 @@ class DropoutFunction(torch.autograd.Function):
             # value, in x's dtype, is the scale.
             ctx.scale = (0.0 if p == 1 else
                          float(torch.ones((), dtype=x.dtype).div_(1 - p)))
-            ctx.mask = _send(session, _pack_mask(noise != 0))
+            ctx.mask = _resident(ctx, _pack_mask(noise != 0))
         if inplace:
             x.mul_(noise)
             ctx.mark_dirty(x)
@@ -401,4 +420,6 @@ def dropout(x, p=0.5, training=True, inplace=False, session=None):
     return DropoutFunction.apply(x, p, inplace, session)
 
 
+from opserver.torch import graph as _graph  # noqa: E402
+from opserver.torch.graph import Graph, GraphError, graph  # noqa: E402,F401
 from opserver.torch import nn  # noqa: E402  (modules use the functions)
