@@ -152,8 +152,8 @@ absl::StatusOr<std::string> DialAddress(const RegisterFlags& flags,
     absl::StatusOr<ListenAddress> parsed = ParseListenAddress(flags.address);
     if (!parsed.ok() || parsed->port == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--register_address='", flags.address,
-          "': not HOST:PORT with a port other than 0"));
+          "--register_address=", flags.address,
+          ": not HOST:PORT with a port other than 0"));
     }
     return parsed->ToString();
   }
