@@ -19,8 +19,8 @@ absl::Status JoinPool(State& state) {
         state.servers.begin(), state.servers.end(),
         [&](const ServerSlot& slot) { return slot.address == device.address; });
     if (server == state.servers.end()) {
-      server = state.servers.insert(state.servers.end(),
-                                    ServerSlot{device.address});
+      server =
+          state.servers.insert(state.servers.end(), ServerSlot{device.address});
       server->devices = 0;
     }
     ++*server->devices;

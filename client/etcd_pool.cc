@@ -12,8 +12,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/thread_start.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -36,8 +36,8 @@ std::string Shown(absl::string_view key) {
 absl::Status Foreign(const EtcdAddress& address, absl::string_view key,
                      absl::string_view why) {
   return absl::FailedPreconditionError(absl::StrCat(
-      "etcd prefix ", address.Root(), " holds the key '", Shown(key), "' ",
-      why, ": it is not an opserver pool's (use a prefix of its own)"));
+      "etcd prefix ", address.Root(), " holds the key '", Shown(key), "' ", why,
+      ": it is not an opserver pool's (use a prefix of its own)"));
 }
 
 absl::StatusOr<PoolDevice> ParseDevice(const EtcdAddress& address,
@@ -176,11 +176,12 @@ absl::StatusOr<std::unique_ptr<PoolClaim>> ClaimDevices(
     if (absl::Now() >= deadline) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "claiming ", options.count, " device", options.count == 1 ? "" : "s",
-          " under etcd prefix ", address.Root(), ": ",
-          listing->devices.size(), " registered, ", free.size(),
+          " under etcd prefix ", address.Root(), ": ", listing->devices.size(),
+          " registered, ", free.size(),
           " free (the others are claimed by other jobs or draining)",
           options.wait > absl::ZeroDuration()
-              ? absl::StrCat(" after waiting ", absl::FormatDuration(options.wait))
+              ? absl::StrCat(" after waiting ",
+                             absl::FormatDuration(options.wait))
               : std::string("; OPSERVER_CLAIM_WAIT_S=SECONDS waits for them")));
     }
     if (options.waiting) options.waiting();
@@ -214,9 +215,8 @@ absl::StatusOr<PoolResolution> ResolvePool(const std::string& text,
   if (!listing.ok()) return listing.status();
   if (listing->devices.empty()) {
     return absl::NotFoundError(absl::StrCat(
-        "no opserver is registered under etcd prefix ", address->Root(),
-        " at ", etcd->endpoints(), " (servers register with --register=",
-        text, ")"));
+        "no opserver is registered under etcd prefix ", address->Root(), " at ",
+        etcd->endpoints(), " (servers register with --register=", text, ")"));
   }
   resolution.devices = std::move(listing->devices);
   return resolution;

@@ -70,8 +70,8 @@ absl::StatusOr<EtcdAddress> ParseEtcdAddress(absl::string_view text) {
                                     "': ", parsed.status().message()));
     }
     if (parsed->port == 0) {
-      return Bad(text, absl::StrCat("etcd endpoint '", endpoint,
-                                    "' has port 0"));
+      return Bad(text,
+                 absl::StrCat("etcd endpoint '", endpoint, "' has port 0"));
     }
     address.endpoints.push_back(parsed->ToString());
   }
@@ -81,7 +81,8 @@ absl::StatusOr<EtcdAddress> ParseEtcdAddress(absl::string_view text) {
   }
   for (absl::string_view segment : absl::StrSplit(prefix, '/')) {
     if (segment.empty()) {
-      return Bad(text, "PREFIX has an empty segment ('//' or a '/' at its end)");
+      return Bad(text,
+                 "PREFIX has an empty segment ('//' or a '/' at its end)");
     }
     for (char c : segment) {
       if (!IsSegmentChar(c)) {
@@ -98,8 +99,7 @@ absl::StatusOr<EtcdAddress> ParseEtcdAddress(absl::string_view text) {
 
 absl::StatusOr<DeviceKeyParts> ParseDeviceKeyRest(absl::string_view rest) {
   const size_t slash = rest.rfind('/');
-  if (slash == absl::string_view::npos || slash == 0 ||
-      slash > kMaxAddress) {
+  if (slash == absl::string_view::npos || slash == 0 || slash > kMaxAddress) {
     return absl::InvalidArgumentError("not ADDRESS/INDEX");
   }
   const absl::string_view index = rest.substr(slash + 1);

@@ -10,8 +10,8 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 TEST(EtcdAddressTest, ParsesEndpointsAndPrefix) {
-  auto parsed =
-      ParseEtcdAddress("etcd://127.0.0.1:2379,[::1]:2380,etcd-0:2379/ops/pool1");
+  auto parsed = ParseEtcdAddress(
+      "etcd://127.0.0.1:2379,[::1]:2380,etcd-0:2379/ops/pool1");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_THAT(parsed->endpoints,
               ElementsAre("127.0.0.1:2379", "[::1]:2380", "etcd-0:2379"));
@@ -55,8 +55,7 @@ TEST(EtcdAddressTest, MalformedAddressesSayWhatIsWrong) {
     EXPECT_THAT(parsed.status().message(),
                 HasSubstr("expected etcd://HOST:PORT[,HOST:PORT...]/PREFIX"));
   }
-  EXPECT_FALSE(
-      ParseEtcdAddress("etcd://h:1/" + std::string(300, 'a')).ok());
+  EXPECT_FALSE(ParseEtcdAddress("etcd://h:1/" + std::string(300, 'a')).ok());
 }
 
 TEST(EtcdAddressTest, DeviceKeysParseBackAndHostileOnesAreRefused) {
@@ -72,8 +71,7 @@ TEST(EtcdAddressTest, DeviceKeysParseBackAndHostileOnesAreRefused) {
         "h/00001", "h:0/00001", "h:1/000001", "a b:1/00001"}) {
     EXPECT_FALSE(ParseDeviceKeyRest(bad).ok()) << bad;
   }
-  EXPECT_FALSE(
-      ParseDeviceKeyRest(std::string(400, 'a') + ":1/00001").ok());
+  EXPECT_FALSE(ParseDeviceKeyRest(std::string(400, 'a') + ":1/00001").ok());
 }
 
 }  // namespace

@@ -15,8 +15,7 @@ namespace {
 // many times over; anything bigger is refused by gRPC, not buffered.
 constexpr int kMaxReplyBytes = 16 << 20;
 
-absl::StatusOr<std::string> ReadPem(const std::string& path,
-                                    const char* what) {
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
@@ -89,8 +88,7 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     Endpoint e;
     e.address = endpoint;
-    e.channel =
-        grpc::CreateCustomChannel(endpoint, channel_credentials, args);
+    e.channel = grpc::CreateCustomChannel(endpoint, channel_credentials, args);
     e.kv = etcdserverpb::KV::NewStub(e.channel);
     e.lease = etcdserverpb::Lease::NewStub(e.channel);
     e.auth = etcdserverpb::Auth::NewStub(e.channel);
@@ -142,7 +140,8 @@ grpc::Status EtcdClient::CallOnce(Endpoint& endpoint, const Rpc& rpc) {
   if (authenticated) context.AddMetadata("token", token);
   grpc::Status status = rpc(endpoint, context);
   // etcd's tokens expire (its --auth-token-ttl): once, a fresh one.
-  if (authenticated && status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+  if (authenticated &&
+      status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
     {
       absl::MutexLock lock(&mu_);
       token_.clear();
@@ -182,12 +181,12 @@ absl::Status EtcdClient::Call(const char* method, const Rpc& rpc) {
   if (status.ok()) return absl::OkStatus();
   const auto code = static_cast<absl::StatusCode>(status.error_code());
   return absl::Status(
-      code, absl::StrCat("etcd at ",
-                         Unreachable(status) && endpoints_.size() > 1
-                             ? endpoints()
-                             : address,
-                         " (", method, "): ", absl::StatusCodeToString(code),
-                         ": ", status.error_message()));
+      code,
+      absl::StrCat(
+          "etcd at ",
+          Unreachable(status) && endpoints_.size() > 1 ? endpoints() : address,
+          " (", method, "): ", absl::StatusCodeToString(code), ": ",
+          status.error_message()));
 }
 
 absl::StatusOr<int64_t> EtcdClient::Grant(int64_t ttl_s) {
@@ -200,8 +199,9 @@ absl::StatusOr<int64_t> EtcdClient::Grant(int64_t ttl_s) {
       });
   if (!status.ok()) return status;
   if (!response.error().empty() || response.id() == 0) {
-    return absl::InternalError(absl::StrCat(
-        "etcd at ", endpoints(), " (LeaseGrant): no lease: ", response.error()));
+    return absl::InternalError(
+        absl::StrCat("etcd at ", endpoints(),
+                     " (LeaseGrant): no lease: ", response.error()));
   }
   return response.id();
 }
@@ -224,9 +224,8 @@ absl::StatusOr<int64_t> EtcdClient::KeepAlive(int64_t lease) {
       });
   if (!status.ok()) return status;
   if (response.ttl() <= 0) {
-    return absl::NotFoundError(absl::StrCat("etcd at ", endpoints(),
-                                            ": lease ", lease,
-                                            " has expired"));
+    return absl::NotFoundError(absl::StrCat("etcd at ", endpoints(), ": lease ",
+                                            lease, " has expired"));
   }
   return response.ttl();
 }
@@ -267,16 +266,15 @@ absl::StatusOr<std::vector<EtcdClient::Entry>> EtcdClient::List(
       });
   if (!status.ok()) return status;
   if (response.more() || response.kvs_size() > kMaxKeys) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("etcd at ", endpoints(), ": more than ", kMaxKeys,
-                     " keys under ", prefix));
+    return absl::ResourceExhaustedError(absl::StrCat("etcd at ", endpoints(),
+                                                     ": more than ", kMaxKeys,
+                                                     " keys under ", prefix));
   }
   std::vector<Entry> entries;
   entries.reserve(response.kvs_size());
   for (etcdserverpb::KeyValue& kv : *response.mutable_kvs()) {
-    entries.push_back(
-        Entry{std::move(*kv.mutable_key()), std::move(*kv.mutable_value()),
-              kv.lease()});
+    entries.push_back(Entry{std::move(*kv.mutable_key()),
+                            std::move(*kv.mutable_value()), kv.lease()});
   }
   return entries;
 }

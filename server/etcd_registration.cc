@@ -22,15 +22,15 @@ constexpr absl::Duration kFirstBackoff = absl::Milliseconds(500);
 absl::StatusOr<std::unique_ptr<EtcdRegistration>> EtcdRegistration::Start(
     const RegistrationOptions& options, Describe describe) {
   if (options.ttl_s < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--register_ttl_s=", options.ttl_s,
-        ": at least 2 (the lease is renewed every third of it)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--register_ttl_s=", options.ttl_s,
+                     ": at least 2 (the lease is renewed every third of it)"));
   }
   absl::StatusOr<std::unique_ptr<EtcdClient>> etcd =
       EtcdClient::Connect(options.etcd, options.credentials);
   if (!etcd.ok()) return etcd.status();
-  std::unique_ptr<EtcdRegistration> registration(new EtcdRegistration(
-      options, std::move(describe), *std::move(etcd)));
+  std::unique_ptr<EtcdRegistration> registration(
+      new EtcdRegistration(options, std::move(describe), *std::move(etcd)));
   if (absl::Status status = registration->Register(); !status.ok()) {
     return status;
   }
@@ -50,9 +50,9 @@ absl::Status EtcdRegistration::WriteKeys(int64_t lease) {
     if (!google::protobuf::util::MessageToJsonString(device, &value).ok()) {
       return absl::InternalError("cannot write a device's registration");
     }
-    absl::Status put = etcd_->Put(
-        options_.etcd.DeviceKey(options_.address, device.device()), value,
-        lease);
+    absl::Status put =
+        etcd_->Put(options_.etcd.DeviceKey(options_.address, device.device()),
+                   value, lease);
     if (!put.ok()) return put;
   }
   return absl::OkStatus();
@@ -93,9 +93,8 @@ void EtcdRegistration::Run() {
     }
     if (status.ok()) {
       if (lost) {
-        LogLine(absl::StrCat("etcd: registered again at ",
-                             etcd_->endpoints(), " under /",
-                             options_.etcd.prefix));
+        LogLine(absl::StrCat("etcd: registered again at ", etcd_->endpoints(),
+                             " under /", options_.etcd.prefix));
       }
       lost = false;
       backoff = kFirstBackoff;
@@ -151,9 +150,9 @@ absl::StatusOr<std::string> DialAddress(const RegisterFlags& flags,
   if (!flags.address.empty()) {
     absl::StatusOr<ListenAddress> parsed = ParseListenAddress(flags.address);
     if (!parsed.ok() || parsed->port == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--register_address=", flags.address,
-          ": not HOST:PORT with a port other than 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--register_address=", flags.address,
+                       ": not HOST:PORT with a port other than 0"));
     }
     return parsed->ToString();
   }

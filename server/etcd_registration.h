@@ -89,8 +89,8 @@ class EtcdRegistration {
 
 // main()'s flags for the registration, as given.
 struct RegisterFlags {
-  std::string etcd;  // --register
-  int ttl_s = 10;    // --register_ttl_s
+  std::string etcd;     // --register
+  int ttl_s = 10;       // --register_ttl_s
   std::string address;  // --register_address
   std::string ca_file;  // --etcd_ca_file, --etcd_cert_file, --etcd_key_file
   std::string cert_file;

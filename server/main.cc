@@ -21,8 +21,8 @@
 #include "common/thread_start.h"
 #include "devices/device_factory.h"
 #include "grpc/grpc.h"
-#include "server/log.h"
 #include "server/etcd_registration.h"
+#include "server/log.h"
 #include "server/preflight.h"
 #include "server/server.h"
 
@@ -384,14 +384,14 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_register).empty()) {
     auto registered = opserver::RegisterServer(
         {absl::GetFlag(FLAGS_register), absl::GetFlag(FLAGS_register_ttl_s),
-         absl::GetFlag(FLAGS_register_address), absl::GetFlag(FLAGS_etcd_ca_file),
-         absl::GetFlag(FLAGS_etcd_cert_file), absl::GetFlag(FLAGS_etcd_key_file),
-         absl::GetFlag(FLAGS_etcd_user),
+         absl::GetFlag(FLAGS_register_address),
+         absl::GetFlag(FLAGS_etcd_ca_file), absl::GetFlag(FLAGS_etcd_cert_file),
+         absl::GetFlag(FLAGS_etcd_key_file), absl::GetFlag(FLAGS_etcd_user),
          absl::GetFlag(FLAGS_etcd_password_file)},
         **server);
     if (!registered.ok()) {
-      opserver::LogLine(absl::StrCat("error: --register: ",
-                                     registered.status().message()));
+      opserver::LogLine(
+          absl::StrCat("error: --register: ", registered.status().message()));
       (*server)->Shutdown();
       std::_Exit(opserver::kUsageErrorExit);
     }

@@ -64,7 +64,8 @@ bool Accepts(int port) {
 // One try: spawn etcd on the chosen ports and wait for it to serve.
 // UNAVAILABLE when it exited (a port was taken), so the caller tries again.
 absl::Status Launch(EtcdProcess& etcd) {
-  const std::string client = absl::StrCat("http://127.0.0.1:", etcd.client_port);
+  const std::string client =
+      absl::StrCat("http://127.0.0.1:", etcd.client_port);
   const std::string peer = absl::StrCat("http://127.0.0.1:", etcd.peer_port);
   const std::string log = etcd.dir + "/etcd.log";
   std::vector<std::string> args = {
@@ -85,8 +86,8 @@ absl::Status Launch(EtcdProcess& etcd) {
   posix_spawn_file_actions_addopen(&actions, 1, log.c_str(),
                                    O_WRONLY | O_CREAT | O_APPEND, 0644);
   posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  const int spawned = posix_spawn(&etcd.pid, kEtcd, &actions, nullptr,
-                                  argv.data(), environ);
+  const int spawned =
+      posix_spawn(&etcd.pid, kEtcd, &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (spawned != 0) {
     etcd.pid = 0;

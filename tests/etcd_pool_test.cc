@@ -9,6 +9,8 @@
 //
 // Argument: the opserver binary.
 
+#include "client/etcd_pool.h"
+
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -26,7 +28,6 @@
 #include "acl/acl.h"
 #include "client/client.h"
 #include "client/device_set.h"
-#include "client/etcd_pool.h"
 #include "common/etcd_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -87,8 +88,7 @@ class EtcdPoolTest : public ::testing::Test {
       std::vector<std::string> flags = {}) {
     process::OpserverLaunch launch;
     launch.binary = g_opserver;
-    launch.flags = {"--threads=1", "--register=" + pool_,
-                    "--register_ttl_s=2"};
+    launch.flags = {"--threads=1", "--register=" + pool_, "--register_ttl_s=2"};
     launch.flags.insert(launch.flags.end(), flags.begin(), flags.end());
     const std::string name = absl::StrCat(dir_, "/server", servers_.size());
     launch.out_path = name + ".out";
@@ -169,9 +169,9 @@ TEST_F(EtcdPoolTest, ServersRegisterAndClientsListTheirDevicesInOrder) {
   for (uint32_t i = 0; i < 3; ++i) {
     auto device = (*set)->device(i);
     ASSERT_TRUE(device.ok());
-    EXPECT_EQ(absl::StrCat((*set)->addresses()[device->server], "/",
-                           device->local),
-              expected[i]);
+    EXPECT_EQ(
+        absl::StrCat((*set)->addresses()[device->server], "/", device->local),
+        expected[i]);
     auto session = (*set)->CreateSession(i, "pool");
     ASSERT_TRUE(session.ok()) << session.status();
     EXPECT_TRUE((*session)->Malloc(64).ok());
@@ -201,10 +201,10 @@ TEST_F(EtcdPoolTest, JobsClaimingAtOnceNeverGetTheSameDevice) {
     ASSERT_TRUE(jobs[1].ok()) << jobs[1].status();
     ASSERT_EQ(jobs[0]->devices.size(), 1u);
     ASSERT_EQ(jobs[1]->devices.size(), 1u);
-    EXPECT_NE(std::make_pair(jobs[0]->devices[0].address,
-                             jobs[0]->devices[0].device),
-              std::make_pair(jobs[1]->devices[0].address,
-                             jobs[1]->devices[0].device));
+    EXPECT_NE(
+        std::make_pair(jobs[0]->devices[0].address, jobs[0]->devices[0].device),
+        std::make_pair(jobs[1]->devices[0].address,
+                       jobs[1]->devices[0].device));
     // One device is left: a job asking for two is told so.
     absl::StatusOr<PoolResolution> third = ResolvePool(pool_, Claim(2));
     ASSERT_FALSE(third.ok());
@@ -269,7 +269,8 @@ TEST_F(EtcdPoolTest, AClaimWaitsForADeviceToBeFreed) {
 TEST_F(EtcdPoolTest, ADeadJobsClaimGoesWhenItsLeaseExpires) {
   auto a = StartServer({"--devices=2"});
   ASSERT_TRUE(a.ok()) << a.status();
-  absl::StatusOr<PoolResolution> dead = ResolvePool(pool_, Claim(2, absl::ZeroDuration(), 2));
+  absl::StatusOr<PoolResolution> dead =
+      ResolvePool(pool_, Claim(2, absl::ZeroDuration(), 2));
   ASSERT_TRUE(dead.ok()) << dead.status();
   dead->claim->AbandonForTest();  // No renewal, no revocation: a dead job.
   EXPECT_FALSE(ResolvePool(pool_, Claim(1)).ok());
@@ -356,8 +357,7 @@ TEST_F(EtcdPoolTest, AServerThatCannotReachEtcdExitsWithOneLine) {
   ASSERT_FALSE(server.ok());
   EXPECT_THAT(server.status().message(), HasSubstr("exited before listening"));
   const std::string err = process::ReadFile(launch.err_path);
-  EXPECT_THAT(err, HasSubstr(absl::StrCat("error: --register: etcd at ",
-                                          closed,
+  EXPECT_THAT(err, HasSubstr(absl::StrCat("error: --register: etcd at ", closed,
                                           " (LeaseGrant): UNAVAILABLE: ")));
   EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
 }
@@ -389,9 +389,9 @@ TEST_F(EtcdPoolTest, ClientsToAnUnreachableEtcdGetItsCode) {
       ResolvePool(absl::StrCat("etcd://", closed, "/ops/pool"));
   ASSERT_FALSE(pool.ok());
   EXPECT_EQ(pool.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(pool.status().message(),
-              HasSubstr(absl::StrCat("etcd at ", closed,
-                                     " (Range): UNAVAILABLE: ")));
+  EXPECT_THAT(
+      pool.status().message(),
+      HasSubstr(absl::StrCat("etcd at ", closed, " (Range): UNAVAILABLE: ")));
   // With a claim, the lease is the first call.
   pool = ResolvePool(absl::StrCat("etcd://", closed, "/ops/pool"), Claim(1));
   EXPECT_THAT(pool.status().message(),
@@ -432,19 +432,20 @@ TEST_F(EtcdPoolTest, APrefixHoldingOtherKeysIsRefusedNamingTheKey) {
     const std::string key = absl::StrCat("/", prefix, "/", c.rest);
     SCOPED_TRACE(key);
     std::unique_ptr<EtcdClient> etcd = Etcd(prefix);
-    ASSERT_TRUE(etcd->Put(absl::StrCat("/", prefix, "/devices/127.0.0.1:9/00000"),
-                          R"({"address":"127.0.0.1:9","device":0})", 0)
-                    .ok());
+    ASSERT_TRUE(
+        etcd->Put(absl::StrCat("/", prefix, "/devices/127.0.0.1:9/00000"),
+                  R"({"address":"127.0.0.1:9","device":0})", 0)
+            .ok());
     ASSERT_TRUE(etcd->Put(key, c.value, 0).ok());
     for (uint32_t count : {0u, 1u}) {
       absl::StatusOr<PoolResolution> pool = ResolvePool(
           absl::StrCat("etcd://", etcd_.endpoint, "/", prefix), Claim(count));
       ASSERT_FALSE(pool.ok());
       EXPECT_EQ(pool.status().code(), absl::StatusCode::kFailedPrecondition);
-      EXPECT_THAT(pool.status().message(),
-                  HasSubstr(absl::StrCat("etcd prefix /", prefix,
-                                         "/ holds the key '", key, "' ",
-                                         c.why)));
+      EXPECT_THAT(
+          pool.status().message(),
+          HasSubstr(absl::StrCat("etcd prefix /", prefix, "/ holds the key '",
+                                 key, "' ", c.why)));
       EXPECT_THAT(pool.status().message(),
                   HasSubstr("it is not an opserver pool's"));
     }
