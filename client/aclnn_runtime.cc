@@ -27,6 +27,7 @@
 #include "client/aclnn_state.h"
 #include "client/client.h"
 #include "client/device_set.h"
+#include "common/etcd_address.h"
 #include "kernels/dtype.h"
 #include "kernels/scalar.h"
 
@@ -295,8 +296,10 @@ aclError aclInit(const char* /*configPath*/) {
   const char* address = std::getenv("OPSERVER_ADDRESS");
   state.address =
       address != nullptr && *address != '\0' ? address : "127.0.0.1:50051";
+  const bool pool = opserver::IsEtcdAddress(state.address);
   absl::StatusOr<std::vector<std::string>> addresses =
-      opserver::remote::DeviceSet::ParseAddresses(state.address);
+      pool ? std::vector<std::string>()
+           : opserver::remote::DeviceSet::ParseAddresses(state.address);
   if (!addresses.ok()) {
     return Fail(ACL_ERROR_INVALID_PARAM,
                 absl::StrCat("aclInit: OPSERVER_ADDRESS: ",
@@ -304,6 +307,7 @@ aclError aclInit(const char* /*configPath*/) {
   }
   state.servers.clear();
   state.devices.clear();
+  state.claim.reset();
   for (std::string& one : *addresses) {
     state.servers.push_back(opserver::ServerSlot{std::move(one)});
   }
@@ -341,6 +345,15 @@ aclError aclInit(const char* /*configPath*/) {
       state.max_message_bytes = value;
     }
   }
+  // Last: a claim is taken only when nothing else can fail.
+  if (pool) {
+    if (absl::Status joined = opserver::JoinPool(state); !joined.ok()) {
+      return Fail(absl::IsInvalidArgument(joined) ? ACL_ERROR_INVALID_PARAM
+                                                  : ACL_ERROR_RT_FAILURE,
+                  absl::StrCat("aclInit: OPSERVER_ADDRESS=", state.address,
+                               ": ", joined.message()));
+    }
+  }
   state.initialized = true;
   return ACL_SUCCESS;
 }
@@ -362,6 +375,7 @@ aclError aclFinalize(void) {
   }
   state.devices.clear();
   state.servers.clear();
+  state.claim.reset();  // The claimed devices are free again.
   state.contexts.clear();
   // The addresses are kept: a pointer from before aclFinalize must never
   // name an allocation made after the next aclInit.

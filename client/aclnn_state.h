@@ -28,6 +28,7 @@
 #include "aclnn/acl_meta.h"
 #include "client/client.h"
 #include "client/device_addresses.h"
+#include "client/etcd_pool.h"
 
 struct aclTensor {
   std::vector<int64_t> shape;
@@ -193,6 +194,9 @@ struct State {
   std::vector<ServerSlot> servers;
   // One per ordinal learned so far (see ServerSlot::devices).
   std::vector<DeviceSlot> devices;
+  // OPSERVER_ADDRESS=etcd://...'s claim (OPSERVER_CLAIM), held until
+  // aclFinalize; null without one (JoinPool).
+  std::unique_ptr<PoolClaim> claim;
   absl::Duration timeout = absl::Seconds(5);
   absl::Duration sync_timeout = absl::Seconds(600);
   // TLS files, token and transfer connections from the environment
@@ -248,6 +252,12 @@ struct State {
   // report: NOT_FOUND is not an error of the reset).
   absl::Status DropSession(uint32_t device);
 };
+
+// OPSERVER_ADDRESS=etcd://HOST:PORT/PREFIX (client/etcd_pool.h): fills
+// `servers` and `devices` with the registered devices, or with
+// OPSERVER_CLAIM=N the N devices it claims (kept in `claim`), every
+// server's device count known, so that ordinals never ask etcd again.
+absl::Status JoinPool(State& state);
 
 State& GetState();
 

@@ -1,5 +1,6 @@
 #include "client/device_set.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -51,6 +52,57 @@ absl::StatusOr<std::unique_ptr<DeviceSet>> DeviceSet::Connect(
       set->devices_.push_back(Device{server, local, (*listed)[local]});
     }
     set->clients_.push_back(std::shared_ptr<Client>(*std::move(client)));
+  }
+  return set;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceSet>> DeviceSet::ConnectAddress(
+    const std::string& address, const ConnectOptions& options,
+    const ClaimOptions& claim, const EtcdCredentials& etcd) {
+  if (!IsEtcdAddress(address)) {
+    absl::StatusOr<std::vector<std::string>> list = ParseAddresses(address);
+    if (!list.ok()) return list.status();
+    return Connect(*list, options);
+  }
+  absl::StatusOr<PoolResolution> pool = ResolvePool(address, claim, etcd);
+  if (!pool.ok()) return pool.status();
+  return ConnectPool(*std::move(pool), options);
+}
+
+absl::StatusOr<std::unique_ptr<DeviceSet>> DeviceSet::ConnectPool(
+    PoolResolution pool, const ConnectOptions& options) {
+  std::vector<std::string> addresses;
+  for (const PoolDevice& device : pool.devices) {
+    if (std::find(addresses.begin(), addresses.end(), device.address) ==
+        addresses.end()) {
+      addresses.push_back(device.address);
+    }
+  }
+  std::unique_ptr<DeviceSet> set(new DeviceSet(addresses, options));
+  set->claim_ = std::move(pool.claim);
+  std::vector<std::vector<v1::DeviceInfo>> listed(addresses.size());
+  absl::MutexLock lock(&set->mu_);
+  for (size_t server = 0; server < addresses.size(); ++server) {
+    absl::StatusOr<std::unique_ptr<Client>> client =
+        Client::Connect(addresses[server], options);
+    if (!client.ok()) return client.status();
+    absl::StatusOr<std::vector<v1::DeviceInfo>> devices =
+        (*client)->ListDevices();
+    if (!devices.ok()) return Naming(devices.status(), addresses[server]);
+    listed[server] = *std::move(devices);
+    set->clients_.push_back(std::shared_ptr<Client>(*std::move(client)));
+  }
+  for (const PoolDevice& device : pool.devices) {
+    const size_t server =
+        std::find(addresses.begin(), addresses.end(), device.address) -
+        addresses.begin();
+    if (device.device >= listed[server].size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "etcd registers device ", device.device, " of the opserver at ",
+          device.address, ", which has ", listed[server].size(), " devices"));
+    }
+    set->devices_.push_back(
+        Device{server, device.device, listed[server][device.device]});
   }
   return set;
 }

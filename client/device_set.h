@@ -24,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client.h"
+#include "client/etcd_pool.h"
 #include "proto/opserver.pb.h"
 
 namespace opserver {
@@ -50,6 +51,15 @@ class DeviceSet {
       const std::vector<std::string>& addresses,
       const ConnectOptions& options = {});
 
+  // What OPSERVER_ADDRESS names: a list as above, or
+  // etcd://HOST:PORT/PREFIX, whose ordinals are the devices registered
+  // there in key order (server address, then index), or with `claim.count`
+  // exactly the devices claimed, held until the set is destroyed
+  // (client/etcd_pool.h; ResolvePool's errors).
+  static absl::StatusOr<std::unique_ptr<DeviceSet>> ConnectAddress(
+      const std::string& address, const ConnectOptions& options = {},
+      const ClaimOptions& claim = {}, const EtcdCredentials& etcd = {});
+
   size_t size() const { return devices_.size(); }
   const std::vector<std::string>& addresses() const { return addresses_; }
   // INVALID_ARGUMENT (naming the count) past the last ordinal.
@@ -70,8 +80,15 @@ class DeviceSet {
   DeviceSet(std::vector<std::string> addresses, ConnectOptions options)
       : addresses_(std::move(addresses)), options_(std::move(options)) {}
 
+  // Connects to every server and keeps device `pool[i].device` of server
+  // `pool[i].address` as ordinal i.
+  static absl::StatusOr<std::unique_ptr<DeviceSet>> ConnectPool(
+      PoolResolution pool, const ConnectOptions& options);
+
   const std::vector<std::string> addresses_;
   const ConnectOptions options_;
+  // The etcd claim on the devices, if any: released with the set.
+  std::unique_ptr<PoolClaim> claim_;
   std::vector<Device> devices_;  // Fixed at Connect.
   mutable absl::Mutex mu_;
   // The current client of each server; every client ever made stays alive

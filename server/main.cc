@@ -21,6 +21,7 @@
 #include "common/thread_start.h"
 #include "devices/device_factory.h"
 #include "grpc/grpc.h"
+#include "server/etcd_registration.h"
 #include "server/log.h"
 #include "server/preflight.h"
 #include "server/server.h"
@@ -197,6 +198,31 @@ ABSL_FLAG(int, drain_s, 0,
           "the server exits as soon as none is left. A second SIGTERM (or "
           "SIGINT) ends the drain. 0 = no drain; SIGINT never drains.");
 
+ABSL_FLAG(std::string, register, "",
+          "etcd://HOST:PORT[,HOST:PORT...]/PREFIX: register every device "
+          "under /PREFIX/devices/ in etcd, bound to a lease renewed every "
+          "third of --register_ttl_s, for clients that take the same "
+          "address (docs/pool.md). The keys go when the server drains or "
+          "exits and expire when it dies. Off when empty.");
+ABSL_FLAG(int, register_ttl_s, 10,
+          "The etcd lease's time to live (at least 2): how long a server "
+          "that died stays registered.");
+ABSL_FLAG(std::string, register_address, "",
+          "HOST:PORT clients dial to reach this server, as registered in "
+          "etcd; empty = the --listen address (which then must not be a "
+          "wildcard such as 0.0.0.0).");
+ABSL_FLAG(std::string, etcd_ca_file, "",
+          "PEM CA of etcd's TLS certificates: --register speaks TLS to "
+          "etcd. Off when empty.");
+ABSL_FLAG(std::string, etcd_cert_file, "",
+          "PEM client certificate for etcd (with --etcd_key_file).");
+ABSL_FLAG(std::string, etcd_key_file, "", "PEM key of --etcd_cert_file.");
+ABSL_FLAG(std::string, etcd_user, "",
+          "etcd user name (etcd's authentication); the password is read "
+          "from --etcd_password_file.");
+ABSL_FLAG(std::string, etcd_password_file, "",
+          "File holding the --etcd_user's password (its first line).");
+
 namespace {
 
 // --preflight: the devices, and every operator once on each against the
@@ -352,6 +378,25 @@ int main(int argc, char** argv) {
   if (!(*server)->health_address().empty()) {
     std::printf("health on %s\n", (*server)->health_address().c_str());
   }
+  // Registered before "listening on", which tools wait for: a client
+  // that sees the line finds the server in etcd.
+  std::unique_ptr<opserver::EtcdRegistration> registration;
+  if (!absl::GetFlag(FLAGS_register).empty()) {
+    auto registered = opserver::RegisterServer(
+        {absl::GetFlag(FLAGS_register), absl::GetFlag(FLAGS_register_ttl_s),
+         absl::GetFlag(FLAGS_register_address),
+         absl::GetFlag(FLAGS_etcd_ca_file), absl::GetFlag(FLAGS_etcd_cert_file),
+         absl::GetFlag(FLAGS_etcd_key_file), absl::GetFlag(FLAGS_etcd_user),
+         absl::GetFlag(FLAGS_etcd_password_file)},
+        **server);
+    if (!registered.ok()) {
+      opserver::LogLine(
+          absl::StrCat("error: --register: ", registered.status().message()));
+      (*server)->Shutdown();
+      std::_Exit(opserver::kUsageErrorExit);
+    }
+    registration = *std::move(registered);
+  }
   std::printf("listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);
   opserver::LogLine(absl::StrCat("started: listening on ", (*server)->address(),
@@ -375,6 +420,8 @@ int main(int argc, char** argv) {
         " sessions open; a second SIGTERM ends the drain)"));
     // The drain waits on its own thread so that this one stays the only
     // receiver of signals; when it ends, it wakes the sigwait below.
+    // Out of etcd first: no new job finds a server that refuses sessions.
+    if (registration != nullptr) registration->Withdraw();
     std::atomic<bool> drained{false};
     const pthread_t main_thread = pthread_self();
     auto drain = [&] {
@@ -422,6 +469,7 @@ int main(int argc, char** argv) {
     opserver::LogLine(
         absl::StrCat("received ", strsignal(signal_number), ", shutting down"));
   }
+  if (registration != nullptr) registration->Withdraw();
   (*server)->Shutdown();
   // Sessions (their memory, their streams' running launches), the device
   // and the gRPC server.

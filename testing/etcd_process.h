@@ -1,0 +1,41 @@
+// Debian's etcd (etcd-server, /usr/bin/etcd) as a child process for tests
+// of the pool (docs/pool.md): one member on loopback, data under a test's
+// directory, on ports the kernel picked as free. Another process may take
+// such a port between the pick and etcd's bind; etcd then exits and is
+// started again on new ports (a few times).
+//
+//   absl::StatusOr<EtcdProcess> etcd = StartEtcd(dir);
+//   ... "etcd://" + etcd->endpoint + "/prefix" ...
+//   StopEtcd(*etcd);   // SIGTERM, reaped
+//   RestartEtcd(*etcd) // the same ports and data
+#ifndef OPSERVER_TESTING_ETCD_PROCESS_H_
+#define OPSERVER_TESTING_ETCD_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace opserver::process {
+
+struct EtcdProcess {
+  pid_t pid = 0;
+  std::string endpoint;  // 127.0.0.1:PORT of the client URL.
+  std::string dir;       // Its data and log live here.
+  int client_port = 0;
+  int peer_port = 0;
+};
+
+// Starts etcd with its data in `dir`/etcd-data and its output in
+// `dir`/etcd.log, and waits (up to a minute) until it serves clients.
+absl::StatusOr<EtcdProcess> StartEtcd(const std::string& dir);
+// SIGTERM and reap; pid becomes 0.
+void StopEtcd(EtcdProcess& etcd);
+// Starts it again on the same ports and data, after StopEtcd.
+absl::Status RestartEtcd(EtcdProcess& etcd);
+
+}  // namespace opserver::process
+
+#endif  // OPSERVER_TESTING_ETCD_PROCESS_H_
