@@ -981,9 +981,8 @@ int ChainReplayMain(const std::string& spec, int rounds) {
           "replay/eager %.3f%s\n",
           round + 1, front ? "ascend (chain front)" : "cpu (backend)",
           r.eager_us / 1000, r.replay_us / 1000, r.replay_us / r.eager_us,
-          front ? (r.replay_us <= 0.5 * r.eager_us
-                       ? " (target <= 0.5: met)"
-                       : " (target <= 0.5: MISSED)")
+          front ? (r.replay_us <= 0.5 * r.eager_us ? " (target <= 0.5: met)"
+                                                   : " (target <= 0.5: MISSED)")
                 : "");
       std::fflush(stdout);
     }

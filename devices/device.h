@@ -267,7 +267,9 @@ class Device {
   // DeviceGraph, without running it (aclmdlRICaptureBegin, the operations,
   // aclmdlRICaptureEnd on a stream of the capture's own). The error
   // `issue` returned, or the device's (the capture is then dropped);
-  // UNIMPLEMENTED when captures_graphs() is false. Thread-safe.
+  // UNIMPLEMENTED when the device cannot capture (captures_graphs() false,
+  // or its runtime declined this capture), and the server then runs these
+  // operations one by one on each replay. Thread-safe.
   virtual absl::StatusOr<std::unique_ptr<DeviceGraph>> CaptureGraph(
       const GraphIssuer& issue) {
     return absl::UnimplementedError("this device has no graphs");

@@ -299,11 +299,11 @@ absl::Status Graph::Run(DeviceStream& device, const Step& step) const {
   // The device ran the run as one: it cannot say which task failed.
   return kernels::AclnnError(
       kernels::GetAclnnStatus(status), status.code(),
-      Truncated(absl::StrCat("replay of graph ", id_, ": tasks ",
-                             step.begin + 1, " to ", step.end, " of ",
-                             tasks_.size(), " (one device graph): ",
-                             status.message()),
-                kMaxKeptErrorBytes));
+      Truncated(
+          absl::StrCat("replay of graph ", id_, ": tasks ", step.begin + 1,
+                       " to ", step.end, " of ", tasks_.size(),
+                       " (one device graph): ", status.message()),
+          kMaxKeptErrorBytes));
 }
 
 absl::Status Graph::Issue(DeviceStream& device, size_t begin, size_t end,
@@ -359,14 +359,18 @@ absl::Status Graph::CaptureRuns(Device& device) {
           if (!issued.ok()) failed = at;
           return issued;
         });
+    // The device declined: this run replays task by task.
+    if (captured.status().code() == absl::StatusCode::kUnimplemented &&
+        !failed.has_value()) {
+      continue;
+    }
     if (!captured.ok()) {
       const absl::Status& error = captured.status();
       const std::string where =
           failed.has_value()
               ? absl::StrCat("task ", *failed + 1, " of ", tasks_.size())
-              : absl::StrCat("tasks ", step.begin + 1, " to ", step.end,
-                             " of ", tasks_.size(),
-                             " (captured as one device graph)");
+              : absl::StrCat("tasks ", step.begin + 1, " to ", step.end, " of ",
+                             tasks_.size(), " (captured as one device graph)");
       return kernels::AclnnError(
           kernels::GetAclnnStatus(error), error.code(),
           Truncated(absl::StrCat(where, ": ", error.message()),

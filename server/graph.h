@@ -87,7 +87,8 @@ class Graph : public std::enable_shared_from_this<Graph> {
                      size_t* failed) const;
   // Captures each run of device work that holds no write (a device graph
   // cannot hold host bytes) as a device graph, when `device` captures
-  // graphs; an error names the task.
+  // graphs (a run it declines, UNIMPLEMENTED, stays a task list); an error
+  // names the task or the run.
   absl::Status CaptureRuns(Device& device);
   absl::Status Named(const absl::Status& error, size_t task) const;
 

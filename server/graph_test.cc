@@ -91,9 +91,8 @@ class RecordingStream : public DeviceStream {
     return absl::InternalError("a host copy cannot be captured");
   }
   absl::Status Memset(void* dst, int value, uint64_t bytes) override {
-    graph_->operations.push_back([=](DeviceStream& stream) {
-      return stream.Memset(dst, value, bytes);
-    });
+    graph_->operations.push_back(
+        [=](DeviceStream& stream) { return stream.Memset(dst, value, bytes); });
     return absl::OkStatus();
   }
   absl::Status CopyOnDevice(void* dst, const void* src,

@@ -738,10 +738,9 @@ class ChainStep {
       EXPECT_TRUE(copy.ok()) << copy.status();
       tasks.push_back(*copy);
     } else {
-      EXPECT_TRUE(session_
-                      .CopyOnDevice(out_, kBytes + 100, t2_, 0, kBytes / 2,
-                                    stream_)
-                      .ok());
+      EXPECT_TRUE(
+          session_.CopyOnDevice(out_, kBytes + 100, t2_, 0, kBytes / 2, stream_)
+              .ok());
     }
     return tasks;
   }
@@ -750,10 +749,9 @@ class ChainStep {
   std::string Results() {
     std::string bytes(3 * kBytes, '\0');
     EXPECT_TRUE(session_.Download(t3_, 0, bytes.data(), kBytes, stream_).ok());
-    EXPECT_TRUE(session_
-                    .Download(out_, 0, bytes.data() + kBytes, 2 * kBytes,
-                              stream_)
-                    .ok());
+    EXPECT_TRUE(
+        session_.Download(out_, 0, bytes.data() + kBytes, 2 * kBytes, stream_)
+            .ok());
     return bytes;
   }
 
@@ -788,13 +786,11 @@ TEST_F(AscendChainTest, AGraphStepIsOneReplayOnTheBackend) {
   std::vector<std::string> expected;
   {
     ChainStep step(**reference);
-    ASSERT_TRUE((*reference)
-                    ->Upload(step.self(), 0, self.data(), self.size())
-                    .ok());
+    ASSERT_TRUE(
+        (*reference)->Upload(step.self(), 0, self.data(), self.size()).ok());
     for (const std::string& grad : grads) {
-      ASSERT_TRUE((*reference)
-                      ->Upload(step.grad(), 0, grad.data(), grad.size())
-                      .ok());
+      ASSERT_TRUE(
+          (*reference)->Upload(step.grad(), 0, grad.data(), grad.size()).ok());
       step.Run(/*record=*/false);
       expected.push_back(step.Results());
     }
@@ -804,8 +800,7 @@ TEST_F(AscendChainTest, AGraphStepIsOneReplayOnTheBackend) {
   ASSERT_TRUE(front.ok()) << front.status();
   ASSERT_TRUE((*front)->pipelined());
   ChainStep step(**front);
-  ASSERT_TRUE(
-      (*front)->Upload(step.self(), 0, self.data(), self.size()).ok());
+  ASSERT_TRUE((*front)->Upload(step.self(), 0, self.data(), self.size()).ok());
   auto graph = (*front)->DefineGraph(step.Run(/*record=*/true));
   ASSERT_TRUE(graph.ok()) << graph.status();
   ASSERT_TRUE((*front)->Flush().ok());

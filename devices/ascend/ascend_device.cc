@@ -632,8 +632,8 @@ absl::Status AscendStream::ReplayGraph(const DeviceGraph& graph) {
         "a graph was captured by another device than the stream's");
   }
   RETURN_IF_ERROR(device_->Bind());
-  if (aclError error = device_->cann().api().aclmdlRIExecuteAsync(
-          ascend->model(), stream_);
+  if (aclError error =
+          device_->cann().api().aclmdlRIExecuteAsync(ascend->model(), stream_);
       error != ACL_SUCCESS) {
     return AclError(device_->cann(), "aclmdlRIExecuteAsync", error);
   }
@@ -647,7 +647,15 @@ absl::StatusOr<std::unique_ptr<AscendGraph>> AscendStream::Capture(
   if (aclError error = api.aclmdlRICaptureBegin(
           stream_, ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL);
       error != ACL_SUCCESS) {
-    return AclError(device_->cann(), "aclmdlRICaptureBegin", error);
+    absl::Status status =
+        AclError(device_->cann(), "aclmdlRICaptureBegin", error);
+    // A runtime that has the call but not the feature now (CANN on an SoC
+    // without it; libaclnn_remote.so unpipelined): the graph still runs,
+    // task by task.
+    if (error == ACL_ERROR_RT_FEATURE_NOT_SUPPORT) {
+      return absl::UnimplementedError(status.message());
+    }
+    return status;
   }
   const absl::Status issued = issue(*this);
   aclmdlRI model = nullptr;

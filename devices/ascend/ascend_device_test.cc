@@ -785,8 +785,7 @@ class GraphSetup {
     auto t = TensorDesc::Contiguous(buffer_, DType::kFloat, {8});
     auto executor = session_->ThresholdBackward(t, t, 1.0, t);
     EXPECT_TRUE(executor.ok()) << executor.status();
-    auto launch =
-        session_->LaunchCommand(executor->handle(), stream_, 0, 0, 0);
+    auto launch = session_->LaunchCommand(executor->handle(), stream_, 0, 0, 0);
     EXPECT_TRUE(launch.ok()) << launch.status();
     executor->Release();
     auto copy = session_->CopyCommand(buffer_, 32, buffer_, 0, 32, stream_);
@@ -839,8 +838,8 @@ TEST_F(AscendDeviceTest, AGraphIsCapturedOnceAndReplayedAsCannsModel) {
     ASSERT_TRUE(graph.ok()) << graph.status();
     ASSERT_TRUE(setup.session().Flush().ok());
     const std::vector<std::string> graph_calls = {
-        "aclmdlRI", "aclnnThresholdBackward ", "aclrtMemsetAsync",
-        "aclrtMemcpyAsync", "aclrtCreateStream", "aclrtDestroyStream"};
+        "aclmdlRI",         "aclnnThresholdBackward ", "aclrtMemsetAsync",
+        "aclrtMemcpyAsync", "aclrtCreateStream",       "aclrtDestroyStream"};
     EXPECT_THAT(
         fake_.Calls(graph_calls),
         ElementsAre("aclrtCreateStream",
@@ -908,16 +907,43 @@ TEST_F(AscendDeviceTest, CaptureAndReplayFailuresAreNamed) {
     absl::Status failed = setup.session().Synchronize(setup.stream());
     EXPECT_EQ(failed.code(), absl::StatusCode::kInternal) << failed;
     EXPECT_THAT(failed.message(),
-                HasSubstr(absl::StrCat("replay of graph ", *graph,
-                           ": tasks 1 to 3 of 3 (one device graph): "
-                           "aclmdlRIExecuteAsync failed with acl error 507011: "
-                           "injected replay")));
+                HasSubstr(absl::StrCat(
+                    "replay of graph ", *graph,
+                    ": tasks 1 to 3 of 3 (one device graph): "
+                    "aclmdlRIExecuteAsync failed with acl error 507011: "
+                    "injected replay")));
     // The next replay runs.
     ASSERT_TRUE(setup.session().ReplayGraph(*graph, setup.stream()).ok());
     ASSERT_TRUE(setup.session().Synchronize(setup.stream()).ok());
     EXPECT_EQ(setup.Bytes(), std::string(64, '\x5a'));
   }
   WaitForNoModel(fake_);
+  ExpectNothingLive();
+}
+
+// A CANN that has aclmdlRI but declines a capture (ACL_ERROR_RT_FEATURE_
+// NOT_SUPPORT from aclmdlRICaptureBegin, as libaclnn_remote.so does
+// unpipelined): that graph is defined and replayed task by task.
+TEST_F(AscendDeviceTest, ADeclinedCaptureReplaysTaskByTask) {
+  {
+    AscendServer server(Fake());
+    GraphSetup setup(server);
+    std::vector<v1::PipelineCommand> tasks = setup.Tasks();
+    fake_.Reset();
+    fake_.FailNext("aclmdlRICaptureBegin", 207000, "not on this runtime");
+    auto graph = setup.session().DefineGraph(std::move(tasks));
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    ASSERT_TRUE(setup.session().Flush().ok());
+    ASSERT_TRUE(setup.session().ReplayGraph(*graph, setup.stream()).ok());
+    ASSERT_TRUE(setup.session().Synchronize(setup.stream()).ok());
+    EXPECT_THAT(
+        fake_.Calls({"aclmdlRI", "aclnnThresholdBackward ", "aclrtMemsetAsync",
+                     "aclrtMemcpyAsync 32"}),
+        ElementsAre("aclmdlRICaptureBegin FAILED 207000", "aclrtMemsetAsync 32",
+                    "aclnnThresholdBackward workspace_size=0 no-workspace",
+                    "aclrtMemcpyAsync 32 kind=3"));
+    EXPECT_EQ(setup.Bytes(), std::string(64, '\x5a'));
+  }
   ExpectNothingLive();
 }
 

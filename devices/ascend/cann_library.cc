@@ -327,7 +327,8 @@ absl::StatusOr<std::shared_ptr<CannLibrary>> CannLibrary::Load(
   optional(api.aclmdlRICaptureEnd, "aclmdlRICaptureEnd");
   optional(api.aclmdlRIExecuteAsync, "aclmdlRIExecuteAsync");
   optional(api.aclmdlRIDestroy, "aclmdlRIDestroy");
-  if (api.aclmdlRICaptureBegin == nullptr || api.aclmdlRICaptureEnd == nullptr ||
+  if (api.aclmdlRICaptureBegin == nullptr ||
+      api.aclmdlRICaptureEnd == nullptr ||
       api.aclmdlRIExecuteAsync == nullptr || api.aclmdlRIDestroy == nullptr) {
     api.aclmdlRICaptureBegin = nullptr;
     api.aclmdlRICaptureEnd = nullptr;

@@ -305,9 +305,8 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src,
   if (int code = Injected("aclrtMemcpyAsync"); code != 0) return code;
   if (int code = NeedContext("aclrtMemcpyAsync"); code != 0) return code;
   if (count > destMax) return ACL_ERROR_INVALID_PARAM;
-  const std::string line =
-      "aclrtMemcpyAsync " + std::to_string(count) + " kind=" +
-      std::to_string(kind);
+  const std::string line = "aclrtMemcpyAsync " + std::to_string(count) +
+                           " kind=" + std::to_string(kind);
   {
     Fake& f = State();
     std::lock_guard<std::mutex> lock(f.mu);
