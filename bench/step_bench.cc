@@ -8,6 +8,7 @@
 //   bazel build -c opt //bench:step_bench //server:opserver &&
 //     bazel-bin/bench/step_bench --replay=bazel-bin/server/opserver
 //     # the graph rows with the server a child process: its CPU apart
+//   step_bench --chain=OPSERVER,LIBACLNN_REMOTE --replay  # through the chain
 //
 // An in-process opserver (CPU device) on a free loopback port serves four
 // configurations: {loopback, through a DelayProxy adding 250 us each way}
@@ -1044,6 +1045,41 @@ int ReplayMain(const std::string& opserver_binary) {
   return 0;
 }
 
+// --chain=... --replay: the graph rows through the chain, `rounds` rounds:
+// the step eager and replayed on the front (--device=ascend, whose device
+// captures the graph with libaclnn_remote.so's aclmdlRI, so a replay is one
+// replay_graph on the backend), and the same directly on the backend.
+int ChainReplayMain(const std::string& spec, int rounds) {
+  absl::StatusOr<std::unique_ptr<bench::Chain>> chain =
+      bench::Chain::Start(spec);
+  if (!chain.ok()) Die(absl::StrCat("--chain: ", chain.status().ToString()));
+  const Inputs inputs = MakeInputs();
+  const std::vector<float> expected = HostChain(inputs);
+  std::printf(
+      "step_bench --chain --replay: %d dependent operators on %lld-element "
+      "fp32 tensors, C++ client, median of %d steps after %d; eager = %d "
+      "launches + one synchronize, replayed = one replay_graph + one "
+      "synchronize.\n",
+      kOps, static_cast<long long>(kElements), kSteps, kWarmupSteps, kOps);
+  for (int round = 0; round < rounds; ++round) {
+    for (const bool front : {false, true}) {
+      const std::string& address =
+          front ? (*chain)->front() : (*chain)->backend();
+      ReplayResult r = RunReplayComparison(address, inputs, expected, 0);
+      std::printf(
+          "round %d %-22s eager step %8.2f ms, replayed step %8.2f ms: "
+          "replay/eager %.3f%s\n",
+          round + 1, front ? "ascend (chain front)" : "cpu (backend)",
+          r.eager_us / 1000, r.replay_us / 1000, r.replay_us / r.eager_us,
+          front ? (r.replay_us <= 0.5 * r.eager_us ? " (target <= 0.5: met)"
+                                                   : " (target <= 0.5: MISSED)")
+                : "");
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 int Main() {
   Options options;
   options.listen = "127.0.0.1:0";
@@ -1209,10 +1245,13 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: step_bench [--replay[=OPSERVER] | "
-                   "--chain=OPSERVER,LIBACLNN_REMOTE [--rounds=N] | "
+                   "--chain=OPSERVER,LIBACLNN_REMOTE [--replay] [--rounds=N] | "
                    "--addresses=NAME=HOST:PORT,... [--rounds=N]]\n");
       return 2;
     }
+  }
+  if (!chain.empty() && replay) {
+    return opserver::ChainReplayMain(chain, rounds);
   }
   if (!chain.empty()) return opserver::ChainMain(chain, rounds);
   if (!addresses.empty()) return opserver::AddressesMain(addresses, rounds);

@@ -7,6 +7,7 @@
 #define OPSERVER_DEVICES_DEVICE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -88,6 +89,24 @@ class DevicePlan {
   const int64_t numel_;
 };
 
+// A device's own form of a run of a graph's operations (server/graph.h),
+// recorded once and replayed as one (CANN's aclmdlRI): made by
+// Device::CaptureGraph, replayed by DeviceStream::ReplayGraph, released by
+// destroying it. Whoever holds it destroys it only after the replays
+// queued with it are done (after a Synchronize that followed them), and
+// before the device and the plans and memory its operations use.
+class DeviceGraph {
+ public:
+  virtual ~DeviceGraph() = default;
+};
+
+class DeviceStream;
+
+// What CaptureGraph records: it issues the operations on the stream it is
+// given (Launch, Memset, CopyOnDevice), in order; an error stops the
+// capture.
+using GraphIssuer = std::function<absl::Status(DeviceStream&)>;
+
 // A device's in-order queue of operations (a CUDA device would wrap a
 // cudaStream_t, an Ascend one an aclrtStream): the launches and transfers of
 // one host-side Stream (server/stream.h) run on the device stream that
@@ -149,6 +168,15 @@ class DeviceStream {
   // Synchronize returns.
   virtual absl::Status Launch(const DevicePlan& plan, void* workspace,
                               uint64_t workspace_size) = 0;
+
+  // Queues one run of `graph` (made by this stream's device's
+  // CaptureGraph) after the operations issued before it, as one operation
+  // (aclmdlRIExecuteAsync). UNIMPLEMENTED on a device without graphs;
+  // INTERNAL for another device's graph. An error here means nothing was
+  // queued; errors while it runs are Synchronize's, like a launch's.
+  virtual absl::Status ReplayGraph(const DeviceGraph& graph) {
+    return absl::UnimplementedError("this device has no graphs");
+  }
 
   // Asks the launch running now, and every later one, to stop early with
   // CANCELLED: the host-side Stream calls it when it is cancelled (stream
@@ -228,6 +256,28 @@ class Device {
   // the device has no more streams, or the driver's status) is returned to
   // the client as is.
   virtual absl::StatusOr<std::unique_ptr<DeviceStream>> CreateStream() = 0;
+
+  // Graphs (DeviceGraph). True when CaptureGraph makes them: the server
+  // then captures each run of a graph's device work once, at definition,
+  // and replays it with one ReplayGraph. False (the default; the CPU
+  // device, whose operations cost nothing to issue), and the server runs
+  // the graph's tasks one by one on each replay.
+  virtual bool captures_graphs() const { return false; }
+  // Records what `issue` issues on a stream of this device into a
+  // DeviceGraph, without running it (aclmdlRICaptureBegin, the operations,
+  // aclmdlRICaptureEnd on a stream of the capture's own). The error
+  // `issue` returned, or the device's (the capture is then dropped);
+  // UNIMPLEMENTED when the device cannot capture (captures_graphs() false,
+  // or its runtime declined this capture), and the server then runs these
+  // operations one by one on each replay. Thread-safe.
+  virtual absl::StatusOr<std::unique_ptr<DeviceGraph>> CaptureGraph(
+      const GraphIssuer& issue) {
+    return absl::UnimplementedError("this device has no graphs");
+  }
+  // A line the server logs at start about how this device works, when it
+  // takes a fallback its operator should know of (an Ascend device whose
+  // CANN has no graph capture); empty for none.
+  virtual std::string StartNotice() const { return ""; }
 
   // For devices whose memory the host can address directly (the CPU
   // device): the host address of `device_ptr`, so transfers can read and

@@ -1,5 +1,6 @@
 #include "server/graph.h"
 
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -41,6 +42,10 @@ struct Graph::Step {
   Kind kind = Kind::kRun;
   size_t begin = 0;  // kRun: tasks [begin, end); else the event's task.
   size_t end = 0;
+  // kRun on a device that captures graphs: the run as the device's own
+  // graph (Device::CaptureGraph), replayed as one operation; null when the
+  // tasks run one by one.
+  std::shared_ptr<const DeviceGraph> device_graph;
 };
 
 struct Graph::UsedBuffer {
@@ -283,7 +288,26 @@ absl::Status Graph::Named(const absl::Status& error, size_t task) const {
                 kMaxKeptErrorBytes));
 }
 
-absl::Status Graph::Run(DeviceStream& device, size_t begin, size_t end) const {
+absl::Status Graph::Run(DeviceStream& device, const Step& step) const {
+  if (step.device_graph == nullptr) {
+    size_t failed = step.begin;
+    absl::Status status = Issue(device, step.begin, step.end, &failed);
+    return status.ok() ? status : Named(status, failed);
+  }
+  absl::Status status = device.ReplayGraph(*step.device_graph);
+  if (status.ok()) return status;
+  // The device ran the run as one: it cannot say which task failed.
+  return kernels::AclnnError(
+      kernels::GetAclnnStatus(status), status.code(),
+      Truncated(
+          absl::StrCat("replay of graph ", id_, ": tasks ", step.begin + 1,
+                       " to ", step.end, " of ", tasks_.size(),
+                       " (one device graph): ", status.message()),
+          kMaxKeptErrorBytes));
+}
+
+absl::Status Graph::Issue(DeviceStream& device, size_t begin, size_t end,
+                          size_t* failed) const {
   for (size_t i = begin; i < end; ++i) {
     const Task& t = tasks_[i];
     absl::Status status;
@@ -310,7 +334,49 @@ absl::Status Graph::Run(DeviceStream& device, size_t begin, size_t end) const {
       case TaskKind::kWait:
         break;  // Steps of their own.
     }
-    if (!status.ok()) return Named(status, i);
+    if (!status.ok()) {
+      *failed = i;
+      return status;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Graph::CaptureRuns(Device& device) {
+  if (!device.captures_graphs()) return absl::OkStatus();
+  for (Step& step : steps_) {
+    if (step.kind != Step::Kind::kRun) continue;
+    bool writes = false;
+    for (size_t i = step.begin; i < step.end; ++i) {
+      writes = writes || tasks_[i].kind == TaskKind::kWrite;
+    }
+    if (writes) continue;
+    std::optional<size_t> failed;
+    absl::StatusOr<std::unique_ptr<DeviceGraph>> captured =
+        device.CaptureGraph([&](DeviceStream& stream) {
+          size_t at = step.begin;
+          absl::Status issued = Issue(stream, step.begin, step.end, &at);
+          if (!issued.ok()) failed = at;
+          return issued;
+        });
+    // The device declined: this run replays task by task.
+    if (captured.status().code() == absl::StatusCode::kUnimplemented &&
+        !failed.has_value()) {
+      continue;
+    }
+    if (!captured.ok()) {
+      const absl::Status& error = captured.status();
+      const std::string where =
+          failed.has_value()
+              ? absl::StrCat("task ", *failed + 1, " of ", tasks_.size())
+              : absl::StrCat("tasks ", step.begin + 1, " to ", step.end, " of ",
+                             tasks_.size(), " (captured as one device graph)");
+      return kernels::AclnnError(
+          kernels::GetAclnnStatus(error), error.code(),
+          Truncated(absl::StrCat(where, ": ", error.message()),
+                    kMaxKeptErrorBytes));
+    }
+    step.device_graph = *std::move(captured);
   }
   return absl::OkStatus();
 }
@@ -338,10 +404,10 @@ absl::Status Graph::Replay(Stream& stream) {
     absl::Status status;
     switch (step.kind) {
       case Step::Kind::kRun:
-        status = stream.Enqueue([state, device, begin = step.begin,
-                                 end = step.end]() -> absl::Status {
+        // The step lives as long as the graph, which `state` holds.
+        status = stream.Enqueue([state, device, &step]() -> absl::Status {
           if (state->failed.load()) return absl::OkStatus();
-          absl::Status ran = state->graph->Run(*device, begin, end);
+          absl::Status ran = state->graph->Run(*device, step);
           if (!ran.ok()) state->failed.store(true);
           return ran;
         });
@@ -436,6 +502,11 @@ absl::Status DefineGraph(Session& session,
   if (!charge.ok()) return charge.status();
   graph->charge_ = *std::move(charge);
   graph->metrics_ = session.metrics();
+  // Last, once everything cheaper has passed: a capture costs the device
+  // (and, on CANN over libaclnn_remote, a round trip).
+  if (absl::Status s = graph->CaptureRuns(*session.device()); !s.ok()) {
+    return s;
+  }
   return session.AddGraph(define.graph(), std::move(graph), count,
                           builder.consumed());
 }

@@ -32,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "devices/device.h"
 #include "proto/opserver.pb.h"
 #include "server/event.h"
 #include "server/memory_charge.h"
@@ -77,8 +78,18 @@ class Graph : public std::enable_shared_from_this<Graph> {
   struct ReplayState;
   explicit Graph(uint64_t id);
 
-  // Runs tasks [begin, end) on `device`; the first error, named.
-  absl::Status Run(DeviceStream& device, size_t begin, size_t end) const;
+  // Runs a step of kind kRun on `device`: its device graph, or its tasks
+  // one by one; the first error, named.
+  absl::Status Run(DeviceStream& device, const Step& step) const;
+  // Issues tasks [begin, end) on `device`; the first error, unnamed, with
+  // its task in *failed.
+  absl::Status Issue(DeviceStream& device, size_t begin, size_t end,
+                     size_t* failed) const;
+  // Captures each run of device work that holds no write (a device graph
+  // cannot hold host bytes) as a device graph, when `device` captures
+  // graphs (a run it declines, UNIMPLEMENTED, stays a task list); an error
+  // names the task or the run.
+  absl::Status CaptureRuns(Device& device);
   absl::Status Named(const absl::Status& error, size_t task) const;
 
   const uint64_t id_;

@@ -1,6 +1,7 @@
 #include "server/graph.h"
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -55,11 +56,65 @@ class FailingStream : public DeviceStream {
     return inner_->Launch(plan, workspace, size);
   }
   absl::Status Synchronize() override { return inner_->Synchronize(); }
+  absl::Status ReplayGraph(const DeviceGraph& graph) override;
 
  private:
   const std::unique_ptr<DeviceStream> inner_;
   const std::shared_ptr<std::atomic<int>> launches_;
   const int fail_launch_;
+};
+
+// A device graph of the FailingDevice: the operations the capture
+// recorded, each run on the replay's stream.
+struct RecordedGraph : public DeviceGraph {
+  std::vector<std::function<absl::Status(DeviceStream&)>> operations;
+  std::atomic<int>* replays = nullptr;
+};
+
+absl::Status FailingStream::ReplayGraph(const DeviceGraph& graph) {
+  const auto& recorded = static_cast<const RecordedGraph&>(graph);
+  recorded.replays->fetch_add(1);
+  for (const auto& operation : recorded.operations) {
+    if (absl::Status s = operation(*inner_); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// A stream that records what a capture issues, running none of it.
+class RecordingStream : public DeviceStream {
+ public:
+  explicit RecordingStream(RecordedGraph* graph) : graph_(graph) {}
+  absl::Status CopyToDevice(void*, const void*, uint64_t) override {
+    return absl::InternalError("a host copy cannot be captured");
+  }
+  absl::Status CopyFromDevice(void*, const void*, uint64_t) override {
+    return absl::InternalError("a host copy cannot be captured");
+  }
+  absl::Status Memset(void* dst, int value, uint64_t bytes) override {
+    graph_->operations.push_back(
+        [=](DeviceStream& stream) { return stream.Memset(dst, value, bytes); });
+    return absl::OkStatus();
+  }
+  absl::Status CopyOnDevice(void* dst, const void* src,
+                            uint64_t bytes) override {
+    graph_->operations.push_back([=](DeviceStream& stream) {
+      return stream.CopyOnDevice(dst, src, bytes);
+    });
+    return absl::OkStatus();
+  }
+  absl::Status Launch(const DevicePlan& plan, void* workspace,
+                      uint64_t size) override {
+    graph_->operations.push_back([&plan, workspace, size](DeviceStream& s) {
+      return s.Launch(plan, workspace, size);
+    });
+    return absl::OkStatus();
+  }
+  absl::Status Synchronize() override {
+    return absl::InternalError("a capturing stream cannot synchronize");
+  }
+
+ private:
+  RecordedGraph* const graph_;
 };
 
 class FailingDevice : public Device {
@@ -88,8 +143,26 @@ class FailingDevice : public Device {
   void* HostAddress(void* device_ptr) override {
     return inner_->HostAddress(device_ptr);
   }
+  // Graphs: with `captures`, CaptureGraph records into a RecordedGraph
+  // (refused with INTERNAL "capture refused" when `refuse_capture`).
+  bool captures_graphs() const override { return captures; }
+  absl::StatusOr<std::unique_ptr<DeviceGraph>> CaptureGraph(
+      const GraphIssuer& issue) override {
+    if (refuse_capture) return absl::InternalError("capture refused");
+    auto graph = std::make_unique<RecordedGraph>();
+    graph->replays = &device_replays;
+    RecordingStream stream(graph.get());
+    if (absl::Status s = issue(stream); !s.ok()) return s;
+    captured_operations.push_back(graph->operations.size());
+    return graph;
+  }
   // Set before the session's streams are created.
   int fail_launch = 0;
+  bool captures = false;
+  bool refuse_capture = false;
+  // The operations of each capture, in order; the device graphs' replays.
+  std::vector<size_t> captured_operations;
+  std::atomic<int> device_replays{0};
 
  private:
   const std::unique_ptr<Device> inner_;
@@ -274,6 +347,47 @@ TEST_F(GraphTest, DefinitionDoesNotRunAndReplaysDo) {
               ElementsAre(HasSubstr("1: launch ThresholdBackward FLOAT[4] "
                                     "(executor 4611686018427387904, stream "
                                     "0)")));
+}
+
+// On a device that captures graphs, each run of device work without a
+// write is captured once at definition (nothing runs) and replayed as one
+// device operation; a run with a write is replayed task by task. A
+// capture the device refuses refuses the definition, naming the run.
+TEST_F(GraphTest, ADeviceThatCapturesGraphsReplaysEachRunAsOne) {
+  Open();
+  device_->captures = true;
+  const Step s = MakeStep();
+  Apply({Plan(kId, s.grad, s.self, s.out, 4),
+         Define(kId + 1, {Memset(s.out, 16, 0), Launch(kId)})});
+  EXPECT_TRUE(SessionError(1).ok()) << SessionError(1);
+  EXPECT_THAT(device_->captured_operations, ElementsAre(2u));
+  EXPECT_THAT(ReadFloats(*session_, s.out, 4), ElementsAre(-1, -1, -1, -1));
+  Apply({Replay(kId + 1), Replay(kId + 1)});
+  EXPECT_TRUE(StreamError(2).ok()) << StreamError(2);
+  EXPECT_EQ(device_->device_replays.load(), 2);
+  EXPECT_THAT(ReadFloats(*session_, s.out, 4),
+              ElementsAre(0, 4.4f, 4.3f, 4.2f));
+
+  // A write's bytes are host memory: not captured, run as tasks.
+  v1::PipelineCommand write;
+  write.mutable_write()->set_buffer(s.out);
+  write.mutable_write()->set_data(std::string(16, '\0'));
+  Apply({Define(kId + 2, {write})});
+  EXPECT_TRUE(SessionError(3).ok()) << SessionError(3);
+  EXPECT_THAT(device_->captured_operations, ElementsAre(2u));
+  Apply({Replay(kId + 2)});
+  EXPECT_TRUE(StreamError(4).ok()) << StreamError(4);
+  EXPECT_EQ(device_->device_replays.load(), 2);
+  EXPECT_THAT(ReadFloats(*session_, s.out, 4), ElementsAre(0, 0, 0, 0));
+
+  device_->refuse_capture = true;
+  Apply({Define(kId + 3, {Memset(s.out, 16, 0), Memset(s.out, 8, 1)})});
+  absl::Status refused = SessionError(5);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInternal) << refused;
+  EXPECT_EQ(refused.message(),
+            "DefineGraph 4611686018427387907: tasks 1 to 2 of 2 (captured as "
+            "one device graph): capture refused");
+  EXPECT_EQ(session_->Stats().graphs, 2u);
 }
 
 TEST_F(GraphTest, AnUnknownHandleRefusesTheWholeDefinition) {

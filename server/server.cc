@@ -233,6 +233,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   std::vector<Device*> device_list;
   for (const std::unique_ptr<Device>& device : server->devices_) {
     device_list.push_back(device.get());
+    // A fallback the operator should know of (an Ascend device whose CANN
+    // cannot capture graphs).
+    if (std::string notice = device->StartNotice(); !notice.empty()) {
+      LogLine(notice);
+    }
   }
   try {
     WorkPool::Options work;

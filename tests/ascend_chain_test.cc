@@ -677,6 +677,163 @@ TEST_F(AscendChainTest, DeviceMemsetAndCopiesMatchTheCpuDevice) {
   EXPECT_TRUE(results[0] == results[1]);
 }
 
+// One backward step of four operators, a memset and a copy, over buffers
+// of `session`: planned and either launched at once (eager) or recorded
+// as a graph's tasks.
+class ChainStep {
+ public:
+  static constexpr int64_t kElements = 1000;
+  static constexpr uint64_t kBytes = kElements * sizeof(float);
+
+  explicit ChainStep(remote::Session& session) : session_(session) {
+    for (uint64_t* handle : {&grad_, &self_, &t1_, &t2_, &t3_}) {
+      auto buffer = session.Malloc(kBytes);
+      EXPECT_TRUE(buffer.ok()) << buffer.status();
+      if (buffer.ok()) *handle = buffer->Release();
+    }
+    auto out = session.Malloc(2 * kBytes);
+    auto stream = session.CreateStream();
+    EXPECT_TRUE(out.ok() && stream.ok());
+    if (out.ok()) out_ = out->Release();
+    if (stream.ok()) stream_ = stream->Release();
+  }
+
+  uint64_t stream() const { return stream_; }
+  uint64_t grad() const { return grad_; }
+  uint64_t self() const { return self_; }
+
+  // The step's six tasks: launched now, or returned as commands.
+  std::vector<v1::PipelineCommand> Run(bool record) {
+    std::vector<v1::PipelineCommand> tasks;
+    auto t = [](uint64_t buffer) {
+      return TensorDesc::Contiguous(buffer, DType::kFloat, {kElements});
+    };
+    auto launch = [&](absl::StatusOr<remote::Executor> executor) {
+      ASSERT_TRUE(executor.ok()) << executor.status();
+      if (!record) {
+        ASSERT_TRUE(executor->Execute(stream_).ok());
+        return;
+      }
+      auto command =
+          session_.LaunchCommand(executor->handle(), stream_, 0, 0, 0);
+      ASSERT_TRUE(command.ok()) << command.status();
+      executor->Release();  // Consumed into the graph.
+      tasks.push_back(*std::move(command));
+    };
+    if (record) {
+      auto memset = session_.MemsetCommand(out_, 0, 2 * kBytes, 0x3c, stream_);
+      EXPECT_TRUE(memset.ok()) << memset.status();
+      tasks.push_back(*memset);
+    } else {
+      EXPECT_TRUE(session_.Memset(out_, 0, 2 * kBytes, 0x3c, stream_).ok());
+    }
+    launch(session_.ThresholdBackward(t(grad_), t(self_), 0.5, t(t1_)));
+    launch(session_.HardswishBackward(t(t1_), t(self_), t(t2_)));
+    launch(session_.LeakyReluBackward(t(t2_), t(self_), {DType::kFloat, 0.01},
+                                      false, t(t3_)));
+    launch(session_.SoftshrinkBackward(t(t3_), t(self_), 0.75, t(out_)));
+    if (record) {
+      auto copy =
+          session_.CopyCommand(out_, kBytes + 100, t2_, 0, kBytes / 2, stream_);
+      EXPECT_TRUE(copy.ok()) << copy.status();
+      tasks.push_back(*copy);
+    } else {
+      EXPECT_TRUE(
+          session_.CopyOnDevice(out_, kBytes + 100, t2_, 0, kBytes / 2, stream_)
+              .ok());
+    }
+    return tasks;
+  }
+
+  // t3 and out, after the stream's work.
+  std::string Results() {
+    std::string bytes(3 * kBytes, '\0');
+    EXPECT_TRUE(session_.Download(t3_, 0, bytes.data(), kBytes, stream_).ok());
+    EXPECT_TRUE(
+        session_.Download(out_, 0, bytes.data() + kBytes, 2 * kBytes, stream_)
+            .ok());
+    return bytes;
+  }
+
+ private:
+  remote::Session& session_;
+  uint64_t grad_ = 0, self_ = 0, t1_ = 0, t2_ = 0, t3_ = 0, out_ = 0;
+  uint64_t stream_ = 0;
+};
+
+// A step defined as a graph on the front is captured by its Ascend device
+// as CANN's own graph (libaclnn_remote.so's aclmdlRI, which defines it on
+// the backend): each replay through the front is one replay on the
+// backend, not one launch per operator, and gives the bytes the same step
+// gives run eagerly on a CPU server.
+TEST_F(AscendChainTest, AGraphStepIsOneReplayOnTheBackend) {
+  constexpr int kSteps = 5;
+  std::mt19937 random(23);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  auto floats = [&] {
+    std::vector<float> values(ChainStep::kElements);
+    for (float& v : values) v = normal(random);
+    return std::string(reinterpret_cast<const char*>(values.data()),
+                       ChainStep::kBytes);
+  };
+  const std::string self = floats();
+  std::vector<std::string> grads;
+  for (int i = 0; i < kSteps; ++i) grads.push_back(floats());
+
+  // Eager, on the CPU server.
+  auto reference = reference_client_->CreateSession("ascend_chain_test eager");
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  std::vector<std::string> expected;
+  {
+    ChainStep step(**reference);
+    ASSERT_TRUE(
+        (*reference)->Upload(step.self(), 0, self.data(), self.size()).ok());
+    for (const std::string& grad : grads) {
+      ASSERT_TRUE(
+          (*reference)->Upload(step.grad(), 0, grad.data(), grad.size()).ok());
+      step.Run(/*record=*/false);
+      expected.push_back(step.Results());
+    }
+  }
+
+  auto front = front_->CreateSession("ascend_chain_test graph");
+  ASSERT_TRUE(front.ok()) << front.status();
+  ASSERT_TRUE((*front)->pipelined());
+  ChainStep step(**front);
+  ASSERT_TRUE((*front)->Upload(step.self(), 0, self.data(), self.size()).ok());
+  auto graph = (*front)->DefineGraph(step.Run(/*record=*/true));
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_TRUE((*front)->Flush().ok());
+
+  const std::string backend_metrics = backend_->metrics_address();
+  auto counts = [&] {
+    const std::string page = scrape::Metrics(backend_metrics);
+    return std::vector<double>{
+        scrape::Sum(page, "opserver_graph_replays_total"),
+        scrape::Sum(page, "opserver_graph_replayed_tasks_total"),
+        scrape::Sum(page, "opserver_launches_total"),
+        scrape::Sum(page, "opserver_pipeline_commands_total",
+                    "command=\"replay_graph\"")};
+  };
+  const std::vector<double> before = counts();
+  for (int i = 0; i < kSteps; ++i) {
+    ASSERT_TRUE((*front)
+                    ->WriteAsync(step.grad(), 0, grads[i].data(),
+                                 grads[i].size(), step.stream())
+                    .ok());
+    ASSERT_TRUE((*front)->ReplayGraph(*graph, step.stream()).ok());
+    EXPECT_TRUE(step.Results() == expected[i]) << "step " << i;
+  }
+  ASSERT_TRUE((*front)->Synchronize(step.stream()).ok());
+  const std::vector<double> after = counts();
+  EXPECT_EQ(after[0] - before[0], kSteps) << "replays on the backend";
+  EXPECT_EQ(after[1] - before[1], kSteps * 6.0) << "replayed tasks";
+  EXPECT_EQ(after[2] - before[2], 0) << "launches on the backend";
+  EXPECT_EQ(after[3] - before[3], kSteps) << "replay_graph commands";
+  ASSERT_TRUE((*front)->DestroyGraph(*graph).ok());
+  EXPECT_TRUE((*front)->Close().ok());
+}
+
 // Each front device is its NPU: buffers of a session on front device d
 // land on the backend device the front's --device names at position d.
 TEST_F(AscendChainTest, EachFrontDeviceIsItsBackendDevice) {

@@ -292,6 +292,37 @@ absl::StatusOr<std::unique_ptr<DeviceStream>> AscendDevice::CreateStream() {
   return std::make_unique<AscendStream>(this, stream);
 }
 
+absl::StatusOr<std::unique_ptr<DeviceGraph>> AscendDevice::CaptureGraph(
+    const GraphIssuer& issue) {
+  if (!captures_graphs()) {
+    return absl::UnimplementedError(
+        "the loaded CANN has no graph capture (aclmdlRI)");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceStream> stream, CreateStream());
+  ASSIGN_OR_RETURN(std::unique_ptr<AscendGraph> graph,
+                   static_cast<AscendStream&>(*stream).Capture(issue));
+  return graph;
+}
+
+std::string AscendDevice::StartNotice() const {
+  if (captures_graphs()) return "";
+  return absl::StrCat(
+      "Ascend device ", device_id_,
+      ": the loaded CANN has no graph capture (aclmdlRICaptureBegin, "
+      "aclmdlRICaptureEnd, aclmdlRIExecuteAsync, aclmdlRIDestroy and "
+      "aclrtMemsetAsync): graphs are replayed task by task");
+}
+
+// ---- AscendGraph -----------------------------------------------------------
+
+AscendGraph::~AscendGraph() {
+  // Released even if binding failed: aclmdlRIDestroy reports the error,
+  // which has no one to go to.
+  (void)device_->Bind();
+  device_->cann().api().aclmdlRIDestroy(model_);
+  for (auto [block, bytes] : scratch_) device_->FreeRaw(block, bytes);
+}
+
 // ---- AscendStream ----------------------------------------------------------
 
 AscendStream::~AscendStream() {
@@ -589,6 +620,66 @@ absl::Status AscendStream::Launch(const DevicePlan& plan, void* workspace,
     return AclnnFailure(device_->cann(), AclnnName(plan.call().op), status);
   }
   return absl::OkStatus();
+}
+
+absl::Status AscendStream::ReplayGraph(const DeviceGraph& graph) {
+  if (cancelled_.load(std::memory_order_relaxed)) {
+    return absl::CancelledError("the stream was cancelled");
+  }
+  const auto* ascend = dynamic_cast<const AscendGraph*>(&graph);
+  if (ascend == nullptr || ascend->device() != device_) {
+    return absl::InternalError(
+        "a graph was captured by another device than the stream's");
+  }
+  RETURN_IF_ERROR(device_->Bind());
+  if (aclError error =
+          device_->cann().api().aclmdlRIExecuteAsync(ascend->model(), stream_);
+      error != ACL_SUCCESS) {
+    return AclError(device_->cann(), "aclmdlRIExecuteAsync", error);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<AscendGraph>> AscendStream::Capture(
+    const GraphIssuer& issue) {
+  RETURN_IF_ERROR(device_->Bind());
+  const CannApi& api = device_->cann().api();
+  if (aclError error = api.aclmdlRICaptureBegin(
+          stream_, ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL);
+      error != ACL_SUCCESS) {
+    absl::Status status =
+        AclError(device_->cann(), "aclmdlRICaptureBegin", error);
+    // A runtime that has the call but not the feature now (CANN on an SoC
+    // without it; libaclnn_remote.so unpipelined): the graph still runs,
+    // task by task.
+    if (error == ACL_ERROR_RT_FEATURE_NOT_SUPPORT) {
+      return absl::UnimplementedError(status.message());
+    }
+    return status;
+  }
+  const absl::Status issued = issue(*this);
+  aclmdlRI model = nullptr;
+  const aclError ended = api.aclmdlRICaptureEnd(stream_, &model);
+  if (!issued.ok()) {
+    if (ended == ACL_SUCCESS && model != nullptr) api.aclmdlRIDestroy(model);
+    return issued;
+  }
+  if (ended != ACL_SUCCESS) {
+    return AclError(device_->cann(), "aclmdlRICaptureEnd", ended);
+  }
+  if (model == nullptr) {
+    return AclError(device_->cann(), "aclmdlRICaptureEnd (no model)",
+                    ACL_ERROR_FAILURE);
+  }
+  // Every scratch block a captured launch may use goes with the model:
+  // the current one and those it replaced during the capture.
+  std::vector<std::pair<void*, uint64_t>> scratch =
+      std::move(pending_.retired_scratch);
+  pending_.retired_scratch.clear();
+  if (scratch_ != nullptr) scratch.emplace_back(scratch_, scratch_bytes_);
+  scratch_ = nullptr;
+  scratch_bytes_ = 0;
+  return std::make_unique<AscendGraph>(device_, model, std::move(scratch));
 }
 
 absl::Status AscendStream::Synchronize() {

@@ -74,6 +74,27 @@ class AscendPlan : public DevicePlan {
   mutable uint64_t aclnn_workspace_size_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// A graph's device work as CANN's own graph: the aclmdlRI an AscendStream
+// captured (AscendDevice::CaptureGraph), and the scratch workspaces its
+// launches were captured with (the capture stream's, handed over, so that
+// no other stream or graph writes them). Destroying it calls
+// aclmdlRIDestroy, then frees the scratch.
+class AscendGraph : public DeviceGraph {
+ public:
+  AscendGraph(AscendDevice* device, aclmdlRI model,
+              std::vector<std::pair<void*, uint64_t>> scratch)
+      : device_(device), model_(model), scratch_(std::move(scratch)) {}
+  ~AscendGraph() override;
+
+  const AscendDevice* device() const { return device_; }
+  aclmdlRI model() const { return model_; }
+
+ private:
+  AscendDevice* const device_;
+  const aclmdlRI model_;
+  const std::vector<std::pair<void*, uint64_t>> scratch_;
+};
+
 // One aclrtStream. Launch enqueues an AscendPlan's aclnn executor, with the
 // stream's scratch when aclnn asked for more workspace than opserver's.
 // Not thread-safe (DeviceStream's contract). Must not outlive its device.
@@ -98,6 +119,15 @@ class AscendStream : public DeviceStream {
                             uint64_t bytes) override;
   absl::Status Launch(const DevicePlan& plan, void* workspace,
                       uint64_t workspace_size) override;
+  // aclmdlRIExecuteAsync of an AscendGraph of this device.
+  absl::Status ReplayGraph(const DeviceGraph& graph) override;
+  // aclmdlRICaptureBegin (THREAD_LOCAL mode: other threads' synchronous
+  // calls, such as the zeroing of fresh memory, stay allowed), what
+  // `issue` issues here, aclmdlRICaptureEnd: the model, which takes this
+  // stream's scratch with it. Nothing else may be issued on this stream
+  // meanwhile (AscendDevice::CaptureGraph makes one for the capture).
+  absl::StatusOr<std::unique_ptr<AscendGraph>> Capture(
+      const GraphIssuer& issue);
   // An NPU kernel cannot be stopped: launches issued after it are refused
   // with CANCELLED, the running one finishes.
   void CancelRunning() override {
@@ -178,6 +208,18 @@ class AscendDevice : public Device {
   bool SupportsOp(kernels::OpKind op) const override {
     return cann_->api().has_op(op);
   }
+  // CANN's graph capture, when the loaded runtime has it
+  // (CannApi::has_graphs) and aclrtMemsetAsync, which a captured memset
+  // needs (the fallback's host copy cannot be captured).
+  bool captures_graphs() const override {
+    return cann_->api().has_graphs() && cann_->api().has_memset();
+  }
+  // On a stream made for it and destroyed after (the model does not need
+  // it): AscendStream::Capture.
+  absl::StatusOr<std::unique_ptr<DeviceGraph>> CaptureGraph(
+      const GraphIssuer& issue) override;
+  // Says so when the loaded CANN cannot capture graphs.
+  std::string StartNotice() const override;
 
   const CannLibrary& cann() const { return *cann_; }
   int32_t device_id() const { return device_id_; }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -144,8 +145,8 @@ class AscendDeviceTest : public ::testing::Test {
   }
   // Everything CANN handed out was given back.
   void ExpectNothingLive() {
-    for (const char* kind :
-         {"tensor", "scalar", "executor", "allocation", "stream", "context"}) {
+    for (const char* kind : {"tensor", "scalar", "executor", "allocation",
+                             "stream", "context", "model"}) {
       EXPECT_EQ(fake_.Live(kind), 0) << kind;
     }
   }
@@ -752,6 +753,240 @@ TEST(AscendMissingOpTest, IsLeftOutAndRefused) {
   EXPECT_THAT(status.message(), HasSubstr("aclnnDropoutBackward"));
   ASSERT_TRUE(session->HardswishBackward(t, t, t)->Execute().ok());
   EXPECT_TRUE(session->Synchronize().ok());
+}
+
+// A graph on the device: one buffer of 64 bytes poisoned with 0xCD, a
+// memset of its first half, a ThresholdBackward over it and a copy of the
+// first half onto the second, recorded on a stream of the session.
+class GraphSetup {
+ public:
+  explicit GraphSetup(AscendServer& server) : session_(server.Session()) {
+    EXPECT_NE(session_, nullptr);
+    if (session_ == nullptr) return;
+    auto buffer = session_->Malloc(64);
+    auto stream = session_->CreateStream();
+    EXPECT_TRUE(buffer.ok() && stream.ok());
+    if (!buffer.ok() || !stream.ok()) return;
+    buffer_ = buffer->Release();
+    stream_ = stream->Release();
+    const std::string poison(64, '\xcd');
+    EXPECT_TRUE(session_->WriteAsync(buffer_, 0, poison.data(), 64).ok());
+    EXPECT_TRUE(session_->Synchronize().ok());
+  }
+
+  remote::Session& session() { return *session_; }
+  uint64_t stream() const { return stream_; }
+
+  // The three tasks (the launch's executor is consumed into them).
+  std::vector<v1::PipelineCommand> Tasks() {
+    std::vector<v1::PipelineCommand> tasks;
+    auto memset = session_->MemsetCommand(buffer_, 0, 32, 0x5a, stream_);
+    EXPECT_TRUE(memset.ok()) << memset.status();
+    auto t = TensorDesc::Contiguous(buffer_, DType::kFloat, {8});
+    auto executor = session_->ThresholdBackward(t, t, 1.0, t);
+    EXPECT_TRUE(executor.ok()) << executor.status();
+    auto launch = session_->LaunchCommand(executor->handle(), stream_, 0, 0, 0);
+    EXPECT_TRUE(launch.ok()) << launch.status();
+    executor->Release();
+    auto copy = session_->CopyCommand(buffer_, 32, buffer_, 0, 32, stream_);
+    EXPECT_TRUE(copy.ok()) << copy.status();
+    tasks.push_back(*memset);
+    tasks.push_back(*launch);
+    tasks.push_back(*copy);
+    return tasks;
+  }
+
+  // The buffer's bytes.
+  std::string Bytes() {
+    auto values = session_->ReadValues(buffer_, 0, DType::kUint8, 64);
+    EXPECT_TRUE(values.ok()) << values.status();
+    std::string bytes;
+    if (values.ok()) {
+      for (double v : *values) bytes.push_back(static_cast<char>(v));
+    }
+    return bytes;
+  }
+
+ private:
+  std::unique_ptr<remote::Session> session_;
+  uint64_t buffer_ = 0;
+  uint64_t stream_ = 0;
+};
+
+// Waits (bounded) until the fake holds no model: a graph is released on
+// whichever thread lets it go last.
+void WaitForNoModel(FakeControl& fake) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (fake.Live("model") != 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+// A defined graph is captured with CANN's aclmdlRICaptureBegin/End on a
+// stream of its own (recorded, not run: the buffer keeps its poison), each
+// replay is one aclmdlRIExecuteAsync, and destroying the graph destroys the
+// model.
+TEST_F(AscendDeviceTest, AGraphIsCapturedOnceAndReplayedAsCannsModel) {
+  {
+    AscendServer server(Fake());
+    EXPECT_TRUE(server.device()->captures_graphs());
+    EXPECT_EQ(server.device()->StartNotice(), "");
+    GraphSetup setup(server);
+    std::vector<v1::PipelineCommand> tasks = setup.Tasks();
+    fake_.Reset();
+    auto graph = setup.session().DefineGraph(std::move(tasks));
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    ASSERT_TRUE(setup.session().Flush().ok());
+    const std::vector<std::string> graph_calls = {
+        "aclmdlRI",         "aclnnThresholdBackward ", "aclrtMemsetAsync",
+        "aclrtMemcpyAsync", "aclrtCreateStream",       "aclrtDestroyStream"};
+    EXPECT_THAT(
+        fake_.Calls(graph_calls),
+        ElementsAre("aclrtCreateStream",
+                    "aclmdlRICaptureBegin mode=1",  // THREAD_LOCAL
+                    "aclrtMemsetAsync 32 captured",
+                    "aclnnThresholdBackward workspace_size=0 no-workspace "
+                    "captured",
+                    "aclrtMemcpyAsync 32 kind=3 captured",
+                    "aclmdlRICaptureEnd tasks=3", "aclrtDestroyStream"));
+    EXPECT_EQ(fake_.Live("model"), 1);
+    EXPECT_EQ(setup.Bytes(), std::string(64, '\xcd')) << "capture ran";
+
+    fake_.Reset();
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(setup.session().ReplayGraph(*graph, setup.stream()).ok());
+    }
+    ASSERT_TRUE(setup.session().Synchronize(setup.stream()).ok());
+    EXPECT_THAT(fake_.Calls(graph_calls),
+                ElementsAre("aclmdlRIExecuteAsync tasks=3",
+                            "aclmdlRIExecuteAsync tasks=3",
+                            "aclmdlRIExecuteAsync tasks=3"));
+    EXPECT_EQ(setup.Bytes(), std::string(64, '\x5a'));
+
+    fake_.Reset();
+    ASSERT_TRUE(setup.session().DestroyGraph(*graph).ok());
+    ASSERT_TRUE(setup.session().Flush().ok());
+    WaitForNoModel(fake_);
+    EXPECT_THAT(fake_.Calls({"aclmdlRI"}), ElementsAre("aclmdlRIDestroy"));
+  }
+  ExpectNothingLive();
+}
+
+// CANN's failures: while capturing (the definition is refused, naming the
+// task or the capture, and nothing of it stays), and while replaying (the
+// stream's deferred error, naming the tasks the model ran).
+TEST_F(AscendDeviceTest, CaptureAndReplayFailuresAreNamed) {
+  {
+    AscendServer server(Fake());
+    GraphSetup setup(server);
+    fake_.FailNext("aclnnThresholdBackward", 561103, "injected launch");
+    ASSERT_TRUE(setup.session().DefineGraph(setup.Tasks()).ok());
+    absl::Status refused = setup.session().Flush();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInternal) << refused;
+    EXPECT_THAT(refused.message(),
+                HasSubstr("task 2 of 3: aclnnThresholdBackward: injected "
+                          "launch"));
+    EXPECT_EQ(fake_.Live("model"), 0);
+
+    fake_.FailNext("aclmdlRICaptureEnd", 507903, "injected end");
+    ASSERT_TRUE(setup.session().DefineGraph(setup.Tasks()).ok());
+    refused = setup.session().Flush();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInternal) << refused;
+    EXPECT_THAT(refused.message(),
+                HasSubstr("tasks 1 to 3 of 3 (captured as one device graph): "
+                          "aclmdlRICaptureEnd failed with acl error 507903: "
+                          "injected end"));
+    EXPECT_EQ(fake_.Live("model"), 0);
+    EXPECT_EQ(setup.Bytes(), std::string(64, '\xcd'));
+
+    auto graph = setup.session().DefineGraph(setup.Tasks());
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    ASSERT_TRUE(setup.session().Flush().ok());
+    fake_.FailNext("aclmdlRIExecuteAsync", 507011, "injected replay");
+    ASSERT_TRUE(setup.session().ReplayGraph(*graph, setup.stream()).ok());
+    absl::Status failed = setup.session().Synchronize(setup.stream());
+    EXPECT_EQ(failed.code(), absl::StatusCode::kInternal) << failed;
+    EXPECT_THAT(failed.message(),
+                HasSubstr(absl::StrCat(
+                    "replay of graph ", *graph,
+                    ": tasks 1 to 3 of 3 (one device graph): "
+                    "aclmdlRIExecuteAsync failed with acl error 507011: "
+                    "injected replay")));
+    // The next replay runs.
+    ASSERT_TRUE(setup.session().ReplayGraph(*graph, setup.stream()).ok());
+    ASSERT_TRUE(setup.session().Synchronize(setup.stream()).ok());
+    EXPECT_EQ(setup.Bytes(), std::string(64, '\x5a'));
+  }
+  WaitForNoModel(fake_);
+  ExpectNothingLive();
+}
+
+// A CANN that has aclmdlRI but declines a capture (ACL_ERROR_RT_FEATURE_
+// NOT_SUPPORT from aclmdlRICaptureBegin, as libaclnn_remote.so does
+// unpipelined): that graph is defined and replayed task by task.
+TEST_F(AscendDeviceTest, ADeclinedCaptureReplaysTaskByTask) {
+  {
+    AscendServer server(Fake());
+    GraphSetup setup(server);
+    std::vector<v1::PipelineCommand> tasks = setup.Tasks();
+    fake_.Reset();
+    fake_.FailNext("aclmdlRICaptureBegin", 207000, "not on this runtime");
+    auto graph = setup.session().DefineGraph(std::move(tasks));
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    ASSERT_TRUE(setup.session().Flush().ok());
+    ASSERT_TRUE(setup.session().ReplayGraph(*graph, setup.stream()).ok());
+    ASSERT_TRUE(setup.session().Synchronize(setup.stream()).ok());
+    EXPECT_THAT(
+        fake_.Calls({"aclmdlRI", "aclnnThresholdBackward ", "aclrtMemsetAsync",
+                     "aclrtMemcpyAsync 32"}),
+        ElementsAre("aclmdlRICaptureBegin FAILED 207000", "aclrtMemsetAsync 32",
+                    "aclnnThresholdBackward workspace_size=0 no-workspace",
+                    "aclrtMemcpyAsync 32 kind=3"));
+    EXPECT_EQ(setup.Bytes(), std::string(64, '\x5a'));
+  }
+  ExpectNothingLive();
+}
+
+// A CANN without aclmdlRI: the server says so at start and replays the
+// graph task by task, with the same result.
+TEST(AscendGraphFallbackTest, WithoutCaptureTheTasksAreReplayedOneByOne) {
+  auto cann = CannLibrary::Load({Runfile("libfake_cann_no_graphs.so")});
+  ASSERT_TRUE(cann.ok()) << cann.status();
+  EXPECT_FALSE((*cann)->api().has_graphs());
+  FakeControl fake(**cann);
+  {
+    AscendServer server(*cann);
+    EXPECT_FALSE(server.device()->captures_graphs());
+    EXPECT_EQ(server.device()->StartNotice(),
+              "Ascend device 0: the loaded CANN has no graph capture "
+              "(aclmdlRICaptureBegin, aclmdlRICaptureEnd, "
+              "aclmdlRIExecuteAsync, aclmdlRIDestroy and aclrtMemsetAsync): "
+              "graphs are replayed task by task");
+    GraphSetup setup(server);
+    std::vector<v1::PipelineCommand> tasks = setup.Tasks();
+    fake.Reset();
+    auto graph = setup.session().DefineGraph(std::move(tasks));
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    ASSERT_TRUE(setup.session().Flush().ok());
+    EXPECT_EQ(setup.Bytes(), std::string(64, '\xcd'));
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(setup.session().ReplayGraph(*graph, setup.stream()).ok());
+    }
+    ASSERT_TRUE(setup.session().Synchronize(setup.stream()).ok());
+    EXPECT_THAT(
+        fake.Calls({"aclmdlRI", "aclnnThresholdBackward ", "aclrtMemsetAsync",
+                    "aclrtMemcpyAsync 32"}),
+        ElementsAre("aclrtMemsetAsync 32",
+                    "aclnnThresholdBackward workspace_size=0 no-workspace",
+                    "aclrtMemcpyAsync 32 kind=3", "aclrtMemsetAsync 32",
+                    "aclnnThresholdBackward workspace_size=0 no-workspace",
+                    "aclrtMemcpyAsync 32 kind=3"));
+    EXPECT_EQ(setup.Bytes(), std::string(64, '\x5a'));
+  }
+  for (const char* kind :
+       {"tensor", "scalar", "executor", "allocation", "stream"}) {
+    EXPECT_EQ(fake.Live(kind), 0) << kind;
+  }
 }
 
 TEST(AscendDeviceIdsTest, ParsesTheDeviceFlag) {

@@ -323,6 +323,18 @@ absl::StatusOr<std::shared_ptr<CannLibrary>> CannLibrary::Load(
     api.aclrtMemset = nullptr;
     api.aclrtMemsetAsync = nullptr;
   }
+  optional(api.aclmdlRICaptureBegin, "aclmdlRICaptureBegin");
+  optional(api.aclmdlRICaptureEnd, "aclmdlRICaptureEnd");
+  optional(api.aclmdlRIExecuteAsync, "aclmdlRIExecuteAsync");
+  optional(api.aclmdlRIDestroy, "aclmdlRIDestroy");
+  if (api.aclmdlRICaptureBegin == nullptr ||
+      api.aclmdlRICaptureEnd == nullptr ||
+      api.aclmdlRIExecuteAsync == nullptr || api.aclmdlRIDestroy == nullptr) {
+    api.aclmdlRICaptureBegin = nullptr;
+    api.aclmdlRICaptureEnd = nullptr;
+    api.aclmdlRIExecuteAsync = nullptr;
+    api.aclmdlRIDestroy = nullptr;
+  }
   // Operators: both halves or neither.
   int index = 0;
 #define OPSERVER_RESOLVE_OP(Name)                                              \

@@ -84,6 +84,13 @@ struct CannApi {
   // zeros from the host (aclrtMemcpy).
   decltype(&::aclrtMemset) aclrtMemset = nullptr;
   decltype(&::aclrtMemsetAsync) aclrtMemsetAsync = nullptr;
+  // Optional, all or none: graph capture (aclmdlRI). Without them, and
+  // without aclrtMemsetAsync, the server replays a graph task by task
+  // (AscendDevice::captures_graphs).
+  decltype(&::aclmdlRICaptureBegin) aclmdlRICaptureBegin = nullptr;
+  decltype(&::aclmdlRICaptureEnd) aclmdlRICaptureEnd = nullptr;
+  decltype(&::aclmdlRIExecuteAsync) aclmdlRIExecuteAsync = nullptr;
+  decltype(&::aclmdlRIDestroy) aclmdlRIDestroy = nullptr;
 
   // Per operator (indexed by kernels::OpKind), optional per operator: both
   // halves of the two-phase call, or the operator is not served. Cast to
@@ -96,6 +103,7 @@ struct CannApi {
 
   bool has_contexts() const { return aclrtSetCurrentContext != nullptr; }
   bool has_memset() const { return aclrtMemset != nullptr; }
+  bool has_graphs() const { return aclmdlRICaptureBegin != nullptr; }
   bool has_op(kernels::OpKind op) const {
     return ops[static_cast<int>(op)].launch != nullptr;
   }

@@ -9,11 +9,19 @@
 // Built in variants (BUILD.bazel): FAKE_CANN_NO_DROPOUT leaves out
 // aclnnDropoutBackward*, FAKE_CANN_NO_CONTEXTS the contexts and aclrtMemset
 // (a runtime without them), FAKE_CANN_NO_SYNC aclrtSynchronizeStream (a
-// required symbol).
+// required symbol), FAKE_CANN_NO_GRAPHS the graph capture (aclmdlRI).
+//
+// Graph capture: between aclmdlRICaptureBegin and aclmdlRICaptureEnd on a
+// stream, aclnn launches, aclrtMemsetAsync and device-to-device
+// aclrtMemcpyAsync on it are recorded, not run (logged with " captured");
+// each aclmdlRIExecuteAsync runs the recorded memsets and copies. A host
+// copy or a synchronize of a capturing stream invalidates the capture, as
+// CANN does.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -43,8 +51,18 @@ struct Allocation {
   size_t size;
 };
 
+// A capture going on, or a captured model: what its replays do to memory.
+struct Model {
+  std::vector<std::function<void()>> work;
+  size_t tasks = 0;
+  bool invalidated = false;
+};
+
 struct Fake {
   std::mutex mu;
+  // Capturing stream -> its capture; model handle -> its model.
+  std::map<void*, Model> captures;
+  std::map<void*, Model*> models;
   std::vector<std::string> log;
   std::map<std::string, int64_t> live;
   // Function -> (code, message) of its next call.
@@ -101,6 +119,12 @@ int NeedContext(const char* function) {
   last_error = std::string(function) + ": no context on this thread";
   Log(std::string(function) + " NO CONTEXT");
   return ACL_ERROR_RT_CONTEXT_NULL;
+}
+
+// The capture `stream` is in, or null (f.mu held).
+Model* CaptureOf(Fake& f, void* stream) {
+  auto it = f.captures.find(stream);
+  return it == f.captures.end() ? nullptr : &it->second;
 }
 
 std::string Dims(const int64_t* dims, uint64_t n) {
@@ -166,9 +190,12 @@ aclnnStatus RunOp(const char* function, void* workspace,
     last_error = std::string(function) + ": unknown executor or stream";
     return ACLNN_ERR_INNER_NULLPTR;
   }
+  Model* capture = CaptureOf(f, stream);
+  if (capture != nullptr) ++capture->tasks;
   f.log.push_back(std::string(function) +
                   " workspace_size=" + std::to_string(workspace_size) +
-                  (workspace != nullptr ? " workspace" : " no-workspace"));
+                  (workspace != nullptr ? " workspace" : " no-workspace") +
+                  (capture != nullptr ? " captured" : ""));
   if (!executor->repeatable) {
     f.executors.erase(executor);
     f.live["executor"] -= 1;
@@ -278,9 +305,26 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src,
   if (int code = Injected("aclrtMemcpyAsync"); code != 0) return code;
   if (int code = NeedContext("aclrtMemcpyAsync"); code != 0) return code;
   if (count > destMax) return ACL_ERROR_INVALID_PARAM;
+  const std::string line = "aclrtMemcpyAsync " + std::to_string(count) +
+                           " kind=" + std::to_string(kind);
+  {
+    Fake& f = State();
+    std::lock_guard<std::mutex> lock(f.mu);
+    if (Model* capture = CaptureOf(f, stream); capture != nullptr) {
+      if (kind != ACL_MEMCPY_DEVICE_TO_DEVICE) {
+        capture->invalidated = true;
+        last_error = "aclrtMemcpyAsync: a host copy on a capturing stream";
+        f.log.push_back(line + " REFUSED");
+        return ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
+      }
+      capture->work.push_back([=] { std::memmove(dst, src, count); });
+      ++capture->tasks;
+      f.log.push_back(line + " captured");
+      return ACL_SUCCESS;
+    }
+  }
   std::memcpy(dst, src, count);
-  Log("aclrtMemcpyAsync " + std::to_string(count) +
-      " kind=" + std::to_string(kind));
+  Log(line);
   return ACL_SUCCESS;
 }
 
@@ -313,7 +357,15 @@ aclError aclrtSynchronizeStream(aclrtStream stream) {
   if (int code = NeedContext("aclrtSynchronizeStream"); code != 0) {
     return code;
   }
-  Log("aclrtSynchronizeStream");
+  Fake& f = State();
+  std::lock_guard<std::mutex> lock(f.mu);
+  if (Model* capture = CaptureOf(f, stream); capture != nullptr) {
+    capture->invalidated = true;
+    last_error = "aclrtSynchronizeStream: the stream is capturing";
+    f.log.push_back("aclrtSynchronizeStream REFUSED");
+    return ACL_ERROR_RT_STREAM_CAPTURED;
+  }
+  f.log.push_back("aclrtSynchronizeStream");
   return ACL_SUCCESS;
 }
 #endif
@@ -363,11 +415,98 @@ aclError aclrtMemset(void* devPtr, size_t maxCount, int32_t value,
 }
 
 aclError aclrtMemsetAsync(void* devPtr, size_t maxCount, int32_t value,
-                          size_t count, aclrtStream) {
+                          size_t count, aclrtStream stream) {
   if (int code = NeedContext("aclrtMemsetAsync"); code != 0) return code;
   if (count > maxCount) return ACL_ERROR_INVALID_PARAM;
+  {
+    Fake& f = State();
+    std::lock_guard<std::mutex> lock(f.mu);
+    if (Model* capture = CaptureOf(f, stream); capture != nullptr) {
+      capture->work.push_back([=] { std::memset(devPtr, value, count); });
+      ++capture->tasks;
+      f.log.push_back("aclrtMemsetAsync " + std::to_string(count) +
+                      " captured");
+      return ACL_SUCCESS;
+    }
+  }
   std::memset(devPtr, value, count);
   Log("aclrtMemsetAsync " + std::to_string(count));
+  return ACL_SUCCESS;
+}
+#endif
+
+#ifndef FAKE_CANN_NO_GRAPHS
+aclError aclmdlRICaptureBegin(aclrtStream stream, aclmdlRICaptureMode mode) {
+  if (int code = Injected("aclmdlRICaptureBegin"); code != 0) return code;
+  if (int code = NeedContext("aclmdlRICaptureBegin"); code != 0) return code;
+  Fake& f = State();
+  std::lock_guard<std::mutex> lock(f.mu);
+  if (f.streams.count(stream) == 0) return ACL_ERROR_INVALID_PARAM;
+  if (!f.captures.emplace(stream, Model()).second) {
+    last_error = "aclmdlRICaptureBegin: the stream is already capturing";
+    return ACL_ERROR_RT_STREAM_CAPTURED;
+  }
+  f.log.push_back("aclmdlRICaptureBegin mode=" +
+                  std::to_string(static_cast<int>(mode)));
+  return ACL_SUCCESS;
+}
+
+aclError aclmdlRICaptureEnd(aclrtStream stream, aclmdlRI* modelRI) {
+  if (int code = NeedContext("aclmdlRICaptureEnd"); code != 0) return code;
+  Fake& f = State();
+  std::lock_guard<std::mutex> lock(f.mu);
+  auto it = f.captures.find(stream);
+  if (it == f.captures.end()) {
+    last_error = "aclmdlRICaptureEnd: the stream is not capturing";
+    return ACL_ERROR_RT_STREAM_NOT_CAPTURED;
+  }
+  Model* model = new Model(std::move(it->second));
+  f.captures.erase(it);
+  auto failure = f.failures.find("aclmdlRICaptureEnd");
+  if (model->invalidated || failure != f.failures.end()) {
+    const int code = failure != f.failures.end()
+                         ? failure->second.first
+                         : ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED;
+    last_error = failure != f.failures.end() ? failure->second.second
+                                             : "the capture was invalidated";
+    if (failure != f.failures.end()) f.failures.erase(failure);
+    f.log.push_back("aclmdlRICaptureEnd FAILED " + std::to_string(code));
+    delete model;
+    return code;
+  }
+  f.models[model] = model;
+  f.live["model"] += 1;
+  f.log.push_back("aclmdlRICaptureEnd tasks=" + std::to_string(model->tasks));
+  *modelRI = model;
+  return ACL_SUCCESS;
+}
+
+aclError aclmdlRIExecuteAsync(aclmdlRI modelRI, aclrtStream stream) {
+  if (int code = Injected("aclmdlRIExecuteAsync"); code != 0) return code;
+  if (int code = NeedContext("aclmdlRIExecuteAsync"); code != 0) return code;
+  Fake& f = State();
+  std::lock_guard<std::mutex> lock(f.mu);
+  auto it = f.models.find(modelRI);
+  if (it == f.models.end() || f.streams.count(stream) == 0) {
+    last_error = "aclmdlRIExecuteAsync: unknown model or stream";
+    return ACL_ERROR_INVALID_PARAM;
+  }
+  for (const std::function<void()>& work : it->second->work) work();
+  f.log.push_back("aclmdlRIExecuteAsync tasks=" +
+                  std::to_string(it->second->tasks));
+  return ACL_SUCCESS;
+}
+
+aclError aclmdlRIDestroy(aclmdlRI modelRI) {
+  if (int code = NeedContext("aclmdlRIDestroy"); code != 0) return code;
+  Fake& f = State();
+  std::lock_guard<std::mutex> lock(f.mu);
+  auto it = f.models.find(modelRI);
+  if (it == f.models.end()) return ACL_ERROR_INVALID_PARAM;
+  delete it->second;
+  f.models.erase(it);
+  f.live["model"] -= 1;
+  f.log.push_back("aclmdlRIDestroy");
   return ACL_SUCCESS;
 }
 #endif
@@ -556,7 +695,7 @@ void fake_cann_reset(void) {
 }
 
 // Objects handed out and not yet released: "tensor", "scalar", "executor",
-// "allocation", "stream", "context".
+// "allocation", "stream", "context", "model".
 int64_t fake_cann_live(const char* kind) {
   Fake& f = State();
   std::lock_guard<std::mutex> lock(f.mu);
