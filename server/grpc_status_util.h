@@ -10,6 +10,10 @@ namespace opserver {
 
 // Trailing-metadata key holding the aclnn status (decimal) of a failed call.
 inline constexpr char kAclnnStatusMetadataKey[] = "opserver-aclnn-status";
+// Trailing-metadata key holding, for a stream's deferred error, the failing
+// task's position on the stream (decimal; common/task_position.h), as
+// FenceResult.task carries it on the Pipeline.
+inline constexpr char kTaskPositionMetadataKey[] = "opserver-task-position";
 
 // Error messages sent to clients are cut to this many bytes.
 inline constexpr size_t kMaxErrorMessageBytes = 4096;
@@ -20,7 +24,9 @@ inline constexpr size_t kMaxErrorMessageBytes = 4096;
 // libraries). For a non-OK status it also adds the aclnn status to
 // `context`'s trailing metadata under kAclnnStatusMetadataKey (the kernels'
 // code when the status carries one, else derived from the canonical code),
-// so clients return the exact aclnn code, and logs one line for it.
+// so clients return the exact aclnn code, and the failing task's position
+// under kTaskPositionMetadataKey when the status carries one, and logs one
+// line for it.
 // The line names the call's method, tenant and session and is rate-limited
 // (CallLog). kQuiet: no line, for a call that ended the way its client
 // asked (its session was closed under it).
