@@ -301,8 +301,9 @@ ACL_FUNC_VISIBILITY aclError aclrtGetLastError(aclrtLastErrLevel level);
 ACL_FUNC_VISIBILITY aclError
 aclrtSetExceptionInfoCallback(aclrtExceptionInfoCallback callback);
 // The failed task's position on its stream, counting from 1 (every
-// launch, memset, copy, write and replay queued on the stream counts one,
-// and so does a command the server refused); its stream's id (aclrtStreamGetId;
+// launch, memset, copy and write queued on the stream counts one, a graph
+// replay one per run of tasks between its event records and waits, and a
+// command the server refused one); its stream's id (aclrtStreamGetId;
 // 0: the default stream); the thread that collected the error (its Linux thread
 // id); the device ordinal; the aclError the collecting call returns. 0xFFFFFFFF
 // for a NULL info.
