@@ -22,13 +22,24 @@
 // Last, the same step through the C++ client, eager against a graph
 // defined once and replayed, in the same run (--replay: only that, three
 // rounds on loopback and through the proxy).
+//
+//   bazel run -c opt //bench:step_bench -- --callbacks
+//
+// measures host callbacks on loopback instead: 1,000
+// aclrtLaunchCallback(ACL_CALLBACK_NO_BLOCK) interleaved with 1,000
+// launches on one stream and one synchronize, against the same 1,000
+// launches alone, in round trips per callback (the round trip measured in
+// the same run); and aclrtStreamQuery of a stream the library knows idle,
+// in round trips per query.
 
+#include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -38,6 +49,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -1080,6 +1092,116 @@ int ChainReplayMain(const std::string& spec, int rounds) {
   return 0;
 }
 
+// --callbacks: see the top of this file. One batch: `launches` launches of
+// a repeatable 16-element executor on `stream`, with a NO_BLOCK callback
+// after each when `callbacks`, then one synchronize; microseconds.
+double CallbackBatchUs(aclOpExecutor* executor, aclrtStream stream,
+                       int launches, bool callbacks, std::atomic<int>* ran) {
+  const Clock::time_point start = Clock::now();
+  for (int i = 0; i < launches; ++i) {
+    CHECK_ACL(aclnnThresholdBackward(nullptr, 0, executor, stream));
+    if (callbacks) {
+      CHECK_ACL(aclrtLaunchCallback(
+          +[](void* count) { ++*static_cast<std::atomic<int>*>(count); }, ran,
+          ACL_CALLBACK_NO_BLOCK, stream));
+    }
+  }
+  CHECK_ACL(aclrtSynchronizeStream(stream));
+  return Micros(Clock::now() - start);
+}
+
+int CallbacksMain() {
+  constexpr int kLaunches = 1000;
+  constexpr int kBatches = 7;  // The first is a warm-up.
+  constexpr int kQueries = 100000;
+  Options options;
+  options.listen = "127.0.0.1:0";
+  options.detect_mutex_deadlocks = false;
+  auto server = Server::Start(options);
+  if (!server.ok())
+    Die(absl::StrCat("Server::Start: ", server.status().ToString()));
+  setenv("OPSERVER_ADDRESS", (*server)->address().c_str(), 1);
+  setenv("OPSERVER_PIPELINE", "1", 1);
+  CHECK_ACL(aclInit(nullptr));
+  CHECK_ACL(aclrtSetDevice(0));
+  aclrtStream stream = nullptr;
+  CHECK_ACL(aclrtCreateStream(&stream));
+  // MindSpore's callback thread: subscribed, pumping its reports.
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> thread_id{0};
+  std::thread pump([&] {
+    thread_id = static_cast<uint64_t>(pthread_self());
+    while (!stop) {
+      const aclError ret = aclrtProcessReport(100);
+      if (ret != ACL_SUCCESS && ret != ACL_ERROR_RT_REPORT_TIMEOUT &&
+          ret != ACL_ERROR_RT_THREAD_SUBSCRIBE) {
+        Die(absl::StrCat("aclrtProcessReport: ", ret));
+      }
+    }
+  });
+  while (thread_id == 0) std::this_thread::yield();
+  CHECK_ACL(aclrtSubscribeReport(thread_id, stream));
+  void* data = DeviceAlloc(16 * sizeof(float));
+  aclTensor* t = Tensor(data, 16, ACL_FLOAT);
+  float value = kThreshold;
+  aclScalar* scalar = aclCreateScalar(&value, ACL_FLOAT);
+  uint64_t workspace_bytes = 0;
+  aclOpExecutor* executor = nullptr;
+  CHECK_ACL(aclnnThresholdBackwardGetWorkspaceSize(
+      t, t, scalar, t, &workspace_bytes, &executor));
+  CHECK_ACL(aclSetAclOpExecutorRepeatable(executor));
+  const double rtt = RoundTripUs(stream);
+  std::atomic<int> ran{0};
+  std::vector<double> alone, with;
+  for (int batch = 0; batch < kBatches; ++batch) {
+    const double a = CallbackBatchUs(executor, stream, kLaunches, false, &ran);
+    const double w = CallbackBatchUs(executor, stream, kLaunches, true, &ran);
+    if (batch > 0) {
+      alone.push_back(a);
+      with.push_back(w);
+    }
+  }
+  // NO_BLOCK: the synchronize does not wait for the functions; they are
+  // all counted before the thread stops.
+  while (ran < kBatches * kLaunches) std::this_thread::yield();
+  // The stream is idle now, and the library knows it (the synchronize
+  // found it so).
+  const Clock::time_point start = Clock::now();
+  for (int i = 0; i < kQueries; ++i) {
+    aclrtStreamStatus status = ACL_STREAM_STATUS_NOT_READY;
+    CHECK_ACL(aclrtStreamQuery(stream, &status));
+    if (status != ACL_STREAM_STATUS_COMPLETE) Die("an idle stream not ready");
+  }
+  const double query_us = Micros(Clock::now() - start) / kQueries;
+  const double extra_us = (Median(with) - Median(alone)) / kLaunches;
+  std::printf(
+      "loopback RTT (mean idle aclrtSynchronizeStream): %.1f us
+      "
+      "%d launches + %d NO_BLOCK callbacks + 1 synchronize: median %.2f ms; "
+      "the launches alone: median %.2f ms (%d batches each)
+      "
+      "cost per callback: %.2f us = %.3f round trips (target <= 0.1)
+      "
+      "aclrtStreamQuery on a known-idle stream: %.3f us = %.4f round trips "
+      "(%d queries; target: none)
+      ",
+      rtt,
+      kLaunches, kLaunches, Median(with) / 1000, Median(alone) / 1000,
+      kBatches - 1, extra_us, extra_us / rtt, query_us, query_us / rtt,
+      kQueries);
+  CHECK_ACL(aclrtUnSubscribeReport(thread_id, stream));
+  stop = true;
+  pump.join();
+  CHECK_ACL(aclDestroyAclOpExecutor(executor));
+  aclDestroyScalar(scalar);
+  aclDestroyTensor(t);
+  CHECK_ACL(aclrtFree(data));
+  CHECK_ACL(aclrtDestroyStream(stream));
+  CHECK_ACL(aclrtResetDevice(0));
+  CHECK_ACL(aclFinalize());
+  return 0;
+}
+
 int Main() {
   Options options;
   options.listen = "127.0.0.1:0";
@@ -1229,6 +1351,7 @@ int main(int argc, char** argv) {
   int rounds = 2;
   bool replay = false;
   std::string replay_server;
+  bool callbacks = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--chain=", 0) == 0) {
@@ -1240,11 +1363,13 @@ int main(int argc, char** argv) {
     } else if (arg.rfind("--replay=", 0) == 0) {
       replay = true;
       replay_server = arg.substr(strlen("--replay="));
+    } else if (arg == "--callbacks") {
+      callbacks = true;
     } else if (arg.rfind("--rounds=", 0) == 0) {
       rounds = std::max(1, std::atoi(arg.c_str() + strlen("--rounds=")));
     } else {
       std::fprintf(stderr,
-                   "usage: step_bench [--replay[=OPSERVER] | "
+                   "usage: step_bench [--replay[=OPSERVER] | --callbacks | "
                    "--chain=OPSERVER,LIBACLNN_REMOTE [--replay] [--rounds=N] | "
                    "--addresses=NAME=HOST:PORT,... [--rounds=N]]\n");
       return 2;
@@ -1256,5 +1381,6 @@ int main(int argc, char** argv) {
   if (!chain.empty()) return opserver::ChainMain(chain, rounds);
   if (!addresses.empty()) return opserver::AddressesMain(addresses, rounds);
   if (replay) return opserver::ReplayMain(replay_server);
+  if (callbacks) return opserver::CallbacksMain();
   return opserver::Main();
 }

@@ -216,6 +216,7 @@ aclError aclrtSynchronizeDevice(void) {
       opserver::WaitPendingReads(state, pinned->device, std::nullopt);
   for (uint64_t stream : streams) {
     absl::Status synchronized = pinned->session->Synchronize(stream);
+    opserver::ReportDeferred(pinned->device, synchronized);
     if (first.ok() && !absl::IsNotFound(synchronized)) first = synchronized;
   }
   if (!first.ok()) return FailAcl(pinned->Named(first));

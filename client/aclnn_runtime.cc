@@ -230,6 +230,14 @@ absl::Status OpenDevice(State& state, const char* function, int32_t device_id) {
     // Another thread may have opened it meanwhile: theirs stays.
     slot.client = std::move(client);
     slot.session = std::shared_ptr<remote::Session>(std::move(*session));
+    // The operator time-outs set before hold for it too (queued, no wait;
+    // a session without the command channel has none, as
+    // aclrtSetOpExecuteTimeOut said when they were set).
+    if (state.op_execute_timeout_ms != 0 || state.op_wait_timeout_ms != 0) {
+      slot.session
+          ->SetOpTimeouts(state.op_execute_timeout_ms, state.op_wait_timeout_ms)
+          .IgnoreError();
+    }
   }
   return absl::OkStatus();
 }
@@ -589,6 +597,7 @@ aclError aclrtSynchronizeStream(aclrtStream stream) {
   absl::Status status =
       opserver::WaitPendingReads(state, pinned.device, handle);
   absl::Status synchronized = pinned.session->Synchronize(handle);
+  opserver::ReportDeferred(pinned.device, synchronized);
   if (status.ok()) status = synchronized;
   if (!status.ok()) return FailAcl(pinned.Named(status));
   return ACL_SUCCESS;
@@ -701,7 +710,10 @@ aclError aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count,
     // for: aclrtMemcpy returns once the bytes are there.
     status = source.session->CopyOnDevice(to.buffer, to.offset, from.buffer,
                                           from.offset, count);
-    if (status.ok()) status = source.session->Synchronize(0);
+    if (status.ok()) {
+      status = source.session->Synchronize(0);
+      opserver::ReportDeferred(source.device, status);
+    }
   } else {
     // Between devices (sessions, possibly servers): through the host.
     std::vector<char> bounce(count);

@@ -301,6 +301,7 @@ absl::Status WaitPendingReads(State& state, uint32_t device,
   absl::Status first;
   for (remote::PendingRead& read : reads) {
     absl::Status waited = read.Wait();
+    ReportDeferred(device, waited);
     if (first.ok()) first = waited;
   }
   return first;

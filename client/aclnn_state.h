@@ -226,6 +226,10 @@ struct State {
   std::map<uintptr_t, std::shared_ptr<Capture>> captures;
   std::map<uintptr_t, uintptr_t> capturing;
   std::map<uintptr_t, ModelEntry> models;
+  // aclrtSetOpExecuteTimeOut and aclrtSetOpWaitTimeout, in milliseconds
+  // (0: none): sent to every device session open now and opened later.
+  uint64_t op_execute_timeout_ms = 0;
+  uint64_t op_wait_timeout_ms = 0;
 
   // The slot of device `ordinal`, learning the device counts of the
   // servers listed before it (connecting to them) as needed.
@@ -313,6 +317,13 @@ absl::StatusOr<PinnedStream> PinStreamOf(State& state, const char* function,
 // the function it runs now) and forgets every subscription and every
 // callback not yet run.
 void EndHostCallbacks();
+
+// A stream's deferred error collected from device `device`'s session
+// (a status naming its stream: common/task_position.h) is handed to the
+// exception callback (aclrtSetExceptionInfoCallback), if one is set, on
+// the calling thread; any other status is ignored. Call once per collected
+// status, without `state.mu` (aclnn_exceptions.cc).
+void ReportDeferred(uint32_t device, const absl::Status& status);
 
 // What aclrtMemcpy and aclrtMemcpyAsync (`function`) check before anything
 // is resolved: NULL pointers, `count` over `destMax`, an unknown kind.

@@ -25,6 +25,7 @@
 #include "common/session_routing.h"
 #include "common/status_macros.h"
 #include "common/trailers.h"
+#include "common/task_position.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/validate.h"
@@ -165,7 +166,16 @@ absl::Status FromGrpcStatus(const grpc::Status& status,
       absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()),
                        &aclnn) &&
       aclnn != 0) {
-    return kernels::AclnnError(aclnn, code, message);
+    // A stream's deferred error may name its task (only reported back).
+    uint64_t task = 0;
+    auto position = trailers.find(kTaskPositionTrailerKey);
+    if (position != trailers.end() &&
+        !absl::SimpleAtoi(
+            absl::string_view(position->second.data(), position->second.size()),
+            &task)) {
+      task = 0;
+    }
+    return WithTaskPosition(kernels::AclnnError(aclnn, code, message), task);
   }
   // No server verdict (the call never reached it, or timed out): derive it.
   absl::Status plain(code, message);
@@ -787,6 +797,11 @@ absl::Status Session::Synchronize(uint64_t stream) {
     status =
         Unary(*client_, routing_key_, &v1::Runtime::Stub::SynchronizeStream,
               request, &response, "SynchronizeStream", /*wait=*/true);
+    // The stream's deferred error names the stream, as a fence's does; a
+    // failed call (lost, timed out) collected nothing.
+    if (kernels::GetAclnnStatus(status) != 0 && TaskPositionOf(status) != 0) {
+      status = WithDeferredStream(std::move(status), stream);
+    }
   }
   if (status.ok()) NoteIdle(stream, issued);
   return status;
@@ -1369,6 +1384,39 @@ absl::Status Session::ReleaseCallback(uint64_t id) {
         "host callbacks need the command channel");
   }
   return channel_->ReleaseCallback(id);
+}
+
+absl::Status Session::SetStreamFailureMode(uint64_t stream, bool stop) {
+  if (channel_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "stream failure modes need the command channel "
+        "(ConnectOptions::pipeline)");
+  }
+  if (absl::Status s = CheckLocalStream("SetStreamFailureMode", stream);
+      !s.ok()) {
+    return s;
+  }
+  v1::PipelineCommand command;
+  command.mutable_stream_failure_mode()->set_stream(stream);
+  command.mutable_stream_failure_mode()->set_stop(stop);
+  return channel_->Send(std::move(command));
+}
+
+absl::Status Session::SetOpTimeouts(uint64_t execute_ms, uint64_t wait_ms) {
+  if (channel_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "operator time-outs need the command channel "
+        "(ConnectOptions::pipeline)");
+  }
+  if (execute_ms > kMaxOpTimeoutMs || wait_ms > kMaxOpTimeoutMs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "operator time-outs of ", execute_ms, " ms (execute) and ", wait_ms,
+        " ms (wait): at most ", kMaxOpTimeoutMs, " ms each (0: none)"));
+  }
+  v1::PipelineCommand command;
+  command.mutable_op_timeouts()->set_execute_timeout_ms(execute_ms);
+  command.mutable_op_timeouts()->set_wait_timeout_ms(wait_ms);
+  return channel_->Send(std::move(command));
 }
 
 absl::StatusOr<bool> Session::QueryEvent(uint64_t event) {

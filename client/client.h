@@ -510,6 +510,15 @@ class Session {
       std::function<void(uint64_t, absl::Status)> reached);
   absl::Status ReleaseCallback(uint64_t id);
 
+  // aclrtSetStreamFailureMode (`stop`: ACL_STOP_ON_FAILURE) and the
+  // session's operator time-outs in milliseconds (0: none), as
+  // StreamFailureModeCommand and OpTimeoutsCommand in proto/opserver.proto
+  // say: queued on the command channel in order with the work around
+  // them, no round trip; what only the server finds is the session's
+  // deferred error. Pipelined sessions only: FAILED_PRECONDITION otherwise.
+  absl::Status SetStreamFailureMode(uint64_t stream, bool stop);
+  absl::Status SetOpTimeouts(uint64_t execute_ms, uint64_t wait_ms);
+
   // Typed values (converted by the server). ReadValues returns exactly
   // `count` values, or INTERNAL when the server sent another number.
   absl::Status WriteValues(uint64_t buffer, uint64_t offset,

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "common/session_routing.h"
+#include "common/task_position.h"
 #include "kernels/aclnn_status.h"
 
 namespace opserver {
@@ -27,6 +28,17 @@ absl::Status FenceStatus(const v1::FenceResult& result,
                             ? result.aclnn_status()
                             : kernels::GetAclnnStatus(absl::Status(code, ""));
   return kernels::AclnnError(aclnn, code, message);
+}
+
+// The same for a fence that collects `stream`'s deferred error: a task's
+// failure names the stream and the task's position (any number the server
+// sends is only reported back, never used).
+absl::Status StreamFenceStatus(const v1::FenceResult& result,
+                               absl::string_view prefix, uint64_t stream) {
+  absl::Status status = FenceStatus(result, prefix);
+  if (status.ok() || result.task() == 0) return status;
+  return WithTaskPosition(WithDeferredStream(std::move(status), stream),
+                          result.task());
 }
 
 // The stream `command` queues work on, if it does.
@@ -269,8 +281,8 @@ absl::Status CommandChannel::Fence(uint64_t stream, bool session) {
   absl::StatusOr<v1::FenceResult> result = TakeFence(
       *id, session ? "waiting for the session's work" : "SynchronizeStream");
   if (!result.ok()) return result.status();
-  return FenceStatus(*result, session ? "deferred error of the session: "
-                                      : "SynchronizeStream: ");
+  if (session) return FenceStatus(*result, "deferred error of the session: ");
+  return StreamFenceStatus(*result, "SynchronizeStream: ", stream);
 }
 
 absl::Status CommandChannel::FenceEvent(uint64_t event) {
@@ -337,7 +349,7 @@ absl::StatusOr<uint64_t> CommandChannel::SendRead(uint64_t stream,
   fence.set_read_buffer(buffer);
   fence.set_read_offset(offset);
   fence.set_read_size(size);
-  const ReadTarget target{data, size};
+  const ReadTarget target{data, size, stream};
   return SendFence(std::move(command), &target);
 }
 
@@ -353,7 +365,7 @@ size_t CommandChannel::HeldResults() {
 }
 
 absl::Status CommandChannel::WaitRead(uint64_t id) {
-  ReadTarget target{nullptr, 0};
+  ReadTarget target{nullptr, 0, 0};
   {
     absl::MutexLock lock(&mu_);
     auto it = reads_.find(id);
@@ -366,7 +378,9 @@ absl::Status CommandChannel::WaitRead(uint64_t id) {
   }
   absl::StatusOr<v1::FenceResult> result = TakeFence(id, "a pipelined read");
   if (!result.ok()) return result.status();
-  if (absl::Status s = FenceStatus(*result, "SynchronizeStream: "); !s.ok()) {
+  if (absl::Status s =
+          StreamFenceStatus(*result, "SynchronizeStream: ", target.stream);
+      !s.ok()) {
     return s;
   }
   // PipelineReplies took only a result of exactly target.size bytes.

@@ -81,7 +81,9 @@ class CommandChannel {
   bool Idle();
   // Sends a fence (after everything sent before it) and waits for its
   // result: the deferred error of `stream` (session = false) or of the
-  // session (session = true), with its aclnn status.
+  // session (session = true), with its aclnn status. A stream's error
+  // carries the stream and the failing task's position
+  // (common/task_position.h), as WaitRead's does.
   absl::Status Fence(uint64_t stream, bool session);
   // Sends an event fence and waits until the event's most recent record
   // issued before it has completed (aclrtSynchronizeEvent). Its error:
@@ -145,6 +147,7 @@ class CommandChannel {
   struct ReadTarget {
     void* data;
     uint64_t size;
+    uint64_t stream;  // Whose deferred error the read reports.
   };
 
   CommandChannel(Client& client, ChannelWindow window);

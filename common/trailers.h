@@ -9,6 +9,11 @@ namespace opserver {
 // derived from the gRPC code.
 inline constexpr char kAclnnStatusTrailerKey[] = "opserver-aclnn-status";
 
+// Trailing-metadata key holding, for a stream's deferred error, the failing
+// task's position on the stream (decimal; common/task_position.h), as
+// FenceResult.task carries it on the Pipeline.
+inline constexpr char kTaskPositionTrailerKey[] = "opserver-task-position";
+
 }  // namespace opserver
 
 #endif  // OPSERVER_COMMON_TRAILERS_H_

@@ -185,6 +185,15 @@ class DeviceStream {
   // stream's user. A device that cannot stop a launch ignores it.
   virtual void CancelRunning() {}
 
+  // While `on`, the operation running now (and any that starts) stops
+  // early with CANCELLED where the device can stop it; once cleared, later
+  // operations run as usual: the host-side Stream sets it when a task runs
+  // past the session's operator execute time-out (aclrtSetOpExecuteTimeOut)
+  // and clears it once the task ended. May come from another thread. A
+  // device that cannot stop an operation ignores it (the task then ends in
+  // its own time, and is still reported as timed out).
+  virtual void SetInterrupted(bool /*on*/) {}
+
   // Blocks until every operation issued on this stream so far has finished,
   // and returns the first error one of them hit since the previous call (OK
   // if none). A synchronous device (the CPU device, whose operations are

@@ -1,5 +1,7 @@
 #include "server/event.h"
 
+#include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -7,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/aclnn_status.h"
+#include "server/deadline_timer.h"
 #include "server/memory_charge.h"
 
 namespace opserver {
@@ -97,6 +100,30 @@ struct Event::State {
     Release(std::move(released), status);
   }
 
+  // A wait past its time-out: `gate` is dropped from the record it waits
+  // for, if that has not completed (then `timed_out` is set before the
+  // gate goes, so its stream sees it), and goes with the last reference,
+  // outside mu. True when it was dropped.
+  bool DropWait(const std::weak_ptr<Stream::Gate>& weak,
+                std::atomic<bool>& timed_out) {
+    std::shared_ptr<Stream::Gate> gate = weak.lock();
+    if (gate == nullptr) return false;
+    bool dropped = false;
+    {
+      absl::MutexLock lock(&mu);
+      for (auto& [gen, waiting] : pending) {
+        auto it = std::find(waiting.gates.begin(), waiting.gates.end(), gate);
+        if (it == waiting.gates.end()) continue;
+        waiting.gates.erase(it);
+        timed_out.store(true);
+        dropped = true;
+        break;
+      }
+    }
+    if (dropped) budget->Give();  // The wait's.
+    return dropped;
+  }
+
   // Outside mu: a gate's destruction takes its stream's lock, and `done`
   // may finish an RPC.
   void Release(Released released, const absl::Status& status) {
@@ -176,7 +203,7 @@ absl::Status Event::Record(Stream& stream) {
   return absl::OkStatus();
 }
 
-absl::Status Event::Wait(Stream& stream) {
+absl::Status Event::Wait(Stream& stream, absl::Duration timeout) {
   auto gate = std::make_shared<Stream::Gate>();
   std::shared_ptr<State::Outcome> outcome;
   absl::Status cancelled;
@@ -201,14 +228,39 @@ absl::Status Event::Wait(Stream& stream) {
   // The record may complete before Hold: the gate is then destroyed when
   // `gate` goes below, and the stream skips it. A cancelled stream opens
   // it by itself, so it needs no callback.
-  if (absl::Status held = stream.Hold(
-          gate, [] {}, nullptr);
+  // The time-out counts from when the stream reaches the wait. `key` is
+  // set there and read behind the gate, both by whoever holds the stream.
+  struct Timer {
+    std::atomic<bool> timed_out{false};
+    uint64_t key = 0;
+  };
+  auto timer = std::make_shared<Timer>();
+  std::function<void()> reached = [] {};
+  if (timeout > absl::ZeroDuration()) {
+    reached = [state = state_, weak = std::weak_ptr<Stream::Gate>(gate), timer,
+               timeout] {
+      timer->key = DeadlineTimer::Shared().At(
+          absl::Now() + timeout,
+          [state, weak, timer] { state->DropWait(weak, timer->timed_out); });
+    };
+  }
+  if (absl::Status held = stream.Hold(gate, std::move(reached), nullptr);
       !held.ok()) {
     return held;
   }
-  // Right behind the gate: a record that completed with CANCELLED becomes
-  // the stream's deferred error at the wait's place.
-  stream.FailWith([state = state_, outcome] {
+  // Right behind the gate: a record that completed with CANCELLED, or a
+  // wait past its time-out, becomes the stream's deferred error at the
+  // wait's place.
+  stream.FailWith([state = state_, outcome, timer, timeout]() -> absl::Status {
+    if (timer->key != 0) DeadlineTimer::Shared().Cancel(timer->key);
+    if (timer->timed_out.load()) {
+      return kernels::AclnnError(
+          kAclErrorRtWaitTimeout, absl::StatusCode::kDeadlineExceeded,
+          absl::StrCat("the stream waited on an event longer than the "
+                       "operator wait time-out of ",
+                       absl::FormatDuration(timeout),
+                       " (aclrtSetOpWaitTimeout) and went on without it"));
+    }
     absl::MutexLock lock(&state->mu);
     return outcome->status;
   });

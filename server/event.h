@@ -49,6 +49,9 @@ namespace opserver {
 // ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID: an elapsed time asked of an event
 // whose record has not completed (or that was never recorded).
 inline constexpr int32_t kAclErrorRtEventTimestampInvalid = 107006;
+// ACL_ERROR_RT_WAIT_TIMEOUT: a stream waited on an event past the
+// operator wait time-out (Event::Wait).
+inline constexpr int32_t kAclErrorRtWaitTimeout = 107019;
 
 // What a session's events may have outstanding at once (records not yet
 // reached, waits not yet released, resets and synchronizes pending): each
@@ -113,7 +116,12 @@ class Event {
   // The wait is released by the record's completion (a cancelled record's
   // CANCELLED becomes `stream`'s deferred error, at the wait's place), by
   // Destroy, or by the stream's Cancel (stream destroyed, session closed).
-  absl::Status Wait(Stream& stream);
+  // With a `timeout` (the session's aclrtSetOpWaitTimeout; zero: none), a
+  // wait not released within it of the stream reaching it lets the stream
+  // go on and fails it there with DEADLINE_EXCEEDED, aclnn status 107019
+  // (ACL_ERROR_RT_WAIT_TIMEOUT).
+  absl::Status Wait(Stream& stream,
+                    absl::Duration timeout = absl::ZeroDuration());
 
   // aclrtResetEvent: once `stream` reaches this call, the event is not
   // recorded any more, unless a record was issued after this call.

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/task_position.h"
 #include "kernels/aclnn_status.h"
 #include "server/call_log.h"
 #include "server/log.h"
@@ -16,6 +17,11 @@ grpc::Status ToGrpcStatus(const absl::Status& status,
   if (context != nullptr) {
     context->AddTrailingMetadata(kAclnnStatusTrailerKey,
                                  std::to_string(aclnn));
+    // A stream's deferred error names its task (SynchronizeStream).
+    if (const uint64_t task = TaskPositionOf(status); task != 0) {
+      context->AddTrailingMetadata(kTaskPositionTrailerKey,
+                                   std::to_string(task));
+    }
   }
   // Messages may quote what the client sent (names, tokens): bounded here,
   // in the one place every error leaves through, so no reply or log line

@@ -18,7 +18,9 @@ inline constexpr size_t kMaxErrorMessageBytes = 4096;
 // libraries). For a non-OK status it also adds the aclnn status to
 // `context`'s trailing metadata under kAclnnStatusTrailerKey (the kernels'
 // code when the status carries one, else derived from the canonical code),
-// so clients return the exact aclnn code, and logs one line for it.
+// so clients return the exact aclnn code, and the failing task's position
+// under kTaskPositionTrailerKey when the status carries one, and logs one
+// line for it.
 // The line names the call's method, tenant and session and is rate-limited
 // (CallLog). kQuiet: no line, for a call that ended the way its client
 // asked (its session was closed under it).

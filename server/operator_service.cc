@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/task_position.h"
 #include "common/values.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "kernels/aclnn_status.h"
@@ -612,6 +613,7 @@ class OperatorService::Pipeliner final
       result->set_code(static_cast<int32_t>(status.code()));
       result->set_aclnn_status(kernels::GetAclnnStatus(status));
       result->set_message(Truncated(status.message(), kMaxErrorMessageBytes));
+      result->set_task(TaskPositionOf(status));
     }
     if (!writing_ && !finished_ && !failed_) WriteLocked();
     MaybeFinishLocked();

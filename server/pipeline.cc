@@ -108,6 +108,10 @@ bool CommandPipeline::ApplyOne(Session& session,
       return Callback(session, command.callback(), resume);
     case C::kReleaseCallback:
       return ReleaseCallback(session, command.release_callback());
+    case C::kStreamFailureMode:
+      return StreamFailureMode(session, command.stream_failure_mode());
+    case C::kOpTimeouts:
+      return OpTimeouts(session, command.op_timeouts());
     case C::COMMAND_NOT_SET:
       break;
   }
@@ -116,7 +120,8 @@ bool CommandPipeline::ApplyOne(Session& session,
       "launch, destroy_executor, set_executor_repeatable, free, fence, "
       "write, create_event, record_event, wait_event, reset_event, "
       "destroy_event, memset, copy, define_graph, replay_graph, "
-      "destroy_graph, callback and release_callback)"));
+      "destroy_graph, callback, release_callback, stream_failure_mode and "
+      "op_timeouts)"));
   return true;
 }
 
@@ -226,6 +231,26 @@ bool CommandPipeline::ReleaseCallback(Session& session, uint64_t id) {
   return true;
 }
 
+bool CommandPipeline::StreamFailureMode(
+    Session& session, const v1::StreamFailureModeCommand& mode) {
+  absl::StatusOr<std::shared_ptr<Stream>> stream =
+      session.GetStream(mode.stream());
+  if (!stream.ok()) {
+    DeferToSession(stream.status(), "stream_failure_mode");
+    return true;
+  }
+  (*stream)->SetStopOnFailure(mode.stop());
+  return true;
+}
+
+bool CommandPipeline::OpTimeouts(Session& session,
+                                 const v1::OpTimeoutsCommand& timeouts) {
+  DeferToSession(session.SetOpTimeouts(timeouts.execute_timeout_ms(),
+                                       timeouts.wait_timeout_ms()),
+                 "op_timeouts");
+  return true;
+}
+
 void CommandPipeline::CallbackSink::Notify(uint64_t id, absl::Status status) {
   absl::MutexLock lock(&mu);
   if (done) done(id, std::move(status));
@@ -276,8 +301,11 @@ bool CommandPipeline::RecordEvent(Session& session,
 
 bool CommandPipeline::WaitEvent(Session& session,
                                 const v1::StreamWaitEventRequest& wait) {
+  const absl::Duration timeout = session.op_wait_timeout();
   OnEvent(session, wait.event(), wait.stream(), "StreamWaitEvent",
-          [](Event& event, Stream& stream) { return event.Wait(stream); });
+          [timeout](Event& event, Stream& stream) {
+            return event.Wait(stream, timeout);
+          });
   return true;
 }
 

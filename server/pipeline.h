@@ -128,6 +128,9 @@ class CommandPipeline {
   bool Callback(Session& session, const v1::CallbackCommand& callback,
                 const Resume& resume);
   bool ReleaseCallback(Session& session, uint64_t id);
+  bool StreamFailureMode(Session& session,
+                         const v1::StreamFailureModeCommand& mode);
+  bool OpTimeouts(Session& session, const v1::OpTimeoutsCommand& timeouts);
 
   // Takes one of the max_fences places (and `read` bytes of read room)
   // for a fence or callback; false when there is none: `resume` is called

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/task_position.h"
 #include "devices/device_factory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -185,6 +186,60 @@ TEST_F(CommandPipelineTest, PlanLaunchFenceRunInOrder) {
   EXPECT_EQ(Apply({Launch(kId), Fence(2, false)}), 2u);
   EXPECT_EQ(kernels::GetAclnnStatus(FenceResult(2)),
             kernels::kAclnnErrInnerNullptr);
+}
+
+// A stream's deferred error names the failing command's position on the
+// stream (FenceResult.task); a stopped stream skips its later tasks until
+// a fence collects the error, and says so.
+TEST_F(CommandPipelineTest, DeferredErrorsNameTheirTaskAndStopModeSkips) {
+  Open();
+  const uint64_t out = WriteFloats(*session_, {-1, -1});
+  const uint64_t unknown = kId + 77;  // Never planned.
+  EXPECT_EQ(Apply({Launch(unknown), Fence(1, false)}), 2u);
+  const uint64_t first = TaskPositionOf(FenceResult(1));
+  EXPECT_GE(first, 1u);
+  EXPECT_EQ(Apply({Launch(unknown), Fence(2, false)}), 2u);
+  EXPECT_EQ(TaskPositionOf(FenceResult(2)), first + 1);
+  v1::PipelineCommand stop;
+  stop.mutable_stream_failure_mode()->set_stream(0);
+  stop.mutable_stream_failure_mode()->set_stop(true);
+  const std::string zeros(8, '\0');
+  EXPECT_EQ(
+      Apply({stop, Launch(unknown), Write(out, 0, zeros), Fence(3, false)}),
+      4u);
+  EXPECT_THAT(std::string(FenceResult(3).message()),
+              ::testing::EndsWith(
+                  "(the stream stops on failure: 1 later task was skipped)"));
+  EXPECT_THAT(ReadFloats(*session_, out, 2), ::testing::ElementsAre(-1, -1));
+  // Collected: the stream runs again.
+  EXPECT_EQ(Apply({Write(out, 0, zeros), Fence(4, false)}), 2u);
+  EXPECT_TRUE(FenceResult(4).ok()) << FenceResult(4);
+  EXPECT_THAT(ReadFloats(*session_, out, 2), ::testing::ElementsAre(0, 0));
+}
+
+// The two new session commands check what they are given: an unknown
+// stream, a time-out over the bound are the session's deferred errors.
+TEST_F(CommandPipelineTest, FailureModeAndOpTimeoutsRefuseBadArguments) {
+  Open();
+  v1::PipelineCommand mode;
+  mode.mutable_stream_failure_mode()->set_stream(99);
+  mode.mutable_stream_failure_mode()->set_stop(true);
+  EXPECT_EQ(Apply({mode, Fence(1, true)}), 2u);
+  EXPECT_EQ(FenceResult(1).code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(FenceResult(1).message()),
+              ::testing::StartsWith("stream_failure_mode: "));
+  v1::PipelineCommand timeouts;
+  timeouts.mutable_op_timeouts()->set_execute_timeout_ms(kMaxOpTimeoutMs + 1);
+  EXPECT_EQ(Apply({timeouts, Fence(2, true)}), 2u);
+  EXPECT_EQ(FenceResult(2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FenceResult(2).message(),
+            "op_timeouts: operator time-outs of 86400001 ms (execute) and 0 "
+            "ms (wait): at most 86400000 ms each (0: none)");
+  timeouts.mutable_op_timeouts()->set_execute_timeout_ms(kMaxOpTimeoutMs);
+  timeouts.mutable_op_timeouts()->set_wait_timeout_ms(5);
+  EXPECT_EQ(Apply({timeouts, Fence(3, true)}), 2u);
+  EXPECT_TRUE(FenceResult(3).ok()) << FenceResult(3);
+  EXPECT_EQ(session_->op_wait_timeout(), absl::Milliseconds(5));
 }
 
 TEST_F(CommandPipelineTest, RefusedPlanFailsItsLaunchesStreamOnly) {

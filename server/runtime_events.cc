@@ -71,7 +71,9 @@ grpc::ServerUnaryReactor* RuntimeService::StreamWaitEvent(
   absl::StatusOr<EventTarget> target = ResolveEvent(
       context, request->session(), request->event(), request->stream());
   if (!target.ok()) return Reply(context, target.status());
-  return Reply(context, target->event->Wait(*target->stream));
+  return Reply(
+      context,
+      target->event->Wait(*target->stream, target->session->op_wait_timeout()));
 }
 
 grpc::ServerUnaryReactor* RuntimeService::ResetEvent(

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/session_routing.h"
+#include "common/task_position.h"
 #include "common/thread_start.h"
 #include "kernels/aclnn_status.h"
 #include "server/log.h"
@@ -286,9 +287,33 @@ absl::StatusOr<uint64_t> Session::CreateStream() {
   }
   absl::StatusOr<std::shared_ptr<Stream>> stream = NewStream();
   if (!stream.ok()) return stream.status();
+  (*stream)->SetTaskTimeout(execute_timeout_);
   uint64_t handle = next_handle_++;
   streams_[handle] = *std::move(stream);
   return handle;
+}
+
+absl::Status Session::SetOpTimeouts(uint64_t execute_ms, uint64_t wait_ms) {
+  if (execute_ms > kMaxOpTimeoutMs || wait_ms > kMaxOpTimeoutMs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "operator time-outs of ", execute_ms, " ms (execute) and ", wait_ms,
+        " ms (wait): at most ", kMaxOpTimeoutMs, " ms each (0: none)"));
+  }
+  const absl::Duration execute = absl::Milliseconds(execute_ms);
+  {
+    absl::MutexLock lock(&mu_);
+    execute_timeout_ = execute;
+    wait_timeout_ = absl::Milliseconds(wait_ms);
+  }
+  for (const std::shared_ptr<Stream>& stream : AllStreams()) {
+    stream->SetTaskTimeout(execute);
+  }
+  return absl::OkStatus();
+}
+
+absl::Duration Session::op_wait_timeout() const {
+  absl::MutexLock lock(&mu_);
+  return wait_timeout_;
 }
 
 absl::StatusOr<std::shared_ptr<Stream>> Session::TakeStream(uint64_t stream) {

@@ -274,6 +274,14 @@ class Session {
   // The default stream and every created one.
   std::vector<std::shared_ptr<Stream>> AllStreams() const;
 
+  // aclrtSetOpExecuteTimeOut and aclrtSetOpWaitTimeout (OpTimeoutsCommand),
+  // in milliseconds (0: none): every stream's tasks from now on
+  // (Stream::SetTaskTimeout), and the waits on events queued from now on
+  // (op_wait_timeout()). INVALID_ARGUMENT above kMaxOpTimeoutMs, changing
+  // nothing.
+  absl::Status SetOpTimeouts(uint64_t execute_ms, uint64_t wait_ms);
+  absl::Duration op_wait_timeout() const;
+
   absl::StatusOr<uint64_t> AddExecutor(std::shared_ptr<Executor> executor);
   // The same under `handle`, an id the client chose (Pipeline's plans): at
   // least kClientExecutorBase and larger than every id it chose before, so
@@ -462,6 +470,9 @@ class Session {
   absl::flat_hash_map<uint64_t, std::function<void()>> channels_
       ABSL_GUARDED_BY(mu_);
   uint64_t next_channel_ ABSL_GUARDED_BY(mu_) = 1;
+  // SetOpTimeouts; zero: none.
+  absl::Duration execute_timeout_ ABSL_GUARDED_BY(mu_);
+  absl::Duration wait_timeout_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_used_ ABSL_GUARDED_BY(mu_);
   // Open Attach calls and pending synchronizes (SessionSlot's counts).

@@ -12,13 +12,33 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/task_position.h"
 #include "common/thread_start.h"
+#include "kernels/aclnn_status.h"
+#include "server/deadline_timer.h"
 
 namespace opserver {
 namespace {
 
 // The nice value of stream threads (see Stream::Loop).
 constexpr int kStreamThreadNice = 10;
+
+// ACL_ERROR_RT_TASK_TIMEOUT: a task ran past the operator execute
+// time-out.
+constexpr int32_t kAclErrorRtTaskTimeout = 107020;
+
+// A synchronize's error once a stopped stream skipped `skipped` tasks.
+absl::Status SayingSkipped(const absl::Status& status, uint64_t skipped) {
+  absl::Status said(
+      status.code(),
+      absl::StrCat(status.message(), " (the stream stops on failure: ", skipped,
+                   " later task", skipped == 1 ? " was" : "s were",
+                   " skipped)"));
+  status.ForEachPayload([&](absl::string_view key, const absl::Cord& value) {
+    said.SetPayload(key, value);
+  });
+  return said;
+}
 
 }  // namespace
 
@@ -84,6 +104,8 @@ struct Stream::State {
     std::shared_ptr<GateState> gate;
     // A synchronize's ticket (SynchronizeOrForget), for Forget; 0 if none.
     uint64_t ticket = 0;
+    // A task's position on the stream (see common/task_position.h).
+    uint64_t position = 0;
   };
 
   // Lets the stream go on once `gate` no longer holds it: released or
@@ -124,8 +146,27 @@ struct Stream::State {
     return absl::OkStatus();
   }
   // Only whoever holds `busy` touches first_error.
-  void Record(absl::Status status) {
-    if (!status.ok() && first_error.ok()) first_error = std::move(status);
+  void Record(absl::Status status, uint64_t position) {
+    if (!status.ok() && first_error.ok()) {
+      first_error = WithTaskPosition(std::move(status), position);
+    }
+  }
+  // The next position, for a task or a failure queued now.
+  uint64_t NextPositionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return ++positions;
+  }
+  uint64_t NextPosition() {
+    absl::MutexLock lock(&mu);
+    return NextPositionLocked();
+  }
+  // With ACL_STOP_ON_FAILURE, a task that would start after the stream's
+  // error is known (and not yet reported) is skipped. Whoever holds `busy`.
+  bool SkipAfterFailure() {
+    if (first_error.ok()) return false;
+    absl::MutexLock lock(&mu);
+    if (!stop_on_failure) return false;
+    ++skipped;
+    return true;
   }
   // Runs `task`. On a host-only stream it is then done. On a synchronous
   // device the device stream is synchronized at once (it costs nothing),
@@ -136,25 +177,71 @@ struct Stream::State {
   // the device. A task that fails to issue completes the backlog before
   // its error is recorded, so errors stay in issue order. Only whoever
   // holds `busy` calls it.
-  void RunTask(Task task) {
-    absl::Status status = task();
+  // Runs `work` (a task, or the device's synchronize of issued tasks)
+  // within the task time-out, if one is set: past it the device is asked
+  // to stop it (DeviceStream::SetInterrupted) and the result is
+  // ACL_ERROR_RT_TASK_TIMEOUT, whatever `work` returned. Whoever holds
+  // `busy`.
+  absl::Status Bounded(const std::function<absl::Status()>& work) {
+    absl::Duration limit;
+    {
+      absl::MutexLock lock(&mu);
+      limit = task_timeout;
+    }
+    if (limit <= absl::ZeroDuration() || device == nullptr) return work();
+    // The timer interrupts only while `work` runs: `done` is set under the
+    // watch's lock, after which it does nothing.
+    struct Watch {
+      absl::Mutex mu;
+      bool done ABSL_GUARDED_BY(mu) = false;
+      bool fired ABSL_GUARDED_BY(mu) = false;
+    };
+    auto watch = std::make_shared<Watch>();
+    const uint64_t key = DeadlineTimer::Shared().At(
+        absl::Now() + limit, [watch, stream = device] {
+          absl::MutexLock lock(&watch->mu);
+          if (watch->done) return;
+          watch->fired = true;
+          stream->SetInterrupted(true);
+        });
+    absl::Status status = work();
+    DeadlineTimer::Shared().Cancel(key);
+    bool fired;
+    {
+      absl::MutexLock lock(&watch->mu);
+      watch->done = true;
+      fired = watch->fired;
+    }
+    if (!fired) return status;
+    device->SetInterrupted(false);
+    return kernels::AclnnError(
+        kAclErrorRtTaskTimeout, absl::StatusCode::kDeadlineExceeded,
+        absl::StrCat("the task ran past the operator execute time-out of ",
+                     absl::FormatDuration(limit),
+                     " (aclrtSetOpExecuteTimeOut) and was stopped",
+                     status.ok() ? "" : ": ", status.message()));
+  }
+  void RunTask(Task task, uint64_t position) {
+    if (SkipAfterFailure()) return;
+    absl::Status status = Bounded(task);
     if (device == nullptr) {
-      Record(std::move(status));
+      Record(std::move(status), position);
       return;
     }
     if (!asynchronous) {
-      Record(std::move(status));
-      Record(device->Synchronize());
+      Record(std::move(status), position);
+      Record(Bounded([this] { return device->Synchronize(); }), position);
       return;
     }
     if (!status.ok()) {
       Complete();  // Before this task's own error.
-      Record(std::move(status));
+      Record(std::move(status), position);
       return;
     }
     size_t held;
     {
       absl::MutexLock lock(&mu);
+      if (issued.empty()) first_issued = position;
       issued.push_back(std::move(task));
       held = issued.size();
     }
@@ -166,11 +253,16 @@ struct Stream::State {
   // budgets) are released. Only whoever holds `busy` calls it.
   void Complete() {
     std::vector<Task> done;
+    uint64_t position;
     {
       absl::MutexLock lock(&mu);
       done.swap(issued);
+      position = first_issued;
     }
-    if (device != nullptr) Record(device->Synchronize());
+    // The device cannot say which of them failed: the first stands for all.
+    if (device != nullptr) {
+      Record(Bounded([this] { return device->Synchronize(); }), position);
+    }
     done.clear();  // Outside the lock: captures may call back in.
   }
 
@@ -185,6 +277,14 @@ struct Stream::State {
   // Tasks run on an asynchronous device and not yet synchronized, in issue
   // order (see RunTask). The stream is not idle while any are held.
   std::vector<Task> issued ABSL_GUARDED_BY(mu);
+  uint64_t first_issued ABSL_GUARDED_BY(mu) = 0;  // issued.front()'s position.
+  // Positions handed out so far (tasks and failures queued).
+  uint64_t positions ABSL_GUARDED_BY(mu) = 0;
+  // SetStopOnFailure; tasks skipped since the last Synchronize.
+  bool stop_on_failure ABSL_GUARDED_BY(mu) = false;
+  // SetTaskTimeout; zero: none.
+  absl::Duration task_timeout ABSL_GUARDED_BY(mu);
+  uint64_t skipped ABSL_GUARDED_BY(mu) = 0;
   size_t queued_tasks ABSL_GUARDED_BY(mu) = 0;
   bool stopping ABSL_GUARDED_BY(mu) = false;
   bool cancelled ABSL_GUARDED_BY(mu) = false;
@@ -295,7 +395,7 @@ void Stream::Loop(std::shared_ptr<State> state) {
       continue;
     }
     if (item.task) {
-      state->RunTask(std::move(item.task));
+      state->RunTask(std::move(item.task), item.position);
     } else {
       item.callback();
     }
@@ -326,13 +426,15 @@ absl::Status Stream::Enqueue(Task task, bool inline_if_idle) {
       absl::MutexLock lock(&s.mu);
       if (s.cancelled) room = absl::CancelledError(s.cancel_reason);
     }
-    if (room.ok()) s.RunTask(std::move(task));
+    if (room.ok()) s.RunTask(std::move(task), s.NextPosition());
     s.Release();
     return room;
   }
   absl::MutexLock lock(&s.mu);
   if (absl::Status room = s.RoomLocked(); !room.ok()) return room;
-  s.queue.push_back(State::Item{std::move(task), nullptr});
+  State::Item item{std::move(task), nullptr};
+  item.position = s.NextPositionLocked();
+  s.queue.push_back(std::move(item));
   ++s.queued_tasks;
   return absl::OkStatus();
 }
@@ -345,14 +447,16 @@ uint64_t Stream::SynchronizeOrForget(std::function<void(absl::Status)> done) {
   State* s = state_.get();
   auto report = [s, done = std::move(done)] {
     absl::Status status = std::exchange(s->first_error, absl::OkStatus());
+    uint64_t skipped;
     {
       absl::MutexLock lock(&s->mu);
       if (std::exchange(s->dropped, false) && status.ok()) {
         status = absl::CancelledError(
             "queued work was cancelled: the stream or its session was closed");
       }
+      skipped = std::exchange(s->skipped, 0);
     }
-    done(std::move(status));
+    done(skipped == 0 ? std::move(status) : SayingSkipped(status, skipped));
   };
   if (s->TryClaimIdle()) {
     report();
@@ -382,7 +486,7 @@ bool Stream::Forget(uint64_t ticket) {
 void Stream::Fail(absl::Status error) {
   State* s = state_.get();
   if (s->TryClaimIdle()) {
-    s->Record(std::move(error));
+    s->Record(std::move(error), s->NextPosition());
     s->Release();
     return;
   }
@@ -392,12 +496,13 @@ void Stream::Fail(absl::Status error) {
   // A callback, not a task: Cancel does not drop it, and it does not count
   // against max_queued.
   s->queue.push_back(
-      State::Item{nullptr, [s, error = std::move(error)]() mutable {
+      State::Item{nullptr, [s, error = std::move(error),
+                            position = s->NextPositionLocked()]() mutable {
                     {
                       absl::MutexLock lock(&s->mu);
                       s->failure_queued = false;
                     }
-                    s->Record(std::move(error));
+                    s->Record(std::move(error), position);
                   }});
 }
 
@@ -427,15 +532,27 @@ void Stream::WhenReachedOrCancelled(std::function<void(absl::Status)> reached) {
 void Stream::FailWith(std::function<absl::Status()> error) {
   State* s = state_.get();
   if (s->TryClaimIdle()) {
-    s->Record(error());
+    s->Record(error(), s->NextPosition());
     s->Release();
     return;
   }
   absl::MutexLock lock(&s->mu);
   // A callback, not a task: Cancel does not drop it, and it does not count
   // against max_queued.
-  s->queue.push_back(State::Item{
-      nullptr, [s, error = std::move(error)] { s->Record(error()); }});
+  s->queue.push_back(State::Item{nullptr, [s, error = std::move(error),
+                                           position = s->NextPositionLocked()] {
+                                   s->Record(error(), position);
+                                 }});
+}
+
+void Stream::SetTaskTimeout(absl::Duration timeout) {
+  absl::MutexLock lock(&state_->mu);
+  state_->task_timeout = timeout;
+}
+
+void Stream::SetStopOnFailure(bool stop) {
+  absl::MutexLock lock(&state_->mu);
+  state_->stop_on_failure = stop;
 }
 
 void Stream::WhenStopped(std::function<void()> stopped) {

@@ -46,7 +46,10 @@ namespace opserver {
 //
 // Errors are sticky until reported: the first failing task's status is kept
 // and handed to the next Synchronize, then cleared, so no failure is lost
-// and none is reported twice. Later tasks still run. On an asynchronous
+// and none is reported twice. It carries the failing task's position on the
+// stream (common/task_position.h: 1 for the first task queued; each task
+// and each Fail/FailWith counts one). Later tasks still run, unless the
+// stream stops on failure (SetStopOnFailure). On an asynchronous
 // device the error a Synchronize of the device returns stands for the tasks
 // it completed (the device cannot say which one failed), recorded where the
 // first of them stood: after every error recorded before them, before any
@@ -186,6 +189,22 @@ class Stream {
   // call (nothing when OK): for an error not known yet when it is queued,
   // such as how the event record a wait was released by completed.
   void FailWith(std::function<absl::Status()> error);
+
+  // ACL_STOP_ON_FAILURE (true) or ACL_CONTINUE_ON_FAILURE (false, the
+  // default): once the stream has an error not yet reported, a stopped
+  // stream skips the tasks that would start after it (work already issued
+  // to an asynchronous device still runs), until a Synchronize takes the
+  // error, whose message then says how many were skipped. Callbacks, event
+  // records and gates are not tasks: they still run.
+  void SetStopOnFailure(bool stop);
+
+  // The operator execute time-out (aclrtSetOpExecuteTimeOut; zero, the
+  // default: none) for the tasks that start from now on: a task not done
+  // `timeout` after it started (on an asynchronous device: the device's
+  // synchronize that completes it) is interrupted on the device
+  // (DeviceStream::SetInterrupted) and fails with DEADLINE_EXCEEDED, aclnn
+  // status 107020 (ACL_ERROR_RT_TASK_TIMEOUT).
+  void SetTaskTimeout(absl::Duration timeout);
 
   // Blocking form of Synchronize, for callers off the RPC threads.
   absl::Status SynchronizeAndWait();

@@ -14,6 +14,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/task_position.h"
 #include "devices/cpu/cpu_device.h"
 #include "devices/testing/fake_device.h"
 #include "gmock/gmock.h"
@@ -22,6 +23,12 @@
 
 namespace opserver {
 namespace {
+
+// `status` without its payloads (a stream's error carries its task's
+// position: common/task_position.h).
+absl::Status Plain(const absl::Status& status) {
+  return absl::Status(status.code(), status.message());
+}
 
 // Enqueue that must succeed (the stream is unbounded and not cancelled).
 void Enq(Stream& stream, Stream::Task task, bool inline_if_idle = false) {
@@ -76,6 +83,81 @@ TEST(StreamTest, FirstErrorIsReportedOnceByTheNextSynchronize) {
   EXPECT_TRUE(stream.SynchronizeAndWait().ok());
 }
 
+// The deferred error names the failing task's position on the stream:
+// tasks and failures queued each count one.
+TEST(StreamTest, TheErrorCarriesTheFailingTasksPosition) {
+  Stream stream;
+  Enq(stream, [] { return absl::OkStatus(); });
+  Enq(stream, [] { return absl::OkStatus(); });
+  Enq(stream, [] { return absl::InternalError("third"); });
+  Enq(stream, [] { return absl::InternalError("fourth"); });
+  absl::Status first = stream.SynchronizeAndWait();
+  EXPECT_EQ(first.message(), "third");
+  EXPECT_EQ(TaskPositionOf(first), 3u);
+  stream.Fail(absl::NotFoundError("refused"));  // Position 5.
+  absl::Status refused = stream.SynchronizeAndWait();
+  EXPECT_EQ(refused.message(), "refused");
+  EXPECT_EQ(TaskPositionOf(refused), 5u);
+  // Inline work counts as well.
+  Enq(
+      stream, [] { return absl::AbortedError("inline"); },
+      /*inline_if_idle=*/true);
+  EXPECT_EQ(TaskPositionOf(stream.SynchronizeAndWait()), 6u);
+}
+
+// On an asynchronous device the error of a batch stands where its first
+// task stood.
+TEST(StreamTest, AnAsynchronousBatchsErrorIsAtItsFirstTask) {
+  FakeDevice device;
+  auto made = device.CreateStream();
+  ASSERT_TRUE(made.ok());
+  Stream stream(*std::move(made), 0, nullptr);
+  Enq(stream, [] { return absl::OkStatus(); });
+  ASSERT_TRUE(stream.SynchronizeAndWait().ok());
+  device.FailNextSynchronize(absl::InternalError("kernel fault"));
+  Enq(stream, [] { return absl::OkStatus(); });
+  Enq(stream, [] { return absl::OkStatus(); });
+  absl::Status status = stream.SynchronizeAndWait();
+  EXPECT_EQ(status.message(), "kernel fault");
+  EXPECT_EQ(TaskPositionOf(status), 2u);
+}
+
+// ACL_STOP_ON_FAILURE: after a failure the stream skips its tasks until
+// the error is collected, and says how many; ACL_CONTINUE_ON_FAILURE runs
+// them.
+TEST(StreamTest, AStoppedStreamSkipsTasksUntilTheErrorIsCollected) {
+  for (bool stop : {true, false}) {
+    Stream stream;
+    stream.SetStopOnFailure(stop);
+    int ran = 0;
+    Enq(stream, [] { return absl::InternalError("broken"); });
+    for (int i = 0; i < 3; ++i) {
+      Enq(stream, [&ran] {
+        ++ran;
+        return absl::OkStatus();
+      });
+    }
+    absl::Status status = stream.SynchronizeAndWait();
+    EXPECT_EQ(TaskPositionOf(status), 1u);
+    if (stop) {
+      EXPECT_EQ(ran, 0);
+      EXPECT_EQ(status.message(),
+                "broken (the stream stops on failure: 3 later tasks were "
+                "skipped)");
+    } else {
+      EXPECT_EQ(ran, 3);
+      EXPECT_EQ(status.message(), "broken");
+    }
+    // Collected: the stream runs again.
+    Enq(stream, [&ran] {
+      ++ran;
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(stream.SynchronizeAndWait().ok());
+    EXPECT_EQ(ran, stop ? 1 : 4);
+  }
+}
+
 TEST(StreamTest, WhenReachedDoesNotConsumeTheError) {
   Stream stream;
   Enq(stream, [] { return absl::InternalError("boom"); });
@@ -103,7 +185,7 @@ TEST(StreamTest, AForgottenSynchronizeIsDroppedAndLeavesTheError) {
   EXPECT_FALSE(stream.Forget(ticket));
   EXPECT_FALSE(stream.Forget(0));
   gate.reset();
-  EXPECT_EQ(stream.SynchronizeAndWait(), absl::InternalError("boom"));
+  EXPECT_EQ(Plain(stream.SynchronizeAndWait()), absl::InternalError("boom"));
   EXPECT_FALSE(called);
   // On an idle stream (a new one) it is answered at once, with nothing to
   // forget.
@@ -136,7 +218,7 @@ TEST(StreamTest, WhenReachedOrCancelledAndFailWith) {
   stream.Cancel("the test cancelled it");
   ASSERT_TRUE(reached.WaitForNotificationWithTimeout(absl::Seconds(30)));
   EXPECT_EQ(second, absl::CancelledError("the test cancelled it"));
-  EXPECT_EQ(stream.SynchronizeAndWait(),
+  EXPECT_EQ(Plain(stream.SynchronizeAndWait()),
             absl::DataLossError("known when reached"));
 }
 

@@ -5,10 +5,6 @@
 // client: the headers give the types only. The server is a real opserver
 // process (CPU device). The graph-capture names torch_npu's NPUGraph
 // resolves are checked the same way.
-//
-// Names MindSpore asks for that the library does not export yet are listed
-// in kNotYetExported, and the test checks that each of them is still absent,
-// so the list is moved when one is added.
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -16,12 +12,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -88,23 +82,6 @@ const char* const kMindSporeRtSymbols[] = {
     "aclrtGetSocName",
 };
 
-// The names of that list libaclnn_remote.so does not export yet. Each
-// must stay absent until it is implemented; then it leaves this list (and
-// docs/c-api.md says which calls are covered).
-const std::set<std::string> kNotYetExported = {
-    // Exception information and failure modes.
-    "aclrtSetExceptionInfoCallback",
-    "aclrtGetDeviceIdFromExceptionInfo",
-    "aclrtGetStreamIdFromExceptionInfo",
-    "aclrtGetTaskIdFromExceptionInfo",
-    "aclrtGetThreadIdFromExceptionInfo",
-    "aclrtGetErrorCodeFromExceptionInfo",
-    "aclrtSetStreamFailureMode",
-    // Operator execute and wait time-outs.
-    "aclrtSetOpExecuteTimeOut",
-    "aclrtSetOpWaitTimeout",
-};
-
 class MindSporeStyleTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -146,26 +123,67 @@ class MindSporeStyleTest : public ::testing::Test {
   void* handle_ = nullptr;
 };
 
-TEST_F(MindSporeStyleTest, EveryNameResolvesButTheListedOnes) {
+TEST_F(MindSporeStyleTest, EveryNameResolves) {
   ASSERT_EQ(std::size(kMindSporeRtSymbols), 45u);
-  std::vector<std::string> missing, listed_but_present;
+  std::vector<std::string> missing;
   for (const char* name : kMindSporeRtSymbols) {
-    const bool present = dlsym(handle_, name) != nullptr;
-    if (kNotYetExported.count(name) > 0) {
-      if (present) listed_but_present.push_back(name);
-    } else if (!present) {
-      missing.push_back(name);
-    }
+    if (dlsym(handle_, name) == nullptr) missing.push_back(name);
   }
   EXPECT_THAT(missing, ::testing::IsEmpty());
-  EXPECT_THAT(listed_but_present, ::testing::IsEmpty())
-      << "exported now: take it out of kNotYetExported";
-  for (const std::string& name : kNotYetExported) {
-    EXPECT_NE(std::find(std::begin(kMindSporeRtSymbols),
-                        std::end(kMindSporeRtSymbols), name),
-              std::end(kMindSporeRtSymbols))
-        << name << " is not one of MindSpore's names";
+}
+
+// What MindSpore's runtime sets up at start around its exception handling:
+// an exception callback, stop-on-failure streams, the operator time-outs;
+// and the getters it calls in the callback, here on a NULL info.
+TEST_F(MindSporeStyleTest, ExceptionHandlingAndTimeOutsAreSetUp) {
+  ASSERT_EQ(Get<aclError(const char*)>("aclInit")(nullptr), ACL_SUCCESS);
+  ASSERT_EQ(Get<aclError(int32_t)>("aclrtSetDevice")(0), ACL_SUCCESS);
+  static std::atomic<int> called{0};
+  ASSERT_EQ(Get<aclError(aclrtExceptionInfoCallback)>(
+                "aclrtSetExceptionInfoCallback")(
+                +[](aclrtExceptionInfo*) { ++called; }),
+            ACL_SUCCESS);
+  aclrtStream stream = nullptr;
+  ASSERT_EQ(Get<aclError(aclrtStream*)>("aclrtCreateStream")(&stream),
+            ACL_SUCCESS);
+  auto failure_mode =
+      Get<aclError(aclrtStream, uint64_t)>("aclrtSetStreamFailureMode");
+  EXPECT_EQ(failure_mode(stream, ACL_STOP_ON_FAILURE), ACL_SUCCESS);
+  EXPECT_EQ(failure_mode(stream, 7), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(Get<aclError(uint32_t)>("aclrtSetOpExecuteTimeOut")(600),
+            ACL_SUCCESS);
+  EXPECT_EQ(Get<aclError(uint32_t)>("aclrtSetOpWaitTimeout")(600), ACL_SUCCESS);
+  for (const char* getter :
+       {"aclrtGetDeviceIdFromExceptionInfo",
+        "aclrtGetStreamIdFromExceptionInfo", "aclrtGetTaskIdFromExceptionInfo",
+        "aclrtGetThreadIdFromExceptionInfo",
+        "aclrtGetErrorCodeFromExceptionInfo"}) {
+    EXPECT_EQ(Get<uint32_t(const aclrtExceptionInfo*)>(getter)(nullptr),
+              0xFFFFFFFFu)
+        << getter;
   }
+  // Work on the stopped stream with the time-outs set runs as before.
+  void* device = nullptr;
+  ASSERT_EQ(Get<aclError(void**, size_t, aclrtMemMallocPolicy)>("aclrtMalloc")(
+                &device, 64, ACL_MEM_MALLOC_HUGE_FIRST),
+            ACL_SUCCESS);
+  ASSERT_EQ(Get<aclError(void*, size_t, int32_t, size_t, aclrtStream)>(
+                "aclrtMemsetAsync")(device, 64, 5, 64, stream),
+            ACL_SUCCESS);
+  ASSERT_EQ(Get<aclError(aclrtStream)>("aclrtSynchronizeStream")(stream),
+            ACL_SUCCESS);
+  char out[64] = {};
+  ASSERT_EQ(Get<aclError(void*, size_t, const void*, size_t, aclrtMemcpyKind)>(
+                "aclrtMemcpy")(out, 64, device, 64, ACL_MEMCPY_DEVICE_TO_HOST),
+            ACL_SUCCESS);
+  for (char c : out) ASSERT_EQ(c, 5);
+  EXPECT_EQ(called.load(), 0);  // Nothing failed.
+  EXPECT_EQ(Get<aclError(uint32_t)>("aclrtSetOpExecuteTimeOut")(0),
+            ACL_SUCCESS);
+  EXPECT_EQ(Get<aclError(uint32_t)>("aclrtSetOpWaitTimeout")(0), ACL_SUCCESS);
+  EXPECT_EQ(Get<aclError(void*)>("aclrtFree")(device), ACL_SUCCESS);
+  EXPECT_EQ(Get<aclError(int32_t)>("aclrtResetDevice")(0), ACL_SUCCESS);
+  EXPECT_EQ(Get<aclError()>("aclFinalize")(), ACL_SUCCESS);
 }
 
 // The graph-capture names torch_npu's NPUGraph resolves (aclmdlRI*),

@@ -108,7 +108,13 @@ absl::Status CpuStream::CopyFromDevice(void* host_dst, const void* device_src,
 }
 
 absl::Status CpuStream::CheckCancelled(const char* what) const {
-  if (!cancelled_.load(std::memory_order_relaxed)) return absl::OkStatus();
+  if (!stop_.load(std::memory_order_relaxed)) return absl::OkStatus();
+  if (!cancelled_.load(std::memory_order_relaxed)) {
+    return absl::CancelledError(absl::StrCat(
+        "the ", what,
+        " was interrupted (it ran past the operator execute time-out); its "
+        "destination is partly written"));
+  }
   return absl::CancelledError(absl::StrCat(
       "the ", what,
       " was cancelled (its stream was destroyed, its session closed, or the "
@@ -153,8 +159,8 @@ absl::Status CpuStream::Launch(const DevicePlan& plan, void* workspace,
                                uint64_t workspace_size) {
   absl::StatusOr<const Plan*> host = HostPlan::Of(plan, device_);
   if (!host.ok()) return host.status();
-  return RunPlan(**host, workspace, workspace_size, compute_, &cancelled_,
-                 turns_, party_);
+  return RunPlan(**host, workspace, workspace_size, compute_, &stop_, turns_,
+                 party_);
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCpuDevices(

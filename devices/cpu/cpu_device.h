@@ -46,10 +46,15 @@ class CpuStream : public DeviceStream {
   int party() const { return party_; }
   void CancelRunning() override {
     cancelled_.store(true, std::memory_order_relaxed);
+    stop_.store(true, std::memory_order_relaxed);
+  }
+  void SetInterrupted(bool on) override {
+    stop_.store(on || cancelled_.load(std::memory_order_relaxed),
+                std::memory_order_relaxed);
   }
 
  private:
-  // CANCELLED once cancelled_ is set, naming `what` ("memset", "copy").
+  // CANCELLED once stop_ is set, naming `what` ("memset", "copy").
   absl::Status CheckCancelled(const char* what) const;
   // turns_, or none for work of at most ComputeTurns::kSmallBytes.
   ComputeTurns* TurnsFor(uint64_t bytes) const;
@@ -58,7 +63,10 @@ class CpuStream : public DeviceStream {
   ThreadPool* const compute_;
   ComputeTurns* const turns_;
   const int party_;
+  // Cancelled for good (CancelRunning).
   std::atomic<bool> cancelled_{false};
+  // What operations check: cancelled, or interrupted now (SetInterrupted).
+  std::atomic<bool> stop_{false};
 };
 
 // The embedded default device: host memory from a page-reusing pool and a

@@ -236,6 +236,36 @@ TEST(CpuStreamTest, ACancelledStreamCopiesNothing) {
   EXPECT_EQ(b, std::vector<char>(2 * kSlice, 0));
 }
 
+// An interrupt (an operator past its execute time-out) stops the memset
+// running now as a cancel does, but only while it is set: once cleared,
+// the stream works again; a cancel stays.
+TEST(CpuStreamTest, AnInterruptStopsTheRunningMemsetAndThenClears) {
+  ComputeTurns turns(1);
+  CpuStream stream(nullptr, nullptr, &turns, /*party=*/1);
+  const uint64_t bytes = 64 * kSlice;
+  std::vector<char> buffer(bytes, 0);
+  auto held = std::make_unique<ComputeTurns::Turn>(&turns, 0);
+  absl::Status result;
+  std::thread memset(
+      [&] { result = stream.Memset(buffer.data(), 0x7f, bytes); });
+  AwaitWaiting(turns, 1);
+  stream.SetInterrupted(true);
+  held.reset();
+  memset.join();
+  EXPECT_EQ(result.code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(std::string(result.message()),
+              HasSubstr("the memset was interrupted (it ran past the operator "
+                        "execute time-out)"));
+  EXPECT_EQ(buffer[kSlice], 0);
+  stream.SetInterrupted(false);
+  EXPECT_TRUE(stream.Memset(buffer.data(), 0x7f, bytes).ok());
+  EXPECT_EQ(buffer[bytes - 1], 0x7f);
+  stream.CancelRunning();
+  stream.SetInterrupted(false);  // Does not undo the cancel.
+  EXPECT_EQ(stream.Memset(buffer.data(), 0, bytes).code(),
+            absl::StatusCode::kCancelled);
+}
+
 // Logical devices split from one host share one set of turns, one party
 // each.
 TEST(CpuDeviceTest, LogicalDevicesTakeTurnsAsDevicesOfTheirOwn) {

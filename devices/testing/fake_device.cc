@@ -131,15 +131,23 @@ absl::Status FakeStream::Launch(const DevicePlan& device_plan, void* workspace,
       ++record->waiting;
       record->mu.Await(absl::Condition(
           +[](FakeStreamRecord* r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return !r->held || r->cancelled;
+            return !r->held || r->cancelled || r->interrupted;
           },
           record));
       --record->waiting;
+      if (record->held && record->interrupted && !record->cancelled) {
+        return absl::CancelledError("the held launch was interrupted");
+      }
     }
     if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
     return cpu::RunPlan(plan, workspace, workspace_size, compute);
   });
   return absl::OkStatus();
+}
+
+void FakeStream::SetInterrupted(bool on) {
+  absl::MutexLock lock(&record_->mu);
+  record_->interrupted = on;
 }
 
 void FakeStream::CancelRunning() {

@@ -69,6 +69,8 @@ struct FakeStreamRecord {
   absl::Duration launch_delay ABSL_GUARDED_BY(mu);
   bool held ABSL_GUARDED_BY(mu) = false;
   bool cancelled ABSL_GUARDED_BY(mu) = false;
+  // SetInterrupted: a held launch stops with CANCELLED while set.
+  bool interrupted ABSL_GUARDED_BY(mu) = false;
   int waiting ABSL_GUARDED_BY(mu) = 0;
 };
 
@@ -143,6 +145,8 @@ class FakeStream : public DeviceStream {
   bool asynchronous() const override { return true; }
   // Lets a held launch go (see FakeStreamRecord::HoldLaunches).
   void CancelRunning() override;
+  // Stops a held launch (see FakeStreamRecord::HoldLaunches) while `on`.
+  void SetInterrupted(bool on) override;
 
  private:
   void Queue(std::function<absl::Status()> op);

@@ -81,6 +81,11 @@ static const int ACL_ERROR_RT_THREAD_SUBSCRIBE = 107012;
 // aclrtLaunchCallback (or aclrtUnSubscribeReport) on a stream with no
 // subscribed thread.
 static const int ACL_ERROR_RT_STREAM_NO_CB_REG = 107015;
+// A stream's deferred error: it waited on an event longer than
+// aclrtSetOpWaitTimeout's time-out (and went on), or a task ran longer
+// than aclrtSetOpExecuteTimeOut's (and was stopped).
+static const int ACL_ERROR_RT_WAIT_TIMEOUT = 107019;
+static const int ACL_ERROR_RT_TASK_TIMEOUT = 107020;
 // aclrtProcessReport found no callback to run within its time-out; also a
 // stream's deferred error when a blocking callback was not run within the
 // server's --callback_block_timeout_ms.

@@ -78,6 +78,15 @@ typedef enum aclrtCallbackBlockType {
 typedef void (*aclrtCallback)(void *userData);
 typedef void (*aclrtHostFunc)(void *args);
 
+// aclrtSetStreamFailureMode's modes.
+#define ACL_CONTINUE_ON_FAILURE 0x00000000U
+#define ACL_STOP_ON_FAILURE 0x00000001U
+
+// What aclrtSetExceptionInfoCallback's callback is given: read it with the
+// aclrtGet*FromExceptionInfo calls, during the callback only.
+typedef struct rtExceptionInfo aclrtExceptionInfo;
+typedef void (*aclrtExceptionInfoCallback)(aclrtExceptionInfo *exceptionInfo);
+
 typedef enum aclrtRunMode {
   ACL_DEVICE,
   ACL_HOST,
@@ -281,6 +290,54 @@ ACL_FUNC_VISIBILITY aclError aclrtLaunchHostFunc(aclrtStream stream,
 // must be ACL_RT_THREAD_LEVEL (ACL_ERROR_INVALID_PARAM otherwise).
 ACL_FUNC_VISIBILITY aclError aclrtPeekAtLastError(aclrtLastErrLevel level);
 ACL_FUNC_VISIBILITY aclError aclrtGetLastError(aclrtLastErrLevel level);
+
+// ---- Exceptions, failure modes and operator time-outs ----
+// `callback` (NULL: none; the last call wins, for the whole process) is
+// called once for each task that failed on the server, when the library
+// learns of it: when a synchronize of its stream (or of the device, or a
+// read queued on the stream) collects the stream's deferred error, on
+// that calling thread, before the call returns the error. The callback
+// must not call into the library's stream or device calls.
+ACL_FUNC_VISIBILITY aclError
+aclrtSetExceptionInfoCallback(aclrtExceptionInfoCallback callback);
+// The failed task's position on its stream, counting from 1 (every
+// launch, memset, copy and write queued on the stream counts one, a graph
+// replay one per run of tasks between its event records and waits, and a
+// command the server refused one); its stream's id (aclrtStreamGetId;
+// 0: the default stream); the thread that collected the error (its Linux thread
+// id); the device ordinal; the aclError the collecting call returns. 0xFFFFFFFF
+// for a NULL info.
+ACL_FUNC_VISIBILITY uint32_t
+aclrtGetTaskIdFromExceptionInfo(const aclrtExceptionInfo *info);
+ACL_FUNC_VISIBILITY uint32_t
+aclrtGetStreamIdFromExceptionInfo(const aclrtExceptionInfo *info);
+ACL_FUNC_VISIBILITY uint32_t
+aclrtGetThreadIdFromExceptionInfo(const aclrtExceptionInfo *info);
+ACL_FUNC_VISIBILITY uint32_t
+aclrtGetDeviceIdFromExceptionInfo(const aclrtExceptionInfo *info);
+ACL_FUNC_VISIBILITY uint32_t
+aclrtGetErrorCodeFromExceptionInfo(const aclrtExceptionInfo *info);
+// The id exception information names `stream` by (NULL: the current
+// context's default stream, 0).
+ACL_FUNC_VISIBILITY aclError aclrtStreamGetId(aclrtStream stream,
+                                              int32_t *streamId);
+// ACL_STOP_ON_FAILURE: after a task of `stream` fails, the server skips
+// the stream's later tasks until the error is collected by a synchronize,
+// whose message then says how many were skipped. ACL_CONTINUE_ON_FAILURE
+// (every stream's default): later tasks run. NULL (the default stream) and
+// other modes: ACL_ERROR_INVALID_PARAM.
+ACL_FUNC_VISIBILITY aclError aclrtSetStreamFailureMode(aclrtStream stream,
+                                                       uint64_t mode);
+// Seconds (0: none, the default; at most 86400) for every open device and
+// those set later: a task (launch, memset, copy) still running that long
+// after it started on the server is stopped where the device can stop it
+// (the CPU device can) and fails its stream with
+// ACL_ERROR_RT_TASK_TIMEOUT; a stream waiting on an event
+// (aclrtStreamWaitEvent) that long goes on and fails with
+// ACL_ERROR_RT_WAIT_TIMEOUT. Both are collected by the stream's next
+// synchronize.
+ACL_FUNC_VISIBILITY aclError aclrtSetOpExecuteTimeOut(uint32_t timeout);
+ACL_FUNC_VISIBILITY aclError aclrtSetOpWaitTimeout(uint32_t timeout);
 
 // ---- Modes ----
 // ACL_HOST: the program runs on the host; the device is a server.
