@@ -30,6 +30,8 @@ packages=(
   pkgconf                # the C API's aclnn_remote.pc (package_test)
   python3-pip python3-setuptools python3-wheel  # `pip install ./python`
   haproxy                # tests/haproxy_test: deploy/haproxy in front of two servers
+  g++-aarch64-linux-gnu  # --config=aarch64: the arm64 cross compiler
+  qemu-user-static binfmt-support  # scripts/test-arm64.sh: arm64 tests under qemu-user
 )
 
 missing=()
