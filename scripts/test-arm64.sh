@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Cross-builds opserver for aarch64 (bazel --config=aarch64) and runs its
 # tests under qemu-user, as on a Kunpeng 920 host: NEON-only
-# (QEMU_CPU=neoverse-n1). The SIMD kernel test (every Highway target the
-# CPU offers, bit for bit against the scalar formulas) then runs again on
-# an emulated CPU with SVE and SVE2 at SVE's widest vectors (2048 bits), so
-# every target the arm64 build has runs at least once.
+# (QEMU_CPU=neoverse-n1). The SIMD kernel tests then run again on an
+# emulated CPU with SVE and SVE2 at SVE's widest vectors (2048 bits), so
+# every Highway target the arm64 build has runs at least once.
 #
 #   scripts/test-arm64.sh [--all] [BAZEL_FLAG...]
 #
@@ -91,7 +90,7 @@ bazel test "${common[@]}" --test_env=QEMU_CPU=neoverse-n1 \
   --test_env=OPSERVER_EXPECT_SIMD_TARGETS=NEON "$@" "${tests[@]}" || status=1
 bazel test "${common[@]}" --test_env=QEMU_CPU=max,sve-default-vector-length=256 \
   --test_env=OPSERVER_EXPECT_SIMD_TARGETS=SVE2,SVE,NEON "$@" \
-  //devices/cpu:elementwise_simd_test || status=1
+  //devices/cpu:elementwise_simd_test //devices/cpu:ops_spec_test || status=1
 
 # Tests that skipped a check here say so in their logs; list them, so that
 # nothing is left out unseen (memory_pool_test's residency check: qemu-user
