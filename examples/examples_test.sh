@@ -78,7 +78,8 @@ if [[ "$machine" == AArch64 && "$(uname -m)" != aarch64 ]]; then
     fail "an arm64 library on $(uname -m) without QEMU_LD_PREFIX (the arm64 sysroot): run scripts/test-arm64.sh"
     exit 1
   fi
-  cxx=(aarch64-linux-gnu-g++ "-Wl,-rpath-link,$QEMU_LD_PREFIX/usr/lib/aarch64-linux-gnu")
+  cxx=(aarch64-linux-gnu-g++ "-Wl,-rpath-link,$QEMU_LD_PREFIX/usr/lib/aarch64-linux-gnu"
+    "-Wl,-rpath-link,$QEMU_LD_PREFIX/lib/aarch64-linux-gnu")
 fi
 here=$(dirname "${examples[0]}")
 for program in "${examples[@]}"; do
