@@ -8,9 +8,18 @@
 // measures as this machine's bandwidth. Every operator x fp32/fp16/bf16 runs
 // at 4 Ki, 256 Ki, 16 Mi and 64 Mi elements on 1 and 2 threads; GB/s counts
 // the logical bytes read and written (the dropout mask as n/8 bytes).
-// BM_Launch16 is the per-launch cost of a 16-element tensor.
+// BM_Launch16 is the per-launch cost of a 16-element tensor. On x86 the
+// limit loop is AVX-512 or AVX2 code; elsewhere (arm64) it is the same loop
+// in Highway's baseline target (NEON).
 
+#if defined(__x86_64__) || defined(__i386__)
+#define OPSERVER_BENCH_X86 1
 #include <immintrin.h>
+#else
+#define OPSERVER_BENCH_X86 0
+#include "hwy/cache_control.h"
+#include "hwy/highway.h"
+#endif
 
 #include <cstdint>
 #include <cstring>
@@ -42,6 +51,7 @@ struct Memory {
   size_t bytes;
 };
 
+#if OPSERVER_BENCH_X86
 template <bool kStream>
 __attribute__((target("avx512f"))) void LimitAvx512(const float* a,
                                                     const float* b, float* c,
@@ -71,6 +81,41 @@ __attribute__((target("avx2"))) void StreamLimitAvx2(const float* a,
   for (; i < n; ++i) c[i] = a[i] > b[i] ? a[i] : 0.0f;
 }
 
+void LimitLoop(const float* a, const float* b, float* c, int64_t n,
+               bool stream) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (!avx512) {
+    StreamLimitAvx2(a, b, c, n);
+  } else if (stream) {
+    LimitAvx512<true>(a, b, c, n);
+  } else {
+    LimitAvx512<false>(a, b, c, n);
+  }
+}
+
+void StoreFence() { _mm_sfence(); }
+#else
+void LimitLoop(const float* a, const float* b, float* c, int64_t n,
+               bool stream) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto va = hn::LoadU(d, a + i);
+    const auto r = hn::IfThenElseZero(hn::Gt(va, hn::LoadU(d, b + i)), va);
+    if (stream) {
+      hn::Stream(r, d, c + i);  // c is page-aligned and i a whole vector.
+    } else {
+      hn::StoreU(r, d, c + i);
+    }
+  }
+  for (; i < n; ++i) c[i] = a[i] > b[i] ? a[i] : 0.0f;
+}
+
+void StoreFence() { hwy::FlushStream(); }
+#endif
+
 // Splits [0, n) into chunks of 64 Ki elements shared by the pool's threads
 // (a few per thread, like the kernels' own split, so a late-waking worker
 // does not leave the caller idle).
@@ -93,20 +138,11 @@ void Limit(benchmark::State& state, bool stream) {
   auto* fc = reinterpret_cast<float*>(c.data);
   for (int64_t i = 0; i < n; ++i) fa[i] = static_cast<float>(i % 7) - 3;
   ThreadPool pool(threads);
-  const bool avx512 = __builtin_cpu_supports("avx512f");
   for (auto _ : state) {
     Split(pool, n, [&](int64_t begin, int64_t end) {
-      if (avx512) {
-        if (stream) {
-          LimitAvx512<true>(fa + begin, fb + begin, fc + begin, end - begin);
-        } else {
-          LimitAvx512<false>(fa + begin, fb + begin, fc + begin, end - begin);
-        }
-      } else {
-        StreamLimitAvx2(fa + begin, fb + begin, fc + begin, end - begin);
-      }
+      LimitLoop(fa + begin, fb + begin, fc + begin, end - begin, stream);
     });
-    _mm_sfence();
+    StoreFence();
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(state.iterations() * n * 12);

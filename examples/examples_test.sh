@@ -66,11 +66,26 @@ sanitize=()
 if readelf -d "$library" | grep libasan >/dev/null; then
   sanitize=(-fsanitize=address,undefined)
 fi
+# The compiler is the one for the library's architecture: in the arm64
+# build (--config=aarch64, run under qemu-user by scripts/test-arm64.sh) the
+# host's g++ cannot link the arm64 library, so Debian's cross g++ compiles,
+# finding the library's own dependencies in the arm64 sysroot that qemu
+# runs the programs in (QEMU_LD_PREFIX).
+cxx=(g++)
+machine=$(readelf -h "$library" | sed -n 's/^ *Machine: *//p')
+if [[ "$machine" == AArch64 && "$(uname -m)" != aarch64 ]]; then
+  if [[ -z "${QEMU_LD_PREFIX:-}" ]]; then
+    fail "an arm64 library on $(uname -m) without QEMU_LD_PREFIX (the arm64 sysroot): run scripts/test-arm64.sh"
+    exit 1
+  fi
+  cxx=(aarch64-linux-gnu-g++ "-Wl,-rpath-link,$QEMU_LD_PREFIX/usr/lib/aarch64-linux-gnu"
+    "-Wl,-rpath-link,$QEMU_LD_PREFIX/lib/aarch64-linux-gnu")
+fi
 here=$(dirname "${examples[0]}")
 for program in "${examples[@]}"; do
   name=$(basename "$program")
-  g++ "${sanitize[@]}" "$here/$name.cpp" -I"$include_dir" -L"$lib_dir" -laclnn_remote \
-    -o "$tmp/$name" 2>"$tmp/$name.gcc" || { fail "g++ $name.cpp: $(cat "$tmp/$name.gcc")"; continue; }
+  "${cxx[@]}" "${sanitize[@]}" "$here/$name.cpp" -I"$include_dir" -L"$lib_dir" -laclnn_remote \
+    -o "$tmp/$name" 2>"$tmp/$name.gcc" || { fail "${cxx[0]} $name.cpp: $(cat "$tmp/$name.gcc")"; continue; }
   LD_LIBRARY_PATH="$lib_dir" check "$name" "$tmp/$name"
 done
 

@@ -132,6 +132,24 @@ inline bool MaskBit(const uint8_t* bits, uint64_t pos) {
   return (bits[pos >> 3] >> (pos & 7)) & 1;
 }
 
+// Bits [pos, pos + count) of a bit mask, repacked from bit 0 of out[0]
+// (same order; (count + 7) / 8 bytes, the unused high bits of the last one
+// zero), for SIMD mask loads at any bit offset and any vector length (SVE's
+// reach 128 16-bit lanes). Reads only the bytes that hold those bits.
+inline void ExtractMaskBits(const uint8_t* bits, uint64_t pos, size_t count,
+                            uint8_t* out) {
+  const uint8_t* src = bits + (pos >> 3);
+  const unsigned shift = static_cast<unsigned>(pos & 7);
+  const size_t out_bytes = (count + 7) / 8;
+  const size_t src_bytes = (shift + count + 7) / 8;  // >= out_bytes
+  for (size_t k = 0; k < out_bytes; ++k) {
+    unsigned v = src[k] >> shift;
+    if (shift != 0 && k + 1 < src_bytes) v |= unsigned{src[k + 1]} << (8 - shift);
+    out[k] = static_cast<uint8_t>(v);
+  }
+  if (count % 8 != 0) out[out_bytes - 1] &= (1u << (count % 8)) - 1;
+}
+
 // The strided loop of every binary operator whose formula F (the scalar
 // form, called as f(gradOutput, self) in CT) is all it needs: out =
 // F(gradOutput, self) rounded to the compute dtype PromoteDType(G, S) and

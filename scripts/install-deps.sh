@@ -5,6 +5,7 @@
 #
 #   scripts/install-deps.sh          build + test dependencies
 #   scripts/install-deps.sh --bench  the same (kept for older commands)
+#   scripts/install-deps.sh PACKAGE...  also these Debian packages
 set -euo pipefail
 
 packages=(
@@ -33,6 +34,12 @@ packages=(
   etcd-server etcd-client  # tests/etcd_pool_test: the pool's etcd (docs/pool.md)
   yamllint               # tests/kubernetes_manifests_test: deploy/kubernetes/
 )
+# A script with needs of its own names them (scripts/test-arm64.sh: the
+# cross compiler and qemu-user), so the README's commands do not install
+# what only it uses.
+for arg in "$@"; do
+  [[ "$arg" == --bench ]] || packages+=("$arg")
+done
 
 missing=()
 # Node.js + npm run buf (the reflection client the tests use). Some images

@@ -1,8 +1,10 @@
 #include "devices/cpu/elementwise_simd.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iostream>
 #include <random>
 #include <string>
 #include <utility>
@@ -247,6 +249,23 @@ TEST(BFloat16Kernels, BitIdenticalToTheScalarFormulas) {
     }
   }
   hwy::SetSupportedTargetsForTest(0);
+}
+
+// The instruction sets the per-target tests above run, in the log; with
+// OPSERVER_EXPECT_SIMD_TARGETS set (scripts/test-arm64.sh names those of
+// each emulated CPU), exactly those, so an emulator or build offering fewer
+// cannot leave a target's code unrun unnoticed.
+TEST(SimdTargets, RunsEveryInstructionSetThisCpuOffers) {
+  std::string names;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    if (!names.empty()) names += ",";
+    names += hwy::TargetName(target);
+  }
+  ASSERT_FALSE(names.empty());
+  std::cout << "SIMD targets run: " << names << "\n";
+  if (const char* want = std::getenv("OPSERVER_EXPECT_SIMD_TARGETS")) {
+    EXPECT_EQ(names, want);
+  }
 }
 
 }  // namespace

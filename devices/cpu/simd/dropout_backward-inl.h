@@ -38,29 +38,27 @@ struct DropoutBackwardSimd {
     const size_t N = hn::Lanes(d);
     const kernels::DropoutFormula formula(p);
     // Bits of Lanes(dm) elements starting at element i as a mask of dm.
-    // Whole bytes are read directly; otherwise the (at most 5) bytes
-    // covering them are shifted into place, never reading past the last
-    // byte holding one of the bits.
+    // LoadMaskBits may read 8 bytes however few lanes dm has (SVE's float
+    // form does): whole bytes are read in place only when 8 of them lie
+    // within the mask; otherwise the bits are repacked into a zeroed
+    // buffer as long as the widest vector's 16-bit mask (SVE: 128 bits),
+    // never reading past the last byte holding one of them.
+    const uint64_t mask_bytes = (bit0 + n + 7) / 8;
     auto mask_at = [&](auto dm, size_t i) {
       const size_t M = hn::Lanes(dm);
       const uint64_t pos = bit0 + i;
-      if (M >= 8 && (pos & 7) == 0) {
+      if (M >= 8 && (pos & 7) == 0 && (pos >> 3) + 8 <= mask_bytes) {
         return hn::LoadMaskBits(dm, bits + (pos >> 3));
       }
-      const unsigned shift = static_cast<unsigned>(pos & 7);
-      const size_t nbytes = (shift + M + 7) / 8;
-      uint64_t w = 0;
-      std::memcpy(&w, bits + (pos >> 3), nbytes);
-      w >>= shift;
-      uint8_t tmp[8] = {0};
-      std::memcpy(tmp, &w, sizeof(w));
+      constexpr size_t kTmpBytes =
+          HWY_MAX(8, HWY_MAX_BYTES / sizeof(uint16_t) / 8);
+      uint8_t tmp[kTmpBytes] = {0};
+      kernels::ExtractMaskBits(bits, pos, M, tmp);
       return hn::LoadMaskBits(dm, tmp);
     };
     auto scalar = [&](size_t i) {
       StoreS(formula(LoadS<float>(g + i), MaskBit(bits, bit0 + i)), o + i);
     };
-    static_assert(HWY_MAX_BYTES / sizeof(uint16_t) <= 56,
-                  "mask_at shifts the bits within 8 bytes");
     const auto vscale = hn::Set(d, formula.scale);
     size_t i = 0;
     if constexpr (std::is_same_v<T, BF16>) {

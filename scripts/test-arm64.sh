@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Cross-builds opserver for aarch64 (bazel --config=aarch64) and runs its
+# tests under qemu-user, as on a Kunpeng 920 host: NEON-only
+# (QEMU_CPU=neoverse-n1). The SIMD kernel tests then run again on an
+# emulated CPU with SVE and SVE2 at SVE's widest vectors (2048 bits), so
+# every Highway target the arm64 build has runs at least once.
+#
+#   scripts/test-arm64.sh [--all] [BAZEL_FLAG...]
+#
+# Without --all: the kernel tests and the end-to-end tests that start the
+# opserver binary (the set CI can afford; docs/install.md, "arm64", lists
+# it). With --all: every test that builds for arm64, i.e. all but the
+# Python ones (the host's amd64 python3 cannot load an arm64 extension) and
+# the package test (it builds amd64 .deb files). Extra arguments go to each
+# `bazel test` (e.g. --jobs=2).
+#
+# Needs root (or sudo) once per boot: qemu-aarch64 is registered with the
+# kernel's binfmt_misc, so that Bazel, the sh_tests and opserver's own
+# children start arm64 programs like native ones.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+all=0
+if [[ "${1:-}" == --all ]]; then
+  all=1
+  shift
+fi
+# --config=aarch64's cross compiler; arm64 tests under qemu-user.
+scripts/install-deps.sh g++-aarch64-linux-gnu qemu-user-static binfmt-support
+sysroot="${OPSERVER_ARM64_SYSROOT:-$HOME/.cache/opserver-arm64-sysroot}"
+scripts/arm64-sysroot.sh "$sysroot"
+
+sudo=""
+[[ $(id -u) -eq 0 ]] || sudo="sudo"
+binfmt=/proc/sys/fs/binfmt_misc
+if [[ ! -e "$binfmt/status" ]]; then
+  $sudo mount -t binfmt_misc binfmt_misc "$binfmt"
+fi
+if ! head -n1 "$binfmt/qemu-aarch64" 2>/dev/null | grep -qx enabled; then
+  # qemu-user-static's entry (/usr/share/binfmts/qemu-aarch64): flag F opens
+  # the interpreter now, so it also works inside Bazel's sandbox.
+  $sudo update-binfmts --import qemu-aarch64 >/dev/null 2>&1 || true
+  $sudo update-binfmts --enable qemu-aarch64 >/dev/null 2>&1 || true
+  head -n1 "$binfmt/qemu-aarch64" 2>/dev/null | grep -qx enabled || {
+    echo "test-arm64: cannot register qemu-aarch64 with binfmt_misc" >&2
+    exit 1
+  }
+fi
+
+# The SIMD kernels and the operator definitions they implement.
+kernel_tests=(
+  //kernels:element_io_test
+  //kernels:tensor_test
+  //kernels:validate_test
+  //devices/cpu:elementwise_simd_test
+  //devices/cpu:ops_spec_test
+  //devices/cpu:torch_reference_test
+  //devices/cpu:plan_test
+  //devices/cpu:cpu_device_test
+  //devices/cpu:memory_pool_test
+)
+# The opserver binary started by a test, and the C API, opctl and example
+# programs against it.
+e2e_tests=(
+  //tests:opserver_binary_test
+  //tests:cli_binary_test
+  //tests:drain_binary_test
+  //tests:log_binary_test
+  //tests:security_binary_test
+  //tests:reflection_test
+  //client:opctl_test
+  //client:capi_crash_test
+  //examples:examples_test
+)
+if ((all)); then
+  mapfile -t tests < <(bazel query --noshow_progress \
+    'tests(//...) except kind(py_test, tests(//...)) except //tests:package_test' 2>/dev/null)
+else
+  tests=("${kernel_tests[@]}" "${e2e_tests[@]}")
+fi
+
+# Emulation is several times slower than the host: the test size's timeout
+# is tripled (short 180 s ... eternal 3 h) rather than each test resized.
+common=(
+  --config=aarch64
+  --test_timeout=180,900,2700,10800
+  "--test_env=QEMU_LD_PREFIX=$sysroot"
+)
+status=0
+bazel test "${common[@]}" --test_env=QEMU_CPU=neoverse-n1 \
+  --test_env=OPSERVER_EXPECT_SIMD_TARGETS=NEON "$@" "${tests[@]}" || status=1
+bazel test "${common[@]}" --test_env=QEMU_CPU=max,sve-default-vector-length=256 \
+  --test_env=OPSERVER_EXPECT_SIMD_TARGETS=SVE2,SVE,NEON "$@" \
+  //devices/cpu:elementwise_simd_test //devices/cpu:ops_spec_test || status=1
+
+# Tests that skipped a check here say so in their logs; list them, so that
+# nothing is left out unseen (memory_pool_test's residency check: qemu-user
+# ignores madvise).
+testlogs=$(bazel info --config=aarch64 bazel-testlogs 2>/dev/null)
+grep -rH -A1 ': Skipped$' --include=test.log "$testlogs" 2>/dev/null |
+  sed "s|^$testlogs/||" >&2 || true
+exit "$status"
