@@ -1175,18 +1175,13 @@ int CallbacksMain() {
   const double query_us = Micros(Clock::now() - start) / kQueries;
   const double extra_us = (Median(with) - Median(alone)) / kLaunches;
   std::printf(
-      "loopback RTT (mean idle aclrtSynchronizeStream): %.1f us
-      "
+      "loopback RTT (mean idle aclrtSynchronizeStream): %.1f us\n"
       "%d launches + %d NO_BLOCK callbacks + 1 synchronize: median %.2f ms; "
-      "the launches alone: median %.2f ms (%d batches each)
-      "
-      "cost per callback: %.2f us = %.3f round trips (target <= 0.1)
-      "
+      "the launches alone: median %.2f ms (%d batches each)\n"
+      "cost per callback: %.2f us = %.3f round trips (target <= 0.1)\n"
       "aclrtStreamQuery on a known-idle stream: %.3f us = %.4f round trips "
-      "(%d queries; target: none)
-      ",
-      rtt,
-      kLaunches, kLaunches, Median(with) / 1000, Median(alone) / 1000,
+      "(%d queries; target: none)\n",
+      rtt, kLaunches, kLaunches, Median(with) / 1000, Median(alone) / 1000,
       kBatches - 1, extra_us, extra_us / rtt, query_us, query_us / rtt,
       kQueries);
   CHECK_ACL(aclrtUnSubscribeReport(thread_id, stream));
