@@ -13,6 +13,7 @@
 #include "acl/acl.h"
 #include "client/aclnn_state.h"
 #include "common/event_flags.h"
+#include "common/status_macros.h"
 
 namespace opserver {
 namespace {
@@ -55,13 +56,11 @@ absl::StatusOr<StreamAndEvent> PinStreamAndEvent(State& state,
                                                  const char* function,
                                                  aclrtEvent event,
                                                  aclrtStream stream) {
-  absl::StatusOr<PinnedEvent> pinned = PinEvent(state, function, event);
-  if (!pinned.ok()) return pinned.status();
+  ASSIGN_OR_RETURN(PinnedEvent pinned, PinEvent(state, function, event));
   uint32_t device;
   if (stream == nullptr) {
-    absl::StatusOr<uint32_t> current = CurrentDevice(state);
-    if (!current.ok()) return current.status();
-    device = *current;
+    ASSIGN_OR_RETURN(uint32_t current, CurrentDevice(state));
+    device = current;
   } else {
     auto it = state.streams.find(reinterpret_cast<uintptr_t>(stream));
     if (it == state.streams.end()) {
@@ -73,16 +72,15 @@ absl::StatusOr<StreamAndEvent> PinStreamAndEvent(State& state,
     }
     device = it->second.device;
   }
-  absl::StatusOr<uint64_t> handle = StreamHandle(state, stream, device);
-  if (!handle.ok()) return handle.status();
-  if (device != pinned->pinned.device) {
+  ASSIGN_OR_RETURN(uint64_t handle, StreamHandle(state, stream, device));
+  if (device != pinned.pinned.device) {
     return WithAclError(
         absl::InvalidArgumentError(absl::StrCat(
-            function, ": the event is on device ", pinned->pinned.device,
+            function, ": the event is on device ", pinned.pinned.device,
             ", the stream on device ", device)),
         ACL_ERROR_RT_STREAM_CONTEXT);
   }
-  return StreamAndEvent{*std::move(pinned), *handle};
+  return StreamAndEvent{std::move(pinned), handle};
 }
 
 aclError CreateEvent(const char* function, aclrtEvent* event, uint32_t flag) {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "common/session_routing.h"
+#include "common/status_macros.h"
 #include "common/task_position.h"
 #include "kernels/aclnn_status.h"
 
@@ -276,13 +277,12 @@ absl::Status CommandChannel::Fence(uint64_t stream, bool session) {
   v1::PipelineCommand command;
   command.mutable_fence()->set_stream(stream);
   command.mutable_fence()->set_session(session);
-  absl::StatusOr<uint64_t> id = SendFence(std::move(command));
-  if (!id.ok()) return id.status();
-  absl::StatusOr<v1::FenceResult> result = TakeFence(
-      *id, session ? "waiting for the session's work" : "SynchronizeStream");
-  if (!result.ok()) return result.status();
-  if (session) return FenceStatus(*result, "deferred error of the session: ");
-  return StreamFenceStatus(*result, "SynchronizeStream: ", stream);
+  ASSIGN_OR_RETURN(uint64_t id, SendFence(std::move(command)));
+  ASSIGN_OR_RETURN(v1::FenceResult result,
+                   TakeFence(id, session ? "waiting for the session's work"
+                                         : "SynchronizeStream"));
+  if (session) return FenceStatus(result, "deferred error of the session: ");
+  return StreamFenceStatus(result, "SynchronizeStream: ", stream);
 }
 
 absl::Status CommandChannel::FenceEvent(uint64_t event) {
@@ -293,28 +293,22 @@ absl::Status CommandChannel::FenceEvent(uint64_t event,
                                         absl::Duration timeout) {
   v1::PipelineCommand command;
   command.mutable_fence()->set_event(event);
-  absl::StatusOr<uint64_t> id = SendFence(std::move(command));
-  if (!id.ok()) return id.status();
-  absl::StatusOr<v1::FenceResult> result =
-      TakeFence(*id, "SynchronizeEvent", timeout);
-  if (!result.ok()) return result.status();
-  return FenceStatus(*result, "SynchronizeEvent: ");
+  ASSIGN_OR_RETURN(uint64_t id, SendFence(std::move(command)));
+  ASSIGN_OR_RETURN(v1::FenceResult result,
+                   TakeFence(id, "SynchronizeEvent", timeout));
+  return FenceStatus(result, "SynchronizeEvent: ");
 }
 
 absl::StatusOr<bool> CommandChannel::QueryStream(uint64_t stream) {
   v1::PipelineCommand command;
   command.mutable_fence()->set_stream(stream);
   command.mutable_fence()->set_query(true);
-  absl::StatusOr<uint64_t> id =
-      SendFence(std::move(command), nullptr, /*answer_bytes=*/1);
-  if (!id.ok()) return id.status();
-  absl::StatusOr<v1::FenceResult> result = TakeFence(*id, "StreamQuery");
-  if (!result.ok()) return result.status();
-  if (absl::Status s = FenceStatus(*result, "StreamQuery: "); !s.ok()) {
-    return s;
-  }
+  ASSIGN_OR_RETURN(uint64_t id,
+                   SendFence(std::move(command), nullptr, /*answer_bytes=*/1));
+  ASSIGN_OR_RETURN(v1::FenceResult result, TakeFence(id, "StreamQuery"));
+  RETURN_IF_ERROR(FenceStatus(result, "StreamQuery: "));
   // PipelineReplies took only a result of exactly one byte.
-  const char busy = result->data()[0];
+  const char busy = result.data()[0];
   if (busy != 0 && busy != 1) {
     return absl::InternalError(absl::StrCat("StreamQuery: the server answered ",
                                             static_cast<int>(busy),
@@ -376,16 +370,12 @@ absl::Status CommandChannel::WaitRead(uint64_t id) {
     target = it->second;
     reads_.erase(it);
   }
-  absl::StatusOr<v1::FenceResult> result = TakeFence(id, "a pipelined read");
-  if (!result.ok()) return result.status();
-  if (absl::Status s =
-          StreamFenceStatus(*result, "SynchronizeStream: ", target.stream);
-      !s.ok()) {
-    return s;
-  }
+  ASSIGN_OR_RETURN(v1::FenceResult result, TakeFence(id, "a pipelined read"));
+  RETURN_IF_ERROR(
+      StreamFenceStatus(result, "SynchronizeStream: ", target.stream));
   // PipelineReplies took only a result of exactly target.size bytes.
   if (target.size > 0) {
-    std::memcpy(target.data, result->data().data(), target.size);
+    std::memcpy(target.data, result.data().data(), target.size);
   }
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
 #include "kernels/tensor.h"
@@ -82,23 +83,22 @@ absl::Status SetParams(const OpInfo& op, const v1::OpParams& in,
       return kernels::ParamNullptr(
           "negativeSlope is missing (params.negative_slope)");
     }
-    absl::StatusOr<DType> dtype = ToDType(slope.dtype(), "negativeSlope");
-    if (!dtype.ok()) return dtype.status();
+    ASSIGN_OR_RETURN(DType dtype, ToDType(slope.dtype(), "negativeSlope"));
     const double v = slope.value();
-    if (kernels::IsFloating(*dtype)) {
-      out->negative_slope = kernels::Scalar::Float(v, *dtype);
-    } else if (*dtype == DType::kBool) {
+    if (kernels::IsFloating(dtype)) {
+      out->negative_slope = kernels::Scalar::Float(v, dtype);
+    } else if (dtype == DType::kBool) {
       out->negative_slope = kernels::Scalar::Bool(v != 0);
     } else {
       // Range first: casting NaN or 1e300 to int64 is undefined.
       if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0) ||
           v != std::trunc(v)) {
         return kernels::ParamInvalid(absl::StrCat(
-            "negativeSlope has integer dtype ", kernels::DTypeName(*dtype),
+            "negativeSlope has integer dtype ", kernels::DTypeName(dtype),
             " but value ", v, " is not an integer"));
       }
       out->negative_slope =
-          kernels::Scalar::Int(static_cast<int64_t>(v), *dtype);
+          kernels::Scalar::Int(static_cast<int64_t>(v), dtype);
     }
   }
   return absl::OkStatus();
@@ -107,21 +107,17 @@ absl::Status SetParams(const OpInfo& op, const v1::OpParams& in,
 absl::StatusOr<const OpInfo*> BeginOpCall(const std::string& name,
                                           const v1::OpParams& params,
                                           kernels::OpCall* call) {
-  absl::StatusOr<const OpInfo*> op = FindOperator(name);
-  if (!op.ok()) return op.status();
-  call->op = (*op)->kind;
-  if (absl::Status s = SetParams(**op, params, &call->params); !s.ok()) {
-    return s;
-  }
+  ASSIGN_OR_RETURN(const OpInfo* op, FindOperator(name));
+  call->op = op->kind;
+  RETURN_IF_ERROR(SetParams(*op, params, &call->params));
   return op;
 }
 
 absl::StatusOr<kernels::OpCall> ToOpCall(
     const v1::GetWorkspaceSizeRequest& request, BufferLookup lookup) {
   kernels::OpCall call;
-  absl::StatusOr<const OpInfo*> op =
-      BeginOpCall(request.op(), request.params(), &call);
-  if (!op.ok()) return op.status();
+  ASSIGN_OR_RETURN(const OpInfo* op,
+                   BeginOpCall(request.op(), request.params(), &call));
   // Names the operator does not have are refused first, the
   // alphabetically first one named; the tensors are then checked in
   // argument order. Never in the map's order, which differs between a
@@ -130,15 +126,15 @@ absl::StatusOr<kernels::OpCall> ToOpCall(
   std::vector<std::string> unknown;
   for (const auto& [name, desc] : request.tensors()) {
     bool known = false;
-    for (const auto& arg : (*op)->tensors) known |= arg.name == name;
+    for (const auto& arg : op->tensors) known |= arg.name == name;
     if (!known) unknown.push_back(name);
   }
   if (!unknown.empty()) {
     std::sort(unknown.begin(), unknown.end());
     // Refuses it, naming the operator's arguments.
-    return PlaceTensor(**op, unknown.front(), kernels::TensorView(), &call);
+    return PlaceTensor(*op, unknown.front(), kernels::TensorView(), &call);
   }
-  for (const auto& arg : (*op)->tensors) {
+  for (const auto& arg : op->tensors) {
     const std::string name(arg.name);
     auto found = request.tensors().find(name);
     if (found == request.tensors().end()) continue;  // Validate: 161001.
@@ -149,15 +145,14 @@ absl::StatusOr<kernels::OpCall> ToOpCall(
           kernels::kAclnnErrParamInvalid, absl::StatusCode::kNotFound,
           absl::StrCat(name, ": ", buffer.status().message()));
     }
-    absl::StatusOr<DType> dtype = ToDType(desc.dtype(), name);
-    if (!dtype.ok()) return dtype.status();
+    ASSIGN_OR_RETURN(DType dtype, ToDType(desc.dtype(), name));
     if (desc.buffer_offset() > buffer->size) {
       return kernels::ParamInvalid(
           absl::StrCat(name, " starts at byte ", desc.buffer_offset(),
                        " of a buffer of ", buffer->size, " bytes"));
     }
     kernels::TensorView view;
-    view.dtype = *dtype;
+    view.dtype = dtype;
     view.shape.assign(desc.shape().begin(), desc.shape().end());
     view.strides.assign(desc.strides().begin(), desc.strides().end());
     view.offset = desc.offset();
@@ -172,10 +167,7 @@ absl::StatusOr<kernels::OpCall> ToOpCall(
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = PlaceTensor(**op, name, std::move(view), &call);
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(PlaceTensor(*op, name, std::move(view), &call));
   }
   return call;
 }

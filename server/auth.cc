@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "grpc/grpc.h"
 #include "grpc/grpc_security.h"
 #include "grpc/slice.h"
@@ -155,12 +156,11 @@ absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(
         kFlag, ": ", path, " is a directory, not a file of tokens"));
   }
-  absl::StatusOr<std::string> text = ReadFile(kFlag, path);
-  if (!text.ok()) return text.status();
+  ASSIGN_OR_RETURN(std::string text, ReadFile(kFlag, path));
   std::vector<Entry> entries;
   absl::flat_hash_map<std::string, int> line_of_token;
   int line_number = 0;
-  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_number;
     auto bad = [&](absl::string_view why) {
       return absl::InvalidArgumentError(
@@ -312,9 +312,8 @@ std::optional<std::string> Authenticator::TenantOf(
 }
 
 absl::Status CheckPemFile(absl::string_view flag, const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFile(flag, path);
-  if (!text.ok()) return text.status();
-  if (!absl::StrContains(*text, "-----BEGIN ")) {
+  ASSIGN_OR_RETURN(std::string text, ReadFile(flag, path));
+  if (!absl::StrContains(text, "-----BEGIN ")) {
     return absl::InvalidArgumentError(
         absl::StrCat(flag, ": ", path, " is not a PEM file"));
   }
@@ -335,11 +334,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     }
     const bool mtls = !tls.client_ca_file.empty();
     if (mtls) {
-      if (absl::Status s =
-              CheckPemFile("--tls_client_ca_file", tls.client_ca_file);
-          !s.ok()) {
-        return s;
-      }
+      RETURN_IF_ERROR(CheckPemFile("--tls_client_ca_file", tls.client_ca_file));
     }
     // The provider re-reads the files every refresh interval, so rotated
     // certificates take effect without a restart.

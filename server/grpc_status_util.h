@@ -34,6 +34,15 @@ grpc::Status ToGrpcStatus(const absl::Status& status,
 grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context,
                                 const absl::Status& status);
 
+// The error form of Reply for the status macros (common/status_macros.h):
+//   ASSIGN_OR_RETURN(auto session, SessionOf(...), ReplyTo(context));
+// finishes the call with the failed status and returns its reactor.
+inline auto ReplyTo(grpc::CallbackServerContext* context) {
+  return [context](const absl::Status& status) {
+    return Reply(context, status);
+  };
+}
+
 }  // namespace opserver
 
 #endif  // OPSERVER_SERVER_GRPC_STATUS_UTIL_H_

@@ -6,6 +6,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/status_macros.h"
 
 namespace opserver {
 namespace {
@@ -22,9 +23,8 @@ absl::StatusOr<std::shared_ptr<Buffer>> BufferRange(Session& session,
                                                     uint64_t offset,
                                                     uint64_t size,
                                                     absl::string_view what) {
-  absl::StatusOr<std::shared_ptr<Buffer>> buffer = session.GetBuffer(handle);
-  if (!buffer.ok()) return buffer.status();
-  const uint64_t capacity = (*buffer)->size();
+  ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer, session.GetBuffer(handle));
+  const uint64_t capacity = buffer->size();
   if (offset > capacity || size > capacity - offset) {
     return absl::OutOfRangeError(absl::StrCat(
         what, " [", offset, ", ", offset, " + ", size, ") is outside buffer ",
@@ -39,13 +39,13 @@ absl::Status QueueMemset(Session& session, Stream& stream,
     return absl::InvalidArgumentError(absl::StrCat(
         "memset value ", request.value(), " is not a byte (0 to 255)"));
   }
-  absl::StatusOr<std::shared_ptr<Buffer>> buffer = BufferRange(
-      session, request.buffer(), request.offset(), request.size(), "memset of");
-  if (!buffer.ok()) return buffer.status();
+  ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
+                   BufferRange(session, request.buffer(), request.offset(),
+                               request.size(), "memset of"));
   std::shared_ptr<DeviceStream> device = stream.device_stream();
   if (device == nullptr) return NoDevice();
   // The task holds the device stream, not the Stream (see LaunchExecutor).
-  return stream.Enqueue([buffer = *std::move(buffer), device,
+  return stream.Enqueue([buffer = std::move(buffer), device,
                          offset = request.offset(), size = request.size(),
                          value = static_cast<int>(request.value())] {
     return device->Memset(static_cast<char*>(buffer->data()) + offset, value,
@@ -55,17 +55,17 @@ absl::Status QueueMemset(Session& session, Stream& stream,
 
 absl::Status QueueCopy(Session& session, Stream& stream,
                        const v1::CopyDeviceToDeviceRequest& request) {
-  absl::StatusOr<std::shared_ptr<Buffer>> src =
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<Buffer> src,
       BufferRange(session, request.src_buffer(), request.src_offset(),
-                  request.size(), "copy source");
-  if (!src.ok()) return src.status();
-  absl::StatusOr<std::shared_ptr<Buffer>> dst =
+                  request.size(), "copy source"));
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<Buffer> dst,
       BufferRange(session, request.dst_buffer(), request.dst_offset(),
-                  request.size(), "copy destination");
-  if (!dst.ok()) return dst.status();
+                  request.size(), "copy destination"));
   std::shared_ptr<DeviceStream> device = stream.device_stream();
   if (device == nullptr) return NoDevice();
-  return stream.Enqueue([src = *std::move(src), dst = *std::move(dst), device,
+  return stream.Enqueue([src = std::move(src), dst = std::move(dst), device,
                          src_offset = request.src_offset(),
                          dst_offset = request.dst_offset(),
                          size = request.size()] {

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "common/task_position.h"
 #include "common/values.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -134,29 +135,27 @@ grpc::ServerUnaryReactor* OperatorService::GetWorkspaceSize(
     grpc::CallbackServerContext* context,
     const v1::GetWorkspaceSizeRequest* request,
     v1::GetWorkspaceSizeResponse* response) {
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      SessionOf(context, request->session());
-  if (!session.ok()) return Reply(context, session.status());
-  absl::StatusOr<std::shared_ptr<Executor>> executor = PlanExecutor(
-      *request, **session, sessions_->limits().max_launch_elements);
-  if (!executor.ok()) return Reply(context, executor.status());
-  const uint64_t workspace_size = (*executor)->plan->workspace_size();
-  absl::StatusOr<uint64_t> handle =
-      (*session)->AddExecutor(*std::move(executor));
-  if (!handle.ok()) return Reply(context, handle.status());
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   SessionOf(context, request->session()), ReplyTo(context));
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<Executor> executor,
+      PlanExecutor(*request, *session, sessions_->limits().max_launch_elements),
+      ReplyTo(context));
+  const uint64_t workspace_size = executor->plan->workspace_size();
+  ASSIGN_OR_RETURN(uint64_t handle, session->AddExecutor(std::move(executor)),
+                   ReplyTo(context));
   response->set_aclnn_status(kernels::kAclnnSuccess);
   response->set_workspace_size(workspace_size);
-  response->set_executor(*handle);
+  response->set_executor(handle);
   return Reply(context, absl::OkStatus());
 }
 
 absl::Status OperatorService::Launch(
     const v1::ExecuteRequest& request, absl::string_view caller,
     std::optional<absl::string_view> routing_key) {
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Get(request.session(), caller, routing_key);
-  if (!session.ok()) return session.status();
-  return LaunchExecutor(request, **session);
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   sessions_->Get(request.session(), caller, routing_key));
+  return LaunchExecutor(request, *session);
 }
 
 grpc::ServerUnaryReactor* OperatorService::Execute(
@@ -572,32 +571,32 @@ class OperatorService::Pipeliner final
       return absl::InvalidArgumentError(
           "a Pipeline batch that is not a PipelineRequest");
     }
-    absl::StatusOr<PipelineBatch> batch = PipelineBatch::Open(
-        std::move(wire), limits_.max_pipeline_batch_commands);
-    if (!batch.ok()) return batch.status();
-    batch_.emplace(*std::move(batch));
+    ASSIGN_OR_RETURN(PipelineBatch batch,
+                     PipelineBatch::Open(std::move(wire),
+                                         limits_.max_pipeline_batch_commands));
+    batch_.emplace(std::move(batch));
     return absl::OkStatus();
   }
 
   // The first batch opens the channel on its session.
   absl::Status OpenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     CallLog::NoteSession(context_, batch_->session());
-    absl::StatusOr<std::shared_ptr<Session>> session = service_->sessions_->Get(
-        batch_->session(), *caller_, SessionRoutingKeyOf(context_));
-    if (!session.ok()) return session.status();
+    ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                     service_->sessions_->Get(batch_->session(), *caller_,
+                                              SessionRoutingKeyOf(context_)));
     std::shared_ptr<Link> link = link_;
-    absl::StatusOr<uint64_t> channel = (*session)->OpenChannel([link] {
+    absl::StatusOr<uint64_t> channel = session->OpenChannel([link] {
       absl::MutexLock lock(&link->mu);
       if (link->call != nullptr) link->call->SessionClosed();
     });
     if (channel.ok()) {
       session_id_ = batch_->session();
-      work_owner_ = (*session)->work_owner();
+      work_owner_ = session->work_owner();
       channel_ = *channel;
-      session_ = *session;
+      session_ = session;
     }
     mu_.Unlock();
-    session->reset();  // Not under mu_: it may be the last reference.
+    session.reset();  // Not under mu_: it may be the last reference.
     mu_.Lock();
     return channel.status();
   }
@@ -740,20 +739,18 @@ grpc::ServerUnaryReactor* OperatorService::SetExecutorRepeatable(
     grpc::CallbackServerContext* context,
     const v1::SetExecutorRepeatableRequest* request,
     v1::SetExecutorRepeatableResponse* /*response*/) {
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      SessionOf(context, request->session());
-  if (!session.ok()) return Reply(context, session.status());
-  return Reply(context, (*session)->SetExecutorRepeatable(request->executor()));
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   SessionOf(context, request->session()), ReplyTo(context));
+  return Reply(context, session->SetExecutorRepeatable(request->executor()));
 }
 
 grpc::ServerUnaryReactor* OperatorService::DestroyExecutor(
     grpc::CallbackServerContext* context,
     const v1::DestroyExecutorRequest* request,
     v1::DestroyExecutorResponse* /*response*/) {
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      SessionOf(context, request->session());
-  if (!session.ok()) return Reply(context, session.status());
-  return Reply(context, (*session)->DestroyExecutor(request->executor()));
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   SessionOf(context, request->session()), ReplyTo(context));
+  return Reply(context, session->DestroyExecutor(request->executor()));
 }
 
 namespace {
@@ -770,10 +767,9 @@ void FillGraphInfo(uint64_t id, const Graph& graph, v1::GraphInfo* info) {
 grpc::ServerUnaryReactor* OperatorService::ListGraphs(
     grpc::CallbackServerContext* context, const v1::ListGraphsRequest* request,
     v1::ListGraphsResponse* response) {
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      SessionOf(context, request->session());
-  if (!session.ok()) return Reply(context, session.status());
-  for (const auto& [id, graph] : (*session)->AllGraphs()) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   SessionOf(context, request->session()), ReplyTo(context));
+  for (const auto& [id, graph] : session->AllGraphs()) {
     FillGraphInfo(id, *graph, response->add_graphs());
   }
   return Reply(context, absl::OkStatus());
@@ -783,14 +779,12 @@ grpc::ServerUnaryReactor* OperatorService::DescribeGraph(
     grpc::CallbackServerContext* context,
     const v1::DescribeGraphRequest* request,
     v1::DescribeGraphResponse* response) {
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      SessionOf(context, request->session());
-  if (!session.ok()) return Reply(context, session.status());
-  absl::StatusOr<std::shared_ptr<Graph>> graph =
-      (*session)->GetGraph(request->graph());
-  if (!graph.ok()) return Reply(context, graph.status());
-  FillGraphInfo(request->graph(), **graph, response->mutable_info());
-  for (std::string& line : (*graph)->Describe()) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   SessionOf(context, request->session()), ReplyTo(context));
+  ASSIGN_OR_RETURN(std::shared_ptr<Graph> graph,
+                   session->GetGraph(request->graph()), ReplyTo(context));
+  FillGraphInfo(request->graph(), *graph, response->mutable_info());
+  for (std::string& line : graph->Describe()) {
     response->add_tasks(std::move(line));
   }
   return Reply(context, absl::OkStatus());
@@ -799,31 +793,27 @@ grpc::ServerUnaryReactor* OperatorService::DescribeGraph(
 grpc::ServerUnaryReactor* OperatorService::ReplayGraph(
     grpc::CallbackServerContext* context, const v1::ReplayGraphRequest* request,
     v1::ReplayGraphResponse* /*response*/) {
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      SessionOf(context, request->session());
-  if (!session.ok()) return Reply(context, session.status());
-  absl::StatusOr<std::shared_ptr<Stream>> stream =
-      (*session)->GetStream(request->stream());
-  if (!stream.ok()) return Reply(context, stream.status());
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   SessionOf(context, request->session()), ReplyTo(context));
+  ASSIGN_OR_RETURN(std::shared_ptr<Stream> stream,
+                   session->GetStream(request->stream()), ReplyTo(context));
   return Reply(context,
-               opserver::ReplayGraph(**session, request->graph(), **stream));
+               opserver::ReplayGraph(*session, request->graph(), *stream));
 }
 
 grpc::ServerUnaryReactor* OperatorService::DestroyGraph(
     grpc::CallbackServerContext* context,
     const v1::DestroyGraphRequest* request,
     v1::DestroyGraphResponse* /*response*/) {
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      SessionOf(context, request->session());
-  if (!session.ok()) return Reply(context, session.status());
-  return Reply(context, (*session)->DestroyGraph(request->graph()));
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   SessionOf(context, request->session()), ReplyTo(context));
+  return Reply(context, session->DestroyGraph(request->graph()));
 }
 
 grpc::ServerUnaryReactor* OperatorService::Evaluate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
-  absl::StatusOr<std::string> caller = Caller(context);
-  if (!caller.ok()) return Reply(context, caller.status());
+  ASSIGN_OR_RETURN(std::string caller, Caller(context), ReplyTo(context));
   // Evaluate needs no session: bound how many run at once. A refused call
   // costs no parse: its request is still raw bytes.
   auto slot = std::make_shared<EvaluateSlot>(
@@ -839,7 +829,7 @@ grpc::ServerUnaryReactor* OperatorService::Evaluate(
   // Parsed, computed and answered on a worker, in its caller's turn.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Status queued =
-      workers_->Submit(absl::StrCat("caller:", *caller),
+      workers_->Submit(absl::StrCat("caller:", caller),
                        [this, reactor, context, request, response, slot] {
                          reactor->Finish(ToGrpcStatus(
                              EvaluateBytes(*request, response), context));
@@ -852,23 +842,20 @@ grpc::ServerUnaryReactor* OperatorService::LaunchCallback(
     grpc::CallbackServerContext* context,
     const v1::LaunchCallbackRequest* request,
     v1::LaunchCallbackResponse* /*response*/) {
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      SessionOf(context, request->session());
-  if (!session.ok()) return Reply(context, session.status());
-  absl::StatusOr<std::shared_ptr<Stream>> stream =
-      (*session)->GetStream(request->stream());
-  if (!stream.ok()) return Reply(context, stream.status());
-  absl::StatusOr<SessionSlot> slot = (*session)->TakeSynchronizeSlot();
-  if (!slot.ok()) return Reply(context, slot.status());
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   SessionOf(context, request->session()), ReplyTo(context));
+  ASSIGN_OR_RETURN(std::shared_ptr<Stream> stream,
+                   session->GetStream(request->stream()), ReplyTo(context));
+  ASSIGN_OR_RETURN(SessionSlot slot, session->TakeSynchronizeSlot(),
+                   ReplyTo(context));
   // The answer is the notice. An abandoned call stops waiting at once; the
   // callback stays on its stream (there is no taking it back).
   return StartSynchronize(
-      context, *std::move(slot),
-      [session = *session, stream = *stream, request](
+      context, std::move(slot),
+      [session, stream, request](
           SynchronizeAnswer answer) -> absl::StatusOr<std::function<void()>> {
-        absl::Status queued = session->callbacks().Queue(
-            *stream, request->id(), request->block(), std::move(answer));
-        if (!queued.ok()) return queued;
+        RETURN_IF_ERROR(session->callbacks().Queue(
+            *stream, request->id(), request->block(), std::move(answer)));
         return std::function<void()>();
       });
 }
@@ -877,10 +864,9 @@ grpc::ServerUnaryReactor* OperatorService::ReleaseCallback(
     grpc::CallbackServerContext* context,
     const v1::ReleaseCallbackRequest* request,
     v1::ReleaseCallbackResponse* /*response*/) {
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      SessionOf(context, request->session());
-  if (!session.ok()) return Reply(context, session.status());
-  if (!(*session)->callbacks().Release(request->id())) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   SessionOf(context, request->session()), ReplyTo(context));
+  if (!session->callbacks().Release(request->id())) {
     return Reply(context,
                  absl::NotFoundError(absl::StrCat(
                      "no blocking callback ", request->id(),
@@ -900,14 +886,12 @@ absl::Status OperatorService::EvaluateBytes(const grpc::ByteBuffer& request,
   }
   // The caller's device: one tenant filling device 0 leaves Evaluate on
   // the others working.
-  absl::StatusOr<Device*> device = sessions_->FindDevice(parsed.device());
-  if (!device.ok()) return device.status();
-  absl::StatusOr<v1::ValueTensor> output =
-      RunEvaluate(parsed, *device, limits_.max_values);
-  if (!output.ok()) return output.status();
+  ASSIGN_OR_RETURN(Device * device, sessions_->FindDevice(parsed.device()));
+  ASSIGN_OR_RETURN(v1::ValueTensor output,
+                   RunEvaluate(parsed, device, limits_.max_values));
   v1::EvaluateResponse answer;
   answer.set_aclnn_status(kernels::kAclnnSuccess);
-  *answer.mutable_output() = *std::move(output);
+  *answer.mutable_output() = std::move(output);
   return SerializeRaw(answer, response);
 }
 

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/data_path.h"
+#include "common/status_macros.h"
 #include "common/thread_start.h"
 #include "common/values.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -161,22 +162,16 @@ absl::StatusOr<RuntimeService::TransferTarget> RuntimeService::ResolveTransfer(
     const absl::StatusOr<std::string>& caller,
     std::optional<absl::string_view> routing_key) {
   TransferTarget target;
-  absl::StatusOr<std::shared_ptr<Session>> owner =
-      sessions_->GetForCaller(session, caller, routing_key);
-  if (!owner.ok()) return owner.status();
-  target.session = *std::move(owner);
-  absl::StatusOr<std::shared_ptr<Buffer>> found =
-      target.session->GetBuffer(buffer);
-  if (!found.ok()) return found.status();
-  target.buffer = *std::move(found);
-  if (absl::Status s = CheckRange(offset, size, target.buffer->size(), what);
-      !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<std::shared_ptr<Stream>> queue =
-      target.session->GetStream(stream);
-  if (!queue.ok()) return queue.status();
-  target.stream = *std::move(queue);
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> owner,
+                   sessions_->GetForCaller(session, caller, routing_key));
+  target.session = std::move(owner);
+  ASSIGN_OR_RETURN(std::shared_ptr<Buffer> found,
+                   target.session->GetBuffer(buffer));
+  target.buffer = std::move(found);
+  RETURN_IF_ERROR(CheckRange(offset, size, target.buffer->size(), what));
+  ASSIGN_OR_RETURN(std::shared_ptr<Stream> queue,
+                   target.session->GetStream(stream));
+  target.stream = std::move(queue);
   return target;
 }
 
@@ -284,8 +279,7 @@ grpc::ServerUnaryReactor* RuntimeService::CreateSession(
     grpc::CallbackServerContext* context,
     const v1::CreateSessionRequest* request,
     v1::CreateSessionResponse* response) {
-  absl::StatusOr<std::string> caller = Caller(context);
-  if (!caller.ok()) return Reply(context, caller.status());
+  ASSIGN_OR_RETURN(std::string caller, Caller(context), ReplyTo(context));
   if (draining_.load(std::memory_order_relaxed)) {
     // UNAVAILABLE: retryable, and a client that retries reaches another
     // server once the load balancer has seen this one's NOT_SERVING.
@@ -295,14 +289,15 @@ grpc::ServerUnaryReactor* RuntimeService::CreateSession(
                      "sessions (open sessions are served until they close); "
                      "use another server"));
   }
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Create(request->client_name(), *caller, request->device(),
-                        SessionRoutingKeyOf(context));
-  if (!session.ok()) return Reply(context, session.status());
-  response->set_session((*session)->id());
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<Session> session,
+      sessions_->Create(request->client_name(), caller, request->device(),
+                        SessionRoutingKeyOf(context)),
+      ReplyTo(context));
+  response->set_session(session->id());
   response->set_idle_timeout_seconds(static_cast<uint32_t>(
       absl::ToInt64Seconds(sessions_->limits().idle_timeout)));
-  return new SessionCreator(this, context, (*session)->id(), *caller);
+  return new SessionCreator(this, context, session->id(), caller);
 }
 
 grpc::ServerUnaryReactor* RuntimeService::CloseSession(
@@ -311,11 +306,10 @@ grpc::ServerUnaryReactor* RuntimeService::CloseSession(
     v1::CloseSessionResponse* /*response*/) {
   // Answer once the session's memory is released, not merely scheduled.
   CallLog::NoteSession(context, request->session());
-  absl::StatusOr<std::string> caller = Caller(context);
-  if (!caller.ok()) return Reply(context, caller.status());
+  ASSIGN_OR_RETURN(std::string caller, Caller(context), ReplyTo(context));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Status status = sessions_->Close(
-      request->session(), *caller, "closed by the client",
+      request->session(), caller, "closed by the client",
       [reactor] { reactor->Finish(grpc::Status::OK); },
       SessionRoutingKeyOf(context));
   if (!status.ok()) {
@@ -414,10 +408,9 @@ grpc::ServerUnaryReactor* RuntimeService::CreateStream(
     grpc::CallbackServerContext* context,
     const v1::CreateStreamRequest* request,
     v1::CreateStreamResponse* response) {
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      SessionOf(context, request->session());
-  if (!session.ok()) return Reply(context, session.status());
-  absl::StatusOr<uint64_t> stream = (*session)->CreateStream();
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   SessionOf(context, request->session()), ReplyTo(context));
+  absl::StatusOr<uint64_t> stream = session->CreateStream();
   if (stream.ok()) response->set_stream(*stream);
   return Reply(context, stream.status());
 }
@@ -426,12 +419,10 @@ grpc::ServerUnaryReactor* RuntimeService::DestroyStream(
     grpc::CallbackServerContext* context,
     const v1::DestroyStreamRequest* request,
     v1::DestroyStreamResponse* /*response*/) {
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      SessionOf(context, request->session());
-  if (!session.ok()) return Reply(context, session.status());
-  absl::StatusOr<std::shared_ptr<Stream>> stream =
-      (*session)->TakeStream(request->stream());
-  if (!stream.ok()) return Reply(context, stream.status());
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   SessionOf(context, request->session()), ReplyTo(context));
+  ASSIGN_OR_RETURN(std::shared_ptr<Stream> stream,
+                   session->TakeStream(request->stream()), ReplyTo(context));
   // Queued work is dropped (a client cannot make teardown wait for it); the
   // call returns once the running launch, if any, has finished and the
   // stream's thread has ended: then the stream no longer counts toward
@@ -439,9 +430,9 @@ grpc::ServerUnaryReactor* RuntimeService::DestroyStream(
   // cannot be refused for it (the client library's split transfers destroy
   // their streams and create others right after).
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  std::shared_ptr<Stream> doomed = *stream;
-  (*stream)->Cancel();
-  (*stream)->WhenStopped([reactor] { reactor->Finish(grpc::Status::OK); });
+  std::shared_ptr<Stream> doomed = stream;
+  stream->Cancel();
+  stream->WhenStopped([reactor] { reactor->Finish(grpc::Status::OK); });
   sessions_->DestroyLater(std::move(doomed));
   return reactor;
 }
@@ -450,19 +441,17 @@ grpc::ServerUnaryReactor* RuntimeService::SynchronizeStream(
     grpc::CallbackServerContext* context,
     const v1::SynchronizeStreamRequest* request,
     v1::SynchronizeStreamResponse* /*response*/) {
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      SessionOf(context, request->session());
-  if (!session.ok()) return Reply(context, session.status());
-  absl::StatusOr<std::shared_ptr<Stream>> stream =
-      (*session)->GetStream(request->stream());
-  if (!stream.ok()) return Reply(context, stream.status());
-  absl::StatusOr<SessionSlot> slot = (*session)->TakeSynchronizeSlot();
-  if (!slot.ok()) return Reply(context, slot.status());
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   SessionOf(context, request->session()), ReplyTo(context));
+  ASSIGN_OR_RETURN(std::shared_ptr<Stream> stream,
+                   session->GetStream(request->stream()), ReplyTo(context));
+  ASSIGN_OR_RETURN(SessionSlot slot, session->TakeSynchronizeSlot(),
+                   ReplyTo(context));
   // A call abandoned while the stream is held (a stalled transfer, a long
   // queue) is taken off the queue at once.
   return StartSynchronize(
-      context, *std::move(slot),
-      [stream = *std::move(stream)](
+      context, std::move(slot),
+      [stream = std::move(stream)](
           SynchronizeAnswer answer) -> absl::StatusOr<std::function<void()>> {
         const uint64_t ticket = stream->SynchronizeOrForget(std::move(answer));
         if (ticket == 0) return std::function<void()>();
@@ -478,23 +467,22 @@ grpc::ServerUnaryReactor* RuntimeService::SynchronizeStream(
 grpc::ServerUnaryReactor* RuntimeService::Malloc(
     grpc::CallbackServerContext* context, const v1::MallocRequest* request,
     v1::MallocResponse* response) {
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      SessionOf(context, request->session());
-  if (!session.ok()) return Reply(context, session.status());
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   SessionOf(context, request->session()), ReplyTo(context));
   // Clearing another owner's bytes or populating fresh pages costs about
   // 50 ms per 256 MiB: large buffers are made on a worker, in the session's
   // turn.
   constexpr uint64_t kInlineMallocBytes = 1 << 20;
   if (workers_ == nullptr || request->size() < kInlineMallocBytes) {
-    absl::StatusOr<uint64_t> buffer = (*session)->Malloc(request->size());
+    absl::StatusOr<uint64_t> buffer = session->Malloc(request->size());
     if (buffer.ok()) response->set_buffer(*buffer);
     return Reply(context, buffer.status());
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const std::string owner = (*session)->work_owner();
+  const std::string owner = session->work_owner();
   absl::Status queued = workers_->Submit(
       owner, [reactor, context, response, size = request->size(),
-              session = *std::move(session)]() mutable {
+              session = std::move(session)]() mutable {
         absl::StatusOr<uint64_t> buffer = session->Malloc(size);
         session.reset();
         if (buffer.ok()) response->set_buffer(*buffer);
@@ -507,30 +495,30 @@ grpc::ServerUnaryReactor* RuntimeService::Malloc(
 grpc::ServerUnaryReactor* RuntimeService::Free(
     grpc::CallbackServerContext* context, const v1::FreeRequest* request,
     v1::FreeResponse* /*response*/) {
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      SessionOf(context, request->session());
-  if (!session.ok()) return Reply(context, session.status());
-  return Reply(context, (*session)->Free(request->buffer()));
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                   SessionOf(context, request->session()), ReplyTo(context));
+  return Reply(context, session->Free(request->buffer()));
 }
 
 grpc::ServerUnaryReactor* RuntimeService::WriteValues(
     grpc::CallbackServerContext* context, const v1::WriteValuesRequest* request,
     v1::WriteValuesResponse* /*response*/) {
-  absl::StatusOr<std::string> bytes =
-      EncodeWriteValues(*request, limits_.max_values);
-  if (!bytes.ok()) return Reply(context, bytes.status());
-  absl::StatusOr<TransferTarget> target =
+  ASSIGN_OR_RETURN(std::string bytes,
+                   EncodeWriteValues(*request, limits_.max_values),
+                   ReplyTo(context));
+  ASSIGN_OR_RETURN(
+      TransferTarget target,
       ResolveTransfer(request->session(), request->buffer(), request->offset(),
-                      bytes->size(), request->stream(), "values",
-                      Caller(context), SessionRoutingKeyOf(context));
-  if (!target.ok()) return Reply(context, target.status());
+                      bytes.size(), request->stream(), "values",
+                      Caller(context), SessionRoutingKeyOf(context)),
+      ReplyTo(context));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Reached, the stream runs nothing else, so its device stream is ours
   // until the callback returns.
-  target->stream->WhenReached([context, reactor, buffer = target->buffer,
-                               device_stream = target->stream->device_stream(),
-                               offset = request->offset(),
-                               bytes = *std::move(bytes)] {
+  target.stream->WhenReached([context, reactor, buffer = target.buffer,
+                              device_stream = target.stream->device_stream(),
+                              offset = request->offset(),
+                              bytes = std::move(bytes)] {
     absl::Status copied = NoDeviceStream();
     if (device_stream != nullptr) {
       copied = device_stream->CopyToDevice(
@@ -546,21 +534,22 @@ grpc::ServerUnaryReactor* RuntimeService::WriteValues(
 grpc::ServerUnaryReactor* RuntimeService::ReadValues(
     grpc::CallbackServerContext* context, const v1::ReadValuesRequest* request,
     v1::ReadValuesResponse* response) {
-  absl::StatusOr<ValuesRead> read =
-      CheckReadValues(*request, limits_.max_values);
-  if (!read.ok()) return Reply(context, read.status());
-  const uint64_t bytes = read->bytes;
-  absl::StatusOr<TransferTarget> target =
+  ASSIGN_OR_RETURN(ValuesRead read,
+                   CheckReadValues(*request, limits_.max_values),
+                   ReplyTo(context));
+  const uint64_t bytes = read.bytes;
+  ASSIGN_OR_RETURN(
+      TransferTarget target,
       ResolveTransfer(request->session(), request->buffer(), request->offset(),
                       bytes, request->stream(), "values", Caller(context),
-                      SessionRoutingKeyOf(context));
-  if (!target.ok()) return Reply(context, target.status());
+                      SessionRoutingKeyOf(context)),
+      ReplyTo(context));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  target->stream->WhenReached([context, reactor, response,
-                               buffer = target->buffer,
-                               device_stream = target->stream->device_stream(),
-                               offset = request->offset(), bytes,
-                               count = request->count(), dtype = read->dtype] {
+  target.stream->WhenReached([context, reactor, response,
+                              buffer = target.buffer,
+                              device_stream = target.stream->device_stream(),
+                              offset = request->offset(), bytes,
+                              count = request->count(), dtype = read.dtype] {
     std::string host(bytes, '\0');
     absl::Status copied = NoDeviceStream();
     if (device_stream != nullptr) {

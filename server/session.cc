@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/session_routing.h"
+#include "common/status_macros.h"
 #include "common/task_position.h"
 #include "common/thread_start.h"
 #include "kernels/aclnn_status.h"
@@ -112,10 +113,9 @@ Session::Session(std::string id, uint64_t serial, std::string client_name,
 absl::StatusOr<std::shared_ptr<Stream>> Session::NewStream() {
   std::unique_ptr<DeviceStream> device_stream;
   if (device_ != nullptr) {
-    absl::StatusOr<std::unique_ptr<DeviceStream>> created =
-        device_->CreateStream();
-    if (!created.ok()) return created.status();
-    device_stream = *std::move(created);
+    ASSIGN_OR_RETURN(std::unique_ptr<DeviceStream> created,
+                     device_->CreateStream());
+    device_stream = std::move(created);
   }
   try {
     return std::make_shared<Stream>(std::move(device_stream),
@@ -285,11 +285,10 @@ absl::StatusOr<uint64_t> Session::CreateStream() {
         " streams (destroyed ones count until their running work ends), the "
         "limit (--max_streams_per_session)"));
   }
-  absl::StatusOr<std::shared_ptr<Stream>> stream = NewStream();
-  if (!stream.ok()) return stream.status();
-  (*stream)->SetTaskTimeout(execute_timeout_);
+  ASSIGN_OR_RETURN(std::shared_ptr<Stream> stream, NewStream());
+  stream->SetTaskTimeout(execute_timeout_);
   uint64_t handle = next_handle_++;
-  streams_[handle] = *std::move(stream);
+  streams_[handle] = std::move(stream);
   return handle;
 }
 
@@ -430,16 +429,15 @@ absl::Status Session::Launch(
   // taken...
   if (absl::Status room = stream.CheckRoom(); !room.ok()) return room;
   bool consumed = false;
-  absl::StatusOr<std::shared_ptr<Executor>> executor =
-      ExecutorForLaunch(handle, /*consume=*/true, &consumed);
-  if (!executor.ok()) return executor.status();
-  absl::Status queued = stream.Enqueue(make_task(*executor), inline_if_idle);
+  ASSIGN_OR_RETURN(std::shared_ptr<Executor> executor,
+                   ExecutorForLaunch(handle, /*consume=*/true, &consumed));
+  absl::Status queued = stream.Enqueue(make_task(executor), inline_if_idle);
   if (!queued.ok() && consumed) {
     // ...and one that changed since gives it back (found by the soak: the
     // launch failed and the executor was gone). Its handle was held a
     // moment ago, so the handle limit is not checked again.
     absl::MutexLock lock(&mu_);
-    executors_.emplace(handle, ExecutorEntry{*std::move(executor), false});
+    executors_.emplace(handle, ExecutorEntry{std::move(executor), false});
   }
   return queued;
 }
@@ -669,11 +667,8 @@ std::vector<std::pair<uint64_t, std::shared_ptr<Graph>>> Session::AllGraphs()
 
 absl::StatusOr<MemoryCharge> Session::ChargeMemory(uint64_t bytes,
                                                    absl::string_view what) {
-  if (absl::Status s = ReserveSessionBytes(
-          *held_bytes_, limits_->session_memory_bytes, bytes, what);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(ReserveSessionBytes(
+      *held_bytes_, limits_->session_memory_bytes, bytes, what));
   return MemoryCharge(held_bytes_, bytes);
 }
 
@@ -877,15 +872,14 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
   }
   // The default stream's device stream, so that a device out of streams
   // is this call's error, not a session that cannot launch.
-  absl::StatusOr<std::unique_ptr<DeviceStream>> default_device_stream =
-      devices_[device]->CreateStream();
-  if (!default_device_stream.ok()) return default_device_stream.status();
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceStream> default_device_stream,
+                   devices_[device]->CreateStream());
   std::shared_ptr<Session> session;
   try {
     session = std::make_shared<Session>(
         id, next_serial_++, std::move(client_name), devices_[device], &limits_,
         device_accounts_[device].get(), stream_threads_, std::move(owner),
-        tenant, *std::move(default_device_stream), device);
+        tenant, std::move(default_device_stream), device);
   } catch (const std::system_error& e) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot start the session's stream thread: ", e.what()));
