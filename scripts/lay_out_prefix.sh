@@ -38,8 +38,8 @@ install -d "$prefix/bin" "$prefix/lib/pkgconfig" "$prefix/include" \
 install -m 755 "$bin/server/opserver" "$bin/client/opctl" "$prefix/bin/"
 install -m 644 "$bin/client/libaclnn_remote.so" "$prefix/lib/"
 
-(cd "$src/client/include" && find . -name '*.h' | sort) | while read -r h; do
-  install -D -m 644 "$src/client/include/$h" "$prefix/include/$h"
+(cd "$src/include" && find . -name '*.h' | sort) | while read -r h; do
+  install -D -m 644 "$src/include/$h" "$prefix/include/$h"
 done
 
 (cd "$src/python" && find opserver -name '*.py' | sort) | while read -r p; do
