@@ -28,6 +28,7 @@
 #include "client/client.h"
 #include "client/device_set.h"
 #include "common/etcd_address.h"
+#include "common/status_macros.h"
 #include "kernels/dtype.h"
 #include "kernels/scalar.h"
 
@@ -84,14 +85,12 @@ absl::StatusOr<ConnectOptions> ConnectOptionsFromEnv() {
   }
   // Pipelined execution is the default; OPSERVER_PIPELINE=0 makes every
   // call a blocking unary RPC (for debugging).
-  absl::StatusOr<bool> pipeline = BoolFromEnv("OPSERVER_PIPELINE", true);
-  if (!pipeline.ok()) return pipeline.status();
-  options.pipeline = *pipeline;
+  ASSIGN_OR_RETURN(bool pipeline, BoolFromEnv("OPSERVER_PIPELINE", true));
+  options.pipeline = pipeline;
   // The data path for large transfers is the default where the server has
   // one; OPSERVER_DATA_PATH=0 keeps every transfer on gRPC.
-  absl::StatusOr<bool> data_path = BoolFromEnv("OPSERVER_DATA_PATH", true);
-  if (!data_path.ok()) return data_path.status();
-  options.data_path = *data_path;
+  ASSIGN_OR_RETURN(bool data_path, BoolFromEnv("OPSERVER_DATA_PATH", true));
+  options.data_path = data_path;
   options.token = env("OPSERVER_TOKEN");
   if (options.token.empty() && !env("OPSERVER_TOKEN_FILE").empty()) {
     absl::StatusOr<std::string> token =
@@ -162,17 +161,17 @@ absl::Status OpenDevice(State& state, const char* function, int32_t device_id) {
   std::string address;
   {
     absl::MutexLock lock(&state.mu);
-    absl::StatusOr<DeviceSlot*> slot = CheckDevice(state, function, device_id);
-    if (!slot.ok()) return slot.status();
-    if ((*slot)->session != nullptr) {
-      if ((*slot)->session->Lost().ok()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(DeviceSlot * slot,
+                     CheckDevice(state, function, device_id));
+    if (slot->session != nullptr) {
+      if (slot->session->Lost().ok()) return absl::OkStatus();
       // Lost: start over on a new connection (the old one may be waiting
       // out a reconnection backoff).
       state.DropSession(device_id).IgnoreError();
-      state.servers[(*slot)->server].client.reset();
+      state.servers[slot->server].client.reset();
     }
-    server = (*slot)->server;
-    local = (*slot)->local;
+    server = slot->server;
+    local = slot->local;
     address = state.servers[server].address;
   }
   std::shared_ptr<Client> client;

@@ -23,6 +23,7 @@
 #include "aclnn/acl_meta.h"
 #include "client/client.h"
 #include "client/device_addresses.h"
+#include "common/status_macros.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
 
@@ -137,9 +138,8 @@ absl::StatusOr<bool> State::LearnNextServer() {
 absl::StatusOr<DeviceSlot*> State::Device(int64_t ordinal) {
   const size_t known = devices.size();
   while (ordinal >= 0 && static_cast<uint64_t>(ordinal) >= devices.size()) {
-    absl::StatusOr<bool> learned = LearnNextServer();
-    if (!learned.ok()) return learned.status();
-    if (!*learned) break;
+    ASSIGN_OR_RETURN(bool learned, LearnNextServer());
+    if (!learned) break;
   }
   // The device of a server this very call found down: its error, rather
   // than a second try at once (aclrtSetDevice tries again next time).
@@ -163,9 +163,8 @@ absl::StatusOr<DeviceSlot*> State::Device(int64_t ordinal) {
 
 absl::StatusOr<uint32_t> State::DeviceCount() {
   for (;;) {
-    absl::StatusOr<bool> learned = LearnNextServer();
-    if (!learned.ok()) return learned.status();
-    if (!*learned) break;
+    ASSIGN_OR_RETURN(bool learned, LearnNextServer());
+    if (!learned) break;
   }
   for (const ServerSlot& server : servers) {
     if (server.unreachable.ok()) return static_cast<uint32_t>(devices.size());
@@ -383,9 +382,8 @@ absl::StatusOr<uint32_t> CurrentDevice(State& state) {
 }
 
 absl::StatusOr<Pinned> PinCurrent(State& state) {
-  absl::StatusOr<uint32_t> device = CurrentDevice(state);
-  if (!device.ok()) return device.status();
-  return state.Pin(*device);
+  ASSIGN_OR_RETURN(uint32_t device, CurrentDevice(state));
+  return state.Pin(device);
 }
 
 bool StillCurrent(const State& state, const Pinned& pinned) {
@@ -442,9 +440,7 @@ absl::StatusOr<PinnedStream> PinStreamOf(State& state, const char* function,
   }
   // Its captured work was never sent: nothing can wait for it, and a
   // callback cannot be ordered after it.
-  if (absl::Status s = RefuseIfCapturing(state, function, stream); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(RefuseIfCapturing(state, function, stream));
   return PinnedStream{*std::move(current), *handle};
 }
 

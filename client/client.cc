@@ -143,9 +143,8 @@ std::optional<std::string> AwaitConnected(grpc::Channel& channel,
 }  // namespace
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFile("token file", path);
-  if (!text.ok()) return text.status();
-  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+  ASSIGN_OR_RETURN(std::string text, ReadFile("token file", path));
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
     line = absl::StripAsciiWhitespace(line);
     if (!line.empty()) return std::string(line);
   }
@@ -241,9 +240,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
           {"tls_cert_file", options.tls_cert_file, &ssl.pem_cert_chain},
           {"tls_key_file", options.tls_key_file, &ssl.pem_private_key}}) {
       if (path.empty()) continue;
-      absl::StatusOr<std::string> text = ReadFile(what, path);
-      if (!text.ok()) return text.status();
-      *pem = *std::move(text);
+      ASSIGN_OR_RETURN(std::string text, ReadFile(what, path));
+      *pem = std::move(text);
     }
     credentials = grpc::SslCredentials(ssl);
     if (!options.tls_server_name.empty()) {
@@ -354,10 +352,9 @@ void Client::Authorize(grpc::ClientContext* context) const {
 
 absl::StatusOr<v1::GetDeviceInfoResponse> Client::GetDeviceInfo() {
   v1::GetDeviceInfoResponse response;
-  absl::Status status =
-      Unary(*this, std::string(), &v1::Runtime::Stub::GetDeviceInfo,
-            v1::GetDeviceInfoRequest(), &response, "GetDeviceInfo");
-  if (!status.ok()) return status;
+  RETURN_IF_ERROR(Unary(*this, std::string(), &v1::Runtime::Stub::GetDeviceInfo,
+                        v1::GetDeviceInfoRequest(), &response,
+                        "GetDeviceInfo"));
   return response;
 }
 
@@ -376,27 +373,25 @@ absl::StatusOr<std::string> Client::CheckHealth(const std::string& service) {
 
 absl::StatusOr<v1::ListOperatorsResponse> Client::ListOperators() {
   v1::ListOperatorsResponse response;
-  absl::Status status =
+  RETURN_IF_ERROR(
       Unary(*this, std::string(), &v1::Operators::Stub::ListOperators,
-            v1::ListOperatorsRequest(), &response, "ListOperators");
-  if (!status.ok()) return status;
+            v1::ListOperatorsRequest(), &response, "ListOperators"));
   return response;
 }
 
 absl::StatusOr<std::vector<v1::DeviceInfo>> Client::ListDevices() {
-  absl::StatusOr<v1::GetDeviceInfoResponse> info = GetDeviceInfo();
-  if (!info.ok()) return info.status();
-  if (info->devices_size() > 0) {
-    return std::vector<v1::DeviceInfo>(info->devices().begin(),
-                                       info->devices().end());
+  ASSIGN_OR_RETURN(v1::GetDeviceInfoResponse info, GetDeviceInfo());
+  if (info.devices_size() > 0) {
+    return std::vector<v1::DeviceInfo>(info.devices().begin(),
+                                       info.devices().end());
   }
   // A server from before the list: its one device is the top level.
   v1::DeviceInfo only;
   only.set_index(0);
-  only.set_kind(info->kind());
-  only.set_name(info->name());
-  only.set_memory_bytes(info->memory_bytes());
-  only.set_threads(info->threads());
+  only.set_kind(info.kind());
+  only.set_name(info.name());
+  only.set_memory_bytes(info.memory_bytes());
+  only.set_threads(info.threads());
   return std::vector<v1::DeviceInfo>{std::move(only)};
 }
 
@@ -694,10 +689,9 @@ absl::StatusOr<v1::SessionStats> Session::Stats() {
   v1::GetSessionStatsRequest request;
   request.set_session(token_);
   v1::SessionStats response;
-  absl::Status status =
-      Unary(*client_, routing_key_, &v1::Runtime::Stub::GetSessionStats,
-            request, &response, "GetSessionStats");
-  if (!status.ok()) return status;
+  RETURN_IF_ERROR(Unary(*client_, routing_key_,
+                        &v1::Runtime::Stub::GetSessionStats, request, &response,
+                        "GetSessionStats"));
   return response;
 }
 
@@ -707,10 +701,8 @@ absl::StatusOr<DeviceBuffer> Session::Malloc(uint64_t size) {
   request.set_session(token_);
   request.set_size(size);
   v1::MallocResponse response;
-  absl::Status status =
-      Unary(*client_, routing_key_, &v1::Runtime::Stub::Malloc, request,
-            &response, "Malloc");
-  if (!status.ok()) return status;
+  RETURN_IF_ERROR(Unary(*client_, routing_key_, &v1::Runtime::Stub::Malloc,
+                        request, &response, "Malloc"));
   if (channel_ != nullptr) {
     absl::MutexLock lock(&handles_mu_);
     buffer_sizes_[response.buffer()] = size;
@@ -743,10 +735,9 @@ absl::StatusOr<Stream> Session::CreateStream() {
   v1::CreateStreamRequest request;
   request.set_session(token_);
   v1::CreateStreamResponse response;
-  absl::Status status =
-      Unary(*client_, routing_key_, &v1::Runtime::Stub::CreateStream, request,
-            &response, "CreateStream");
-  if (!status.ok()) return status;
+  RETURN_IF_ERROR(Unary(*client_, routing_key_,
+                        &v1::Runtime::Stub::CreateStream, request, &response,
+                        "CreateStream"));
   if (channel_ != nullptr) {
     absl::MutexLock lock(&handles_mu_);
     streams_.insert(response.stream());
@@ -849,12 +840,10 @@ absl::StatusOr<bool> Session::StreamBusy(uint64_t stream) {
   }
   // Unpipelined (a debugging mode): a record of the stream's probe event,
   // then its status; two round trips.
-  absl::StatusOr<uint64_t> probe = Probe(stream);
-  if (!probe.ok()) return probe.status();
-  if (absl::Status s = RecordEvent(*probe, stream); !s.ok()) return s;
-  absl::StatusOr<bool> complete = QueryEvent(*probe);
-  if (!complete.ok()) return complete.status();
-  return !*complete;
+  ASSIGN_OR_RETURN(uint64_t probe, Probe(stream));
+  if (absl::Status s = RecordEvent(probe, stream); !s.ok()) return s;
+  ASSIGN_OR_RETURN(bool complete, QueryEvent(probe));
+  return !complete;
 }
 
 absl::StatusOr<uint64_t> Session::Probe(uint64_t stream) {
@@ -862,22 +851,20 @@ absl::StatusOr<uint64_t> Session::Probe(uint64_t stream) {
     absl::MutexLock lock(&handles_mu_);
     if (auto it = probes_.find(stream); it != probes_.end()) return it->second;
   }
-  absl::StatusOr<uint64_t> event = CreateEvent(0);
-  if (!event.ok()) return event.status();
+  ASSIGN_OR_RETURN(uint64_t event, CreateEvent(0));
   absl::MutexLock lock(&handles_mu_);
   // Another thread may have made one meanwhile: either serves, the one
   // kept is destroyed with the stream (the other with the session).
-  return probes_.try_emplace(stream, *event).first->second;
+  return probes_.try_emplace(stream, event).first->second;
 }
 
 absl::Status Session::WaitStream(uint64_t stream, absl::Duration timeout) {
   if (absl::Status s = CheckLocalStream("SynchronizeStream", stream); !s.ok()) {
     return s;
   }
-  absl::StatusOr<uint64_t> probe = Probe(stream);
-  if (!probe.ok()) return probe.status();
-  if (absl::Status s = RecordEvent(*probe, stream); !s.ok()) return s;
-  return SynchronizeEventFor(*probe, timeout);
+  ASSIGN_OR_RETURN(uint64_t probe, Probe(stream));
+  if (absl::Status s = RecordEvent(probe, stream); !s.ok()) return s;
+  return SynchronizeEventFor(probe, timeout);
 }
 
 absl::Status Session::SynchronizeEventFor(uint64_t event,
@@ -923,10 +910,9 @@ absl::Status Session::WriteAsync(uint64_t buffer, uint64_t offset,
   if (channel_ == nullptr || size > kMaxPipelinedBytes) {
     return Upload(buffer, offset, data, size, stream);
   }
-  absl::StatusOr<v1::PipelineCommand> command =
-      WriteCommand(buffer, offset, data, size, stream);
-  if (!command.ok()) return command.status();
-  return channel_->Send(*std::move(command));
+  ASSIGN_OR_RETURN(v1::PipelineCommand command,
+                   WriteCommand(buffer, offset, data, size, stream));
+  return channel_->Send(std::move(command));
 }
 
 absl::StatusOr<PendingRead> Session::ReadAsync(uint64_t buffer, uint64_t offset,
@@ -935,13 +921,10 @@ absl::StatusOr<PendingRead> Session::ReadAsync(uint64_t buffer, uint64_t offset,
   if (channel_ == nullptr || size > kMaxPipelinedBytes) {
     return PendingRead(Download(buffer, offset, data, size, stream));
   }
-  if (absl::Status s = CheckLocalRange(buffer, offset, size, stream); !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<uint64_t> id =
-      channel_->SendRead(stream, buffer, offset, size, data);
-  if (!id.ok()) return id.status();
-  return PendingRead(this, *id);
+  RETURN_IF_ERROR(CheckLocalRange(buffer, offset, size, stream));
+  ASSIGN_OR_RETURN(uint64_t id,
+                   channel_->SendRead(stream, buffer, offset, size, data));
+  return PendingRead(this, id);
 }
 
 PendingRead& PendingRead::operator=(PendingRead&& other) noexcept {
@@ -1005,10 +988,8 @@ absl::StatusOr<std::vector<double>> Session::ReadValues(uint64_t buffer,
   request.set_count(count);
   request.set_stream(stream);
   v1::ReadValuesResponse response;
-  absl::Status status =
-      Unary(*client_, routing_key_, &v1::Runtime::Stub::ReadValues, request,
-            &response, "ReadValues");
-  if (!status.ok()) return status;
+  RETURN_IF_ERROR(Unary(*client_, routing_key_, &v1::Runtime::Stub::ReadValues,
+                        request, &response, "ReadValues"));
   // Callers index the values by what they asked for: a server's other
   // count would have them read past the end, or see too few.
   if (static_cast<uint64_t>(response.values_size()) != count) {
@@ -1036,10 +1017,9 @@ absl::StatusOr<Executor> Session::GetWorkspaceSize(
   }
   if (absl::Status s = Ordered(); !s.ok()) return s;
   v1::GetWorkspaceSizeResponse response;
-  absl::Status status =
-      Unary(*client_, routing_key_, &v1::Operators::Stub::GetWorkspaceSize,
-            request, &response, absl::StrCat(op, " GetWorkspaceSize"));
-  if (!status.ok()) return status;
+  RETURN_IF_ERROR(Unary(*client_, routing_key_,
+                        &v1::Operators::Stub::GetWorkspaceSize, request,
+                        &response, absl::StrCat(op, " GetWorkspaceSize")));
   return Executor(this, response.executor(), response.workspace_size());
 }
 
@@ -1076,10 +1056,10 @@ absl::Status Session::ExecuteHandle(uint64_t executor, uint64_t stream,
                                     uint64_t workspace_offset,
                                     uint64_t workspace_size) {
   if (channel_ != nullptr && executor >= kClientExecutorBase) {
-    absl::StatusOr<v1::PipelineCommand> command = LaunchCommand(
-        executor, stream, workspace, workspace_offset, workspace_size);
-    if (!command.ok()) return command.status();
-    return channel_->Send(*std::move(command));
+    ASSIGN_OR_RETURN(v1::PipelineCommand command,
+                     LaunchCommand(executor, stream, workspace,
+                                   workspace_offset, workspace_size));
+    return channel_->Send(std::move(command));
   }
   if (absl::Status s = Ordered(); !s.ok()) return s;
   v1::ExecuteRequest request;
@@ -1213,10 +1193,9 @@ absl::Status Session::DestroyExecutor(uint64_t executor) {
 absl::Status Session::Memset(uint64_t buffer, uint64_t offset, uint64_t size,
                              uint8_t value, uint64_t stream) {
   if (channel_ != nullptr) {
-    absl::StatusOr<v1::PipelineCommand> command =
-        MemsetCommand(buffer, offset, size, value, stream);
-    if (!command.ok()) return command.status();
-    return channel_->Send(*std::move(command));
+    ASSIGN_OR_RETURN(v1::PipelineCommand command,
+                     MemsetCommand(buffer, offset, size, value, stream));
+    return channel_->Send(std::move(command));
   }
   v1::MemsetRequest request;
   request.set_buffer(buffer);
@@ -1234,10 +1213,10 @@ absl::Status Session::CopyOnDevice(uint64_t dst_buffer, uint64_t dst_offset,
                                    uint64_t src_buffer, uint64_t src_offset,
                                    uint64_t size, uint64_t stream) {
   if (channel_ != nullptr) {
-    absl::StatusOr<v1::PipelineCommand> command = CopyCommand(
-        dst_buffer, dst_offset, src_buffer, src_offset, size, stream);
-    if (!command.ok()) return command.status();
-    return channel_->Send(*std::move(command));
+    ASSIGN_OR_RETURN(v1::PipelineCommand command,
+                     CopyCommand(dst_buffer, dst_offset, src_buffer, src_offset,
+                                 size, stream));
+    return channel_->Send(std::move(command));
   }
   v1::CopyDeviceToDeviceRequest request;
   request.set_dst_buffer(dst_buffer);
@@ -1286,10 +1265,8 @@ absl::StatusOr<uint64_t> Session::CreateEvent(uint32_t flags) {
   request.set_session(token_);
   request.set_flags(flags);
   v1::CreateEventResponse response;
-  absl::Status status =
-      Unary(*client_, routing_key_, &v1::Runtime::Stub::CreateEvent, request,
-            &response, "CreateEvent");
-  if (!status.ok()) return status;
+  RETURN_IF_ERROR(Unary(*client_, routing_key_, &v1::Runtime::Stub::CreateEvent,
+                        request, &response, "CreateEvent"));
   return response.event();
 }
 
@@ -1315,10 +1292,9 @@ absl::Status Session::DestroyEvent(uint64_t event) {
 
 absl::Status Session::RecordEvent(uint64_t event, uint64_t stream) {
   if (channel_ != nullptr) {
-    absl::StatusOr<v1::PipelineCommand> command =
-        RecordEventCommand(event, stream);
-    if (!command.ok()) return command.status();
-    return channel_->Send(*std::move(command));
+    ASSIGN_OR_RETURN(v1::PipelineCommand command,
+                     RecordEventCommand(event, stream));
+    return channel_->Send(std::move(command));
   }
   v1::RecordEventRequest request;
   request.set_event(event);
@@ -1331,10 +1307,9 @@ absl::Status Session::RecordEvent(uint64_t event, uint64_t stream) {
 
 absl::Status Session::StreamWaitEvent(uint64_t stream, uint64_t event) {
   if (channel_ != nullptr) {
-    absl::StatusOr<v1::PipelineCommand> command =
-        WaitEventCommand(stream, event);
-    if (!command.ok()) return command.status();
-    return channel_->Send(*std::move(command));
+    ASSIGN_OR_RETURN(v1::PipelineCommand command,
+                     WaitEventCommand(stream, event));
+    return channel_->Send(std::move(command));
   }
   v1::StreamWaitEventRequest request;
   request.set_stream(stream);
@@ -1350,10 +1325,7 @@ absl::Status Session::ResetEvent(uint64_t event, uint64_t stream) {
   request.set_event(event);
   request.set_stream(stream);
   if (channel_ != nullptr) {
-    if (absl::Status s = CheckLocalEvent("ResetEvent", event, stream);
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(CheckLocalEvent("ResetEvent", event, stream));
     v1::PipelineCommand command;
     *command.mutable_reset_event() = std::move(request);
     return channel_->Send(std::move(command));
@@ -1372,9 +1344,7 @@ absl::StatusOr<uint64_t> Session::LaunchCallback(
         "host callbacks need the command channel (ConnectOptions::pipeline): "
         "the server tells it when a stream reaches one");
   }
-  if (absl::Status s = CheckLocalStream("LaunchCallback", stream); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckLocalStream("LaunchCallback", stream));
   return channel_->SendCallback(stream, block, std::move(reached));
 }
 
@@ -1392,10 +1362,7 @@ absl::Status Session::SetStreamFailureMode(uint64_t stream, bool stop) {
         "stream failure modes need the command channel "
         "(ConnectOptions::pipeline)");
   }
-  if (absl::Status s = CheckLocalStream("SetStreamFailureMode", stream);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckLocalStream("SetStreamFailureMode", stream));
   v1::PipelineCommand command;
   command.mutable_stream_failure_mode()->set_stream(stream);
   command.mutable_stream_failure_mode()->set_stop(stop);
@@ -1426,20 +1393,14 @@ absl::StatusOr<bool> Session::QueryEvent(uint64_t event) {
   request.set_session(token_);
   request.set_event(event);
   v1::QueryEventResponse response;
-  absl::Status status =
-      Unary(*client_, routing_key_, &v1::Runtime::Stub::QueryEvent, request,
-            &response, "QueryEvent");
-  if (!status.ok()) return status;
+  RETURN_IF_ERROR(Unary(*client_, routing_key_, &v1::Runtime::Stub::QueryEvent,
+                        request, &response, "QueryEvent"));
   return response.complete();
 }
 
 absl::Status Session::SynchronizeEvent(uint64_t event) {
   if (channel_ != nullptr) {
-    if (absl::Status s =
-            CheckLocalEvent("SynchronizeEvent", event, std::nullopt);
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(CheckLocalEvent("SynchronizeEvent", event, std::nullopt));
     return channel_->FenceEvent(event);
   }
   v1::SynchronizeEventRequest request;
@@ -1457,10 +1418,9 @@ absl::StatusOr<float> Session::EventElapsedMs(uint64_t start, uint64_t end) {
   request.set_start(start);
   request.set_end(end);
   v1::EventElapsedTimeResponse response;
-  absl::Status status =
-      Unary(*client_, routing_key_, &v1::Runtime::Stub::EventElapsedTime,
-            request, &response, "EventElapsedTime");
-  if (!status.ok()) return status;
+  RETURN_IF_ERROR(Unary(*client_, routing_key_,
+                        &v1::Runtime::Stub::EventElapsedTime, request,
+                        &response, "EventElapsedTime"));
   return response.ms();
 }
 
@@ -1527,9 +1487,7 @@ absl::StatusOr<v1::PipelineCommand> Session::WriteCommand(uint64_t buffer,
         absl::StrCat("WriteAsync: a pipelined write of ", size,
                      " bytes is over the limit of ", kMaxPipelinedBytes));
   }
-  if (absl::Status s = CheckLocalRange(buffer, offset, size, stream); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckLocalRange(buffer, offset, size, stream));
   v1::PipelineCommand command;
   v1::WriteCommand& write = *command.mutable_write();
   write.set_buffer(buffer);
@@ -1542,9 +1500,7 @@ absl::StatusOr<v1::PipelineCommand> Session::WriteCommand(uint64_t buffer,
 absl::StatusOr<v1::PipelineCommand> Session::RecordEventCommand(
     uint64_t event, uint64_t stream) {
   if (absl::Status s = CheckPipelined("RecordEvent"); !s.ok()) return s;
-  if (absl::Status s = CheckLocalEvent("RecordEvent", event, stream); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckLocalEvent("RecordEvent", event, stream));
   v1::PipelineCommand command;
   command.mutable_record_event()->set_event(event);
   command.mutable_record_event()->set_stream(stream);
@@ -1554,10 +1510,7 @@ absl::StatusOr<v1::PipelineCommand> Session::RecordEventCommand(
 absl::StatusOr<v1::PipelineCommand> Session::WaitEventCommand(uint64_t stream,
                                                               uint64_t event) {
   if (absl::Status s = CheckPipelined("StreamWaitEvent"); !s.ok()) return s;
-  if (absl::Status s = CheckLocalEvent("StreamWaitEvent", event, stream);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckLocalEvent("StreamWaitEvent", event, stream));
   v1::PipelineCommand command;
   command.mutable_wait_event()->set_stream(stream);
   command.mutable_wait_event()->set_event(event);

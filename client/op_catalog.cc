@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/op_call.h"
+#include "common/status_macros.h"
 #include "google/protobuf/message.h"
 #include "kernels/validate.h"
 
@@ -98,15 +99,14 @@ absl::StatusOr<OpSignature> ParseOp(const v1::OperatorInfo& info,
                  absl::CHexEscape(t.role().substr(0, kMaxName)),
                  "', not input or output");
     }
-    absl::StatusOr<std::vector<DType>> dtypes =
-        ToDTypes(t.dtypes(), absl::StrCat("tensor ", t.name()));
-    if (!dtypes.ok()) return dtypes.status();
-    if (dtypes->empty()) return bad("tensor ", t.name(), " lists no dtype");
+    ASSIGN_OR_RETURN(std::vector<DType> dtypes,
+                     ToDTypes(t.dtypes(), absl::StrCat("tensor ", t.name())));
+    if (dtypes.empty()) return bad("tensor ", t.name(), " lists no dtype");
     if (!claim(t.name()) || !claim(t.name() + "_dtype") ||
         (!is_output && !claim(t.name() + "_shape"))) {
       return bad("tensor ", t.name(), " collides with another flag");
     }
-    TensorSignature sig{t.name(), *std::move(dtypes)};
+    TensorSignature sig{t.name(), std::move(dtypes)};
     if (is_output) {
       if (have_output) return bad("more than one output");
       have_output = true;
@@ -139,13 +139,13 @@ absl::StatusOr<OpSignature> ParseOp(const v1::OperatorInfo& info,
       sig.default_value = v;
     }
     if (sig.type == "scalar") {
-      absl::StatusOr<std::vector<DType>> dtypes =
-          ToDTypes(p.dtypes(), absl::StrCat("parameter ", sig.name));
-      if (!dtypes.ok()) return dtypes.status();
+      ASSIGN_OR_RETURN(
+          std::vector<DType> dtypes,
+          ToDTypes(p.dtypes(), absl::StrCat("parameter ", sig.name)));
       // A server from before ParamInfo.dtypes: FLOAT, what aclnn's samples
       // pass; the server still checks it.
-      sig.dtypes = dtypes->empty() ? std::vector<DType>{DType::kFloat}
-                                   : *std::move(dtypes);
+      sig.dtypes = dtypes.empty() ? std::vector<DType>{DType::kFloat}
+                                  : std::move(dtypes);
     }
     if (!claim(sig.name) ||
         (sig.type == "scalar" && !claim(sig.name + "_dtype"))) {

@@ -21,6 +21,7 @@
 #include "client/client.h"
 #include "client/server_replies.h"
 #include "common/data_path.h"
+#include "common/status_macros.h"
 #include "common/transfer_framing.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/proto_buffer_reader.h"
@@ -322,10 +323,7 @@ std::optional<absl::Status> Session::Split(uint64_t buffer, uint64_t offset,
   // transfer on `stream`: the server answers it once the work queued there
   // before is done (without taking that work's errors, which stay for the
   // next Synchronize), and only then may any part land.
-  if (absl::Status reached = part_call(&client_->channel(), 0, 0, stream);
-      !reached.ok()) {
-    return reached;
-  }
+  RETURN_IF_ERROR(part_call(&client_->channel(), 0, 0, stream));
   // Equal parts, each a whole number of upload messages (downloads come in
   // the server's --chunk_bytes messages; the rounding only evens parts).
   const uint64_t k = channels->size() + 1;
