@@ -805,8 +805,10 @@ grpc::ServerUnaryReactor* OperatorService::ReplayGraph(
   absl::StatusOr<std::shared_ptr<Stream>> stream =
       (*session)->GetStream(request->stream());
   if (!stream.ok()) return Reply(context, stream.status());
-  return Reply(context,
-               opserver::ReplayGraph(**session, request->graph(), **stream));
+  // On gRPC's callback thread, which every call needs: no more runs here
+  // than a unary Execute would (server/launch.h).
+  return Reply(context, opserver::ReplayGraph(**session, request->graph(),
+                                              **stream, kInlineLaunchElements));
 }
 
 grpc::ServerUnaryReactor* OperatorService::DestroyGraph(
