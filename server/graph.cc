@@ -46,6 +46,9 @@ struct Graph::Step {
   // graph (Device::CaptureGraph), replayed as one operation; null when the
   // tasks run one by one.
   std::shared_ptr<const DeviceGraph> device_graph;
+  // kRun: the work of its tasks in elements (InlineElements), -1 when one
+  // of them is too large to run on the thread that queues the replay.
+  int64_t inline_elements = -1;
 };
 
 struct Graph::UsedBuffer {
@@ -263,6 +266,28 @@ class TaskBuilder {
   uint64_t write_bytes_ = 0;
 };
 
+// The work of tasks [begin, end) as server/launch.h counts it for running
+// on the thread that queues a replay: launch elements, and bytes as fp32
+// elements. -1 when a task is too large to run there whatever the budget
+// (a launch over kInlineLaunchElements, bytes over kInlineBytes).
+int64_t InlineElements(const std::vector<Graph::Task>& tasks, size_t begin,
+                       size_t end) {
+  int64_t total = 0;
+  for (size_t i = begin; i < end; ++i) {
+    const Graph::Task& t = tasks[i];
+    if (t.kind == TaskKind::kLaunch) {
+      const int64_t elements = t.executor->plan->numel();
+      if (elements > kInlineLaunchElements) return -1;
+      total += elements;
+    } else {
+      if (t.size > kInlineBytes) return -1;
+      total += static_cast<int64_t>(t.size / 4);
+    }
+    // Bounded by the task limit times kInlineLaunchElements: no overflow.
+  }
+  return total;
+}
+
 }  // namespace
 
 Graph::Graph(uint64_t id) : id_(id) {}
@@ -381,7 +406,7 @@ absl::Status Graph::CaptureRuns(Device& device) {
   return absl::OkStatus();
 }
 
-absl::Status Graph::Replay(Stream& stream) {
+absl::Status Graph::Replay(Stream& stream, int64_t inline_elements) {
   for (const UsedBuffer& used : buffers_) {
     if (used.buffer->freed()) {
       return Named(
@@ -404,13 +429,19 @@ absl::Status Graph::Replay(Stream& stream) {
     absl::Status status;
     switch (step.kind) {
       case Step::Kind::kRun:
-        // The step lives as long as the graph, which `state` holds.
-        status = stream.Enqueue([state, device, &step]() -> absl::Status {
-          if (state->failed.load()) return absl::OkStatus();
-          absl::Status ran = state->graph->Run(*device, step);
-          if (!ran.ok()) state->failed.store(true);
-          return ran;
-        });
+        // The step lives as long as the graph, which `state` holds. The
+        // whole run is one task (one hand-off at most, none for a small
+        // run on an idle stream: it runs here, in order, as nothing is
+        // queued ahead of it).
+        status = stream.Enqueue(
+            [state, device, &step]() -> absl::Status {
+              if (state->failed.load()) return absl::OkStatus();
+              absl::Status ran = state->graph->Run(*device, step);
+              if (!ran.ok()) state->failed.store(true);
+              return ran;
+            },
+            /*inline_if_idle=*/step.inline_elements >= 0 &&
+                step.inline_elements <= inline_elements);
         break;
       case Step::Kind::kRecord:
         status = tasks_[step.begin].event->Record(stream);
@@ -495,6 +526,10 @@ absl::Status DefineGraph(Session& session,
     use(t.dst, i);
     use(t.src, i);
   }
+  for (Graph::Step& step : graph->steps_) {
+    if (step.kind != Graph::Step::Kind::kRun) continue;
+    step.inline_elements = InlineElements(graph->tasks_, step.begin, step.end);
+  }
   const uint64_t bytes =
       kGraphBytes + count * kGraphTaskBytes + builder.write_bytes();
   absl::StatusOr<MemoryCharge> charge =
@@ -511,10 +546,11 @@ absl::Status DefineGraph(Session& session,
                           builder.consumed());
 }
 
-absl::Status ReplayGraph(Session& session, uint64_t graph, Stream& stream) {
+absl::Status ReplayGraph(Session& session, uint64_t graph, Stream& stream,
+                         int64_t inline_elements) {
   absl::StatusOr<std::shared_ptr<Graph>> found = session.GetGraph(graph);
   if (!found.ok()) return found.status();
-  return (*found)->Replay(stream);
+  return (*found)->Replay(stream, inline_elements);
 }
 
 }  // namespace opserver

@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/aclnn_status.h"
+#include "server/launch.h"
 #include "server/pipeline.h"
 #include "server/session_test_util.h"
 
@@ -23,16 +25,58 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
+// Where the device's work ran, and a launch held until the stream is
+// cancelled or interrupted: shared by every stream of a FailingDevice.
+struct Probe {
+  absl::Mutex mu;
+  // The thread of each launch and memset, in order.
+  std::vector<std::thread::id> threads ABSL_GUARDED_BY(mu);
+  // The launch (counting from 1) that waits until CancelRunning or
+  // SetInterrupted(true) (0: none), and whether it waits now.
+  int hold_launch ABSL_GUARDED_BY(mu) = 0;
+  bool holding ABSL_GUARDED_BY(mu) = false;
+  bool stopped ABSL_GUARDED_BY(mu) = false;
+
+  void Ran() {
+    absl::MutexLock lock(&mu);
+    threads.push_back(std::this_thread::get_id());
+  }
+  std::vector<std::thread::id> Threads() {
+    absl::MutexLock lock(&mu);
+    return threads;
+  }
+  // Holds launch `launch` (see hold_launch); CANCELLED once let go.
+  absl::Status MaybeHold(int launch) {
+    absl::MutexLock lock(&mu);
+    if (launch != hold_launch) return absl::OkStatus();
+    holding = true;
+    mu.Await(absl::Condition(&stopped));
+    holding = false;
+    return absl::CancelledError("the held launch was stopped");
+  }
+  void AwaitHolding() {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&holding));
+  }
+  void Stop() {
+    absl::MutexLock lock(&mu);
+    stopped = true;
+  }
+};
+
 // The CPU device, whose streams fail the launch numbered `fail_launch`
 // (counting every stream's launches from 1) with INTERNAL "injected": a
-// replay's error must name the task that failed.
+// replay's error must name the task that failed. Every launch and memset
+// is noted in the Probe.
 class FailingStream : public DeviceStream {
  public:
   FailingStream(std::unique_ptr<DeviceStream> inner,
-                std::shared_ptr<std::atomic<int>> launches, int fail_launch)
+                std::shared_ptr<std::atomic<int>> launches, int fail_launch,
+                std::shared_ptr<Probe> probe)
       : inner_(std::move(inner)),
         launches_(std::move(launches)),
-        fail_launch_(fail_launch) {}
+        fail_launch_(fail_launch),
+        probe_(std::move(probe)) {}
   absl::Status CopyToDevice(void* dst, const void* src,
                             uint64_t bytes) override {
     return inner_->CopyToDevice(dst, src, bytes);
@@ -42,6 +86,7 @@ class FailingStream : public DeviceStream {
     return inner_->CopyFromDevice(dst, src, bytes);
   }
   absl::Status Memset(void* dst, int value, uint64_t bytes) override {
+    probe_->Ran();
     return inner_->Memset(dst, value, bytes);
   }
   absl::Status CopyOnDevice(void* dst, const void* src,
@@ -50,18 +95,28 @@ class FailingStream : public DeviceStream {
   }
   absl::Status Launch(const DevicePlan& plan, void* workspace,
                       uint64_t size) override {
-    if (launches_->fetch_add(1) + 1 == fail_launch_) {
-      return absl::InternalError("injected");
-    }
+    probe_->Ran();
+    const int launch = launches_->fetch_add(1) + 1;
+    if (launch == fail_launch_) return absl::InternalError("injected");
+    if (absl::Status s = probe_->MaybeHold(launch); !s.ok()) return s;
     return inner_->Launch(plan, workspace, size);
   }
   absl::Status Synchronize() override { return inner_->Synchronize(); }
   absl::Status ReplayGraph(const DeviceGraph& graph) override;
+  void CancelRunning() override {
+    probe_->Stop();
+    inner_->CancelRunning();
+  }
+  void SetInterrupted(bool on) override {
+    if (on) probe_->Stop();
+    inner_->SetInterrupted(on);
+  }
 
  private:
   const std::unique_ptr<DeviceStream> inner_;
   const std::shared_ptr<std::atomic<int>> launches_;
   const int fail_launch_;
+  const std::shared_ptr<Probe> probe_;
 };
 
 // A device graph of the FailingDevice: the operations the capture
@@ -138,7 +193,7 @@ class FailingDevice : public Device {
         inner_->CreateStream();
     if (!inner.ok()) return inner.status();
     return std::unique_ptr<DeviceStream>(
-        new FailingStream(*std::move(inner), launches_, fail_launch));
+        new FailingStream(*std::move(inner), launches_, fail_launch, probe));
   }
   void* HostAddress(void* device_ptr) override {
     return inner_->HostAddress(device_ptr);
@@ -163,6 +218,7 @@ class FailingDevice : public Device {
   // The operations of each capture, in order; the device graphs' replays.
   std::vector<size_t> captured_operations;
   std::atomic<int> device_replays{0};
+  const std::shared_ptr<Probe> probe = std::make_shared<Probe>();
 
  private:
   const std::unique_ptr<Device> inner_;
@@ -291,6 +347,26 @@ class GraphTest : public ::testing::Test {
   }
   std::shared_ptr<Stream> GetStream(uint64_t id) {
     return *session_->GetStream(id);
+  }
+  // Whether fence `id` was answered already (without waiting for it).
+  bool FenceAnswered(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    return fences_.count(id) > 0;
+  }
+  std::vector<std::thread::id> Threads() { return device_->probe->Threads(); }
+  // Waits (up to a minute) until stream `id` is idle: a fence answered on
+  // the stream's thread is answered before that thread lets the stream go.
+  void AwaitIdle(uint64_t id = 0) {
+    std::shared_ptr<Stream> stream = GetStream(id);
+    const absl::Time deadline = absl::Now() + absl::Minutes(1);
+    while (stream->busy() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    ASSERT_FALSE(stream->busy());
+  }
+  void HoldLaunch(int launch) {
+    absl::MutexLock lock(&device_->probe->mu);
+    device_->probe->hold_launch = launch;
   }
 
   // grad 4.5..4.2 over self 0.2..3.2 at threshold 1: out is 0, 4.4, 4.3,
@@ -660,6 +736,192 @@ TEST_F(GraphTest, EventsInsideAndOutsideTheGraph) {
               ElementsAre(HasSubstr("1: wait_event"), HasSubstr("2: memset"),
                           HasSubstr("3: record_event"),
                           HasSubstr("4: wait_event"), HasSubstr("5: launch")));
+}
+
+// A replay of small tasks on an idle stream is one unit of work run at
+// once on the thread that applies the command (a Pipeline worker): no
+// hand-off to the stream's thread, and the fence behind it finds the
+// stream idle, so it is answered before Apply returns.
+TEST_F(GraphTest, ASmallReplayOnAnIdleStreamRunsOnTheApplyingThread) {
+  Open();
+  const Step a = MakeStep();
+  const Step b = MakeStep();
+  Apply(
+      {Plan(kId, a.grad, a.self, a.out, 4),
+       Plan(kId + 1, b.grad, b.self, b.out, 4),
+       Define(kId + 2, {Memset(a.out, 16, 0), Launch(kId), Launch(kId + 1)})});
+  EXPECT_TRUE(SessionError(1).ok());
+  EXPECT_TRUE(Threads().empty());  // Defined, not run.
+  AwaitIdle();
+  Apply({Replay(kId + 2), Fence(2, false)});
+  EXPECT_TRUE(FenceAnswered(2));
+  EXPECT_TRUE(FenceResult(2).ok()) << FenceResult(2);
+  const std::thread::id here = std::this_thread::get_id();
+  EXPECT_THAT(Threads(), ElementsAre(here, here, here));
+  EXPECT_THAT(ReadFloats(*session_, a.out, 4),
+              ElementsAre(0, 4.4f, 4.3f, 4.2f));
+  EXPECT_THAT(ReadFloats(*session_, b.out, 4),
+              ElementsAre(0, 4.4f, 4.3f, 4.2f));
+}
+
+// With work queued ahead of it, the replay does not jump the queue: it is
+// queued behind that work and runs after it, on the stream's thread.
+TEST_F(GraphTest, AReplayBehindQueuedWorkRunsAfterItOnTheStreamsThread) {
+  Open();
+  const Step s = MakeStep();
+  Apply({Plan(kId, s.grad, s.self, s.out, 4), Define(kId + 1, {Launch(kId)})});
+  EXPECT_TRUE(SessionError(1).ok());
+  auto gate = std::make_shared<Stream::Gate>();
+  ASSERT_TRUE(GetStream(0)
+                  ->Hold(
+                      gate, [] {}, nullptr)
+                  .ok());
+  // The memset poisons the output; the replay after it overwrites it.
+  Apply({Memset(s.out, 16, 0xff), Replay(kId + 1), Fence(2, false)});
+  EXPECT_FALSE(FenceAnswered(2));
+  EXPECT_TRUE(Threads().empty());
+  gate.reset();
+  EXPECT_TRUE(FenceResult(2).ok()) << FenceResult(2);
+  const std::vector<std::thread::id> threads = Threads();
+  ASSERT_EQ(threads.size(), 2u);
+  EXPECT_EQ(threads[0], threads[1]);
+  EXPECT_NE(threads[1], std::this_thread::get_id());
+  EXPECT_THAT(ReadFloats(*session_, s.out, 4),
+              ElementsAre(0, 4.4f, 4.3f, 4.2f));
+}
+
+// Past the bounds of server/launch.h a replay goes to the stream's thread
+// even when the stream is idle, so a large one never holds the Pipeline
+// worker other sessions take turns at: a launch over kInlineLaunchElements,
+// a memset over kInlineBytes, or small tasks that add up to more than
+// kInlineReplayElements. At the bound it runs inline.
+TEST_F(GraphTest, AReplayOverTheInlineBoundsGoesToTheStreamsThread) {
+  Open();
+  const int64_t n = kInlineLaunchElements + 1;
+  const std::vector<float> ones(static_cast<size_t>(n), 1.0f);
+  const uint64_t grad = WriteFloats(*session_, ones);
+  const uint64_t self = WriteFloats(*session_, ones);
+  const uint64_t out = WriteFloats(*session_, ones);
+  const uint64_t bytes = *session_->Malloc(kInlineBytes + 1);
+  std::vector<v1::PipelineCommand> at_bound(
+      kInlineReplayElements / (kInlineBytes / 4),
+      Memset(bytes, kInlineBytes, 0));
+  std::vector<v1::PipelineCommand> over = at_bound;
+  over.push_back(Memset(bytes, 4, 0));
+  Apply({Plan(kId, grad, self, out, n), Define(kId + 1, {Launch(kId)}),
+         Define(kId + 2, {Memset(bytes, kInlineBytes + 1, 0)}),
+         Define(kId + 3, at_bound), Define(kId + 4, over)});
+  EXPECT_TRUE(SessionError(1).ok()) << SessionError(1);
+  uint64_t fence = 2;
+  // Replays `graph` on the idle stream: whether all of it ran here.
+  auto ran_here = [&](uint64_t graph) {
+    AwaitIdle();
+    const size_t before = Threads().size();
+    Apply({Replay(graph)});
+    EXPECT_TRUE(StreamError(fence++).ok());
+    const std::vector<std::thread::id> threads = Threads();
+    EXPECT_GT(threads.size(), before);
+    for (size_t i = before; i < threads.size(); ++i) {
+      if (threads[i] != std::this_thread::get_id()) return false;
+    }
+    return true;
+  };
+  EXPECT_FALSE(ran_here(kId + 1));
+  EXPECT_FALSE(ran_here(kId + 2));
+  EXPECT_TRUE(ran_here(kId + 3));
+  EXPECT_FALSE(ran_here(kId + 4));
+  // The large launch ran: self 1 is not over the threshold 1.
+  EXPECT_THAT(ReadFloats(*session_, out, 2), ElementsAre(0, 0));
+
+  // The unary ReplayGraph, on gRPC's callback thread, runs no more there
+  // than one unary launch: kInlineLaunchElements in all.
+  Apply(
+      {Define(kId + 5, {Memset(bytes, kInlineBytes, 0)}),
+       Define(kId + 6, {Memset(bytes, kInlineBytes, 0), Memset(bytes, 4, 0)})});
+  EXPECT_TRUE(SessionError(fence++).ok());
+  auto unary_ran_here = [&](uint64_t graph) {
+    AwaitIdle();
+    const size_t before = Threads().size();
+    EXPECT_TRUE(
+        ReplayGraph(*session_, graph, *GetStream(0), kInlineLaunchElements)
+            .ok());
+    EXPECT_TRUE(StreamError(fence++).ok());
+    const std::vector<std::thread::id> threads = Threads();
+    EXPECT_GT(threads.size(), before);
+    for (size_t i = before; i < threads.size(); ++i) {
+      if (threads[i] != std::this_thread::get_id()) return false;
+    }
+    return true;
+  };
+  EXPECT_TRUE(unary_ran_here(kId + 5));
+  EXPECT_FALSE(unary_ran_here(kId + 6));
+  EXPECT_TRUE(ran_here(kId + 6));
+}
+
+// Closing the session (CancelWork, as CloseSession and SIGTERM do) while a
+// replay runs inline stops it at the running task: the applying thread
+// returns, the rest of the replay does not run, and the stream's error
+// names the task.
+TEST_F(GraphTest, CancellingTheSessionsWorkStopsAReplayRunningInline) {
+  Open();
+  HoldLaunch(2);
+  const Step a = MakeStep();
+  const Step b = MakeStep();
+  const Step c = MakeStep();
+  Apply({Plan(kId, a.grad, a.self, a.out, 4),
+         Plan(kId + 1, b.grad, b.self, b.out, 4),
+         Plan(kId + 2, c.grad, c.self, c.out, 4),
+         Define(kId + 3, {Launch(kId), Launch(kId + 1), Launch(kId + 2)})});
+  EXPECT_TRUE(SessionError(1).ok());
+  AwaitIdle();
+  std::thread applier([this] { Apply({Replay(kId + 3)}); });
+  const std::thread::id applying = applier.get_id();
+  device_->probe->AwaitHolding();
+  session_->CancelWork();
+  applier.join();
+  EXPECT_THAT(Threads(), ElementsAre(applying, applying));
+  absl::Status error = StreamError(2);
+  EXPECT_EQ(error.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(error.message(),
+            "replay of graph 4611686018427387907: task 2 of 3: the held "
+            "launch was stopped");
+  EXPECT_THAT(ReadFloats(*session_, a.out, 4),
+              ElementsAre(0, 4.4f, 4.3f, 4.2f));
+  EXPECT_THAT(ReadFloats(*session_, c.out, 4), ElementsAre(-1, -1, -1, -1));
+  // A cancelled stream takes no more replays.
+  Apply({Replay(kId + 3)});
+  EXPECT_EQ(StreamError(3).code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(Threads().size(), 2u);
+}
+
+// The operator execute time-out (aclrtSetOpExecuteTimeOut) bounds a replay
+// run inline as it bounds one on the stream's thread: the held task is
+// interrupted, the rest does not run, and the error is 107020 naming the
+// task.
+TEST_F(GraphTest, AnInlineReplayPastTheOpTimeoutIsStoppedAndNamed) {
+  Open();
+  HoldLaunch(2);
+  const Step a = MakeStep();
+  const Step b = MakeStep();
+  const Step c = MakeStep();
+  Apply({Plan(kId, a.grad, a.self, a.out, 4),
+         Plan(kId + 1, b.grad, b.self, b.out, 4),
+         Plan(kId + 2, c.grad, c.self, c.out, 4),
+         Define(kId + 3, {Launch(kId), Launch(kId + 1), Launch(kId + 2)})});
+  EXPECT_TRUE(SessionError(1).ok());
+  GetStream(0)->SetTaskTimeout(absl::Milliseconds(20));
+  AwaitIdle();
+  // Returns once the time-out has stopped the held launch.
+  Apply({Replay(kId + 3)});
+  const std::thread::id here = std::this_thread::get_id();
+  EXPECT_THAT(Threads(), ElementsAre(here, here));
+  absl::Status error = StreamError(2);
+  EXPECT_EQ(error.code(), absl::StatusCode::kDeadlineExceeded) << error;
+  EXPECT_EQ(kernels::GetAclnnStatus(error), 107020);
+  EXPECT_THAT(error.message(),
+              HasSubstr("replay of graph 4611686018427387907: task 2 of 3: "
+                        "the held launch was stopped"));
+  EXPECT_THAT(ReadFloats(*session_, c.out, 4), ElementsAre(-1, -1, -1, -1));
 }
 
 TEST_F(GraphTest, GraphIdsFollowTheClientIdRule) {

@@ -12,14 +12,6 @@
 #include "server/stream.h"
 
 namespace opserver {
-namespace {
-
-// Launches of at most this many elements run on the calling (RPC) thread
-// when their stream is idle: a thread hand-off would cost more than the
-// kernel (microseconds of work).
-constexpr int64_t kInlineLaunchElements = 16 * 1024;
-
-}  // namespace
 
 absl::StatusOr<std::shared_ptr<Executor>> PlanExecutor(
     const v1::GetWorkspaceSizeRequest& request, Session& session,

@@ -797,8 +797,10 @@ grpc::ServerUnaryReactor* OperatorService::ReplayGraph(
                    SessionOf(context, request->session()), ReplyTo(context));
   ASSIGN_OR_RETURN(std::shared_ptr<Stream> stream,
                    session->GetStream(request->stream()), ReplyTo(context));
-  return Reply(context,
-               opserver::ReplayGraph(*session, request->graph(), *stream));
+  // On gRPC's callback thread, which every call needs: no more runs here
+  // than a unary Execute would (server/launch.h).
+  return Reply(context, opserver::ReplayGraph(*session, request->graph(),
+                                              *stream, kInlineLaunchElements));
 }
 
 grpc::ServerUnaryReactor* OperatorService::DestroyGraph(

@@ -348,10 +348,13 @@ bool CommandPipeline::DefineGraph(Session& session,
 bool CommandPipeline::ReplayGraph(Session& session,
                                   const v1::ReplayGraphRequest& replay,
                                   const Resume& resume) {
-  return OnStream(
-      session, replay.stream(), "ReplayGraph", resume, [&](Stream& stream) {
-        return opserver::ReplayGraph(session, replay.graph(), stream);
-      });
+  return OnStream(session, replay.stream(), "ReplayGraph", resume,
+                  [&](Stream& stream) {
+                    // On a Pipeline worker: a replay as large as a slice of
+                    // eager launches may run here (server/launch.h).
+                    return opserver::ReplayGraph(session, replay.graph(),
+                                                 stream, kInlineReplayElements);
+                  });
 }
 
 bool CommandPipeline::DestroyGraph(Session& session, uint64_t id) {
