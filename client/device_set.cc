@@ -79,9 +79,9 @@ absl::StatusOr<std::unique_ptr<DeviceSet>> DeviceSet::ConnectPool(
     }
   }
   std::unique_ptr<DeviceSet> set(new DeviceSet(addresses, options));
-  set->claim_ = std::move(pool.claim);
   std::vector<std::vector<v1::DeviceInfo>> listed(addresses.size());
   absl::MutexLock lock(&set->mu_);
+  set->claim_ = std::move(pool.claim);
   for (size_t server = 0; server < addresses.size(); ++server) {
     absl::StatusOr<std::unique_ptr<Client>> client =
         Client::Connect(addresses[server], options);
@@ -143,6 +143,16 @@ absl::Status DeviceSet::Reconnect(uint32_t ordinal) {
   retired_.push_back(std::move(clients_[found->server]));
   clients_[found->server] = std::shared_ptr<Client>(*std::move(client));
   return absl::OkStatus();
+}
+
+void DeviceSet::ReleaseClaim() {
+  std::unique_ptr<PoolClaim> claim;
+  {
+    absl::MutexLock lock(&mu_);
+    claim = std::move(claim_);
+  }
+  // Revoked outside the lock: it is a call to etcd.
+  claim.reset();
 }
 
 }  // namespace remote

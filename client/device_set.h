@@ -76,6 +76,11 @@ class DeviceSet {
   // alive with this set; they are the lost server's and fail.
   absl::Status Reconnect(uint32_t ordinal);
 
+  // Ends the etcd claim now rather than with the set (a Python pool's
+  // close()): its devices are free for other jobs, sessions already open
+  // go on. A no-op without a claim.
+  void ReleaseClaim();
+
  private:
   DeviceSet(std::vector<std::string> addresses, ConnectOptions options)
       : addresses_(std::move(addresses)), options_(std::move(options)) {}
@@ -88,9 +93,9 @@ class DeviceSet {
   const std::vector<std::string> addresses_;
   const ConnectOptions options_;
   // The etcd claim on the devices, if any: released with the set.
-  std::unique_ptr<PoolClaim> claim_;
   std::vector<Device> devices_;  // Fixed at Connect.
   mutable absl::Mutex mu_;
+  std::unique_ptr<PoolClaim> claim_ ABSL_GUARDED_BY(mu_);
   // The current client of each server; every client ever made stays alive
   // (sessions point at theirs).
   std::vector<std::shared_ptr<Client>> clients_ ABSL_GUARDED_BY(mu_);

@@ -222,24 +222,63 @@ absl::StatusOr<PoolResolution> ResolvePool(const std::string& text,
   return resolution;
 }
 
-absl::StatusOr<ClaimOptions> ClaimOptionsFromEnv() {
-  ClaimOptions options;
-  if (const char* count = std::getenv("OPSERVER_CLAIM");
-      count != nullptr && *count != '\0') {
-    if (!absl::SimpleAtoi(count, &options.count) || options.count > 4096) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "OPSERVER_CLAIM='", count, "': not a device count (0 to 4096)"));
-    }
+absl::Status SetClaimCount(int64_t count, absl::string_view shown,
+                           ClaimOptions* options) {
+  if (count < 0 || count > kMaxClaim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(shown, ": not a device count (0 to ", kMaxClaim, ")"));
   }
-  if (const char* wait = std::getenv("OPSERVER_CLAIM_WAIT_S");
-      wait != nullptr && *wait != '\0') {
-    int64_t seconds;
-    if (!absl::SimpleAtoi(wait, &seconds) || seconds < 0 ||
-        seconds > 7 * 24 * 3600) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "OPSERVER_CLAIM_WAIT_S='", wait, "': not seconds (0 to 604800)"));
+  options->count = static_cast<uint32_t>(count);
+  return absl::OkStatus();
+}
+
+absl::Status SetClaimWait(double seconds, absl::string_view shown,
+                          ClaimOptions* options) {
+  // Written so that NaN fails too.
+  if (!(seconds >= 0 && seconds <= kMaxClaimWaitS)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(shown, ": not seconds (0 to ", kMaxClaimWaitS, ")"));
+  }
+  options->wait = absl::Seconds(seconds);
+  return absl::OkStatus();
+}
+
+absl::Status SetClaimTtl(int64_t seconds, absl::string_view shown,
+                         ClaimOptions* options) {
+  if (seconds < kMinClaimTtlS || seconds > kMaxClaimTtlS) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(shown, ": not a lease TTL in seconds (", kMinClaimTtlS,
+                     " to ", kMaxClaimTtlS, ")"));
+  }
+  options->ttl_s = static_cast<int>(seconds);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ClaimOptions> ClaimOptionsFromEnv(
+    const std::vector<std::string>& skip) {
+  ClaimOptions options;
+  // Each variable: unset or empty keeps the default; anything but an
+  // integer in range is refused, naming the variable and its value.
+  using Setter = absl::Status (*)(int64_t, absl::string_view, ClaimOptions*);
+  const std::pair<const char*, Setter> variables[] = {
+      {"OPSERVER_CLAIM", &SetClaimCount},
+      {"OPSERVER_CLAIM_WAIT_S",
+       [](int64_t s, absl::string_view shown, ClaimOptions* o) {
+         return SetClaimWait(static_cast<double>(s), shown, o);
+       }},
+      {"OPSERVER_CLAIM_TTL_S", &SetClaimTtl},
+  };
+  for (const auto& [name, set] : variables) {
+    if (std::find(skip.begin(), skip.end(), name) != skip.end()) continue;
+    const char* text = std::getenv(name);
+    if (text == nullptr || *text == '\0') continue;
+    const std::string shown = absl::StrCat(name, "='", Shown(text), "'");
+    int64_t value;
+    // Garbage reads as -1: out of every range, so refused with the range.
+    if (!absl::SimpleAtoi(text, &value)) value = -1;
+    if (absl::Status status = set(value, shown, &options); !status.ok()) {
+      return status;
     }
-    options.wait = absl::Seconds(seconds);
   }
   return options;
 }

@@ -24,6 +24,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/etcd_address.h"
@@ -58,7 +59,8 @@ struct ClaimOptions {
   // How long to wait for enough free devices (OPSERVER_CLAIM_WAIT_S);
   // zero: fail at once.
   absl::Duration wait = absl::ZeroDuration();
-  // The claim lease's time to live: how long a dead job's claims last.
+  // The claim lease's time to live: how long a dead job's claims last
+  // (OPSERVER_CLAIM_TTL_S).
   int ttl_s = 10;
   // Called each time the claim found too few free devices and waits, for
   // tests that must act only once it waits.
@@ -115,9 +117,31 @@ absl::StatusOr<PoolResolution> ResolvePool(
     const std::string& address, const ClaimOptions& options = {},
     const EtcdCredentials& credentials = {});
 
-// ClaimOptions from OPSERVER_CLAIM (a count) and OPSERVER_CLAIM_WAIT_S
-// (seconds); INVALID_ARGUMENT naming the variable for a malformed value.
-absl::StatusOr<ClaimOptions> ClaimOptionsFromEnv();
+// The bounds of a claim's settings, the same from every surface.
+inline constexpr int64_t kMaxClaim = 4096;
+inline constexpr int64_t kMaxClaimWaitS = 7 * 24 * 3600;
+// etcd rounds a shorter lease up to its own minimum; one renewed every
+// third of its TTL needs whole seconds to spare.
+inline constexpr int64_t kMinClaimTtlS = 2;
+inline constexpr int64_t kMaxClaimTtlS = 24 * 3600;
+
+// Check one setting and store it in `options`; INVALID_ARGUMENT starting
+// with `shown` (how the caller spelled it: "OPSERVER_CLAIM='x'",
+// "claim=-1") and giving the range. Every surface (the environment,
+// Python's connect, opctl) sets claims through these.
+absl::Status SetClaimCount(int64_t count, absl::string_view shown,
+                           ClaimOptions* options);
+absl::Status SetClaimWait(double seconds, absl::string_view shown,
+                          ClaimOptions* options);
+absl::Status SetClaimTtl(int64_t seconds, absl::string_view shown,
+                         ClaimOptions* options);
+
+// ClaimOptions from OPSERVER_CLAIM (a count), OPSERVER_CLAIM_WAIT_S
+// (seconds) and OPSERVER_CLAIM_TTL_S (the claim lease's seconds, default
+// 10), but for the variables named in `skip` (set another way);
+// INVALID_ARGUMENT naming the variable for a malformed value.
+absl::StatusOr<ClaimOptions> ClaimOptionsFromEnv(
+    const std::vector<std::string>& skip = {});
 // EtcdCredentials from OPSERVER_ETCD_CA_FILE, OPSERVER_ETCD_CERT_FILE,
 // OPSERVER_ETCD_KEY_FILE, OPSERVER_ETCD_USER and OPSERVER_ETCD_PASSWORD.
 EtcdCredentials EtcdCredentialsFromEnv();

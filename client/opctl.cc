@@ -1,4 +1,6 @@
-// opctl: command-line client of an opserver.
+// opctl: command-line client of an opserver, or of a pool of them in etcd
+// (--server=etcd://HOST:PORT/PREFIX: --device counts the pool's devices as
+// the C API does, and OPSERVER_CLAIM claims devices while opctl runs).
 //
 //   opctl [--server=HOST:PORT] [--timeout_ms=N] info
 //   opctl [...] ops
@@ -17,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,15 +33,19 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/etcd_pool.h"
 #include "client/host_tensor.h"
 #include "client/loopback_tcp.h"
 #include "client/op_catalog.h"
 #include "common/cli_flags.h"
+#include "common/etcd_address.h"
 #include "common/listen_address.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:50051", "opserver to talk to.");
+ABSL_FLAG(std::string, server, "127.0.0.1:50051",
+          "opserver to talk to, HOST:PORT, or a pool of them in etcd, "
+          "etcd://HOST:PORT[,HOST:PORT...]/PREFIX (docs/pool.md).");
 ABSL_FLAG(int, timeout_ms, 5000,
           "Deadline for connecting and for each call, in milliseconds.");
 ABSL_FLAG(std::string, tls_ca_file, "",
@@ -61,7 +68,8 @@ using kernels::DType;
 
 constexpr char kUsage[] =
     "Command-line client of an opserver.\n"
-    "Usage: opctl [--server=HOST:PORT] [--timeout_ms=N] [--tls_ca_file=PEM\n"
+    "Usage: opctl [--server=HOST:PORT|etcd://HOST:PORT/PREFIX]\n"
+    "             [--timeout_ms=N] [--tls_ca_file=PEM\n"
     "             [--tls_cert_file=PEM --tls_key_file=PEM]] [--token_file=F]\n"
     "             COMMAND [ARGS]\n"
     "Commands:\n"
@@ -74,6 +82,10 @@ constexpr char kUsage[] =
     "  bench   transfer throughput, per-operator latency and the\n"
     "          pipelined vs unary cost of a backward step\n"
     "          (opctl bench --help for the details)\n"
+    "With --server=etcd://..., the devices the pool's servers registered\n"
+    "there are numbered as the C API numbers them (--device=N of run and\n"
+    "bench is that ordinal; info lists them), OPSERVER_CLAIM=N claims N\n"
+    "free devices while opctl runs, and stats covers every server.\n"
     "Exit status: 0 done, 1 the command failed (the server's answer, a\n"
     "connection, a command's arguments), 2 opctl's own command line\n"
     "(a flag, COMMAND).";
@@ -352,9 +364,64 @@ std::string FormatValue(double v, DType dtype) {
   return buffer;  // NaN never compares equal; "%g" already says "nan".
 }
 
+// A client of the server of --device=`device`, and that device's index
+// on it (the same index for one server; for a pool, the ordinal's).
+struct Connection {
+  std::unique_ptr<Client> client;
+  uint32_t device = 0;
+};
 // Connects with the global flags; `pipeline` = ConnectOptions::pipeline.
 using Connector =
-    std::function<absl::StatusOr<std::unique_ptr<Client>>(bool pipeline)>;
+    std::function<absl::StatusOr<Connection>(bool pipeline, uint32_t device)>;
+
+// Ordinal `ordinal` of a pool; INVALID_ARGUMENT naming the count past
+// the last.
+absl::StatusOr<PoolDevice> PoolOrdinal(const PoolResolution& pool,
+                                       const std::string& server,
+                                       uint32_t ordinal) {
+  if (ordinal >= pool.devices.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device=", ordinal, ": the pool ", server, " has ",
+        pool.devices.size(), " device", pool.devices.size() == 1 ? "" : "s",
+        " (opctl info lists them)"));
+  }
+  return pool.devices[ordinal];
+}
+
+// info of a pool: its ordinals as etcd registers them, each with its
+// server and the server's own device index.
+int PoolInfo(const PoolResolution& pool, const std::string& server) {
+  std::printf("pool:     %s, %zu device%s%s\n", server.c_str(),
+              pool.devices.size(), pool.devices.size() == 1 ? "" : "s",
+              pool.claim != nullptr ? " (claimed)" : "");
+  for (size_t i = 0; i < pool.devices.size(); ++i) {
+    const PoolDevice& d = pool.devices[i];
+    std::printf("device %zu: %s device %u: %s (%s), %llu bytes, %llu free%s\n",
+                i, d.address.c_str(), d.device, d.info.kind().c_str(),
+                d.info.soc_name().c_str(),
+                static_cast<unsigned long long>(d.info.capacity_bytes()),
+                static_cast<unsigned long long>(d.info.free_bytes()),
+                d.info.draining() ? ", draining" : "");
+  }
+  return 0;
+}
+
+// stats of every server of a pool, in ordinal order, each under its address.
+int PoolStats(const PoolResolution& pool, const Connector& connect) {
+  std::vector<std::string> shown;
+  for (uint32_t i = 0; i < pool.devices.size(); ++i) {
+    const std::string& address = pool.devices[i].address;
+    if (std::find(shown.begin(), shown.end(), address) != shown.end()) {
+      continue;
+    }
+    shown.push_back(address);
+    auto connected = connect(true, i);
+    if (!connected.ok()) return Fail(connected.status().message());
+    std::printf("server:       %s\n", address.c_str());
+    if (int failed = Stats(*connected->client); failed != 0) return failed;
+  }
+  return 0;
+}
 
 // The value of a command's --device (0 when absent): the server checks
 // it against its devices, and its error names the count.
@@ -374,9 +441,9 @@ absl::StatusOr<uint32_t> DeviceArg(CommandArgs& args, absl::string_view cmd) {
 // reported, not an error (help works without a server).
 int RunHelp(const Connector& connect) {
   std::printf("%s\n", kRunUsage);
-  auto connected = connect(true);
+  auto connected = connect(true, 0);
   absl::StatusOr<OpCatalog> catalog =
-      connected.ok() ? FetchCatalog(**connected) : connected.status();
+      connected.ok() ? FetchCatalog(*connected->client) : connected.status();
   if (!catalog.ok()) {
     std::printf(
         "\n(The operators come from the server, which did not answer: "
@@ -385,7 +452,7 @@ int RunHelp(const Connector& connect) {
     return 0;
   }
   std::printf("\nOperators on %s ('opctl ops' describes them):\n",
-              (*connected)->address().c_str());
+              connected->client->address().c_str());
   for (const OpSignature& op : catalog->ops) {
     std::printf("  %s %s\n", op.name.c_str(), Synopsis(op).c_str());
   }
@@ -420,9 +487,9 @@ int Run(const Connector& connect, const std::vector<std::string>& raw) {
       return Fail(absl::StrCat("run: --dtype: ", d.status().message()));
     dtype = *d;
   }
-  auto connected = connect(true);
+  auto connected = connect(true, *device);
   if (!connected.ok()) return Fail(connected.status().message());
-  Client& client = **connected;
+  Client& client = *connected->client;
   absl::StatusOr<OpCatalog> catalog = FetchCatalog(client);
   if (!catalog.ok()) return FailStatus(catalog.status(), "run: ");
   const OpSignature* op = catalog->Find(args.positional[0]);
@@ -557,7 +624,8 @@ int Run(const Connector& connect, const std::vector<std::string>& raw) {
       OutputShape(*op, params, shapes, *out_dtype);
   if (!out_shape.ok()) return FailStatus(out_shape.status(), "run: ");
 
-  auto session = client.CreateSession("opctl run", /*attach=*/true, *device);
+  auto session =
+      client.CreateSession("opctl run", /*attach=*/true, connected->device);
   if (!session.ok()) return FailStatus(session.status());
   std::map<std::string, TensorDesc> descs;
   std::vector<DeviceBuffer> buffers;
@@ -633,10 +701,10 @@ int BenchStep(const Connector& connect, int64_t n, uint32_t device) {
   std::printf("%-10s %12s %14s %16s\n", "path", "us per op", "round trip us",
               "round trips/op");
   for (bool pipeline : {true, false}) {
-    auto connected = connect(pipeline);
+    auto connected = connect(pipeline, device);
     if (!connected.ok()) return Fail(connected.status().message());
-    auto session =
-        (*connected)->CreateSession("opctl bench step", true, device);
+    auto session = connected->client->CreateSession("opctl bench step", true,
+                                                    connected->device);
     if (!session.ok()) return FailStatus(session.status());
     Session& s = **session;
     std::vector<float> ones(n, 1.0f);
@@ -788,10 +856,10 @@ int Bench(const Connector& connect, const std::vector<std::string>& raw) {
                              " (try opctl bench --help)"));
   }
   const int64_t bytes = sizes[0], iterations = sizes[1], n = sizes[2];
-  auto connected = connect(true);
+  auto connected = connect(true, *device);
   if (!connected.ok()) return Fail(connected.status().message());
-  Client& client = **connected;
-  auto session = client.CreateSession("opctl bench", true, *device);
+  Client& client = *connected->client;
+  auto session = client.CreateSession("opctl bench", true, connected->device);
   if (!session.ok()) return FailStatus(session.status());
   Session& s = **session;
 
@@ -939,18 +1007,46 @@ int Main(int argc, char** argv) {
     }
     options.token = *std::move(token);
   }
-  const Connector connect = [options](bool pipeline) {
+  const std::string server = absl::GetFlag(FLAGS_server);
+  // A pool is read (and claimed) once: every command sees the same
+  // ordinals, and the claim lasts until opctl exits.
+  std::optional<PoolResolution> pool;
+  if (IsEtcdAddress(server)) {
+    absl::StatusOr<ClaimOptions> claim = ClaimOptionsFromEnv();
+    if (!claim.ok()) return Fail(claim.status().message());
+    absl::StatusOr<PoolResolution> resolved =
+        ResolvePool(server, *claim, EtcdCredentialsFromEnv());
+    if (!resolved.ok()) return Fail(resolved.status().message());
+    pool = *std::move(resolved);
+  }
+  const Connector connect = [&](bool pipeline,
+                                uint32_t device) -> absl::StatusOr<Connection> {
     ConnectOptions chosen = options;
     chosen.pipeline = pipeline;
-    return Client::Connect(absl::GetFlag(FLAGS_server), chosen);
+    std::string address = server;
+    if (pool.has_value()) {
+      absl::StatusOr<PoolDevice> found = PoolOrdinal(*pool, server, device);
+      if (!found.ok()) return found.status();
+      address = found->address;
+      device = found->device;
+    }
+    absl::StatusOr<std::unique_ptr<Client>> client =
+        Client::Connect(address, chosen);
+    if (!client.ok()) return client.status();
+    return Connection{*std::move(client), device};
   };
   if (command == "run") return Run(connect, rest);
   if (command == "bench") return Bench(connect, rest);
-  auto client = connect(true);
-  if (!client.ok()) return Fail(client.status().message());
-  if (command == "info") return Info(**client);
-  if (command == "stats") return Stats(**client);
-  return Ops(**client);
+  if (pool.has_value()) {
+    if (command == "info") return PoolInfo(*pool, server);
+    if (command == "stats") return PoolStats(*pool, connect);
+  }
+  auto connected = connect(true, 0);
+  if (!connected.ok()) return Fail(connected.status().message());
+  Client& client = *connected->client;
+  if (command == "info") return Info(client);
+  if (command == "stats") return Stats(client);
+  return Ops(client);
 }
 
 }  // namespace

@@ -34,6 +34,7 @@ absl::StatusOr<std::unique_ptr<EtcdRegistration>> EtcdRegistration::Start(
   if (absl::Status status = registration->Register(); !status.ok()) {
     return status;
   }
+  if (options.attempted) options.attempted(true);
   absl::StatusOr<std::thread> thread = StartThread(
       "the etcd registration thread", [r = registration.get()] { r->Run(); });
   if (!thread.ok()) return thread.status();  // The destructor revokes.
@@ -91,6 +92,7 @@ void EtcdRegistration::Run() {
       // deleted them).
       if (status.ok()) status = WriteKeys(lease);
     }
+    if (options_.attempted) options_.attempted(status.ok());
     if (status.ok()) {
       if (lost) {
         LogLine(absl::StrCat("etcd: registered again at ", etcd_->endpoints(),
@@ -190,6 +192,11 @@ absl::StatusOr<std::unique_ptr<EtcdRegistration>> RegisterServer(
           "--etcd_user needs --etcd_password_file (a readable file): '",
           flags.password_file, "'"));
     }
+  }
+  if (Metrics* metrics = server.metrics(); metrics != nullptr) {
+    options.attempted = [metrics](bool succeeded) {
+      metrics->RegistrationAttempt(succeeded);
+    };
   }
   Server* s = &server;
   return EtcdRegistration::Start(options, [s] {

@@ -10,7 +10,9 @@
 //
 // Losing etcd later does not stop the server: the thread says so once on
 // the log, retries with backoff (from half a second up to the TTL), and on
-// reaching etcd again takes a new lease and writes the keys again.
+// reaching etcd again takes a new lease and writes the keys again, saying
+// so too. /metrics follows it (opserver_registration_up,
+// opserver_registration_failures_total).
 #ifndef OPSERVER_SERVER_ETCD_REGISTRATION_H_
 #define OPSERVER_SERVER_ETCD_REGISTRATION_H_
 
@@ -39,6 +41,10 @@ struct RegistrationOptions {
   std::string address;
   // The lease's time to live, in seconds (--register_ttl_s).
   int ttl_s = 10;
+  // Called after the first registration and after each later attempt to
+  // renew or redo it, with whether it succeeded (the server's /metrics);
+  // on the registration's thread. May be empty.
+  std::function<void(bool succeeded)> attempted;
 };
 
 class EtcdRegistration {
@@ -103,6 +109,7 @@ struct RegisterFlags {
 // free memory and drain state, under the address clients dial.
 // INVALID_ARGUMENT naming the flag for a bad one; etcd's error when it
 // cannot be reached.
+// Each attempt is counted in the server's /metrics when it has them.
 absl::StatusOr<std::unique_ptr<EtcdRegistration>> RegisterServer(
     const RegisterFlags& flags, Server& server);
 

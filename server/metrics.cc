@@ -258,6 +258,30 @@ Metrics::Metrics()
 
 Metrics::~Metrics() = default;
 
+void Metrics::RegistrationAttempt(bool succeeded) {
+  absl::call_once(registration_once_, [this] {
+    registration_up_ =
+        &prometheus::BuildGauge()
+             .Name("opserver_registration_up")
+             .Help(
+                 "1 while this server's keys are in etcd (--register) as "
+                 "far as the last renewal knows, 0 while etcd is out of "
+                 "reach (the server serves on and retries).")
+             .Register(*registry_)
+             .Add({});
+    registration_failures_ =
+        &prometheus::BuildCounter()
+             .Name("opserver_registration_failures_total")
+             .Help(
+                 "Renewals and re-registrations in etcd (--register) that "
+                 "failed.")
+             .Register(*registry_)
+             .Add({});
+  });
+  registration_up_->Set(succeeded ? 1 : 0);
+  if (!succeeded) registration_failures_->Increment();
+}
+
 std::vector<
     std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
 Metrics::Interceptors() {

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/call_once.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -137,6 +138,12 @@ class Metrics {
   void DeferredError();
   // A replay of a graph of `tasks` tasks was queued.
   void GraphReplayed(uint64_t tasks);
+  // --register's state (server/etcd_registration.h), after each attempt to
+  // renew or redo the registration: opserver_registration_up is 1 while the
+  // keys are in etcd as far as the last attempt knows, 0 while etcd is out
+  // of reach; opserver_registration_failures_total counts the attempts that
+  // failed. Neither appears on a server without --register.
+  void RegistrationAttempt(bool succeeded);
 
   // The registry the event metrics live in (for tests).
   prometheus::Registry& registry() { return *registry_; }
@@ -151,6 +158,10 @@ class Metrics {
                                      const std::string& status);
 
   const std::shared_ptr<prometheus::Registry> registry_;
+  // RegistrationAttempt's, made at its first call.
+  absl::once_flag registration_once_;
+  prometheus::Gauge* registration_up_ = nullptr;
+  prometheus::Counter* registration_failures_ = nullptr;
   const std::shared_ptr<SnapshotCollector> collector_;
   std::unique_ptr<prometheus::Exposer> exposer_;
 

@@ -175,6 +175,8 @@ class Server {
   // HOST:PORT /metrics is served on (the bound port); empty without
   // Options::metrics_listen.
   const std::string& metrics_address() const { return metrics_address_; }
+  // The metrics the server counts; null with Options::metrics off.
+  Metrics* metrics() { return metrics_.get(); }
   // HOST:PORT of the plaintext health port (the bound port); empty without
   // Options::health_listen.
   const std::string& health_address() const { return health_address_; }

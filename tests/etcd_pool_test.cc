@@ -7,7 +7,7 @@
 // unreachable etcd is a clear error. Leases are 2 s; every wait on etcd is
 // a bounded poll on the condition, never a sleep.
 //
-// Argument: the opserver binary.
+// Arguments: the opserver binary, opctl.
 
 #include "client/etcd_pool.h"
 
@@ -33,14 +33,17 @@
 #include "gtest/gtest.h"
 #include "testing/closed_port.h"
 #include "testing/etcd_process.h"
+#include "testing/metrics_scrape.h"
 #include "testing/opserver_process.h"
 
 namespace opserver {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string g_opserver;  // argv[1]
+std::string g_opctl;     // argv[2]
 
 ClaimOptions Claim(uint32_t count, absl::Duration wait = absl::ZeroDuration(),
                    int ttl_s = 10) {
@@ -315,9 +318,18 @@ TEST_F(EtcdPoolTest, ADrainRemovesTheKeysAtOnceAndOpenSessionsGoOn) {
 }
 
 TEST_F(EtcdPoolTest, AServerRidesOutAnEtcdRestartAndRegistersAgain) {
-  auto a = StartServer();
+  auto a = StartServer({"--metrics_listen=127.0.0.1:0"});
   ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_FALSE(a->metrics.empty());
   ASSERT_EQ(Registered().size(), 1u);
+  // /metrics follows the registration: up, and no failure yet.
+  auto metric = [&](const std::string& family) {
+    const std::string page = scrape::Metrics(a->metrics);
+    return page.find(family) == std::string::npos ? -1.0
+                                                  : scrape::Sum(page, family);
+  };
+  EXPECT_EQ(metric("opserver_registration_up"), 1.0);
+  EXPECT_EQ(metric("opserver_registration_failures_total"), 0.0);
   process::StopEtcd(etcd_);
   // etcd is gone: clients are told so with gRPC's code and the endpoint.
   absl::StatusOr<PoolResolution> down = ResolvePool(pool_);
@@ -331,9 +343,15 @@ TEST_F(EtcdPoolTest, AServerRidesOutAnEtcdRestartAndRegistersAgain) {
     return process::ReadFile(log).find("etcd: the registration is lost") !=
            std::string::npos;
   })) << process::ReadFile(log);
-  // The server serves on.
+  EXPECT_TRUE(
+      WaitUntil([&] { return metric("opserver_registration_up") == 0.0; }));
+  EXPECT_GE(metric("opserver_registration_failures_total"), 1.0);
+  // The server serves on, and says it is serving.
   auto client = remote::Client::Connect(a->address);
   ASSERT_TRUE(client.ok()) << client.status();
+  auto health = (*client)->CheckHealth();
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, "SERVING");
   auto session = (*client)->CreateSession("through the outage");
   ASSERT_TRUE(session.ok()) << session.status();
   ASSERT_TRUE(process::RestartEtcd(etcd_).ok());
@@ -342,6 +360,8 @@ TEST_F(EtcdPoolTest, AServerRidesOutAnEtcdRestartAndRegistersAgain) {
            std::string::npos;
   })) << process::ReadFile(log);
   EXPECT_EQ(Registered(), Expected({{a->address, 1}}));
+  EXPECT_TRUE(
+      WaitUntil([&] { return metric("opserver_registration_up") == 1.0; }));
   EXPECT_TRUE((*session)->Malloc(64).ok());
 }
 
@@ -491,15 +511,129 @@ TEST_F(EtcdPoolTest, TheCApiTakesAnEtcdAddressAndAClaim) {
   unsetenv("OPSERVER_ADDRESS");
 }
 
+TEST_F(EtcdPoolTest, TheCApisClaimLeaseTakesOpserverClaimTtlS) {
+  auto a = StartServer({"--devices=2"});
+  ASSERT_TRUE(a.ok()) << a.status();
+  setenv("OPSERVER_ADDRESS", pool_.c_str(), 1);
+  setenv("OPSERVER_CLAIM", "1", 1);
+  // The lease's TTL is what a keep-alive renews it to.
+  auto claim_ttl = [&]() -> int64_t {
+    std::unique_ptr<EtcdClient> etcd = Etcd();
+    auto claims = etcd->List("/ops/pool/claims/");
+    if (!claims.ok() || claims->size() != 1) return -1;
+    absl::StatusOr<int64_t> ttl = etcd->KeepAlive((*claims)[0].lease);
+    return ttl.ok() ? *ttl : -1;
+  };
+  for (const char* ttl : {"", "7"}) {
+    setenv("OPSERVER_CLAIM_TTL_S", ttl, 1);
+    ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS) << aclGetRecentErrMsg();
+    EXPECT_EQ(claim_ttl(), *ttl == '\0' ? 10 : 7);  // Unset: 10 s.
+    ASSERT_EQ(aclFinalize(), ACL_SUCCESS);
+  }
+  for (const char* bad : {"0", "-5", "1", "86401", "ten", "3s"}) {
+    setenv("OPSERVER_CLAIM_TTL_S", bad, 1);
+    EXPECT_EQ(aclInit(nullptr), ACL_ERROR_INVALID_PARAM) << bad;
+    EXPECT_THAT(std::string(aclGetRecentErrMsg()),
+                HasSubstr(absl::StrCat("OPSERVER_CLAIM_TTL_S='", bad,
+                                       "': not a lease TTL in seconds "
+                                       "(2 to 86400)")));
+  }
+  unsetenv("OPSERVER_CLAIM_TTL_S");
+  unsetenv("OPSERVER_CLAIM");
+  unsetenv("OPSERVER_ADDRESS");
+  // Nothing was claimed by the refused ones.
+  EXPECT_TRUE(ResolvePool(pool_, Claim(2)).ok());
+}
+
+// opctl's output and exit status for `args`, with `env` ("NAME=VALUE ")
+// before it; stderr joins stdout.
+int RunOpctl(const std::string& env, const std::string& args,
+             std::string* output) {
+  const std::string command =
+      absl::StrCat(env, " '", g_opctl, "' ", args, " 2>&1");
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return -1;
+  output->clear();
+  char chunk[4096];
+  size_t n;
+  while ((n = fread(chunk, 1, sizeof(chunk), pipe)) > 0)
+    output->append(chunk, n);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST_F(EtcdPoolTest, OpctlTakesAnEtcdAddressWithTheCApisOrdinals) {
+  auto a = StartServer({"--devices=2"});
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = StartServer();
+  ASSERT_TRUE(b.ok()) << b.status();
+  const std::vector<std::string> expected =
+      Expected({{a->address, 2}, {b->address, 1}});
+  const std::string server = "--server=" + pool_;
+  std::string out;
+  ASSERT_EQ(RunOpctl("", server + " info", &out), 0) << out;
+  EXPECT_THAT(out,
+              HasSubstr(absl::StrCat("pool:     ", pool_, ", 3 devices\n")));
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const size_t slash = expected[i].rfind('/');
+    EXPECT_THAT(out, HasSubstr(absl::StrCat(
+                         "device ", i, ": ", expected[i].substr(0, slash),
+                         " device ", expected[i].substr(slash + 1), ": cpu (")))
+        << out;
+  }
+  // --device is the ordinal: whichever server sorts first, ordinals 1 and
+  // 2 are device indexes that a wrong mapping would send where the server
+  // has no such device.
+  for (const char* device : {"1", "2"}) {
+    ASSERT_EQ(RunOpctl("",
+                       absl::StrCat(server, " run ThresholdBackward",
+                                    " --device=", device,
+                                    " --threshold=1 --gradOutput=4.5,4.4"
+                                    " --self=0.2,1.2"),
+                       &out),
+              0)
+        << out;
+    EXPECT_THAT(out, HasSubstr("out = [0, 4.4]"));
+  }
+  EXPECT_EQ(RunOpctl("",
+                     server + " run ThresholdBackward --device=3"
+                              " --gradOutput=1 --self=1",
+                     &out),
+            1);
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("--device=3: the pool ", pool_,
+                                          " has 3 devices (opctl info lists "
+                                          "them)")));
+  ASSERT_EQ(RunOpctl("", server + " stats", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("server:       " + a->address + "\n"));
+  EXPECT_THAT(out, HasSubstr("server:       " + b->address + "\n"));
+  ASSERT_EQ(RunOpctl("", server + " ops", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("ThresholdBackward (aclnnThresholdBackward)"));
+
+  // OPSERVER_CLAIM: exactly the claimed devices, held while opctl runs.
+  ASSERT_EQ(RunOpctl("OPSERVER_CLAIM=2", server + " info", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("pool:     ", pool_,
+                                          ", 2 devices (claimed)\n")));
+  EXPECT_THAT(out, Not(HasSubstr("device 2:")));
+  // Released when it exits: all three can be claimed again.
+  EXPECT_TRUE(ResolvePool(pool_, Claim(3)).ok());
+  EXPECT_EQ(RunOpctl("OPSERVER_CLAIM=4", server + " info", &out), 1);
+  EXPECT_THAT(out, HasSubstr("claiming 4 devices under etcd prefix "
+                             "/ops/pool/: 3 registered, 3 free"));
+  EXPECT_EQ(RunOpctl("OPSERVER_CLAIM_TTL_S=1", server + " info", &out), 1);
+  EXPECT_THAT(out, HasSubstr("OPSERVER_CLAIM_TTL_S='1': not a lease TTL in "
+                             "seconds (2 to 86400)"));
+}
+
 }  // namespace
 }  // namespace opserver
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s OPSERVER\n", argv[0]);
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s OPSERVER OPCTL\n", argv[0]);
     return 2;
   }
   opserver::g_opserver = argv[1];
+  opserver::g_opctl = argv[2];
   return RUN_ALL_TESTS();
 }

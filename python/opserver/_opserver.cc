@@ -24,6 +24,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/device_set.h"
+#include "client/etcd_pool.h"
 #include "client/op_signatures.h"
 #include "google/protobuf/util/json_util.h"
 #include "kernels/aclnn_status.h"
@@ -71,11 +73,19 @@ struct PyClient {
   std::unique_ptr<remote::Client> client;
 };
 
-// A session and the client it was opened on. Buffers, streams and
-// executors hold it, so it lives until the last of them is gone; close()
-// ends it on the server earlier, after which their frees are no-ops.
+// Several servers' devices as one list of ordinals (connect() of an
+// etcd:// pool), with the pool's claim when it made one. Shared by its
+// sessions, which must not outlive it.
+struct PyDeviceSet {
+  std::unique_ptr<remote::DeviceSet> set;
+};
+
+// A session and the client or device set it was opened on (`owner`, kept
+// alive by it). Buffers, streams and executors hold the session, so it
+// lives until the last of them is gone; close() ends it on the server
+// earlier, after which their frees are no-ops.
 struct PySession {
-  std::shared_ptr<PyClient> client;
+  std::shared_ptr<const void> owner;
   std::unique_ptr<remote::Session> session;
   absl::Mutex mu;
   bool closed ABSL_GUARDED_BY(mu) = false;
@@ -369,6 +379,33 @@ remote::ConnectOptions MakeOptions(const py::dict& kw) {
   return o;
 }
 
+// connect()'s claim arguments over OPSERVER_CLAIM, OPSERVER_CLAIM_WAIT_S
+// and OPSERVER_CLAIM_TTL_S: an argument given wins, its variable is not
+// read; the same bounds and messages as the variables'.
+ClaimOptions MakeClaimOptions(const py::object& claim,
+                              const py::object& claim_wait_s,
+                              const py::object& claim_ttl_s) {
+  std::vector<std::string> given;
+  if (!claim.is_none()) given.push_back("OPSERVER_CLAIM");
+  if (!claim_wait_s.is_none()) given.push_back("OPSERVER_CLAIM_WAIT_S");
+  if (!claim_ttl_s.is_none()) given.push_back("OPSERVER_CLAIM_TTL_S");
+  ClaimOptions options = ValueOrThrow(ClaimOptionsFromEnv(given));
+  if (!claim.is_none()) {
+    const int64_t count = claim.cast<int64_t>();
+    ThrowIfError(SetClaimCount(count, absl::StrCat("claim=", count), &options));
+  }
+  if (!claim_wait_s.is_none()) {
+    const double wait = claim_wait_s.cast<double>();
+    ThrowIfError(
+        SetClaimWait(wait, absl::StrCat("claim_wait_s=", wait), &options));
+  }
+  if (!claim_ttl_s.is_none()) {
+    const int64_t ttl = claim_ttl_s.cast<int64_t>();
+    ThrowIfError(SetClaimTtl(ttl, absl::StrCat("claim_ttl_s=", ttl), &options));
+  }
+  return options;
+}
+
 py::list Registry() {
   py::list ops;
   for (const kernels::OpInfo& info : kernels::OpRegistry()) {
@@ -526,11 +563,65 @@ PYBIND11_MODULE(_opserver, m) {
               session = c->client->CreateSession(name, attach, device);
             }
             auto s = std::make_shared<PySession>();
-            s->client = c;
+            s->owner = c;
             s->session = ValueOrThrow(std::move(session));
             return s;
           },
           py::arg("name"), py::arg("attach") = true, py::arg("device") = 0);
+
+  py::class_<PyDeviceSet, std::shared_ptr<PyDeviceSet>>(m, "DeviceSet")
+      .def_static(
+          "connect",
+          [](const std::string& address, const py::object& claim,
+             const py::object& claim_wait_s, const py::object& claim_ttl_s,
+             const py::kwargs& kw) {
+            remote::ConnectOptions options = MakeOptions(kw);
+            ClaimOptions claims =
+                MakeClaimOptions(claim, claim_wait_s, claim_ttl_s);
+            const EtcdCredentials etcd = EtcdCredentialsFromEnv();
+            absl::StatusOr<std::unique_ptr<remote::DeviceSet>> set;
+            {
+              py::gil_scoped_release release;
+              set = remote::DeviceSet::ConnectAddress(address, options, claims,
+                                                      etcd);
+            }
+            return std::make_shared<PyDeviceSet>(
+                PyDeviceSet{ValueOrThrow(std::move(set))});
+          },
+          py::arg("address"), py::arg("claim") = py::none(),
+          py::arg("claim_wait_s") = py::none(),
+          py::arg("claim_ttl_s") = py::none())
+      .def_property_readonly("size",
+                             [](PyDeviceSet& d) { return d.set->size(); })
+      .def(
+          "device",
+          [](PyDeviceSet& d, uint32_t ordinal) {
+            remote::DeviceSet::Device device =
+                ValueOrThrow(d.set->device(ordinal));
+            return py::make_tuple(d.set->addresses()[device.server],
+                                  device.local, ToJson(device.info));
+          },
+          py::arg("ordinal"),
+          "(server address, the server's device index, DeviceInfo as JSON)")
+      .def(
+          "create_session",
+          [](const std::shared_ptr<PyDeviceSet>& d, uint32_t ordinal,
+             const std::string& name, bool attach) {
+            absl::StatusOr<std::unique_ptr<remote::Session>> session;
+            {
+              py::gil_scoped_release release;
+              session = d->set->CreateSession(ordinal, name, attach);
+            }
+            auto s = std::make_shared<PySession>();
+            s->owner = d;
+            s->session = ValueOrThrow(std::move(session));
+            return s;
+          },
+          py::arg("ordinal"), py::arg("name"), py::arg("attach") = true)
+      .def("release_claim", [](PyDeviceSet& d) {
+        py::gil_scoped_release release;
+        d.set->ReleaseClaim();
+      });
 
   py::class_<PySession, std::shared_ptr<PySession>> session(m, "Session");
   session

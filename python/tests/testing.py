@@ -94,6 +94,84 @@ class Server:
         self._log.close()
 
 
+def _free_ports(count):
+    """`count` distinct loopback ports the kernel picked as free (bound at
+    once, then closed: another process may take one before it is used)."""
+    import socket
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+class Etcd:
+    """Debian's etcd (/usr/bin/etcd) on loopback, with its data and log in
+    `directory`, as testing/etcd_process.cc starts it for the C++ tests:
+    free ports, started again on new ones (a few times) when etcd exits
+    because one was taken meanwhile. ``endpoint`` is 127.0.0.1:PORT;
+    serving once its /health answers (it elected itself leader)."""
+
+    def __init__(self, directory):
+        os.makedirs(directory, exist_ok=True)
+        self._log = open(os.path.join(directory, "etcd.log"), "ab")
+        self.process = None
+        for _ in range(5):
+            client, peer = _free_ports(2)
+            client_url = "http://127.0.0.1:%d" % client
+            peer_url = "http://127.0.0.1:%d" % peer
+            self.process = subprocess.Popen(
+                ["/usr/bin/etcd", "--name=test",
+                 "--data-dir=" + os.path.join(directory, "etcd-data"),
+                 "--listen-client-urls=" + client_url,
+                 "--advertise-client-urls=" + client_url,
+                 "--listen-peer-urls=" + peer_url,
+                 "--initial-advertise-peer-urls=" + peer_url,
+                 "--initial-cluster=test=" + peer_url],
+                stdout=self._log, stderr=self._log)
+            if self._wait_serving(client_url):
+                self.endpoint = "127.0.0.1:%d" % client
+                return
+        self.stop()
+        raise RuntimeError("etcd did not start; see " + self._log.name)
+
+    def _wait_serving(self, url):
+        import json
+        import urllib.request
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                return False  # Exited: a port was taken.
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                    if json.loads(r.read()).get("health") == "true":
+                        return True
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+        self.process.kill()
+        self.process.wait()
+        return False
+
+    def stop(self):
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait()
+        self._log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+
 def _varint(n):
     out = bytearray()
     while True:
