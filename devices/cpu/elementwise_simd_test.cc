@@ -251,6 +251,120 @@ TEST(BFloat16Kernels, BitIdenticalToTheScalarFormulas) {
   hwy::SetSupportedTargetsForTest(0);
 }
 
+// ---- FLOAT16 at every vector width ------------------------------------------
+//
+// The fp16 kernels compute in float. Targets without a hardware conversion
+// (all of Arm's) store each result vector through a stack buffer and
+// convert it lane by lane: the buffer must hold the target's widest vector
+// (SVE's 2048-bit vectors hold 64 floats), which this test reaches under
+// qemu's SVE CPU (scripts/test-arm64.sh). Every element is the scalar
+// formula's float rounded by FloatToHalf, and nothing past the end is
+// written.
+
+struct F16Case {
+  std::string name;
+  OpKind op;
+  KernelParams params;
+  std::function<float(float g, float x, bool bit)> formula;
+};
+
+std::vector<F16Case> F16Cases() {
+  std::vector<F16Case> cases;
+  cases.push_back({"HardswishBackward", OpKind::kHardswishBackward,
+                   KernelParams(), [](float g, float x, bool) {
+                     return HardswishFormula<float>(KernelParams())(g, x);
+                   }});
+  KernelParams l;
+  l.slope_f = 1.5f;
+  l.slope_d = 1.5;
+  cases.push_back(
+      {"LeakyReluBackward", OpKind::kLeakyReluBackward, l,
+       [l](float g, float x, bool) { return LeakyFormula<float>(l)(g, x); }});
+  KernelParams d;
+  d.scale = 2.0f;
+  d.dropout_mode = DropoutMode::kScale;
+  cases.push_back(
+      {"DropoutBackward", OpKind::kDropoutBackward, d,
+       [d](float g, float, bool bit) { return DropoutFormula(d)(g, bit); }});
+  KernelParams t;
+  t.threshold = 0.25f;
+  cases.push_back({"ThresholdBackward", OpKind::kThresholdBackward, t,
+                   [t](float g, float x, bool) {
+                     return ThresholdFormula<float>(t)(g, x);
+                   }});
+  KernelParams s;
+  s.lambd = 0.5f;
+  cases.push_back({"SoftshrinkBackward", OpKind::kSoftshrinkBackward, s,
+                   [s](float g, float x, bool) {
+                     return SoftshrinkFormula<float>(s)(g, x);
+                   }});
+  return cases;
+}
+
+void CheckF16(const F16Case& c, int64_t n, size_t offset, uint32_t seed) {
+  std::mt19937 rng(seed);
+  constexpr uint16_t kFill = 0x5555;
+  const size_t len = static_cast<size_t>(n) + offset + 256;
+  std::vector<uint16_t> g(len), s(len), o(len, kFill);
+  // Finite halves of either sign between 1/8 and 16, and some zeros.
+  auto random_half = [&rng] {
+    if (rng() % 16 == 0) return uint16_t{0};
+    return static_cast<uint16_t>((0x3000 + rng() % 0x1C00) |
+                                 ((rng() & 1) << 15));
+  };
+  for (size_t i = 0; i < len; ++i) {
+    g[i] = random_half();
+    s[i] = random_half();
+  }
+  std::vector<uint8_t> mask(static_cast<size_t>((n + 7) / 8 + 8));
+  for (uint8_t& m : mask) m = static_cast<uint8_t>(rng());
+  const bool dropout = c.op == OpKind::kDropoutBackward;
+  const ContigFn fn = SimdContigKernel(c.op, DType::kFloat16);
+  ASSERT_NE(fn, nullptr) << c.name << " has no fp16 SIMD kernel";
+  fn(c.params, g.data() + offset,
+     dropout ? static_cast<const void*>(mask.data()) : s.data() + offset,
+     o.data() + offset, n, 0, false);
+  int reported = 0;
+  for (int64_t i = 0; i < n && reported < 5; ++i) {
+    const size_t k = offset + static_cast<size_t>(i);
+    const bool bit = (mask[i / 8] >> (i % 8)) & 1;
+    const uint16_t want =
+        FloatToHalf(c.formula(HalfToFloat(g[k]), HalfToFloat(s[k]), bit));
+    if (o[k] != want) {
+      ADD_FAILURE() << c.name << " n=" << n << " offset=" << offset
+                    << ": element " << i << " is 0x" << std::hex << o[k]
+                    << ", expected 0x" << want << std::dec;
+      ++reported;
+    }
+  }
+  for (size_t k = 0; k < offset; ++k) {
+    EXPECT_EQ(o[k], kFill) << c.name << " wrote before element 0";
+  }
+  for (size_t k = offset + static_cast<size_t>(n); k < len; ++k) {
+    EXPECT_EQ(o[k], kFill) << c.name << " wrote past element " << n;
+  }
+}
+
+TEST(Float16Kernels, EveryTargetAndVectorWidthMatchesTheScalarFormulas) {
+  // Around 4, 8, 16, 32 and 64 floats per vector (128 to 2048 bits).
+  const int64_t sizes[] = {1,   3,   4,   5,   7,   8,   9,   15,   16,
+                           17,  31,  32,  33,  63,  64,  65,  127,  128,
+                           129, 191, 192, 193, 255, 256, 257, 1000, 4099};
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    uint32_t seed = 11;
+    for (const F16Case& c : F16Cases()) {
+      for (int64_t n : sizes) {
+        for (size_t offset : {size_t{0}, size_t{1}}) {
+          CheckF16(c, n, offset, seed++);
+        }
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
 // The instruction sets the per-target tests above run, in the log; with
 // OPSERVER_EXPECT_SIMD_TARGETS set (scripts/test-arm64.sh names those of
 // each emulated CPU), exactly those, so an emulator or build offering fewer

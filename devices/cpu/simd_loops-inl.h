@@ -153,7 +153,9 @@ HWY_INLINE void StoreV(D d, hn::VFromD<D> v, T* p, bool stream) {
                 reinterpret_cast<uint16_t*>(p), stream);
 #else
     (void)stream;
-    alignas(64) float tmp[64 / sizeof(float)];
+    // As many floats as the target's widest vector: SVE's reach 64 (2048
+    // bits), not a fixed 64 bytes, and Lanes(d) is only known at run time.
+    alignas(64) float tmp[hn::MaxLanes(D())];
     hn::Store(v, d, tmp);
     for (size_t k = 0; k < hn::Lanes(d); ++k) StoreS(tmp[k], p + k);
 #endif
