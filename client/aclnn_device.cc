@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "acl/acl.h"
 #include "client/aclnn_state.h"
+#include "common/status_macros.h"
 
 namespace opserver {
 namespace {
@@ -29,14 +30,13 @@ absl::StatusOr<Pinned> PinSession(State& state) {
 // operations; the error to return otherwise.
 absl::Status PinStream(State& state, const char* function, aclrtStream stream,
                        Pinned* pinned, uint64_t* handle) {
-  absl::StatusOr<Pinned> current = PinCurrent(state);
-  if (!current.ok()) return current.status();
+  ASSIGN_OR_RETURN(Pinned current, PinCurrent(state));
   absl::StatusOr<uint64_t> stream_handle =
-      StreamHandle(state, stream, current->device);
+      StreamHandle(state, stream, current.device);
   if (!stream_handle.ok()) {
     return Prefixed(stream_handle.status(), absl::StrCat(function, ": "));
   }
-  *pinned = *std::move(current);
+  *pinned = std::move(current);
   *handle = *stream_handle;
   return absl::OkStatus();
 }

@@ -5,16 +5,15 @@
 #include "absl/status/status.h"
 #include "client/aclnn_state.h"
 #include "client/etcd_pool.h"
+#include "common/status_macros.h"
 
 namespace opserver {
 
 absl::Status JoinPool(State& state) {
-  absl::StatusOr<ClaimOptions> claim = ClaimOptionsFromEnv();
-  if (!claim.ok()) return claim.status();
-  absl::StatusOr<PoolResolution> pool =
-      ResolvePool(state.address, *claim, EtcdCredentialsFromEnv());
-  if (!pool.ok()) return pool.status();
-  for (const PoolDevice& device : pool->devices) {
+  ASSIGN_OR_RETURN(ClaimOptions claim, ClaimOptionsFromEnv());
+  ASSIGN_OR_RETURN(PoolResolution pool,
+                   ResolvePool(state.address, claim, EtcdCredentialsFromEnv()));
+  for (const PoolDevice& device : pool.devices) {
     auto server = std::find_if(
         state.servers.begin(), state.servers.end(),
         [&](const ServerSlot& slot) { return slot.address == device.address; });
@@ -29,7 +28,7 @@ absl::Status JoinPool(State& state) {
     slot.local = device.device;
     state.devices.push_back(std::move(slot));
   }
-  state.claim = std::move(pool->claim);
+  state.claim = std::move(pool.claim);
   return absl::OkStatus();
 }
 

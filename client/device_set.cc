@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 
 namespace opserver {
 namespace remote {
@@ -60,13 +61,11 @@ absl::StatusOr<std::unique_ptr<DeviceSet>> DeviceSet::ConnectAddress(
     const std::string& address, const ConnectOptions& options,
     const ClaimOptions& claim, const EtcdCredentials& etcd) {
   if (!IsEtcdAddress(address)) {
-    absl::StatusOr<std::vector<std::string>> list = ParseAddresses(address);
-    if (!list.ok()) return list.status();
-    return Connect(*list, options);
+    ASSIGN_OR_RETURN(std::vector<std::string> list, ParseAddresses(address));
+    return Connect(list, options);
   }
-  absl::StatusOr<PoolResolution> pool = ResolvePool(address, claim, etcd);
-  if (!pool.ok()) return pool.status();
-  return ConnectPool(*std::move(pool), options);
+  ASSIGN_OR_RETURN(PoolResolution pool, ResolvePool(address, claim, etcd));
+  return ConnectPool(std::move(pool), options);
 }
 
 absl::StatusOr<std::unique_ptr<DeviceSet>> DeviceSet::ConnectPool(
@@ -83,14 +82,12 @@ absl::StatusOr<std::unique_ptr<DeviceSet>> DeviceSet::ConnectPool(
   absl::MutexLock lock(&set->mu_);
   set->claim_ = std::move(pool.claim);
   for (size_t server = 0; server < addresses.size(); ++server) {
-    absl::StatusOr<std::unique_ptr<Client>> client =
-        Client::Connect(addresses[server], options);
-    if (!client.ok()) return client.status();
-    absl::StatusOr<std::vector<v1::DeviceInfo>> devices =
-        (*client)->ListDevices();
+    ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
+                     Client::Connect(addresses[server], options));
+    absl::StatusOr<std::vector<v1::DeviceInfo>> devices = client->ListDevices();
     if (!devices.ok()) return Naming(devices.status(), addresses[server]);
     listed[server] = *std::move(devices);
-    set->clients_.push_back(std::shared_ptr<Client>(*std::move(client)));
+    set->clients_.push_back(std::shared_ptr<Client>(std::move(client)));
   }
   for (const PoolDevice& device : pool.devices) {
     const size_t server =
@@ -118,30 +115,27 @@ absl::StatusOr<DeviceSet::Device> DeviceSet::device(uint32_t ordinal) const {
 
 absl::StatusOr<std::unique_ptr<Session>> DeviceSet::CreateSession(
     uint32_t ordinal, const std::string& client_name, bool attach) {
-  absl::StatusOr<Device> found = device(ordinal);
-  if (!found.ok()) return found.status();
+  ASSIGN_OR_RETURN(Device found, device(ordinal));
   std::shared_ptr<Client> client;
   {
     absl::MutexLock lock(&mu_);
-    client = clients_[found->server];
+    client = clients_[found.server];
   }
   absl::StatusOr<std::unique_ptr<Session>> session =
-      client->CreateSession(client_name, attach, found->local);
+      client->CreateSession(client_name, attach, found.local);
   if (!session.ok()) {
-    return Naming(session.status(), addresses_[found->server]);
+    return Naming(session.status(), addresses_[found.server]);
   }
   return session;
 }
 
 absl::Status DeviceSet::Reconnect(uint32_t ordinal) {
-  absl::StatusOr<Device> found = device(ordinal);
-  if (!found.ok()) return found.status();
-  absl::StatusOr<std::unique_ptr<Client>> client =
-      Client::Connect(addresses_[found->server], options_);
-  if (!client.ok()) return client.status();
+  ASSIGN_OR_RETURN(Device found, device(ordinal));
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
+                   Client::Connect(addresses_[found.server], options_));
   absl::MutexLock lock(&mu_);
-  retired_.push_back(std::move(clients_[found->server]));
-  clients_[found->server] = std::shared_ptr<Client>(*std::move(client));
+  retired_.push_back(std::move(clients_[found.server]));
+  clients_[found.server] = std::shared_ptr<Client>(std::move(client));
   return absl::OkStatus();
 }
 

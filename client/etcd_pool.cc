@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 #include "common/thread_start.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -67,18 +68,16 @@ absl::StatusOr<PoolDevice> ParseDevice(const EtcdAddress& address,
 
 absl::StatusOr<PoolListing> ReadPool(EtcdClient& etcd,
                                      const EtcdAddress& address) {
-  absl::StatusOr<std::vector<EtcdClient::Entry>> entries =
-      etcd.List(address.Root());
-  if (!entries.ok()) return entries.status();
+  ASSIGN_OR_RETURN(std::vector<EtcdClient::Entry> entries,
+                   etcd.List(address.Root()));
   PoolListing listing;
   const std::string devices = address.DevicesRoot();
   const std::string claims = address.ClaimsRoot();
-  for (const EtcdClient::Entry& entry : *entries) {
+  for (const EtcdClient::Entry& entry : entries) {
     absl::string_view rest = entry.key;
     if (absl::ConsumePrefix(&rest, devices)) {
-      absl::StatusOr<PoolDevice> device = ParseDevice(address, entry, rest);
-      if (!device.ok()) return device.status();
-      listing.devices.push_back(*std::move(device));
+      ASSIGN_OR_RETURN(PoolDevice device, ParseDevice(address, entry, rest));
+      listing.devices.push_back(std::move(device));
     } else if (absl::ConsumePrefix(&rest, claims)) {
       absl::StatusOr<DeviceKeyParts> parts = ParseDeviceKeyRest(rest);
       if (!parts.ok()) {
@@ -136,22 +135,20 @@ absl::StatusOr<std::unique_ptr<PoolClaim>> ClaimDevices(
     return absl::InvalidArgumentError(
         absl::StrCat("claim lease TTL ", options.ttl_s, " s: at least 2"));
   }
-  absl::StatusOr<int64_t> lease = etcd->Grant(options.ttl_s);
-  if (!lease.ok()) return lease.status();
+  ASSIGN_OR_RETURN(int64_t lease, etcd->Grant(options.ttl_s));
   // Revokes the lease on every way out but success.
-  std::unique_ptr<PoolClaim> claim(new PoolClaim(etcd, *lease, options.ttl_s));
+  std::unique_ptr<PoolClaim> claim(new PoolClaim(etcd, lease, options.ttl_s));
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   const std::string holder = absl::StrCat("host=", host, " pid=", getpid());
   const absl::Time deadline = absl::Now() + options.wait;
   int races = 0;
   for (;;) {
-    absl::StatusOr<PoolListing> listing = ReadPool(*etcd, address);
-    if (!listing.ok()) return listing.status();
-    const std::set<std::string> taken(listing->claimed.begin(),
-                                      listing->claimed.end());
+    ASSIGN_OR_RETURN(PoolListing listing, ReadPool(*etcd, address));
+    const std::set<std::string> taken(listing.claimed.begin(),
+                                      listing.claimed.end());
     std::vector<PoolDevice> free;
-    for (PoolDevice& device : listing->devices) {
+    for (PoolDevice& device : listing.devices) {
       if (device.info.draining() ||
           taken.count(address.ClaimKey(device.address, device.device)) > 0) {
         continue;
@@ -164,9 +161,8 @@ absl::StatusOr<std::unique_ptr<PoolClaim>> ClaimDevices(
       for (const PoolDevice& device : free) {
         keys.push_back(address.ClaimKey(device.address, device.device));
       }
-      absl::StatusOr<bool> created = etcd->CreateAll(keys, holder, *lease);
-      if (!created.ok()) return created.status();
-      if (*created) {
+      ASSIGN_OR_RETURN(bool created, etcd->CreateAll(keys, holder, lease));
+      if (created) {
         *claimed = std::move(free);
         break;
       }
@@ -176,7 +172,7 @@ absl::StatusOr<std::unique_ptr<PoolClaim>> ClaimDevices(
     if (absl::Now() >= deadline) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "claiming ", options.count, " device", options.count == 1 ? "" : "s",
-          " under etcd prefix ", address.Root(), ": ", listing->devices.size(),
+          " under etcd prefix ", address.Root(), ": ", listing.devices.size(),
           " registered, ", free.size(),
           " free (the others are claimed by other jobs or draining)",
           options.wait > absl::ZeroDuration()
@@ -197,28 +193,24 @@ absl::StatusOr<std::unique_ptr<PoolClaim>> ClaimDevices(
 absl::StatusOr<PoolResolution> ResolvePool(const std::string& text,
                                            const ClaimOptions& options,
                                            const EtcdCredentials& credentials) {
-  absl::StatusOr<EtcdAddress> address = ParseEtcdAddress(text);
-  if (!address.ok()) return address.status();
-  absl::StatusOr<std::unique_ptr<EtcdClient>> connected =
-      EtcdClient::Connect(*address, credentials);
-  if (!connected.ok()) return connected.status();
-  std::shared_ptr<EtcdClient> etcd = *std::move(connected);
+  ASSIGN_OR_RETURN(EtcdAddress address, ParseEtcdAddress(text));
+  ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> connected,
+                   EtcdClient::Connect(address, credentials));
+  std::shared_ptr<EtcdClient> etcd = std::move(connected);
   PoolResolution resolution;
   if (options.count > 0) {
-    absl::StatusOr<std::unique_ptr<PoolClaim>> claim =
-        ClaimDevices(etcd, *address, options, &resolution.devices);
-    if (!claim.ok()) return claim.status();
-    resolution.claim = *std::move(claim);
+    ASSIGN_OR_RETURN(std::unique_ptr<PoolClaim> claim,
+                     ClaimDevices(etcd, address, options, &resolution.devices));
+    resolution.claim = std::move(claim);
     return resolution;
   }
-  absl::StatusOr<PoolListing> listing = ReadPool(*etcd, *address);
-  if (!listing.ok()) return listing.status();
-  if (listing->devices.empty()) {
+  ASSIGN_OR_RETURN(PoolListing listing, ReadPool(*etcd, address));
+  if (listing.devices.empty()) {
     return absl::NotFoundError(absl::StrCat(
-        "no opserver is registered under etcd prefix ", address->Root(), " at ",
+        "no opserver is registered under etcd prefix ", address.Root(), " at ",
         etcd->endpoints(), " (servers register with --register=", text, ")"));
   }
-  resolution.devices = std::move(listing->devices);
+  resolution.devices = std::move(listing.devices);
   return resolution;
 }
 
@@ -276,9 +268,7 @@ absl::StatusOr<ClaimOptions> ClaimOptionsFromEnv(
     int64_t value;
     // Garbage reads as -1: out of every range, so refused with the range.
     if (!absl::SimpleAtoi(text, &value)) value = -1;
-    if (absl::Status status = set(value, shown, &options); !status.ok()) {
-      return status;
-    }
+    RETURN_IF_ERROR(set(value, shown, &options));
   }
   return options;
 }

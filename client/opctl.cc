@@ -40,6 +40,7 @@
 #include "common/cli_flags.h"
 #include "common/etcd_address.h"
 #include "common/listen_address.h"
+#include "common/status_macros.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
 
@@ -310,9 +311,8 @@ const std::vector<std::string>& RunFlags() {
 
 // The server's operators (ListOperators), checked.
 absl::StatusOr<OpCatalog> FetchCatalog(Client& client) {
-  absl::StatusOr<v1::ListOperatorsResponse> ops = client.ListOperators();
-  if (!ops.ok()) return ops.status();
-  return ParseCatalog(*ops, RunFlags());
+  ASSIGN_OR_RETURN(v1::ListOperatorsResponse ops, client.ListOperators());
+  return ParseCatalog(ops, RunFlags());
 }
 
 // "--gradOutput --self [--threshold=0] -> out": how to call `op`.
@@ -791,10 +791,9 @@ absl::StatusOr<BenchCall> PrepareBenchCall(Session& s, const OpSignature& op,
     shapes[t.name] = arg;
   }
   const DType out_dtype = pick(op.output);
-  absl::StatusOr<std::vector<int64_t>> out_shape =
-      OutputShape(op, call.params, shapes, out_dtype);
-  if (!out_shape.ok()) return out_shape.status();
-  shapes[op.output.name] = ArgShape{out_dtype, *out_shape};
+  ASSIGN_OR_RETURN(std::vector<int64_t> out_shape,
+                   OutputShape(op, call.params, shapes, out_dtype));
+  shapes[op.output.name] = ArgShape{out_dtype, out_shape};
   for (const auto& [name, arg] : shapes) {
     int64_t numel = 1, bytes = 0;
     for (int64_t d : arg.shape) numel *= d;  // [n] or the mask's [<= n].
@@ -802,8 +801,7 @@ absl::StatusOr<BenchCall> PrepareBenchCall(Session& s, const OpSignature& op,
       return absl::InvalidArgumentError(
           absl::StrCat(name, " of ", numel, " elements is too large"));
     }
-    absl::StatusOr<DeviceBuffer> buffer = s.Malloc(bytes);
-    if (!buffer.ok()) return buffer.status();
+    ASSIGN_OR_RETURN(DeviceBuffer buffer, s.Malloc(bytes));
     if (name != op.output.name) {
       // Ones for FLOAT, 0x55 bytes otherwise (every other element of a mask).
       std::string host(bytes, '\x55');
@@ -813,14 +811,11 @@ absl::StatusOr<BenchCall> PrepareBenchCall(Session& s, const OpSignature& op,
           std::memcpy(&host[i * sizeof(float)], &one, sizeof(float));
         }
       }
-      if (absl::Status st = s.Upload(buffer->handle(), 0, host.data(), bytes);
-          !st.ok()) {
-        return st;
-      }
+      RETURN_IF_ERROR(s.Upload(buffer.handle(), 0, host.data(), bytes));
     }
     call.descs[name] =
-        TensorDesc::Contiguous(buffer->handle(), arg.dtype, arg.shape);
-    call.buffers.push_back(*std::move(buffer));
+        TensorDesc::Contiguous(buffer.handle(), arg.dtype, arg.shape);
+    call.buffers.push_back(std::move(buffer));
   }
   return call;
 }
@@ -1025,15 +1020,13 @@ int Main(int argc, char** argv) {
     chosen.pipeline = pipeline;
     std::string address = server;
     if (pool.has_value()) {
-      absl::StatusOr<PoolDevice> found = PoolOrdinal(*pool, server, device);
-      if (!found.ok()) return found.status();
-      address = found->address;
-      device = found->device;
+      ASSIGN_OR_RETURN(PoolDevice found, PoolOrdinal(*pool, server, device));
+      address = found.address;
+      device = found.device;
     }
-    absl::StatusOr<std::unique_ptr<Client>> client =
-        Client::Connect(address, chosen);
-    if (!client.ok()) return client.status();
-    return Connection{*std::move(client), device};
+    ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
+                     Client::Connect(address, chosen));
+    return Connection{std::move(client), device};
   };
   if (command == "run") return Run(connect, rest);
   if (command == "bench") return Bench(connect, rest);

@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace opserver {
 namespace {
@@ -60,17 +61,14 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(
   }
   if (!credentials.ca_file.empty()) {
     grpc::SslCredentialsOptions ssl;
-    absl::StatusOr<std::string> ca = ReadPem(credentials.ca_file, "CA");
-    if (!ca.ok()) return ca.status();
-    ssl.pem_root_certs = *ca;
+    ASSIGN_OR_RETURN(std::string ca, ReadPem(credentials.ca_file, "CA"));
+    ssl.pem_root_certs = ca;
     if (!credentials.cert_file.empty()) {
-      absl::StatusOr<std::string> cert =
-          ReadPem(credentials.cert_file, "certificate");
-      if (!cert.ok()) return cert.status();
-      absl::StatusOr<std::string> key = ReadPem(credentials.key_file, "key");
-      if (!key.ok()) return key.status();
-      ssl.pem_cert_chain = *cert;
-      ssl.pem_private_key = *key;
+      ASSIGN_OR_RETURN(std::string cert,
+                       ReadPem(credentials.cert_file, "certificate"));
+      ASSIGN_OR_RETURN(std::string key, ReadPem(credentials.key_file, "key"));
+      ssl.pem_cert_chain = cert;
+      ssl.pem_private_key = key;
     }
     channel_credentials = grpc::SslCredentials(ssl);
   } else if (!credentials.cert_file.empty()) {

@@ -160,13 +160,9 @@ absl::StatusOr<kernels::OpCall> ToOpCall(
                               desc.storage_shape().end());
     view.data = static_cast<char*>(buffer->data) + desc.buffer_offset();
     const uint64_t available = buffer->size - desc.buffer_offset();
-    if (absl::Status s = kernels::CheckTensorBounds(
-            view,
-            static_cast<int64_t>(std::min<uint64_t>(available, INT64_MAX)),
-            name);
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(kernels::CheckTensorBounds(
+        view, static_cast<int64_t>(std::min<uint64_t>(available, INT64_MAX)),
+        name));
     RETURN_IF_ERROR(PlaceTensor(*op, name, std::move(view), &call));
   }
   return call;

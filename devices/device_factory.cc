@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/status_macros.h"
 #include "devices/ascend/ascend_device.h"
 #include "devices/cpu/cpu_device.h"
 
@@ -53,15 +54,14 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateDevices(
 
 absl::StatusOr<std::unique_ptr<Device>> CreateDevice(
     const DeviceOptions& options) {
-  absl::StatusOr<std::vector<std::unique_ptr<Device>>> devices =
-      CreateDevices(options);
-  if (!devices.ok()) return devices.status();
-  if (devices->size() != 1) {
+  ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Device>> devices,
+                   CreateDevices(options));
+  if (devices.size() != 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--device=", options.kind, " names ", devices->size(),
+        absl::StrCat("--device=", options.kind, " names ", devices.size(),
                      " devices; one is wanted here"));
   }
-  return std::move(devices->front());
+  return std::move(devices.front());
 }
 
 }  // namespace opserver

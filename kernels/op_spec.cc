@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "kernels/aclnn_status.h"
 
 namespace opserver::kernels {
@@ -114,9 +115,8 @@ absl::Status CheckOneDType(const OpInfo& info, const OpCall& call) {
 absl::Status CheckBroadcastOut(const OpInfo& info, const OpCall& call,
                                std::vector<int64_t>* out_shape) {
   const Names n(info);
-  absl::Status st =
-      Broadcast(*call.grad_output, n.g, *call.self, n.s, out_shape);
-  if (!st.ok()) return st;
+  RETURN_IF_ERROR(
+      Broadcast(*call.grad_output, n.g, *call.self, n.s, out_shape));
   return CheckOutShape(
       *call.out, n.o, *out_shape,
       absl::StrCat("the broadcast shape of ", n.g, " and ", n.s));

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "kernels/aclnn_status.h"
 
 namespace opserver::kernels {
@@ -118,9 +119,7 @@ absl::Status CheckTensorBounds(const TensorView& view,
                                int64_t storage_bytes_available,
                                absl::string_view name) {
   int64_t max_element = -1;
-  if (absl::Status s = CheckTensorLayout(view, name, &max_element); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckTensorLayout(view, name, &max_element));
   if (max_element < 0) return absl::OkStatus();
   const int64_t needed = (max_element + 1) * DTypeSize(view.dtype);
   if (needed > storage_bytes_available) {

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/ops/all.h"
 
@@ -12,9 +13,7 @@ namespace {
 // Structure, storage extent and data pointer of one tensor argument.
 absl::Status CheckTensor(const TensorView& t, absl::string_view name) {
   int64_t max_element = -1;
-  if (absl::Status s = CheckTensorLayout(t, name, &max_element); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckTensorLayout(t, name, &max_element));
   if (max_element < 0) return absl::OkStatus();  // Empty: nothing to touch.
   if (!t.storage_shape.empty()) {
     if (t.storage_shape.size() > static_cast<size_t>(kMaxRank)) {
@@ -124,11 +123,7 @@ absl::StatusOr<ValidCall> Validate(const OpCall& call) {
   // Every output element gets its own address. Besides ruling out racing
   // writes, this bounds the work of a launch by the bytes behind `out`
   // (inputs may still broadcast with stride 0).
-  if (absl::Status st =
-          CheckNoInternalOverlap(*call.out, info.tensors[2].name);
-      !st.ok()) {
-    return st;
-  }
+  RETURN_IF_ERROR(CheckNoInternalOverlap(*call.out, info.tensors[2].name));
   valid.call = call;
   valid.workspace_size =
       Entries()[op_index].workspace_size(call, valid.out_shape);

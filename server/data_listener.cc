@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "common/thread_start.h"
 
 namespace opserver {
@@ -119,10 +120,9 @@ DataListener::~DataListener() {
 
 absl::StatusOr<std::string> DataListener::Expect(
     std::function<void(UniqueFd)> on_connect) {
-  absl::StatusOr<std::string> ticket = RandomBytes(kDataTicketBytes);
-  if (!ticket.ok()) return ticket.status();
+  ASSIGN_OR_RETURN(std::string ticket, RandomBytes(kDataTicketBytes));
   absl::MutexLock lock(&mu_);
-  expected_.emplace(*ticket, std::move(on_connect));
+  expected_.emplace(ticket, std::move(on_connect));
   return ticket;
 }
 

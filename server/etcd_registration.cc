@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/listen_address.h"
+#include "common/status_macros.h"
 #include "common/thread_start.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/log.h"
@@ -26,11 +27,10 @@ absl::StatusOr<std::unique_ptr<EtcdRegistration>> EtcdRegistration::Start(
         absl::StrCat("--register_ttl_s=", options.ttl_s,
                      ": at least 2 (the lease is renewed every third of it)"));
   }
-  absl::StatusOr<std::unique_ptr<EtcdClient>> etcd =
-      EtcdClient::Connect(options.etcd, options.credentials);
-  if (!etcd.ok()) return etcd.status();
+  ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd,
+                   EtcdClient::Connect(options.etcd, options.credentials));
   std::unique_ptr<EtcdRegistration> registration(
-      new EtcdRegistration(options, std::move(describe), *std::move(etcd)));
+      new EtcdRegistration(options, std::move(describe), std::move(etcd)));
   if (absl::Status status = registration->Register(); !status.ok()) {
     return status;
   }
@@ -51,22 +51,20 @@ absl::Status EtcdRegistration::WriteKeys(int64_t lease) {
     if (!google::protobuf::util::MessageToJsonString(device, &value).ok()) {
       return absl::InternalError("cannot write a device's registration");
     }
-    absl::Status put =
+    RETURN_IF_ERROR(
         etcd_->Put(options_.etcd.DeviceKey(options_.address, device.device()),
-                   value, lease);
-    if (!put.ok()) return put;
+                   value, lease));
   }
   return absl::OkStatus();
 }
 
 absl::Status EtcdRegistration::Register() {
-  absl::StatusOr<int64_t> lease = etcd_->Grant(options_.ttl_s);
-  if (!lease.ok()) return lease.status();
+  ASSIGN_OR_RETURN(int64_t lease, etcd_->Grant(options_.ttl_s));
   {
     absl::MutexLock lock(&mu_);
-    lease_ = *lease;
+    lease_ = lease;
   }
-  return WriteKeys(*lease);
+  return WriteKeys(lease);
 }
 
 void EtcdRegistration::Run() {
@@ -172,14 +170,12 @@ absl::StatusOr<std::string> DialAddress(const RegisterFlags& flags,
 
 absl::StatusOr<std::unique_ptr<EtcdRegistration>> RegisterServer(
     const RegisterFlags& flags, Server& server) {
-  absl::StatusOr<EtcdAddress> etcd = ParseEtcdAddress(flags.etcd);
-  if (!etcd.ok()) return etcd.status();
+  ASSIGN_OR_RETURN(EtcdAddress etcd, ParseEtcdAddress(flags.etcd));
   RegistrationOptions options;
-  options.etcd = *std::move(etcd);
+  options.etcd = std::move(etcd);
   options.ttl_s = flags.ttl_s;
-  absl::StatusOr<std::string> address = DialAddress(flags, server);
-  if (!address.ok()) return address.status();
-  options.address = *std::move(address);
+  ASSIGN_OR_RETURN(std::string address, DialAddress(flags, server));
+  options.address = std::move(address);
   options.credentials.ca_file = flags.ca_file;
   options.credentials.cert_file = flags.cert_file;
   options.credentials.key_file = flags.key_file;

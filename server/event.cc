@@ -244,10 +244,7 @@ absl::Status Event::Wait(Stream& stream, absl::Duration timeout) {
           [state, weak, timer] { state->DropWait(weak, timer->timed_out); });
     };
   }
-  if (absl::Status held = stream.Hold(gate, std::move(reached), nullptr);
-      !held.ok()) {
-    return held;
-  }
+  RETURN_IF_ERROR(stream.Hold(gate, std::move(reached), nullptr));
   // Right behind the gate: a record that completed with CANCELLED, or a
   // wait past its time-out, becomes the stream's deferred error at the
   // wait's place.

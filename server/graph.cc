@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
 #include "kernels/validate.h"
@@ -149,10 +150,10 @@ class TaskBuilder {
       return *std::move(refused);
     }
     bool repeatable = false;
-    absl::StatusOr<std::shared_ptr<Executor>> executor =
+    ASSIGN_OR_RETURN(
+        std::shared_ptr<Executor> executor,
         session_.ExecutorForLaunch(launch.executor(), /*consume=*/false,
-                                   nullptr, &repeatable);
-    if (!executor.ok()) return executor.status();
+                                   nullptr, &repeatable));
     if (!repeatable) {
       if (!launched_.insert(launch.executor()).second) {
         return kernels::AclnnError(
@@ -164,14 +165,13 @@ class TaskBuilder {
       }
       consumed_.push_back(launch.executor());
     }
-    absl::StatusOr<LaunchWorkspace> workspace =
-        CheckWorkspace(launch, **executor, session_);
-    if (!workspace.ok()) return workspace.status();
+    ASSIGN_OR_RETURN(LaunchWorkspace workspace,
+                     CheckWorkspace(launch, *executor, session_));
     Graph::Task task;
     task.kind = TaskKind::kLaunch;
-    task.line = DescribeLaunch(launch, **executor);
-    task.executor = *std::move(executor);
-    task.workspace = *std::move(workspace);
+    task.line = DescribeLaunch(launch, *executor);
+    task.executor = std::move(executor);
+    task.workspace = std::move(workspace);
     return task;
   }
 
@@ -181,12 +181,12 @@ class TaskBuilder {
       return absl::InvalidArgumentError(absl::StrCat(
           "memset value ", memset.value(), " is not a byte (0 to 255)"));
     }
-    absl::StatusOr<std::shared_ptr<Buffer>> dst = BufferRange(
-        session_, memset.buffer(), memset.offset(), memset.size(), "memset of");
-    if (!dst.ok()) return dst.status();
+    ASSIGN_OR_RETURN(std::shared_ptr<Buffer> dst,
+                     BufferRange(session_, memset.buffer(), memset.offset(),
+                                 memset.size(), "memset of"));
     Graph::Task task;
     task.kind = TaskKind::kMemset;
-    task.dst = *std::move(dst);
+    task.dst = std::move(dst);
     task.dst_offset = memset.offset();
     task.size = memset.size();
     task.value = static_cast<int>(memset.value());
@@ -199,18 +199,16 @@ class TaskBuilder {
 
   absl::StatusOr<Graph::Task> Copy(const v1::CopyDeviceToDeviceRequest& copy) {
     if (absl::Status s = CheckStream(copy.stream()); !s.ok()) return s;
-    absl::StatusOr<std::shared_ptr<Buffer>> src =
-        BufferRange(session_, copy.src_buffer(), copy.src_offset(), copy.size(),
-                    "copy source");
-    if (!src.ok()) return src.status();
-    absl::StatusOr<std::shared_ptr<Buffer>> dst =
-        BufferRange(session_, copy.dst_buffer(), copy.dst_offset(), copy.size(),
-                    "copy destination");
-    if (!dst.ok()) return dst.status();
+    ASSIGN_OR_RETURN(std::shared_ptr<Buffer> src,
+                     BufferRange(session_, copy.src_buffer(), copy.src_offset(),
+                                 copy.size(), "copy source"));
+    ASSIGN_OR_RETURN(std::shared_ptr<Buffer> dst,
+                     BufferRange(session_, copy.dst_buffer(), copy.dst_offset(),
+                                 copy.size(), "copy destination"));
     Graph::Task task;
     task.kind = TaskKind::kCopy;
-    task.src = *std::move(src);
-    task.dst = *std::move(dst);
+    task.src = std::move(src);
+    task.dst = std::move(dst);
     task.src_offset = copy.src_offset();
     task.dst_offset = copy.dst_offset();
     task.size = copy.size();
@@ -230,13 +228,12 @@ class TaskBuilder {
           absl::StrCat("a write of ", write.data().size(),
                        " bytes is over the limit of ", kMaxWriteBytes));
     }
-    absl::StatusOr<std::shared_ptr<Buffer>> dst =
-        BufferRange(session_, write.buffer(), write.offset(),
-                    write.data().size(), "write of");
-    if (!dst.ok()) return dst.status();
+    ASSIGN_OR_RETURN(std::shared_ptr<Buffer> dst,
+                     BufferRange(session_, write.buffer(), write.offset(),
+                                 write.data().size(), "write of"));
     Graph::Task task;
     task.kind = TaskKind::kWrite;
-    task.dst = *std::move(dst);
+    task.dst = std::move(dst);
     task.dst_offset = write.offset();
     task.size = write.data().size();
     task.data = write.data();
@@ -251,11 +248,10 @@ class TaskBuilder {
                                         uint64_t stream,
                                         absl::string_view what) {
     if (absl::Status s = CheckStream(stream); !s.ok()) return s;
-    absl::StatusOr<std::shared_ptr<Event>> found = session_.GetEvent(event);
-    if (!found.ok()) return found.status();
+    ASSIGN_OR_RETURN(std::shared_ptr<Event> found, session_.GetEvent(event));
     Graph::Task task;
     task.kind = kind;
-    task.event = *std::move(found);
+    task.event = std::move(found);
     task.line = absl::StrCat(what, " ", event, " (", StreamName(stream), ")");
     return task;
   }
@@ -532,25 +528,22 @@ absl::Status DefineGraph(Session& session,
   }
   const uint64_t bytes =
       kGraphBytes + count * kGraphTaskBytes + builder.write_bytes();
-  absl::StatusOr<MemoryCharge> charge =
-      session.ChargeMemory(bytes, absl::StrCat("a graph of ", count, " tasks"));
-  if (!charge.ok()) return charge.status();
-  graph->charge_ = *std::move(charge);
+  ASSIGN_OR_RETURN(MemoryCharge charge,
+                   session.ChargeMemory(
+                       bytes, absl::StrCat("a graph of ", count, " tasks")));
+  graph->charge_ = std::move(charge);
   graph->metrics_ = session.metrics();
   // Last, once everything cheaper has passed: a capture costs the device
   // (and, on CANN over libaclnn_remote, a round trip).
-  if (absl::Status s = graph->CaptureRuns(*session.device()); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(graph->CaptureRuns(*session.device()));
   return session.AddGraph(define.graph(), std::move(graph), count,
                           builder.consumed());
 }
 
 absl::Status ReplayGraph(Session& session, uint64_t graph, Stream& stream,
                          int64_t inline_elements) {
-  absl::StatusOr<std::shared_ptr<Graph>> found = session.GetGraph(graph);
-  if (!found.ok()) return found.status();
-  return (*found)->Replay(stream, inline_elements);
+  ASSIGN_OR_RETURN(std::shared_ptr<Graph> found, session.GetGraph(graph));
+  return found->Replay(stream, inline_elements);
 }
 
 }  // namespace opserver

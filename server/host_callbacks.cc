@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
 #include "kernels/aclnn_status.h"
 #include "server/deadline_timer.h"
 #include "server/memory_charge.h"
@@ -85,12 +86,9 @@ absl::Status HostCallbacks::Queue(Stream& stream, uint64_t id, bool block,
         });
     return absl::OkStatus();
   }
-  if (absl::Status s = ReserveSessionBytes(*held_bytes_, memory_limit_,
-                                           kBlockedCallbackBytes,
-                                           "a blocking host callback's state");
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(ReserveSessionBytes(*held_bytes_, memory_limit_,
+                                      kBlockedCallbackBytes,
+                                      "a blocking host callback's state"));
   auto pending = std::make_shared<Pending>();
   pending->charge = MemoryCharge(held_bytes_, kBlockedCallbackBytes);
   {

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/validate.h"
 #include "server/byte_range.h"
@@ -29,10 +30,9 @@ absl::StatusOr<std::shared_ptr<Executor>> PlanExecutor(
   }
   std::vector<std::shared_ptr<Buffer>> buffers;
   auto lookup = [&](uint64_t handle) -> absl::StatusOr<DeviceBytes> {
-    absl::StatusOr<std::shared_ptr<Buffer>> buffer = session.GetBuffer(handle);
-    if (!buffer.ok()) return buffer.status();
-    DeviceBytes bytes{(*buffer)->data(), (*buffer)->size()};
-    buffers.push_back(*std::move(buffer));
+    ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer, session.GetBuffer(handle));
+    DeviceBytes bytes{buffer->data(), buffer->size()};
+    buffers.push_back(std::move(buffer));
     return bytes;
   };
   absl::StatusOr<std::unique_ptr<DevicePlan>> plan = PlanGetWorkspaceSize(
@@ -84,31 +84,29 @@ absl::StatusOr<LaunchWorkspace> CheckWorkspace(
 
 absl::Status LaunchExecutor(const v1::ExecuteRequest& request,
                             Session& session) {
-  absl::StatusOr<std::shared_ptr<Stream>> stream =
-      session.GetStream(request.stream());
-  if (!stream.ok()) return stream.status();
+  ASSIGN_OR_RETURN(std::shared_ptr<Stream> stream,
+                   session.GetStream(request.stream()));
   // The task holds the device stream, not the Stream, which may be
   // destroyed while the task runs.
-  std::shared_ptr<DeviceStream> device_stream = (*stream)->device_stream();
+  std::shared_ptr<DeviceStream> device_stream = stream->device_stream();
   if (device_stream == nullptr) {
     return absl::FailedPreconditionError(
         "the stream has no device stream (the device could not create one)");
   }
   // Validate against the executor before consuming it, so a bad workspace
   // does not cost the caller its executor.
-  absl::StatusOr<std::shared_ptr<Executor>> executor =
-      session.ExecutorForLaunch(request.executor(), /*consume=*/false);
-  if (!executor.ok()) return executor.status();
-  absl::StatusOr<LaunchWorkspace> checked =
-      CheckWorkspace(request, **executor, session);
-  if (!checked.ok()) return checked.status();
-  std::shared_ptr<Buffer> workspace = std::move(checked->buffer);
-  void* workspace_data = checked->data;
-  const bool tiny = (*executor)->plan->numel() <= kInlineLaunchElements;
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<Executor> executor,
+      session.ExecutorForLaunch(request.executor(), /*consume=*/false));
+  ASSIGN_OR_RETURN(LaunchWorkspace checked,
+                   CheckWorkspace(request, *executor, session));
+  std::shared_ptr<Buffer> workspace = std::move(checked.buffer);
+  void* workspace_data = checked.data;
+  const bool tiny = executor->plan->numel() <= kInlineLaunchElements;
   // A full or destroyed stream refuses the launch without consuming the
   // executor (Session::Launch).
   return session.Launch(
-      request.executor(), **stream, /*inline_if_idle=*/tiny,
+      request.executor(), *stream, /*inline_if_idle=*/tiny,
       [device_stream = std::move(device_stream),
        workspace = std::move(workspace), workspace_data,
        size = request.workspace_size(),

@@ -119,18 +119,17 @@ absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
                                             Device* device,
                                             uint32_t max_values) {
   kernels::OpCall call;
-  absl::StatusOr<const OpInfo*> op =
-      BeginOpCall(request.op(), request.params(), &call);
-  if (!op.ok()) return op.status();
-  RETURN_IF_ERROR(CheckDeviceSupports(*device, (*op)->kind));
+  ASSIGN_OR_RETURN(const OpInfo* op,
+                   BeginOpCall(request.op(), request.params(), &call));
+  RETURN_IF_ERROR(CheckDeviceSupports(*device, op->kind));
   for (const auto& [name, t] : request.inputs()) {
     bool known = false;
-    for (const auto& arg : (*op)->tensors) {
+    for (const auto& arg : op->tensors) {
       known |= !arg.is_output && arg.name == name;
     }
     if (!known) {
       return kernels::ParamInvalid(
-          absl::StrCat((*op)->name, " has no input '", name, "'"));
+          absl::StrCat(op->name, " has no input '", name, "'"));
     }
   }
   // A transient device stream per call rather than a shared default one:
@@ -157,7 +156,7 @@ absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
   void* output_data = nullptr;
   int64_t output_numel = 0;
   DType output_dtype = DType::kFloat;
-  for (const auto& arg : (*op)->tensors) {
+  for (const auto& arg : op->tensors) {
     const std::string name(arg.name);
     const v1::ValueTensor* t = nullptr;
     if (arg.is_output) {
@@ -201,7 +200,7 @@ absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
       output_numel = numel;
       output_dtype = dtype;
     }
-    RETURN_IF_ERROR(PlaceTensor(**op, name, std::move(view), &call));
+    RETURN_IF_ERROR(PlaceTensor(*op, name, std::move(view), &call));
   }
   ASSIGN_OR_RETURN(kernels::ValidCall valid, kernels::Validate(call));
   ASSIGN_OR_RETURN(plan, device->Prepare(std::move(valid)));

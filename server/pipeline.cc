@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/aclnn_status.h"
 #include "server/event.h"
 #include "server/graph.h"
@@ -545,9 +546,8 @@ absl::StatusOr<std::shared_ptr<Buffer>> CommandPipeline::CheckRange(
         "a pipelined ", what, " of ", size, " bytes is over the limit of ",
         kMaxCommandBytes, ": use ", what == "read" ? "Download" : "Upload"));
   }
-  absl::StatusOr<std::shared_ptr<Buffer>> found = session.GetBuffer(buffer);
-  if (!found.ok()) return found.status();
-  const uint64_t capacity = (*found)->size();
+  ASSIGN_OR_RETURN(std::shared_ptr<Buffer> found, session.GetBuffer(buffer));
+  const uint64_t capacity = found->size();
   if (offset > capacity || size > capacity - offset) {
     return absl::OutOfRangeError(absl::StrCat(
         what, " of [", offset, ", ", offset, " + ", size,

@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/repeated_ptr_field.h"
 #include "google/protobuf/wire_format_lite.h"
@@ -71,11 +72,10 @@ absl::StatusOr<PipelineBatch> PipelineBatch::Open(std::string wire,
   for (;;) {
     bool is_command = false;
     absl::string_view command;
-    absl::StatusOr<bool> more =
-        NextField(in, batch.wire_.data(), static_cast<int>(batch.wire_.size()),
-                  &is_command, &command, &others);
-    if (!more.ok()) return more.status();
-    if (!*more) break;
+    ASSIGN_OR_RETURN(bool more, NextField(in, batch.wire_.data(),
+                                          static_cast<int>(batch.wire_.size()),
+                                          &is_command, &command, &others));
+    if (!more) break;
     if (is_command) ++batch.size_;
   }
   v1::PipelineRequest head;
@@ -103,10 +103,9 @@ absl::StatusOr<PipelineBatch::Progress> PipelineBatch::ApplyNext(
          applied_ + commands.size() < size_) {
     bool is_command = false;
     absl::string_view bytes;
-    absl::StatusOr<bool> more =
-        NextField(in, base, size, &is_command, &bytes, nullptr);
-    if (!more.ok()) return more.status();
-    if (!*more) break;  // Not reached: Open counted the commands.
+    ASSIGN_OR_RETURN(bool more,
+                     NextField(in, base, size, &is_command, &bytes, nullptr));
+    if (!more) break;  // Not reached: Open counted the commands.
     if (!is_command) continue;
     if (!commands.Add()->ParseFromArray(bytes.data(),
                                         static_cast<int>(bytes.size()))) {

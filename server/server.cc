@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "common/listen_address.h"
 #include "common/malloc_tuning.h"
+#include "common/status_macros.h"
 #include "common/thread_start.h"
 #include "devices/device_factory.h"
 #include "google/protobuf/descriptor.h"
@@ -187,20 +188,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   }
   std::shared_ptr<Authenticator> authenticator;
   if (!options.auth_token_file.empty()) {
-    absl::StatusOr<TokenTable> tokens =
-        TokenTable::Load(options.auth_token_file);
-    if (!tokens.ok()) return tokens.status();
-    if (!tokens->warning().empty()) LogLine(tokens->warning());
+    ASSIGN_OR_RETURN(TokenTable tokens,
+                     TokenTable::Load(options.auth_token_file));
+    if (!tokens.warning().empty()) LogLine(tokens.warning());
     authenticator = std::make_shared<Authenticator>(
-        *std::move(tokens), options.reflection_without_auth, ServedMethods());
+        std::move(tokens), options.reflection_without_auth, ServedMethods());
   }
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<grpc::ServerCredentials> credentials,
       MakeServerCredentials(
           TlsFiles{options.tls_cert_file, options.tls_key_file,
                    options.tls_client_ca_file,
                    static_cast<unsigned int>(options.tls_refresh_interval_s)},
-          authenticator);
-  if (!credentials.ok()) return credentials.status();
+          authenticator));
 
   absl::StatusOr<std::vector<std::unique_ptr<Device>>> devices =
       std::move(given);
@@ -311,7 +311,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
                                static_cast<int>(options.receive_window_bytes));
   }
-  builder.AddListeningPort(listen->ToString(), *credentials, &server->port_);
+  builder.AddListeningPort(listen->ToString(), credentials, &server->port_);
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(transfer.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(transfer.max_message_bytes));
@@ -387,12 +387,11 @@ absl::Status Server::ReloadTokens() {
     return absl::FailedPreconditionError(
         "--auth_token_file was not given: no tokens to reload");
   }
-  absl::StatusOr<TokenTable> tokens =
-      TokenTable::Load(options_.auth_token_file);
-  if (!tokens.ok()) return tokens.status();
-  if (!tokens->warning().empty()) LogLine(tokens->warning());
-  const size_t count = tokens->size();
-  const size_t ended = authenticator_->SetTokens(*std::move(tokens));
+  ASSIGN_OR_RETURN(TokenTable tokens,
+                   TokenTable::Load(options_.auth_token_file));
+  if (!tokens.warning().empty()) LogLine(tokens.warning());
+  const size_t count = tokens.size();
+  const size_t ended = authenticator_->SetTokens(std::move(tokens));
   LogLine(absl::StrCat("reloaded ", count, " tokens from ",
                        options_.auth_token_file, "; ended ", ended,
                        " open calls made with tokens no longer in it"));

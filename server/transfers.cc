@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/data_path.h"
+#include "common/status_macros.h"
 #include "common/thread_start.h"
 #include "common/transfer_framing.h"
 #include "server/grpc_status_util.h"
@@ -60,11 +61,10 @@ absl::Status MoveDataPathBytes(bool upload, int fd, Device* device,
       }
     }
     if (upload) {
-      absl::StatusOr<size_t> got = RecvFull(fd, host, n, moved);
-      if (!got.ok()) return got.status();
-      if (*got < n) {
+      ASSIGN_OR_RETURN(size_t got, RecvFull(fd, host, n, moved));
+      if (got < n) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "upload ended after ", at + *got, " of the ", size,
+            "upload ended after ", at + got, " of the ", size,
             " bytes it announced (the data connection was closed)"));
       }
       if (staged) {
@@ -83,9 +83,8 @@ absl::Status MoveDataPathBytes(bool upload, int fd, Device* device,
     return absl::OkStatus();
   }
   char extra;
-  absl::StatusOr<size_t> more = RecvFull(fd, &extra, 1);
-  if (!more.ok()) return more.status();
-  if (*more != 0) {
+  ASSIGN_OR_RETURN(size_t more, RecvFull(fd, &extra, 1));
+  if (more != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "upload sent more than the ", size, " bytes it announced"));
   }
@@ -363,20 +362,19 @@ class RuntimeService::Uploader final
   // Resolves the header (the first message) and returns the stream to
   // order the upload on.
   absl::StatusOr<std::shared_ptr<Stream>> StartFromHeaderLocked() {
-    absl::StatusOr<v1::UploadRequest> header = ParseUploadHeader(&message_);
-    if (!header.ok()) return header.status();
-    CallLog::NoteSession(context_, header->session());
-    absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
-        header->session(), header->buffer(), header->offset(), header->size(),
-        header->stream(), "upload range", binding_.caller(),
-        SessionRoutingKeyOf(context_));
-    if (!target.ok()) return target.status();
-    session_ = target->session;
-    buffer_ = target->buffer;
-    writer_.emplace(buffer_->device(), target->stream->device_stream(),
-                    static_cast<char*>(buffer_->data()) + header->offset(),
-                    header->size());
-    return target->stream;
+    ASSIGN_OR_RETURN(v1::UploadRequest header, ParseUploadHeader(&message_));
+    CallLog::NoteSession(context_, header.session());
+    ASSIGN_OR_RETURN(TransferTarget target,
+                     service_->ResolveTransfer(
+                         header.session(), header.buffer(), header.offset(),
+                         header.size(), header.stream(), "upload range",
+                         binding_.caller(), SessionRoutingKeyOf(context_)));
+    session_ = target.session;
+    buffer_ = target.buffer;
+    writer_.emplace(buffer_->device(), target.stream->device_stream(),
+                    static_cast<char*>(buffer_->data()) + header.offset(),
+                    header.size());
+    return target.stream;
   }
 
   // Copies the data of `message_` into the buffer.
@@ -499,17 +497,17 @@ class RuntimeService::Downloader final
       return s;
     }
     CallLog::NoteSession(context_, request.session());
-    absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
-        request.session(), request.buffer(), request.offset(), request.size(),
-        request.stream(), "download range", binding_.caller(),
-        SessionRoutingKeyOf(context_));
-    if (!target.ok()) return target.status();
-    session_ = target->session;
-    buffer_ = target->buffer;
-    device_stream_ = target->stream->device_stream();
+    ASSIGN_OR_RETURN(TransferTarget target,
+                     service_->ResolveTransfer(
+                         request.session(), request.buffer(), request.offset(),
+                         request.size(), request.stream(), "download range",
+                         binding_.caller(), SessionRoutingKeyOf(context_)));
+    session_ = target.session;
+    buffer_ = target.buffer;
+    device_stream_ = target.stream->device_stream();
     start_ = next_ = request.offset();
     end_ = request.offset() + request.size();
-    return target->stream;
+    return target.stream;
   }
 
   void WriteNextLocked() {
@@ -653,11 +651,12 @@ class RuntimeService::DataTransfer final
           "direction: DIRECTION_HOST_TO_DEVICE or DIRECTION_DEVICE_TO_HOST");
     }
     upload_ = request.direction() == Request::DIRECTION_HOST_TO_DEVICE;
-    absl::StatusOr<TransferTarget> target = service_->ResolveTransfer(
-        request.session(), request.buffer(), request.offset(), request.size(),
-        request.stream(), upload_ ? "upload range" : "download range",
-        binding_.caller(), SessionRoutingKeyOf(context_));
-    if (!target.ok()) return target.status();
+    ASSIGN_OR_RETURN(TransferTarget target,
+                     service_->ResolveTransfer(
+                         request.session(), request.buffer(), request.offset(),
+                         request.size(), request.stream(),
+                         upload_ ? "upload range" : "download range",
+                         binding_.caller(), SessionRoutingKeyOf(context_)));
     std::shared_ptr<TransferLink> link = link_;
     // Runs on the listener's thread: hands the connection over under the
     // call's lock, or drops it when the call is gone.
@@ -672,14 +671,14 @@ class RuntimeService::DataTransfer final
         });
     if (!ticket.ok()) return ticket.status();
     ticket_ = *ticket;
-    session_ = target->session;
-    buffer_ = target->buffer;
-    device_stream_ = target->stream->device_stream();
+    session_ = target.session;
+    buffer_ = target.buffer;
+    device_stream_ = target.stream->device_stream();
     target_ = static_cast<char*>(buffer_->data()) + request.offset();
     size_ = request.size();
     event_.set_ticket(ticket_);
     event_.set_port(static_cast<uint32_t>(listener->port()));
-    return target->stream;
+    return target.stream;
   }
 
   void ConnectedLocked(UniqueFd connection) {

@@ -549,12 +549,11 @@ absl::Status AscendPlan::PlanLocked() const {
                                             &executor);
       break;
     case OpKind::kLeakyReluBackward: {
-      absl::StatusOr<std::string> bytes =
-          ScalarBytes(call.params.negative_slope);
-      if (!bytes.ok()) return bytes.status();
+      ASSIGN_OR_RETURN(std::string bytes,
+                       ScalarBytes(call.params.negative_slope));
       aclScalar* slope = nullptr;
       if (absl::Status s =
-              scalar(bytes->data(),
+              scalar(bytes.data(),
                      static_cast<aclDataType>(call.params.negative_slope.dtype),
                      &slope);
           !s.ok()) {

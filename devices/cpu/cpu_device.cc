@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 #include "devices/cpu/plan.h"
 
 namespace opserver::cpu {
@@ -157,9 +158,8 @@ absl::Status CpuStream::CopyOnDevice(void* dst, const void* src,
 
 absl::Status CpuStream::Launch(const DevicePlan& plan, void* workspace,
                                uint64_t workspace_size) {
-  absl::StatusOr<const Plan*> host = HostPlan::Of(plan, device_);
-  if (!host.ok()) return host.status();
-  return RunPlan(**host, workspace, workspace_size, compute_, &stop_, turns_,
+  ASSIGN_OR_RETURN(const Plan* host, HostPlan::Of(plan, device_));
+  return RunPlan(*host, workspace, workspace_size, compute_, &stop_, turns_,
                  party_);
 }
 

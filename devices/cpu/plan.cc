@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/aclnn_status.h"
 
 namespace opserver::cpu {
@@ -59,17 +60,15 @@ std::vector<int64_t> BroadcastByteStrides(const TensorView& t,
 }  // namespace
 
 absl::StatusOr<Plan> PrepareOp(const OpCall& call) {
-  absl::StatusOr<ValidCall> valid = kernels::Validate(call);
-  if (!valid.ok()) return valid.status();
-  return PlanCall(*valid);
+  ASSIGN_OR_RETURN(ValidCall valid, kernels::Validate(call));
+  return PlanCall(valid);
 }
 
 absl::StatusOr<std::unique_ptr<DevicePlan>> HostPlan::Prepare(
     const Device* device, ValidCall valid) {
-  absl::StatusOr<Plan> plan = PlanCall(valid);
-  if (!plan.ok()) return plan.status();
+  ASSIGN_OR_RETURN(Plan plan, PlanCall(valid));
   return std::unique_ptr<DevicePlan>(
-      new HostPlan(device, std::move(valid), *std::move(plan)));
+      new HostPlan(device, std::move(valid), std::move(plan)));
 }
 
 absl::StatusOr<const Plan*> HostPlan::Of(const DevicePlan& plan,

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "devices/cpu/plan.h"
 
 namespace opserver {
@@ -117,12 +118,11 @@ absl::Status FakeStream::CopyOnDevice(void* dst, const void* src,
 
 absl::Status FakeStream::Launch(const DevicePlan& device_plan, void* workspace,
                                 uint64_t workspace_size) {
-  absl::StatusOr<const cpu::Plan*> host =
-      cpu::HostPlan::Of(device_plan, owner_);
-  if (!host.ok()) return host.status();
+  ASSIGN_OR_RETURN(const cpu::Plan* host,
+                   cpu::HostPlan::Of(device_plan, owner_));
   ++record_->launches;
   // By reference: the caller keeps the plan until Synchronize returns.
-  Queue([&plan = **host, workspace, workspace_size, compute = &device_->compute,
+  Queue([&plan = *host, workspace, workspace_size, compute = &device_->compute,
          record = record_.get()] {
     absl::Duration delay;
     {
