@@ -61,6 +61,7 @@
 #include "benchmark/benchmark.h"
 #include "client/client.h"
 #include "common/malloc_tuning.h"
+#include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/grpcpp.h"
@@ -1214,7 +1215,7 @@ void ChainRatios(const std::string& spec, int rounds) {
         auto executor =
             session.GetWorkspaceSize(std::string(op.name), params, tensors);
         if (!executor.ok()) return executor.status();
-        if (absl::Status e = executor->Execute(); !e.ok()) return e;
+        RETURN_IF_ERROR(executor->Execute());
         return session.Synchronize();
       };
       for (int i = 0; i < kWarmup; ++i) {

@@ -270,11 +270,11 @@ absl::Status ResolveCopy(State& state, const char* function, const void* dst,
   };
   if (kind == ACL_MEMCPY_DEVICE_TO_HOST ||
       kind == ACL_MEMCPY_DEVICE_TO_DEVICE) {
-    if (absl::Status s = check(src, "src", from); !s.ok()) return s;
+    RETURN_IF_ERROR(check(src, "src", from));
   }
   if (kind == ACL_MEMCPY_HOST_TO_DEVICE ||
       kind == ACL_MEMCPY_DEVICE_TO_DEVICE) {
-    if (absl::Status s = check(dst, "dst", to); !s.ok()) return s;
+    RETURN_IF_ERROR(check(dst, "dst", to));
   }
   return absl::OkStatus();
 }

@@ -678,14 +678,14 @@ absl::StatusOr<Executor> Session::PlanLocally(
     *command.mutable_plan()->mutable_request() = std::move(request);
     // Queued under the same lock that chose the id: the server accepts ids
     // only in increasing order (so it never has to remember used ones).
-    if (absl::Status s = channel_->Send(std::move(command)); !s.ok()) return s;
+    RETURN_IF_ERROR(channel_->Send(std::move(command)));
     executors_[id] = LocalExecutor{valid->workspace_size, false};
   }
   return Executor(this, id, valid->workspace_size);
 }
 
 absl::StatusOr<v1::SessionStats> Session::Stats() {
-  if (absl::Status s = Ordered(); !s.ok()) return s;
+  RETURN_IF_ERROR(Ordered());
   v1::GetSessionStatsRequest request;
   request.set_session(token_);
   v1::SessionStats response;
@@ -696,7 +696,7 @@ absl::StatusOr<v1::SessionStats> Session::Stats() {
 }
 
 absl::StatusOr<DeviceBuffer> Session::Malloc(uint64_t size) {
-  if (absl::Status s = Ordered(); !s.ok()) return s;
+  RETURN_IF_ERROR(Ordered());
   v1::MallocRequest request;
   request.set_session(token_);
   request.set_size(size);
@@ -731,7 +731,7 @@ absl::Status Session::FreeBuffer(uint64_t buffer) {
 }
 
 absl::StatusOr<Stream> Session::CreateStream() {
-  if (absl::Status s = Ordered(); !s.ok()) return s;
+  RETURN_IF_ERROR(Ordered());
   v1::CreateStreamRequest request;
   request.set_session(token_);
   v1::CreateStreamResponse response;
@@ -746,7 +746,7 @@ absl::StatusOr<Stream> Session::CreateStream() {
 }
 
 absl::Status Session::DestroyStream(uint64_t stream) {
-  if (absl::Status s = Ordered(); !s.ok()) return s;
+  RETURN_IF_ERROR(Ordered());
   std::optional<uint64_t> probe;
   {
     absl::MutexLock lock(&handles_mu_);
@@ -828,9 +828,7 @@ absl::Status Session::CheckLocalStream(absl::string_view what,
 }
 
 absl::StatusOr<bool> Session::StreamBusy(uint64_t stream) {
-  if (absl::Status s = CheckLocalStream("StreamQuery", stream); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckLocalStream("StreamQuery", stream));
   if (channel_ != nullptr) {
     if (KnownIdle(stream)) return false;
     const uint64_t issued = channel_->Issued();
@@ -841,7 +839,7 @@ absl::StatusOr<bool> Session::StreamBusy(uint64_t stream) {
   // Unpipelined (a debugging mode): a record of the stream's probe event,
   // then its status; two round trips.
   ASSIGN_OR_RETURN(uint64_t probe, Probe(stream));
-  if (absl::Status s = RecordEvent(probe, stream); !s.ok()) return s;
+  RETURN_IF_ERROR(RecordEvent(probe, stream));
   ASSIGN_OR_RETURN(bool complete, QueryEvent(probe));
   return !complete;
 }
@@ -859,22 +857,16 @@ absl::StatusOr<uint64_t> Session::Probe(uint64_t stream) {
 }
 
 absl::Status Session::WaitStream(uint64_t stream, absl::Duration timeout) {
-  if (absl::Status s = CheckLocalStream("SynchronizeStream", stream); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckLocalStream("SynchronizeStream", stream));
   ASSIGN_OR_RETURN(uint64_t probe, Probe(stream));
-  if (absl::Status s = RecordEvent(probe, stream); !s.ok()) return s;
+  RETURN_IF_ERROR(RecordEvent(probe, stream));
   return SynchronizeEventFor(probe, timeout);
 }
 
 absl::Status Session::SynchronizeEventFor(uint64_t event,
                                           absl::Duration timeout) {
   if (channel_ != nullptr) {
-    if (absl::Status s =
-            CheckLocalEvent("SynchronizeEvent", event, std::nullopt);
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(CheckLocalEvent("SynchronizeEvent", event, std::nullopt));
     return channel_->FenceEvent(event, timeout);
   }
   // The server drops an abandoned call's wait at once.
@@ -959,7 +951,7 @@ absl::Status Session::WriteValues(uint64_t buffer, uint64_t offset,
                                   kernels::DType dtype,
                                   const std::vector<double>& values,
                                   uint64_t stream) {
-  if (absl::Status s = Ordered(); !s.ok()) return s;
+  RETURN_IF_ERROR(Ordered());
   v1::WriteValuesRequest request;
   request.set_session(token_);
   request.set_buffer(buffer);
@@ -979,7 +971,7 @@ absl::StatusOr<std::vector<double>> Session::ReadValues(uint64_t buffer,
                                                         uint64_t stream) {
   // Device->host: after all work issued before, reporting the session's
   // deferred errors.
-  if (absl::Status s = Flush(); !s.ok()) return s;
+  RETURN_IF_ERROR(Flush());
   v1::ReadValuesRequest request;
   request.set_session(token_);
   request.set_buffer(buffer);
@@ -1015,7 +1007,7 @@ absl::StatusOr<Executor> Session::GetWorkspaceSize(
   if (channel_ != nullptr && kernels::FindOp(op) != nullptr) {
     return PlanLocally(std::move(request));
   }
-  if (absl::Status s = Ordered(); !s.ok()) return s;
+  RETURN_IF_ERROR(Ordered());
   v1::GetWorkspaceSizeResponse response;
   RETURN_IF_ERROR(Unary(*client_, routing_key_,
                         &v1::Operators::Stub::GetWorkspaceSize, request,
@@ -1061,7 +1053,7 @@ absl::Status Session::ExecuteHandle(uint64_t executor, uint64_t stream,
                                    workspace_offset, workspace_size));
     return channel_->Send(std::move(command));
   }
-  if (absl::Status s = Ordered(); !s.ok()) return s;
+  RETURN_IF_ERROR(Ordered());
   v1::ExecuteRequest request;
   request.set_session(token_);
   request.set_executor(executor);
@@ -1077,7 +1069,7 @@ absl::Status Session::ExecuteHandle(uint64_t executor, uint64_t stream,
 absl::StatusOr<v1::PipelineCommand> Session::LaunchCommand(
     uint64_t executor, uint64_t stream, uint64_t workspace,
     uint64_t workspace_offset, uint64_t workspace_size) {
-  if (absl::Status s = CheckPipelined("Execute"); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckPipelined("Execute"));
   v1::PipelineCommand command;
   // The channel names the session once, not each launch.
   v1::ExecuteRequest& request = *command.mutable_launch();
@@ -1153,7 +1145,7 @@ absl::Status Session::SetExecutorRepeatable(uint64_t executor) {
     command.set_set_executor_repeatable(executor);
     return channel_->Send(std::move(command));
   }
-  if (absl::Status s = Ordered(); !s.ok()) return s;
+  RETURN_IF_ERROR(Ordered());
   v1::SetExecutorRepeatableRequest request;
   request.set_session(token_);
   request.set_executor(executor);
@@ -1179,7 +1171,7 @@ absl::Status Session::DestroyExecutor(uint64_t executor) {
     command.set_destroy_executor(executor);
     return channel_->Send(std::move(command));
   }
-  if (absl::Status s = Ordered(); !s.ok()) return s;
+  RETURN_IF_ERROR(Ordered());
   v1::DestroyExecutorRequest request;
   request.set_session(token_);
   request.set_executor(executor);
@@ -1257,7 +1249,7 @@ absl::StatusOr<uint64_t> Session::CreateEvent(uint32_t flags) {
     command.mutable_create_event()->set_flags(flags);
     // Sent under the lock that chose the id: the server takes ids only in
     // increasing order (see PlanLocally).
-    if (absl::Status s = channel_->Send(std::move(command)); !s.ok()) return s;
+    RETURN_IF_ERROR(channel_->Send(std::move(command)));
     events_.insert(id);
     return id;
   }
@@ -1388,7 +1380,7 @@ absl::Status Session::SetOpTimeouts(uint64_t execute_ms, uint64_t wait_ms) {
 
 absl::StatusOr<bool> Session::QueryEvent(uint64_t event) {
   // The records issued before this call are on the server first.
-  if (absl::Status s = Ordered(); !s.ok()) return s;
+  RETURN_IF_ERROR(Ordered());
   v1::QueryEventRequest request;
   request.set_session(token_);
   request.set_event(event);
@@ -1412,7 +1404,7 @@ absl::Status Session::SynchronizeEvent(uint64_t event) {
 }
 
 absl::StatusOr<float> Session::EventElapsedMs(uint64_t start, uint64_t end) {
-  if (absl::Status s = Ordered(); !s.ok()) return s;
+  RETURN_IF_ERROR(Ordered());
   v1::EventElapsedTimeRequest request;
   request.set_session(token_);
   request.set_start(start);
@@ -1437,7 +1429,7 @@ absl::StatusOr<v1::PipelineCommand> Session::MemsetCommand(uint64_t buffer,
                                                            uint64_t size,
                                                            uint8_t value,
                                                            uint64_t stream) {
-  if (absl::Status s = CheckPipelined("Memset"); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckPipelined("Memset"));
   if (absl::Status s = CheckLocalRange(buffer, offset, size, stream); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("Memset: ", s.message()));
   }
@@ -1454,7 +1446,7 @@ absl::StatusOr<v1::PipelineCommand> Session::MemsetCommand(uint64_t buffer,
 absl::StatusOr<v1::PipelineCommand> Session::CopyCommand(
     uint64_t dst_buffer, uint64_t dst_offset, uint64_t src_buffer,
     uint64_t src_offset, uint64_t size, uint64_t stream) {
-  if (absl::Status s = CheckPipelined("CopyOnDevice"); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckPipelined("CopyOnDevice"));
   absl::Status s = CheckLocalRange(src_buffer, src_offset, size, stream);
   if (!s.ok()) {
     return absl::Status(s.code(),
@@ -1481,7 +1473,7 @@ absl::StatusOr<v1::PipelineCommand> Session::WriteCommand(uint64_t buffer,
                                                           const void* data,
                                                           uint64_t size,
                                                           uint64_t stream) {
-  if (absl::Status s = CheckPipelined("WriteAsync"); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckPipelined("WriteAsync"));
   if (size > kMaxPipelinedBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("WriteAsync: a pipelined write of ", size,
@@ -1499,7 +1491,7 @@ absl::StatusOr<v1::PipelineCommand> Session::WriteCommand(uint64_t buffer,
 
 absl::StatusOr<v1::PipelineCommand> Session::RecordEventCommand(
     uint64_t event, uint64_t stream) {
-  if (absl::Status s = CheckPipelined("RecordEvent"); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckPipelined("RecordEvent"));
   RETURN_IF_ERROR(CheckLocalEvent("RecordEvent", event, stream));
   v1::PipelineCommand command;
   command.mutable_record_event()->set_event(event);
@@ -1509,7 +1501,7 @@ absl::StatusOr<v1::PipelineCommand> Session::RecordEventCommand(
 
 absl::StatusOr<v1::PipelineCommand> Session::WaitEventCommand(uint64_t stream,
                                                               uint64_t event) {
-  if (absl::Status s = CheckPipelined("StreamWaitEvent"); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckPipelined("StreamWaitEvent"));
   RETURN_IF_ERROR(CheckLocalEvent("StreamWaitEvent", event, stream));
   v1::PipelineCommand command;
   command.mutable_wait_event()->set_stream(stream);
@@ -1519,7 +1511,7 @@ absl::StatusOr<v1::PipelineCommand> Session::WaitEventCommand(uint64_t stream,
 
 absl::StatusOr<uint64_t> Session::DefineGraph(
     std::vector<v1::PipelineCommand> tasks) {
-  if (absl::Status s = CheckPipelined("DefineGraph"); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckPipelined("DefineGraph"));
   if (tasks.empty()) {
     return absl::InvalidArgumentError("DefineGraph: a graph has no tasks");
   }
@@ -1556,13 +1548,13 @@ absl::StatusOr<uint64_t> Session::DefineGraph(
   const uint64_t id = next_executor_++;
   define.set_graph(id);
   // Sent under the lock that chose the id (see PlanLocally).
-  if (absl::Status s = channel_->Send(std::move(command)); !s.ok()) return s;
+  RETURN_IF_ERROR(channel_->Send(std::move(command)));
   graphs_.insert(id);
   return id;
 }
 
 absl::Status Session::ReplayGraph(uint64_t graph, uint64_t stream) {
-  if (absl::Status s = CheckPipelined("ReplayGraph"); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckPipelined("ReplayGraph"));
   {
     absl::MutexLock lock(&handles_mu_);
     if (!graphs_.contains(graph)) {
@@ -1579,7 +1571,7 @@ absl::Status Session::ReplayGraph(uint64_t graph, uint64_t stream) {
 }
 
 absl::Status Session::DestroyGraph(uint64_t graph) {
-  if (absl::Status s = CheckPipelined("DestroyGraph"); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckPipelined("DestroyGraph"));
   {
     absl::MutexLock lock(&handles_mu_);
     if (graphs_.erase(graph) == 0) {

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
 
@@ -155,10 +156,10 @@ absl::Status PipelineReplies::Apply(const v1::PipelineEvent& event,
   }
   acknowledged_ = event.acknowledged();
   for (const v1::FenceResult& result : event.fences()) {
-    if (absl::Status s = Store(result); !s.ok()) return s;
+    RETURN_IF_ERROR(Store(result));
   }
   for (const v1::CallbackNotice& notice : event.callbacks()) {
-    if (absl::Status s = Notice(notice); !s.ok()) return s;
+    RETURN_IF_ERROR(Notice(notice));
   }
   return absl::OkStatus();
 }

@@ -111,7 +111,7 @@ absl::StatusOr<uint64_t> ParseDownloadMessage(grpc::ByteBuffer* message,
 
 absl::Status Session::Upload(uint64_t buffer, uint64_t offset, const void* data,
                              uint64_t size, uint64_t stream) {
-  if (absl::Status s = Ordered(); !s.ok()) return s;
+  RETURN_IF_ERROR(Ordered());
   const char* bytes = static_cast<const char*>(data);
   // Only read: Transfer's `data` is written by downloads alone.
   return Transfer(
@@ -414,7 +414,7 @@ absl::Status Session::Download(uint64_t buffer, uint64_t offset, void* data,
                                uint64_t size, uint64_t stream) {
   // Device->host: after all work issued before, reporting the session's
   // deferred errors.
-  if (absl::Status s = Flush(); !s.ok()) return s;
+  RETURN_IF_ERROR(Flush());
   char* bytes = static_cast<char*>(data);
   return Transfer(
       false, buffer, offset, bytes, size, stream,

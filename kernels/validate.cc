@@ -115,11 +115,8 @@ absl::StatusOr<ValidCall> Validate(const OpCall& call) {
     if (!st.ok()) return st;
   }
   ValidCall valid;
-  if (absl::Status st = Entries()[op_index].check(info, call, &valid.out_shape,
-                                                  &valid.params);
-      !st.ok()) {
-    return st;
-  }
+  RETURN_IF_ERROR(
+      Entries()[op_index].check(info, call, &valid.out_shape, &valid.params));
   // Every output element gets its own address. Besides ruling out racing
   // writes, this bounds the work of a launch by the bytes behind `out`
   // (inputs may still broadcast with stride 0).

@@ -330,7 +330,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
          {std::pair<absl::string_view, const std::string&>{"--tls_cert_file",
                                                            tls.cert_file},
           {"--tls_key_file", tls.key_file}}) {
-      if (absl::Status s = CheckPemFile(flag, path); !s.ok()) return s;
+      RETURN_IF_ERROR(CheckPemFile(flag, path));
     }
     const bool mtls = !tls.client_ca_file.empty();
     if (mtls) {

@@ -31,9 +31,7 @@ absl::StatusOr<std::unique_ptr<EtcdRegistration>> EtcdRegistration::Start(
                    EtcdClient::Connect(options.etcd, options.credentials));
   std::unique_ptr<EtcdRegistration> registration(
       new EtcdRegistration(options, std::move(describe), std::move(etcd)));
-  if (absl::Status status = registration->Register(); !status.ok()) {
-    return status;
-  }
+  RETURN_IF_ERROR(registration->Register());
   if (options.attempted) options.attempted(true);
   absl::StatusOr<std::thread> thread = StartThread(
       "the etcd registration thread", [r = registration.get()] { r->Run(); });

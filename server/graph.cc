@@ -143,7 +143,7 @@ class TaskBuilder {
   }
 
   absl::StatusOr<Graph::Task> Launch(const v1::ExecuteRequest& launch) {
-    if (absl::Status s = CheckStream(launch.stream()); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckStream(launch.stream()));
     // A refused plan's launch reports the plan's error, as a launch does.
     if (std::optional<absl::Status> refused =
             session_.RefusedPlan(launch.executor(), /*launch=*/true)) {
@@ -176,7 +176,7 @@ class TaskBuilder {
   }
 
   absl::StatusOr<Graph::Task> Memset(const v1::MemsetRequest& memset) {
-    if (absl::Status s = CheckStream(memset.stream()); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckStream(memset.stream()));
     if (memset.value() > 0xff) {
       return absl::InvalidArgumentError(absl::StrCat(
           "memset value ", memset.value(), " is not a byte (0 to 255)"));
@@ -198,7 +198,7 @@ class TaskBuilder {
   }
 
   absl::StatusOr<Graph::Task> Copy(const v1::CopyDeviceToDeviceRequest& copy) {
-    if (absl::Status s = CheckStream(copy.stream()); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckStream(copy.stream()));
     ASSIGN_OR_RETURN(std::shared_ptr<Buffer> src,
                      BufferRange(session_, copy.src_buffer(), copy.src_offset(),
                                  copy.size(), "copy source"));
@@ -220,7 +220,7 @@ class TaskBuilder {
   }
 
   absl::StatusOr<Graph::Task> Write(const v1::WriteCommand& write) {
-    if (absl::Status s = CheckStream(write.stream()); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckStream(write.stream()));
     // The pipelined write's limit (CommandPipeline::kMaxCommandBytes).
     constexpr uint64_t kMaxWriteBytes = 1 << 20;
     if (write.data().size() > kMaxWriteBytes) {
@@ -247,7 +247,7 @@ class TaskBuilder {
   absl::StatusOr<Graph::Task> EventTask(TaskKind kind, uint64_t event,
                                         uint64_t stream,
                                         absl::string_view what) {
-    if (absl::Status s = CheckStream(stream); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckStream(stream));
     ASSIGN_OR_RETURN(std::shared_ptr<Event> found, session_.GetEvent(event));
     Graph::Task task;
     task.kind = kind;

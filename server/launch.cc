@@ -23,10 +23,7 @@ absl::StatusOr<std::shared_ptr<Executor>> PlanExecutor(
   }
   if (const kernels::OpInfo* op = kernels::FindOp(request.op());
       op != nullptr) {
-    if (absl::Status s = CheckDeviceSupports(*session.device(), op->kind);
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(CheckDeviceSupports(*session.device(), op->kind));
   }
   std::vector<std::shared_ptr<Buffer>> buffers;
   auto lookup = [&](uint64_t handle) -> absl::StatusOr<DeviceBytes> {

@@ -881,11 +881,8 @@ grpc::ServerUnaryReactor* OperatorService::ReleaseCallback(
 absl::Status OperatorService::EvaluateBytes(const grpc::ByteBuffer& request,
                                             grpc::ByteBuffer* response) {
   v1::EvaluateRequest parsed;
-  if (absl::Status s =
-          ParseRaw(request, &parsed, "the request is not an EvaluateRequest");
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(
+      ParseRaw(request, &parsed, "the request is not an EvaluateRequest"));
   // The caller's device: one tenant filling device 0 leaves Evaluate on
   // the others working.
   ASSIGN_OR_RETURN(Device * device, sessions_->FindDevice(parsed.device()));

@@ -336,7 +336,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   ListenAddress bound = *listen;
   bound.port = server->port_;
   server->address_ = bound.ToString();
-  if (absl::Status s = server->StartHealthPort(options); !s.ok()) return s;
+  RETURN_IF_ERROR(server->StartHealthPort(options));
   if (metrics_listen.has_value()) {
     Server* s = server.get();
     s->metrics_->SetSnapshot([s] { return s->MetricsSnapshotNow(); });

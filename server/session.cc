@@ -205,7 +205,7 @@ absl::StatusOr<uint64_t> Session::Malloc(uint64_t size) {
   const uint64_t charge = size > limit ? size : Charge(size);
   {
     absl::MutexLock lock(&mu_);
-    if (absl::Status s = CheckHandleLimitLocked(); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckHandleLimitLocked());
     // held_bytes_ grows outside the lock only by call-state charges (a
     // few KiB each, reserved against the limit themselves), so the check
     // overshoots by those at most.
@@ -276,7 +276,7 @@ absl::StatusOr<std::shared_ptr<Buffer>> Session::GetBuffer(
 
 absl::StatusOr<uint64_t> Session::CreateStream() {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckHandleLimitLocked(); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckHandleLimitLocked());
   // Every thread but the default stream's.
   const int streams = threads_->count() - 1;
   if (streams >= static_cast<int>(limits_->max_streams_per_session)) {
@@ -366,7 +366,7 @@ bool Session::IssuedExecutorLocked(uint64_t executor) const {
 absl::StatusOr<uint64_t> Session::AddExecutor(
     std::shared_ptr<Executor> executor) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckExecutorLimitLocked(); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckExecutorLimitLocked());
   uint64_t handle = next_handle_++;
   executors_[handle] = ExecutorEntry{std::move(executor), false};
   return handle;
@@ -387,10 +387,8 @@ absl::Status Session::UseClientIdLocked(uint64_t id, absl::string_view kind) {
 absl::Status Session::AddExecutorAs(uint64_t handle,
                                     std::shared_ptr<Executor> executor) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = UseClientIdLocked(handle, "executor"); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckExecutorLimitLocked(); !s.ok()) return s;
+  RETURN_IF_ERROR(UseClientIdLocked(handle, "executor"));
+  RETURN_IF_ERROR(CheckExecutorLimitLocked());
   executors_[handle] = ExecutorEntry{std::move(executor), false};
   return absl::OkStatus();
 }
@@ -427,7 +425,7 @@ absl::Status Session::Launch(
     const std::function<Stream::Task(std::shared_ptr<Executor>)>& make_task) {
   // A full or destroyed stream refuses the launch before the executor is
   // taken...
-  if (absl::Status room = stream.CheckRoom(); !room.ok()) return room;
+  RETURN_IF_ERROR(stream.CheckRoom());
   bool consumed = false;
   ASSIGN_OR_RETURN(std::shared_ptr<Executor> executor,
                    ExecutorForLaunch(handle, /*consume=*/true, &consumed));
@@ -473,9 +471,9 @@ absl::Status Session::DestroyExecutor(uint64_t executor) {
 }
 
 absl::StatusOr<uint64_t> Session::CreateEvent(uint32_t flags) {
-  if (absl::Status s = CheckEventFlags(flags); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckEventFlags(flags));
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckHandleLimitLocked(); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckHandleLimitLocked());
   const uint64_t handle = next_handle_++;
   events_[handle] = std::make_shared<Event>(flags, event_budget_);
   return handle;
@@ -483,9 +481,9 @@ absl::StatusOr<uint64_t> Session::CreateEvent(uint32_t flags) {
 
 absl::Status Session::CreateEventAs(uint64_t id, uint32_t flags) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = UseClientIdLocked(id, "event"); !s.ok()) return s;
-  if (absl::Status s = CheckEventFlags(flags); !s.ok()) return s;
-  if (absl::Status s = CheckHandleLimitLocked(); !s.ok()) return s;
+  RETURN_IF_ERROR(UseClientIdLocked(id, "event"));
+  RETURN_IF_ERROR(CheckEventFlags(flags));
+  RETURN_IF_ERROR(CheckHandleLimitLocked());
   events_[id] = std::make_shared<Event>(flags, event_budget_);
   return absl::OkStatus();
 }
@@ -522,7 +520,7 @@ absl::Status Session::AddRefusedPlan(uint64_t id, absl::Status error) {
     return absl::AlreadyExistsError(
         absl::StrCat("executor ", id, " is a refused plan already"));
   }
-  if (absl::Status s = CheckHandleLimitLocked(); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckHandleLimitLocked());
   refused_plans_[id] = RefusedPlanEntry{std::move(error), false};
   ++unreported_refusals_;
   return absl::OkStatus();
@@ -609,7 +607,7 @@ absl::Status Session::AddGraph(uint64_t id, std::shared_ptr<Graph> graph,
                                uint64_t tasks,
                                const std::vector<uint64_t>& consume) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = UseClientIdLocked(id, "graph"); !s.ok()) return s;
+  RETURN_IF_ERROR(UseClientIdLocked(id, "graph"));
   if (graphs_.size() >= limits_->max_graphs_per_session) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the session has ", graphs_.size(),
@@ -838,9 +836,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
     return d.status();
   }
   if (routing_key.has_value()) {
-    if (absl::Status s = CheckSessionRoutingKey(*routing_key); !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(CheckSessionRoutingKey(*routing_key));
   }
   if (client_name.size() > kMaxClientNameBytes) {
     return absl::InvalidArgumentError(

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/status_macros.h"
 #include "common/task_position.h"
 #include "common/thread_start.h"
 #include "kernels/aclnn_status.h"
@@ -431,7 +432,7 @@ absl::Status Stream::Enqueue(Task task, bool inline_if_idle) {
     return room;
   }
   absl::MutexLock lock(&s.mu);
-  if (absl::Status room = s.RoomLocked(); !room.ok()) return room;
+  RETURN_IF_ERROR(s.RoomLocked());
   State::Item item{std::move(task), nullptr};
   item.position = s.NextPositionLocked();
   s.queue.push_back(std::move(item));

@@ -72,9 +72,8 @@ absl::Status MoveDataPathBytes(bool upload, int fd, Device* device,
         if (copied.ok()) copied = stream->Synchronize();
         if (!copied.ok()) return copied;
       }
-    } else if (absl::Status sent = SendAll(fd, host, n, moved); !sent.ok()) {
-      return sent;
-    }
+    } else
+      RETURN_IF_ERROR(SendAll(fd, host, n, moved));
     at += n;
     progress();
   }
@@ -491,11 +490,8 @@ class RuntimeService::Downloader final
   absl::StatusOr<std::shared_ptr<Stream>> StartLocked(
       const grpc::ByteBuffer* raw) {
     v1::DownloadRequest request;
-    if (absl::Status s =
-            ParseRaw(*raw, &request, "malformed DownloadRequest message");
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(
+        ParseRaw(*raw, &request, "malformed DownloadRequest message"));
     CallLog::NoteSession(context_, request.session());
     ASSIGN_OR_RETURN(TransferTarget target,
                      service_->ResolveTransfer(

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 
@@ -59,7 +60,7 @@ absl::Status ParseUploadRequest(grpc::ByteBuffer* message,
             "malformed UploadRequest message: data field of ", length,
             " bytes, but only ", left, " left in the message"));
       }
-      if (absl::Status s = on_data(input, length); !s.ok()) return s;
+      RETURN_IF_ERROR(on_data(input, length));
       continue;
     }
     if (header != nullptr && wire == WireFormat::WIRETYPE_VARINT &&

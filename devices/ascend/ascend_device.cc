@@ -552,13 +552,9 @@ absl::Status AscendPlan::PlanLocked() const {
       ASSIGN_OR_RETURN(std::string bytes,
                        ScalarBytes(call.params.negative_slope));
       aclScalar* slope = nullptr;
-      if (absl::Status s =
-              scalar(bytes.data(),
-                     static_cast<aclDataType>(call.params.negative_slope.dtype),
-                     &slope);
-          !s.ok()) {
-        return s;
-      }
+      RETURN_IF_ERROR(scalar(
+          bytes.data(),
+          static_cast<aclDataType>(call.params.negative_slope.dtype), &slope));
       status =
           reinterpret_cast<decltype(&::aclnnLeakyReluBackwardGetWorkspaceSize)>(
               functions.get_workspace_size)(grad, self, slope,

@@ -130,7 +130,7 @@ absl::Status CpuStream::Memset(void* dst, int value, uint64_t bytes) {
   char* const out = static_cast<char*>(dst);
   ComputeTurns* const turns = TurnsFor(bytes);
   for (uint64_t at = 0; at < bytes; at += kSliceBytes) {
-    if (absl::Status s = CheckCancelled("memset"); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckCancelled("memset"));
     ComputeTurns::Turn turn(turns, party_);
     std::memset(out + at, value & 0xff, std::min(kSliceBytes, bytes - at));
   }
@@ -147,7 +147,7 @@ absl::Status CpuStream::CopyOnDevice(void* dst, const void* src,
   const bool backward = out > in && out < in + bytes;
   ComputeTurns* const turns = TurnsFor(bytes);
   for (uint64_t done = 0; done < bytes; done += kSliceBytes) {
-    if (absl::Status s = CheckCancelled("copy"); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckCancelled("copy"));
     const uint64_t n = std::min(kSliceBytes, bytes - done);
     const uint64_t at = backward ? bytes - done - n : done;
     ComputeTurns::Turn turn(turns, party_);

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/op_spec.h"
 
@@ -72,10 +73,7 @@ struct DropoutBackward : OpDefinition<DropoutBackward> {
     const TensorView& s = *call.self;
     const TensorView& o = *call.out;
     const double scale = call.params.scale;
-    if (absl::Status st = CheckDType(info, g, n.g, info.tensors[0].dtypes);
-        !st.ok()) {
-      return st;
-    }
+    RETURN_IF_ERROR(CheckDType(info, g, n.g, info.tensors[0].dtypes));
     if (s.dtype != DType::kUint8) {
       return ParamInvalid(absl::StrCat(n.s, " has dtype ", DTypeName(s.dtype),
                                        "; it must be UINT8"));

@@ -5,6 +5,7 @@
 #define OPSERVER_KERNELS_OPS_HARDSWISH_BACKWARD_H_
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/op_spec.h"
 
@@ -41,7 +42,7 @@ struct HardswishBackward : OpDefinition<HardswishBackward> {
 
   static absl::Status Check(const OpInfo& info, const OpCall& call,
                             std::vector<int64_t>* out_shape, KernelParams*) {
-    if (absl::Status st = CheckOneDType(info, call); !st.ok()) return st;
+    RETURN_IF_ERROR(CheckOneDType(info, call));
     const Names n(info);
     const TensorView& g = *call.grad_output;
     const TensorView& s = *call.self;

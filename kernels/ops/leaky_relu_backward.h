@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/op_spec.h"
 
@@ -58,7 +59,7 @@ struct LeakyReluBackward : OpDefinition<LeakyReluBackward> {
     const TensorView& g = *call.grad_output;
     const TensorView& s = *call.self;
     const TensorView& o = *call.out;
-    if (absl::Status st = CheckInputDTypes(info, call); !st.ok()) return st;
+    RETURN_IF_ERROR(CheckInputDTypes(info, call));
     if (!IsFloating(o.dtype)) {
       return ParamInvalid(absl::StrCat(
           n.o, " has dtype ", DTypeName(o.dtype), "; the promoted result (",

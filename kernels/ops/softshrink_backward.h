@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/op_spec.h"
 
@@ -45,7 +46,7 @@ struct SoftshrinkBackward : OpDefinition<SoftshrinkBackward> {
     const TensorView& g = *call.grad_output;
     const TensorView& s = *call.self;
     const TensorView& o = *call.out;
-    if (absl::Status st = CheckInputDTypes(info, call); !st.ok()) return st;
+    RETURN_IF_ERROR(CheckInputDTypes(info, call));
     const DType promoted = PromoteDType(g.dtype, s.dtype);
     if (o.dtype != promoted) {
       return ParamInvalid(absl::StrCat(

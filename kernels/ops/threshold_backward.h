@@ -7,6 +7,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "common/status_macros.h"
 #include "kernels/op_spec.h"
 
 namespace opserver::kernels {
@@ -83,7 +84,7 @@ struct ThresholdBackward : OpDefinition<ThresholdBackward> {
 
   static absl::Status Check(const OpInfo& info, const OpCall& call,
                             std::vector<int64_t>* out_shape, KernelParams* kp) {
-    if (absl::Status st = CheckOneDType(info, call); !st.ok()) return st;
+    RETURN_IF_ERROR(CheckOneDType(info, call));
     kp->threshold = static_cast<float>(call.params.threshold);
     kp->threshold_d = kp->threshold;
     return CheckBroadcastOut(info, call, out_shape);
