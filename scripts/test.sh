@@ -3,7 +3,9 @@
 # the default configuration and once under ASan+UBSan (--config=asan; the
 # tests tagged not_under_asan only in the first), then
 # the fuzz smoke tests once more as libFuzzer binaries (--config=fuzz,
-# clang-14, ASan+UBSan: a few seconds of fuzzing per target).
+# clang-14, ASan+UBSan: a few seconds of fuzzing per target), and, for the
+# whole tree, the arm64 sample under qemu-user (scripts/test-arm64.sh --ci:
+# the cross-built kernels, C API and server on emulated NEON and SVE CPUs).
 # Extra arguments go to the first two `bazel test` runs (e.g. a target
 # pattern); the third runs those of them under //fuzz, if any.
 set -euo pipefail
@@ -12,9 +14,10 @@ scripts/install-deps.sh
 targets=("$@")
 ((${#targets[@]})) || targets=(//...)
 fuzz_targets=()
+arm64=0
 for t in "${targets[@]}"; do
   case "$t" in
-    //...) fuzz_targets+=(//fuzz/...) ;;
+    //...) fuzz_targets+=(//fuzz/...) arm64=1 ;;
     //fuzz*) fuzz_targets+=("$t") ;;
   esac
 done
@@ -31,5 +34,8 @@ bazel test --config=asan --build_tests_only \
   --test_tag_filters=-not_under_asan "${targets[@]}" || status=1
 if ((${#fuzz_targets[@]})); then
   bazel test --config=fuzz "${fuzz_targets[@]}" || status=1
+fi
+if ((arm64)); then
+  scripts/test-arm64.sh --ci || status=1
 fi
 exit "$status"
