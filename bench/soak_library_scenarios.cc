@@ -189,7 +189,7 @@ class LibraryClient {
     params.set_lambd(static_cast<double>(Rand(17)) * 0.25);
     static const std::vector<double> kScales = {0, 1, 1.25, 2, 4};
     params.set_scale(PickOf(kScales));
-    if (op == kLeaky) {
+    if (op == kLeakyReluBackward) {
       static const std::vector<double> kSlopes = {0, 0.125, 0.25, 0.5, 1.5};
       params.mutable_negative_slope()->set_dtype(v1::FLOAT);
       params.mutable_negative_slope()->set_value(PickOf(kSlopes));
@@ -200,7 +200,7 @@ class LibraryClient {
     std::vector<double> grad(n), second;
     for (double& v : grad) v = value();
     const int64_t mask_bytes = n / 128 * 16 + (n % 128 != 0 ? 16 : 0);
-    if (op == kDropout) {
+    if (op == kDropoutBackward) {
       second.resize(mask_bytes);
       for (double& v : second) v = static_cast<double>(Rand(256));
     } else {
@@ -209,12 +209,12 @@ class LibraryClient {
     }
     std::vector<double> want(n);
     for (int64_t i = 0; i < n; ++i) {
-      const bool bit =
-          op == kDropout && ((static_cast<int>(second[i / 8]) >> (i % 8)) & 1);
+      const bool bit = op == kDropoutBackward &&
+                       ((static_cast<int>(second[i / 8]) >> (i % 8)) & 1);
       want[i] = Reference(op, dt, params, grad[i],
-                          op == kDropout ? 0.0 : second[i], bit);
+                          op == kDropoutBackward ? 0.0 : second[i], bit);
     }
-    const DataType second_dt = op == kDropout ? v1::UINT8 : dt;
+    const DataType second_dt = op == kDropoutBackward ? v1::UINT8 : dt;
     const std::string grad_bytes = Encode(dt, grad);
     const std::string second_bytes = Encode(second_dt, second);
 
@@ -232,7 +232,7 @@ class LibraryClient {
     std::map<std::string, TensorDesc> tensors;
     tensors["gradOutput"] = TensorDesc::Contiguous(g->handle(), K(dt), {n});
     tensors[SecondName(op)] = TensorDesc::Contiguous(
-        x->handle(), K(second_dt), {op == kDropout ? mask_bytes : n});
+        x->handle(), K(second_dt), {op == kDropoutBackward ? mask_bytes : n});
     tensors[OutName(op)] = TensorDesc::Contiguous(out->handle(), K(dt), {n});
     auto executor = session_->GetWorkspaceSize(kOpNames[op], params, tensors);
     if (!Rec("client GetWorkspaceSize", executor.status())) return false;
@@ -390,8 +390,8 @@ class LibraryClient {
     v1::OpParams params;
     for (int64_t i = 0; i < n; ++i) {
       const double got = DecodeValue(v1::FLOAT, bytes.data() + i * 4);
-      const double want =
-          Reference(kHardswish, v1::FLOAT, params, grad[i], self[i], false);
+      const double want = Reference(kHardswishBackward, v1::FLOAT, params,
+                                    grad[i], self[i], false);
       if (!CloseEnough(v1::FLOAT, got, want, grad[i])) {
         stats_->Problem("client_pipeline_result",
                         absl::StrCat("element ", i, " is ", got, ", want ",

@@ -133,17 +133,30 @@ std::string Encode(DataType dt, const std::vector<double>& values) {
   return out;
 }
 
-const char* const kOpNames[kNumOps] = {
-    "ThresholdBackward", "SoftshrinkBackward", "HardswishBackward",
-    "LeakyReluBackward", "DropoutBackward"};
-const char* SecondName(int op) { return op == kDropout ? "mask" : "self"; }
-const char* OutName(int op) { return op == kSoftshrink ? "gradInput" : "out"; }
+#define OPSERVER_SOAK_NAME(Name, in0, in1, out, PARAMS) #Name,
+const char* const kOpNames[kNumOps] = {OPSERVER_OPERATORS(OPSERVER_SOAK_NAME)};
+#undef OPSERVER_SOAK_NAME
+
+const char* SecondName(int op) {
+#define OPSERVER_SOAK_SECOND(Name, in0, in1, out, PARAMS) #in1,
+  static const char* const kNames[] = {
+      OPSERVER_OPERATORS(OPSERVER_SOAK_SECOND)};
+#undef OPSERVER_SOAK_SECOND
+  return kNames[op];
+}
+
+const char* OutName(int op) {
+#define OPSERVER_SOAK_OUT(Name, in0, in1, out, PARAMS) #out,
+  static const char* const kNames[] = {OPSERVER_OPERATORS(OPSERVER_SOAK_OUT)};
+#undef OPSERVER_SOAK_OUT
+  return kNames[op];
+}
 
 std::vector<DataType> OpDTypes(int op) {
   switch (op) {
-    case kThreshold:
+    case kThresholdBackward:
       return {v1::FLOAT, v1::FLOAT16, v1::BF16, v1::INT32, v1::INT8, v1::UINT8};
-    case kLeaky:
+    case kLeakyReluBackward:
       return {v1::FLOAT, v1::FLOAT16, v1::BF16, v1::DOUBLE};
     default:
       return {v1::FLOAT, v1::FLOAT16, v1::BF16};
@@ -177,7 +190,7 @@ double Reference(int op, DataType dt, const v1::OpParams& p, double g, double x,
   const float gf = static_cast<float>(g);
   const float xf = static_cast<float>(x);
   switch (op) {
-    case kThreshold:
+    case kThresholdBackward:
       switch (dt) {
         case v1::INT32:
           return IntThreshold<int32_t>(kp, g, x);
@@ -188,11 +201,11 @@ double Reference(int op, DataType dt, const v1::OpParams& p, double g, double x,
         default:
           return RoundTo(dt, kernels::ThresholdFormula<float>(kp)(gf, xf));
       }
-    case kSoftshrink:
+    case kSoftshrinkBackward:
       return RoundTo(dt, kernels::SoftshrinkFormula<float>(kp)(gf, xf));
-    case kHardswish:
+    case kHardswishBackward:
       return RoundTo(dt, kernels::HardswishFormula<float>(kp)(gf, xf));
-    case kLeaky:
+    case kLeakyReluBackward:
       if (dt == v1::DOUBLE) return kernels::LeakyFormula<double>(kp)(g, x);
       return RoundTo(dt, kernels::LeakyFormula<float>(kp)(gf, xf));
     default:

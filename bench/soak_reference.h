@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/op_signatures.h"
 #include "proto/opserver.pb.h"
 
 namespace opserver::soak {
@@ -23,7 +24,13 @@ double DecodeValue(DataType dt, const char* p);
 double RoundTo(DataType dt, double v);
 std::string Encode(DataType dt, const std::vector<double>& values);
 
-enum Op { kThreshold, kSoftshrink, kHardswish, kLeaky, kDropout, kNumOps };
+// The operators, names and tensor names from the signature table
+// (kernels/op_signatures.h), in its order: an operator added there is in
+// the soak's list too (its Reference and OpDTypes cases say what it
+// computes).
+#define OPSERVER_SOAK_OP(Name, in0, in1, out, PARAMS) k##Name,
+enum Op { OPSERVER_OPERATORS(OPSERVER_SOAK_OP) kNumOps };
+#undef OPSERVER_SOAK_OP
 extern const char* const kOpNames[kNumOps];
 // The second input's name (self, or DropoutBackward's mask) and the
 // output's.

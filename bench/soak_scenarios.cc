@@ -231,10 +231,12 @@ bool Client::Compute() {
   const int64_t n = kSizes[Rand(Chance(0.9) ? 5 : kSizes.size())];
   enum Layout { kContig, kStrided, kBroadcast, kPacked, kInPlace };
   std::vector<Layout> layouts = {kContig, kStrided, kPacked};
-  if (op == kSoftshrink || op == kLeaky) layouts.push_back(kBroadcast);
-  if (op != kDropout) layouts.push_back(kInPlace);
+  if (op == kSoftshrinkBackward || op == kLeakyReluBackward) {
+    layouts.push_back(kBroadcast);
+  }
+  if (op != kDropoutBackward) layouts.push_back(kInPlace);
   const Layout layout = Chance(0.4) ? kContig : PickOf(layouts);
-  const bool strided_mask = op == kDropout && Chance(0.4);
+  const bool strided_mask = op == kDropoutBackward && Chance(0.4);
 
   // Parameters.
   v1::OpParams params;
@@ -265,7 +267,7 @@ bool Client::Compute() {
   std::vector<double> grad(grad_store), second;
   for (double& v : grad) v = value();
   int64_t mask_bytes = 0;
-  if (op == kDropout) {
+  if (op == kDropoutBackward) {
     mask_bytes = n / 128 * 16 + (n % 128 != 0 ? 16 : 0);
     second.resize(strided_mask ? 2 * mask_bytes : mask_bytes);
     for (double& v : second) v = static_cast<double>(Rand(256));
@@ -278,7 +280,7 @@ bool Client::Compute() {
     const double g = layout == kStrided ? grad[1 + 2 * i] : grad[i];
     double x = 0;
     bool bit = false;
-    if (op == kDropout) {
+    if (op == kDropoutBackward) {
       const int64_t byte = i / 8;
       const int mask = static_cast<int>(second[strided_mask ? 2 * byte : byte]);
       bit = (mask >> (i % 8)) & 1;
@@ -288,7 +290,7 @@ bool Client::Compute() {
     want[i] = Reference(op, dt, params, g, x, bit);
     grad_at[i] = g;
   }
-  const DataType second_dt = op == kDropout ? v1::UINT8 : dt;
+  const DataType second_dt = op == kDropoutBackward ? v1::UINT8 : dt;
   const std::string grad_bytes = Encode(dt, grad);
   const std::string second_bytes = Encode(second_dt, second);
   const uint64_t out_bytes = static_cast<uint64_t>(n) * dsize;
@@ -340,7 +342,8 @@ bool Client::Compute() {
   request.set_op(Chance(0.2) ? absl::StrCat("aclnn", kOpNames[op])
                              : kOpNames[op]);
   *request.mutable_params() = params;
-  if (op != kLeaky) request.mutable_params()->clear_negative_slope();
+  if (op != kLeakyReluBackward)
+    request.mutable_params()->clear_negative_slope();
   auto& tensors = *request.mutable_tensors();
   std::vector<int64_t> shape = layout == kBroadcast
                                    ? std::vector<int64_t>{rows, cols}
@@ -348,7 +351,7 @@ bool Client::Compute() {
   tensors["gradOutput"] = layout == kStrided
                               ? Desc(grad_buf, dt, {n}, {2}, 1, grad_off)
                               : Desc(grad_buf, dt, shape, {}, 0, grad_off);
-  if (op == kDropout) {
+  if (op == kDropoutBackward) {
     tensors["mask"] =
         strided_mask
             ? Desc(second_buf, v1::UINT8, {mask_bytes}, {2}, 0, second_off)
@@ -692,7 +695,7 @@ void Client::EvaluateScenario() {
   params->set_threshold(0.5);
   params->set_lambd(1.0);
   params->set_scale(2);
-  if (op == kLeaky) {
+  if (op == kLeakyReluBackward) {
     params->mutable_negative_slope()->set_dtype(v1::FLOAT);
     params->mutable_negative_slope()->set_value(0.125);
   }
@@ -708,7 +711,7 @@ void Client::EvaluateScenario() {
   int64_t mask_bytes = n / 128 * 16 + (n % 128 != 0 ? 16 : 0);
   std::vector<double> mask(mask_bytes);
   v1::ValueTensor second;
-  if (op == kDropout) {
+  if (op == kDropoutBackward) {
     for (double& m : mask) m = static_cast<double>(Rand(256));
     second.set_dtype(v1::UINT8);
     second.add_shape(mask_bytes);
@@ -750,8 +753,8 @@ void Client::EvaluateScenario() {
     return;
   }
   for (int64_t i = 0; i < n; ++i) {
-    const bool bit =
-        op == kDropout && ((static_cast<int>(mask[i / 8]) >> (i % 8)) & 1);
+    const bool bit = op == kDropoutBackward &&
+                     ((static_cast<int>(mask[i / 8]) >> (i % 8)) & 1);
     const double want = Reference(op, dt, *params, g[i], x[i], bit);
     if (!CloseEnough(dt, response.output().values(i), want, g[i])) {
       stats_->Problem(

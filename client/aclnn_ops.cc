@@ -1,7 +1,7 @@
 // The aclnn-compatible C API's operators (aclnnop/aclnn_*_backward.h): each
 // is a GetWorkspaceSize shim (opserver::Plan) and a launch shim
 // (opserver::Launch), forwarded to the opserver through the C++ client.
-// Both are generated from OPSERVER_OPERATORS (client/op_signatures.h); a
+// Both are generated from OPSERVER_OPERATORS (kernels/op_signatures.h); a
 // new operator needs its line there and its aclnnop/ header here.
 
 #include <cstdint>
@@ -16,7 +16,7 @@
 #include "aclnnop/aclnn_threshold_backward.h"
 #include "client/aclnn_state.h"
 #include "client/client.h"
-#include "client/op_signatures.h"
+#include "kernels/op_signatures.h"
 
 namespace {
 

@@ -18,7 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/command_channel.h"
-#include "client/op_signatures.h"
+#include "kernels/op_signatures.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kernels/dtype.h"
 #include "proto/opserver.grpc.pb.h"

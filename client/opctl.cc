@@ -465,6 +465,202 @@ int RunHelp(const Connector& connect) {
 // Builds the call from what ListOperators says about OP: inputs and their
 // dtypes, parameters by name and type with the server's defaults, the
 // output's name; its shape from the client's own phase-one checks.
+// The dtype of an input given as numbers, or of the output: its
+// --NAME_dtype, its only dtype, or --dtype.
+using RunDTypeOf = std::function<absl::StatusOr<DType>(const TensorSignature&)>;
+
+// One input given as a list of numbers (--NAME=1,2,3 [--NAME_shape=...]).
+absl::StatusOr<HostTensor> RunValues(const TensorSignature& input,
+                                     CommandArgs& args,
+                                     const RunDTypeOf& dtype_of,
+                                     const std::string& value) {
+  const std::string& arg = input.name;
+  auto values = ParseNumberList(value);
+  if (!values.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("run: --", arg, ": ", values.status().message()));
+  }
+  auto d = dtype_of(input);
+  if (!d.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("run: ", d.status().message()));
+  }
+  HostTensor tensor;
+  tensor.dtype = *d;
+  tensor.shape = {static_cast<int64_t>(values->size())};
+  if (const std::string* shape = args.Get(arg + "_shape")) {
+    auto s = ParseShape(*shape);
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("run: --", arg, "_shape: ", s.status().message()));
+    }
+    tensor.shape = *s;
+  }
+  if (tensor.numel() != static_cast<int64_t>(values->size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "run: --", arg, " has ", values->size(), " values but shape [",
+        absl::StrJoin(tensor.shape, ","), "] holds ", tensor.numel()));
+  }
+  auto bytes = EncodeValues(tensor.dtype, *values);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("run: --", arg, ": ", bytes.status().message()));
+  }
+  tensor.bytes = *std::move(bytes);
+  return tensor;
+}
+
+// The input tensors of `opctl run`: --NAME=VALUES (with --NAME_shape and
+// the dtype flags) or --NAME=@FILE.npy for each input of `op`.
+absl::StatusOr<std::map<std::string, HostTensor>> RunInputs(
+    const OpSignature& op, CommandArgs& args, const RunDTypeOf& dtype_of) {
+  std::map<std::string, HostTensor> inputs;
+  for (const TensorSignature& input : op.inputs) {
+    const std::string& arg = input.name;
+    const std::string* value = args.Get(arg);
+    if (value == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("run: ", op.name, " needs --", arg, "=VALUES or --", arg,
+                       "=@FILE.npy"));
+    }
+    HostTensor tensor;
+    if (absl::StartsWith(*value, "@")) {
+      auto npy = ReadNpy(value->substr(1));
+      if (!npy.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("run: --", arg, ": ", npy.status().message()));
+      }
+      tensor = *std::move(npy);
+      if (args.flags.count(arg + "_shape")) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "run: --", arg, "_shape cannot be combined with a .npy file"));
+      }
+    } else {
+      ASSIGN_OR_RETURN(tensor, RunValues(input, args, dtype_of, *value));
+    }
+    inputs[arg] = std::move(tensor);
+  }
+  return inputs;
+}
+
+// The operator's parameters: each flag's value, else the server's default.
+absl::StatusOr<v1::OpParams> RunParams(const OpSignature& op,
+                                       CommandArgs& args) {
+  v1::OpParams params;
+  for (const ParamSignature& p : op.params) {
+    double value = 0;
+    if (const std::string* text = args.Get(p.name)) {
+      if (p.type == "bool") {
+        if (*text != "true" && *text != "false") {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "run: --", p.name, "=", *text, " must be true or false"));
+        }
+        value = *text == "true" ? 1 : 0;
+      } else if (!absl::SimpleAtod(*text, &value)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("run: --", p.name, "=", *text, " is not a number"));
+      }
+    } else if (p.default_value.has_value()) {
+      value = *p.default_value;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("run: ", op.name, " needs --", p.name,
+                       "=X (the server gives no default)"));
+    }
+    DType scalar_dtype = p.default_dtype();
+    if (p.type == "scalar") {
+      if (const std::string* name = args.Get(p.name + "_dtype")) {
+        auto d = ParseDType(*name);
+        if (!d.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "run: --", p.name, "_dtype: ", d.status().message()));
+        }
+        scalar_dtype = *d;
+      }
+    }
+    SetParam(p, value, scalar_dtype, &params);
+  }
+  return params;
+}
+
+// Every flag given was used: a misspelt one is an error, not ignored.
+absl::Status CheckRunFlagsUsed(const OpSignature& op, CommandArgs& args) {
+  for (const auto& [name, used] : args.used) args.flags.erase(name);
+  for (const TensorSignature& t : op.inputs)
+    args.flags.erase(t.name + "_shape");
+  if (args.flags.empty()) return absl::OkStatus();
+  std::vector<std::string> takes;
+  for (const TensorSignature& t : op.inputs) takes.push_back("--" + t.name);
+  for (const ParamSignature& p : op.params) takes.push_back("--" + p.name);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "run: unknown argument --", args.flags.begin()->first, " for ", op.name,
+      ", which takes ", absl::StrJoin(takes, ", "), " (try opctl run --help)"));
+}
+
+// Uploads the inputs, runs the operator once on stream 0 and downloads
+// `out` (its dtype and shape set, the bytes filled in).
+absl::Status RunOnServer(Client& client, uint32_t device, const OpSignature& op,
+                         const v1::OpParams& params,
+                         const std::map<std::string, HostTensor>& inputs,
+                         HostTensor& out) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Session> session,
+                   client.CreateSession("opctl run", /*attach=*/true, device));
+  std::map<std::string, TensorDesc> descs;
+  std::vector<DeviceBuffer> buffers;
+  for (const auto& [name, tensor] : inputs) {
+    ASSIGN_OR_RETURN(DeviceBuffer buffer, session->Malloc(tensor.bytes.size()));
+    RETURN_IF_ERROR(session->Upload(buffer.handle(), 0, tensor.bytes.data(),
+                                    tensor.bytes.size()));
+    descs[name] =
+        TensorDesc::Contiguous(buffer.handle(), tensor.dtype, tensor.shape);
+    buffers.push_back(std::move(buffer));
+  }
+  int64_t out_bytes = 0;
+  if (__builtin_mul_overflow(out.numel(), kernels::DTypeSize(out.dtype),
+                             &out_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("run: an output of shape [", absl::StrJoin(out.shape, ","),
+                     "] is too large"));
+  }
+  ASSIGN_OR_RETURN(DeviceBuffer out_buffer, session->Malloc(out_bytes));
+  descs[op.output.name] =
+      TensorDesc::Contiguous(out_buffer.handle(), out.dtype, out.shape);
+  ASSIGN_OR_RETURN(Executor executor,
+                   session->GetWorkspaceSize(op.name, params, descs));
+  DeviceBuffer workspace;
+  if (executor.workspace_size() > 0) {
+    ASSIGN_OR_RETURN(workspace, session->Malloc(executor.workspace_size()));
+  }
+  RETURN_IF_ERROR(executor.Execute(0, workspace.handle()));
+  RETURN_IF_ERROR(session->Synchronize());
+  out.bytes.resize(out_bytes);
+  return session->Download(out_buffer.handle(), 0, out.bytes.data(), out_bytes);
+}
+
+// The result: written to --output as .npy, or printed.
+int PrintRunOutput(const OpSignature& op, const HostTensor& out,
+                   const std::string& output_path) {
+  if (!output_path.empty()) {
+    absl::Status status = WriteNpy(output_path, out);
+    if (!status.ok()) return Fail(absl::StrCat("run: ", status.message()));
+    std::printf("%s: %s [%s] written to %s\n", op.output.name.c_str(),
+                std::string(kernels::DTypeName(out.dtype)).c_str(),
+                absl::StrJoin(out.shape, ",").c_str(), output_path.c_str());
+    return 0;
+  }
+  std::vector<std::string> values;
+  for (double v : DecodeValues(out.dtype, out.bytes)) {
+    values.push_back(FormatValue(v, out.dtype));
+  }
+  std::printf("%s = [%s]  (%s, shape [%s])\n", op.output.name.c_str(),
+              absl::StrJoin(values, ", ").c_str(),
+              std::string(kernels::DTypeName(out.dtype)).c_str(),
+              absl::StrJoin(out.shape, ",").c_str());
+  return 0;
+}
+
+// `opctl run OP --INPUT=... [--PARAM=...]`: one call of OP on the server,
+// its output printed. Every error is one line and exit status 1.
 int Run(const Connector& connect, const std::vector<std::string>& raw) {
   if (std::find(raw.begin(), raw.end(), "--help") != raw.end()) {
     return RunHelp(connect);
@@ -483,8 +679,9 @@ int Run(const Connector& connect, const std::vector<std::string>& raw) {
   DType dtype = DType::kFloat;
   if (const std::string* name = args.Get("dtype")) {
     auto d = ParseDType(*name);
-    if (!d.ok())
+    if (!d.ok()) {
       return Fail(absl::StrCat("run: --dtype: ", d.status().message()));
+    }
     dtype = *d;
   }
   auto connected = connect(true, *device);
@@ -496,7 +693,8 @@ int Run(const Connector& connect, const std::vector<std::string>& raw) {
   if (op == nullptr) {
     return Fail(UnknownOperator(*catalog, args.positional[0]));
   }
-  auto dtype_of = [&](const TensorSignature& t) -> absl::StatusOr<DType> {
+  const RunDTypeOf dtype_of =
+      [&](const TensorSignature& t) -> absl::StatusOr<DType> {
     if (const std::string* name = args.Get(t.name + "_dtype")) {
       auto d = ParseDType(*name);
       if (!d.ok()) {
@@ -508,183 +706,38 @@ int Run(const Connector& connect, const std::vector<std::string>& raw) {
     return t.dtypes.size() == 1 ? t.dtypes.front() : dtype;
   };
 
-  // Inputs.
-  std::map<std::string, HostTensor> inputs;
-  for (const TensorSignature& input : op->inputs) {
-    const std::string& arg = input.name;
-    const std::string* value = args.Get(arg);
-    if (value == nullptr) {
-      return Fail(absl::StrCat("run: ", op->name, " needs --", arg,
-                               "=VALUES or --", arg, "=@FILE.npy"));
-    }
-    HostTensor tensor;
-    if (absl::StartsWith(*value, "@")) {
-      auto npy = ReadNpy(value->substr(1));
-      if (!npy.ok()) {
-        return Fail(absl::StrCat("run: --", arg, ": ", npy.status().message()));
-      }
-      tensor = *std::move(npy);
-      if (args.flags.count(arg + "_shape")) {
-        return Fail(absl::StrCat("run: --", arg,
-                                 "_shape cannot be combined with a .npy file"));
-      }
-    } else {
-      auto values = ParseNumberList(*value);
-      if (!values.ok()) {
-        return Fail(
-            absl::StrCat("run: --", arg, ": ", values.status().message()));
-      }
-      auto d = dtype_of(input);
-      if (!d.ok()) return Fail(absl::StrCat("run: ", d.status().message()));
-      tensor.dtype = *d;
-      tensor.shape = {static_cast<int64_t>(values->size())};
-      if (const std::string* shape = args.Get(arg + "_shape")) {
-        auto s = ParseShape(*shape);
-        if (!s.ok()) {
-          return Fail(
-              absl::StrCat("run: --", arg, "_shape: ", s.status().message()));
-        }
-        tensor.shape = *s;
-      }
-      if (tensor.numel() != static_cast<int64_t>(values->size())) {
-        return Fail(absl::StrCat(
-            "run: --", arg, " has ", values->size(), " values but shape [",
-            absl::StrJoin(tensor.shape, ","), "] holds ", tensor.numel()));
-      }
-      auto bytes = EncodeValues(tensor.dtype, *values);
-      if (!bytes.ok()) {
-        return Fail(
-            absl::StrCat("run: --", arg, ": ", bytes.status().message()));
-      }
-      tensor.bytes = *std::move(bytes);
-    }
-    inputs[arg] = std::move(tensor);
-  }
-
-  // Parameters: the flag's value, else the server's default.
-  v1::OpParams params;
-  for (const ParamSignature& p : op->params) {
-    double value = 0;
-    if (const std::string* text = args.Get(p.name)) {
-      if (p.type == "bool") {
-        if (*text != "true" && *text != "false") {
-          return Fail(absl::StrCat("run: --", p.name, "=", *text,
-                                   " must be true or false"));
-        }
-        value = *text == "true" ? 1 : 0;
-      } else if (!absl::SimpleAtod(*text, &value)) {
-        return Fail(
-            absl::StrCat("run: --", p.name, "=", *text, " is not a number"));
-      }
-    } else if (p.default_value.has_value()) {
-      value = *p.default_value;
-    } else {
-      return Fail(absl::StrCat("run: ", op->name, " needs --", p.name,
-                               "=X (the server gives no default)"));
-    }
-    DType scalar_dtype = p.default_dtype();
-    if (p.type == "scalar") {
-      if (const std::string* name = args.Get(p.name + "_dtype")) {
-        auto d = ParseDType(*name);
-        if (!d.ok()) {
-          return Fail(absl::StrCat("run: --", p.name,
-                                   "_dtype: ", d.status().message()));
-        }
-        scalar_dtype = *d;
-      }
-    }
-    SetParam(p, value, scalar_dtype, &params);
-  }
+  // The command line, checked whole before the server does anything.
+  auto inputs = RunInputs(*op, args, dtype_of);
+  if (!inputs.ok()) return Fail(inputs.status().message());
+  auto params = RunParams(*op, args);
+  if (!params.ok()) return Fail(params.status().message());
   std::string output_path;
   if (const std::string* path = args.Get("output")) output_path = *path;
   auto out_dtype = dtype_of(op->output);
-  if (!out_dtype.ok())
+  if (!out_dtype.ok()) {
     return Fail(absl::StrCat("run: ", out_dtype.status().message()));
-
-  for (const auto& [name, used] : args.used) args.flags.erase(name);
-  for (const TensorSignature& t : op->inputs)
-    args.flags.erase(t.name + "_shape");
-  if (!args.flags.empty()) {
-    std::vector<std::string> takes;
-    for (const TensorSignature& t : op->inputs) takes.push_back("--" + t.name);
-    for (const ParamSignature& p : op->params) takes.push_back("--" + p.name);
-    return Fail(absl::StrCat("run: unknown argument --",
-                             args.flags.begin()->first, " for ", op->name,
-                             ", which takes ", absl::StrJoin(takes, ", "),
-                             " (try opctl run --help)"));
+  }
+  if (absl::Status used = CheckRunFlagsUsed(*op, args); !used.ok()) {
+    return Fail(used.message());
   }
 
   // Output: the shape the operator's checks accept, asked of the same
   // checks the server runs before anything is uploaded.
   std::map<std::string, ArgShape> shapes;
-  for (const auto& [name, tensor] : inputs) {
+  for (const auto& [name, tensor] : *inputs) {
     shapes[name] = ArgShape{tensor.dtype, tensor.shape};
   }
   absl::StatusOr<std::vector<int64_t>> out_shape =
-      OutputShape(*op, params, shapes, *out_dtype);
+      OutputShape(*op, *params, shapes, *out_dtype);
   if (!out_shape.ok()) return FailStatus(out_shape.status(), "run: ");
 
-  auto session =
-      client.CreateSession("opctl run", /*attach=*/true, connected->device);
-  if (!session.ok()) return FailStatus(session.status());
-  std::map<std::string, TensorDesc> descs;
-  std::vector<DeviceBuffer> buffers;
-  for (const auto& [name, tensor] : inputs) {
-    auto buffer = (*session)->Malloc(tensor.bytes.size());
-    if (!buffer.ok()) return FailStatus(buffer.status());
-    absl::Status status = (*session)->Upload(
-        buffer->handle(), 0, tensor.bytes.data(), tensor.bytes.size());
-    if (!status.ok()) return FailStatus(status);
-    descs[name] =
-        TensorDesc::Contiguous(buffer->handle(), tensor.dtype, tensor.shape);
-    buffers.push_back(*std::move(buffer));
-  }
   HostTensor out;
   out.dtype = *out_dtype;
   out.shape = *out_shape;
-  int64_t out_bytes = 0;
-  if (__builtin_mul_overflow(out.numel(), kernels::DTypeSize(out.dtype),
-                             &out_bytes)) {
-    return Fail(absl::StrCat("run: an output of shape [",
-                             absl::StrJoin(out.shape, ","), "] is too large"));
-  }
-  auto out_buffer = (*session)->Malloc(out_bytes);
-  if (!out_buffer.ok()) return FailStatus(out_buffer.status());
-  descs[op->output.name] =
-      TensorDesc::Contiguous(out_buffer->handle(), out.dtype, out.shape);
-  auto executor = (*session)->GetWorkspaceSize(op->name, params, descs);
-  if (!executor.ok()) return FailStatus(executor.status());
-  DeviceBuffer workspace;
-  if (executor->workspace_size() > 0) {
-    auto w = (*session)->Malloc(executor->workspace_size());
-    if (!w.ok()) return FailStatus(w.status());
-    workspace = *std::move(w);
-  }
-  absl::Status status = executor->Execute(0, workspace.handle());
-  if (status.ok()) status = (*session)->Synchronize();
+  absl::Status status =
+      RunOnServer(client, connected->device, *op, *params, *inputs, out);
   if (!status.ok()) return FailStatus(status);
-  out.bytes.resize(out_bytes);
-  status = (*session)->Download(out_buffer->handle(), 0, out.bytes.data(),
-                                out_bytes);
-  if (!status.ok()) return FailStatus(status);
-
-  if (!output_path.empty()) {
-    status = WriteNpy(output_path, out);
-    if (!status.ok()) return Fail(absl::StrCat("run: ", status.message()));
-    std::printf("%s: %s [%s] written to %s\n", op->output.name.c_str(),
-                std::string(kernels::DTypeName(out.dtype)).c_str(),
-                absl::StrJoin(out.shape, ",").c_str(), output_path.c_str());
-    return 0;
-  }
-  std::vector<std::string> values;
-  for (double v : DecodeValues(out.dtype, out.bytes)) {
-    values.push_back(FormatValue(v, out.dtype));
-  }
-  std::printf("%s = [%s]  (%s, shape [%s])\n", op->output.name.c_str(),
-              absl::StrJoin(values, ", ").c_str(),
-              std::string(kernels::DTypeName(out.dtype)).c_str(),
-              absl::StrJoin(out.shape, ",").c_str());
-  return 0;
+  return PrintRunOutput(*op, out, output_path);
 }
 
 // A backward step as a training job issues it: 250 dependent operators

@@ -25,7 +25,7 @@
 #include "aclnnop/aclnn_leaky_relu_backward.h"
 #include "aclnnop/aclnn_softshrink_backward.h"
 #include "aclnnop/aclnn_threshold_backward.h"
-#include "client/op_signatures.h"
+#include "kernels/op_signatures.h"
 #include "devices/testing/fake_device.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"

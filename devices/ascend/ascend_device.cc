@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -13,6 +14,7 @@
 #include "common/status_macros.h"
 #include "common/values.h"
 #include "kernels/aclnn_status.h"
+#include "kernels/op_signatures.h"
 #include "kernels/tensor.h"
 #include "kernels/validate.h"
 
@@ -55,6 +57,30 @@ absl::StatusOr<std::string> ScalarBytes(const kernels::Scalar& scalar) {
                            : static_cast<double>(scalar.i);
   return EncodeValues(scalar.dtype, absl::MakeConstSpan(&value, 1));
 }
+
+// An operator's parameters as its aclnn function takes them, by the kinds
+// of the signature table (kernels/op_signatures.h): FLOAT and SCALAR as
+// aclScalar objects made by `make` (the plan's, destroyed with it), DOUBLE
+// and BOOL as they are.
+struct ScalarArgs {
+  std::function<absl::Status(void*, aclDataType, aclScalar**)> make;
+
+  absl::StatusOr<aclScalar*> FLOAT(double value) const {
+    float f = static_cast<float>(value);
+    aclScalar* out = nullptr;
+    RETURN_IF_ERROR(make(&f, ACL_FLOAT, &out));
+    return out;
+  }
+  absl::StatusOr<aclScalar*> SCALAR(const kernels::Scalar& value) const {
+    ASSIGN_OR_RETURN(std::string bytes, ScalarBytes(value));
+    aclScalar* out = nullptr;
+    RETURN_IF_ERROR(
+        make(bytes.data(), static_cast<aclDataType>(value.dtype), &out));
+    return out;
+  }
+  absl::StatusOr<double> DOUBLE(double value) const { return value; }
+  absl::StatusOr<bool> BOOL(bool value) const { return value; }
+};
 
 }  // namespace
 
@@ -522,52 +548,27 @@ absl::Status AscendPlan::PlanLocked() const {
   uint64_t needed = 0;
   aclOpExecutor* executor = nullptr;
   aclnnStatus status = ACLNN_SUCCESS;
+  // One case per operator, generated from the signature table: the two
+  // inputs, the parameters as aclnn takes them, the output. A signature
+  // that differs from its aclnnop/ header does not compile.
+  ScalarArgs args{scalar};
   switch (call.op) {
-    case OpKind::kThresholdBackward: {
-      float threshold = static_cast<float>(call.params.threshold);
-      aclScalar* t = nullptr;
-      RETURN_IF_ERROR(scalar(&threshold, ACL_FLOAT, &t));
-      status =
-          reinterpret_cast<decltype(&::aclnnThresholdBackwardGetWorkspaceSize)>(
-              functions.get_workspace_size)(grad, self, t, out, &needed,
-                                            &executor);
-      break;
-    }
-    case OpKind::kSoftshrinkBackward: {
-      float lambd = static_cast<float>(call.params.lambd);
-      aclScalar* l = nullptr;
-      RETURN_IF_ERROR(scalar(&lambd, ACL_FLOAT, &l));
-      status = reinterpret_cast<
-          decltype(&::aclnnSoftshrinkBackwardGetWorkspaceSize)>(
-          functions.get_workspace_size)(grad, self, l, out, &needed, &executor);
-      break;
-    }
-    case OpKind::kHardswishBackward:
-      status =
-          reinterpret_cast<decltype(&::aclnnHardswishBackwardGetWorkspaceSize)>(
-              functions.get_workspace_size)(grad, self, out, &needed,
-                                            &executor);
-      break;
-    case OpKind::kLeakyReluBackward: {
-      ASSIGN_OR_RETURN(std::string bytes,
-                       ScalarBytes(call.params.negative_slope));
-      aclScalar* slope = nullptr;
-      RETURN_IF_ERROR(scalar(
-          bytes.data(),
-          static_cast<aclDataType>(call.params.negative_slope.dtype), &slope));
-      status =
-          reinterpret_cast<decltype(&::aclnnLeakyReluBackwardGetWorkspaceSize)>(
-              functions.get_workspace_size)(grad, self, slope,
-                                            call.params.self_is_result, out,
-                                            &needed, &executor);
-      break;
-    }
-    case OpKind::kDropoutBackward:
-      status =
-          reinterpret_cast<decltype(&::aclnnDropoutBackwardGetWorkspaceSize)>(
-              functions.get_workspace_size)(grad, self, call.params.scale, out,
-                                            &needed, &executor);
-      break;
+#define OPSERVER_ASCEND_MAKE(KIND, name, field)    \
+  const auto field = args.KIND(call.params.field); \
+  if (!field.ok()) return field.status();
+#define OPSERVER_ASCEND_PASS(KIND, name, field) , *field
+#define OPSERVER_ASCEND_CASE(Name, in0, in1, out_name, PARAMS)                 \
+  case OpKind::k##Name: {                                                      \
+    PARAMS(OPSERVER_ASCEND_MAKE)                                               \
+    status = reinterpret_cast<decltype(&::aclnn##Name##GetWorkspaceSize)>(     \
+        functions.get_workspace_size)(grad, self PARAMS(OPSERVER_ASCEND_PASS), \
+                                      out, &needed, &executor);                \
+    break;                                                                     \
+  }
+    OPSERVER_OPERATORS(OPSERVER_ASCEND_CASE)
+#undef OPSERVER_ASCEND_CASE
+#undef OPSERVER_ASCEND_PASS
+#undef OPSERVER_ASCEND_MAKE
   }
   const std::string plan_call = absl::StrCat(name, "GetWorkspaceSize");
   if (status != ACLNN_SUCCESS) return AclnnFailure(cann, plan_call, status);

@@ -26,7 +26,7 @@
 #include "client/client.h"
 #include "client/device_set.h"
 #include "client/etcd_pool.h"
-#include "client/op_signatures.h"
+#include "kernels/op_signatures.h"
 #include "google/protobuf/util/json_util.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"

@@ -1,14 +1,18 @@
-// The operators' call signatures, once, for the two typed surfaces of the
-// client: the C++ Session::ThresholdBackward(...) wrappers (client.h) and
-// the C API's aclnnXxxGetWorkspaceSize / aclnnXxx shims (aclnn_ops.cc).
-// Both expand OPSERVER_OPERATORS; op_signatures_test checks it against the
-// kernels' registry, and the C shims fail to compile when a signature
-// differs from its aclnnop/ header. Tools that take operators from the
-// server (opctl) need none of this: see op_catalog.h.
+// The operators' call signatures in aclnn's argument order, once, beside
+// the operator definitions, for every surface that calls an operator by
+// its signature: the C++ Session::ThresholdBackward(...) wrappers
+// (client.h), the C API's aclnnXxxGetWorkspaceSize / aclnnXxx shims
+// (aclnn_ops.cc), the Python module's typed calls, the Ascend device's
+// calls into CANN (devices/ascend) and the soak's operator list. Each
+// expands OPSERVER_OPERATORS; op_signatures_test checks the table against
+// the kernels' registry, and the C shims and the Ascend device fail to
+// compile when a signature differs from its aclnnop/ header. Tools that
+// take operators from the server (opctl) need none of this: see
+// client/op_catalog.h.
 //
 // A new operator: its line in OPSERVER_OPERATORS and its parameter list.
-#ifndef OPSERVER_CLIENT_OP_SIGNATURES_H_
-#define OPSERVER_CLIENT_OP_SIGNATURES_H_
+#ifndef OPSERVER_KERNELS_OP_SIGNATURES_H_
+#define OPSERVER_KERNELS_OP_SIGNATURES_H_
 
 // X(Name, in0, in1, out, PARAMS) once per operator, in aclnn's argument
 // order: Name without the "aclnn" prefix, the two input tensors and the
@@ -39,4 +43,4 @@
   P(BOOL, selfIsResult, self_is_result)
 #define OPSERVER_DROPOUT_BACKWARD_PARAMS(P) P(DOUBLE, scale, scale)
 
-#endif  // OPSERVER_CLIENT_OP_SIGNATURES_H_
+#endif  // OPSERVER_KERNELS_OP_SIGNATURES_H_

@@ -1,4 +1,4 @@
-#include "client/op_signatures.h"
+#include "kernels/op_signatures.h"
 
 #include <string>
 #include <vector>
