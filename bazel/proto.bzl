@@ -8,6 +8,11 @@ Usage (one line per .proto):
 
     cc_grpc_proto(name = "opserver_proto", src = "opserver.proto")
 
+Two libraries come out: `<name>_messages`, the messages alone (`.pb.h`,
+linking protobuf but not gRPC), for code that must not depend on the
+transport (//runtime), and `<name>`, the gRPC stubs over them (`.grpc.pb.h`,
+with the messages as a dependency), for everything else.
+
 Generated headers are included by their path relative to the workspace root,
 e.g. `#include "proto/opserver.grpc.pb.h"`. For a proto outside the workspace
 (a system .proto such as grpc/health/v1/health.proto), pass `system_src` with
@@ -45,10 +50,18 @@ def cc_grpc_proto(name, src = None, system_src = None, system_root = "/usr/share
         tools = ["@system//:protoc", "@system//:grpc_cpp_plugin"],
     )
     native.cc_library(
-        name = name,
-        srcs = [o for o in outs if o.endswith(".cc")],
-        hdrs = [o for o in outs if o.endswith(".h")],
+        name = name + "_messages",
+        srcs = [base + ".pb.cc"],
+        hdrs = [base + ".pb.h"],
         includes = includes,
-        deps = deps + ["@system//:grpc++"],
+        deps = deps + ["@system//:protobuf"],
+        visibility = visibility,
+    )
+    native.cc_library(
+        name = name,
+        srcs = [base + ".grpc.pb.cc"],
+        hdrs = [base + ".grpc.pb.h"],
+        includes = includes,
+        deps = [name + "_messages", "@system//:grpc++"],
         visibility = visibility,
     )

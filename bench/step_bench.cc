@@ -79,9 +79,9 @@
 #include "bench/delay_proxy.h"
 #include "client/client.h"
 #include "devices/device_factory.h"
-#include "server/launch.h"
+#include "runtime/launch.h"
+#include "runtime/session.h"
 #include "server/server.h"
-#include "server/session.h"
 #include "testing/etcd_process.h"
 #include "testing/opserver_process.h"
 

@@ -475,7 +475,7 @@ class Session {
   // deferred error of the stream (record, wait, reset) or the session
   // (create, destroy). Not pipelined, each is its unary call.
   //
-  // `flags`: CANN's ACL_EVENT_* bits (server/event.h).
+  // `flags`: CANN's ACL_EVENT_* bits (runtime/event.h).
   absl::StatusOr<uint64_t> CreateEvent(uint32_t flags = 0);
   absl::Status DestroyEvent(uint64_t event);
   // The event captures the work queued on `stream` so far.

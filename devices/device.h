@@ -89,7 +89,7 @@ class DevicePlan {
   const int64_t numel_;
 };
 
-// A device's own form of a run of a graph's operations (server/graph.h),
+// A device's own form of a run of a graph's operations (runtime/graph.h),
 // recorded once and replayed as one (CANN's aclmdlRI): made by
 // Device::CaptureGraph, replayed by DeviceStream::ReplayGraph, released by
 // destroying it. Whoever holds it destroys it only after the replays
@@ -109,7 +109,7 @@ using GraphIssuer = std::function<absl::Status(DeviceStream&)>;
 
 // A device's in-order queue of operations (a CUDA device would wrap a
 // cudaStream_t, an Ascend one an aclrtStream): the launches and transfers of
-// one host-side Stream (server/stream.h) run on the device stream that
+// one host-side Stream (runtime/stream.h) run on the device stream that
 // Device::CreateStream made for it, in issue order. Operations on different
 // device streams may run concurrently.
 //
@@ -124,7 +124,7 @@ using GraphIssuer = std::function<absl::Status(DeviceStream&)>;
 // asynchronous() is true it does not call Synchronize after every task but
 // once per batch of consecutive tasks: when its queue runs dry, before a
 // callback, gate or transfer that needs the device done, or after
-// Stream::kMaxUnsynchronizedTasks tasks (server/stream.h). So launches
+// Stream::kMaxUnsynchronizedTasks tasks (runtime/stream.h). So launches
 // follow each other on the device stream without a host wait between
 // them, and one Synchronize's error stands for the whole batch. Operations
 // a callback or transfer issues itself (holding the stream) start on a

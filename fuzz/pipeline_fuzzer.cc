@@ -40,9 +40,9 @@
 #include "absl/time/time.h"
 #include "fuzz/fuzz_support.h"
 #include "proto/opserver.pb.h"
-#include "server/pipeline.h"
-#include "server/pipeline_batch.h"
-#include "server/session.h"
+#include "runtime/command_pipeline.h"
+#include "runtime/pipeline_batch.h"
+#include "runtime/session.h"
 
 namespace opserver::fuzz {
 namespace {

@@ -25,7 +25,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 #include "proto/opserver.pb.h"
-#include "server/byte_range.h"
+#include "runtime/byte_range.h"
 #include "server/upload_parser.h"
 
 namespace {

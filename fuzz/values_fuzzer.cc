@@ -20,12 +20,12 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "common/values.h"
 #include "fuzz/fuzz_support.h"
 #include "kernels/dtype.h"
 #include "proto/opserver.pb.h"
-#include "server/byte_range.h"
-#include "server/value_requests.h"
-#include "common/values.h"
+#include "runtime/byte_range.h"
+#include "runtime/value_requests.h"
 
 namespace {
 

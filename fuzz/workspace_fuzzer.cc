@@ -18,7 +18,7 @@
 #include "fuzz/fuzz_support.h"
 #include "kernels/aclnn_status.h"
 #include "proto/opserver.pb.h"
-#include "server/op_requests.h"
+#include "runtime/op_requests.h"
 
 namespace opserver::fuzz {
 namespace {

@@ -19,7 +19,7 @@
 #include "grpc/grpc.h"
 #include "grpc/grpc_security.h"
 #include "grpc/slice.h"
-#include "server/log.h"
+#include "runtime/log.h"
 
 namespace opserver {
 namespace {

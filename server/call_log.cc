@@ -10,7 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "grpc/support/log.h"
-#include "server/log.h"
+#include "runtime/log.h"
 
 namespace opserver {
 namespace {

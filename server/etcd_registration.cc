@@ -11,7 +11,7 @@
 #include "common/status_macros.h"
 #include "common/thread_start.h"
 #include "google/protobuf/util/json_util.h"
-#include "server/log.h"
+#include "runtime/log.h"
 
 namespace opserver {
 namespace {

@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/task_position.h"
 #include "kernels/aclnn_status.h"
+#include "runtime/log.h"
 #include "server/call_log.h"
-#include "server/log.h"
 
 namespace opserver {
 

@@ -21,9 +21,9 @@
 #include "common/thread_start.h"
 #include "devices/device_factory.h"
 #include "grpc/grpc.h"
+#include "runtime/log.h"
+#include "runtime/preflight.h"
 #include "server/etcd_registration.h"
-#include "server/log.h"
-#include "server/preflight.h"
 #include "server/server.h"
 
 #if defined(__SANITIZE_ADDRESS__)

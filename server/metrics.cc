@@ -341,8 +341,8 @@ prometheus::Histogram& Metrics::RpcDuration(const std::string& method,
                            A66Buckets());
 }
 
-Metrics::LaunchRecord Metrics::LaunchQueued(kernels::OpKind op,
-                                            kernels::DType dtype) {
+RuntimeObserver::LaunchRecord Metrics::LaunchQueued(kernels::OpKind op,
+                                                    kernels::DType dtype) {
   const size_t index = static_cast<size_t>(op);
   const int slot = static_cast<int>(dtype);
   if (index < kernels::OpRegistry().size() && slot >= 0 && slot < kDTypeSlots) {
@@ -351,14 +351,14 @@ Metrics::LaunchRecord Metrics::LaunchQueued(kernels::OpKind op,
   return LaunchRecord{this, op, absl::Now()};
 }
 
-void Metrics::LaunchRecord::Started() {
-  const absl::Duration waited = absl::Now() - queued;
+void Metrics::LaunchStarted(const LaunchRecord& record) {
+  const absl::Duration waited = absl::Now() - record.queued;
   const double seconds = absl::ToDoubleSeconds(waited);
   const auto& bounds = A66Buckets();
   // The first bucket whose upper bound holds the wait (le is inclusive).
   const size_t bucket =
       std::lower_bound(bounds.begin(), bounds.end(), seconds) - bounds.begin();
-  WaitHistogram& h = metrics->queue_wait_;
+  WaitHistogram& h = queue_wait_;
   h.buckets[std::min<size_t>(bucket, kWaitBuckets)].fetch_add(
       1, std::memory_order_relaxed);
   h.sum_ns.fetch_add(static_cast<uint64_t>(std::max<int64_t>(
@@ -366,10 +366,11 @@ void Metrics::LaunchRecord::Started() {
                      std::memory_order_relaxed);
 }
 
-void Metrics::LaunchRecord::Finished(int32_t aclnn_status) {
+void Metrics::LaunchFinished(const LaunchRecord& record, int32_t aclnn_status) {
   if (aclnn_status == 0) return;
-  metrics->launch_failures_
-      .Add({{"op", OpName(op)}, {"aclnn_status", absl::StrCat(aclnn_status)}})
+  launch_failures_
+      .Add({{"op", OpName(record.op)},
+            {"aclnn_status", absl::StrCat(aclnn_status)}})
       .Increment();
 }
 

@@ -44,6 +44,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
+#include "runtime/observer.h"
 
 namespace opserver {
 
@@ -97,7 +98,7 @@ struct MetricsServeOptions {
   int queued_connections = 32;
 };
 
-class Metrics {
+class Metrics : public RuntimeObserver {
  public:
   Metrics();
   ~Metrics();
@@ -118,26 +119,17 @@ class Metrics {
   // The scrape-time part (called on the exposer's thread for each scrape).
   void SetSnapshot(std::function<MetricsSnapshot()> snapshot);
 
-  // A launch of `op` on `dtype` (its gradOutput's) was queued; `waited` is
-  // called when it starts, `done` when it ends. Both are cheap.
-  struct LaunchRecord {
-    Metrics* metrics;
-    kernels::OpKind op;
-    absl::Time queued;
-    void Started();
-    void Finished(int32_t aclnn_status);  // 0: it succeeded.
-  };
-  LaunchRecord LaunchQueued(kernels::OpKind op, kernels::DType dtype);
-  // GetWorkspaceSize refused a plan of `op` (unary or pipelined).
-  void PlanRefused(kernels::OpKind op, int32_t aclnn_status);
-  // A Pipeline batch of `commands` commands was applied.
-  void PipelineBatch(size_t commands);
-  // One Pipeline command of this oneof case (PipelineCommand's field name).
-  void PipelineCommand(int command_case);
-  // A fence reported a deferred error to its client.
-  void DeferredError();
-  // A replay of a graph of `tasks` tasks was queued.
-  void GraphReplayed(uint64_t tasks);
+  // RuntimeObserver: the runtime's events, counted. A launch's are a few
+  // relaxed atomic adds.
+  LaunchRecord LaunchQueued(kernels::OpKind op, kernels::DType dtype) override;
+  void LaunchStarted(const LaunchRecord& record) override;
+  void LaunchFinished(const LaunchRecord& record,
+                      int32_t aclnn_status) override;
+  void PlanRefused(kernels::OpKind op, int32_t aclnn_status) override;
+  void PipelineBatch(size_t commands) override;
+  void PipelineCommand(int command_case) override;
+  void DeferredError() override;
+  void GraphReplayed(uint64_t tasks) override;
   // --register's state (server/etcd_registration.h), after each attempt to
   // renew or redo the registration: opserver_registration_up is 1 while the
   // keys are in etcd as far as the last attempt knows, 0 while etcd is out

@@ -8,12 +8,12 @@
 #include "absl/status/status.h"
 #include "devices/device.h"
 #include "proto/opserver.grpc.pb.h"
+#include "runtime/session.h"
+#include "runtime/work_pool.h"
 #include "server/auth.h"
 #include "server/call_log.h"
 #include "server/routing_key.h"
 #include "server/runtime_service.h"
-#include "server/session.h"
-#include "server/work_pool.h"
 
 namespace opserver {
 
@@ -85,7 +85,7 @@ class OperatorService final : public OperatorsBase {
   grpc::ServerUnaryReactor* Evaluate(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
-  // Graphs by hand (server/graph.h): each translates one call of the
+  // Graphs by hand (runtime/graph.h): each translates one call of the
   // session's graphs.
   grpc::ServerUnaryReactor* ListGraphs(
       grpc::CallbackServerContext* context,

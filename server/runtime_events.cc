@@ -1,6 +1,6 @@
 // The Runtime service's events (aclrtEvent) and device memory operations
-// (Memset, CopyDeviceToDevice): the semantics are server/event.h's and
-// server/memory_ops.h's, shared with the Pipeline channel's commands.
+// (Memset, CopyDeviceToDevice): the semantics are runtime/event.h's and
+// runtime/memory_ops.h's, shared with the Pipeline channel's commands.
 
 #include <chrono>
 #include <memory>
@@ -8,8 +8,8 @@
 
 #include "absl/status/status.h"
 #include "common/status_macros.h"
+#include "runtime/memory_ops.h"
 #include "server/grpc_status_util.h"
-#include "server/memory_ops.h"
 #include "server/runtime_service.h"
 #include "server/synchronize_reactor.h"
 

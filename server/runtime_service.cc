@@ -21,13 +21,13 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "kernels/dtype.h"
+#include "runtime/log.h"
+#include "runtime/value_requests.h"
 #include "server/auth.h"
 #include "server/grpc_status_util.h"
-#include "server/log.h"
 #include "server/raw_message.h"
 #include "server/synchronize_reactor.h"
 #include "server/upload_parser.h"
-#include "server/value_requests.h"
 #include "server/version.h"
 
 namespace opserver {

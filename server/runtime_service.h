@@ -15,14 +15,14 @@
 #include "absl/time/time.h"
 #include "devices/device.h"
 #include "proto/opserver.grpc.pb.h"
+#include "runtime/byte_range.h"  // CheckRange, for the services
+#include "runtime/event.h"
+#include "runtime/session.h"
+#include "runtime/work_pool.h"
 #include "server/auth.h"
-#include "server/byte_range.h"  // CheckRange, for the services
 #include "server/call_log.h"
 #include "server/data_listener.h"
-#include "server/event.h"
 #include "server/routing_key.h"
-#include "server/session.h"
-#include "server/work_pool.h"
 
 namespace opserver {
 

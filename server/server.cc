@@ -21,7 +21,7 @@
 #include "devices/device_factory.h"
 #include "google/protobuf/descriptor.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "server/log.h"
+#include "runtime/log.h"
 
 namespace opserver {
 namespace {

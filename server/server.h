@@ -10,6 +10,8 @@
 #include "absl/time/time.h"
 #include "devices/device.h"
 #include "grpcpp/grpcpp.h"
+#include "runtime/session.h"
+#include "runtime/work_pool.h"
 #include "server/auth.h"
 #include "server/call_log.h"
 #include "server/data_listener.h"
@@ -17,8 +19,6 @@
 #include "server/metrics.h"
 #include "server/operator_service.h"
 #include "server/runtime_service.h"
-#include "server/session.h"
-#include "server/work_pool.h"
 
 namespace opserver {
 
@@ -29,7 +29,7 @@ struct Options {
   // Compute threads of the device; 0 = one per hardware thread.
   int threads = 0;
   // Threads that parse and apply Pipeline batches, clear new buffers and
-  // run Evaluate calls, fairly between clients (server/work_pool.h); 0 =
+  // run Evaluate calls, fairly between clients (runtime/work_pool.h); 0 =
   // one per hardware thread, at least 2.
   int work_threads = 0;
   // HOST:PORT to serve Prometheus metrics on (/metrics; port 0: any, see

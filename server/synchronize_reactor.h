@@ -9,7 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
-#include "server/session.h"
+#include "runtime/session.h"
 
 namespace opserver {
 

@@ -104,7 +104,7 @@ TEST_F(DeviceE2ETest, AnAsynchronousKernelFaultIsTheStreamsError) {
 }
 
 // The server keeps an asynchronous device's launches and pipelined writes
-// issued, not synchronized, across a batch (server/stream.h): each write's
+// issued, not synchronized, across a batch (runtime/stream.h): each write's
 // bytes must stay held until the device has run it, the launches must see
 // the writes queued before them, an event recorded after the batch must
 // release a waiting stream only once the device is done, and a fence must

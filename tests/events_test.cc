@@ -21,7 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/aclnn_status.h"
-#include "server/event.h"
+#include "runtime/event.h"
 #include "server/server.h"
 #include "tests/tensor_desc.h"
 

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Each argument is a genquery's output (tests/BUILD.bazel says what it
-# asks): the targets that break the device layering, which must be none.
+# asks): the targets that break the layering (a device kind reached around
+# the factory, gRPC reached from the runtime), which must be none.
 status=0
 for result in "$@"; do
   if [[ -s "$result" ]]; then
