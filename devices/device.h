@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/op_kind.h"
 #include "kernels/op_spec.h"
 #include "kernels/validate.h"
@@ -102,6 +103,44 @@ class DeviceGraph {
 
 class DeviceStream;
 
+// A host-to-device transfer of a range of device memory that the host
+// cannot address, in chunks, through host staging memory of the device's
+// own (DeviceStream::StageUpload): the caller fills a chunk's staging
+// buffer (receiving it from the network) and commits it; the device may
+// copy it while the caller fills the next one, so that the two overlap. At
+// most two chunks' staging memory is held at once. Made by a caller
+// holding the stream, which issues nothing else on it until the transfer
+// is destroyed (the transfer's copies run on it, possibly from a thread of
+// the device's own). Not thread-safe. Must not outlive its stream.
+class StagedUpload {
+ public:
+  // Waits for the copy in flight, drops those queued behind it, and frees
+  // the staging memory: on every path, including an abandoned transfer.
+  virtual ~StagedUpload() = default;
+  // The staging memory of the next chunk (the range's chunks in order,
+  // each `chunk` bytes, the last one shorter), once the copy that used it
+  // before is done. The error of an earlier copy (the transfer has
+  // failed), or OUT_OF_RANGE past the last chunk.
+  virtual absl::StatusOr<absl::Span<char>> Next() = 0;
+  // Queues the copy of the chunk Next returned, filled, to its place.
+  virtual absl::Status Commit() = 0;
+  // Waits until every committed chunk is in device memory: OK, or the
+  // first copy's error.
+  virtual absl::Status Finish() = 0;
+};
+
+// The other direction (DeviceStream::StageDownload): the range's chunks in
+// order, the copy of the next one running on the device while the caller
+// sends this one. The same rules as StagedUpload.
+class StagedDownload {
+ public:
+  virtual ~StagedDownload() = default;
+  // The bytes of the next chunk, once copied from the device; valid until
+  // the next call. The copy's error (the transfer has failed), or
+  // OUT_OF_RANGE past the last chunk.
+  virtual absl::StatusOr<absl::Span<const char>> Next() = 0;
+};
+
 // What CaptureGraph records: it issues the operations on the stream it is
 // given (Launch, Memset, CopyOnDevice), in order; an error stops the
 // capture.
@@ -148,6 +187,19 @@ class DeviceStream {
                                     uint64_t bytes) = 0;
   virtual absl::Status CopyFromDevice(void* host_dst, const void* device_src,
                                       uint64_t bytes) = 0;
+
+  // Transfers of `size` bytes at device_dst / device_src in chunks of
+  // `chunk` bytes (> 0) through staging memory (StagedUpload,
+  // StagedDownload), for memory the host cannot address. The default
+  // stages each chunk in host memory and copies it with CopyToDevice /
+  // CopyFromDevice and Synchronize, one chunk after the other; a device
+  // whose copies can overlap the caller's work overrides them.
+  virtual std::unique_ptr<StagedUpload> StageUpload(void* device_dst,
+                                                    uint64_t size,
+                                                    uint64_t chunk);
+  virtual std::unique_ptr<StagedDownload> StageDownload(const void* device_src,
+                                                        uint64_t size,
+                                                        uint64_t chunk);
 
   // Device-side fills and copies, ordered after the operations issued
   // before them like the copies above (aclrtMemsetAsync and a

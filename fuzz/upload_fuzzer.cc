@@ -75,8 +75,11 @@ Outcome RunUpload(std::vector<grpc::ByteBuffer> messages,
   }
   absl::StatusOr<std::unique_ptr<DeviceStream>> stream = device.CreateStream();
   if (!stream.ok()) return finish(stream.status(), 0);
+  // Small staging chunks, so that messages span chunks and chunks span
+  // messages.
   UploadWriter writer(&device, *std::move(stream),
-                      buffer.get() + header->offset(), header->size());
+                      buffer.get() + header->offset(), header->size(),
+                      /*chunk_bytes=*/7);
   for (grpc::ByteBuffer& message : messages) {
     if (absl::Status s = writer.Write(&message); !s.ok()) {
       return finish(s, writer.written());

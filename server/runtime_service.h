@@ -29,6 +29,8 @@ namespace opserver {
 // Transfer and value limits of the Runtime service (server flags).
 struct TransferLimits {
   // Download chunk size; uploads may use any chunk up to the message limit.
+  // Also the staging chunk of transfers on a device the host cannot
+  // address (DeviceStream::StageUpload).
   uint64_t chunk_bytes = 4ull << 20;
   uint64_t max_message_bytes = 64ull << 20;
   // Most values one WriteValues/ReadValues/Evaluate tensor may carry.

@@ -35,30 +35,38 @@ namespace {
 
 // Moves the bytes of a data-path transfer between the socket `fd` and
 // device memory [target, target + size), `chunk` bytes at a time: straight
-// into or out of memory the host can address, else through a staging chunk
-// copied on `stream`. Calls `moved` after each socket call that moved
-// bytes (the idle clock: a chunk can take a slow client far longer than the
-// idle timeout) and `progress` after each chunk. An upload must end with
-// the client's half-close right after its last byte.
+// into or out of memory the host can address, else through the device's
+// staging (DeviceStream::StageUpload / StageDownload), which may copy one
+// chunk while the socket moves the next. Calls `moved` after each socket
+// call that moved bytes (the idle clock: a chunk can take a slow client far
+// longer than the idle timeout) and `progress` after each chunk. An upload
+// must end with the client's half-close right after its last byte.
 absl::Status MoveDataPathBytes(bool upload, int fd, Device* device,
                                DeviceStream* stream, char* target,
                                uint64_t size, uint64_t chunk,
                                const std::function<void()>& moved,
                                const std::function<void()>& progress) {
-  std::string staging;
+  std::unique_ptr<StagedUpload> staged_upload;
+  std::unique_ptr<StagedDownload> staged_download;
+  if (size != 0 && device->HostAddress(target) == nullptr) {
+    if (stream == nullptr) return NoDeviceStream();
+    if (upload) {
+      staged_upload = stream->StageUpload(target, size, chunk);
+    } else {
+      staged_download = stream->StageDownload(target, size, chunk);
+    }
+  }
   for (uint64_t at = 0; at < size;) {
     const uint64_t n = std::min(chunk, size - at);
-    char* host = static_cast<char*>(device->HostAddress(target + at));
-    const bool staged = host == nullptr;
-    if (staged) {
-      if (stream == nullptr) return NoDeviceStream();
-      staging.resize(n);
+    char* host;
+    if (staged_upload != nullptr) {
+      ASSIGN_OR_RETURN(absl::Span<char> staging, staged_upload->Next());
       host = staging.data();
-      if (!upload) {
-        absl::Status copied = stream->CopyFromDevice(host, target + at, n);
-        if (copied.ok()) copied = stream->Synchronize();
-        if (!copied.ok()) return copied;
-      }
+    } else if (staged_download != nullptr) {
+      ASSIGN_OR_RETURN(absl::Span<const char> staging, staged_download->Next());
+      host = const_cast<char*>(staging.data());
+    } else {
+      host = static_cast<char*>(device->HostAddress(target + at));
     }
     if (upload) {
       ASSIGN_OR_RETURN(size_t got, RecvFull(fd, host, n, moved));
@@ -67,16 +75,13 @@ absl::Status MoveDataPathBytes(bool upload, int fd, Device* device,
             "upload ended after ", at + got, " of the ", size,
             " bytes it announced (the data connection was closed)"));
       }
-      if (staged) {
-        absl::Status copied = stream->CopyToDevice(target + at, host, n);
-        if (copied.ok()) copied = stream->Synchronize();
-        if (!copied.ok()) return copied;
-      }
+      if (staged_upload != nullptr) RETURN_IF_ERROR(staged_upload->Commit());
     } else
       RETURN_IF_ERROR(SendAll(fd, host, n, moved));
     at += n;
     progress();
   }
+  if (staged_upload != nullptr) RETURN_IF_ERROR(staged_upload->Finish());
   if (!upload) {
     shutdown(fd, SHUT_WR);
     return absl::OkStatus();
@@ -372,7 +377,7 @@ class RuntimeService::Uploader final
     buffer_ = target.buffer;
     writer_.emplace(buffer_->device(), target.stream->device_stream(),
                     static_cast<char*>(buffer_->data()) + header.offset(),
-                    header.size());
+                    header.size(), service_->limits_.chunk_bytes);
     return target.stream;
   }
 
@@ -481,7 +486,9 @@ class RuntimeService::Downloader final
   void FinishLocked(const absl::Status& status) {
     if (finished_) return;
     finished_ = true;
-    // Slices still in gRPC's hands keep holding the stream.
+    // Slices still in gRPC's hands keep holding the stream. The staging
+    // goes first: its copies run on the device stream.
+    staged_.reset();
     device_stream_.reset();
     ReleaseHoldsLocked();
     Finish(ToGrpcStatus(status, context_));
@@ -525,17 +532,20 @@ class RuntimeService::Downloader final
                                new SliceHold{buffer_, gate_});
     } else {
       // The gate holds the stream, so its device stream is this call's.
-      std::string staging(n, '\0');
-      absl::Status copied =
-          device_stream_ == nullptr
+      // The staging copies the next chunk while gRPC sends this one.
+      if (staged_ == nullptr && device_stream_ != nullptr) {
+        staged_ = device_stream_->StageDownload(source, end_ - next_,
+                                                service_->limits_.chunk_bytes);
+      }
+      absl::StatusOr<absl::Span<const char>> staging =
+          staged_ == nullptr
               ? absl::FailedPreconditionError("the stream has no device stream")
-              : device_stream_->CopyFromDevice(staging.data(), source, n);
-      if (copied.ok()) copied = device_stream_->Synchronize();
-      if (!copied.ok()) {
-        FinishLocked(copied);
+              : staged_->Next();
+      if (!staging.ok()) {
+        FinishLocked(staging.status());
         return;
       }
-      data_slice = grpc::Slice(staging);
+      data_slice = grpc::Slice(staging->data(), staging->size());  // A copy.
     }
     grpc::Slice slices[] = {grpc::Slice(header), std::move(data_slice)};
     message_ = grpc::ByteBuffer(slices, 2);
@@ -551,8 +561,10 @@ class RuntimeService::Downloader final
   uint64_t end_ = 0;
   bool writing_ = false;
   grpc::ByteBuffer message_;
-  // For devices the host cannot address: the staging copies' stream.
+  // For devices the host cannot address: the staging copies' stream, and
+  // the staging (made at the first chunk).
   std::shared_ptr<DeviceStream> device_stream_;
+  std::unique_ptr<StagedDownload> staged_;
 };
 
 // OpenDataTransfer: an Upload or Download whose bytes go over the data

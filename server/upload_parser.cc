@@ -1,5 +1,6 @@
 #include "server/upload_parser.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -108,38 +109,57 @@ absl::Status UploadWriter::Write(grpc::ByteBuffer* message) {
               absl::StrCat("upload sent more than the ", size_,
                            " bytes its header announced"));
         }
-        char* target = target_ + written_;
-        bool read;
-        if (void* host = device_->HostAddress(target); host != nullptr) {
-          read = input.ReadRaw(host, static_cast<int>(length));
+        if (void* host = device_->HostAddress(target_ + written_);
+            host != nullptr) {
+          if (!input.ReadRaw(host, static_cast<int>(length))) {
+            return Malformed();
+          }
         } else {
-          if (stream_ == nullptr) {
-            return absl::FailedPreconditionError(
-                "the stream has no device stream to copy through");
-          }
-          staging_.resize(length);
-          read = input.ReadRaw(staging_.data(), static_cast<int>(length));
-          if (read) {
-            // Synchronized before staging_ is reused for the next message.
-            absl::Status copied =
-                stream_->CopyToDevice(target, staging_.data(), length);
-            if (copied.ok()) copied = stream_->Synchronize();
-            if (!copied.ok()) return copied;
-          }
+          RETURN_IF_ERROR(Stage(input, length));
         }
-        if (!read) return Malformed();
         written_ += length;
         return absl::OkStatus();
       });
 }
 
-absl::Status UploadWriter::Finish() const {
+absl::Status UploadWriter::Stage(google::protobuf::io::CodedInputStream& input,
+                                 uint32_t length) {
+  if (stream_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "the stream has no device stream to copy through");
+  }
+  if (staged_ == nullptr) {
+    staged_ = stream_->StageUpload(target_, size_, chunk_bytes_);
+  }
+  // A message's data may fill several chunks, and a chunk take several
+  // messages.
+  while (length > 0) {
+    if (chunk_.empty()) {
+      ASSIGN_OR_RETURN(chunk_, staged_->Next());
+      filled_ = 0;
+    }
+    const auto n = static_cast<uint32_t>(
+        std::min<uint64_t>(length, chunk_.size() - filled_));
+    if (!input.ReadRaw(chunk_.data() + filled_, static_cast<int>(n))) {
+      return Malformed();
+    }
+    filled_ += n;
+    length -= n;
+    if (filled_ == chunk_.size()) {
+      chunk_ = {};
+      RETURN_IF_ERROR(staged_->Commit());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UploadWriter::Finish() {
   if (written_ != size_) {
     return absl::InvalidArgumentError(
         absl::StrCat("upload ended after ", written_, " of the ", size_,
                      " bytes its header announced"));
   }
-  return absl::OkStatus();
+  return staged_ == nullptr ? absl::OkStatus() : staged_->Finish();
 }
 
 }  // namespace opserver

@@ -13,6 +13,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "devices/device.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -40,35 +41,50 @@ absl::StatusOr<v1::UploadRequest> ParseUploadHeader(grpc::ByteBuffer* message);
 
 // Copies the data of an upload's messages, in order, into the `size` bytes
 // at device address `target` of `device`: in place where the host can
-// address it (Device::HostAddress), else staged and copied through
-// `stream` (which the caller must not use meanwhile; null fails such an
+// address it (Device::HostAddress), else through the staging of `stream`
+// (DeviceStream::StageUpload, in chunks of `chunk_bytes` whatever the
+// messages' sizes, so that the device may copy one chunk while the next
+// arrives; the caller must not use `stream` meanwhile; null fails such an
 // upload).
 class UploadWriter {
  public:
   UploadWriter(Device* device, std::shared_ptr<DeviceStream> stream,
-               char* target, uint64_t size)
+               char* target, uint64_t size, uint64_t chunk_bytes)
       : device_(device),
         stream_(std::move(stream)),
         target_(target),
-        size_(size) {}
+        size_(size),
+        chunk_bytes_(chunk_bytes) {}
 
   // Copies the data fields of `message` after what came before.
-  // INVALID_ARGUMENT for a malformed message or data past `size`.
+  // INVALID_ARGUMENT for a malformed message or data past `size`; a staged
+  // copy's error.
   absl::Status Write(grpc::ByteBuffer* message);
 
   // At the end of the input: INVALID_ARGUMENT unless exactly `size` bytes
-  // were written.
-  absl::Status Finish() const;
+  // were written; else waits until the staged copies are done (their
+  // error).
+  absl::Status Finish();
 
   uint64_t written() const { return written_; }
 
  private:
+  // Reads `length` bytes of `input` into the staging, chunk by chunk.
+  absl::Status Stage(google::protobuf::io::CodedInputStream& input,
+                     uint32_t length);
+
   Device* const device_;
   const std::shared_ptr<DeviceStream> stream_;
   char* const target_;
   const uint64_t size_;
+  const uint64_t chunk_bytes_;
   uint64_t written_ = 0;
-  std::string staging_;  // Only for devices the host cannot address.
+  // Only for devices the host cannot address (made at the first data; goes
+  // before `stream_`, whose copies it runs): the staging chunk being
+  // filled, and how much of it is.
+  std::unique_ptr<StagedUpload> staged_;
+  absl::Span<char> chunk_;
+  uint64_t filled_ = 0;
 };
 
 }  // namespace opserver

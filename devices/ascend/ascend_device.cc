@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -10,8 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/status_macros.h"
+#include "common/thread_start.h"
 #include "common/values.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/op_signatures.h"
@@ -243,6 +246,27 @@ uint64_t AscendDevice::FreeBytes() const {
          std::min(description_.memory_bytes, memory_->in_use_bytes());
 }
 
+absl::StatusOr<void*> AscendDevice::AllocateHost(uint64_t bytes) const {
+  RETURN_IF_ERROR(Bind());
+  void* block = nullptr;
+  if (aclError error = cann_->api().aclrtMallocHost(&block, bytes);
+      error != ACL_SUCCESS || block == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("aclrtMallocHost of ", bytes,
+                     " bytes (transfer staging) failed with "
+                     "acl error ",
+                     error, WithRecentError(*cann_)));
+  }
+  return block;
+}
+
+void AscendDevice::FreeHost(void* block) const {
+  // Freed even if binding failed: aclrtFreeHost reports the error, which
+  // has no one to go to.
+  (void)Bind();
+  cann_->api().aclrtFreeHost(block);
+}
+
 absl::StatusOr<void*> AscendDevice::AllocateRaw(uint64_t bytes) {
   // Counted in the pool's capacity, which trims its cache to make room.
   RETURN_IF_ERROR(memory_->Reserve(bytes));
@@ -406,6 +430,220 @@ absl::Status AscendStream::CopyFromDevice(void* host_dst,
                     error);
   }
   return absl::OkStatus();
+}
+
+// ---- Staged transfers ------------------------------------------------------
+
+namespace {
+
+// The chunks of a staged transfer and the thread that copies them through
+// two staging buffers, in order: chunk k uses buffer k % 2. The caller
+// queues chunk k only once it is done with buffer k % 2's previous chunk
+// (k - 2), so the copier never writes or reads a buffer the caller uses.
+class ChunkCopier {
+ public:
+  ChunkCopier(AscendDevice* device, AscendStream* stream, bool upload,
+              char* device_base, uint64_t size, uint64_t chunk)
+      : device_(device),
+        stream_(stream),
+        upload_(upload),
+        device_base_(device_base),
+        size_(size),
+        chunk_(std::max<uint64_t>(chunk, 1)),
+        count_(size == 0 ? 0 : (size - 1) / chunk_ + 1) {}
+
+  // Lets the copy in flight end (nothing can stop an NPU's copy), drops
+  // the queued ones and frees the staging memory.
+  ~ChunkCopier() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    if (worker_.joinable()) worker_.join();
+    for (char* buffer : buffers_) {
+      if (buffer != nullptr) device_->FreeHost(buffer);
+    }
+  }
+
+  uint64_t count() const { return count_; }
+
+  // Chunk k's staging memory (allocated at its buffer's first use).
+  absl::StatusOr<absl::Span<char>> Buffer(uint64_t k) {
+    char*& buffer = buffers_[k % 2];
+    if (buffer == nullptr) {
+      ASSIGN_OR_RETURN(void* block,
+                       device_->AllocateHost(std::min(chunk_, size_)));
+      buffer = static_cast<char*>(block);
+    }
+    return absl::MakeSpan(buffer, Bytes(k));
+  }
+
+  // Queues the next chunk's copy. A range of one chunk is copied here.
+  absl::Status Queue() {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(error_);
+    const uint64_t k = queued_++;
+    if (count_ == 1) {
+      mu_.Unlock();
+      absl::Status copied = Copy(k);
+      mu_.Lock();
+      Copied(copied);
+      return copied;
+    }
+    if (!worker_.joinable()) {
+      absl::StatusOr<std::thread> started = StartThread(
+          "the Ascend device's staging copy thread", [this] { Run(); });
+      if (!started.ok()) {
+        error_ = started.status();
+        return error_;
+      }
+      worker_ = *std::move(started);
+    }
+    return absl::OkStatus();
+  }
+
+  // Waits until the first `n` chunks are copied, or one failed.
+  absl::Status WaitCopied(uint64_t n) {
+    absl::MutexLock lock(&mu_);
+    auto done = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return copied_ >= n || !error_.ok();
+    };
+    mu_.Await(absl::Condition(&done));
+    return error_;
+  }
+
+  uint64_t queued() {
+    absl::MutexLock lock(&mu_);
+    return queued_;
+  }
+
+ private:
+  uint64_t Bytes(uint64_t k) const {
+    return std::min(chunk_, size_ - k * chunk_);
+  }
+
+  // Chunk k between its staging buffer and device memory, done when this
+  // returns (one staging buffer per chunk in flight, so the stream is
+  // synchronized before it is reused).
+  absl::Status Copy(uint64_t k) {
+    char* device = device_base_ + k * chunk_;
+    char* host = buffers_[k % 2];
+    RETURN_IF_ERROR(upload_ ? stream_->CopyToDevice(device, host, Bytes(k))
+                            : stream_->CopyFromDevice(host, device, Bytes(k)));
+    return stream_->Synchronize();
+  }
+
+  void Copied(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (status.ok()) {
+      ++copied_;
+    } else if (error_.ok()) {
+      error_ = status;
+    }
+  }
+
+  void Run() {
+    absl::MutexLock lock(&mu_);
+    for (;;) {
+      auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return stopping_ || (error_.ok() && copied_ < queued_);
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      const uint64_t k = copied_;
+      mu_.Unlock();
+      absl::Status copied = Copy(k);
+      mu_.Lock();
+      Copied(copied);
+    }
+  }
+
+  AscendDevice* const device_;
+  AscendStream* const stream_;
+  const bool upload_;
+  char* const device_base_;
+  const uint64_t size_;
+  const uint64_t chunk_;
+  const uint64_t count_;
+  // Set once, before the worker reads them (Buffer precedes Queue).
+  char* buffers_[2] = {nullptr, nullptr};
+  std::thread worker_;
+  absl::Mutex mu_;
+  uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t copied_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+absl::Status AllMoved(uint64_t size) {
+  return absl::OutOfRangeError(
+      absl::StrCat("the staged transfer's ", size, " bytes are all moved"));
+}
+
+class AscendStagedUpload : public StagedUpload {
+ public:
+  AscendStagedUpload(AscendDevice* device, AscendStream* stream, char* dst,
+                     uint64_t size, uint64_t chunk)
+      : size_(size), copier_(device, stream, true, dst, size, chunk) {}
+
+  absl::StatusOr<absl::Span<char>> Next() override {
+    const uint64_t k = copier_.queued();
+    if (k == copier_.count()) return AllMoved(size_);
+    // Chunk k - 2 left buffer k % 2.
+    RETURN_IF_ERROR(copier_.WaitCopied(k < 2 ? 0 : k - 1));
+    return copier_.Buffer(k);
+  }
+  absl::Status Commit() override { return copier_.Queue(); }
+  absl::Status Finish() override {
+    return copier_.WaitCopied(copier_.queued());
+  }
+
+ private:
+  const uint64_t size_;
+  ChunkCopier copier_;
+};
+
+class AscendStagedDownload : public StagedDownload {
+ public:
+  AscendStagedDownload(AscendDevice* device, AscendStream* stream,
+                       const char* src, uint64_t size, uint64_t chunk)
+      : size_(size),
+        copier_(device, stream, false, const_cast<char*>(src), size, chunk) {}
+
+  absl::StatusOr<absl::Span<const char>> Next() override {
+    const uint64_t k = taken_;
+    if (k == copier_.count()) return AllMoved(size_);
+    // The caller is done with chunk k - 1: its buffer takes chunk k + 1,
+    // copied while the caller sends chunk k.
+    for (uint64_t next = copier_.queued(); next <= k + 1; ++next) {
+      if (next == copier_.count()) break;
+      RETURN_IF_ERROR(copier_.Buffer(next).status());
+      RETURN_IF_ERROR(copier_.Queue());
+    }
+    RETURN_IF_ERROR(copier_.WaitCopied(k + 1));
+    ++taken_;
+    ASSIGN_OR_RETURN(absl::Span<char> bytes, copier_.Buffer(k));
+    return absl::Span<const char>(bytes);
+  }
+
+ private:
+  const uint64_t size_;
+  uint64_t taken_ = 0;
+  ChunkCopier copier_;
+};
+
+}  // namespace
+
+std::unique_ptr<StagedUpload> AscendStream::StageUpload(void* device_dst,
+                                                        uint64_t size,
+                                                        uint64_t chunk) {
+  return std::make_unique<AscendStagedUpload>(
+      device_, this, static_cast<char*>(device_dst), size, chunk);
+}
+
+std::unique_ptr<StagedDownload> AscendStream::StageDownload(
+    const void* device_src, uint64_t size, uint64_t chunk) {
+  return std::make_unique<AscendStagedDownload>(
+      device_, this, static_cast<const char*>(device_src), size, chunk);
 }
 
 absl::Status AscendStream::Memset(void* dst, int value, uint64_t bytes) {

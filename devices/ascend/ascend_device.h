@@ -109,6 +109,19 @@ class AscendStream : public DeviceStream {
                             uint64_t bytes) override;
   absl::Status CopyFromDevice(void* host_dst, const void* device_src,
                               uint64_t bytes) override;
+  // Double-buffered through two chunks of page-locked staging memory
+  // (aclrtMallocHost, allocated at first use, freed with the transfer): a
+  // thread of the transfer's own copies each chunk on this stream
+  // (aclrtMemcpyAsync, then aclrtSynchronizeStream before its buffer is
+  // reused) while the caller fills or sends the other. A thread, not the
+  // stream's asynchrony alone, since aclrtMemcpyAsync may block its caller
+  // (libaclnn_remote.so sends a copy of over 1 MiB before it returns). A
+  // range of one chunk is copied on the caller's thread.
+  std::unique_ptr<StagedUpload> StageUpload(void* device_dst, uint64_t size,
+                                            uint64_t chunk) override;
+  std::unique_ptr<StagedDownload> StageDownload(const void* device_src,
+                                                uint64_t size,
+                                                uint64_t chunk) override;
   // aclrtMemsetAsync of `value & 0xff` (without it in the loaded runtime:
   // a host-to-device copy of a staged block of that byte).
   absl::Status Memset(void* dst, int value, uint64_t bytes) override;
@@ -229,6 +242,11 @@ class AscendDevice : public Device {
   // device is bound there. Every call into CANN for this device comes
   // after it.
   absl::Status Bind() const;
+
+  // Page-locked host memory (aclrtMallocHost; freed by FreeHost), for
+  // transfers' staging. RESOURCE_EXHAUSTED naming the acl error.
+  absl::StatusOr<void*> AllocateHost(uint64_t bytes) const;
+  void FreeHost(void* block) const;
 
   // Device memory outside Allocate's cache and zeroing (stream scratch),
   // within the same capacity: the cache gives way to it.

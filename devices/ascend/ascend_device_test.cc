@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -74,6 +75,19 @@ class FakeControl {
   void SetMemInfo(size_t free, size_t total) {
     Fn<void (*)(size_t, size_t)>("fake_cann_set_mem_info")(free, total);
   }
+  // The gate on host<->device copies (fake_cann.cc).
+  void HoldHostCopies(bool on) {
+    Fn<void (*)(int)>("fake_cann_hold_host_copies")(on ? 1 : 0);
+  }
+  void PermitHostCopies(int count) {
+    Fn<void (*)(int)>("fake_cann_permit_host_copies")(count);
+  }
+  int HeldHostCopies() { return Fn<int (*)()>("fake_cann_held_host_copies")(); }
+  // Whether an aclrtMallocHost block starts with `bytes`.
+  bool HostHolds(absl::string_view bytes) {
+    return Fn<int (*)(const void*, size_t)>("fake_cann_host_holds")(
+               bytes.data(), bytes.size()) != 0;
+  }
   // The log lines that start with one of `prefixes`, in order.
   std::vector<std::string> Calls(const std::vector<std::string>& prefixes) {
     std::vector<std::string> out;
@@ -103,7 +117,9 @@ class AscendServer {
  public:
   explicit AscendServer(std::shared_ptr<CannLibrary> cann,
                         uint64_t memory_bytes = 0,
-                        uint64_t memory_cache_bytes = 1 << 20) {
+                        uint64_t memory_cache_bytes = 1 << 20,
+                        uint64_t chunk_bytes = 4 << 20,
+                        const remote::ConnectOptions& connect = {}) {
     auto device = AscendDevice::Create(std::move(cann), 0, memory_bytes,
                                        memory_cache_bytes);
     EXPECT_TRUE(device.ok()) << device.status();
@@ -111,11 +127,12 @@ class AscendServer {
     device_ = device->get();
     Options options;
     options.listen = "127.0.0.1:0";
+    options.transfer_limits.chunk_bytes = chunk_bytes;
     auto server = Server::Start(options, *std::move(device));
     EXPECT_TRUE(server.ok()) << server.status();
     if (!server.ok()) return;
     server_ = *std::move(server);
-    auto client = remote::Client::Connect(server_->address());
+    auto client = remote::Client::Connect(server_->address(), connect);
     EXPECT_TRUE(client.ok()) << client.status();
     client_ = *std::move(client);
   }
@@ -146,7 +163,7 @@ class AscendDeviceTest : public ::testing::Test {
   // Everything CANN handed out was given back.
   void ExpectNothingLive() {
     for (const char* kind : {"tensor", "scalar", "executor", "allocation",
-                             "stream", "context", "model"}) {
+                             "stream", "context", "model", "host"}) {
       EXPECT_EQ(fake_.Live(kind), 0) << kind;
     }
   }
@@ -988,6 +1005,278 @@ TEST(AscendGraphFallbackTest, WithoutCaptureTheTasksAreReplayedOneByOne) {
     EXPECT_EQ(fake.Live(kind), 0) << kind;
   }
 }
+
+// ---- Staged transfers ------------------------------------------------------
+
+// Waits (bounded) until `condition` holds; false if it never did.
+bool WaitUntil(const std::function<bool()>& condition) {
+  const absl::Time deadline = absl::Now() + absl::Minutes(1);
+  while (!condition()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
+}
+
+// `size` bytes no two chunks of a test share.
+std::string Pattern(size_t size) {
+  std::string bytes(size, '\0');
+  for (size_t i = 0; i < size; ++i)
+    bytes[i] = static_cast<char>(i * 7 + i / 251);
+  return bytes;
+}
+
+// A device, a stream on it and a zeroed block of device memory (the fake's
+// device memory is host memory: the test reads and writes it directly).
+class StagedTransferTest : public AscendDeviceTest {
+ protected:
+  void SetUp() override {
+    AscendDeviceTest::SetUp();
+    auto device = AscendDevice::Create(Fake(), 0, 0, 0);
+    ASSERT_TRUE(device.ok()) << device.status();
+    device_ = *std::move(device);
+    auto stream = device_->CreateStream();
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    stream_ = *std::move(stream);
+    auto block = device_->Allocate(kSize, 1);
+    ASSERT_TRUE(block.ok()) << block.status();
+    block_ = static_cast<char*>(*block);
+    fake_.Reset();
+  }
+  void TearDown() override {
+    fake_.HoldHostCopies(false);
+    if (block_ != nullptr) device_->Deallocate(block_, kSize);
+    stream_.reset();
+    device_.reset();
+    ExpectNothingLive();
+  }
+  std::string DeviceBytes() const { return std::string(block_, kSize); }
+  // Fills the next chunk of `upload` with its part of `data` and commits it.
+  void Put(StagedUpload& upload, const std::string& data, uint64_t at) {
+    absl::StatusOr<absl::Span<char>> chunk = upload.Next();
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    std::memcpy(chunk->data(), data.data() + at, chunk->size());
+    ASSERT_TRUE(upload.Commit().ok());
+  }
+
+  // Three chunks: two whole, one half.
+  static constexpr uint64_t kSize = 2500;
+  static constexpr uint64_t kChunk = 1000;
+  std::unique_ptr<AscendDevice> device_;
+  std::unique_ptr<DeviceStream> stream_;
+  char* block_ = nullptr;
+};
+
+// The point of staging: while the copy of chunk 0 is still running, the
+// caller gets chunk 1's staging memory and fills it; chunk 2 reuses chunk
+// 0's once that copy is done. The bytes land in order, bit-exact, and the
+// two page-locked buffers are freed with the transfer.
+TEST_F(StagedTransferTest, AnUploadTakesTheNextChunkWhileACopyRuns) {
+  const std::string data = Pattern(kSize);
+  fake_.HoldHostCopies(true);
+  std::unique_ptr<StagedUpload> upload =
+      stream_->StageUpload(block_, kSize, kChunk);
+  Put(*upload, data, 0);
+  ASSERT_TRUE(WaitUntil([&] { return fake_.HeldHostCopies() == 1; }));
+  Put(*upload, data, kChunk);
+  EXPECT_EQ(fake_.HeldHostCopies(), 1);  // Chunk 0's copy, still held.
+  fake_.PermitHostCopies(1);
+  Put(*upload, data, 2 * kChunk);
+  fake_.HoldHostCopies(false);
+  ASSERT_TRUE(upload->Finish().ok());
+  EXPECT_EQ(DeviceBytes(), data);
+  EXPECT_EQ(upload->Next().status().code(), absl::StatusCode::kOutOfRange);
+  upload.reset();
+  std::vector<std::string> calls =
+      fake_.Calls({"aclrtMallocHost", "aclrtFreeHost",
+                   "aclrtMemcpyAsync 1000 kind=1 held"});
+  ASSERT_GE(calls.size(), 3u);
+  EXPECT_THAT(
+      std::vector<std::string>(calls.begin(), calls.begin() + 3),
+      ElementsAre("aclrtMallocHost 1000", "aclrtMemcpyAsync 1000 kind=1 held",
+                  "aclrtMallocHost 1000"));
+  EXPECT_THAT(fake_.Calls({"aclrtMallocHost", "aclrtFreeHost"}),
+              ElementsAre("aclrtMallocHost 1000", "aclrtMallocHost 1000",
+                          "aclrtFreeHost", "aclrtFreeHost"));
+  EXPECT_THAT(fake_.Calls({"aclrtMemcpyAsync 1000 kind=1",
+                           "aclrtMemcpyAsync 500 kind=1"}),
+              ::testing::Contains("aclrtMemcpyAsync 500 kind=1"));
+}
+
+// Downloads the other way round: once the caller has chunk 0, the copy of
+// chunk 1 runs while it sends chunk 0.
+TEST_F(StagedTransferTest, ADownloadCopiesTheNextChunkWhileOneIsSent) {
+  const std::string data = Pattern(kSize);
+  std::memcpy(block_, data.data(), kSize);
+  fake_.HoldHostCopies(true);
+  std::unique_ptr<StagedDownload> download =
+      stream_->StageDownload(block_, kSize, kChunk);
+  absl::StatusOr<absl::Span<const char>> first;
+  std::thread taker([&] { first = download->Next(); });
+  ASSERT_TRUE(WaitUntil([&] { return fake_.HeldHostCopies() == 1; }));
+  fake_.PermitHostCopies(1);
+  taker.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(std::string(first->data(), first->size()), data.substr(0, kChunk));
+  // Chunk 1's copy is under way (held) while the caller holds chunk 0.
+  EXPECT_TRUE(WaitUntil([&] { return fake_.HeldHostCopies() == 1; }));
+  fake_.HoldHostCopies(false);
+  for (uint64_t at = kChunk; at < kSize; at += kChunk) {
+    absl::StatusOr<absl::Span<const char>> chunk = download->Next();
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    EXPECT_EQ(std::string(chunk->data(), chunk->size()),
+              data.substr(at, kChunk));
+  }
+  EXPECT_EQ(download->Next().status().code(), absl::StatusCode::kOutOfRange);
+  download.reset();
+  EXPECT_THAT(fake_.Calls({"aclrtMallocHost", "aclrtFreeHost"}),
+              ElementsAre("aclrtMallocHost 1000", "aclrtMallocHost 1000",
+                          "aclrtFreeHost", "aclrtFreeHost"));
+}
+
+// A range of one chunk takes one buffer of its own size, copied on the
+// caller's thread.
+TEST_F(StagedTransferTest, OneChunkTakesOneBufferOfItsSize) {
+  const std::string data = Pattern(kSize);
+  std::unique_ptr<StagedUpload> upload =
+      stream_->StageUpload(block_, kSize, 4 * kSize);
+  Put(*upload, data, 0);
+  ASSERT_TRUE(upload->Finish().ok());
+  EXPECT_EQ(DeviceBytes(), data);
+  std::unique_ptr<StagedDownload> download =
+      stream_->StageDownload(block_, kSize, kSize);
+  absl::StatusOr<absl::Span<const char>> back = download->Next();
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(std::string(back->data(), back->size()), data);
+  upload.reset();
+  download.reset();
+  EXPECT_THAT(fake_.Calls({"aclrtMallocHost", "aclrtFreeHost"}),
+              ElementsAre("aclrtMallocHost 2500", "aclrtMallocHost 2500",
+                          "aclrtFreeHost", "aclrtFreeHost"));
+}
+
+// A failed copy fails the transfer with CANN's error, for every later call
+// too; the staging is freed all the same.
+TEST_F(StagedTransferTest, ACopysFailureIsTheTransfersWithItsAclError) {
+  const std::string data = Pattern(kSize);
+  std::unique_ptr<StagedUpload> upload =
+      stream_->StageUpload(block_, kSize, kChunk);
+  fake_.FailNext("aclrtMemcpyAsync", 507899, "copy engine fault");
+  Put(*upload, data, 0);
+  absl::Status failed = upload->Finish();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kInternal) << failed;
+  EXPECT_EQ(kernels::GetAclnnStatus(failed), 361001) << failed;
+  EXPECT_THAT(failed.message(),
+              HasSubstr("aclrtMemcpyAsync (host to device) failed with acl "
+                        "error 507899: copy engine fault"));
+  EXPECT_EQ(upload->Next().status(), failed);
+  EXPECT_EQ(upload->Commit(), failed);
+  upload.reset();
+
+  // The stream's synchronize, on a download.
+  std::unique_ptr<StagedDownload> download =
+      stream_->StageDownload(block_, kSize, kChunk);
+  fake_.FailNext("aclrtSynchronizeStream", 507011, "AI Core exception");
+  absl::Status synced = download->Next().status();
+  EXPECT_EQ(kernels::GetAclnnStatus(synced), 361001) << synced;
+  EXPECT_THAT(synced.message(),
+              HasSubstr("aclrtSynchronizeStream failed with acl error 507011: "
+                        "AI Core exception"));
+  EXPECT_EQ(download->Next().status(), synced);
+  download.reset();
+
+  // One chunk, copied on the caller's thread: Commit says so.
+  upload = stream_->StageUpload(block_, kChunk, kChunk);
+  fake_.FailNext("aclrtMemcpyAsync", 507899, "copy engine fault");
+  absl::StatusOr<absl::Span<char>> chunk = upload->Next();
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  EXPECT_THAT(upload->Commit().message(), HasSubstr("acl error 507899"));
+  upload.reset();
+
+  // No page-locked memory to be had.
+  upload = stream_->StageUpload(block_, kSize, kChunk);
+  fake_.FailNext("aclrtMallocHost", 207001, "out of host memory");
+  absl::Status staged = upload->Next().status();
+  EXPECT_EQ(staged.code(), absl::StatusCode::kResourceExhausted) << staged;
+  EXPECT_THAT(staged.message(),
+              HasSubstr("aclrtMallocHost of 1000 bytes (transfer staging) "
+                        "failed with acl error 207001: out of host memory"));
+  upload.reset();
+  EXPECT_EQ(fake_.Live("host"), 0);
+  // The stream works on.
+  upload = stream_->StageUpload(block_, kSize, kChunk);
+  for (uint64_t at = 0; at < kSize; at += kChunk) Put(*upload, data, at);
+  EXPECT_TRUE(upload->Finish().ok());
+  EXPECT_EQ(DeviceBytes(), data);
+}
+
+// A transfer abandoned with a copy running (the client went away, the
+// session closed) waits for that copy, then frees its staging.
+TEST_F(StagedTransferTest, AnAbandonedTransferWaitsForItsCopyAndFrees) {
+  const std::string data = Pattern(kSize);
+  fake_.HoldHostCopies(true);
+  std::unique_ptr<StagedUpload> upload =
+      stream_->StageUpload(block_, kSize, kChunk);
+  Put(*upload, data, 0);
+  Put(*upload, data, kChunk);
+  ASSERT_TRUE(WaitUntil([&] { return fake_.HeldHostCopies() == 1; }));
+  std::thread abandon([&] { upload.reset(); });
+  fake_.HoldHostCopies(false);
+  abandon.join();
+  EXPECT_EQ(fake_.Live("host"), 0);
+  EXPECT_TRUE(stream_->Synchronize().ok());
+}
+
+// Through the server, over gRPC Upload/Download and over the data path:
+// chunk 1 of an upload arrives in the device's staging while the copy of
+// chunk 0 is still held, then everything lands bit-exact and the staging
+// is freed once the call returns.
+class StagedServerTest : public AscendDeviceTest,
+                         public ::testing::WithParamInterface<bool> {};
+
+TEST_P(StagedServerTest, UploadsReceiveTheNextChunkWhileOneIsCopied) {
+  constexpr uint64_t kChunk = 64 << 10;
+  constexpr uint64_t kSize = 4 * kChunk;
+  remote::ConnectOptions connect;
+  connect.data_path = GetParam();
+  connect.data_path_bytes = kChunk;
+  connect.upload_chunk_bytes = kChunk;
+  {
+    AscendServer server(Fake(), 0, 1 << 20, kChunk, connect);
+    auto session = server.Session();
+    ASSERT_NE(session, nullptr);
+    auto buffer = session->Malloc(kSize);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    const std::string data = Pattern(kSize);
+    fake_.Reset();
+    fake_.HoldHostCopies(true);
+    absl::Status uploaded;
+    std::thread uploader([&] {
+      uploaded = session->Upload(buffer->handle(), 0, data.data(), kSize);
+    });
+    EXPECT_TRUE(WaitUntil([&] { return fake_.HeldHostCopies() == 1; }));
+    EXPECT_TRUE(WaitUntil([&] {
+      return fake_.HostHolds(data.substr(kChunk, kChunk));
+    })) << "chunk 1 never reached the staging while chunk 0 was copied";
+    EXPECT_EQ(fake_.HeldHostCopies(), 1);
+    fake_.HoldHostCopies(false);
+    uploader.join();
+    ASSERT_TRUE(uploaded.ok()) << uploaded;
+    EXPECT_EQ(fake_.Live("host"), 0);
+    std::string back(kSize, '\0');
+    ASSERT_TRUE(
+        session->Download(buffer->handle(), 0, back.data(), kSize).ok());
+    EXPECT_TRUE(back == data);
+    EXPECT_EQ(fake_.Live("host"), 0);
+    // Two buffers per transfer.
+    EXPECT_THAT(fake_.Calls({"aclrtMallocHost"}),
+                ElementsAre("aclrtMallocHost 65536", "aclrtMallocHost 65536",
+                            "aclrtMallocHost 65536", "aclrtMallocHost 65536"));
+  }
+  ExpectNothingLive();
+}
+
+INSTANTIATE_TEST_SUITE_P(GrpcAndDataPath, StagedServerTest, ::testing::Bool());
 
 TEST(AscendDeviceIdsTest, ParsesTheDeviceFlag) {
   EXPECT_THAT(*AscendDeviceIds("ascend"), ElementsAre(0));

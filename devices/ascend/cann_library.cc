@@ -292,6 +292,8 @@ absl::StatusOr<std::shared_ptr<CannLibrary>> CannLibrary::Load(
   OPSERVER_REQUIRED(aclrtFree);
   OPSERVER_REQUIRED(aclrtMemcpy);
   OPSERVER_REQUIRED(aclrtMemcpyAsync);
+  OPSERVER_REQUIRED(aclrtMallocHost);
+  OPSERVER_REQUIRED(aclrtFreeHost);
   OPSERVER_REQUIRED(aclrtCreateStream);
   OPSERVER_REQUIRED(aclrtDestroyStream);
   OPSERVER_REQUIRED(aclrtSynchronizeStream);

@@ -61,6 +61,9 @@ struct CannApi {
   decltype(&::aclrtFree) aclrtFree = nullptr;
   decltype(&::aclrtMemcpy) aclrtMemcpy = nullptr;
   decltype(&::aclrtMemcpyAsync) aclrtMemcpyAsync = nullptr;
+  // Page-locked host memory: the staging of transfers (StagedUpload).
+  decltype(&::aclrtMallocHost) aclrtMallocHost = nullptr;
+  decltype(&::aclrtFreeHost) aclrtFreeHost = nullptr;
   decltype(&::aclrtCreateStream) aclrtCreateStream = nullptr;
   decltype(&::aclrtDestroyStream) aclrtDestroyStream = nullptr;
   decltype(&::aclrtSynchronizeStream) aclrtSynchronizeStream = nullptr;

@@ -17,6 +17,10 @@
 // each aclmdlRIExecuteAsync runs the recorded memsets and copies. A host
 // copy or a synchronize of a capturing stream invalidates the capture, as
 // CANN does.
+//
+// Host<->device copies can be held at a gate (fake_cann_hold_host_copies),
+// so a test sees what the device does while a copy is still running.
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -77,6 +81,14 @@ struct Fake {
   size_t mem_total = 1ull << 30;
   bool initialized = false;
   std::string log_text;
+  // aclrtMallocHost blocks: address -> size.
+  std::map<uintptr_t, size_t> host_blocks;
+  // The gate on host<->device copies (fake_cann_hold_host_copies): while
+  // `hold`, each waits for a permit; `held` are waiting now.
+  bool hold = false;
+  int permits = 0;
+  int held = 0;
+  std::condition_variable gate;
 };
 
 Fake& State() {
@@ -323,8 +335,47 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src,
       return ACL_SUCCESS;
     }
   }
+  if (kind == ACL_MEMCPY_HOST_TO_DEVICE || kind == ACL_MEMCPY_DEVICE_TO_HOST) {
+    Fake& f = State();
+    std::unique_lock<std::mutex> lock(f.mu);
+    if (f.hold && f.permits == 0) {
+      ++f.held;
+      f.log.push_back(line + " held");
+      f.gate.wait(lock, [&f] { return !f.hold || f.permits > 0; });
+      --f.held;
+    }
+    if (f.hold) --f.permits;
+  }
   std::memcpy(dst, src, count);
   Log(line);
+  return ACL_SUCCESS;
+}
+
+aclError aclrtMallocHost(void** hostPtr, size_t size) {
+  if (int code = Injected("aclrtMallocHost"); code != 0) return code;
+  if (int code = NeedContext("aclrtMallocHost"); code != 0) return code;
+  if (hostPtr == nullptr || size == 0) return ACL_ERROR_INVALID_PARAM;
+  char* p = new char[size];
+  std::memset(p, 0xCD, size);
+  *hostPtr = p;
+  Fake& f = State();
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.host_blocks[reinterpret_cast<uintptr_t>(p)] = size;
+  f.live["host"] += 1;
+  f.log.push_back("aclrtMallocHost " + std::to_string(size));
+  return ACL_SUCCESS;
+}
+
+aclError aclrtFreeHost(void* hostPtr) {
+  Fake& f = State();
+  std::lock_guard<std::mutex> lock(f.mu);
+  if (f.host_blocks.erase(reinterpret_cast<uintptr_t>(hostPtr)) == 0) {
+    last_error = "aclrtFreeHost: unknown pointer";
+    return ACL_ERROR_INVALID_PARAM;
+  }
+  f.live["host"] -= 1;
+  f.log.push_back("aclrtFreeHost");
+  delete[] static_cast<char*>(hostPtr);
   return ACL_SUCCESS;
 }
 
@@ -692,10 +743,13 @@ void fake_cann_reset(void) {
   f.failures.clear();
   f.workspace = 0;
   f.mem_free = f.mem_total = 1ull << 30;
+  f.hold = false;
+  f.permits = 0;
+  f.gate.notify_all();
 }
 
 // Objects handed out and not yet released: "tensor", "scalar", "executor",
-// "allocation", "stream", "context", "model".
+// "allocation", "stream", "context", "model", "host" (aclrtMallocHost).
 int64_t fake_cann_live(const char* kind) {
   Fake& f = State();
   std::lock_guard<std::mutex> lock(f.mu);
@@ -717,6 +771,46 @@ void fake_cann_fail_next(const char* function, int code, const char* message) {
   Fake& f = State();
   std::lock_guard<std::mutex> lock(f.mu);
   f.failures[function] = {code, message};
+}
+
+// While `on`, every host<->device aclrtMemcpyAsync waits (logged with
+// " held") until a permit lets it through (fake_cann_permit_host_copies)
+// or the hold is lifted (every waiting one goes on).
+void fake_cann_hold_host_copies(int on) {
+  Fake& f = State();
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.hold = on != 0;
+  f.permits = 0;
+  f.gate.notify_all();
+}
+
+// Lets `count` more held copies through.
+void fake_cann_permit_host_copies(int count) {
+  Fake& f = State();
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.permits += count;
+  f.gate.notify_all();
+}
+
+// The host copies waiting at the gate now.
+int fake_cann_held_host_copies(void) {
+  Fake& f = State();
+  std::lock_guard<std::mutex> lock(f.mu);
+  return f.held;
+}
+
+// Whether a live aclrtMallocHost block holds `size` bytes equal to `bytes`
+// at its start: what a transfer staged there.
+int fake_cann_host_holds(const void* bytes, size_t size) {
+  Fake& f = State();
+  std::lock_guard<std::mutex> lock(f.mu);
+  for (const auto& [address, block_size] : f.host_blocks) {
+    if (block_size >= size &&
+        std::memcmp(reinterpret_cast<const void*>(address), bytes, size) == 0) {
+      return 1;
+    }
+  }
+  return 0;
 }
 
 // What every aclnnXxxGetWorkspaceSize reports from now on.
