@@ -211,20 +211,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
         kernels::kAclnnErrRuntimeError, absl::StatusCode::kUnavailable,
         absl::StrCat("cannot reach opserver at ", address, ": ", *why));
   }
+  std::optional<ListenAddress> dialed = DialHostPort(address);
   // The data path is plain TCP: never beside a TLS channel.
-  std::string data_path_host;
-  if (options.data_path && !tls) {
-    absl::StatusOr<ListenAddress> parsed = ParseListenAddress(address);
-    if (parsed.ok()) data_path_host = parsed->host;
-  }
   return std::unique_ptr<Client>(
       new Client(address, std::move(channel), std::move(credentials),
-                 std::move(args), options, std::move(data_path_host)));
+                 std::move(args), options, options.data_path && !tls,
+                 dialed.has_value() ? dialed->host : std::string()));
 }
 
-std::string Client::DataPathHost() const {
-  return data_path_off_.load(std::memory_order_relaxed) ? std::string()
-                                                        : data_path_host_;
+bool Client::DataPathOn() const {
+  return !data_path_off_.load(std::memory_order_relaxed);
 }
 
 void Client::NoteDataPathFallback(const absl::Status& why) {
@@ -248,12 +244,13 @@ void Client::DisableDataPath(const absl::Status& why) {
 Client::Client(std::string address, std::shared_ptr<grpc::Channel> channel,
                std::shared_ptr<grpc::ChannelCredentials> credentials,
                grpc::ChannelArguments args, const ConnectOptions& options,
-               std::string data_path_host)
+               bool data_path, std::string dialed_host)
     : address_(std::move(address)),
       options_(options),
       credentials_(std::move(credentials)),
       args_(std::move(args)),
-      data_path_host_(std::move(data_path_host)),
+      dialed_host_(std::move(dialed_host)),
+      data_path_off_(!data_path),
       channel_(std::move(channel)),
       runtime_(v1::Runtime::NewStub(channel_)),
       operators_(v1::Operators::NewStub(channel_)),

@@ -193,11 +193,14 @@ class Client {
   // opened within connect_timeout (the next call tries again).
   absl::StatusOr<std::vector<grpc::Channel*>> TransferChannels();
 
-  // The host to reach the server's data path on (the one this client
-  // dialed); empty when transfers must not use it (ConnectOptions::
-  // data_path off, TLS, an address that is not HOST:PORT, or
-  // DisableDataPath was called).
-  std::string DataPathHost() const;
+  // Whether transfers may try the server's data path: ConnectOptions::
+  // data_path on, no TLS, and DisableDataPath not called.
+  bool DataPathOn() const;
+  // The host of the HOST:PORT this client dialed, where the server's data
+  // port is unless the server advertises another address; empty for gRPC's
+  // target forms ("dns:///host:port"), which reach the data path only
+  // through an advertised address.
+  const std::string& DialedHost() const { return dialed_host_; }
   // Transfers stop using the data path, for `why` (printed once).
   void DisableDataPath(const absl::Status& why);
   // One transfer went through gRPC after its data-path connections kept
@@ -209,7 +212,7 @@ class Client {
   Client(std::string address, std::shared_ptr<grpc::Channel> channel,
          std::shared_ptr<grpc::ChannelCredentials> credentials,
          grpc::ChannelArguments args, const ConnectOptions& options,
-         std::string data_path_host);
+         bool data_path, std::string dialed_host);
 
   const std::string address_;
   const ConnectOptions options_;
@@ -219,8 +222,8 @@ class Client {
   absl::Mutex transfer_mu_;
   std::vector<std::shared_ptr<grpc::Channel>> transfer_channels_
       ABSL_GUARDED_BY(transfer_mu_);
-  const std::string data_path_host_;  // Empty: never.
-  std::atomic<bool> data_path_off_{false};
+  const std::string dialed_host_;
+  std::atomic<bool> data_path_off_;
   std::atomic<bool> data_path_fallback_noted_{false};
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Runtime::Stub> runtime_;

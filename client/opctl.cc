@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -213,6 +214,12 @@ int Stats(Client& client) {
   std::printf("buffer_bytes: %llu\n",
               static_cast<unsigned long long>(stats.buffer_bytes()));
   std::printf("data_port:    %u\n", stats.data_port());
+  // Only when the server advertises one (--data_advertise); escaped, as
+  // any text from the wire on its way to a terminal.
+  if (!stats.data_address().empty()) {
+    std::printf("data_address: %s\n",
+                absl::CHexEscape(stats.data_address()).c_str());
+  }
   std::printf("data path:    %llu transfers, %llu bytes\n",
               static_cast<unsigned long long>(stats.data_path_transfers()),
               static_cast<unsigned long long>(stats.data_path_bytes()));

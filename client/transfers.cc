@@ -21,6 +21,7 @@
 #include "client/client.h"
 #include "client/server_replies.h"
 #include "common/data_path.h"
+#include "common/listen_address.h"
 #include "common/status_macros.h"
 #include "common/transfer_framing.h"
 #include "grpcpp/grpcpp.h"
@@ -123,6 +124,40 @@ absl::Status Session::Upload(uint64_t buffer, uint64_t offset, const void* data,
 
 namespace {
 
+// Where to connect for the transfer `event` opened: the address the
+// server advertises (--data_advertise), or else its port on the host this
+// client dialed. Every field is the server's word, checked before use; an
+// error sends the transfer through gRPC.
+absl::StatusOr<ListenAddress> DataPathTarget(
+    const v1::OpenDataTransferResponse& event, const std::string& dialed_host,
+    const char* what) {
+  if (event.ticket().size() != kDataTicketBytes) {
+    return absl::InternalError(
+        absl::StrCat(what, ": the server's data-path ticket is malformed"));
+  }
+  if (!event.address().empty()) {
+    absl::StatusOr<ListenAddress> advertised =
+        ParseConnectAddress(event.address());
+    if (!advertised.ok()) {
+      return absl::InternalError(
+          absl::StrCat(what, ": the server's data-path address is unusable: ",
+                       advertised.status().message()));
+    }
+    return advertised;
+  }
+  if (event.port() == 0 || event.port() > 65535) {
+    return absl::InternalError(
+        absl::StrCat(what, ": the server's data-path port is malformed"));
+  }
+  if (dialed_host.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what,
+        ": the server advertises no data-path address, and the address "
+        "dialed is not HOST:PORT"));
+  }
+  return ListenAddress{dialed_host, static_cast<int>(event.port())};
+}
+
 // True when the peer has closed or reset `fd` (without waiting).
 bool PeerClosed(int fd) {
   pollfd p{fd, POLLRDHUP, 0};
@@ -182,8 +217,7 @@ std::optional<absl::Status> Session::DataPathTransfer(bool upload,
                                                       uint64_t offset,
                                                       char* data, uint64_t size,
                                                       uint64_t stream) {
-  const std::string host = client_->DataPathHost();
-  if (host.empty() || size < client_->options().data_path_bytes) {
+  if (!client_->DataPathOn() || size < client_->options().data_path_bytes) {
     return std::nullopt;
   }
   grpc::ClientContext context;
@@ -220,8 +254,8 @@ std::optional<absl::Status> Session::DataPathTransfer(bool upload,
                      ": the server ended OpenDataTransfer without a data-path "
                      "ticket, so nothing was moved"));
   }
-  const bool malformed = event.ticket().size() != kDataTicketBytes ||
-                         event.port() == 0 || event.port() > 65535;
+  const absl::StatusOr<ListenAddress> target =
+      DataPathTarget(event, client_->DialedHost(), what);
   // A connection the server closes before taking the ticket (it may drop
   // waiting connections when flooded) is tried again with the same ticket:
   // a ticket claims one connection at most, so a retry cannot move the
@@ -237,12 +271,10 @@ std::optional<absl::Status> Session::DataPathTransfer(bool upload,
   DataPathAttempt attempt;
   for (int i = 0; i < kConnections; ++i) {
     absl::StatusOr<UniqueFd> connection =
-        malformed
-            ? absl::InternalError(absl::StrCat(
-                  what, ": the server's data-path ticket or port is malformed"))
-            : ConnectTcp(host, static_cast<int>(event.port()),
-                         client_->options().connect_timeout,
-                         client_->options().wait_timeout);
+        target.ok() ? ConnectTcp(target->host, target->port,
+                                 client_->options().connect_timeout,
+                                 client_->options().wait_timeout)
+                    : absl::StatusOr<UniqueFd>(target.status());
     if (!connection.ok()) {
       // Nothing moves without the connection: cancelled, the call leaves
       // nothing behind.

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -45,10 +46,14 @@ bool IsLoopback(const ListenAddress& address) {
   return false;
 }
 
-absl::StatusOr<ListenAddress> ParseListenAddress(absl::string_view text) {
-  auto error = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", text, "' is not HOST:PORT (", why, ")"));
+namespace {
+
+// Splits HOST:PORT or [IPV6]:PORT with PORT in min_port..65535; on
+// failure, INVALID_ARGUMENT whose message is only the reason.
+absl::StatusOr<ListenAddress> SplitHostPort(absl::string_view text,
+                                            int min_port) {
+  auto error = [](absl::string_view why) {
+    return absl::InvalidArgumentError(why);
   };
   ListenAddress out;
   absl::string_view port_text;
@@ -88,11 +93,54 @@ absl::StatusOr<ListenAddress> ParseListenAddress(absl::string_view text) {
   }
   int port = 0;
   if (port_text.size() > 5 || !absl::SimpleAtoi(port_text, &port) ||
-      port > 65535) {
-    return error("port must be 0..65535");
+      port < min_port || port > 65535) {
+    return error(absl::StrCat("port must be ", min_port, "..65535"));
   }
   out.port = port;
   return out;
+}
+
+// 0.0.0.0 or :: however spelled: where a server listens on every address.
+bool IsWildcard(const std::string& host) {
+  in_addr v4;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) {
+    return v4.s_addr == htonl(INADDR_ANY);
+  }
+  in6_addr v6;
+  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 &&
+         IN6_IS_ADDR_UNSPECIFIED(&v6);
+}
+
+}  // namespace
+
+absl::StatusOr<ListenAddress> ParseListenAddress(absl::string_view text) {
+  absl::StatusOr<ListenAddress> parsed = SplitHostPort(text, 0);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", text, "' is not HOST:PORT (", parsed.status().message(), ")"));
+  }
+  return parsed;
+}
+
+absl::StatusOr<ListenAddress> ParseConnectAddress(absl::string_view text) {
+  if (text.size() > kMaxConnectAddressBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "an address of ", text.size(), " bytes is not HOST:PORT (at most ",
+        kMaxConnectAddressBytes, " bytes)"));
+  }
+  absl::StatusOr<ListenAddress> parsed = SplitHostPort(text, 1);
+  absl::string_view why;
+  if (!parsed.ok()) {
+    why = parsed.status().message();
+  } else if (IsWildcard(parsed->host)) {
+    why = "a wildcard address is nowhere to connect to";
+  }
+  if (!why.empty()) {
+    // Escaped: the text may be a peer's bytes on their way to a log.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", absl::CHexEscape(text), "' is not HOST:PORT (", why, ")"));
+  }
+  return parsed;
 }
 
 absl::Status ProbeBind(const ListenAddress& address) {

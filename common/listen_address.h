@@ -1,6 +1,7 @@
 #ifndef OPSERVER_COMMON_LISTEN_ADDRESS_H_
 #define OPSERVER_COMMON_LISTEN_ADDRESS_H_
 
+#include <cstddef>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -21,6 +22,19 @@ struct ListenAddress {
 // (letters, digits, '.', '-', '_'); PORT is 0..65535 in decimal. Returns
 // INVALID_ARGUMENT with a message saying what is wrong.
 absl::StatusOr<ListenAddress> ParseListenAddress(absl::string_view text);
+
+// The longest HOST:PORT ParseConnectAddress takes: a DNS name's 253 bytes
+// and ":65535".
+inline constexpr size_t kMaxConnectAddressBytes = 259;
+
+// Parses an address to connect to, as ParseListenAddress does, but PORT
+// is 1..65535, HOST is no wildcard (0.0.0.0, ::: they listen everywhere
+// but are nowhere to dial) and the whole is at most
+// kMaxConnectAddressBytes. The address may come from a peer (the server's
+// OpenDataTransferResponse.address, which the client checks with this as
+// the server checks its --data_advertise), so the INVALID_ARGUMENT message
+// quotes `text` escaped, and not at all when it is too long.
+absl::StatusOr<ListenAddress> ParseConnectAddress(absl::string_view text);
 
 // Whether `address` only accepts connections from this machine: an IPv4
 // address in 127.0.0.0/8, ::1 (or an IPv4-mapped loopback), or "localhost".

@@ -4,6 +4,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <string>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -58,6 +60,66 @@ TEST(ParseListenAddressTest, RejectsMalformedAddresses) {
     ASSERT_FALSE(parsed.ok()) << c.text;
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(parsed.status().message(), HasSubstr(c.why)) << c.text;
+  }
+}
+
+TEST(ParseConnectAddressTest, AcceptsWhatCanBeDialed) {
+  auto parsed = ParseConnectAddress("localhost:1");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->host, "localhost");
+  EXPECT_EQ(parsed->port, 1);
+  parsed = ParseConnectAddress("[::1]:65535");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->ToString(), "[::1]:65535");
+  // The longest DNS name, with the longest port.
+  const std::string longest = std::string(253, 'a') + ":65535";
+  ASSERT_EQ(longest.size(), kMaxConnectAddressBytes);
+  EXPECT_TRUE(ParseConnectAddress(longest).ok());
+}
+
+// What a hostile server may put in OpenDataTransferResponse.address (and
+// an operator in --data_advertise): each refused with its reason, the
+// text quoted escaped, and never quoted at all when it is too long.
+TEST(ParseConnectAddressTest, RefusesHostileAddressesWithTheirReason) {
+  struct Case {
+    std::string text;
+    const char* message;
+  } cases[] = {
+      {"", "'' is not HOST:PORT (missing ':PORT')"},
+      {"localhost", "'localhost' is not HOST:PORT (missing ':PORT')"},
+      {":80", "':80' is not HOST:PORT (empty host)"},
+      {"localhost:0", "'localhost:0' is not HOST:PORT (port must be 1..65535)"},
+      {"localhost:65536",
+       "'localhost:65536' is not HOST:PORT (port must be 1..65535)"},
+      {"localhost:-1",
+       "'localhost:-1' is not HOST:PORT (port is not a number)"},
+      {"::1:80", "'::1:80' is not HOST:PORT (IPv6 addresses need brackets)"},
+      {"[fe80::1%eth0]:80",
+       "'[fe80::1%eth0]:80' is not HOST:PORT (bad character in IPv6 "
+       "address)"},
+      {"0.0.0.0:80",
+       "'0.0.0.0:80' is not HOST:PORT (a wildcard address is nowhere to "
+       "connect to)"},
+      {"[::]:80",
+       "'[::]:80' is not HOST:PORT (a wildcard address is nowhere to connect "
+       "to)"},
+      {"[0:0::0]:80",
+       "'[0:0::0]:80' is not HOST:PORT (a wildcard address is nowhere to "
+       "connect to)"},
+      {"evil\n\x1b[31m:80",
+       "'evil\\n\\x1b[31m:80' is not HOST:PORT (bad character in host)"},
+      {std::string("nul\0byte:80", 11),
+       "'nul\\x00\\x62yte:80' is not HOST:PORT (bad character in host)"},
+      {std::string(254, 'a') + ":65535",
+       "an address of 260 bytes is not HOST:PORT (at most 259 bytes)"},
+      {std::string(1 << 20, 'x'),
+       "an address of 1048576 bytes is not HOST:PORT (at most 259 bytes)"},
+  };
+  for (const Case& c : cases) {
+    auto parsed = ParseConnectAddress(c.text);
+    ASSERT_FALSE(parsed.ok()) << c.text;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(parsed.status().message(), c.message);
   }
 }
 

@@ -40,6 +40,9 @@ class DataListener {
     // any free one).
     std::string host = "127.0.0.1";
     int port = 0;
+    // HOST:PORT to send clients to instead (Options::data_advertise,
+    // already checked); empty: `port` on the host they dialed.
+    std::string advertise;
     absl::Duration ticket_timeout = absl::Seconds(10);
     // Connections waiting to be claimed, in all and from one source address.
     size_t max_unclaimed = 64;
@@ -59,6 +62,8 @@ class DataListener {
   DataListener& operator=(const DataListener&) = delete;
 
   int port() const { return port_; }
+  // Options::advertise.
+  const std::string& advertise() const { return options_.advertise; }
   // Connections closed without a transfer so far: turned away or evicted
   // for room (for metrics).
   uint64_t refused() const { return refused_.load(); }

@@ -185,6 +185,12 @@ ABSL_FLAG(int, data_port, 0,
           "and downloads move there as raw bytes instead of through gRPC "
           "(plain TCP, so off with TLS). 0 = any free port (clients learn "
           "it per transfer), -1 = off.");
+ABSL_FLAG(std::string, data_advertise, "",
+          "HOST:PORT clients should connect to for the data path instead of "
+          "--data_port on the host they dialed: an address they can reach "
+          "when that host is a proxy's (or behind NAT), forwarded to "
+          "--data_port. IPv6 hosts in brackets. Empty = none; clients that "
+          "cannot reach the data path move bytes through gRPC.");
 ABSL_FLAG(bool, detect_mutex_deadlocks, false,
           "Keep Abseil's Mutex deadlock detection on (a debugging aid: it "
           "records every lock order and halves the pipelined launch rate).");
@@ -351,6 +357,7 @@ int main(int argc, char** argv) {
       absl::Seconds(absl::GetFlag(FLAGS_transfer_idle_timeout_s));
   options.receive_window_bytes = absl::GetFlag(FLAGS_receive_window_bytes);
   options.data_port = absl::GetFlag(FLAGS_data_port);
+  options.data_advertise = absl::GetFlag(FLAGS_data_advertise);
   options.shutdown_grace =
       absl::Milliseconds(std::max(0, absl::GetFlag(FLAGS_shutdown_grace_ms)));
   options.detect_mutex_deadlocks = absl::GetFlag(FLAGS_detect_mutex_deadlocks);

@@ -382,8 +382,10 @@ grpc::ServerUnaryReactor* RuntimeService::GetServerStats(
   response->set_sessions(sessions_->session_count());
   response->set_buffer_bytes(sessions_->accounting().bytes.load());
   response->set_buffers(sessions_->accounting().buffers.load());
-  if (data_listener_ != nullptr)
+  if (data_listener_ != nullptr) {
     response->set_data_port(data_listener_->port());
+    response->set_data_address(data_listener_->advertise());
+  }
   response->set_data_path_transfers(data_path_count_.transfers.load());
   response->set_data_path_bytes(data_path_count_.bytes.load());
   response->set_grpc_transfers(grpc_count_.transfers.load());

@@ -48,6 +48,30 @@ std::vector<std::string> ServedMethods() {
   return methods;
 }
 
+// Options::data_advertise checked, in its canonical spelling ("[::1]:80",
+// no leading zeros); empty when not set. Clients check it again
+// (ParseConnectAddress) as the peer's word it is to them.
+absl::StatusOr<std::string> CheckDataAdvertise(const Options& options) {
+  if (options.data_advertise.empty()) return std::string();
+  absl::StatusOr<ListenAddress> parsed =
+      ParseConnectAddress(options.data_advertise);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--data_advertise: ", parsed.status().message()));
+  }
+  if (!options.tls_cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--data_advertise: the data path is off with TLS (transfers stay on "
+        "the encrypted channel): drop --data_advertise");
+  }
+  if (options.data_port < 0) {
+    return absl::InvalidArgumentError(
+        "--data_advertise: the data path is off (--data_port=-1): drop "
+        "--data_advertise or turn the data path on");
+  }
+  return parsed->ToString();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Options& options) {
@@ -140,6 +164,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     return absl::InvalidArgumentError(
         "--data_port: 0 (any free port), 1-65535, or -1 (off)");
   }
+  ASSIGN_OR_RETURN(std::string data_advertise, CheckDataAdvertise(options));
   if (options.drain < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--drain_s: must not be negative");
   }
@@ -265,6 +290,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     DataListener::Options data;
     data.host = listen->host;
     data.port = options.data_port;
+    data.advertise = data_advertise;
     data.drop_accepted = options.data_drop_accepted;
     absl::StatusOr<std::unique_ptr<DataListener>> listener =
         DataListener::Start(data);

@@ -113,6 +113,12 @@ struct Options {
   // -1: off. Always off with TLS: the data path is plain TCP, and TLS
   // transfers stay on the encrypted channel.
   int data_port = 0;
+  // HOST:PORT clients should connect to for the data path instead of
+  // data_port on the host they dialed (--data_advertise): an address they
+  // can reach when that host is a proxy's, or the server is behind NAT.
+  // Sent in every OpenDataTransfer reply; clients that cannot use it move
+  // their bytes through gRPC. Empty: none. Needs the data path on.
+  std::string data_advertise;
   // For tests: DataListener::Options::drop_accepted (closes chosen data
   // connections as soon as they are accepted).
   std::function<bool()> data_drop_accepted;

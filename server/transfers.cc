@@ -686,6 +686,7 @@ class RuntimeService::DataTransfer final
     size_ = request.size();
     event_.set_ticket(ticket_);
     event_.set_port(static_cast<uint32_t>(listener->port()));
+    event_.set_address(listener->advertise());
     return target.stream;
   }
 

@@ -14,7 +14,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -23,10 +25,12 @@
 #include "aclnnop/aclnn_hardswish_backward.h"
 #include "client/client.h"
 #include "client/command_channel.h"
+#include "common/data_path.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/opserver.grpc.pb.h"
+#include "testing/tcp_forwarder.h"
 
 namespace opserver {
 namespace {
@@ -140,13 +144,31 @@ class FakeRuntime final
   }
 
   // With open_without_ticket, OpenDataTransfer ends OK having sent
-  // nothing; otherwise it is UNIMPLEMENTED, as on a server without the
-  // data path.
+  // nothing; with open_address set, it sends a ticket sending the client
+  // there and waits for the client to give the call up; otherwise it is
+  // UNIMPLEMENTED, as on a server without the data path.
   grpc::Status OpenDataTransfer(
-      grpc::ServerContext*, const v1::OpenDataTransferRequest*,
-      grpc::ServerWriter<v1::OpenDataTransferResponse>*) override {
+      grpc::ServerContext* context, const v1::OpenDataTransferRequest*,
+      grpc::ServerWriter<v1::OpenDataTransferResponse>* writer) override {
+    opened.fetch_add(1);
     if (open_without_ticket) return grpc::Status::OK;
-    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no data path");
+    std::string address;
+    {
+      absl::MutexLock lock(&mu);
+      address = open_address;
+    }
+    if (address.empty()) {
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no data path");
+    }
+    v1::OpenDataTransferResponse event;
+    event.set_ticket(std::string(kDataTicketBytes, 't'));
+    event.set_port(open_port.load());
+    event.set_address(address);
+    writer->Write(event);
+    while (!context->IsCancelled() && !stopping_) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return grpc::Status(grpc::StatusCode::CANCELLED, "given up");
   }
 
   // ReadValues answers read_values_sent values, whatever the count asked.
@@ -161,6 +183,10 @@ class FakeRuntime final
   std::atomic<int> read_values_sent{0};
   std::vector<std::string> download_raw;
   std::atomic<bool> open_without_ticket{false};
+  absl::Mutex mu;
+  std::string open_address ABSL_GUARDED_BY(mu);
+  std::atomic<uint32_t> open_port{1};
+  std::atomic<int> opened{0};
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> next_{0};
   // What GetDeviceInfo answers: a hostile server's huge message.
@@ -399,6 +425,53 @@ TEST_F(FakeServerTest, ADataPathAnswerWithoutATicketIsAnError) {
   absl::Status upload = session_->Upload(1, 0, out.data(), out.size());
   EXPECT_EQ(upload.code(), absl::StatusCode::kInternal) << upload;
   EXPECT_THAT(upload.message(), HasSubstr("Upload: the server ended"));
+}
+
+// Issue 33: the address a server sends clients to for the data path
+// (OpenDataTransferResponse.address) is the server's word, checked like
+// every byte from the wire. One the client cannot use is refused before
+// anything is dialed: the transfer goes through gRPC, and so do the next
+// ones, without asking for the data path again. The trap listens where
+// the port field and the wildcard addresses lead (connecting to 0.0.0.0
+// reaches this machine), and nobody may connect to it.
+TEST_F(FakeServerTest, AHostileDataPathAddressSendsTransfersThroughGrpc) {
+  auto trap = TcpForwarder::Start("127.0.0.1");
+  ASSERT_TRUE(trap.ok()) << trap.status();
+  const std::string port = std::to_string((*trap)->port());
+  runtime_.open_port = (*trap)->port();
+  const std::string hostile[] = {
+      "0.0.0.0:" + port,
+      "[::]:" + port,
+      "127.0.0.1:" + port + "\n",
+      "evil\n\x1b[2J:" + port,
+      "[fe80::1%lo]:" + port,
+      "::1:" + port,
+      "localhost:0",
+      "no-port",
+      std::string(1 << 16, 'a') + ":" + port,
+  };
+  runtime_.download_chunks = {"abcd"};
+  for (const std::string& address : hostile) {
+    SCOPED_TRACE(absl::CHexEscape(address.substr(0, 40)));
+    {
+      absl::MutexLock lock(&runtime_.mu);
+      runtime_.open_address = address;
+    }
+    session_.reset();
+    client_.reset();
+    ConnectOptions options = Unary();
+    options.data_path_bytes = 1;
+    OpenSession(options);
+    const int opened = runtime_.opened.load();
+    for (int round = 0; round < 2; ++round) {
+      std::string out(4, '\0');
+      absl::Status download = session_->Download(1, 0, out.data(), out.size());
+      ASSERT_TRUE(download.ok()) << download;
+      EXPECT_EQ(out, "abcd");
+    }
+    EXPECT_EQ(runtime_.opened.load(), opened + 1);
+  }
+  EXPECT_EQ((*trap)->accepted(), 0u);
 }
 
 // The third review, finding 2: a server that sent again the results of

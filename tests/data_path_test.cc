@@ -19,6 +19,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -30,6 +31,8 @@
 #include "gtest/gtest.h"
 #include "proto/opserver.grpc.pb.h"
 #include "server/server.h"
+#include "testing/closed_port.h"
+#include "testing/tcp_forwarder.h"
 
 namespace opserver {
 namespace {
@@ -82,12 +85,19 @@ struct Open {
 class DataPathTest : public ::testing::Test {
  protected:
   void Start(Options options = {}) {
+    StartServer(std::move(options));
+    if (server_ != nullptr) Connect(server_->address());
+  }
+  void StartServer(Options options) {
     options.listen = "127.0.0.1:0";
     options.threads = 2;
     auto server = Server::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
-    auto client = Client::Connect(server_->address());
+  }
+  // client_ and session_, through `address`.
+  void Connect(const std::string& address) {
+    auto client = Client::Connect(address);
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = *std::move(client);
     auto session = client_->CreateSession("data_path_test");
@@ -179,6 +189,10 @@ class DataPathTest : public ::testing::Test {
     return buffer.ok() ? buffer->Release() : 0;
   }
 
+  // Forwarders a test puts between the client and the server: destroyed
+  // after both.
+  std::unique_ptr<TcpForwarder> grpc_proxy_;
+  std::unique_ptr<TcpForwarder> data_proxy_;
   std::unique_ptr<Server> server_;
   std::unique_ptr<Client> client_;
   std::unique_ptr<Session> session_;
@@ -592,6 +606,158 @@ TEST_F(DataPathTest, BadDataPortIsRefused) {
   auto server = Server::Start(options);
   ASSERT_FALSE(server.ok());
   EXPECT_THAT(std::string(server.status().message()), HasSubstr("--data_port"));
+}
+
+// Issue 33, part 1: behind a proxy the host a client dialed is the
+// proxy's, so the data port is not there. The server tells clients where
+// to connect instead (--data_advertise), and a client that cannot connect
+// there moves its bytes through gRPC.
+
+// An advertised address nothing listens on (a port the proxy does not
+// forward): the library cannot connect, says so once, and moves every
+// transfer through gRPC, byte-exact. The server counts no data-path
+// transfer. (The address is on 127.0.0.3, where the data listener, on
+// 127.0.0.1, cannot be whatever its port.)
+TEST_F(DataPathTest, AnUnreachableAdvertisedAddressFallsBackToGrpc) {
+  const int closed = ClosedPort();
+  ASSERT_NE(closed, 0);
+  Options options;
+  options.data_advertise = "127.0.0.3:" + std::to_string(closed);
+  Start(options);
+  v1::ServerStats stats = Stats();
+  EXPECT_EQ(stats.data_address(), options.data_advertise);
+  EXPECT_NE(stats.data_port(), 0u);
+  const std::string data = RandomData((8 << 20) + 3, 21);
+  auto buffer = session_->Malloc(data.size());
+  ASSERT_TRUE(buffer.ok());
+  for (int round = 0; round < 2; ++round) {  // Before and after the verdict.
+    ASSERT_TRUE(
+        session_->Upload(buffer->handle(), 0, data.data(), data.size()).ok());
+    std::string back(data.size(), '\0');
+    ASSERT_TRUE(
+        session_->Download(buffer->handle(), 0, back.data(), back.size()).ok());
+    EXPECT_TRUE(back == data);
+  }
+  stats = Stats();
+  EXPECT_EQ(stats.data_path_transfers(), 0u);
+  EXPECT_EQ(stats.data_path_bytes(), 0u);
+  EXPECT_EQ(stats.grpc_transfers(), 4u);
+  EXPECT_EQ(stats.grpc_transfer_bytes(), 4 * data.size());
+}
+
+// The client dials the gRPC port through a forwarder on 127.0.0.2, where
+// no data port is (a proxy). The server advertises, by name, a second
+// forwarder in front of its data port (a forwarded port): the library
+// connects there, and every byte goes over the data path, through it.
+TEST_F(DataPathTest, TheLibraryConnectsToTheAdvertisedAddress) {
+  auto grpc_proxy = TcpForwarder::Start("127.0.0.2");
+  ASSERT_TRUE(grpc_proxy.ok()) << grpc_proxy.status();
+  grpc_proxy_ = *std::move(grpc_proxy);
+  auto data_proxy = TcpForwarder::Start("127.0.0.1");
+  ASSERT_TRUE(data_proxy.ok()) << data_proxy.status();
+  data_proxy_ = *std::move(data_proxy);
+  Options options;
+  options.data_advertise = "localhost:" + std::to_string(data_proxy_->port());
+  StartServer(options);
+  grpc_proxy_->SetTarget("127.0.0.1", server_->port());
+  data_proxy_->SetTarget("127.0.0.1", server_->data_port());
+  Connect(grpc_proxy_->address());
+  ASSERT_NE(session_, nullptr);
+
+  const std::string data = RandomData((8 << 20) + 7, 22);
+  auto buffer = session_->Malloc(data.size());
+  ASSERT_TRUE(buffer.ok());
+  ASSERT_TRUE(
+      session_->Upload(buffer->handle(), 0, data.data(), data.size()).ok());
+  std::string back(data.size(), '\0');
+  ASSERT_TRUE(
+      session_->Download(buffer->handle(), 0, back.data(), back.size()).ok());
+  EXPECT_TRUE(back == data);
+  v1::ServerStats stats = Stats();
+  EXPECT_EQ(stats.data_address(), options.data_advertise);
+  EXPECT_EQ(stats.data_path_transfers(), 2u);
+  EXPECT_EQ(stats.data_path_bytes(), 2 * data.size());
+  EXPECT_EQ(stats.grpc_transfers(), 0u);
+  // Both transfers' connections went through the advertised address.
+  EXPECT_EQ(data_proxy_->joined(), 2u);
+  EXPECT_GE(data_proxy_->bytes(), 2 * data.size());
+}
+
+// --data_advertise is checked at start, each mistake with its message.
+TEST_F(DataPathTest, BadDataAdvertiseIsRefused) {
+  struct Case {
+    std::string advertise;
+    int data_port;
+    const char* message;
+    bool tls = false;
+  } cases[] = {
+      {"localhost", 0,
+       "--data_advertise: 'localhost' is not HOST:PORT (missing ':PORT')"},
+      {":9000", 0, "--data_advertise: ':9000' is not HOST:PORT (empty host)"},
+      {"host:0", 0,
+       "--data_advertise: 'host:0' is not HOST:PORT (port must be 1..65535)"},
+      {"host:65536", 0,
+       "--data_advertise: 'host:65536' is not HOST:PORT (port must be "
+       "1..65535)"},
+      {"host:http", 0,
+       "--data_advertise: 'host:http' is not HOST:PORT (port is not a "
+       "number)"},
+      {"::1:9000", 0,
+       "--data_advertise: '::1:9000' is not HOST:PORT (IPv6 addresses need "
+       "brackets)"},
+      {"0.0.0.0:9000", 0,
+       "--data_advertise: '0.0.0.0:9000' is not HOST:PORT (a wildcard "
+       "address is nowhere to connect to)"},
+      {"[::]:9000", 0,
+       "--data_advertise: '[::]:9000' is not HOST:PORT (a wildcard address "
+       "is nowhere to connect to)"},
+      {"gpu host:9000", 0,
+       "--data_advertise: 'gpu host:9000' is not HOST:PORT (bad character in "
+       "host)"},
+      {"gpu-host-1:9000", -1,
+       "--data_advertise: the data path is off (--data_port=-1): drop "
+       "--data_advertise or turn the data path on"},
+      // Checked before the certificate files are read.
+      {"gpu-host-1:9000", 0,
+       "--data_advertise: the data path is off with TLS (transfers stay on "
+       "the encrypted channel): drop --data_advertise",
+       true},
+  };
+  for (const Case& c : cases) {
+    Options options;
+    options.listen = "127.0.0.1:0";
+    options.data_advertise = c.advertise;
+    options.data_port = c.data_port;
+    if (c.tls) {
+      options.tls_cert_file = "/nonexistent/server.pem";
+      options.tls_key_file = "/nonexistent/server.key";
+    }
+    auto server = Server::Start(options);
+    ASSERT_FALSE(server.ok()) << c.advertise;
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(server.status().message(), c.message);
+  }
+  // Good ones start, canonically spelled.
+  for (const auto& [advertise, shown] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"gpu-host-1.example:9000", "gpu-host-1.example:9000"},
+           {"[::1]:09000", "[::1]:9000"}}) {
+    Options options;
+    options.listen = "127.0.0.1:0";
+    options.data_advertise = advertise;
+    auto server = Server::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    auto client = Client::Connect((*server)->address());
+    ASSERT_TRUE(client.ok());
+    grpc::ClientContext context;
+    v1::ServerStats stats;
+    ASSERT_TRUE(
+        (*client)
+            ->runtime()
+            .GetServerStats(&context, v1::GetServerStatsRequest(), &stats)
+            .ok());
+    EXPECT_EQ(stats.data_address(), shown);
+  }
 }
 
 }  // namespace

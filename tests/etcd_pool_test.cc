@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -118,6 +119,17 @@ class EtcdPoolTest : public ::testing::Test {
       names.push_back(absl::StrCat(d.address, "/", d.device));
     }
     return names;
+  }
+
+  // Debian's etcdctl (etcd-client) on the test's etcd, as `user` (USER:
+  // PASSWORD) when set, its output appended to dir_/etcdctl.log; the exit
+  // status.
+  int Etcdctl(const std::string& args, const std::string& user = "") {
+    const std::string command =
+        absl::StrCat("ETCDCTL_API=3 /usr/bin/etcdctl --endpoints=http://",
+                     etcd_.endpoint, user.empty() ? "" : " --user=" + user, " ",
+                     args, " >>", dir_, "/etcdctl.log 2>&1");
+    return system(command.c_str());
   }
 
   std::unique_ptr<EtcdClient> Etcd(const std::string& prefix = "ops/pool") {
@@ -401,6 +413,66 @@ TEST_F(EtcdPoolTest, BadFlagsAreRefusedNamingThem) {
     ASSERT_FALSE(process::StartOpserver(launch).ok()) << message;
     EXPECT_THAT(process::ReadFile(launch.err_path), HasSubstr(message));
   }
+}
+
+// etcd's own authentication, passed through (docs/pool.md): with auth
+// on, a server given --etcd_user and --etcd_password_file registers, a
+// client with the same user lists its devices, a client without a user
+// or with a wrong password gets etcd's reason, and so does a server with a
+// wrong password, in its one error line.
+TEST_F(EtcdPoolTest, WithEtcdAuthenticationTheUserAndPasswordAreUsed) {
+  const std::string password = "pool-test-secret";
+  ASSERT_EQ(Etcdctl("user add root:" + password + " --interactive=false"), 0)
+      << process::ReadFile(dir_ + "/etcdctl.log");
+  ASSERT_EQ(Etcdctl("role add root"), 0);
+  ASSERT_EQ(Etcdctl("user grant-role root root"), 0);
+  ASSERT_EQ(Etcdctl("auth enable"), 0);
+  // Unauthenticated, etcd refuses even a read now.
+  ASSERT_NE(Etcdctl("get x"), 0);
+  const std::string password_file = dir_ + "/etcd-password";
+  const std::string wrong_file = dir_ + "/wrong-password";
+  std::ofstream(password_file) << password << "\n";
+  std::ofstream(wrong_file) << "wrong\n";
+
+  absl::StatusOr<process::OpserverProcess> server = StartServer(
+      {"--etcd_user=root", "--etcd_password_file=" + password_file});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EtcdCredentials root;
+  root.user = "root";
+  root.password = password;
+  absl::StatusOr<PoolResolution> pool = ResolvePool(pool_, {}, root);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  ASSERT_EQ(pool->devices.size(), 1u);
+  EXPECT_EQ(pool->devices[0].address, server->address);
+  // A claim is a transaction under the job's own lease: allowed too.
+  absl::StatusOr<PoolResolution> claimed = ResolvePool(pool_, Claim(1), root);
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  EXPECT_EQ(claimed->devices.size(), 1u);
+
+  absl::StatusOr<PoolResolution> anonymous = ResolvePool(pool_);
+  ASSERT_FALSE(anonymous.ok());
+  EXPECT_THAT(anonymous.status().message(),
+              HasSubstr("etcdserver: user name is empty"));
+  EtcdCredentials wrong = root;
+  wrong.password = "wrong";
+  absl::StatusOr<PoolResolution> refused = ResolvePool(pool_, {}, wrong);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("etcdserver: authentication failed, invalid user ID "
+                        "or password"));
+
+  process::OpserverLaunch launch;
+  launch.binary = g_opserver;
+  launch.flags = {"--register=" + pool_, "--etcd_user=root",
+                  "--etcd_password_file=" + wrong_file};
+  launch.out_path = dir_ + "/wrong.out";
+  launch.err_path = dir_ + "/wrong.err";
+  ASSERT_FALSE(process::StartOpserver(launch).ok());
+  const std::string err = process::ReadFile(launch.err_path);
+  EXPECT_THAT(err, HasSubstr("error: --register: "));
+  EXPECT_THAT(err, HasSubstr("etcdserver: authentication failed, invalid "
+                             "user ID or password"));
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
 }
 
 TEST_F(EtcdPoolTest, ClientsToAnUnreachableEtcdGetItsCode) {

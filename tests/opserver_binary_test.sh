@@ -52,6 +52,15 @@ expect_flag_error --listen --listen=nonsense
 expect_flag_error --listen --listen=127.0.0.1:70000
 expect_flag_error --device --listen=127.0.0.1:0 --device=quantum
 expect_flag_error --threads --listen=127.0.0.1:0 --threads=-4
+expect_flag_error --data_advertise --listen=127.0.0.1:0 --data_advertise=gpu-host-1:0
+grep -q "port must be 1..65535" "$tmp/err" || fail "--data_advertise port 0: $(cat "$tmp/err")"
+
+# The advertised data address (behind a proxy, docs/pool.md) in opctl stats.
+if start_server --data_advertise=gpu-host-1:50052; then
+  "$opctl" --server="127.0.0.1:$port" stats >"$tmp/stats" 2>&1 || fail "opctl stats: $(cat "$tmp/stats")"
+  grep -q "^data_address: gpu-host-1:50052$" "$tmp/stats" || fail "opctl stats lacks the data address: $(cat "$tmp/stats")"
+  stop_server TERM
+fi
 
 if start_server; then
   # opctl against it.

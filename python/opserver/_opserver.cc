@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/client.h"
@@ -379,9 +380,55 @@ remote::ConnectOptions MakeOptions(const py::dict& kw) {
   return o;
 }
 
+// A claim argument that must be a whole number: TypeError naming it for
+// anything else (a bool too: True is no device count), `-1` (outside every
+// claim setting's range) for one too large for int64_t, so that the range
+// check refuses it with its own message.
+int64_t ClaimInteger(const py::object& value, absl::string_view name,
+                     absl::string_view what) {
+  if (PyBool_Check(value.ptr()) || !PyIndex_Check(value.ptr())) {
+    throw py::type_error(absl::StrCat(name, " must be an int (", what,
+                                      "), not ",
+                                      Py_TYPE(value.ptr())->tp_name));
+  }
+  py::object whole =
+      py::reinterpret_steal<py::object>(PyNumber_Index(value.ptr()));
+  if (!whole) throw py::error_already_set();
+  int overflow = 0;
+  const long long number = PyLong_AsLongLongAndOverflow(whole.ptr(), &overflow);
+  if (number == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return overflow != 0 ? -1 : number;
+}
+
+// claim_wait_s: an int or a float (anything with __float__ but a bool or a
+// string), else TypeError naming it.
+double ClaimSeconds(const py::object& value, absl::string_view name,
+                    absl::string_view what) {
+  PyObject* o = value.ptr();
+  if (!PyBool_Check(o) && PyIndex_Check(o)) {
+    return static_cast<double>(ClaimInteger(value, name, what));
+  }
+  if (PyBool_Check(o) || PyUnicode_Check(o) || PyBytes_Check(o) ||
+      Py_TYPE(o)->tp_as_number == nullptr ||
+      Py_TYPE(o)->tp_as_number->nb_float == nullptr) {
+    throw py::type_error(absl::StrCat(name, " must be a number (", what,
+                                      "), not ", Py_TYPE(o)->tp_name));
+  }
+  const double seconds = PyFloat_AsDouble(o);
+  if (seconds == -1.0 && PyErr_Occurred()) throw py::error_already_set();
+  return seconds;
+}
+
+// How the caller spelled an argument: "claim=5", as Python prints it.
+std::string Shown(absl::string_view name, const py::object& value) {
+  return absl::StrCat(name, "=", std::string(py::str(value)));
+}
+
 // connect()'s claim arguments over OPSERVER_CLAIM, OPSERVER_CLAIM_WAIT_S
 // and OPSERVER_CLAIM_TTL_S: an argument given wins, its variable is not
-// read; the same bounds and messages as the variables'.
+// read; the same bounds and messages as the variables' (so a value out of
+// range is INVALID_ARGUMENT, opserver.InvalidArgument, a ValueError), and
+// TypeError for a value of the wrong type.
 ClaimOptions MakeClaimOptions(const py::object& claim,
                               const py::object& claim_wait_s,
                               const py::object& claim_ttl_s) {
@@ -391,17 +438,20 @@ ClaimOptions MakeClaimOptions(const py::object& claim,
   if (!claim_ttl_s.is_none()) given.push_back("OPSERVER_CLAIM_TTL_S");
   ClaimOptions options = ValueOrThrow(ClaimOptionsFromEnv(given));
   if (!claim.is_none()) {
-    const int64_t count = claim.cast<int64_t>();
-    ThrowIfError(SetClaimCount(count, absl::StrCat("claim=", count), &options));
+    const std::string what = absl::StrCat("a device count, 0 to ", kMaxClaim);
+    ThrowIfError(SetClaimCount(ClaimInteger(claim, "claim", what),
+                               Shown("claim", claim), &options));
   }
   if (!claim_wait_s.is_none()) {
-    const double wait = claim_wait_s.cast<double>();
-    ThrowIfError(
-        SetClaimWait(wait, absl::StrCat("claim_wait_s=", wait), &options));
+    const std::string what = absl::StrCat("seconds, 0 to ", kMaxClaimWaitS);
+    ThrowIfError(SetClaimWait(ClaimSeconds(claim_wait_s, "claim_wait_s", what),
+                              Shown("claim_wait_s", claim_wait_s), &options));
   }
   if (!claim_ttl_s.is_none()) {
-    const int64_t ttl = claim_ttl_s.cast<int64_t>();
-    ThrowIfError(SetClaimTtl(ttl, absl::StrCat("claim_ttl_s=", ttl), &options));
+    const std::string what = absl::StrCat("a lease TTL in seconds, ",
+                                          kMinClaimTtlS, " to ", kMaxClaimTtlS);
+    ThrowIfError(SetClaimTtl(ClaimInteger(claim_ttl_s, "claim_ttl_s", what),
+                             Shown("claim_ttl_s", claim_ttl_s), &options));
   }
   return options;
 }

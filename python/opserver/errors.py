@@ -10,6 +10,10 @@ Every failure is an ``opserver.Error``; its subclass follows the gRPC code
   other bad argument, 361001 a runtime failure, 0 where none applies);
 * ``message``: the server's (or the client's) message.
 
+``InvalidArgument`` is also a ``ValueError``, as a bad value is in Python
+(an argument out of range, such as ``connect(..., claim=-1)``); an argument
+of the wrong type raises ``TypeError``.
+
     try:
         session.threshold_backward(grad, x, 1.0, out=wrong_dtype)
     except opserver.InvalidArgument as e:
@@ -39,7 +43,7 @@ class Error(Exception):
 
 class Cancelled(Error): pass
 class Unknown(Error): pass
-class InvalidArgument(Error): pass
+class InvalidArgument(Error, ValueError): pass
 class DeadlineExceeded(Error): pass
 class NotFound(Error): pass
 class AlreadyExists(Error): pass

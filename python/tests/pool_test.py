@@ -189,6 +189,67 @@ class PoolTest(unittest.TestCase):
             opserver.connect("etcd://%s" % self.etcd.endpoint)
         self.assertIn("no /PREFIX", e.exception.message)
 
+    def test_claim_arguments_of_the_wrong_type_or_size_say_which(self):
+        # Too large for C++'s integers: the range message, as for -1 (it
+        # was pybind's generic cast error), and a ValueError.
+        for kwargs, message in [
+                (dict(claim=2 ** 70),
+                 "claim=1180591620717411303424: not a device count "
+                 "(0 to 4096)"),
+                (dict(claim=-2 ** 63 - 1),
+                 "claim=-9223372036854775809: not a device count "
+                 "(0 to 4096)"),
+                (dict(claim=1, claim_ttl_s=2 ** 64),
+                 "claim_ttl_s=18446744073709551616: not a lease TTL in "
+                 "seconds (2 to 86400)"),
+                (dict(claim=1, claim_wait_s=10 ** 30),
+                 "claim_wait_s=1000000000000000000000000000000: not "
+                 "seconds (0 to 604800)"),
+                (dict(claim=1, claim_wait_s=float("nan")),
+                 "claim_wait_s=nan: not seconds (0 to 604800)"),
+                (dict(claim=1, claim_wait_s=float("inf")),
+                 "claim_wait_s=inf: not seconds (0 to 604800)")]:
+            with self.assertRaises(ValueError) as e:
+                opserver.connect(self.pool, **kwargs)
+            self.assertIsInstance(e.exception, opserver.InvalidArgument)
+            self.assertEqual(e.exception.message, message)
+        # Not a number of the right kind: TypeError naming the argument
+        # (a bool is no count: True claimed one device).
+        for kwargs, message in [
+                (dict(claim=True),
+                 "claim must be an int (a device count, 0 to 4096), not "
+                 "bool"),
+                (dict(claim=2.0),
+                 "claim must be an int (a device count, 0 to 4096), not "
+                 "float"),
+                (dict(claim="2"),
+                 "claim must be an int (a device count, 0 to 4096), not "
+                 "str"),
+                (dict(claim=1, claim_wait_s=False),
+                 "claim_wait_s must be a number (seconds, 0 to 604800), "
+                 "not bool"),
+                (dict(claim=1, claim_wait_s="5"),
+                 "claim_wait_s must be a number (seconds, 0 to 604800), "
+                 "not str"),
+                (dict(claim=1, claim_ttl_s=True),
+                 "claim_ttl_s must be an int (a lease TTL in seconds, 2 to "
+                 "86400), not bool"),
+                (dict(claim=1, claim_ttl_s=7.5),
+                 "claim_ttl_s must be an int (a lease TTL in seconds, 2 to "
+                 "86400), not float")]:
+            with self.assertRaises(TypeError) as e:
+                opserver.connect(self.pool, **kwargs)
+            self.assertEqual(str(e.exception), message)
+        # What Python takes as an int or a number still works: a float
+        # wait, and an int-like object (operator.index) as a count.
+        class Two:
+            def __index__(self):
+                return 2
+        with opserver.connect(self.pool, claim=Two(), claim_wait_s=0.5,
+                              claim_ttl_s=Two()) as claimed:
+            self.assertEqual(self._held(claimed), self.expected[:2])
+            self.assertEqual(self._claim_ttls(), [2, 2])
+
 
 if __name__ == "__main__":
     BINARY = sys.argv.pop(1)
