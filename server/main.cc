@@ -232,7 +232,7 @@ ABSL_FLAG(std::string, etcd_password_file, "",
 namespace {
 
 // --preflight: the devices, and every operator once on each against the
-// CPU device (server/preflight.h); 0 when all matched, 1 when one did not,
+// CPU device (runtime/preflight.h); 0 when all matched, 1 when one did not,
 // 2 when the devices cannot be opened.
 int Preflight(const opserver::Options& options) {
   absl::StatusOr<std::vector<std::unique_ptr<opserver::Device>>> devices =
