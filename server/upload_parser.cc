@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -100,7 +101,7 @@ absl::StatusOr<v1::UploadRequest> ParseUploadHeader(grpc::ByteBuffer* message) {
 }
 
 absl::Status UploadWriter::Write(grpc::ByteBuffer* message) {
-  return ParseUploadRequest(
+  absl::Status status = ParseUploadRequest(
       message, nullptr,
       [&](google::protobuf::io::CodedInputStream& input,
           uint32_t length) -> absl::Status {
@@ -120,6 +121,8 @@ absl::Status UploadWriter::Write(grpc::ByteBuffer* message) {
         written_ += length;
         return absl::OkStatus();
       });
+  if (!status.ok()) FlushReceived();
+  return status;
 }
 
 absl::Status UploadWriter::Stage(google::protobuf::io::CodedInputStream& input,
@@ -144,6 +147,7 @@ absl::Status UploadWriter::Stage(google::protobuf::io::CodedInputStream& input,
       return Malformed();
     }
     filled_ += n;
+    staged_bytes_ += n;
     length -= n;
     if (filled_ == chunk_.size()) {
       chunk_ = {};
@@ -155,11 +159,25 @@ absl::Status UploadWriter::Stage(google::protobuf::io::CodedInputStream& input,
 
 absl::Status UploadWriter::Finish() {
   if (written_ != size_) {
+    FlushReceived();
     return absl::InvalidArgumentError(
         absl::StrCat("upload ended after ", written_, " of the ", size_,
                      " bytes its header announced"));
   }
   return staged_ == nullptr ? absl::OkStatus() : staged_->Finish();
+}
+
+void UploadWriter::FlushReceived() {
+  if (staged_ == nullptr || chunk_.empty() || filled_ == 0) return;
+  const absl::Span<char> chunk = std::exchange(chunk_, {});
+  // The upload has failed already and says why; a copy that fails here
+  // (the queued ones' error, or this one's) adds nothing to that.
+  if (!staged_->Finish().ok()) return;
+  if (stream_->CopyToDevice(target_ + staged_bytes_ - filled_, chunk.data(),
+                            filled_)
+          .ok()) {
+    stream_->Synchronize().IgnoreError();
+  }
 }
 
 }  // namespace opserver

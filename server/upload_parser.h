@@ -64,6 +64,10 @@ class UploadWriter {
   // At the end of the input: INVALID_ARGUMENT unless exactly `size` bytes
   // were written; else waits until the staged copies are done (their
   // error).
+  //
+  // A failed Write or Finish still leaves every byte it received in the
+  // buffer, whether the device is host-addressable or staged, and however
+  // the messages were sliced.
   absl::Status Finish();
 
   uint64_t written() const { return written_; }
@@ -72,6 +76,10 @@ class UploadWriter {
   // Reads `length` bytes of `input` into the staging, chunk by chunk.
   absl::Status Stage(google::protobuf::io::CodedInputStream& input,
                      uint32_t length);
+  // On failure: copies the staging chunk being filled, as far as it is,
+  // after the queued chunks (which are copied whole, so without this the
+  // bytes of a chunk the upload did not complete would be dropped).
+  void FlushReceived();
 
   Device* const device_;
   const std::shared_ptr<DeviceStream> stream_;
@@ -85,6 +93,7 @@ class UploadWriter {
   std::unique_ptr<StagedUpload> staged_;
   absl::Span<char> chunk_;
   uint64_t filled_ = 0;
+  uint64_t staged_bytes_ = 0;  // Read into staging chunks so far.
 };
 
 }  // namespace opserver
