@@ -729,6 +729,13 @@ absl::StatusOr<SessionSlot> Session::TakeSynchronizeSlot() {
       "a pending synchronize's state");
 }
 
+absl::StatusOr<Session::StreamSlot> Session::TakeStreamSynchronizeSlot(
+    uint64_t stream) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Stream> found, GetStream(stream));
+  ASSIGN_OR_RETURN(SessionSlot slot, TakeSynchronizeSlot());
+  return StreamSlot{std::move(found), std::move(slot)};
+}
+
 void Session::Touch() {
   absl::MutexLock lock(&mu_);
   last_used_ = absl::Now();

@@ -384,6 +384,15 @@ class Session {
   // is answered or cancelled. RESOURCE_EXHAUSTED past
   // --max_pending_synchronizes_per_session.
   absl::StatusOr<SessionSlot> TakeSynchronizeSlot();
+  // A stream of the session and a synchronize slot (TakeSynchronizeSlot)
+  // for a call that waits on it: SynchronizeStream's and LaunchCallback's
+  // lookup, in one place. NOT_FOUND for a stream the session does not have
+  // (no slot is taken then), else TakeSynchronizeSlot's refusal.
+  struct StreamSlot {
+    std::shared_ptr<Stream> stream;
+    SessionSlot slot;
+  };
+  absl::StatusOr<StreamSlot> TakeStreamSynchronizeSlot(uint64_t stream);
 
   // Idle bookkeeping for the manager.
   void Touch();

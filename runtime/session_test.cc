@@ -529,6 +529,34 @@ TEST_F(SessionLaunchTest, AttachAndSynchronizeSlotsAreBoundedAndGivenBack) {
   EXPECT_TRUE(session_->TakeSynchronizeSlot().ok());
 }
 
+// SynchronizeStream and LaunchCallback take their stream and a synchronize
+// slot in one call: an unknown stream takes no slot, a full session is
+// refused, and the slot is given back with the call.
+TEST_F(SessionLaunchTest, TakeStreamSynchronizeSlotHoldsTheStreamAndASlot) {
+  SessionLimits limits;
+  limits.max_pending_synchronizes_per_session = 1;
+  MakeSession(limits);
+  EXPECT_EQ(session_->TakeStreamSynchronizeSlot(42).status(),
+            absl::NotFoundError("no stream 42 in this session (never "
+                                "created, freed, or another session's)"));
+  EXPECT_EQ(session_->Stats().pending_synchronizes, 0u);
+
+  absl::StatusOr<Session::StreamSlot> held =
+      session_->TakeStreamSynchronizeSlot(0);
+  ASSERT_TRUE(held.ok()) << held.status();
+  absl::StatusOr<std::shared_ptr<Stream>> default_stream =
+      session_->GetStream(0);
+  ASSERT_TRUE(default_stream.ok());
+  EXPECT_EQ(held->stream, *default_stream);
+  EXPECT_EQ(session_->Stats().pending_synchronizes, 1u);
+  EXPECT_EQ(session_->TakeStreamSynchronizeSlot(0).status().code(),
+            absl::StatusCode::kResourceExhausted);
+
+  held = absl::CancelledError("answered");
+  EXPECT_EQ(session_->Stats().pending_synchronizes, 0u);
+  EXPECT_TRUE(session_->TakeStreamSynchronizeSlot(0).ok());
+}
+
 // Each open call's state is charged to the session's memory while it
 // holds its slot (kCallStateBytes): past --session_memory_bytes the next
 // call is refused, whatever its count limit, and an ended call's bytes

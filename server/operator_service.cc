@@ -383,15 +383,14 @@ grpc::ServerUnaryReactor* OperatorService::LaunchCallback(
     v1::LaunchCallbackResponse* /*response*/) {
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    SessionOf(context, request->session()), ReplyTo(context));
-  ASSIGN_OR_RETURN(std::shared_ptr<Stream> stream,
-                   session->GetStream(request->stream()), ReplyTo(context));
-  ASSIGN_OR_RETURN(SessionSlot slot, session->TakeSynchronizeSlot(),
+  ASSIGN_OR_RETURN(Session::StreamSlot held,
+                   session->TakeStreamSynchronizeSlot(request->stream()),
                    ReplyTo(context));
   // The answer is the notice. An abandoned call stops waiting at once; the
   // callback stays on its stream (there is no taking it back).
   return StartSynchronize(
-      context, std::move(slot),
-      [session, stream, request](
+      context, std::move(held.slot),
+      [session, stream = std::move(held.stream), request](
           SynchronizeAnswer answer) -> absl::StatusOr<std::function<void()>> {
         RETURN_IF_ERROR(session->callbacks().Queue(
             *stream, request->id(), request->block(), std::move(answer)));

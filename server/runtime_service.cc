@@ -445,15 +445,14 @@ grpc::ServerUnaryReactor* RuntimeService::SynchronizeStream(
     v1::SynchronizeStreamResponse* /*response*/) {
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    SessionOf(context, request->session()), ReplyTo(context));
-  ASSIGN_OR_RETURN(std::shared_ptr<Stream> stream,
-                   session->GetStream(request->stream()), ReplyTo(context));
-  ASSIGN_OR_RETURN(SessionSlot slot, session->TakeSynchronizeSlot(),
+  ASSIGN_OR_RETURN(Session::StreamSlot held,
+                   session->TakeStreamSynchronizeSlot(request->stream()),
                    ReplyTo(context));
   // A call abandoned while the stream is held (a stalled transfer, a long
   // queue) is taken off the queue at once.
   return StartSynchronize(
-      context, std::move(slot),
-      [stream = std::move(stream)](
+      context, std::move(held.slot),
+      [stream = std::move(held.stream)](
           SynchronizeAnswer answer) -> absl::StatusOr<std::function<void()>> {
         const uint64_t ticket = stream->SynchronizeOrForget(std::move(answer));
         if (ticket == 0) return std::function<void()>();
