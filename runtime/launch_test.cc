@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "kernels/aclnn_status.h"
 #include "runtime/session.h"
+#include "runtime/session_manager.h"
 #include "runtime/session_test_util.h"
 
 namespace opserver {

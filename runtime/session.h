@@ -3,13 +3,12 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -19,132 +18,18 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "devices/device.h"
+#include "runtime/buffer.h"
 #include "runtime/event.h"
 #include "runtime/host_callbacks.h"
 #include "runtime/memory_charge.h"
 #include "runtime/observer.h"
+#include "runtime/session_limits.h"
+#include "runtime/session_slot.h"
 #include "runtime/stream.h"
 
 namespace opserver {
 
 class Graph;
-
-// Limits on what clients may hold; each is a server flag.
-struct SessionLimits {
-  uint64_t session_memory_bytes = 16ull << 30;
-  uint32_t max_sessions = 64;
-  uint32_t max_handles_per_session = 65536;
-  // Each stream owns a thread, hence a much smaller limit than for handles.
-  // Destroyed streams count until their thread is gone.
-  uint32_t max_streams_per_session = 16;
-  // Launches waiting on one stream (each holds its executor's buffers).
-  uint32_t max_queued_per_stream = 16384;
-  // Elements one launch may compute: bounds the time one launch holds a
-  // stream (and teardown or shutdown waiting for it); ~1-2 s at 2^31.
-  uint64_t max_launch_elements = 1ull << 31;
-  // ExecuteStream replies waiting for a client that does not read them;
-  // reading stops at this many.
-  uint32_t max_pending_replies = 1024;
-  // Evaluate calls computing at once (they need no session); more are
-  // RESOURCE_EXHAUSTED.
-  uint32_t max_concurrent_evaluates = 4;
-  // Operators.Pipeline: channels open on one session, and what one batch
-  // (one PipelineRequest) may hold. A batch is parsed and applied on the
-  // server's workers, so these bound the memory and the time one message
-  // can cost: a parsed batch takes about 15 times its wire size.
-  uint32_t max_pipelines_per_session = 8;
-  uint64_t max_pipeline_batch_bytes = 4ull << 20;
-  uint32_t max_pipeline_batch_commands = 65536;
-  // Attach calls open on one session (the documented use is one, tying the
-  // session to a process); each holds a call's state on the server.
-  uint32_t max_attach_per_session = 4;
-  // SynchronizeStream and SynchronizeEvent calls waiting on one session:
-  // each holds a call's state (about 12 KiB) until answered, far more than
-  // the event budget's unit, so they have a much smaller limit of their
-  // own. A call cancelled or past its deadline stops counting at once.
-  uint32_t max_pending_synchronizes_per_session = 256;
-  // Graphs (runtime/graph.h) defined and not destroyed on one session, and
-  // their tasks together: each task holds a prepared plan or a write's
-  // bytes, charged to the session's memory as well.
-  uint32_t max_graphs_per_session = 64;
-  uint64_t max_graph_tasks_per_session = 65536;
-  absl::Duration idle_timeout = absl::Minutes(5);
-  // How long a blocking host callback may hold its stream after the server
-  // told the client it was reached (runtime/host_callbacks.h).
-  absl::Duration callback_block_timeout = absl::Seconds(60);
-  // Per owner identity (a token's tenant, a client certificate), so one
-  // tenant cannot starve the others; 0 = no limit beyond the ones above.
-  uint32_t max_sessions_per_tenant = 0;
-  uint64_t tenant_memory_bytes = 0;
-};
-
-// What one owner identity holds across its sessions.
-struct TenantUsage {
-  // Device memory reserved by its sessions' buffers.
-  std::atomic<uint64_t> bytes{0};
-  // Open sessions; guarded by the SessionManager's mutex.
-  uint32_t sessions = 0;
-};
-
-// CreateSession's client_name is for logs and stats: at most this long.
-inline constexpr size_t kMaxClientNameBytes = 256;
-
-// Errors the server keeps for a client until they are reported (a Pipeline
-// channel's deferred errors, refused plans) are cut to this many bytes:
-// they may quote what the client sent, such as an op name of megabytes.
-inline constexpr size_t kMaxKeptErrorBytes = 1024;
-
-// Accounting of device memory held by buffers: one per device, each
-// counting into the server-wide one (its `parent`), so the totals and the
-// per-device figures cannot disagree.
-struct MemoryAccounting {
-  explicit MemoryAccounting(MemoryAccounting* parent = nullptr)
-      : parent(parent) {}
-  // Adds (or, with `sign` -1, removes) one buffer of `size` bytes here and
-  // in every parent.
-  void Add(uint64_t size, int sign);
-
-  std::atomic<uint64_t> bytes{0};
-  std::atomic<uint64_t> buffers{0};
-  MemoryAccounting* const parent;
-};
-
-// A block of device memory. Shared by the session's handle table and by any
-// queued work that uses it, so freeing a buffer that queued work still needs
-// releases the memory only after that work ran. `charged` bytes are taken
-// from `session_bytes` and `tenant_bytes` until then: a session's (and its
-// owner's) memory is refunded only when it is really released, not when its
-// handle is freed.
-class Buffer {
- public:
-  Buffer(Device* device, void* data, uint64_t size, MemoryAccounting* account,
-         std::shared_ptr<std::atomic<uint64_t>> session_bytes = nullptr,
-         uint64_t charged = 0,
-         std::shared_ptr<std::atomic<uint64_t>> tenant_bytes = nullptr);
-  ~Buffer();
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-
-  void* data() const { return data_; }
-  uint64_t size() const { return size_; }
-  // The device the memory is on (its session's): transfers address and
-  // copy it through this one.
-  Device* device() const { return device_; }
-  // Its handle was freed (Session::Free): work that still holds the memory
-  // may finish, but a graph replayed after this refuses to run on it.
-  void MarkFreed() { freed_.store(true, std::memory_order_relaxed); }
-  bool freed() const { return freed_.load(std::memory_order_relaxed); }
-
- private:
-  Device* const device_;
-  void* const data_;
-  const uint64_t size_;
-  MemoryAccounting* const account_;
-  const std::shared_ptr<std::atomic<uint64_t>> session_bytes_;
-  const uint64_t charged_;
-  const std::shared_ptr<std::atomic<uint64_t>> tenant_bytes_;
-  std::atomic<bool> freed_{false};
-};
 
 // A planned operator (aclOpExecutor): the plan the session's device
 // prepared and the buffers its tensors live in, kept alive for as long as
@@ -171,37 +56,6 @@ struct SessionStatsSnapshot {
   uint64_t pending_synchronizes = 0;
   uint64_t graphs = 0;
   uint64_t graph_tasks = 0;
-};
-
-// One unit of a count a session bounds (its open Attach calls, its
-// pending synchronizes), held by the call that took it and given back when
-// destroyed, with the call's state charged to the session's memory
-// (kCallStateBytes) meanwhile. It shares only the counters, not the
-// session, so a call that outlives its session keeps no session memory
-// alive. Move-only.
-class SessionSlot {
- public:
-  SessionSlot() = default;
-  SessionSlot(std::shared_ptr<std::atomic<uint64_t>> count,
-              MemoryCharge charge)
-      : count_(std::move(count)), charge_(std::move(charge)) {}
-  SessionSlot(SessionSlot&& other) = default;
-  SessionSlot& operator=(SessionSlot&& other) {
-    Give();
-    count_ = std::move(other.count_);
-    charge_ = std::move(other.charge_);
-    return *this;
-  }
-  ~SessionSlot() { Give(); }
-
- private:
-  void Give() {
-    if (count_ != nullptr) count_->fetch_sub(1);
-    count_ = nullptr;
-    charge_ = MemoryCharge();
-  }
-  std::shared_ptr<std::atomic<uint64_t>> count_;
-  MemoryCharge charge_;
 };
 
 // Everything one client owns. Thread-safe. Lookups of another session's
@@ -498,155 +352,6 @@ class Session {
   // Declared last: destroyed first, so queued work finishes while the
   // buffers it may use are still registered.
   std::shared_ptr<Stream> default_stream_;
-};
-
-// Owns all sessions: creation under the limits, lookup by id, closing, the
-// idle timeout, and tearing sessions down off the RPC threads (a session's
-// streams finish their queued work first).
-class SessionManager {
- public:
-  // Sessions on `devices` (at least one, index 0 first; they must outlive
-  // the manager). `observer` (may be null) is told what the sessions do.
-  SessionManager(std::vector<Device*> devices, SessionLimits limits,
-                 RuntimeObserver* observer = nullptr);
-  // The same over one device.
-  SessionManager(Device* device, SessionLimits limits,
-                 RuntimeObserver* observer = nullptr)
-      : SessionManager(std::vector<Device*>{device}, limits, observer) {}
-  ~SessionManager();  // Closes every session and waits for the teardown.
-
-  const SessionLimits& limits() const { return limits_; }
-  RuntimeObserver* observer() const { return observer_; }
-
-  // The devices sessions are created on, by index (CreateSession's device).
-  uint32_t device_count() const {
-    return static_cast<uint32_t>(devices_.size());
-  }
-  // `index` < device_count().
-  Device* device(uint32_t index) const { return devices_[index]; }
-  // Device `index`, a number from the wire (CreateSessionRequest.device,
-  // EvaluateRequest.device): INVALID_ARGUMENT naming it and the count when
-  // there is no such device.
-  absl::StatusOr<Device*> FindDevice(uint32_t index) const;
-
-  // A session on device `device` owned by `owner` (the caller's identity).
-  // INVALID_ARGUMENT naming the device and the count when there is no such
-  // device; RESOURCE_EXHAUSTED past --max_sessions or the owner's
-  // --max_sessions_per_tenant. `routing_key` (the call's
-  // x-opserver-session, when it has one) is remembered for Get and Close;
-  // INVALID_ARGUMENT when it is not a well-formed key.
-  absl::StatusOr<std::shared_ptr<Session>> Create(
-      std::string client_name, std::string owner, uint32_t device = 0,
-      std::optional<std::string> routing_key = std::nullopt);
-  // NOT_FOUND for unknown, closed or timed-out sessions, and for another
-  // owner's, with the same message: a stolen session name is useless to a
-  // different identity, and probing reveals nothing. Marks it used.
-  // A call that carries a routing key (`routing_key`) gets NOT_FOUND
-  // naming that key (SessionRoutingKeyNotFound) instead, also when the
-  // session exists but was created with another key or none: the call was
-  // misrouted. Without one, the key is not checked (grpcurl, older
-  // clients).
-  absl::StatusOr<std::shared_ptr<Session>> Get(
-      absl::string_view id, absl::string_view caller,
-      std::optional<absl::string_view> routing_key = std::nullopt);
-  // The same for a caller whose identity could not be resolved
-  // (CallerIdentity's UNAUTHENTICATED): that error, as it is.
-  absl::StatusOr<std::shared_ptr<Session>> GetForCaller(
-      absl::string_view id, const absl::StatusOr<std::string>& caller,
-      std::optional<absl::string_view> routing_key = std::nullopt) {
-    if (!caller.ok()) return caller.status();
-    return Get(id, *caller, routing_key);
-  }
-  // Ends the session if `caller` owns it (else NOT_FOUND as for an unknown
-  // one, and for a routing key as Get says); `on_freed` (if given) runs on
-  // the teardown thread once its streams have drained and its memory is
-  // released, so a caller can report completion only when everything is
-  // gone.
-  absl::Status Close(
-      absl::string_view id, absl::string_view caller, absl::string_view why,
-      std::function<void()> on_freed = nullptr,
-      std::optional<absl::string_view> routing_key = std::nullopt);
-
-  // Drops the work queued on every session's streams (Session::CancelWork),
-  // so calls waiting for it (synchronizes, fences, transfers behind it)
-  // are answered now. For shutdown, once the grace period is over.
-  void CancelAllWork();
-
-  // Destroys `stream` (draining it) on the teardown thread.
-  void DestroyLater(std::shared_ptr<Stream> stream);
-
-  uint64_t session_count() const;
-  // Open sessions on each device, by index (device_count() entries).
-  std::vector<uint64_t> SessionsPerDevice() const;
-  // What each owner's sessions on one device hold now, for metrics: one
-  // entry per owner and device it has sessions on.
-  struct OwnerStats {
-    std::string owner;
-    uint32_t device = 0;
-    uint64_t sessions = 0;
-    uint64_t streams = 0;
-    uint64_t executors = 0;
-    uint64_t buffers = 0;
-    uint64_t buffer_bytes = 0;
-    uint64_t queued_launches = 0;
-    uint64_t events = 0;
-    uint64_t pending_event_operations = 0;
-    uint64_t attach_streams = 0;
-    uint64_t pending_synchronizes = 0;
-    uint64_t graphs = 0;
-    uint64_t graph_tasks = 0;
-  };
-  std::vector<OwnerStats> StatsByOwner() const;
-  // Buffers on all devices together.
-  const MemoryAccounting& accounting() const { return account_; }
-  // Buffers on device `index` (< device_count()).
-  const MemoryAccounting& device_accounting(uint32_t index) const {
-    return *device_accounts_[index];
-  }
-
-  // Blocks until everything handed to the teardown thread so far is gone.
-  // For tests and shutdown.
-  void WaitForTeardown();
-
- private:
-  void ReaperLoop();
-  // Removes the session from the table and from its owner's session count;
-  // the caller hands it to the reaper.
-  std::shared_ptr<Session> UnlistLocked(
-      absl::flat_hash_map<std::string, std::shared_ptr<Session>>::iterator it)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  const std::vector<Device*> devices_;
-  const SessionLimits limits_;
-  RuntimeObserver* const observer_;
-  MemoryAccounting account_;
-  // One per device, counting into account_ (atomics do not move: hence
-  // the pointers).
-  std::vector<std::unique_ptr<MemoryAccounting>> device_accounts_;
-  // Every session's stream threads (see the destructor).
-  const std::shared_ptr<StreamThreads> stream_threads_ =
-      std::make_shared<StreamThreads>();
-
-  mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_
-      ABSL_GUARDED_BY(mu_);
-  uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<std::string, std::shared_ptr<TenantUsage>> tenants_
-      ABSL_GUARDED_BY(mu_);
-  // Sessions and streams waiting to be destroyed by the reaper thread, each
-  // with what to run once it is gone.
-  struct Doomed {
-    std::shared_ptr<void> object;
-    std::function<void()> on_freed;
-  };
-  void BuryLocked(std::shared_ptr<void> object,
-                  std::function<void()> on_freed = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::deque<Doomed> graveyard_ ABSL_GUARDED_BY(mu_);
-  uint64_t buried_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t destroyed_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread reaper_;
 };
 
 }  // namespace opserver

@@ -9,6 +9,7 @@
 #include "devices/device.h"
 #include "proto/opserver.grpc.pb.h"
 #include "runtime/session.h"
+#include "runtime/session_manager.h"
 #include "runtime/work_pool.h"
 #include "server/auth.h"
 #include "server/call_log.h"

@@ -18,6 +18,7 @@
 #include "runtime/byte_range.h"  // CheckRange, for the services
 #include "runtime/event.h"
 #include "runtime/session.h"
+#include "runtime/session_manager.h"
 #include "runtime/work_pool.h"
 #include "server/auth.h"
 #include "server/call_log.h"
