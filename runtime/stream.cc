@@ -15,18 +15,13 @@
 #include "common/status_macros.h"
 #include "common/task_position.h"
 #include "common/thread_start.h"
-#include "kernels/aclnn_status.h"
-#include "runtime/deadline_timer.h"
+#include "runtime/stream_state.h"
 
 namespace opserver {
 namespace {
 
 // The nice value of stream threads (see Stream::Loop).
 constexpr int kStreamThreadNice = 10;
-
-// ACL_ERROR_RT_TASK_TIMEOUT: a task ran past the operator execute
-// time-out.
-constexpr int32_t kAclErrorRtTaskTimeout = 107020;
 
 // A synchronize's error once a stopped stream skipped `skipped` tasks.
 absl::Status SayingSkipped(const absl::Status& status, uint64_t skipped) {
@@ -79,233 +74,6 @@ std::shared_ptr<StreamThreads> StreamThreads::Default() {
   return *threads;
 }
 
-// Guarded by the stream's State::mu.
-struct Stream::GateState {
-  std::function<void()> reached;
-  std::function<void()> cancelled;
-  bool released = false;    // The Gate is gone.
-  bool forced = false;      // Opened by Cancel.
-  bool holding = false;     // It holds the stream (State::busy).
-  bool in_reached = false;  // `reached` runs now; opening waits for it.
-};
-
-struct Stream::State {
-  State(size_t max, std::shared_ptr<StreamThreads> group,
-        std::shared_ptr<DeviceStream> device_stream)
-      : max_queued(max),
-        threads(std::move(group)),
-        device(std::move(device_stream)),
-        asynchronous(device != nullptr && device->asynchronous()) {}
-
-  // One queue entry: a task (work, droppable), a callback (always runs) or
-  // a gate (see Hold).
-  struct Item {
-    Task task;
-    std::function<void()> callback;
-    std::shared_ptr<GateState> gate;
-    // A synchronize's ticket (SynchronizeOrForget), for Forget; 0 if none.
-    uint64_t ticket = 0;
-    // A task's position on the stream (see common/task_position.h).
-    uint64_t position = 0;
-  };
-
-  // Lets the stream go on once `gate` no longer holds it: released or
-  // forced open, and its `reached` callback has returned.
-  void OpenIfDoneLocked(GateState& gate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (gate.holding && !gate.in_reached && (gate.released || gate.forced)) {
-      gate.holding = false;
-      holder = nullptr;
-      busy = false;
-    }
-  }
-
-  // Nothing runs, waits or is issued and not yet synchronized: work
-  // handed to the stream now may run at once on the caller's thread.
-  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return !busy && queue.empty() && issued.empty();
-  }
-  // Claims the stream for the caller when idle; then the caller runs work
-  // inline and calls Release().
-  bool TryClaimIdle() {
-    absl::MutexLock lock(&mu);
-    if (!IdleLocked()) return false;
-    busy = true;
-    return true;
-  }
-  void Release() {
-    absl::MutexLock lock(&mu);
-    busy = false;
-  }
-  absl::Status RoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (cancelled) return absl::CancelledError(cancel_reason);
-    if (max_queued != 0 && queued_tasks >= max_queued) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the stream already has ", queued_tasks,
-          " launches queued, the limit (--max_queued_per_stream); synchronize "
-          "it before queueing more"));
-    }
-    return absl::OkStatus();
-  }
-  // Only whoever holds `busy` touches first_error.
-  void Record(absl::Status status, uint64_t position) {
-    if (!status.ok() && first_error.ok()) {
-      first_error = WithTaskPosition(std::move(status), position);
-    }
-  }
-  // The next position, for a task or a failure queued now.
-  uint64_t NextPositionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return ++positions;
-  }
-  uint64_t NextPosition() {
-    absl::MutexLock lock(&mu);
-    return NextPositionLocked();
-  }
-  // With ACL_STOP_ON_FAILURE, a task that would start after the stream's
-  // error is known (and not yet reported) is skipped. Whoever holds `busy`.
-  bool SkipAfterFailure() {
-    if (first_error.ok()) return false;
-    absl::MutexLock lock(&mu);
-    if (!stop_on_failure) return false;
-    ++skipped;
-    return true;
-  }
-  // Runs `task`. On a host-only stream it is then done. On a synchronous
-  // device the device stream is synchronized at once (it costs nothing),
-  // so the task is done too. On an asynchronous one the task is kept, with
-  // what it holds, as issued and not yet synchronized (`issued`) until
-  // Complete(), which the thread calls once nothing is runnable (or at
-  // kMaxUnsynchronizedTasks), so consecutive tasks do not each wait for
-  // the device. A task that fails to issue completes the backlog before
-  // its error is recorded, so errors stay in issue order. Only whoever
-  // holds `busy` calls it.
-  // Runs `work` (a task, or the device's synchronize of issued tasks)
-  // within the task time-out, if one is set: past it the device is asked
-  // to stop it (DeviceStream::SetInterrupted) and the result is
-  // ACL_ERROR_RT_TASK_TIMEOUT, whatever `work` returned. Whoever holds
-  // `busy`.
-  absl::Status Bounded(const std::function<absl::Status()>& work) {
-    absl::Duration limit;
-    {
-      absl::MutexLock lock(&mu);
-      limit = task_timeout;
-    }
-    if (limit <= absl::ZeroDuration() || device == nullptr) return work();
-    // The timer interrupts only while `work` runs: `done` is set under the
-    // watch's lock, after which it does nothing.
-    struct Watch {
-      absl::Mutex mu;
-      bool done ABSL_GUARDED_BY(mu) = false;
-      bool fired ABSL_GUARDED_BY(mu) = false;
-    };
-    auto watch = std::make_shared<Watch>();
-    const uint64_t key = DeadlineTimer::Shared().At(
-        absl::Now() + limit, [watch, stream = device] {
-          absl::MutexLock lock(&watch->mu);
-          if (watch->done) return;
-          watch->fired = true;
-          stream->SetInterrupted(true);
-        });
-    absl::Status status = work();
-    DeadlineTimer::Shared().Cancel(key);
-    bool fired;
-    {
-      absl::MutexLock lock(&watch->mu);
-      watch->done = true;
-      fired = watch->fired;
-    }
-    if (!fired) return status;
-    device->SetInterrupted(false);
-    return kernels::AclnnError(
-        kAclErrorRtTaskTimeout, absl::StatusCode::kDeadlineExceeded,
-        absl::StrCat("the task ran past the operator execute time-out of ",
-                     absl::FormatDuration(limit),
-                     " (aclrtSetOpExecuteTimeOut) and was stopped",
-                     status.ok() ? "" : ": ", status.message()));
-  }
-  void RunTask(Task task, uint64_t position) {
-    if (SkipAfterFailure()) return;
-    absl::Status status = Bounded(task);
-    if (device == nullptr) {
-      Record(std::move(status), position);
-      return;
-    }
-    if (!asynchronous) {
-      Record(std::move(status), position);
-      Record(Bounded([this] { return device->Synchronize(); }), position);
-      return;
-    }
-    if (!status.ok()) {
-      Complete();  // Before this task's own error.
-      Record(std::move(status), position);
-      return;
-    }
-    size_t held;
-    {
-      absl::MutexLock lock(&mu);
-      if (issued.empty()) first_issued = position;
-      issued.push_back(std::move(task));
-      held = issued.size();
-    }
-    if (held >= kMaxUnsynchronizedTasks) Complete();
-  }
-  // Synchronizes the device stream and completes the tasks issued since
-  // the last time: its error is theirs (recorded now, before anything
-  // queued after them), then their captures (buffers, staging memory,
-  // budgets) are released. Only whoever holds `busy` calls it.
-  void Complete() {
-    std::vector<Task> done;
-    uint64_t position;
-    {
-      absl::MutexLock lock(&mu);
-      done.swap(issued);
-      position = first_issued;
-    }
-    // The device cannot say which of them failed: the first stands for all.
-    if (device != nullptr) {
-      Record(Bounded([this] { return device->Synchronize(); }), position);
-    }
-    done.clear();  // Outside the lock: captures may call back in.
-  }
-
-  const size_t max_queued;
-  const std::shared_ptr<StreamThreads> threads;
-  // Dropped by the thread as it stops (Loop), before it leaves its group.
-  std::shared_ptr<DeviceStream> device;
-  // DeviceStream::asynchronous(): tasks are completed in batches.
-  const bool asynchronous;
-  mutable absl::Mutex mu;
-  std::deque<Item> queue ABSL_GUARDED_BY(mu);
-  // Tasks run on an asynchronous device and not yet synchronized, in issue
-  // order (see RunTask). The stream is not idle while any are held.
-  std::vector<Task> issued ABSL_GUARDED_BY(mu);
-  uint64_t first_issued ABSL_GUARDED_BY(mu) = 0;  // issued.front()'s position.
-  // Positions handed out so far (tasks and failures queued).
-  uint64_t positions ABSL_GUARDED_BY(mu) = 0;
-  // SetStopOnFailure; tasks skipped since the last Synchronize.
-  bool stop_on_failure ABSL_GUARDED_BY(mu) = false;
-  // SetTaskTimeout; zero: none.
-  absl::Duration task_timeout ABSL_GUARDED_BY(mu);
-  uint64_t skipped ABSL_GUARDED_BY(mu) = 0;
-  size_t queued_tasks ABSL_GUARDED_BY(mu) = 0;
-  bool stopping ABSL_GUARDED_BY(mu) = false;
-  bool cancelled ABSL_GUARDED_BY(mu) = false;
-  std::string cancel_reason ABSL_GUARDED_BY(mu);
-  // A Fail() is queued with no Synchronize queued after it.
-  bool failure_queued ABSL_GUARDED_BY(mu) = false;
-  // Tasks dropped by Cancel that no Synchronize has reported yet.
-  bool dropped ABSL_GUARDED_BY(mu) = false;
-  // SynchronizeOrForget tickets handed out.
-  uint64_t tickets ABSL_GUARDED_BY(mu) = 0;
-  // An item (queued or inline) is running, or a gate holds the stream; the
-  // thread waits for it.
-  bool busy ABSL_GUARDED_BY(mu) = false;
-  // Run by the thread once it has left its group (WhenStopped).
-  std::vector<std::function<void()>> on_stopped ABSL_GUARDED_BY(mu);
-  // The gate holding the stream, if any.
-  std::shared_ptr<GateState> holder ABSL_GUARDED_BY(mu);
-  absl::Status first_error;
-};
-
 Stream::Stream(size_t max_queued, std::shared_ptr<StreamThreads> threads)
     : Stream(nullptr, max_queued, std::move(threads)) {}
 
@@ -346,77 +114,21 @@ void Stream::Loop(std::shared_ptr<State> state) {
   (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)),
                     kStreamThreadNice);
   for (;;) {
+    // Declared in the loop: what an item captured is released outside the
+    // state's lock, each time round.
     State::Item item;
-    bool complete = false;
-    {
-      absl::MutexLock lock(&state->mu);
-      state->mu.Await(absl::Condition(
-          +[](State* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return !s->busy &&
-                   (s->stopping || !s->queue.empty() || !s->issued.empty());
-          },
-          state.get()));
-      // Issued tasks are completed (the device synchronized) once nothing
-      // runnable is left (nothing queued) and before anything that is not
-      // a task: a callback or gate observes the device done with
-      // everything queued before it.
-      if (!state->issued.empty() &&
-          (state->queue.empty() || !state->queue.front().task)) {
-        state->busy = true;
-        complete = true;
-      } else {
-        if (state->queue.empty()) break;  // Stopping and drained.
-        item = std::move(state->queue.front());
-        state->queue.pop_front();
-        if (item.task) --state->queued_tasks;
-        // A gate whose transfer ended before reaching the stream holds
-        // nothing.
-        if (item.gate != nullptr && item.gate->released) continue;
-        state->busy = true;
-        if (item.gate != nullptr) {
-          item.gate->holding = true;
-          item.gate->in_reached = true;
-          state->holder = item.gate;
-        }
-      }
-    }
-    if (complete) {
+    const State::Next next = state->TakeNext(item);
+    if (next == State::Next::kStop) break;
+    if (next == State::Next::kComplete) {
       state->Complete();
       state->Release();
-      continue;
+    } else if (next == State::Next::kGate) {
+      state->RunGate(*item.gate);
+    } else if (next == State::Next::kRun) {
+      state->RunItem(std::move(item));
     }
-    if (item.gate != nullptr) {
-      // The stream stays busy until the gate opens (not when this returns).
-      std::function<void()> reached = std::move(item.gate->reached);
-      reached();
-      reached = nullptr;
-      absl::MutexLock lock(&state->mu);
-      item.gate->in_reached = false;
-      state->OpenIfDoneLocked(*item.gate);
-      continue;
-    }
-    if (item.task) {
-      state->RunTask(std::move(item.task), item.position);
-    } else {
-      item.callback();
-    }
-    item = State::Item();  // Release captures before reporting idle.
-    state->Release();
   }
-  std::shared_ptr<StreamThreads> threads = state->threads;
-  std::vector<std::function<void()>> stopped;
-  std::shared_ptr<DeviceStream> device;
-  {
-    absl::MutexLock lock(&state->mu);
-    stopped.swap(state->on_stopped);
-    // Nothing uses it any more; a gate still held (its transfer not ended
-    // yet) keeps the state, not the device stream.
-    device = std::move(state->device);
-  }
-  device.reset();
-  state.reset();  // See the constructor: before Done().
-  threads->Done();
-  for (std::function<void()>& callback : stopped) callback();
+  State::Finish(std::move(state));
 }
 
 absl::Status Stream::Enqueue(Task task, bool inline_if_idle) {
