@@ -66,7 +66,7 @@ using RuntimeServiceBase = v1::Runtime::WithRawCallbackMethod_Upload<
 
 // The error of a copy through a stream without a device stream (only a
 // session built without one: see Session's constructor); shared by
-// runtime_service.cc and transfers.cc.
+// runtime_service.cc and data_transfer.cc.
 absl::Status NoDeviceStream();
 
 // opserver.v1.Runtime: device info, sessions, streams, memory, transfers.

@@ -1,0 +1,325 @@
+// OpenDataTransfer, the Runtime service's data path: an Upload or Download
+// whose bytes go over a connection of their own (common/data_path.h). Part
+// of the runtime_service library, like transfers.cc.
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/data_path.h"
+#include "common/status_macros.h"
+#include "common/thread_start.h"
+#include "server/grpc_status_util.h"
+#include "server/runtime_service.h"
+#include "server/transfer_call.h"
+
+namespace opserver {
+
+namespace {
+
+// Moves the bytes of a data-path transfer between the socket `fd` and
+// device memory [target, target + size), `chunk` bytes at a time: straight
+// into or out of memory the host can address, else through the device's
+// staging (DeviceStream::StageUpload / StageDownload), which may copy one
+// chunk while the socket moves the next. Calls `moved` after each socket
+// call that moved bytes (the idle clock: a chunk can take a slow client far
+// longer than the idle timeout) and `progress` after each chunk. An upload
+// must end with the client's half-close right after its last byte.
+absl::Status MoveDataPathBytes(bool upload, int fd, Device* device,
+                               DeviceStream* stream, char* target,
+                               uint64_t size, uint64_t chunk,
+                               const std::function<void()>& moved,
+                               const std::function<void()>& progress) {
+  std::unique_ptr<StagedUpload> staged_upload;
+  std::unique_ptr<StagedDownload> staged_download;
+  if (size != 0 && device->HostAddress(target) == nullptr) {
+    if (stream == nullptr) return NoDeviceStream();
+    if (upload) {
+      staged_upload = stream->StageUpload(target, size, chunk);
+    } else {
+      staged_download = stream->StageDownload(target, size, chunk);
+    }
+  }
+  for (uint64_t at = 0; at < size;) {
+    const uint64_t n = std::min(chunk, size - at);
+    char* host;
+    if (staged_upload != nullptr) {
+      ASSIGN_OR_RETURN(absl::Span<char> staging, staged_upload->Next());
+      host = staging.data();
+    } else if (staged_download != nullptr) {
+      ASSIGN_OR_RETURN(absl::Span<const char> staging, staged_download->Next());
+      host = const_cast<char*>(staging.data());
+    } else {
+      host = static_cast<char*>(device->HostAddress(target + at));
+    }
+    if (upload) {
+      ASSIGN_OR_RETURN(size_t got, RecvFull(fd, host, n, moved));
+      if (got < n) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "upload ended after ", at + got, " of the ", size,
+            " bytes it announced (the data connection was closed)"));
+      }
+      if (staged_upload != nullptr) RETURN_IF_ERROR(staged_upload->Commit());
+    } else
+      RETURN_IF_ERROR(SendAll(fd, host, n, moved));
+    at += n;
+    progress();
+  }
+  if (staged_upload != nullptr) RETURN_IF_ERROR(staged_upload->Finish());
+  if (!upload) {
+    shutdown(fd, SHUT_WR);
+    return absl::OkStatus();
+  }
+  char extra;
+  ASSIGN_OR_RETURN(size_t more, RecvFull(fd, &extra, 1));
+  if (more != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "upload sent more than the ", size, " bytes it announced"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// OpenDataTransfer: an Upload or Download whose bytes go over the data
+// path (common/data_path.h). The call is ordered on its stream like the
+// others; the bytes move once the work queued before it has run and the
+// client's connection has arrived, whichever is last, on a thread of their
+// own (blocking socket calls straight into or out of the buffer). That
+// thread holds the buffer and the stream's gate until it is done, so an
+// abort (shutting the socket down to wake it) never frees or reuses memory
+// it still touches.
+class RuntimeService::DataTransfer final
+    : public grpc::ServerWriteReactor<v1::OpenDataTransferResponse>,
+      public Transfer {
+ public:
+  DataTransfer(RuntimeService* service, grpc::CallbackServerContext* context,
+               const v1::OpenDataTransferRequest* request)
+      : Transfer(service, context), context_(context) {
+    Begin([&]() -> absl::StatusOr<std::shared_ptr<Stream>> {
+      absl::StatusOr<std::shared_ptr<Stream>> stream = StartLocked(*request);
+      if (stream.ok()) {  // The ticket and port go out at once.
+        writing_ = true;
+        StartWrite(&event_);
+      }
+      return stream;
+    });
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (service_->limits_.before_write_done) {
+      service_->limits_.before_write_done();
+    }
+    absl::MutexLock lock(&link_->mu);
+    writing_ = false;
+    // The write is done: nothing to cancel it for.
+    cancel_at_ = absl::InfiniteFuture();
+    if (finished_) return;
+    if (done_) {
+      FinishLocked(result_);
+    } else if (!abort_.ok()) {
+      if (!moving_) FinishLocked(abort_);
+    } else if (!ok) {
+      AbortLocked(absl::CancelledError(
+          "data transfer cancelled: the client went away"));
+    }
+  }
+
+  void GateReachedLocked() override {
+    waiting_ = false;
+    if (finished_) return;
+    last_progress_ = absl::Now();
+    // A revoked call ends on its own soon (OnCancel); no bytes move first.
+    if (connection_ != nullptr && !binding_.revoked()) StartMovingLocked();
+  }
+
+  void AbortLocked(const absl::Status& why) override {
+    if (finished_ || done_ || !abort_.ok()) return;
+    abort_ = why;
+    // Wakes the mover from its blocking socket call; it reports back.
+    if (moving_) shutdown(connection_->get(), SHUT_RDWR);
+    // OnWriteDone (or the mover's report) ends the call with `why`; a
+    // write a client does not read never completes: such a call is
+    // cancelled after a grace.
+    if (writing_) CancelLaterLocked();
+    if (!moving_ && !writing_) FinishLocked(why);
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&link_->mu);
+    AbortLocked(absl::CancelledError(
+        "data transfer cancelled (by the client, or the server is shutting "
+        "down)"));
+  }
+
+  void OnDone() override {
+    Unlink();
+    delete this;
+  }
+
+ private:
+  absl::StatusOr<std::shared_ptr<Stream>> StartLocked(
+      const v1::OpenDataTransferRequest& request) {
+    DataListener* listener = service_->data_listener_;
+    if (listener == nullptr) {
+      return absl::UnimplementedError(
+          "this server has no data path (it is off with TLS and with "
+          "--data_port=-1): use Upload and Download");
+    }
+    using Request = v1::OpenDataTransferRequest;
+    if (request.direction() != Request::DIRECTION_HOST_TO_DEVICE &&
+        request.direction() != Request::DIRECTION_DEVICE_TO_HOST) {
+      return absl::InvalidArgumentError(
+          "direction: DIRECTION_HOST_TO_DEVICE or DIRECTION_DEVICE_TO_HOST");
+    }
+    upload_ = request.direction() == Request::DIRECTION_HOST_TO_DEVICE;
+    ASSIGN_OR_RETURN(TransferTarget target,
+                     service_->ResolveTransfer(
+                         request.session(), request.buffer(), request.offset(),
+                         request.size(), request.stream(),
+                         upload_ ? "upload range" : "download range",
+                         binding_.caller(), SessionRoutingKeyOf(context_)));
+    std::shared_ptr<TransferLink> link = link_;
+    // Runs on the listener's thread: hands the connection over under the
+    // call's lock, or drops it when the call is gone.
+    absl::StatusOr<std::string> ticket =
+        listener->Expect([link](UniqueFd connection) {
+          absl::MutexLock lock(&link->mu);
+          if (link->call != nullptr) {
+            // Only a DataTransfer expects connections.
+            static_cast<DataTransfer*>(link->call)
+                ->ConnectedLocked(std::move(connection));
+          }
+        });
+    if (!ticket.ok()) return ticket.status();
+    ticket_ = *ticket;
+    session_ = target.session;
+    buffer_ = target.buffer;
+    device_stream_ = target.stream->device_stream();
+    target_ = static_cast<char*>(buffer_->data()) + request.offset();
+    size_ = request.size();
+    event_.set_ticket(ticket_);
+    event_.set_port(static_cast<uint32_t>(listener->port()));
+    event_.set_address(listener->advertise());
+    return target.stream;
+  }
+
+  void ConnectedLocked(UniqueFd connection) {
+    if (finished_ || done_ || !abort_.ok() || binding_.revoked()) {
+      return;  // Closed here.
+    }
+    connection_ = std::make_shared<UniqueFd>(std::move(connection));
+    last_progress_ = absl::Now();
+    // Begin set waiting_ under this lock before the ticket could be
+    // presented, so it is clear only once the gate was reached.
+    if (!waiting_) StartMovingLocked();
+  }
+
+  void StartMovingLocked() {
+    moving_ = true;
+    std::shared_ptr<DataMovers> movers = service_->movers_;
+    {
+      absl::MutexLock lock(&movers->mu);
+      ++movers->count;
+    }
+    // Everything the mover touches is its own reference: it may outlive
+    // the call object only until it has reported through the link.
+    std::function<void()> move(
+        [service = service_, movers = std::move(movers), link = link_,
+         connection = connection_, gate = gate_, buffer = buffer_,
+         session = session_, device_stream = device_stream_, upload = upload_,
+         target = target_, size = size_]() mutable {
+          absl::Status status = MoveDataPathBytes(
+              upload, connection->get(), buffer->device(), device_stream.get(),
+              target, size, service->limits_.chunk_bytes,
+              [&] {
+                link->moved_ns.store(absl::GetCurrentTimeNanos(),
+                                     std::memory_order_relaxed);
+              },
+              [&] { session->Touch(); });
+          {
+            absl::MutexLock lock(&link->mu);
+            if (link->call != nullptr) {
+              static_cast<DataTransfer*>(link->call)->MovedLocked(status);
+            }
+          }
+          // The memory and the stream are released before the service may go.
+          connection.reset();
+          gate.reset();
+          buffer.reset();
+          session.reset();
+          device_stream.reset();
+          // Shared, so the count outlives a service that stops waiting now.
+          absl::MutexLock lock(&movers->mu);
+          --movers->count;
+        });
+    // No thread (RLIMIT_NPROC, a pids limit) must fail this transfer, not
+    // the server: this runs on the listener's thread or a gate callback,
+    // where an escaping exception is std::terminate.
+    try {
+      if (service_->limits_.start_thread) {
+        service_->limits_.start_thread(std::move(move));
+      } else {
+        NewThread(std::move(move)).detach();
+      }
+    } catch (const std::system_error& e) {
+      {
+        absl::MutexLock lock(&service_->movers_->mu);
+        --service_->movers_->count;
+      }
+      // Nothing was moved: close the connection now, not when the reply
+      // in flight (if any) is written.
+      if (connection_ != nullptr) shutdown(connection_->get(), SHUT_RDWR);
+      MovedLocked(absl::ResourceExhaustedError(absl::StrCat(
+          "data transfer: cannot start a thread to move the bytes: ",
+          e.what())));
+    }
+  }
+
+  void MovedLocked(const absl::Status& status) {
+    moving_ = false;
+    done_ = true;
+    result_ = abort_.ok() ? status : abort_;
+    if (result_.ok()) service_->data_path_count_.Add(size_);
+    if (!writing_) FinishLocked(result_);
+  }
+
+  void FinishLocked(const absl::Status& status) {
+    if (finished_) return;
+    finished_ = true;
+    if (!ticket_.empty()) service_->data_listener_->Forget(ticket_);
+    device_stream_.reset();
+    ReleaseHoldsLocked();
+    connection_.reset();
+    Finish(ToGrpcStatus(status, context_));
+  }
+
+  grpc::CallbackServerContext* const context_;
+  v1::OpenDataTransferResponse event_;
+  std::string ticket_;
+  bool upload_ = false;
+  char* target_ = nullptr;
+  uint64_t size_ = 0;
+  std::shared_ptr<DeviceStream> device_stream_;
+  bool writing_ = false;
+  // Set once the client's connection arrived; shared with the mover.
+  std::shared_ptr<UniqueFd> connection_;
+  bool moving_ = false;
+  bool done_ = false;
+  absl::Status result_;
+};
+
+grpc::ServerWriteReactor<v1::OpenDataTransferResponse>*
+RuntimeService::OpenDataTransfer(grpc::CallbackServerContext* context,
+                                 const v1::OpenDataTransferRequest* request) {
+  return new DataTransfer(this, context, request);
+}
+
+}  // namespace opserver
