@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -260,6 +261,207 @@ int Preflight(const opserver::Options& options) {
   return passed ? 0 : 1;
 }
 
+// The Options sub-structs, each from its flags.
+opserver::SessionLimits SessionLimitsFromFlags() {
+  opserver::SessionLimits limits;
+  limits.session_memory_bytes = absl::GetFlag(FLAGS_session_memory_bytes);
+  limits.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  limits.max_handles_per_session =
+      absl::GetFlag(FLAGS_max_handles_per_session);
+  limits.max_streams_per_session =
+      absl::GetFlag(FLAGS_max_streams_per_session);
+  limits.max_queued_per_stream = absl::GetFlag(FLAGS_max_queued_per_stream);
+  limits.max_launch_elements = absl::GetFlag(FLAGS_max_launch_elements);
+  limits.max_pending_replies = absl::GetFlag(FLAGS_max_pending_replies);
+  limits.max_concurrent_evaluates =
+      absl::GetFlag(FLAGS_max_concurrent_evaluates);
+  limits.max_pipelines_per_session =
+      absl::GetFlag(FLAGS_max_pipelines_per_session);
+  limits.max_pipeline_batch_bytes =
+      absl::GetFlag(FLAGS_max_pipeline_batch_bytes);
+  limits.max_pipeline_batch_commands =
+      absl::GetFlag(FLAGS_max_pipeline_batch_commands);
+  limits.max_attach_per_session = absl::GetFlag(FLAGS_max_attach_per_session);
+  limits.max_pending_synchronizes_per_session =
+      absl::GetFlag(FLAGS_max_pending_synchronizes_per_session);
+  limits.max_graphs_per_session = absl::GetFlag(FLAGS_max_graphs_per_session);
+  limits.max_graph_tasks_per_session =
+      absl::GetFlag(FLAGS_max_graph_tasks_per_session);
+  limits.idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_idle_timeout_s));
+  limits.callback_block_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_callback_block_timeout_ms));
+  limits.max_sessions_per_tenant =
+      absl::GetFlag(FLAGS_max_sessions_per_tenant);
+  limits.tenant_memory_bytes = absl::GetFlag(FLAGS_tenant_memory_bytes);
+  return limits;
+}
+
+opserver::TransferLimits TransferLimitsFromFlags() {
+  opserver::TransferLimits limits;
+  limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  limits.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  limits.max_values = absl::GetFlag(FLAGS_max_values);
+  limits.idle_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_transfer_idle_timeout_s));
+  return limits;
+}
+
+opserver::MetricsServeOptions MetricsServeFromFlags() {
+  opserver::MetricsServeOptions serve;
+  serve.threads = absl::GetFlag(FLAGS_metrics_threads);
+  serve.request_timeout = absl::Milliseconds(
+      std::max(1, absl::GetFlag(FLAGS_metrics_request_timeout_ms)));
+  return serve;
+}
+
+// The devices and the threads that compute on them.
+void SetDeviceFlags(opserver::Options& options) {
+  options.threads = absl::GetFlag(FLAGS_threads);
+  options.work_threads = absl::GetFlag(FLAGS_work_threads);
+  options.device = absl::GetFlag(FLAGS_device);
+  options.devices = absl::GetFlag(FLAGS_devices);
+  options.cann_libraries = absl::GetFlag(FLAGS_cann_libraries);
+  options.memory_cache_bytes = absl::GetFlag(FLAGS_memory_cache_bytes);
+  options.device_memory_bytes = absl::GetFlag(FLAGS_device_memory_bytes);
+}
+
+// TLS, tokens and what may go without them.
+void SetSecurityFlags(opserver::Options& options) {
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  options.tls_refresh_interval_s = absl::GetFlag(FLAGS_tls_refresh_interval_s);
+  options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  options.reflection_without_auth =
+      absl::GetFlag(FLAGS_reflection_without_auth);
+  options.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
+}
+
+opserver::Options OptionsFromFlags() {
+  opserver::Options options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.health_listen = absl::GetFlag(FLAGS_health_listen);
+  options.metrics_serve = MetricsServeFromFlags();
+  SetDeviceFlags(options);
+  options.session_limits = SessionLimitsFromFlags();
+  options.transfer_limits = TransferLimitsFromFlags();
+  SetSecurityFlags(options);
+  options.max_health_watches = absl::GetFlag(FLAGS_max_health_watches);
+  options.receive_window_bytes = absl::GetFlag(FLAGS_receive_window_bytes);
+  options.data_port = absl::GetFlag(FLAGS_data_port);
+  options.data_advertise = absl::GetFlag(FLAGS_data_advertise);
+  options.shutdown_grace =
+      absl::Milliseconds(std::max(0, absl::GetFlag(FLAGS_shutdown_grace_ms)));
+  options.detect_mutex_deadlocks = absl::GetFlag(FLAGS_detect_mutex_deadlocks);
+  options.drain = absl::Seconds(std::max(0, absl::GetFlag(FLAGS_drain_s)));
+  return options;
+}
+
+// Block the shutdown and reload signals before any thread starts so every
+// thread inherits the mask and sigwait() is the only receiver.
+sigset_t BlockSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+// --register: the server in etcd (null without the flag). Registered
+// before "listening on", which tools wait for: a client that sees the line
+// finds the server in etcd. A registration that fails ends the process.
+std::unique_ptr<opserver::EtcdRegistration> RegisterOrExit(
+    opserver::Server& server) {
+  if (absl::GetFlag(FLAGS_register).empty()) return nullptr;
+  auto registered = opserver::RegisterServer(
+      {absl::GetFlag(FLAGS_register), absl::GetFlag(FLAGS_register_ttl_s),
+       absl::GetFlag(FLAGS_register_address),
+       absl::GetFlag(FLAGS_etcd_ca_file), absl::GetFlag(FLAGS_etcd_cert_file),
+       absl::GetFlag(FLAGS_etcd_key_file), absl::GetFlag(FLAGS_etcd_user),
+       absl::GetFlag(FLAGS_etcd_password_file)},
+      server);
+  if (!registered.ok()) {
+    opserver::LogLine(
+        absl::StrCat("error: --register: ", registered.status().message()));
+    server.Shutdown();
+    std::_Exit(opserver::kUsageErrorExit);
+  }
+  return *std::move(registered);
+}
+
+// SIGHUP: certificates are re-read on their own (--tls_refresh_interval_s);
+// tokens are swapped now. A bad file keeps the old tokens.
+void ReloadTokens(opserver::Server& server) {
+  if (absl::Status status = server.ReloadTokens(); !status.ok()) {
+    opserver::LogLine(absl::StrCat("SIGHUP: ", status.message()));
+  }
+}
+
+// Waits for a signal of `signals` other than SIGHUP (which reloads the
+// tokens) and returns it.
+int WaitForSignal(const sigset_t& signals, opserver::Server& server) {
+  int signal_number = 0;
+  for (;;) {
+    sigwait(&signals, &signal_number);
+    if (signal_number != SIGHUP) return signal_number;
+    ReloadTokens(server);
+  }
+}
+
+// SIGTERM with --drain_s: out of etcd, then the drain, until every session
+// has closed, its time is up or a second SIGTERM (or SIGINT) ends it.
+void DrainServer(opserver::Server& server, absl::Duration drain_time,
+                 opserver::EtcdRegistration* registration,
+                 const sigset_t& signals, int signal_number) {
+  opserver::LogLine(absl::StrCat(
+      "received ", strsignal(signal_number), ", draining for up to ",
+      absl::FormatDuration(drain_time), " (",
+      server.sessions().session_count(),
+      " sessions open; a second SIGTERM ends the drain)"));
+  // The drain waits on its own thread so that this one stays the only
+  // receiver of signals; when it ends, it wakes the sigwait below.
+  // Out of etcd first: no new job finds a server that refuses sessions.
+  if (registration != nullptr) registration->Withdraw();
+  std::atomic<bool> drained{false};
+  const pthread_t main_thread = pthread_self();
+  auto drain = [&] {
+    const opserver::Server::DrainEnd end = server.Drain();
+    if (end == opserver::Server::DrainEnd::kSessionsClosed) {
+      opserver::LogLine("drained: every session has closed");
+    } else if (end == opserver::Server::DrainEnd::kTimeUp) {
+      opserver::LogLine(absl::StrCat("drain time is over with ",
+                                     server.sessions().session_count(),
+                                     " sessions open"));
+    }
+    drained.store(true);
+  };
+  absl::StatusOr<std::thread> drainer =
+      opserver::StartThread("the drain thread", [&] {
+        drain();
+        pthread_kill(main_thread, SIGTERM);
+      });
+  if (!drainer.ok()) {
+    // No thread (a client holds every thread the process may have): the
+    // drain runs here, to its end or its time limit; a second SIGTERM
+    // waits for it.
+    opserver::LogLine(absl::StrCat(drainer.status().message(),
+                                   "; draining on the main thread"));
+    drain();
+  } else {
+    signal_number = WaitForSignal(signals, server);
+  }
+  if (!drained.load()) {
+    opserver::LogLine(absl::StrCat("received ", strsignal(signal_number),
+                                   " while draining: ending the drain"));
+    server.EndDrain();
+  }
+  if (drainer.ok()) drainer->join();
+  opserver::LogLine("shutting down");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -279,89 +481,10 @@ int main(int argc, char** argv) {
                  args[1]);
     return opserver::kUsageErrorExit;
   }
+  const sigset_t signals = BlockSignals();
+  const opserver::Options options = OptionsFromFlags();
 
-  // Block the shutdown and reload signals before any thread starts so every
-  // thread inherits the mask and sigwait() below is the only receiver.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
-  opserver::Options options;
-  options.listen = absl::GetFlag(FLAGS_listen);
-  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  options.health_listen = absl::GetFlag(FLAGS_health_listen);
-  options.metrics_serve.threads = absl::GetFlag(FLAGS_metrics_threads);
-  options.metrics_serve.request_timeout = absl::Milliseconds(
-      std::max(1, absl::GetFlag(FLAGS_metrics_request_timeout_ms)));
-  options.threads = absl::GetFlag(FLAGS_threads);
-  options.device = absl::GetFlag(FLAGS_device);
-  options.devices = absl::GetFlag(FLAGS_devices);
-  options.cann_libraries = absl::GetFlag(FLAGS_cann_libraries);
-  options.memory_cache_bytes = absl::GetFlag(FLAGS_memory_cache_bytes);
-  options.device_memory_bytes = absl::GetFlag(FLAGS_device_memory_bytes);
-  options.session_limits.max_queued_per_stream =
-      absl::GetFlag(FLAGS_max_queued_per_stream);
-  options.session_limits.max_launch_elements =
-      absl::GetFlag(FLAGS_max_launch_elements);
-  options.session_limits.max_pending_replies =
-      absl::GetFlag(FLAGS_max_pending_replies);
-  options.session_limits.max_attach_per_session =
-      absl::GetFlag(FLAGS_max_attach_per_session);
-  options.session_limits.max_pending_synchronizes_per_session =
-      absl::GetFlag(FLAGS_max_pending_synchronizes_per_session);
-  options.session_limits.max_graphs_per_session =
-      absl::GetFlag(FLAGS_max_graphs_per_session);
-  options.session_limits.max_graph_tasks_per_session =
-      absl::GetFlag(FLAGS_max_graph_tasks_per_session);
-  options.session_limits.max_concurrent_evaluates =
-      absl::GetFlag(FLAGS_max_concurrent_evaluates);
-  options.session_limits.max_pipelines_per_session =
-      absl::GetFlag(FLAGS_max_pipelines_per_session);
-  options.session_limits.max_pipeline_batch_bytes =
-      absl::GetFlag(FLAGS_max_pipeline_batch_bytes);
-  options.session_limits.max_pipeline_batch_commands =
-      absl::GetFlag(FLAGS_max_pipeline_batch_commands);
-  options.work_threads = absl::GetFlag(FLAGS_work_threads);
-  options.session_limits.session_memory_bytes =
-      absl::GetFlag(FLAGS_session_memory_bytes);
-  options.session_limits.max_sessions = absl::GetFlag(FLAGS_max_sessions);
-  options.session_limits.max_handles_per_session =
-      absl::GetFlag(FLAGS_max_handles_per_session);
-  options.session_limits.max_streams_per_session =
-      absl::GetFlag(FLAGS_max_streams_per_session);
-  options.session_limits.idle_timeout =
-      absl::Seconds(absl::GetFlag(FLAGS_idle_timeout_s));
-  options.session_limits.callback_block_timeout =
-      absl::Milliseconds(absl::GetFlag(FLAGS_callback_block_timeout_ms));
-  options.transfer_limits.max_message_bytes =
-      absl::GetFlag(FLAGS_max_message_bytes);
-  options.transfer_limits.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
-  options.transfer_limits.max_values = absl::GetFlag(FLAGS_max_values);
-  options.session_limits.max_sessions_per_tenant =
-      absl::GetFlag(FLAGS_max_sessions_per_tenant);
-  options.session_limits.tenant_memory_bytes =
-      absl::GetFlag(FLAGS_tenant_memory_bytes);
-  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
-  options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
-  options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
-  options.tls_refresh_interval_s = absl::GetFlag(FLAGS_tls_refresh_interval_s);
-  options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
-  options.reflection_without_auth =
-      absl::GetFlag(FLAGS_reflection_without_auth);
-  options.max_health_watches = absl::GetFlag(FLAGS_max_health_watches);
-  options.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
-  options.transfer_limits.idle_timeout =
-      absl::Seconds(absl::GetFlag(FLAGS_transfer_idle_timeout_s));
-  options.receive_window_bytes = absl::GetFlag(FLAGS_receive_window_bytes);
-  options.data_port = absl::GetFlag(FLAGS_data_port);
-  options.data_advertise = absl::GetFlag(FLAGS_data_advertise);
-  options.shutdown_grace =
-      absl::Milliseconds(std::max(0, absl::GetFlag(FLAGS_shutdown_grace_ms)));
-  options.detect_mutex_deadlocks = absl::GetFlag(FLAGS_detect_mutex_deadlocks);
-  options.drain = absl::Seconds(std::max(0, absl::GetFlag(FLAGS_drain_s)));
+  if (absl::GetFlag(FLAGS_preflight)) return Preflight(options);
 
   // The last grpc_shutdown() (destroying the last grpc::Server runs it)
   // does gRPC's library-wide cleanup, which joins gRPC's executor threads;
@@ -370,8 +493,6 @@ int main(int argc, char** argv) {
   // --shutdown_grace_ms. This reference keeps the server's destruction from
   // running that cleanup; the process ends without it below, once
   // everything opserver owns is released.
-  if (absl::GetFlag(FLAGS_preflight)) return Preflight(options);
-
   grpc_init();
   auto server = opserver::Server::Start(options);
   if (!server.ok()) {
@@ -385,93 +506,17 @@ int main(int argc, char** argv) {
   if (!(*server)->health_address().empty()) {
     std::printf("health on %s\n", (*server)->health_address().c_str());
   }
-  // Registered before "listening on", which tools wait for: a client
-  // that sees the line finds the server in etcd.
-  std::unique_ptr<opserver::EtcdRegistration> registration;
-  if (!absl::GetFlag(FLAGS_register).empty()) {
-    auto registered = opserver::RegisterServer(
-        {absl::GetFlag(FLAGS_register), absl::GetFlag(FLAGS_register_ttl_s),
-         absl::GetFlag(FLAGS_register_address),
-         absl::GetFlag(FLAGS_etcd_ca_file), absl::GetFlag(FLAGS_etcd_cert_file),
-         absl::GetFlag(FLAGS_etcd_key_file), absl::GetFlag(FLAGS_etcd_user),
-         absl::GetFlag(FLAGS_etcd_password_file)},
-        **server);
-    if (!registered.ok()) {
-      opserver::LogLine(
-          absl::StrCat("error: --register: ", registered.status().message()));
-      (*server)->Shutdown();
-      std::_Exit(opserver::kUsageErrorExit);
-    }
-    registration = *std::move(registered);
-  }
+  std::unique_ptr<opserver::EtcdRegistration> registration =
+      RegisterOrExit(**server);
   std::printf("listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);
   opserver::LogLine(absl::StrCat("started: listening on ", (*server)->address(),
                                  ", device ", options.device));
 
-  int signal_number = 0;
-  for (;;) {
-    sigwait(&signals, &signal_number);
-    if (signal_number != SIGHUP) break;
-    // Certificates are re-read on their own (--tls_refresh_interval_s);
-    // tokens are swapped now. A bad file keeps the old tokens.
-    if (absl::Status status = (*server)->ReloadTokens(); !status.ok()) {
-      opserver::LogLine(absl::StrCat("SIGHUP: ", status.message()));
-    }
-  }
+  const int signal_number = WaitForSignal(signals, **server);
   if (signal_number == SIGTERM && options.drain > absl::ZeroDuration()) {
-    opserver::LogLine(absl::StrCat(
-        "received ", strsignal(signal_number), ", draining for up to ",
-        absl::FormatDuration(options.drain), " (",
-        (*server)->sessions().session_count(),
-        " sessions open; a second SIGTERM ends the drain)"));
-    // The drain waits on its own thread so that this one stays the only
-    // receiver of signals; when it ends, it wakes the sigwait below.
-    // Out of etcd first: no new job finds a server that refuses sessions.
-    if (registration != nullptr) registration->Withdraw();
-    std::atomic<bool> drained{false};
-    const pthread_t main_thread = pthread_self();
-    auto drain = [&] {
-      const opserver::Server::DrainEnd end = (*server)->Drain();
-      if (end == opserver::Server::DrainEnd::kSessionsClosed) {
-        opserver::LogLine("drained: every session has closed");
-      } else if (end == opserver::Server::DrainEnd::kTimeUp) {
-        opserver::LogLine(absl::StrCat("drain time is over with ",
-                                       (*server)->sessions().session_count(),
-                                       " sessions open"));
-      }
-      drained.store(true);
-    };
-    absl::StatusOr<std::thread> drainer =
-        opserver::StartThread("the drain thread", [&] {
-          drain();
-          pthread_kill(main_thread, SIGTERM);
-        });
-    if (!drainer.ok()) {
-      // No thread (a client holds every thread the process may have): the
-      // drain runs here, to its end or its time limit; a second SIGTERM
-      // waits for it.
-      opserver::LogLine(absl::StrCat(drainer.status().message(),
-                                     "; draining on the main thread"));
-      drain();
-    }
-    while (drainer.ok()) {
-      sigwait(&signals, &signal_number);
-      if (signal_number == SIGHUP) {
-        if (absl::Status status = (*server)->ReloadTokens(); !status.ok()) {
-          opserver::LogLine(absl::StrCat("SIGHUP: ", status.message()));
-        }
-        continue;
-      }
-      break;
-    }
-    if (!drained.load()) {
-      opserver::LogLine(absl::StrCat("received ", strsignal(signal_number),
-                                     " while draining: ending the drain"));
-      (*server)->EndDrain();
-    }
-    if (drainer.ok()) drainer->join();
-    opserver::LogLine("shutting down");
+    DrainServer(**server, options.drain, registration.get(), signals,
+                signal_number);
   } else {
     opserver::LogLine(
         absl::StrCat("received ", strsignal(signal_number), ", shutting down"));
