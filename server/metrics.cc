@@ -57,6 +57,136 @@ std::string OpName(kernels::OpKind op) {
   return std::string(kernels::GetOpInfo(op).name);
 }
 
+// A new family at the end of `families`.
+prometheus::MetricFamily& AddFamily(
+    std::vector<prometheus::MetricFamily>& families, const char* name,
+    const char* help, prometheus::MetricType type) {
+  families.push_back(prometheus::MetricFamily{name, help, type, {}});
+  return families.back();
+}
+
+// One sample of family `f` (a counter or a gauge, as the family is).
+void AddSample(prometheus::MetricFamily& f,
+               std::vector<prometheus::ClientMetric::Label> labels,
+               double value) {
+  prometheus::ClientMetric m;
+  m.label = std::move(labels);
+  if (f.type == prometheus::MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+  f.metric.push_back(std::move(m));
+}
+
+// What each owner's sessions hold, per device and tenant.
+void AddTenantFamilies(const MetricsSnapshot& s,
+                       std::vector<prometheus::MetricFamily>& families) {
+  const struct {
+    const char* name;
+    const char* help;
+    uint64_t MetricsSnapshot::Tenant::*field;
+  } per_tenant[] = {
+      {"opserver_sessions", "Open sessions, per tenant.",
+       &MetricsSnapshot::Tenant::sessions},
+      {"opserver_streams",
+       "Streams besides each session's default stream, per tenant.",
+       &MetricsSnapshot::Tenant::streams},
+      {"opserver_executors", "Executors (planned operators), per tenant.",
+       &MetricsSnapshot::Tenant::executors},
+      {"opserver_buffers", "Device buffers, per tenant.",
+       &MetricsSnapshot::Tenant::buffers},
+      {"opserver_buffer_bytes", "Bytes of device buffers, per tenant.",
+       &MetricsSnapshot::Tenant::buffer_bytes},
+      {"opserver_events", "Events not destroyed, per tenant.",
+       &MetricsSnapshot::Tenant::events},
+      {"opserver_pending_event_operations",
+       "Event records, waits, resets and synchronizes outstanding, per "
+       "tenant.",
+       &MetricsSnapshot::Tenant::pending_event_operations},
+      {"opserver_attach_streams", "Open Attach calls, per tenant.",
+       &MetricsSnapshot::Tenant::attach_streams},
+      {"opserver_pending_synchronizes",
+       "SynchronizeStream and SynchronizeEvent calls not yet answered, per "
+       "tenant.",
+       &MetricsSnapshot::Tenant::pending_synchronizes},
+      {"opserver_graphs", "Graphs defined and not destroyed, per tenant.",
+       &MetricsSnapshot::Tenant::graphs},
+      {"opserver_graph_tasks", "Tasks of those graphs, per tenant.",
+       &MetricsSnapshot::Tenant::graph_tasks},
+  };
+  for (const auto& m : per_tenant) {
+    prometheus::MetricFamily& f =
+        AddFamily(families, m.name, m.help, prometheus::MetricType::Gauge);
+    for (const MetricsSnapshot::Tenant& t : s.tenants) {
+      AddSample(f, {{"device", t.device}, {"tenant", t.name}},
+                static_cast<double>(t.*(m.field)));
+    }
+  }
+}
+
+// Each device's memory and queued launches.
+void AddDeviceFamilies(const MetricsSnapshot& s,
+                       std::vector<prometheus::MetricFamily>& families) {
+  const struct {
+    const char* name;
+    const char* help;
+    uint64_t MetricsSnapshot::Device::*field;
+  } per_device[] = {
+      {"opserver_device_memory_capacity_bytes",
+       "The device's memory capacity (its share of --device_memory_bytes).",
+       &MetricsSnapshot::Device::memory_capacity_bytes},
+      {"opserver_device_memory_used_bytes", "Device memory held by buffers.",
+       &MetricsSnapshot::Device::memory_used_bytes},
+      {"opserver_device_memory_cached_bytes",
+       "Freed device memory kept for reuse.",
+       &MetricsSnapshot::Device::memory_cached_bytes},
+      {"opserver_device_memory_free_bytes",
+       "Device memory a Malloc could still get (the cache gives way).",
+       &MetricsSnapshot::Device::memory_free_bytes},
+      {"opserver_stream_queued_launches",
+       "Launches waiting on the streams of the device's sessions.",
+       &MetricsSnapshot::Device::queued_launches},
+  };
+  for (const auto& m : per_device) {
+    prometheus::MetricFamily& f =
+        AddFamily(families, m.name, m.help, prometheus::MetricType::Gauge);
+    for (const MetricsSnapshot::Device& d : s.devices) {
+      AddSample(f, {{"device", d.device}}, static_cast<double>(d.*(m.field)));
+    }
+  }
+}
+
+// Completed transfers and their bytes, by path, and the data port's
+// refusals.
+void AddTransferFamilies(const MetricsSnapshot& s,
+                         std::vector<prometheus::MetricFamily>& families) {
+  using prometheus::MetricType;
+  prometheus::MetricFamily& transfers =
+      AddFamily(families, "opserver_transfers_total",
+                "Completed transfer calls, by path (data_path: the raw TCP "
+                "data port; grpc: Upload/Download).",
+                MetricType::Counter);
+  AddSample(transfers, {{"path", "data_path"}},
+            static_cast<double>(s.data_path_transfers));
+  AddSample(transfers, {{"path", "grpc"}},
+            static_cast<double>(s.grpc_transfers));
+  prometheus::MetricFamily& bytes =
+      AddFamily(families, "opserver_transfer_bytes_total",
+                "Bytes moved by completed transfer calls, by path.",
+                MetricType::Counter);
+  AddSample(bytes, {{"path", "data_path"}},
+            static_cast<double>(s.data_path_bytes));
+  AddSample(bytes, {{"path", "grpc"}},
+            static_cast<double>(s.grpc_transfer_bytes));
+  AddSample(
+      AddFamily(families, "opserver_data_port_refused_connections_total",
+                "Connections to the data port closed without a transfer (no "
+                "room, too many from one source, no valid ticket in time).",
+                MetricType::Counter),
+      {}, static_cast<double>(s.data_port_refused));
+}
+
 }  // namespace
 
 // One per call: started when gRPC creates it, recorded when the status is
@@ -117,110 +247,9 @@ class Metrics::SnapshotCollector final : public prometheus::Collectable {
     absl::MutexLock lock(&mu_);
     if (!snapshot_) return families;
     const MetricsSnapshot s = snapshot_();
-    auto family =
-        [&](const char* name, const char* help,
-            prometheus::MetricType type) -> prometheus::MetricFamily& {
-      families.push_back(prometheus::MetricFamily{name, help, type, {}});
-      return families.back();
-    };
-    auto add = [](prometheus::MetricFamily& f,
-                  std::vector<prometheus::ClientMetric::Label> labels,
-                  double value) {
-      prometheus::ClientMetric m;
-      m.label = std::move(labels);
-      if (f.type == prometheus::MetricType::Counter) {
-        m.counter.value = value;
-      } else {
-        m.gauge.value = value;
-      }
-      f.metric.push_back(std::move(m));
-    };
-    using prometheus::MetricType;
-    const struct {
-      const char* name;
-      const char* help;
-      uint64_t MetricsSnapshot::Tenant::*field;
-    } per_tenant[] = {
-        {"opserver_sessions", "Open sessions, per tenant.",
-         &MetricsSnapshot::Tenant::sessions},
-        {"opserver_streams",
-         "Streams besides each session's default stream, per tenant.",
-         &MetricsSnapshot::Tenant::streams},
-        {"opserver_executors", "Executors (planned operators), per tenant.",
-         &MetricsSnapshot::Tenant::executors},
-        {"opserver_buffers", "Device buffers, per tenant.",
-         &MetricsSnapshot::Tenant::buffers},
-        {"opserver_buffer_bytes", "Bytes of device buffers, per tenant.",
-         &MetricsSnapshot::Tenant::buffer_bytes},
-        {"opserver_events", "Events not destroyed, per tenant.",
-         &MetricsSnapshot::Tenant::events},
-        {"opserver_pending_event_operations",
-         "Event records, waits, resets and synchronizes outstanding, per "
-         "tenant.",
-         &MetricsSnapshot::Tenant::pending_event_operations},
-        {"opserver_attach_streams", "Open Attach calls, per tenant.",
-         &MetricsSnapshot::Tenant::attach_streams},
-        {"opserver_pending_synchronizes",
-         "SynchronizeStream and SynchronizeEvent calls not yet answered, per "
-         "tenant.",
-         &MetricsSnapshot::Tenant::pending_synchronizes},
-        {"opserver_graphs", "Graphs defined and not destroyed, per tenant.",
-         &MetricsSnapshot::Tenant::graphs},
-        {"opserver_graph_tasks", "Tasks of those graphs, per tenant.",
-         &MetricsSnapshot::Tenant::graph_tasks},
-    };
-    for (const auto& m : per_tenant) {
-      prometheus::MetricFamily& f = family(m.name, m.help, MetricType::Gauge);
-      for (const MetricsSnapshot::Tenant& t : s.tenants) {
-        add(f, {{"device", t.device}, {"tenant", t.name}},
-            static_cast<double>(t.*(m.field)));
-      }
-    }
-    const struct {
-      const char* name;
-      const char* help;
-      uint64_t MetricsSnapshot::Device::*field;
-    } per_device[] = {
-        {"opserver_device_memory_capacity_bytes",
-         "The device's memory capacity (its share of --device_memory_bytes).",
-         &MetricsSnapshot::Device::memory_capacity_bytes},
-        {"opserver_device_memory_used_bytes", "Device memory held by buffers.",
-         &MetricsSnapshot::Device::memory_used_bytes},
-        {"opserver_device_memory_cached_bytes",
-         "Freed device memory kept for reuse.",
-         &MetricsSnapshot::Device::memory_cached_bytes},
-        {"opserver_device_memory_free_bytes",
-         "Device memory a Malloc could still get (the cache gives way).",
-         &MetricsSnapshot::Device::memory_free_bytes},
-        {"opserver_stream_queued_launches",
-         "Launches waiting on the streams of the device's sessions.",
-         &MetricsSnapshot::Device::queued_launches},
-    };
-    for (const auto& m : per_device) {
-      prometheus::MetricFamily& f = family(m.name, m.help, MetricType::Gauge);
-      for (const MetricsSnapshot::Device& d : s.devices) {
-        add(f, {{"device", d.device}}, static_cast<double>(d.*(m.field)));
-      }
-    }
-    prometheus::MetricFamily& transfers =
-        family("opserver_transfers_total",
-               "Completed transfer calls, by path (data_path: the raw TCP "
-               "data port; grpc: Upload/Download).",
-               MetricType::Counter);
-    add(transfers, {{"path", "data_path"}},
-        static_cast<double>(s.data_path_transfers));
-    add(transfers, {{"path", "grpc"}}, static_cast<double>(s.grpc_transfers));
-    prometheus::MetricFamily& bytes =
-        family("opserver_transfer_bytes_total",
-               "Bytes moved by completed transfer calls, by path.",
-               MetricType::Counter);
-    add(bytes, {{"path", "data_path"}}, static_cast<double>(s.data_path_bytes));
-    add(bytes, {{"path", "grpc"}}, static_cast<double>(s.grpc_transfer_bytes));
-    add(family("opserver_data_port_refused_connections_total",
-               "Connections to the data port closed without a transfer "
-               "(no room, too many from one source, no valid ticket in time).",
-               MetricType::Counter),
-        {}, static_cast<double>(s.data_port_refused));
+    AddTenantFamilies(s, families);
+    AddDeviceFamilies(s, families);
+    AddTransferFamilies(s, families);
     return families;
   }
 
