@@ -227,26 +227,7 @@ class OperatorService::Pipeliner final
         batch_.reset();
         break;
       }
-      if (!batch_.has_value()) {
-        mu_.Unlock();
-        absl::Status opened = OpenBatch();
-        mu_.Lock();
-        if (!opened.ok()) {
-          in_batch_ = false;
-          EndLocked(opened);
-          break;
-        }
-        if (RuntimeObserver* observer = service_->sessions_->observer()) {
-          observer->PipelineBatch(batch_->size());
-        }
-        if (session_id_.empty()) {
-          if (absl::Status s = OpenLocked(); !s.ok()) {
-            in_batch_ = false;
-            EndLocked(s);
-            break;
-          }
-        }
-      }
+      if (!StartBatchLocked()) break;
       std::shared_ptr<Session> session = session_.lock();
       if (session == nullptr) {
         in_batch_ = false;
@@ -294,6 +275,26 @@ class OperatorService::Pipeliner final
     }
     scheduled_ = false;
     MaybeFinishLocked();
+  }
+
+  // For a slice: opens a new batch (OpenBatch, without mu_ held) and, with
+  // the channel's first batch, its session (OpenLocked). False when the
+  // call ends instead.
+  bool StartBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (batch_.has_value()) return true;
+    mu_.Unlock();
+    absl::Status opened = OpenBatch();
+    mu_.Lock();
+    if (opened.ok()) {
+      if (RuntimeObserver* observer = service_->sessions_->observer()) {
+        observer->PipelineBatch(batch_->size());
+      }
+      if (session_id_.empty()) opened = OpenLocked();
+    }
+    if (opened.ok()) return true;
+    in_batch_ = false;
+    EndLocked(std::move(opened));
+    return false;
   }
 
   // Opens batch_bytes_ as batch_ (off gRPC's threads). The batch stays
