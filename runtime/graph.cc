@@ -11,7 +11,7 @@
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
 #include "kernels/validate.h"
-#include "runtime/launch.h"
+#include "runtime/executor.h"
 #include "runtime/log.h"
 #include "runtime/memory_ops.h"
 
@@ -261,7 +261,7 @@ class TaskBuilder {
   uint64_t write_bytes_ = 0;
 };
 
-// The work of tasks [begin, end) as runtime/launch.h counts it for running
+// The work of tasks [begin, end) as runtime/executor.h counts it for running
 // on the thread that queues a replay: launch elements, and bytes as fp32
 // elements. -1 when a task is too large to run there whatever the budget
 // (a launch over kInlineLaunchElements, bytes over kInlineBytes).

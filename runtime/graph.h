@@ -12,7 +12,7 @@
 // on an event recorded outside the graph as the stream's own wait; a wait
 // on an event recorded earlier in the same graph is already satisfied by
 // the recorded order and costs nothing. A run of small tasks (each under
-// the bounds in runtime/launch.h, decided at definition, and all together
+// the bounds in runtime/executor.h, decided at definition, and all together
 // within the caller's budget) queued on an idle stream runs at once on the
 // thread that queues the replay (Stream::Enqueue's inline_if_idle: nothing
 // is queued ahead, so the order is the stream's), with the stream's error
@@ -72,14 +72,14 @@ class Graph : public std::enable_shared_from_this<Graph> {
   std::vector<std::string> Describe() const;
 
   // Queues one replay on `stream` (see the top of this file); a run whose
-  // tasks are small and together at most `inline_elements` (server/
-  // launch.h: kInlineReplayElements on a Pipeline worker,
+  // tasks are small and together at most `inline_elements`
+  // (runtime/executor.h: kInlineReplayElements on a Pipeline worker,
   // kInlineLaunchElements on an RPC thread) runs here when the stream is
-  // idle. An error
-  // returned means nothing was queued: the graph used a freed buffer
-  // (FAILED_PRECONDITION), the stream has no device or refused the work
-  // (RESOURCE_EXHAUSTED when full, CANCELLED). Errors while it runs are
-  // the stream's deferred error, named "replay of graph G: task K of N: ".
+  // idle. An error returned means nothing was queued: the graph used a
+  // freed buffer (FAILED_PRECONDITION), the stream has no device or refused
+  // the work (RESOURCE_EXHAUSTED when full, CANCELLED). Errors while it
+  // runs are the stream's deferred error, named "replay of graph G: task K
+  // of N: ".
   absl::Status Replay(Stream& stream, int64_t inline_elements);
 
  private:

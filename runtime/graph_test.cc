@@ -16,7 +16,7 @@
 #include "gtest/gtest.h"
 #include "kernels/aclnn_status.h"
 #include "runtime/command_pipeline.h"
-#include "runtime/launch.h"
+#include "runtime/executor.h"
 #include "runtime/session_test_util.h"
 
 namespace opserver {
@@ -790,7 +790,7 @@ TEST_F(GraphTest, AReplayBehindQueuedWorkRunsAfterItOnTheStreamsThread) {
               ElementsAre(0, 4.4f, 4.3f, 4.2f));
 }
 
-// Past the bounds of runtime/launch.h a replay goes to the stream's thread
+// Past the bounds of runtime/executor.h a replay goes to the stream's thread
 // even when the stream is idle, so a large one never holds the Pipeline
 // worker other sessions take turns at: a launch over kInlineLaunchElements,
 // a memset over kInlineBytes, or small tasks that add up to more than

@@ -1,15 +1,20 @@
-// The aclnn two-phase call on a session, without the transport: planning an
-// executor (GetWorkspaceSize) and queueing a launch (Execute). The unary
-// handlers, ExecuteStream and the Pipeline channel all call these, so a
-// command means the same whichever RPC carries it.
-#ifndef OPSERVER_RUNTIME_LAUNCH_H_
-#define OPSERVER_RUNTIME_LAUNCH_H_
+// The aclnn two-phase call without the transport, in one place: planning an
+// executor (GetWorkspaceSize: a request's tensor descriptors and parameters
+// become a checked kernels::OpCall that the device prepares), launching it
+// (Execute: queued on a session's stream) and Evaluate (both at once, on
+// literal values in scratch memory). The unary handlers, ExecuteStream and
+// the Pipeline channel all call these, so a command means the same
+// whichever RPC carries it. PlanGetWorkspaceSize, CheckDeviceSupports and
+// RunEvaluate need no session: preflight and the fuzzers call them alone.
+#ifndef OPSERVER_RUNTIME_EXECUTOR_H_
+#define OPSERVER_RUNTIME_EXECUTOR_H_
 
 #include <cstdint>
 #include <memory>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/op_call.h"  // FindOperator, SetParams, BufferLookup
 #include "devices/device.h"
 #include "proto/opserver.pb.h"
 #include "runtime/session.h"
@@ -39,11 +44,30 @@ inline constexpr int64_t kInlineLaunchElements = 16 * 1024;
 inline constexpr uint64_t kInlineBytes = kInlineLaunchElements * 4;
 inline constexpr int64_t kInlineReplayElements = 512 * kInlineLaunchElements;
 
-// Checks and plans `request` against `session`'s buffers; the executor
-// holds every buffer its tensors name. 161001/161002 as aclnn reports them.
+// ---- GetWorkspaceSize ---------------------------------------------------
+
+// The operator, its parameters and each tensor descriptor (dtype, shape,
+// strides, offsets, storage shape, inside its buffer) turned into a
+// kernels::OpCall, validated (kernels::Validate: the exact aclnn statuses,
+// the same a client computes itself) and prepared by `device`
+// (Device::Prepare). 161002 (RESOURCE_EXHAUSTED) when the launch would
+// compute more than `max_launch_elements`.
+absl::StatusOr<std::unique_ptr<DevicePlan>> PlanGetWorkspaceSize(
+    const v1::GetWorkspaceSizeRequest& request, BufferLookup lookup,
+    uint64_t max_launch_elements, const Device& device);
+
+// UNIMPLEMENTED (aclnn 361001) naming the operator when `device` cannot
+// run `op` (Device::SupportsOp), OK otherwise. Planning checks it first.
+absl::Status CheckDeviceSupports(const Device& device, kernels::OpKind op);
+
+// PlanGetWorkspaceSize against `session`'s buffers and device; the
+// executor holds every buffer its tensors name. 161001/161002 as aclnn
+// reports them.
 absl::StatusOr<std::shared_ptr<Executor>> PlanExecutor(
     const v1::GetWorkspaceSizeRequest& request, Session& session,
     uint64_t max_launch_elements);
+
+// ---- Execute ------------------------------------------------------------
 
 // The workspace a launch of `executor` gives (`request`'s workspace
 // fields), checked as Execute checks it: its buffer (null when the plan
@@ -64,6 +88,15 @@ absl::StatusOr<LaunchWorkspace> CheckWorkspace(
 absl::Status LaunchExecutor(const v1::ExecuteRequest& request,
                             Session& session);
 
+// ---- Evaluate -----------------------------------------------------------
+
+// Checks the literal tensors (each at most `max_values` values), copies
+// them to scratch memory of `device`, runs the operator there and returns
+// the output tensor.
+absl::StatusOr<v1::ValueTensor> RunEvaluate(const v1::EvaluateRequest& request,
+                                            Device* device,
+                                            uint32_t max_values);
+
 }  // namespace opserver
 
-#endif  // OPSERVER_RUNTIME_LAUNCH_H_
+#endif  // OPSERVER_RUNTIME_EXECUTOR_H_

@@ -1,4 +1,4 @@
-#include "runtime/launch.h"
+#include "runtime/executor.h"
 
 #include <memory>
 #include <vector>
@@ -18,7 +18,7 @@ class LaunchTest : public ::testing::Test {
  protected:
   void Open(int max_streams = -1) {
     device_ = std::make_unique<FakeDevice>(max_streams);
-    session_ = std::make_unique<Session>("s", 1, "launch_test", device_.get(),
+    session_ = std::make_unique<Session>("s", 1, "executor_test", device_.get(),
                                          &limits_, &account_, threads_.get());
   }
 
@@ -96,7 +96,7 @@ TEST(LaunchDevicesTest, ASessionOnDevice1LaunchesOnDevice1) {
   SessionLimits limits;
   SessionManager manager({&device0, &device1}, limits);
   absl::StatusOr<std::shared_ptr<Session>> session =
-      manager.Create("launch_test", "owner", 1);
+      manager.Create("executor_test", "owner", 1);
   ASSERT_TRUE(session.ok()) << session.status();
   Session& s = **session;
   const uint64_t grad = WriteFloats(s, {4.5, 4.4, 4.3, 4.2});
