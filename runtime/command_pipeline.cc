@@ -354,7 +354,7 @@ bool CommandPipeline::ReplayGraph(Session& session,
                     // On a Pipeline worker: a replay as large as a slice of
                     // eager launches may run here (runtime/executor.h).
                     return opserver::ReplayGraph(session, replay.graph(),
-                                                 stream, kInlineReplayElements);
+                                                 stream, kWorkerReplayLaunches);
                   });
 }
 

@@ -93,6 +93,14 @@ absl::StatusOr<int64_t> CheckValueShape(const v1::ValueTensor& t,
   return numel;
 }
 
+// Whether a launch of `plan` on one of `session`'s streams may run on the
+// thread that queues it, when the stream is idle (executor.h).
+bool LaunchRunsInline(const Session& session, const DevicePlan& plan) {
+  if (session.device() == nullptr) return false;
+  const int64_t bound = session.device()->inline_launch_elements();
+  return bound > 0 && plan.numel() <= bound;
+}
+
 }  // namespace
 
 // ---- GetWorkspaceSize ---------------------------------------------------
@@ -207,11 +215,11 @@ absl::Status LaunchExecutor(const v1::ExecuteRequest& request,
                    CheckWorkspace(request, *executor, session));
   std::shared_ptr<Buffer> workspace = std::move(checked.buffer);
   void* workspace_data = checked.data;
-  const bool tiny = executor->plan->numel() <= kInlineLaunchElements;
   // A full or destroyed stream refuses the launch without consuming the
   // executor (Session::Launch).
   return session.Launch(
-      request.executor(), *stream, /*inline_if_idle=*/tiny,
+      request.executor(), *stream,
+      /*inline_if_idle=*/LaunchRunsInline(session, *executor->plan),
       [device_stream = std::move(device_stream),
        workspace = std::move(workspace), workspace_data,
        size = request.workspace_size(),

@@ -21,28 +21,24 @@
 
 namespace opserver {
 
-// Work small enough to run on the thread that received it (a Pipeline
-// worker or an RPC thread) when its stream is idle, instead of being handed
-// to the stream's thread: a hand-off (a wake-up, a context switch, a cache
-// gone cold) costs more than the work. Device-neutral: counted in elements
-// of the launch (every device's kernels scale with them), and in bytes for
-// memsets, copies and writes (kInlineBytes, the bytes of
-// kInlineLaunchElements fp32 elements).
-//  - A launch of at most kInlineLaunchElements elements (microseconds of
-//    work).
-//  - A graph's replay (runtime/graph.h) when each of its tasks is that small
-//    (bytes: at most kInlineBytes) and all of them together are at most
-//    kInlineReplayElements when it arrives on a Pipeline worker: the work
-//    one Pipeline slice (OperatorService's 512 commands) of such launches
-//    may already run inline, so a replay holds the worker no longer than
-//    the eager commands it stands for could. The unary ReplayGraph runs on
-//    gRPC's callback thread, which every call needs: there a replay runs
-//    inline only within kInlineLaunchElements, as a unary Execute does.
-//    Larger replays (and any larger launch) go to the stream's thread, as
-//    before.
-inline constexpr int64_t kInlineLaunchElements = 16 * 1024;
-inline constexpr uint64_t kInlineBytes = kInlineLaunchElements * 4;
-inline constexpr int64_t kInlineReplayElements = 512 * kInlineLaunchElements;
+// ---- Running on the receiving thread -------------------------------------
+
+// Work small enough runs on the thread that received it (a Pipeline worker
+// or an RPC thread) when its stream is idle, instead of being handed to the
+// stream's thread. How small is the answer of the session's device
+// (Device::inline_launch_elements; 0: nothing):
+//  - a launch of at most that many elements;
+//  - a graph's replay (runtime/graph.h) whose tasks are each that small (a
+//    memset, copy or write counting its bytes / 4) and all together within
+//    the replay's budget, in launches of that size: kWorkerReplayLaunches
+//    when it arrives on a Pipeline worker, the launches one Pipeline slice
+//    (the command channel reactor's 512 commands) may already run there,
+//    so a replay holds the worker no longer than the eager commands it
+//    stands for could; kUnaryReplayLaunches on gRPC's callback thread (the
+//    unary ReplayGraph), which every call needs: one unary Execute's worth.
+// Larger launches and replays go to the stream's thread.
+inline constexpr int64_t kWorkerReplayLaunches = 512;
+inline constexpr int64_t kUnaryReplayLaunches = 1;
 
 // ---- GetWorkspaceSize ---------------------------------------------------
 

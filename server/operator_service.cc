@@ -336,7 +336,7 @@ grpc::ServerUnaryReactor* OperatorService::ReplayGraph(
   // On gRPC's callback thread, which every call needs: no more runs here
   // than a unary Execute would (runtime/executor.h).
   return Reply(context, opserver::ReplayGraph(*session, request->graph(),
-                                              *stream, kInlineLaunchElements));
+                                              *stream, kUnaryReplayLaunches));
 }
 
 grpc::ServerUnaryReactor* OperatorService::DestroyGraph(
