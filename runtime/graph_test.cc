@@ -866,8 +866,9 @@ TEST_F(GraphTest, AReplayOverTheInlineBoundsGoesToTheStreamsThread) {
 
   // The unary ReplayGraph, on gRPC's callback thread, runs no more there
   // than one unary launch: the bound in all.
-  Apply({Define(kId + 5, {Memset(bytes, bound_bytes, 0)}),
-         Define(kId + 6, {Memset(bytes, bound_bytes, 0), Memset(bytes, 4, 0)})});
+  Apply(
+      {Define(kId + 5, {Memset(bytes, bound_bytes, 0)}),
+       Define(kId + 6, {Memset(bytes, bound_bytes, 0), Memset(bytes, 4, 0)})});
   EXPECT_TRUE(SessionError(fence++).ok());
   auto unary_ran_here = [&](uint64_t graph) {
     AwaitIdle();
