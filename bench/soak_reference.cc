@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "kernels/half.h"
-#include "kernels/kernel_types.h"
+#include "kernels/kernel_params.h"
 #include "kernels/ops/dropout_backward.h"
 #include "kernels/ops/hardswish_backward.h"
 #include "kernels/ops/leaky_relu_backward.h"

@@ -79,7 +79,7 @@
 #include "bench/delay_proxy.h"
 #include "client/client.h"
 #include "devices/device_factory.h"
-#include "runtime/launch.h"
+#include "runtime/executor.h"
 #include "runtime/session.h"
 #include "server/server.h"
 #include "testing/etcd_process.h"

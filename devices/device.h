@@ -305,6 +305,16 @@ class Device {
     return std::make_unique<DevicePlan>(this, std::move(valid));
   }
 
+  // The largest launch, in output elements, that costs less to run on the
+  // thread that received it (a Pipeline worker or an RPC thread, when its
+  // stream is idle) than to hand to the stream's thread: below it the
+  // hand-off (a wake-up, a context switch, a cache gone cold) costs more
+  // than the work. The runtime counts a memset, copy or write as its bytes
+  // / 4 against it, and lets a graph's replay run there within a multiple
+  // of it (runtime/executor.h). 0, the default: nothing runs on the
+  // receiving thread, every operation goes to its stream's thread.
+  virtual int64_t inline_launch_elements() const { return 0; }
+
   // Whether the device can run `op`. ListOperators lists only the
   // operators it can, and planning one it cannot is refused (a device whose
   // operator library lacks some, such as an Ascend device whose aclnn

@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "fuzz/fuzz_support.h"
 #include "proto/opserver.pb.h"
-#include "runtime/op_requests.h"
+#include "runtime/executor.h"
 
 namespace {
 

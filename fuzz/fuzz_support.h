@@ -138,6 +138,10 @@ class HeapDevice : public Device {
   void* HostAddress(void* device_ptr) override {
     return host_addressable_ ? device_ptr : nullptr;
   }
+  // The CPU's: launches run here as the CPU device's would.
+  int64_t inline_launch_elements() const override {
+    return cpu::kInlineLaunchElements;
+  }
 
   uint64_t used() const { return used_.load(); }
 

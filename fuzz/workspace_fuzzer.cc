@@ -18,7 +18,7 @@
 #include "fuzz/fuzz_support.h"
 #include "kernels/aclnn_status.h"
 #include "proto/opserver.pb.h"
-#include "runtime/op_requests.h"
+#include "runtime/executor.h"
 
 namespace opserver::fuzz {
 namespace {
@@ -59,10 +59,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!touched[i]) {
       // The buffer's contents are the input's bytes: the launch computes
       // on values the fuzzer chose (NaN, infinities, huge integers).
-      FillCyclic(Buffer(i), kBufferBytes[i], data, size);
+      // fuzz::Buffer: runtime/executor.h brings opserver::Buffer along.
+      FillCyclic(fuzz::Buffer(i), kBufferBytes[i], data, size);
       touched[i] = true;
     }
-    return DeviceBytes{Buffer(i), kBufferBytes[i]};
+    return DeviceBytes{fuzz::Buffer(i), kBufferBytes[i]};
   };
   static HeapDevice* const device = new HeapDevice(kLargestBuffer);
   absl::StatusOr<std::unique_ptr<DevicePlan>> plan =

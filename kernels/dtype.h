@@ -40,6 +40,14 @@ bool IsKnownDType(int32_t value);
 // FLOAT, FLOAT16, BFLOAT16 and DOUBLE.
 bool IsFloating(DType dtype);
 
+// The dtype a binary floating operator computes in: the operands' common
+// dtype, else DOUBLE if either is, else FLOAT.
+constexpr DType PromoteDType(DType a, DType b) {
+  if (a == b) return a;
+  if (a == DType::kDouble || b == DType::kDouble) return DType::kDouble;
+  return DType::kFloat;
+}
+
 }  // namespace opserver::kernels
 
 #endif  // OPSERVER_KERNELS_DTYPE_H_

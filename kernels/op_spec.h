@@ -16,8 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "kernels/dtype.h"
-#include "kernels/element_io.h"
-#include "kernels/kernel_types.h"
+#include "kernels/kernel_params.h"
 #include "kernels/op_kind.h"
 #include "kernels/scalar.h"
 #include "kernels/tensor.h"
@@ -184,7 +183,7 @@ absl::Status CheckBroadcastOut(const OpInfo& info, const OpCall& call,
 //   static OpInfo Info();       // its registry entry
 //   // Its own checks, run after every tensor passed the generic ones (see
 //   // Validate): dtype, shape and scalar rules in the order the exact
-//   // aclnn status depends on; fills the output shape and the kernels'
+//   // aclnn status depends on; fills the output shape and the formulas'
 //   // params.
 //   static absl::Status Check(const OpInfo& info, const OpCall& call,
 //                             std::vector<int64_t>* out_shape,
@@ -192,24 +191,15 @@ absl::Status CheckBroadcastOut(const OpInfo& info, const OpCall& call,
 //   static constexpr std::array<DTypes, N> kKernels;  // what it runs
 //   template <class CT> using Formula = ...;  // f(gradOutput, self) in CT
 //
-// and, per SIMD target, struct Op##Simd with
-//   template <class T> static void Contig(...);  // a ContigFn for T
-// and may replace what follows.
+// and may replace what follows. How a device computes it lives in the
+// device's folder (the CPU's strided loops: devices/cpu/op_loops.h; its
+// vector forms: devices/cpu/simd/).
 template <class Op>
 struct OpDefinition {
   // Bytes of workspace a valid call needs.
   static uint64_t WorkspaceSize(const OpCall&,
                                 const std::vector<int64_t>& /*out_shape*/) {
     return 0;
-  }
-  // Whether a combination of kKernels has a SIMD kernel for unit strides
-  // (Op##Simd::Contig<T>, T out's type).
-  static constexpr bool Simd(DTypes d) { return d.g == d.s && d.s == d.o; }
-  // The strided kernel of a combination of kKernels.
-  template <DType G, DType S, DType O>
-  static constexpr StridedFn Strided() {
-    using CT = ComputeType<G, S>;
-    return &BinaryStrided<typename Op::template Formula<CT>, CT, G, S, O>;
   }
 };
 

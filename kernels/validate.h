@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "kernels/kernel_types.h"
+#include "kernels/kernel_params.h"
 #include "kernels/op_kind.h"
 #include "kernels/op_spec.h"
 
@@ -38,7 +38,7 @@ struct ValidCall {
   // Bytes of workspace the launch needs: 0 unless the dropout mask is not
   // contiguous (it is then gathered into the workspace) and not empty.
   uint64_t workspace_size = 0;
-  // The operator's scalars in the types the kernels compute in.
+  // The operator's scalars in the types its formulas compute in.
   KernelParams params;
 };
 

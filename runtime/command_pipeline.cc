@@ -11,8 +11,8 @@
 #include "common/status_macros.h"
 #include "kernels/aclnn_status.h"
 #include "runtime/event.h"
+#include "runtime/executor.h"
 #include "runtime/graph.h"
-#include "runtime/launch.h"
 #include "runtime/log.h"
 #include "runtime/memory_ops.h"
 #include "runtime/stream.h"
@@ -318,9 +318,9 @@ bool CommandPipeline::ReplayGraph(Session& session,
   return OnStream(session, replay.stream(), "ReplayGraph", resume,
                   [&](Stream& stream) {
                     // On a Pipeline worker: a replay as large as a slice of
-                    // eager launches may run here (runtime/launch.h).
+                    // eager launches may run here (runtime/executor.h).
                     return opserver::ReplayGraph(session, replay.graph(),
-                                                 stream, kInlineReplayElements);
+                                                 stream, kWorkerReplayLaunches);
                   });
 }
 

@@ -1,5 +1,6 @@
 #include "runtime/graph.h"
 
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -11,7 +12,7 @@
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
 #include "kernels/validate.h"
-#include "runtime/launch.h"
+#include "runtime/executor.h"
 #include "runtime/log.h"
 #include "runtime/memory_ops.h"
 
@@ -261,24 +262,28 @@ class TaskBuilder {
   uint64_t write_bytes_ = 0;
 };
 
-// The work of tasks [begin, end) as runtime/launch.h counts it for running
-// on the thread that queues a replay: launch elements, and bytes as fp32
-// elements. -1 when a task is too large to run there whatever the budget
-// (a launch over kInlineLaunchElements, bytes over kInlineBytes).
+// The work of tasks [begin, end) as runtime/executor.h counts it for
+// running on the thread that queues a replay: launch elements, and bytes as
+// fp32 elements. -1 when a task is too large to run there whatever the
+// budget (a launch over the device's `bound`, bytes over 4 * `bound`), and
+// for every run when the device runs nothing there (`bound` 0).
 int64_t InlineElements(const std::vector<Graph::Task>& tasks, size_t begin,
-                       size_t end) {
+                       size_t end, int64_t bound) {
+  if (bound <= 0) return -1;
   int64_t total = 0;
   for (size_t i = begin; i < end; ++i) {
     const Graph::Task& t = tasks[i];
     if (t.kind == TaskKind::kLaunch) {
       const int64_t elements = t.executor->plan->numel();
-      if (elements > kInlineLaunchElements) return -1;
+      if (elements > bound) return -1;
       total += elements;
     } else {
-      if (t.size > kInlineBytes) return -1;
+      const uint64_t as_elements = t.size / 4 + (t.size % 4 != 0 ? 1 : 0);
+      if (as_elements > static_cast<uint64_t>(bound)) return -1;
       total += static_cast<int64_t>(t.size / 4);
     }
-    // Bounded by the task limit times kInlineLaunchElements: no overflow.
+    // Each task's work is bounded (a launch by --max_launch_elements, bytes
+    // by the session's memory) and so is their count: no overflow.
   }
   return total;
 }
@@ -401,7 +406,7 @@ absl::Status Graph::CaptureRuns(Device& device) {
   return absl::OkStatus();
 }
 
-absl::Status Graph::Replay(Stream& stream, int64_t inline_elements) {
+absl::Status Graph::Replay(Stream& stream, int64_t inline_launches) {
   for (const UsedBuffer& used : buffers_) {
     if (used.buffer->freed()) {
       return Named(
@@ -417,6 +422,11 @@ absl::Status Graph::Replay(Stream& stream, int64_t inline_elements) {
   if (device == nullptr) {
     return absl::FailedPreconditionError(
         "the stream has no device stream (the device could not create one)");
+  }
+  // What may run here, in elements (runtime/executor.h).
+  int64_t budget = 0;
+  if (__builtin_mul_overflow(inline_launches, inline_bound_, &budget)) {
+    budget = std::numeric_limits<int64_t>::max();
   }
   auto state = std::make_shared<ReplayState>(shared_from_this());
   for (size_t i = 0; i < steps_.size(); ++i) {
@@ -436,7 +446,7 @@ absl::Status Graph::Replay(Stream& stream, int64_t inline_elements) {
               return ran;
             },
             /*inline_if_idle=*/step.inline_elements >= 0 &&
-                step.inline_elements <= inline_elements);
+                step.inline_elements <= budget);
         break;
       case Step::Kind::kRecord:
         status = tasks_[step.begin].event->Record(stream);
@@ -521,9 +531,11 @@ absl::Status DefineGraph(Session& session,
     use(t.dst, i);
     use(t.src, i);
   }
+  graph->inline_bound_ = session.device()->inline_launch_elements();
   for (Graph::Step& step : graph->steps_) {
     if (step.kind != Graph::Step::Kind::kRun) continue;
-    step.inline_elements = InlineElements(graph->tasks_, step.begin, step.end);
+    step.inline_elements = InlineElements(graph->tasks_, step.begin, step.end,
+                                          graph->inline_bound_);
   }
   const uint64_t bytes =
       kGraphBytes + count * kGraphTaskBytes + builder.write_bytes();
@@ -540,9 +552,9 @@ absl::Status DefineGraph(Session& session,
 }
 
 absl::Status ReplayGraph(Session& session, uint64_t graph, Stream& stream,
-                         int64_t inline_elements) {
+                         int64_t inline_launches) {
   ASSIGN_OR_RETURN(std::shared_ptr<Graph> found, session.GetGraph(graph));
-  return found->Replay(stream, inline_elements);
+  return found->Replay(stream, inline_launches);
 }
 
 }  // namespace opserver

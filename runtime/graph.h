@@ -11,14 +11,15 @@
 // stream's own event record (so waiters outside the graph see it), a wait
 // on an event recorded outside the graph as the stream's own wait; a wait
 // on an event recorded earlier in the same graph is already satisfied by
-// the recorded order and costs nothing. A run of small tasks (each under
-// the bounds in runtime/launch.h, decided at definition, and all together
-// within the caller's budget) queued on an idle stream runs at once on the
-// thread that queues the replay (Stream::Enqueue's inline_if_idle: nothing
-// is queued ahead, so the order is the stream's), with the stream's error
-// positions, time-out and cancellation as on its thread; it pays no thread
-// hand-off, and a synchronize behind it finds the stream idle. A larger
-// run, or one behind queued work, goes to the stream's thread.
+// the recorded order and costs nothing. A run of small tasks (each within
+// the device's inline bound, runtime/executor.h, decided at definition, and
+// all together within the caller's budget) queued on an idle stream runs at
+// once on the thread that queues the replay (Stream::Enqueue's
+// inline_if_idle: nothing is queued ahead, so the order is the stream's),
+// with the stream's error positions, time-out and cancellation as on its
+// thread; it pays no thread hand-off, and a synchronize behind it finds the
+// stream idle. A larger run, or one behind queued work, goes to the
+// stream's thread.
 //
 // Lifetime: the graph holds its executors (consumed into it at
 // definition), the buffers they and its other tasks use, its events and
@@ -72,15 +73,15 @@ class Graph : public std::enable_shared_from_this<Graph> {
   std::vector<std::string> Describe() const;
 
   // Queues one replay on `stream` (see the top of this file); a run whose
-  // tasks are small and together at most `inline_elements` (server/
-  // launch.h: kInlineReplayElements on a Pipeline worker,
-  // kInlineLaunchElements on an RPC thread) runs here when the stream is
-  // idle. An error
-  // returned means nothing was queued: the graph used a freed buffer
-  // (FAILED_PRECONDITION), the stream has no device or refused the work
-  // (RESOURCE_EXHAUSTED when full, CANCELLED). Errors while it runs are
-  // the stream's deferred error, named "replay of graph G: task K of N: ".
-  absl::Status Replay(Stream& stream, int64_t inline_elements);
+  // tasks are each within the device's inline bound and together within
+  // `inline_launches` times it (runtime/executor.h: kWorkerReplayLaunches
+  // on a Pipeline worker, kUnaryReplayLaunches on an RPC thread) runs here
+  // when the stream is idle. An error returned means nothing was queued:
+  // the graph used a freed buffer (FAILED_PRECONDITION), the stream has no
+  // device or refused the work (RESOURCE_EXHAUSTED when full, CANCELLED).
+  // Errors while it runs are the stream's deferred error, named "replay of
+  // graph G: task K of N: ".
+  absl::Status Replay(Stream& stream, int64_t inline_launches);
 
  private:
   friend absl::Status DefineGraph(Session& session,
@@ -112,6 +113,9 @@ class Graph : public std::enable_shared_from_this<Graph> {
   std::vector<UsedBuffer> buffers_;
   MemoryCharge charge_;
   RuntimeObserver* observer_ = nullptr;
+  // The device's inline bound at definition (Device::
+  // inline_launch_elements), in launch elements.
+  int64_t inline_bound_ = 0;
   std::atomic<uint64_t> replays_{0};
   // Shared with queued replays, which may outlive the graph's last user.
   const std::shared_ptr<std::atomic<uint64_t>> pending_ =
@@ -131,7 +135,7 @@ absl::Status DefineGraph(Session& session,
 // Queues a replay of graph `graph` of `session` on `stream`
 // (Graph::Replay); NOT_FOUND for an unknown graph.
 absl::Status ReplayGraph(Session& session, uint64_t graph, Stream& stream,
-                         int64_t inline_elements);
+                         int64_t inline_launches);
 
 }  // namespace opserver
 

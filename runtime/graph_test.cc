@@ -16,7 +16,7 @@
 #include "gtest/gtest.h"
 #include "kernels/aclnn_status.h"
 #include "runtime/command_pipeline.h"
-#include "runtime/launch.h"
+#include "runtime/executor.h"
 #include "runtime/session_test_util.h"
 
 namespace opserver {
@@ -211,8 +211,14 @@ class FailingDevice : public Device {
     captured_operations.push_back(graph->operations.size());
     return graph;
   }
+  // The inner device's, unless a test sets `inline_bound` (>= 0) before
+  // it defines graphs.
+  int64_t inline_launch_elements() const override {
+    return inline_bound >= 0 ? inline_bound : inner_->inline_launch_elements();
+  }
   // Set before the session's streams are created.
   int fail_launch = 0;
+  int64_t inline_bound = -1;
   bool captures = false;
   bool refuse_capture = false;
   // The operations of each capture, in order; the device graphs' replays.
@@ -764,6 +770,28 @@ TEST_F(GraphTest, ASmallReplayOnAnIdleStreamRunsOnTheApplyingThread) {
               ElementsAre(0, 4.4f, 4.3f, 4.2f));
 }
 
+// Whether a replay runs on the applying thread is the device's answer
+// (Device::inline_launch_elements), not the runtime's: on a device that
+// runs nothing there, a small replay on an idle stream goes to the stream's
+// thread.
+TEST_F(GraphTest, OnADeviceThatRunsNothingInlineASmallReplayGoesToItsThread) {
+  Open();
+  device_->inline_bound = 0;
+  const Step a = MakeStep();
+  Apply({Plan(kId, a.grad, a.self, a.out, 4),
+         Define(kId + 1, {Memset(a.out, 16, 0), Launch(kId)})});
+  EXPECT_TRUE(SessionError(1).ok());
+  AwaitIdle();
+  Apply({Replay(kId + 1)});
+  EXPECT_TRUE(StreamError(2).ok()) << StreamError(2);
+  const std::vector<std::thread::id> threads = Threads();
+  ASSERT_EQ(threads.size(), 2u);
+  EXPECT_EQ(threads[0], threads[1]);
+  EXPECT_NE(threads[0], std::this_thread::get_id());
+  EXPECT_THAT(ReadFloats(*session_, a.out, 4),
+              ElementsAre(0, 4.4f, 4.3f, 4.2f));
+}
+
 // With work queued ahead of it, the replay does not jump the queue: it is
 // queued behind that work and runs after it, on the stream's thread.
 TEST_F(GraphTest, AReplayBehindQueuedWorkRunsAfterItOnTheStreamsThread) {
@@ -790,26 +818,29 @@ TEST_F(GraphTest, AReplayBehindQueuedWorkRunsAfterItOnTheStreamsThread) {
               ElementsAre(0, 4.4f, 4.3f, 4.2f));
 }
 
-// Past the bounds of runtime/launch.h a replay goes to the stream's thread
-// even when the stream is idle, so a large one never holds the Pipeline
-// worker other sessions take turns at: a launch over kInlineLaunchElements,
-// a memset over kInlineBytes, or small tasks that add up to more than
-// kInlineReplayElements. At the bound it runs inline.
+// Past the device's inline bound (runtime/executor.h) a replay goes to the
+// stream's thread even when the stream is idle, so a large one never holds
+// the Pipeline worker other sessions take turns at: a launch over the
+// bound, a memset over 4 bytes per element of it, or small tasks that add
+// up to more than kWorkerReplayLaunches launches of it. At the bound it
+// runs inline.
 TEST_F(GraphTest, AReplayOverTheInlineBoundsGoesToTheStreamsThread) {
   Open();
-  const int64_t n = kInlineLaunchElements + 1;
+  const int64_t bound = device_->inline_launch_elements();
+  ASSERT_GT(bound, 0);
+  const uint64_t bound_bytes = static_cast<uint64_t>(bound) * 4;
+  const int64_t n = bound + 1;
   const std::vector<float> ones(static_cast<size_t>(n), 1.0f);
   const uint64_t grad = WriteFloats(*session_, ones);
   const uint64_t self = WriteFloats(*session_, ones);
   const uint64_t out = WriteFloats(*session_, ones);
-  const uint64_t bytes = *session_->Malloc(kInlineBytes + 1);
-  std::vector<v1::PipelineCommand> at_bound(
-      kInlineReplayElements / (kInlineBytes / 4),
-      Memset(bytes, kInlineBytes, 0));
+  const uint64_t bytes = *session_->Malloc(bound_bytes + 1);
+  std::vector<v1::PipelineCommand> at_bound(kWorkerReplayLaunches,
+                                            Memset(bytes, bound_bytes, 0));
   std::vector<v1::PipelineCommand> over = at_bound;
   over.push_back(Memset(bytes, 4, 0));
   Apply({Plan(kId, grad, self, out, n), Define(kId + 1, {Launch(kId)}),
-         Define(kId + 2, {Memset(bytes, kInlineBytes + 1, 0)}),
+         Define(kId + 2, {Memset(bytes, bound_bytes + 1, 0)}),
          Define(kId + 3, at_bound), Define(kId + 4, over)});
   EXPECT_TRUE(SessionError(1).ok()) << SessionError(1);
   uint64_t fence = 2;
@@ -834,16 +865,16 @@ TEST_F(GraphTest, AReplayOverTheInlineBoundsGoesToTheStreamsThread) {
   EXPECT_THAT(ReadFloats(*session_, out, 2), ElementsAre(0, 0));
 
   // The unary ReplayGraph, on gRPC's callback thread, runs no more there
-  // than one unary launch: kInlineLaunchElements in all.
+  // than one unary launch: the bound in all.
   Apply(
-      {Define(kId + 5, {Memset(bytes, kInlineBytes, 0)}),
-       Define(kId + 6, {Memset(bytes, kInlineBytes, 0), Memset(bytes, 4, 0)})});
+      {Define(kId + 5, {Memset(bytes, bound_bytes, 0)}),
+       Define(kId + 6, {Memset(bytes, bound_bytes, 0), Memset(bytes, 4, 0)})});
   EXPECT_TRUE(SessionError(fence++).ok());
   auto unary_ran_here = [&](uint64_t graph) {
     AwaitIdle();
     const size_t before = Threads().size();
     EXPECT_TRUE(
-        ReplayGraph(*session_, graph, *GetStream(0), kInlineLaunchElements)
+        ReplayGraph(*session_, graph, *GetStream(0), kUnaryReplayLaunches)
             .ok());
     EXPECT_TRUE(StreamError(fence++).ok());
     const std::vector<std::thread::id> threads = Threads();

@@ -11,7 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/op_call.h"
 #include "kernels/validate.h"
-#include "runtime/op_requests.h"
+#include "runtime/executor.h"
 
 namespace opserver {
 namespace {

@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/validate.h"
-#include "runtime/op_requests.h"
+#include "runtime/executor.h"
 
 namespace opserver {
 namespace {

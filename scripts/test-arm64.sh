@@ -52,9 +52,10 @@ fi
 
 # The SIMD kernels and the operator definitions they implement.
 kernel_tests=(
-  //kernels:element_io_test
   //kernels:tensor_test
   //kernels:validate_test
+  //devices/cpu:element_io_test
+  //devices/cpu:op_loops_test
   //devices/cpu:elementwise_simd_test
   //devices/cpu:ops_spec_test
   //devices/cpu:torch_reference_test
@@ -84,7 +85,7 @@ sve_tests=(
 # --ci: those, the mask repacking they use, the C API against an
 # in-process server, and the opserver binary started by a test.
 ci_tests=(
-  //kernels:element_io_test
+  //devices/cpu:element_io_test
   "${sve_tests[@]}"
   //tests:client_capi_test
   //tests:capi_runtime_test

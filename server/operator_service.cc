@@ -19,10 +19,9 @@
 #include "kernels/dtype.h"
 #include "kernels/tensor.h"
 #include "kernels/validate.h"
+#include "runtime/executor.h"
 #include "runtime/graph.h"
-#include "runtime/launch.h"
 #include "runtime/log.h"
-#include "runtime/op_requests.h"
 #include "server/auth.h"
 #include "server/grpc_status_util.h"
 #include "server/raw_message.h"
@@ -335,9 +334,9 @@ grpc::ServerUnaryReactor* OperatorService::ReplayGraph(
   ASSIGN_OR_RETURN(std::shared_ptr<Stream> stream,
                    session->GetStream(request->stream()), ReplyTo(context));
   // On gRPC's callback thread, which every call needs: no more runs here
-  // than a unary Execute would (runtime/launch.h).
+  // than a unary Execute would (runtime/executor.h).
   return Reply(context, opserver::ReplayGraph(*session, request->graph(),
-                                              *stream, kInlineLaunchElements));
+                                              *stream, kUnaryReplayLaunches));
 }
 
 grpc::ServerUnaryReactor* OperatorService::DestroyGraph(

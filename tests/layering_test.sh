@@ -1,7 +1,8 @@
 #!/bin/bash
-# Each argument is a genquery's output (tests/BUILD.bazel says what it
+# Each argument is a genquery's output (its BUILD file says what it
 # asks): the targets that break the layering (a device kind reached around
-# the factory, gRPC reached from the runtime), which must be none.
+# the factory, gRPC reached from the runtime, a device reached from the
+# operators' device-neutral definition), which must be none.
 status=0
 for result in "$@"; do
   if [[ -s "$result" ]]; then

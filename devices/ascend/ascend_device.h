@@ -233,6 +233,14 @@ class AscendDevice : public Device {
       const GraphIssuer& issue) override;
   // Says so when the loaded CANN cannot capture graphs.
   std::string StartNotice() const override;
+  // Issuing a launch only queues it on the NPU's stream: up to this many
+  // elements it is issued from the thread that received it when its
+  // stream is idle, the hand-off to the stream's thread costing more (the
+  // same bound as the CPU device's).
+  static constexpr int64_t kInlineLaunchElements = 16 * 1024;
+  int64_t inline_launch_elements() const override {
+    return kInlineLaunchElements;
+  }
 
   const CannLibrary& cann() const { return *cann_; }
   int32_t device_id() const { return device_id_; }

@@ -8,6 +8,7 @@
 
 #include "devices/cpu/compute_turns.h"
 #include "devices/cpu/memory_pool.h"
+#include "devices/cpu/plan.h"
 #include "devices/cpu/thread_pool.h"
 #include "devices/device.h"
 
@@ -105,6 +106,9 @@ class CpuDevice : public Device {
   // A CpuStream: never fails (it owns no resource but a pointer).
   absl::StatusOr<std::unique_ptr<DeviceStream>> CreateStream() override;
   void* HostAddress(void* device_ptr) override { return device_ptr; }
+  int64_t inline_launch_elements() const override {
+    return kInlineLaunchElements;
+  }
 
  private:
   DeviceDescription description_;

@@ -60,6 +60,13 @@ TEST(CpuDeviceTest, PreparesWhatValidateAcceptedAndLaunchesIt) {
 // A stream runs only its own device's plans: another device's (even a CPU
 // device's, whose memory the host could reach) is refused, not
 // reinterpreted.
+// The CPU's answer to what runs on the receiving thread (runtime/
+// executor.h): launches of up to 16384 elements, microseconds of work.
+TEST(CpuDeviceTest, RunsLaunchesOfUpTo16KElementsWhereTheyArrive) {
+  CpuDevice device(/*threads=*/1, /*pool_cache_bytes=*/0, 1 << 20);
+  EXPECT_EQ(device.inline_launch_elements(), 16384);
+}
+
 TEST(CpuDeviceTest, RefusesAPlanAnotherDevicePrepared) {
   CpuDevice one(/*threads=*/1, /*pool_cache_bytes=*/0, 1 << 20);
   CpuDevice two(/*threads=*/1, /*pool_cache_bytes=*/0, 1 << 20);

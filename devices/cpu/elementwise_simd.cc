@@ -9,6 +9,7 @@
 #define HWY_TARGET_INCLUDE "devices/cpu/elementwise_simd.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // foreach_target.h must come first.
+#include "devices/cpu/op_loops.h"
 #include "devices/cpu/simd/all-inl.h"
 #include "hwy/highway.h"
 #include "kernels/ops/all.h"
@@ -18,7 +19,6 @@ namespace opserver {
 namespace cpu {
 namespace HWY_NAMESPACE {
 
-using kernels::ContigFn;
 using kernels::DType;
 using kernels::DTypes;
 using kernels::OpKind;
@@ -27,11 +27,11 @@ OPSERVER_OPS(OPSERVER_USING)
 #undef OPSERVER_USING
 
 // Op##Simd::Contig for out dtype `dt` when combination I of Op::kKernels
-// has a SIMD kernel for it, else nullptr.
+// has a SIMD kernel for it (OpLoops<Op>::Simd), else nullptr.
 template <class Op, class OpSimd, size_t I>
 ContigFn ContigAt(DType dt) {
   constexpr DTypes d = Op::kKernels[I];
-  if constexpr (Op::Simd(d)) {
+  if constexpr (OpLoops<Op>::Simd(d)) {
     if (d.o == dt) return &OpSimd::template Contig<SimdType<d.o>>;
   }
   return nullptr;
@@ -66,7 +66,6 @@ HWY_AFTER_NAMESPACE();
 namespace opserver {
 namespace cpu {
 
-using kernels::ContigFn;
 using kernels::DType;
 using kernels::OpKind;
 

@@ -3,8 +3,8 @@
 #ifndef OPSERVER_DEVICES_CPU_ELEMENTWISE_SIMD_H_
 #define OPSERVER_DEVICES_CPU_ELEMENTWISE_SIMD_H_
 
+#include "devices/cpu/kernel_types.h"
 #include "kernels/dtype.h"
-#include "kernels/kernel_types.h"
 #include "kernels/op_kind.h"
 
 namespace opserver::cpu {
@@ -13,9 +13,9 @@ namespace opserver::cpu {
 // operator with a bit-mask input: gradOutput and out), compiled for the
 // best instruction set of the running CPU; nullptr when there is none (the
 // strided kernel then serves unit strides). Which there are is each
-// operator's kKernels and Simd() (kernels/ops/) and its vector form
-// (simd/).
-kernels::ContigFn SimdContigKernel(kernels::OpKind op, kernels::DType dtype);
+// operator's kKernels (kernels/ops/), OpLoops<Op>::Simd (op_loops.h) and
+// its vector form (simd/).
+ContigFn SimdContigKernel(kernels::OpKind op, kernels::DType dtype);
 
 }  // namespace opserver::cpu
 

@@ -22,6 +22,7 @@
 namespace opserver::kernels {
 namespace {
 
+using cpu::ContigFn;
 using cpu::SimdContigKernel;
 
 // Every operator/dtype the SIMD list names is reachable, and nothing else:

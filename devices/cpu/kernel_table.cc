@@ -4,6 +4,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "devices/cpu/op_loops.h"
 #include "kernels/op_kind.h"
 #include "kernels/ops/all.h"
 
@@ -26,14 +27,14 @@ uint64_t Key(OpKind op, DType g, DType s, DType o) {
 
 using Table = std::unordered_map<uint64_t, Kernel>;
 
-// Combination I of Op::kKernels: its strided kernel and, where Op::Simd
-// says so, the SIMD kernel for unit strides.
+// Combination I of Op::kKernels: its strided kernel and, where
+// OpLoops<Op>::Simd says so, the SIMD kernel for unit strides.
 template <class Op, size_t I>
 void AddKernel(Table& t, OpKind op) {
   constexpr DTypes d = Op::kKernels[I];
   Kernel k;
-  k.strided = Op::template Strided<d.g, d.s, d.o>();
-  if constexpr (Op::Simd(d)) k.contig = SimdContigKernel(op, d.o);
+  k.strided = OpLoops<Op>::template Strided<d.g, d.s, d.o>();
+  if constexpr (OpLoops<Op>::Simd(d)) k.contig = SimdContigKernel(op, d.o);
   t[Key(op, d.g, d.s, d.o)] = k;
 }
 

@@ -1,19 +1,19 @@
 // The one table of element kernels, keyed by operator and operand dtypes,
-// built from each operator's kKernels (kernels/ops/). Internal to
-// //devices/cpu: use plan.h.
+// built from each operator's kKernels (kernels/ops/) and its loops on the
+// CPU (op_loops.h). Internal to //devices/cpu: use plan.h.
 #ifndef OPSERVER_DEVICES_CPU_KERNEL_TABLE_H_
 #define OPSERVER_DEVICES_CPU_KERNEL_TABLE_H_
 
 #include "devices/cpu/elementwise_simd.h"
+#include "devices/cpu/kernel_types.h"
 #include "kernels/dtype.h"
-#include "kernels/kernel_types.h"
 #include "kernels/op_kind.h"
 
 namespace opserver::cpu {
 
 struct Kernel {
-  kernels::ContigFn contig = nullptr;  // SIMD, unit strides; may be null.
-  kernels::StridedFn strided = nullptr;
+  ContigFn contig = nullptr;  // SIMD, unit strides; may be null.
+  StridedFn strided = nullptr;
 };
 
 // The kernel for `op` with gradOutput dtype `g`, self (mask for dropout)

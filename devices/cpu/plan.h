@@ -34,6 +34,13 @@
 
 namespace opserver::cpu {
 
+// The largest launch the CPU runs on the thread that received it when its
+// stream is idle (Device::inline_launch_elements): microseconds of work,
+// less than handing it to the stream's thread costs (a wake-up, a context
+// switch, a cache gone cold). Every device that computes with these plans
+// answers it.
+inline constexpr int64_t kInlineLaunchElements = 16 * 1024;
+
 // A checked call with its iteration plan (aclnn's executor). Holds the
 // call's data pointers and uses them as they are at RunPlan time.
 class Plan {

@@ -18,27 +18,25 @@
 #include <cstring>
 #include <type_traits>
 
+#include "devices/cpu/element_io.h"
+#include "devices/cpu/kernel_types.h"
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "kernels/dtype.h"
-#include "kernels/element_io.h"
 #include "kernels/half.h"
-#include "kernels/kernel_types.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace opserver {
 namespace cpu {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-// The kernels' vocabulary (kernels/), by name in the SIMD code.
+// The operators' vocabulary (kernels/), by name in the SIMD code.
 using kernels::BFloat16ToFloat;
-using kernels::ContigFn;
 using kernels::DType;
 using kernels::FloatToBFloat16;
 using kernels::FloatToHalf;
 using kernels::HalfToFloat;
 using kernels::KernelParams;
-using kernels::MaskBit;
 
 using F16 = hwy::float16_t;
 using BF16 = hwy::bfloat16_t;

@@ -1,6 +1,7 @@
 #include "devices/testing/fake_device.h"
 
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -121,6 +122,10 @@ absl::Status FakeStream::Launch(const DevicePlan& device_plan, void* workspace,
   ASSIGN_OR_RETURN(const cpu::Plan* host,
                    cpu::HostPlan::Of(device_plan, owner_));
   ++record_->launches;
+  {
+    absl::MutexLock lock(&record_->mu);
+    record_->launch_threads.push_back(std::this_thread::get_id());
+  }
   // By reference: the caller keeps the plan until Synchronize returns.
   Queue([&plan = *host, workspace, workspace_size, compute = &device_->compute,
          record = record_.get()] {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -16,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "devices/cpu/plan.h"
 #include "devices/cpu/thread_pool.h"
 #include "devices/device.h"
 
@@ -64,6 +66,13 @@ struct FakeStreamRecord {
     absl::MutexLock lock(&mu);
     return waiting;
   }
+  // The thread that issued each launch (Launch's caller: the stream's
+  // thread, or the thread that queued the launch when it ran there), in
+  // order.
+  std::vector<std::thread::id> LaunchThreads() {
+    absl::MutexLock lock(&mu);
+    return launch_threads;
+  }
 
   absl::Mutex mu;
   absl::Duration launch_delay ABSL_GUARDED_BY(mu);
@@ -72,6 +81,7 @@ struct FakeStreamRecord {
   // SetInterrupted: a held launch stops with CANCELLED while set.
   bool interrupted ABSL_GUARDED_BY(mu) = false;
   int waiting ABSL_GUARDED_BY(mu) = 0;
+  std::vector<std::thread::id> launch_threads ABSL_GUARDED_BY(mu);
 };
 
 // Host memory; streams that only queue their operations and run them at
@@ -106,6 +116,14 @@ class FakeDevice : public Device {
   void* HostAddress(void* device_ptr) override {
     return host_addressable_ ? device_ptr : nullptr;
   }
+  // The CPU's bound (it plans as the CPU does) unless a test sets another
+  // (0: nothing runs on the receiving thread).
+  int64_t inline_launch_elements() const override {
+    return inline_launch_elements_.load();
+  }
+  void set_inline_launch_elements(int64_t elements) {
+    inline_launch_elements_.store(elements);
+  }
 
   // The records of the streams created so far, in creation order.
   std::vector<std::shared_ptr<FakeStreamRecord>> streams() const;
@@ -118,6 +136,7 @@ class FakeDevice : public Device {
   const bool host_addressable_;
   const uint64_t memory_bytes_;
   std::atomic<uint64_t> used_bytes_{0};
+  std::atomic<int64_t> inline_launch_elements_{cpu::kInlineLaunchElements};
   const std::shared_ptr<FakeDeviceShared> shared_ =
       std::make_shared<FakeDeviceShared>();
   mutable absl::Mutex mu_;

@@ -1,5 +1,5 @@
 // DropoutBackward: out = bit i of mask ? gradOutput * scale : 0. Its
-// registry entry, checks, element formula and kernels (see
+// registry entry, checks, element formula and dtype combinations (see
 // kernels/op_spec.h).
 #ifndef OPSERVER_KERNELS_OPS_DROPOUT_BACKWARD_H_
 #define OPSERVER_KERNELS_OPS_DROPOUT_BACKWARD_H_
@@ -21,29 +21,6 @@ struct DropoutFormula {
   float operator()(float g, bool kept) const { return kept ? g * scale : 0.0f; }
   float scale;
 };
-
-template <DType G, DType O>
-void DropoutStrided(const KernelParams& p, const char* g, int64_t gs,
-                    const char* s, int64_t, char* o, int64_t os, int64_t n,
-                    int64_t bit0) {
-  const uint8_t* bits = reinterpret_cast<const uint8_t*>(s);
-  const DropoutFormula f(p);
-  for (int64_t i = 0; i < n; ++i, g += gs, o += os) {
-    float r;
-    switch (p.dropout_mode) {
-      case DropoutMode::kZero:
-        r = 0.0f;
-        break;
-      case DropoutMode::kCopy:
-        r = Load<float, G>(g);
-        break;
-      default:
-        r = f(Load<float, G>(g),
-              MaskBit(bits, static_cast<uint64_t>(bit0 + i)));
-    }
-    StoreVia<G, O>(o, r);
-  }
-}
 
 struct DropoutBackward : OpDefinition<DropoutBackward> {
   static constexpr std::array<DType, 1> kMaskSet = {DType::kUint8};
@@ -114,13 +91,6 @@ struct DropoutBackward : OpDefinition<DropoutBackward> {
                                 const std::vector<int64_t>& out_shape) {
     if (NumElements(out_shape) == 0 || IsContiguous(*call.self)) return 0;
     return static_cast<uint64_t>(NumElements(*call.self));
-  }
-
-  static constexpr bool Simd(DTypes d) { return d.g == d.o; }
-
-  template <DType G, DType S, DType O>
-  static constexpr StridedFn Strided() {
-    return &DropoutStrided<G, O>;
   }
 };
 

@@ -1,6 +1,7 @@
 // HardswishBackward: out = gradOutput * hardswish'(self). Its registry
-// entry, checks, element formula and kernels (see kernels/op_spec.h). The
-// shape of a parameterless operator: copy this file to add one.
+// entry, checks, element formula and dtype combinations (see
+// kernels/op_spec.h). The shape of a parameterless operator: copy this file
+// to add one.
 #ifndef OPSERVER_KERNELS_OPS_HARDSWISH_BACKWARD_H_
 #define OPSERVER_KERNELS_OPS_HARDSWISH_BACKWARD_H_
 

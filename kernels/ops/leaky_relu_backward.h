@@ -1,6 +1,6 @@
 // LeakyReluBackward: out = self > 0 ? gradOutput : gradOutput *
-// negativeSlope. Its registry entry, checks, element formula and kernels
-// (see kernels/op_spec.h).
+// negativeSlope. Its registry entry, checks, element formula and dtype
+// combinations (see kernels/op_spec.h).
 #ifndef OPSERVER_KERNELS_OPS_LEAKY_RELU_BACKWARD_H_
 #define OPSERVER_KERNELS_OPS_LEAKY_RELU_BACKWARD_H_
 

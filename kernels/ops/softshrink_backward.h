@@ -1,5 +1,5 @@
 // SoftshrinkBackward: gradInput = |self| > lambd ? gradOutput : 0. Its
-// registry entry, checks, element formula and kernels (see
+// registry entry, checks, element formula and dtype combinations (see
 // kernels/op_spec.h).
 #ifndef OPSERVER_KERNELS_OPS_SOFTSHRINK_BACKWARD_H_
 #define OPSERVER_KERNELS_OPS_SOFTSHRINK_BACKWARD_H_

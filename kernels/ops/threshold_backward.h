@@ -1,5 +1,6 @@
 // ThresholdBackward: out = self > threshold ? gradOutput : 0. Its registry
-// entry, checks, element formulas and kernels (see kernels/op_spec.h).
+// entry, checks, element formulas and dtype combinations (see
+// kernels/op_spec.h).
 #ifndef OPSERVER_KERNELS_OPS_THRESHOLD_BACKWARD_H_
 #define OPSERVER_KERNELS_OPS_THRESHOLD_BACKWARD_H_
 
@@ -45,24 +46,6 @@ struct IntThresholdFormula {
   TI bound = 0;
 };
 
-template <DType DT>
-void ThresholdIntStrided(const KernelParams& p, const char* g, int64_t gs,
-                         const char* s, int64_t ss, char* o, int64_t os,
-                         int64_t n, int64_t) {
-  using T = typename St<DT>::Raw;
-  const IntThresholdFormula<T> f(p);
-  using Whole = typename IntThresholdFormula<T>::Whole;
-  for (int64_t i = 0; i < n; ++i, g += gs, s += ss, o += os) {
-    T r = 0;
-    if (f.whole == Whole::kAllPass) {
-      r = Raw<DT>(g);
-    } else if (f.whole == Whole::kNone) {
-      r = f(Raw<DT>(g), Raw<DT>(s));
-    }
-    PutRaw<DT>(o, r);
-  }
-}
-
 struct ThresholdBackward : OpDefinition<ThresholdBackward> {
   static constexpr std::array<DType, 6> kDTypes = {
       kF, kH, kB, DType::kInt32, DType::kInt8, DType::kUint8};
@@ -88,15 +71,6 @@ struct ThresholdBackward : OpDefinition<ThresholdBackward> {
     kp->threshold = static_cast<float>(call.params.threshold);
     kp->threshold_d = kp->threshold;
     return CheckBroadcastOut(info, call, out_shape);
-  }
-
-  template <DType G, DType S, DType O>
-  static constexpr StridedFn Strided() {
-    if constexpr (G == kF || G == kH || G == kB) {
-      return OpDefinition::Strided<G, S, O>();
-    } else {
-      return &ThresholdIntStrided<G>;
-    }
   }
 };
 

@@ -31,7 +31,6 @@
 #include "google/protobuf/util/json_util.h"
 #include "kernels/aclnn_status.h"
 #include "kernels/dtype.h"
-#include "kernels/element_io.h"
 #include "kernels/validate.h"
 
 namespace opserver::python {

@@ -53,7 +53,7 @@ struct DropoutBackwardSimd {
       constexpr size_t kTmpBytes =
           HWY_MAX(8, HWY_MAX_BYTES / sizeof(uint16_t) / 8);
       uint8_t tmp[kTmpBytes] = {0};
-      kernels::ExtractMaskBits(bits, pos, M, tmp);
+      ExtractMaskBits(bits, pos, M, tmp);
       return hn::LoadMaskBits(dm, tmp);
     };
     auto scalar = [&](size_t i) {

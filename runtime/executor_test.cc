@@ -1,6 +1,7 @@
-#include "runtime/launch.h"
+#include "runtime/executor.h"
 
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "devices/testing/fake_device.h"
@@ -19,7 +20,7 @@ class LaunchTest : public ::testing::Test {
  protected:
   void Open(int max_streams = -1) {
     device_ = std::make_unique<FakeDevice>(max_streams);
-    session_ = std::make_unique<Session>("s", 1, "launch_test", device_.get(),
+    session_ = std::make_unique<Session>("s", 1, "executor_test", device_.get(),
                                          &limits_, &account_, threads_.get());
   }
 
@@ -76,6 +77,40 @@ TEST_F(LaunchTest, RunsOnTheLaunchStreamsDeviceStream) {
   EXPECT_EQ(streams[1]->pending.load(), 0);
 }
 
+// Whether a launch runs on the thread that queues it is the device's
+// answer (Device::inline_launch_elements), not the runtime's: the same
+// 4-element launch on an idle stream runs here within the device's bound,
+// and goes to the stream's thread past it or on a device that runs nothing
+// here.
+TEST_F(LaunchTest, TheDeviceDecidesWhetherALaunchRunsOnTheQueueingThread) {
+  Open();
+  const uint64_t grad = WriteFloats(*session_, {4.5, 4.4, 4.3, 4.2});
+  const uint64_t self = WriteFloats(*session_, {0.2, 1.2, 2.2, 3.2});
+  const uint64_t out = WriteFloats(*session_, {-1, -1, -1, -1});
+  const std::thread::id here = std::this_thread::get_id();
+  struct Case {
+    int64_t bound;
+    bool runs_here;
+  };
+  for (const Case& c : {Case{4, true}, Case{3, false}, Case{0, false}}) {
+    device_->set_inline_launch_elements(c.bound);
+    // A new stream is idle: nothing queued or running on it.
+    absl::StatusOr<uint64_t> stream = session_->CreateStream();
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    v1::ExecuteRequest request;
+    request.set_executor(PlanThreshold(grad, self, out));
+    request.set_stream(*stream);
+    ASSERT_TRUE(LaunchExecutor(request, *session_).ok());
+    EXPECT_TRUE((*session_->GetStream(*stream))->SynchronizeAndWait().ok());
+    const std::vector<std::thread::id> threads =
+        device_->streams().back()->LaunchThreads();
+    ASSERT_EQ(threads.size(), 1u) << "bound " << c.bound;
+    EXPECT_EQ(threads[0] == here, c.runs_here) << "bound " << c.bound;
+  }
+  EXPECT_EQ(ReadFloats(*session_, out, 4),
+            (std::vector<float>{0, 4.4f, 4.3f, 4.2f}));
+}
+
 // A session whose device could not give its default stream a device stream
 // (only possible when it is built directly, not by SessionManager) refuses
 // launches there, keeping the executor.
@@ -97,7 +132,7 @@ TEST(LaunchDevicesTest, ASessionOnDevice1LaunchesOnDevice1) {
   SessionLimits limits;
   SessionManager manager({&device0, &device1}, limits);
   absl::StatusOr<std::shared_ptr<Session>> session =
-      manager.Create("launch_test", "owner", 1);
+      manager.Create("executor_test", "owner", 1);
   ASSERT_TRUE(session.ok()) << session.status();
   Session& s = **session;
   const uint64_t grad = WriteFloats(s, {4.5, 4.4, 4.3, 4.2});

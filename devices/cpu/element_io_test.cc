@@ -1,12 +1,13 @@
-#include "kernels/element_io.h"
+#include "devices/cpu/element_io.h"
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 
 #include "gtest/gtest.h"
 
-namespace opserver::kernels {
+namespace opserver::cpu {
 namespace {
 
 // Every offset within a byte and every count up to 2048-bit SVE's 128
@@ -37,4 +38,4 @@ TEST(ExtractMaskBits, RepacksAnyRunOfBitsReadingOnlyItsBytes) {
 }
 
 }  // namespace
-}  // namespace opserver::kernels
+}  // namespace opserver::cpu
