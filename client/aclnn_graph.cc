@@ -155,6 +155,40 @@ std::string TaskJson(size_t index, const v1::PipelineCommand& task,
   return out;
 }
 
+// The capture aclmdlRICaptureEnd may end on `stream` (under state.mu): the
+// one begun on that stream, on this thread unless it is RELAXED. nullptr
+// otherwise, with the failure recorded and its code in `*refused`.
+Capture* EndableCapture(State& state, aclrtStream stream, aclError* refused) {
+  if (!state.initialized) {
+    *refused = Fail(ACL_ERROR_UNINITIALIZE,
+                    "aclmdlRICaptureEnd: aclInit was not called");
+    return nullptr;
+  }
+  Capture* found = CaptureOf(state, stream);
+  if (found == nullptr) {
+    *refused = Fail(ACL_ERROR_RT_STREAM_NOT_CAPTURED,
+                    "aclmdlRICaptureEnd: the stream is not capturing");
+    return nullptr;
+  }
+  if (found->origin != reinterpret_cast<uintptr_t>(stream)) {
+    *refused = Fail(ACL_ERROR_RT_STREAM_CAPTURE_UNMATCHED,
+                    "aclmdlRICaptureEnd: the stream joined a capture begun "
+                    "on another stream; end it there");
+    return nullptr;
+  }
+  if (found->thread != std::this_thread::get_id() &&
+      found->mode != ACL_MODEL_RI_CAPTURE_MODE_RELAXED) {
+    *refused = Fail(ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD,
+                    absl::StrCat("aclmdlRICaptureEnd: the capture was begun "
+                                 "by another thread in ",
+                                 ModeName(found->mode),
+                                 " mode; only RELAXED captures may end on "
+                                 "another thread (the capture goes on)"));
+    return nullptr;
+  }
+  return found;
+}
+
 }  // namespace
 }  // namespace opserver
 
@@ -249,29 +283,10 @@ aclError aclmdlRICaptureEnd(aclrtStream stream, aclmdlRI* modelRI) {
   opserver::Pinned pinned;
   {
     absl::MutexLock lock(&state.mu);
-    if (!state.initialized) {
-      return Fail(ACL_ERROR_UNINITIALIZE,
-                  "aclmdlRICaptureEnd: aclInit was not called");
-    }
-    opserver::Capture* found = opserver::CaptureOf(state, stream);
-    if (found == nullptr) {
-      return Fail(ACL_ERROR_RT_STREAM_NOT_CAPTURED,
-                  "aclmdlRICaptureEnd: the stream is not capturing");
-    }
-    if (found->origin != reinterpret_cast<uintptr_t>(stream)) {
-      return Fail(ACL_ERROR_RT_STREAM_CAPTURE_UNMATCHED,
-                  "aclmdlRICaptureEnd: the stream joined a capture begun on "
-                  "another stream; end it there");
-    }
-    if (found->thread != std::this_thread::get_id() &&
-        found->mode != ACL_MODEL_RI_CAPTURE_MODE_RELAXED) {
-      return Fail(ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD,
-                  absl::StrCat("aclmdlRICaptureEnd: the capture was begun "
-                               "by another thread in ",
-                               opserver::ModeName(found->mode),
-                               " mode; only RELAXED captures may end on "
-                               "another thread (the capture goes on)"));
-    }
+    aclError refused = ACL_SUCCESS;
+    opserver::Capture* found =
+        opserver::EndableCapture(state, stream, &refused);
+    if (found == nullptr) return refused;
     capture = opserver::Detach(state, found->model);
     pinned = state.Pin(capture->device);
   }

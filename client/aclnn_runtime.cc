@@ -1,14 +1,15 @@
-// The aclnn-compatible C API's runtime calls (acl/acl.h, aclnn/acl_meta.h):
-// init and finalize, the device, streams, memory, tensors, scalars and
-// executors. Every call is forwarded to the opserver named by
-// OPSERVER_ADDRESS through the C++ client; the operators are in
-// aclnn_ops.cc.
+// The aclnn-compatible C API's runtime calls (acl/acl.h): init and
+// finalize, the device and its contexts; streams and memory are in
+// aclnn_memory.cc, tensors, scalars and executors in aclnn_objects.cc.
+// Every call is forwarded to the opserver named by OPSERVER_ADDRESS
+// through the C++ client; the operators are in aclnn_ops.cc.
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -149,6 +150,91 @@ absl::StatusOr<DeviceSlot*> CheckDevice(State& state, const char* function,
   return slot;
 }
 
+// Where device `device_id`'s session is to be opened: its server (by index
+// and address) and the server's own index of the device.
+struct DeviceTarget {
+  size_t server = 0;
+  uint32_t local = 0;
+  std::string address;
+};
+
+// The device's target when it has no live session (nullopt when it has
+// one). A session the server lost is dropped here, with its server's
+// connection (which may be waiting out a reconnection backoff).
+absl::StatusOr<std::optional<DeviceTarget>> SessionToOpen(State& state,
+                                                          const char* function,
+                                                          int32_t device_id) {
+  absl::MutexLock lock(&state.mu);
+  ASSIGN_OR_RETURN(DeviceSlot * slot, CheckDevice(state, function, device_id));
+  if (slot->session != nullptr) {
+    if (slot->session->Lost().ok()) return std::optional<DeviceTarget>();
+    state.DropSession(device_id).IgnoreError();
+    state.servers[slot->server].client.reset();
+  }
+  return std::optional<DeviceTarget>(DeviceTarget{
+      slot->server, slot->local, state.servers[slot->server].address});
+}
+
+// The target server's connection, made (without state.mu) when it has none.
+absl::StatusOr<std::shared_ptr<Client>> ServerClient(
+    State& state, const char* function, int32_t device_id,
+    const DeviceTarget& target) {
+  ConnectOptions options;
+  {
+    absl::MutexLock lock(&state.mu);
+    if (std::shared_ptr<Client> client = state.servers[target.server].client) {
+      return client;
+    }
+    options = state.security;
+    options.connect_timeout = options.call_timeout = state.timeout;
+    options.wait_timeout = state.sync_timeout;
+    options.max_message_bytes = state.max_message_bytes;
+  }
+  auto connected = Client::Connect(target.address, options);
+  if (!connected.ok()) {
+    return WithAclError(
+        absl::Status(connected.status().code(),
+                     absl::StrCat(function, ": device ", device_id, ": ",
+                                  connected.status().message(),
+                                  " (set OPSERVER_ADDRESS=HOST:PORT)")),
+        ACL_ERROR_RT_FAILURE);
+  }
+  return std::shared_ptr<Client>(*std::move(connected));
+}
+
+// Records the opened `session` as device `device_id`'s, unless another
+// thread opened one meanwhile (theirs stays), and `client` as its server's
+// connection when that has none.
+absl::Status InstallSession(State& state, const char* function,
+                            int32_t device_id, const DeviceTarget& target,
+                            std::shared_ptr<Client> client,
+                            std::unique_ptr<remote::Session> session) {
+  absl::MutexLock lock(&state.mu);
+  if (!state.initialized ||
+      static_cast<size_t>(device_id) >= state.devices.size()) {
+    return WithAclError(absl::FailedPreconditionError(absl::StrCat(
+                            function, ": aclFinalize was called meanwhile")),
+                        ACL_ERROR_UNINITIALIZE);
+  }
+  DeviceSlot& slot = state.devices[device_id];
+  if (state.servers[target.server].client == nullptr) {
+    state.servers[target.server].client = client;
+  }
+  state.servers[target.server].unreachable = absl::OkStatus();  // It is back.
+  if (slot.session != nullptr) return absl::OkStatus();
+  slot.client = std::move(client);
+  slot.session = std::shared_ptr<remote::Session>(std::move(session));
+  // The operator time-outs set before hold for it too (queued, no wait;
+  // a session without the command channel has none, as
+  // aclrtSetOpExecuteTimeOut said when they were set).
+  if (state.op_execute_timeout_ms != 0 || state.op_wait_timeout_ms != 0) {
+    slot.session
+        ->SetOpTimeouts(state.op_execute_timeout_ms, state.op_wait_timeout_ms)
+        .IgnoreError();
+  }
+  return absl::OkStatus();
+}
+
 // Opens device `device_id`'s session unless it has a live one, for
 // `function` (aclrtSetDevice, aclrtCreateContext): a session the server
 // lost (it restarted, or the network dropped) is replaced by a new one on
@@ -156,50 +242,13 @@ absl::StatusOr<DeviceSlot*> CheckDevice(State& state, const char* function,
 // handles are gone. The connection and the session are made without
 // state.mu, so other threads' calls on other devices go on meanwhile.
 absl::Status OpenDevice(State& state, const char* function, int32_t device_id) {
-  size_t server;
-  uint32_t local;
-  std::string address;
-  {
-    absl::MutexLock lock(&state.mu);
-    ASSIGN_OR_RETURN(DeviceSlot * slot,
-                     CheckDevice(state, function, device_id));
-    if (slot->session != nullptr) {
-      if (slot->session->Lost().ok()) return absl::OkStatus();
-      // Lost: start over on a new connection (the old one may be waiting
-      // out a reconnection backoff).
-      state.DropSession(device_id).IgnoreError();
-      state.servers[slot->server].client.reset();
-    }
-    server = slot->server;
-    local = slot->local;
-    address = state.servers[server].address;
-  }
-  std::shared_ptr<Client> client;
-  {
-    absl::MutexLock lock(&state.mu);
-    client = state.servers[server].client;
-  }
-  if (client == nullptr) {
-    ConnectOptions options;
-    {
-      absl::MutexLock lock(&state.mu);
-      options = state.security;
-      options.connect_timeout = options.call_timeout = state.timeout;
-      options.wait_timeout = state.sync_timeout;
-      options.max_message_bytes = state.max_message_bytes;
-    }
-    auto connected = Client::Connect(address, options);
-    if (!connected.ok()) {
-      return WithAclError(
-          absl::Status(connected.status().code(),
-                       absl::StrCat(function, ": device ", device_id, ": ",
-                                    connected.status().message(),
-                                    " (set OPSERVER_ADDRESS=HOST:PORT)")),
-          ACL_ERROR_RT_FAILURE);
-    }
-    client = *std::move(connected);
-  }
-  auto session = client->CreateSession("aclnn_remote", /*attach=*/true, local);
+  ASSIGN_OR_RETURN(std::optional<DeviceTarget> target,
+                   SessionToOpen(state, function, device_id));
+  if (!target.has_value()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::shared_ptr<Client> client,
+                   ServerClient(state, function, device_id, *target));
+  auto session =
+      client->CreateSession("aclnn_remote", /*attach=*/true, target->local);
   if (session.status().code() == absl::StatusCode::kUnauthenticated) {
     return WithAclError(
         absl::Status(session.status().code(),
@@ -211,34 +260,10 @@ absl::Status OpenDevice(State& state, const char* function, int32_t device_id) {
     return absl::Status(
         session.status().code(),
         absl::StrCat(function, ": device ", device_id, " (opserver at ",
-                     address, "): ", session.status().message()));
+                     target->address, "): ", session.status().message()));
   }
-  absl::MutexLock lock(&state.mu);
-  if (!state.initialized ||
-      static_cast<size_t>(device_id) >= state.devices.size()) {
-    return WithAclError(absl::FailedPreconditionError(absl::StrCat(
-                            function, ": aclFinalize was called meanwhile")),
-                        ACL_ERROR_UNINITIALIZE);
-  }
-  DeviceSlot& slot = state.devices[device_id];
-  if (state.servers[server].client == nullptr) {
-    state.servers[server].client = client;
-  }
-  state.servers[server].unreachable = absl::OkStatus();  // It is back.
-  if (slot.session == nullptr) {
-    // Another thread may have opened it meanwhile: theirs stays.
-    slot.client = std::move(client);
-    slot.session = std::shared_ptr<remote::Session>(std::move(*session));
-    // The operator time-outs set before hold for it too (queued, no wait;
-    // a session without the command channel has none, as
-    // aclrtSetOpExecuteTimeOut said when they were set).
-    if (state.op_execute_timeout_ms != 0 || state.op_wait_timeout_ms != 0) {
-      slot.session
-          ->SetOpTimeouts(state.op_execute_timeout_ms, state.op_wait_timeout_ms)
-          .IgnoreError();
-    }
-  }
-  return absl::OkStatus();
+  return InstallSession(state, function, device_id, *target, std::move(client),
+                        *std::move(session));
 }
 
 // After OpenDevice, under state.mu: ACL_SUCCESS unless another thread
@@ -488,339 +513,6 @@ aclError aclrtGetCurrentContext(aclrtContext* context) {
   }
   *context = reinterpret_cast<aclrtContext>(id);
   return ACL_SUCCESS;
-}
-
-aclError aclrtCreateStream(aclrtStream* stream) {
-  State& state = GetState();
-  opserver::Pinned pinned;
-  {
-    absl::MutexLock lock(&state.mu);
-    auto current = opserver::PinCurrent(state);
-    if (!current.ok()) return FailAcl(current.status());
-    if (stream == nullptr) {
-      return Fail(ACL_ERROR_INVALID_PARAM, "aclrtCreateStream: stream is NULL");
-    }
-    pinned = *std::move(current);
-  }
-  // Calls run without the lock.
-  auto created = pinned.session->CreateStream();
-  if (!created.ok()) return FailAcl(pinned.Named(created.status()));
-  absl::MutexLock lock(&state.mu);
-  if (!opserver::StillCurrent(state, pinned)) {
-    created->Release();  // It died with its session.
-    return Fail(ACL_ERROR_RT_FAILURE,
-                "aclrtCreateStream: the device was reset during the call");
-  }
-  const uintptr_t id = opserver::kStreamBase + 16 * state.next_stream++;
-  state.streams.emplace(
-      id, opserver::StreamEntry{pinned.device, *std::move(created)});
-  *stream = reinterpret_cast<aclrtStream>(id);
-  return ACL_SUCCESS;
-}
-
-aclError aclrtDestroyStream(aclrtStream stream) {
-  State& state = GetState();
-  opserver::Pinned pinned;
-  opserver::remote::Stream doomed;
-  const uintptr_t key = reinterpret_cast<uintptr_t>(stream);
-  {
-    absl::MutexLock lock(&state.mu);
-    if (!state.initialized) {
-      return Fail(ACL_ERROR_UNINITIALIZE,
-                  "aclrtDestroyStream: aclInit was not called");
-    }
-    auto it = state.streams.find(key);
-    if (it == state.streams.end()) {
-      return Fail(ACL_ERROR_INVALID_PARAM,
-                  "aclrtDestroyStream: not a live aclrtCreateStream stream");
-    }
-    if (absl::Status s = opserver::RefuseIfCapturing(state, __func__, stream);
-        !s.ok()) {
-      return FailAcl(s);
-    }
-    pinned = state.Pin(it->second.device);
-    doomed = std::move(it->second.stream);
-    state.streams.erase(it);
-  }
-  // The call waits for the stream's running launch: not under the lock, so
-  // other threads' calls go on meanwhile. Its copies land first.
-  const uint64_t handle = doomed.handle();
-  opserver::WaitPendingReads(state, pinned.device, handle).IgnoreError();
-  absl::Status status = doomed.Destroy();
-  if (!status.ok()) {
-    // Not destroyed (e.g. the deadline passed): the stream stays usable and
-    // can be destroyed again, unless the session changed meanwhile.
-    absl::MutexLock lock(&state.mu);
-    if (opserver::StillCurrent(state, pinned) &&
-        status.code() != absl::StatusCode::kNotFound) {
-      state.streams.emplace(
-          key, opserver::StreamEntry{
-                   pinned.device,
-                   opserver::remote::Stream(pinned.session.get(), handle)});
-    }
-    return FailAcl(pinned.Named(status));
-  }
-  return ACL_SUCCESS;
-}
-
-aclError aclrtSynchronizeStream(aclrtStream stream) {
-  State& state = GetState();
-  opserver::Pinned pinned;
-  uint64_t handle;
-  {
-    absl::MutexLock lock(&state.mu);
-    absl::StatusOr<opserver::Pinned> current;
-    auto it = state.streams.find(reinterpret_cast<uintptr_t>(stream));
-    if (stream != nullptr && it != state.streams.end() && state.initialized) {
-      current = state.Pin(it->second.device);  // On any thread.
-    } else {
-      current = opserver::PinCurrent(state);
-    }
-    if (!current.ok()) return FailAcl(current.status());
-    pinned = *std::move(current);
-    auto stream_handle = opserver::StreamHandle(state, stream, pinned.device);
-    if (!stream_handle.ok()) {
-      return Fail(ACL_ERROR_INVALID_PARAM,
-                  absl::StrCat("aclrtSynchronizeStream: ",
-                               stream_handle.status().message()));
-    }
-    if (absl::Status s = opserver::RefuseIfCapturing(state, __func__, stream);
-        !s.ok()) {
-      return FailAcl(s);
-    }
-    handle = *stream_handle;
-  }
-  // Other threads may use the API while this one waits. The stream's
-  // aclrtMemcpyAsync reads land first; one that failed took the stream's
-  // error with it, so it is the synchronize's.
-  absl::Status status =
-      opserver::WaitPendingReads(state, pinned.device, handle);
-  absl::Status synchronized = pinned.session->Synchronize(handle);
-  opserver::ReportDeferred(pinned.device, synchronized);
-  if (status.ok()) status = synchronized;
-  if (!status.ok()) return FailAcl(pinned.Named(status));
-  return ACL_SUCCESS;
-}
-
-aclError aclrtMalloc(void** devPtr, size_t size,
-                     aclrtMemMallocPolicy /*policy*/) {
-  State& state = GetState();
-  opserver::Pinned pinned;
-  {
-    absl::MutexLock lock(&state.mu);
-    auto current = opserver::PinCurrent(state);
-    if (!current.ok()) return FailAcl(current.status());
-    if (devPtr == nullptr) {
-      return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMalloc: devPtr is NULL");
-    }
-    if (size == 0) {
-      return Fail(ACL_ERROR_INVALID_PARAM, "aclrtMalloc: size is 0");
-    }
-    pinned = *std::move(current);
-  }
-  // Calls run without the lock.
-  auto buffer = pinned.session->Malloc(size);
-  if (!buffer.ok()) return FailAcl(pinned.Named(buffer.status()));
-  absl::MutexLock lock(&state.mu);
-  if (!opserver::StillCurrent(state, pinned)) {
-    buffer->Release();  // It died with its session.
-    return Fail(ACL_ERROR_RT_FAILURE,
-                "aclrtMalloc: the device was reset during the call");
-  }
-  absl::StatusOr<void*> address =
-      state.addresses.Add(size, *buffer, pinned.device);
-  if (!address.ok()) return FailAcl(address.status());
-  *devPtr = *address;
-  return ACL_SUCCESS;
-}
-
-aclError aclrtFree(void* devPtr) {
-  State& state = GetState();
-  opserver::Pinned pinned;
-  opserver::remote::DeviceBuffer doomed;
-  {
-    absl::MutexLock lock(&state.mu);
-    if (!state.initialized) {
-      return Fail(ACL_ERROR_UNINITIALIZE, "aclrtFree: aclInit was not called");
-    }
-    absl::StatusOr<opserver::DeviceRange> range =
-        state.addresses.Resolve(devPtr, "aclrtFree: devPtr");
-    absl::StatusOr<opserver::remote::DeviceBuffer> removed =
-        state.addresses.Remove(devPtr);
-    if (!removed.ok()) {
-      return Fail(ACL_ERROR_INVALID_PARAM,
-                  absl::StrCat("aclrtFree: ", removed.status().message()));
-    }
-    pinned = state.Pin(range->device);
-    doomed = *std::move(removed);
-  }
-  // The call runs without the lock (on the pointer's device, from any
-  // thread).
-  absl::Status status = doomed.Free();
-  if (!status.ok()) return FailAcl(pinned.Named(status));
-  return ACL_SUCCESS;
-}
-
-aclError aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count,
-                     aclrtMemcpyKind kind) {
-  if (aclError error = opserver::CheckCopyArguments(__func__, dst, destMax, src,
-                                                    count, kind);
-      error != ACL_SUCCESS) {
-    return error;
-  }
-  if (absl::Status s = opserver::CheckUnsafeCall(GetState(), __func__);
-      !s.ok()) {
-    return FailAcl(s);
-  }
-  if (kind == ACL_MEMCPY_HOST_TO_HOST) {
-    std::memmove(dst, src, count);
-    return ACL_SUCCESS;
-  }
-  State& state = GetState();
-  // The device side of each end: the pointer's own device, whichever
-  // context is current (as CANN's copies address device memory by
-  // pointer).
-  opserver::Pinned source, target;
-  opserver::DeviceRange from{}, to{};
-  {
-    absl::MutexLock lock(&state.mu);
-    if (!state.initialized) {
-      return Fail(ACL_ERROR_UNINITIALIZE,
-                  "aclrtMemcpy: aclInit was not called");
-    }
-    if (absl::Status s = opserver::ResolveCopy(state, __func__, dst, src, count,
-                                               kind, &from, &to);
-        !s.ok()) {
-      return FailAcl(s);
-    }
-    if (kind != ACL_MEMCPY_HOST_TO_DEVICE) source = state.Pin(from.device);
-    if (kind != ACL_MEMCPY_DEVICE_TO_HOST) target = state.Pin(to.device);
-  }
-  // The transfer runs without the lock: other threads may use the API.
-  absl::Status status;
-  const opserver::Pinned& named =
-      kind == ACL_MEMCPY_HOST_TO_DEVICE ? target : source;
-  if (kind == ACL_MEMCPY_HOST_TO_DEVICE) {
-    status = target.session->Upload(to.buffer, to.offset, src, count);
-  } else if (kind == ACL_MEMCPY_DEVICE_TO_HOST) {
-    status = source.session->Download(from.buffer, from.offset, dst, count);
-  } else if (from.device == to.device) {
-    // On the server, ordered after the default stream's work, then waited
-    // for: aclrtMemcpy returns once the bytes are there.
-    status = source.session->CopyOnDevice(to.buffer, to.offset, from.buffer,
-                                          from.offset, count);
-    if (status.ok()) {
-      status = source.session->Synchronize(0);
-      opserver::ReportDeferred(source.device, status);
-    }
-  } else {
-    // Between devices (sessions, possibly servers): through the host.
-    std::vector<char> bounce(count);
-    status = source.session->Download(from.buffer, from.offset, bounce.data(),
-                                      count);
-    if (status.ok()) {
-      status =
-          target.session->Upload(to.buffer, to.offset, bounce.data(), count);
-      if (!status.ok()) return FailAcl(target.Named(status));
-    }
-  }
-  if (!status.ok()) return FailAcl(named.Named(status));
-  return ACL_SUCCESS;
-}
-
-aclTensor* aclCreateTensor(const int64_t* viewDims, uint64_t viewDimsNum,
-                           aclDataType dataType, const int64_t* stride,
-                           int64_t offset, aclFormat format,
-                           const int64_t* storageDims, uint64_t storageDimsNum,
-                           void* tensorData) {
-  if (viewDimsNum > 0 && viewDims == nullptr) {
-    Fail(0, "aclCreateTensor: viewDims is NULL");
-    return nullptr;
-  }
-  if (viewDimsNum > 8 || storageDimsNum > 8) {
-    Fail(0, "aclCreateTensor: more than 8 dimensions");
-    return nullptr;
-  }
-  if (storageDimsNum > 0 && storageDims == nullptr) {
-    Fail(0, "aclCreateTensor: storageDims is NULL");
-    return nullptr;
-  }
-  auto* tensor = new aclTensor;
-  tensor->shape.assign(viewDims, viewDims + viewDimsNum);
-  if (stride != nullptr) tensor->strides.assign(stride, stride + viewDimsNum);
-  if (storageDimsNum > 0) {
-    tensor->storage_shape.assign(storageDims, storageDims + storageDimsNum);
-  }
-  tensor->dtype = dataType;
-  tensor->format = format;
-  tensor->offset = offset;
-  tensor->data = reinterpret_cast<uintptr_t>(tensorData);
-  return tensor;
-}
-
-aclScalar* aclCreateScalar(void* value, aclDataType dataType) {
-  if (value == nullptr) {
-    Fail(0, "aclCreateScalar: value is NULL");
-    return nullptr;
-  }
-  // aclCreateScalar copies one element of `dataType` from `value`.
-  const auto dtype = static_cast<opserver::kernels::DType>(dataType);
-  const int64_t size = opserver::kernels::DTypeSize(dtype);
-  absl::StatusOr<opserver::kernels::Scalar> scalar =
-      size == 0 ? absl::InvalidArgumentError("unknown dtype")
-                : opserver::kernels::Scalar::FromBytes(dtype, value, size);
-  if (!scalar.ok()) {
-    Fail(0, absl::StrCat("aclCreateScalar: unsupported aclDataType ",
-                         static_cast<int>(dataType)));
-    return nullptr;
-  }
-  return new aclScalar{dataType, scalar->AsDouble()};
-}
-
-aclnnStatus aclDestroyTensor(const aclTensor* tensor) {
-  delete tensor;
-  return ACLNN_SUCCESS;
-}
-
-aclnnStatus aclDestroyScalar(const aclScalar* scalar) {
-  delete scalar;
-  return ACLNN_SUCCESS;
-}
-
-aclnnStatus aclSetAclOpExecutorRepeatable(aclOpExecutor* executor) {
-  State& state = GetState();
-  absl::MutexLock lock(&state.mu);
-  auto it = state.executors.find(reinterpret_cast<uintptr_t>(executor));
-  if (it == state.executors.end()) {
-    return Fail(ACLNN_ERR_INNER_NULLPTR,
-                "aclSetAclOpExecutorRepeatable: executor is unknown, "
-                "destroyed or already consumed");
-  }
-  absl::Status status = it->second.executor.SetRepeatable();
-  if (!status.ok()) return opserver::FailAclnn(status);
-  return ACLNN_SUCCESS;
-}
-
-aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor* executor) {
-  State& state = GetState();
-  opserver::Pinned pinned;
-  opserver::remote::Executor doomed;
-  {
-    absl::MutexLock lock(&state.mu);
-    auto it = state.executors.find(reinterpret_cast<uintptr_t>(executor));
-    if (it == state.executors.end()) {
-      return Fail(ACLNN_ERR_INNER_NULLPTR,
-                  "aclDestroyAclOpExecutor: executor is unknown, destroyed "
-                  "or already consumed");
-    }
-    pinned = state.Pin(it->second.device);
-    doomed = std::move(it->second.executor);
-    state.executors.erase(it);
-  }
-  // The call runs without the lock.
-  absl::Status status = doomed.Destroy();
-  if (!status.ok()) return opserver::FailAclnn(status);
-  return ACLNN_SUCCESS;
 }
 
 }  // extern "C"

@@ -18,6 +18,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/command_channel.h"
+#include "client/connect_options.h"
+#include "client/session_handles.h"
 #include "kernels/op_signatures.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kernels/dtype.h"
@@ -28,75 +30,6 @@
 // reachable as opserver::Client and opserver::ConnectOptions.
 namespace opserver {
 namespace remote {
-
-// The most connections one transfer is split over (each is a TCP
-// connection and, during a transfer, a thread).
-inline constexpr int kMaxTransferConnections = 16;
-
-// How a Client reaches its server.
-struct ConnectOptions {
-  // Deadline for establishing the connection in Connect().
-  absl::Duration connect_timeout = absl::Seconds(5);
-  // Deadline applied to each call that does not wait for device work.
-  absl::Duration call_timeout = absl::Seconds(30);
-  // Deadline of calls that wait for device work or move data: each whole
-  // Upload/Download, SynchronizeStream and DestroyStream.
-  absl::Duration wait_timeout = absl::Minutes(10);
-  // Bytes per Upload message.
-  uint64_t upload_chunk_bytes = 1 << 20;
-  // An Upload or Download of at least transfer_split_bytes of a buffer of
-  // a pipelined session goes over this many TCP connections at once, in
-  // parts, the extra ones on short-lived streams of their own: one
-  // connection leaves the receiving side idle between messages
-  // (BENCHMARKS.md, "Several connections"). The extra connections are
-  // opened on the first such transfer; where connections or streams cannot
-  // be had, the transfer is one call. 1: always one call.
-  // From 1 to kMaxTransferConnections.
-  int transfer_connections = 4;
-  uint64_t transfer_split_bytes = 32ull << 20;
-  // An Upload or Download of at least data_path_bytes goes over the
-  // server's data path when it has one (common/data_path.h: a plain TCP
-  // connection per transfer that carries the raw bytes, so neither side
-  // copies them through gRPC's buffers; BENCHMARKS.md, "The data path").
-  // Never with TLS (the data path is not encrypted). Where the server has
-  // none or its port cannot be reached, the client says so once on stderr
-  // and uses Upload/Download (split as above) from then on.
-  bool data_path = true;
-  uint64_t data_path_bytes = 4ull << 20;
-  // Largest message accepted from the server (the
-  // client accepted any size, so a hostile server could make it allocate
-  // without bound). A server sends at most its --max_message_bytes (64 MiB
-  // by default); raise this for one configured higher. At most 2 GiB - 1.
-  uint64_t max_message_bytes = 64ull << 20;
-
-  // TLS is used when any of the three files is set. PEM files: the CA that
-  // signed the server's certificate (empty = the system's roots) and, for a
-  // server that requires client certificates (mTLS), this client's
-  // certificate chain and private key.
-  std::string tls_ca_file;
-  std::string tls_cert_file;
-  std::string tls_key_file;
-  // The name the server's certificate must carry, when it is not the host
-  // in the address (e.g. dialing an IP address that is not in the SAN).
-  std::string tls_server_name;
-  // Sent as "authorization: Bearer TOKEN" with every call when set (a server
-  // with --auth_token_file requires it).
-  std::string token;
-
-  // Pipelined execution (the default): each session opens an ordered
-  // command channel (Operators.Pipeline). Phase one of an operator is
-  // checked and sized here with the server's own validation code and
-  // returns without a round trip; launches, frees and executor calls are
-  // queued on the channel and return at once; errors only the server can
-  // find are deferred to the next Synchronize of the stream (or, for
-  // commands without a stream, the next Download/ReadValues/Close). Every
-  // other call first waits until the channel's commands took effect, so
-  // calls take effect in the order they were made. Off: every call is its
-  // own unary RPC (for debugging). A server without the channel gets unary
-  // calls either way.
-  bool pipeline = true;
-  ChannelWindow pipeline_window;
-};
 
 // A client token file: the token on its first non-blank line, surrounding
 // whitespace removed. INVALID_ARGUMENT naming the path when it cannot be
@@ -229,135 +162,6 @@ class Client {
   std::unique_ptr<v1::Runtime::Stub> runtime_;
   std::unique_ptr<v1::Operators::Stub> operators_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
-};
-
-// aclCreateTensor's description of a tensor in a device buffer.
-struct TensorDesc {
-  uint64_t buffer = 0;
-  // Byte offset of the storage base within the buffer.
-  uint64_t buffer_offset = 0;
-  kernels::DType dtype = kernels::DType::kFloat;
-  std::vector<int64_t> shape;
-  // In elements; empty = contiguous row-major.
-  std::vector<int64_t> strides;
-  // View offset from the storage base, in elements.
-  int64_t offset = 0;
-  std::vector<int64_t> storage_shape;
-
-  // A contiguous tensor at the start of `buffer`.
-  static TensorDesc Contiguous(uint64_t buffer, kernels::DType dtype,
-                               std::vector<int64_t> shape);
-  v1::TensorDesc ToProto() const;
-};
-
-// aclCreateScalar: a typed scalar (LeakyReluBackward's negativeSlope).
-struct ScalarValue {
-  kernels::DType dtype = kernels::DType::kFloat;
-  double value = 0;
-};
-
-// A device buffer (Malloc). Freed when destroyed unless released.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(Session* session, uint64_t handle, uint64_t size)
-      : session_(session), handle_(handle), size_(size) {}
-  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
-  ~DeviceBuffer();
-
-  uint64_t handle() const { return handle_; }
-  uint64_t size() const { return size_; }
-  bool valid() const { return session_ != nullptr; }
-
-  // Frees now and reports the outcome.
-  absl::Status Free();
-  // Gives up ownership; returns the handle.
-  uint64_t Release();
-
- private:
-  Session* session_ = nullptr;
-  uint64_t handle_ = 0;
-  uint64_t size_ = 0;
-};
-
-// A device stream besides the default stream 0. Destroyed (after its queued
-// work) when this object goes away.
-class Stream {
- public:
-  Stream() = default;
-  Stream(Session* session, uint64_t handle)
-      : session_(session), handle_(handle) {}
-  Stream(Stream&& other) noexcept { *this = std::move(other); }
-  Stream& operator=(Stream&& other) noexcept;
-  ~Stream();
-
-  uint64_t handle() const { return handle_; }
-  absl::Status Synchronize();
-  absl::Status Destroy();
-  // Gives up ownership; returns the handle.
-  uint64_t Release();
-
- private:
-  Session* session_ = nullptr;
-  uint64_t handle_ = 0;
-};
-
-// The plan GetWorkspaceSize returned. Single-use unless SetRepeatable(); an
-// executor that was never launched, or a repeatable one, is destroyed on the
-// server when this object goes away.
-class Executor {
- public:
-  Executor() = default;
-  Executor(Session* session, uint64_t handle, uint64_t workspace_size)
-      : session_(session), handle_(handle), workspace_size_(workspace_size) {}
-  Executor(Executor&& other) noexcept { *this = std::move(other); }
-  Executor& operator=(Executor&& other) noexcept;
-  ~Executor();
-
-  uint64_t handle() const { return handle_; }
-  uint64_t workspace_size() const { return workspace_size_; }
-  bool repeatable() const { return repeatable_; }
-
-  absl::Status SetRepeatable();
-  // Queues the plan on `stream` (0 = default). `workspace` must hold at least
-  // workspace_size() bytes from `workspace_offset` when that is non-zero.
-  absl::Status Execute(uint64_t stream = 0, uint64_t workspace = 0,
-                       uint64_t workspace_offset = 0);
-  // Same with an explicit workspace size (as aclnnXxx passes it).
-  absl::Status Execute(uint64_t stream, uint64_t workspace,
-                       uint64_t workspace_offset, uint64_t workspace_size);
-  absl::Status Destroy();
-  // Gives up ownership; returns the handle.
-  uint64_t Release();
-
- private:
-  Session* session_ = nullptr;
-  uint64_t handle_ = 0;
-  uint64_t workspace_size_ = 0;
-  bool repeatable_ = false;
-};
-
-// A read queued by Session::ReadAsync. Wait() for its bytes; dropped
-// without Wait(), its destination is never written.
-class PendingRead {
- public:
-  PendingRead() = default;
-  PendingRead(PendingRead&& other) noexcept { *this = std::move(other); }
-  PendingRead& operator=(PendingRead&& other) noexcept;
-  ~PendingRead();
-
-  // Waits until the bytes are in the destination. The stream's deferred
-  // error otherwise (consumed, as Synchronize does). Once only.
-  absl::Status Wait();
-
- private:
-  friend class Session;
-  PendingRead(Session* session, uint64_t id) : session_(session), id_(id) {}
-  explicit PendingRead(absl::Status done) : done_(std::move(done)) {}
-  Session* session_ = nullptr;
-  uint64_t id_ = 0;
-  absl::Status done_;
 };
 
 // A session on the server: owns every buffer, stream and executor made

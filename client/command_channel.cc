@@ -424,44 +424,53 @@ void CommandChannel::ReadLoop() {
 void CommandChannel::ReadUntilEnd() {
   v1::PipelineEvent event;
   while (stream_->Read(&event)) {
-    // Callbacks reached, told outside the lock.
-    std::vector<std::pair<CallbackReached, v1::CallbackNotice>> reached;
-    {
-      absl::MutexLock lock(&mu_);
-      opened_ = true;
-      // A reply the protocol does not allow (an acknowledgement beyond
-      // what was written, a result for a fence not awaited or already
-      // taken, a notice for no callback) ends the channel: what else such
-      // a server says cannot be trusted, and held results stay bounded by
-      // the fences awaited.
-      if (absl::Status s = replies_.Apply(event, written_); !s.ok()) {
-        broken_ = absl::InternalError(absl::StrCat(
-            "Pipeline: ", s.message(),
-            " (a broken or hostile server); the channel is closed"));
-        context_.TryCancel();
-        break;
-      }
-      while (!unacked_.empty() &&
-             unacked_.front().first <= replies_.acknowledged()) {
-        unacked_bytes_ -= unacked_.front().second;
-        unacked_.pop_front();
-      }
-      for (v1::CallbackNotice& notice : replies_.TakeNotices()) {
-        auto it = callbacks_.find(notice.id());
-        if (it == callbacks_.end()) continue;  // Withdrawn meanwhile.
-        reached.emplace_back(std::move(it->second), std::move(notice));
-        callbacks_.erase(it);
-      }
+    if (!ApplyEvent(event)) break;
+  }
+  EndCall();
+}
+
+bool CommandChannel::ApplyEvent(const v1::PipelineEvent& event) {
+  // Callbacks reached, told outside the lock.
+  std::vector<std::pair<CallbackReached, v1::CallbackNotice>> reached;
+  {
+    absl::MutexLock lock(&mu_);
+    opened_ = true;
+    // A reply the protocol does not allow (an acknowledgement beyond
+    // what was written, a result for a fence not awaited or already
+    // taken, a notice for no callback) ends the channel: what else such
+    // a server says cannot be trusted, and held results stay bounded by
+    // the fences awaited.
+    if (absl::Status s = replies_.Apply(event, written_); !s.ok()) {
+      broken_ = absl::InternalError(
+          absl::StrCat("Pipeline: ", s.message(),
+                       " (a broken or hostile server); the channel is closed"));
+      context_.TryCancel();
+      return false;
     }
-    for (auto& [callback, notice] : reached) {
-      absl::Status status;
-      if (notice.code() != 0) {
-        status = absl::Status(static_cast<absl::StatusCode>(notice.code()),
-                              notice.message());
-      }
-      callback(notice.id(), std::move(status));
+    while (!unacked_.empty() &&
+           unacked_.front().first <= replies_.acknowledged()) {
+      unacked_bytes_ -= unacked_.front().second;
+      unacked_.pop_front();
+    }
+    for (v1::CallbackNotice& notice : replies_.TakeNotices()) {
+      auto it = callbacks_.find(notice.id());
+      if (it == callbacks_.end()) continue;  // Withdrawn meanwhile.
+      reached.emplace_back(std::move(it->second), std::move(notice));
+      callbacks_.erase(it);
     }
   }
+  for (auto& [callback, notice] : reached) {
+    absl::Status status;
+    if (notice.code() != 0) {
+      status = absl::Status(static_cast<absl::StatusCode>(notice.code()),
+                            notice.message());
+    }
+    callback(notice.id(), std::move(status));
+  }
+  return true;
+}
+
+void CommandChannel::EndCall() {
   // The call is over: whatever its end, every waiter learns it. The writer
   // stops at its next Write (the call is done) or at once when closing.
   {

@@ -155,6 +155,13 @@ class CommandChannel {
   void ReadLoop();
   // ReadLoop's reading, until the call ended and broken_ says why.
   void ReadUntilEnd();
+  // One event from the server: acknowledgements, results and callback
+  // notices taken (the callbacks run here, without mu_). False when the
+  // event breaks the protocol: broken_ says so and the call is cancelled.
+  bool ApplyEvent(const v1::PipelineEvent& event);
+  // After the last event: finishes the call and sets broken_ to why it
+  // ended.
+  void EndCall();
   // Waits for `ready` (evaluated under mu_) or the channel to break, at
   // most `timeout`.
   // Sends a fence command with a new id; its result is collected by id.

@@ -31,6 +31,12 @@ absl::Status AclError(const CannLibrary& cann, absl::string_view call,
 absl::Status AclnnFailure(const CannLibrary& cann, absl::string_view call,
                           aclnnStatus status);
 
+// ": " and aclGetRecentErrMsg's text, or "" when CANN has none.
+std::string WithRecentError(const CannLibrary& cann);
+
+// The name of `op`'s aclnn function ("aclnnThresholdBackward").
+absl::string_view AclnnName(kernels::OpKind op);
+
 class AscendDevice;
 
 // The Ascend device's DevicePlan (AscendDevice::Prepare): the call as CANN
