@@ -32,6 +32,40 @@ double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
+using remote::TensorDesc;
+
+// Operator i of the step (the five in turn) from g into o.
+absl::StatusOr<remote::Executor> PlanOp(remote::Session& s, int i,
+                                        const TensorDesc& g,
+                                        const TensorDesc& xd,
+                                        const TensorDesc& md,
+                                        const TensorDesc& o) {
+  switch (i % 5) {
+    case 0:
+      return s.ThresholdBackward(g, xd, -3.875, o);
+    case 1:
+      return s.SoftshrinkBackward(g, xd, 0.0625, o);
+    case 2:
+      return s.HardswishBackward(g, xd, o);
+    case 3:
+      return s.LeakyReluBackward(g, xd, {kernels::DType::kFloat, 0.5}, false,
+                                 o);
+    default:
+      return s.DropoutBackward(g, md, 1.0, o);
+  }
+}
+
+// One step: kOps operators ping-ponging between bufs, one synchronize.
+bool Step(remote::Session& s, const TensorDesc& xd, const TensorDesc& md,
+          const TensorDesc (&bufs)[2]) {
+  for (int i = 0; i < kOps; ++i) {
+    absl::StatusOr<remote::Executor> e =
+        PlanOp(s, i, bufs[i % 2], xd, md, bufs[(i + 1) % 2]);
+    if (!e.ok() || !e->Execute().ok()) return false;
+  }
+  return s.Synchronize().ok();
+}
+
 int Run() {
   auto client = Client::Connect(absl::GetFlag(FLAGS_address));
   if (!client.ok()) {
@@ -60,7 +94,6 @@ int Run() {
       !s.Upload(a->handle(), 0, ones.data(), bytes).ok()) {
     return 1;
   }
-  using remote::TensorDesc;
   const TensorDesc xd =
       TensorDesc::Contiguous(x->handle(), kernels::DType::kFloat, {kElements});
   const TensorDesc md = TensorDesc::Contiguous(
@@ -68,33 +101,7 @@ int Run() {
   const TensorDesc bufs[2] = {
       TensorDesc::Contiguous(a->handle(), kernels::DType::kFloat, {kElements}),
       TensorDesc::Contiguous(b->handle(), kernels::DType::kFloat, {kElements})};
-  auto step = [&]() -> bool {
-    for (int i = 0; i < kOps; ++i) {
-      const TensorDesc& g = bufs[i % 2];
-      const TensorDesc& o = bufs[(i + 1) % 2];
-      absl::StatusOr<remote::Executor> e;
-      switch (i % 5) {
-        case 0:
-          e = s.ThresholdBackward(g, xd, -3.875, o);
-          break;
-        case 1:
-          e = s.SoftshrinkBackward(g, xd, 0.0625, o);
-          break;
-        case 2:
-          e = s.HardswishBackward(g, xd, o);
-          break;
-        case 3:
-          e = s.LeakyReluBackward(g, xd, {kernels::DType::kFloat, 0.5}, false,
-                                  o);
-          break;
-        default:
-          e = s.DropoutBackward(g, md, 1.0, o);
-          break;
-      }
-      if (!e.ok() || !e->Execute().ok()) return false;
-    }
-    return s.Synchronize().ok();
-  };
+  auto step = [&] { return Step(s, xd, md, bufs); };
   for (int i = 0; i < 3; ++i) {
     if (!step()) return 1;
   }

@@ -215,40 +215,48 @@ class HostileTenant {
               e);
         break;
       }
-      case 6: {
-        grpc::ClientContext context;
-        SetDeadline(&context, kCallDeadline);
-        v1::DownloadRequest request;
-        request.set_session(stolen);
-        request.set_buffer(1 + Rand(8));
-        request.set_size(16);
-        auto reader = conn->rt->Download(&context, request);
-        v1::DownloadResponse chunk;
-        bool data = false;
-        while (reader->Read(&chunk)) data = true;
-        stats_->Record("Download", e, FromStatus(reader->Finish(), context));
-        if (data) {
-          stats_->Problem("other_tenant_session",
-                          "a Download of another tenant's buffer got data");
-        }
+      case 6:
+        StolenDownload(conn, stolen, e);
         break;
-      }
-      default: {
-        grpc::ClientContext context;
-        SetDeadline(&context, kCallDeadline);
-        v1::AttachRequest request;
-        request.set_session(stolen);
-        auto reader = conn->rt->Attach(&context, request);
-        v1::AttachEvent event;
-        bool attached = false;
-        while (reader->Read(&event)) attached = true;
-        stats_->Record("Attach", e, FromStatus(reader->Finish(), context));
-        if (attached) {
-          stats_->Problem("other_tenant_session",
-                          "another tenant's session was attached");
-        }
+      default:
+        StolenAttach(conn, stolen, e);
         break;
-      }
+    }
+  }
+
+  // A Download of a buffer of the session `stolen`: no data may come.
+  void StolenDownload(Conn* conn, const std::string& stolen, const Expect& e) {
+    grpc::ClientContext context;
+    SetDeadline(&context, kCallDeadline);
+    v1::DownloadRequest request;
+    request.set_session(stolen);
+    request.set_buffer(1 + Rand(8));
+    request.set_size(16);
+    auto reader = conn->rt->Download(&context, request);
+    v1::DownloadResponse chunk;
+    bool data = false;
+    while (reader->Read(&chunk)) data = true;
+    stats_->Record("Download", e, FromStatus(reader->Finish(), context));
+    if (data) {
+      stats_->Problem("other_tenant_session",
+                      "a Download of another tenant's buffer got data");
+    }
+  }
+
+  // An Attach to the session `stolen`: it may not attach.
+  void StolenAttach(Conn* conn, const std::string& stolen, const Expect& e) {
+    grpc::ClientContext context;
+    SetDeadline(&context, kCallDeadline);
+    v1::AttachRequest request;
+    request.set_session(stolen);
+    auto reader = conn->rt->Attach(&context, request);
+    v1::AttachEvent event;
+    bool attached = false;
+    while (reader->Read(&event)) attached = true;
+    stats_->Record("Attach", e, FromStatus(reader->Finish(), context));
+    if (attached) {
+      stats_->Problem("other_tenant_session",
+                      "another tenant's session was attached");
     }
   }
 
@@ -349,6 +357,60 @@ bool ClosedWithin(int fd, absl::Duration timeout) {
   }
 }
 
+// The server's data port, from GetServerStats (recorded); 0, recorded as a
+// problem when the server has none, when it cannot be read.
+int DataPort(const HostileOptions& o) {
+  auto conn = Connect(o.address, true, o.token);
+  grpc::ClientContext context;
+  SetDeadline(&context, kCallDeadline);
+  v1::ServerStats server;
+  const grpc::Status status =
+      conn->rt->GetServerStats(&context, v1::GetServerStatsRequest(), &server);
+  if (!o.stats->Record("GetServerStats", Valid(), FromStatus(status, context)))
+    return 0;
+  if (server.data_port() == 0) {
+    o.stats->Problem("data_port_flood", "the server reports no data port");
+  }
+  return static_cast<int>(server.data_port());
+}
+
+// One flood connection: a whole ticket nobody was given (into `garbage`),
+// a few bytes then nothing, or nothing at all (into `idle`).
+void FloodConnection(const std::string& host, int port, std::mt19937_64& rng,
+                     std::vector<int>* garbage, std::vector<int>* idle) {
+  const int fd = Dial(host, port);
+  if (fd < 0) {
+    // The listener's backlog may be full for a moment; not an error of
+    // the server's, but it must take connections again afterwards.
+    return;
+  }
+  switch (rng() % 3) {
+    case 0: {  // A whole ticket nobody was given.
+      char ticket[kTicketBytes];
+      for (char& c : ticket) c = static_cast<char>(rng());
+      if (write(fd, ticket, sizeof(ticket)) == sizeof(ticket)) {
+        garbage->push_back(fd);
+      } else {
+        close(fd);
+      }
+      break;
+    }
+    case 1: {  // A few bytes, then nothing.
+      char part[3];
+      for (char& c : part) c = static_cast<char>(rng());
+      if (write(fd, part, sizeof(part)) < 0) {
+        close(fd);
+        break;
+      }
+      idle->push_back(fd);
+      break;
+    }
+    default:  // Nothing at all.
+      idle->push_back(fd);
+      break;
+  }
+}
+
 }  // namespace
 
 void RunHostileTenant(const HostileOptions& options, absl::Time end,
@@ -361,60 +423,15 @@ void RunDataPortFlood(const HostileOptions& o, absl::Time end,
                       const std::atomic<bool>* stop) {
   Stats* stats = o.stats;
   std::mt19937_64 rng(o.seed);
-  auto conn = Connect(o.address, true, o.token);
-  int port = 0;
-  {
-    grpc::ClientContext context;
-    SetDeadline(&context, kCallDeadline);
-    v1::ServerStats server;
-    const grpc::Status status = conn->rt->GetServerStats(
-        &context, v1::GetServerStatsRequest(), &server);
-    if (!stats->Record("GetServerStats", Valid(), FromStatus(status, context)))
-      return;
-    port = static_cast<int>(server.data_port());
-  }
-  if (port == 0) {
-    stats->Problem("data_port_flood", "the server reports no data port");
-    return;
-  }
+  const int port = DataPort(o);
+  if (port == 0) return;
   const std::string host =
       std::vector<std::string>(absl::StrSplit(o.address, ':'))[0];
   while (absl::Now() < end && !stop->load()) {
     const int n = 8 + static_cast<int>(rng() % 24);
     std::vector<int> garbage, idle;
-    for (int i = 0; i < n; ++i) {
-      const int fd = Dial(host, port);
-      if (fd < 0) {
-        // The listener's backlog may be full for a moment; not an error of
-        // the server's, but it must take connections again afterwards.
-        continue;
-      }
-      switch (rng() % 3) {
-        case 0: {  // A whole ticket nobody was given.
-          char ticket[kTicketBytes];
-          for (char& c : ticket) c = static_cast<char>(rng());
-          if (write(fd, ticket, sizeof(ticket)) == sizeof(ticket)) {
-            garbage.push_back(fd);
-          } else {
-            close(fd);
-          }
-          break;
-        }
-        case 1: {  // A few bytes, then nothing.
-          char part[3];
-          for (char& c : part) c = static_cast<char>(rng());
-          if (write(fd, part, sizeof(part)) < 0) {
-            close(fd);
-            break;
-          }
-          idle.push_back(fd);
-          break;
-        }
-        default:  // Nothing at all.
-          idle.push_back(fd);
-          break;
-      }
-    }
+    for (int i = 0; i < n; ++i)
+      FloodConnection(host, port, rng, &garbage, &idle);
     // A ticket nobody was given is closed at once (its first bytes are no
     // expected ticket's prefix); 5 s is slack for a loaded machine.
     for (int fd : garbage) {

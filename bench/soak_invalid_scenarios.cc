@@ -1,5 +1,7 @@
 // The raw-RPC client's invalid requests, made on purpose: each names the
-// category of error that explains its outcome (soak_report.cc).
+// category of error that explains its outcome (soak_report.cc). Those
+// naming handles and sessions that are not the caller's to use are in
+// soak_handle_scenarios.cc.
 
 #include <cmath>
 #include <cstdint>
@@ -15,151 +17,29 @@
 namespace opserver::soak::rpc {
 
 void Client::InvalidScenario() {
-  const uint32_t kNotFound = Bit(StatusCode::NOT_FOUND);
-  const uint32_t kInvalid = Bit(StatusCode::INVALID_ARGUMENT);
-  const uint32_t kExhausted = Bit(StatusCode::RESOURCE_EXHAUSTED);
-  const uint32_t kPrecondition = Bit(StatusCode::FAILED_PRECONDITION);
-  SessionState* s = &main_;
   switch (Rand(20)) {
     case 0:  // A made-up or empty session, on any RPC.
-    case 1: {
-      const bool empty = Rand(3) == 0;
-      SessionState fake;
-      fake.token = empty ? "" : RandomToken();
-      const Expect e = empty ? Invalid("empty_session", kInvalid | kNotFound)
-                             : Invalid("bad_session", kNotFound);
-      AnyRpcOn(&fake, e);
+    case 1:
+      BadSession();
       break;
-    }
-    case 2: {  // Another session's buffer.
-      // Made first: a new handle could otherwise take the foreign number.
-      const uint64_t mine = AnyBuffer();
-      const uint64_t h = ForeignHandle('b');
-      if (h == 0 || mine == 0) return;
-      const Expect e = Invalid("foreign_handle", kNotFound);
-      std::string bytes;
-      switch (Rand(5)) {
-        case 0:
-          Free(s, h, e);
-          break;
-        case 1:
-          Download(s, h, 0, 1, 0, &bytes, e);
-          break;
-        case 2:
-          ReadValues(s, h, 0, v1::UINT8, 1, 0, nullptr, e);
-          break;
-        case 3:
-          Upload(s, h, 0, "x", 0, 1, e);
-          break;
-        default: {
-          v1::GetWorkspaceSizeRequest request = TinyThreshold(mine);
-          (*request.mutable_tensors())["self"].set_buffer(h);
-          GetWorkspaceSize(s, request, nullptr, e);
-          break;
-        }
-      }
+    case 2:  // Another session's buffer.
+      ForeignBuffer();
       break;
-    }
-    case 3: {  // Another session's executor.
-      const uint64_t h = ForeignHandle('e');
-      if (h == 0) return;
-      switch (Rand(3)) {
-        case 0:
-          Execute(s, LaunchRequest(s, h, 0),
-                  Invalid("foreign_handle", kNotFound | kPrecondition));
-          break;
-        case 1:
-          SetRepeatable(s, h, Invalid("foreign_handle", kNotFound));
-          break;
-        default:
-          DestroyExecutor(s, h, Invalid("foreign_handle", kNotFound));
-          break;
-      }
+    case 3:  // Another session's executor.
+      ForeignExecutor();
       break;
-    }
-    case 4: {  // Another session's stream.
-      const Expect e = Invalid("foreign_handle", kNotFound);
-      switch (Rand(3)) {
-        case 0:
-        case 1: {
-          const uint64_t h = ForeignHandle('s');
-          if (h == 0) return;
-          if (Chance(0.5)) {
-            Sync(s, h, e);
-          } else {
-            DestroyStream(s, h, e);
-          }
-          break;
-        }
-        default: {
-          // A valid executor on a stream that is not ours: refused before
-          // the executor is consumed, so it still launches afterwards.
-          uint64_t mine = AnyBuffer();
-          if (mine == 0) return;
-          uint64_t executor =
-              GetWorkspaceSize(s, TinyThreshold(mine), nullptr, V());
-          const uint64_t h = ForeignHandle('s');
-          if (executor == 0 || h == 0) return;
-          Execute(s, LaunchRequest(s, executor, h), e);
-          Execute(s, LaunchRequest(s, executor, 0), V());
-          break;
-        }
-      }
+    case 4:  // Another session's stream.
+      ForeignStream();
       break;
-    }
-    case 5: {  // Handles nobody made.
-      const uint64_t h = (1ull << 60) + Rand(1000);
-      const Expect e = Invalid("unknown_handle", kNotFound);
-      switch (Rand(4)) {
-        case 0:
-          Free(s, h, e);
-          break;
-        case 1:
-          Sync(s, h, e);
-          break;
-        case 2:
-          Execute(s, LaunchRequest(s, h, 0), e);
-          break;
-        default:
-          DestroyExecutor(s, h, e);
-          break;
-      }
+    case 5:  // Handles nobody made.
+      UnknownHandle();
       break;
-    }
-    case 6: {  // A freed buffer.
-      const uint64_t b = Malloc(s, 64);
-      if (b == 0 || !Free(s, b)) return;
-      const Expect e = Invalid("freed_buffer", kNotFound);
-      if (Chance(0.5)) {
-        Free(s, b, e);
-      } else {
-        WriteValues(s, b, 0, v1::FLOAT, {1}, 0, e);
-      }
+    case 6:  // A freed buffer.
+      FreedBuffer();
       break;
-    }
-    case 7: {  // A consumed executor.
-      uint64_t mine = AnyBuffer();
-      if (mine == 0) return;
-      uint64_t executor =
-          GetWorkspaceSize(s, TinyThreshold(mine), nullptr, V());
-      if (executor == 0 ||
-          !Execute(s, LaunchRequest(s, executor, 0), V()).ok()) {
-        return;
-      }
-      switch (Rand(3)) {
-        case 0:
-          Execute(s, LaunchRequest(s, executor, 0),
-                  Invalid("consumed_executor", kPrecondition));
-          break;
-        case 1:
-          DestroyExecutor(s, executor, Invalid("consumed_executor", kNotFound));
-          break;
-        default:
-          SetRepeatable(s, executor, Invalid("consumed_executor", kNotFound));
-          break;
-      }
+    case 7:  // A consumed executor.
+      ConsumedExecutor();
       break;
-    }
     case 8:
     case 9:
       BadShape();
@@ -170,260 +50,213 @@ void Client::InvalidScenario() {
     case 11:
       BadParam();
       break;
-    case 12: {  // Past a limit.
-      const Expect e = Invalid("oversized", kExhausted);
-      switch (Rand(8)) {
-        case 0:
-          Malloc(s, 1ull << 40, e);
-          break;
-        case 1:
-          Malloc(s, UINT64_MAX, e);
-          break;
-        case 2:
-        case 3:
-        case 4: {
-          uint64_t b = AnyBuffer();
-          if (b != 0) {
-            ReadValues(s, b, 0, v1::UINT8, kMaxValues + 1, 0, nullptr, e);
-          }
-          break;
-        }
-        case 5: {  // 8 MiB of values: rarely.
-          uint64_t b = AnyBuffer();
-          if (b != 0) {
-            WriteValues(s, b, 0, v1::UINT8,
-                        std::vector<double>(kMaxValues + 1, 0), 0, e);
-          }
-          break;
-        }
-        default: {
-          v1::EvaluateRequest request;
-          request.set_op("HardswishBackward");
-          for (const char* name : {"gradOutput", "self"}) {
-            v1::ValueTensor& t = (*request.mutable_inputs())[name];
-            t.set_dtype(v1::FLOAT);
-            t.add_shape(kMaxValues + 1);
-          }
-          request.mutable_output()->set_dtype(v1::FLOAT);
-          request.mutable_output()->add_shape(kMaxValues + 1);
-          v1::EvaluateResponse response;
-          Expect ee = e;
-          ee.evaluate = true;
-          Unary("Evaluate", SOAK_OPS(Evaluate), request, &response, ee);
-          break;
-        }
-      }
+    case 12:  // Past a limit.
+      Oversized();
       break;
-    }
-    case 13: {  // Ranges outside the buffer.
-      const uint64_t b = Malloc(s, 4096);
-      if (b == 0) return;
-      const Expect e = Invalid("bad_range", kInvalid);
-      std::string bytes;
-      switch (Rand(5)) {
-        case 0:
-          Download(s, b, 4095, 2, 0, &bytes, e);
-          break;
-        case 1:
-          Download(s, b, UINT64_MAX, 2, 0, &bytes, e);
-          break;
-        case 2:
-          ReadValues(s, b, 4092, v1::DOUBLE, 1, 0, nullptr, e);
-          break;
-        case 3:
-          WriteValues(s, b, 4096, v1::FLOAT, {1}, 0, e);
-          break;
-        default:
-          Upload(s, b, 4000, std::string(97, 'x'), 0, 64, e);
-          break;
-      }
-      Free(s, b);
+    case 13:  // Ranges outside the buffer.
+      BadRange();
       break;
-    }
-    case 14: {  // Uploads that break their own header.
-      const uint64_t b = Malloc(s, 4096);
-      if (b == 0) return;
-      const Expect e = Invalid("bad_upload", kInvalid);
-      switch (Rand(3)) {
-        case 0:  // More data than announced.
-          Upload(s, b, 0, std::string(200, 'x'), 0, 64, e, false, 100);
-          break;
-        case 1:  // Less.
-          Upload(s, b, 0, std::string(50, 'x'), 0, 16, e, Chance(0.5), 100);
-          break;
-        default: {  // Nothing at all.
-          grpc::ClientContext context;
-          SetDeadline(&context, kCallDeadline);
-          v1::UploadResponse response;
-          auto writer = conn_->rt->Upload(&context, &response);
-          writer->WritesDone();
-          Record("Upload", e, writer->Finish(), context);
-          break;
-        }
-      }
-      Free(s, b);
+    case 14:  // Uploads that break their own header.
+      BadUpload();
       break;
-    }
-    case 15: {  // Values that do not fit their dtype.
-      const uint64_t b = AnyBuffer();
-      if (b == 0) return;
-      const Expect e = Invalid("bad_value", kInvalid);
-      switch (Rand(5)) {
-        case 0:
-          WriteValues(s, b, 0, v1::INT32, {1.5}, 0, e);
-          break;
-        case 1:
-          WriteValues(s, b, 0, v1::INT32, {std::nan("")}, 0, e);
-          break;
-        case 2:
-          WriteValues(s, b, 0, v1::INT8, {300}, 0, e);
-          break;
-        case 3:
-          WriteValues(s, b, 0, v1::UINT8, {-1}, 0, e);
-          break;
-        default:
-          WriteValues(s, b, 0, v1::BOOL, {2}, 0, e);
-          break;
-      }
+    case 15:  // Values that do not fit their dtype.
+      BadValue();
       break;
-    }
     case 16:
       SmallWorkspace();
       break;
-    case 17: {  // Stream 0, destroyed and too many streams.
-      switch (Rand(3)) {
-        case 0:
-          DestroyStream(s, 0, Invalid("stream0", kInvalid));
-          break;
-        case 1: {
-          const uint64_t stream = CreateStream(s, V());
-          if (stream == 0 || !DestroyStream(s, stream, V()).ok()) return;
-          Sync(s, stream, Invalid("destroyed_stream", kNotFound));
-          break;
-        }
-        default:
-          StreamLimit();
-          break;
-      }
+    case 17:  // Stream 0, destroyed and too many streams.
+      StreamMisuse();
       break;
-    }
-    case 18: {  // Session-level misuse.
-      switch (Rand(3)) {
-        case 0: {
-          v1::CreateSessionRequest request;
-          request.set_client_name(std::string(257, 'n'));
-          v1::CreateSessionResponse response;
-          Unary("CreateSession", SOAK_RT(CreateSession), request, &response,
-                Invalid("long_name", kInvalid));
-          break;
-        }
-        case 1: {
-          SessionState other;
-          if (!OpenSession(&other, false)) return;
-          const std::string token = other.token;
-          CloseSession(&other);
-          other.token = token;
-          const Expect e = Invalid("closed_session", kNotFound);
-          if (Chance(0.5)) {
-            Malloc(&other, 16, e);
-          } else {
-            v1::CloseSessionRequest request;
-            request.set_session(token);
-            v1::CloseSessionResponse response;
-            Unary("CloseSession", SOAK_RT(CloseSession), request, &response, e);
-          }
-          break;
-        }
-        default: {
-          grpc::health::v1::HealthCheckRequest request;
-          request.set_service("opserver.v0.Nonexistent");
-          grpc::health::v1::HealthCheckResponse response;
-          grpc::ClientContext context;
-          SetDeadline(&context, kCallDeadline);
-          Record("Health.Check", Invalid("unknown_health_service", kNotFound),
-                 conn_->health->Check(&context, request, &response), context);
-          break;
-        }
-      }
+    case 18:  // Session-level misuse.
+      SessionMisuse();
       break;
-    }
     default:
       MixedPipeline();
       break;
   }
 }
 
-// One RPC, chosen at random, naming `fake` (a made-up or empty session).
-void Client::AnyRpcOn(SessionState* fake, const Expect& e) {
-  std::string bytes;
-  switch (Rand(16)) {
+// Past a limit.
+void Client::Oversized() {
+  SessionState* s = &main_;
+  const Expect e = Invalid("oversized", kExhausted);
+  switch (Rand(8)) {
     case 0:
-      Malloc(fake, 16, e);
+      Malloc(s, 1ull << 40, e);
       break;
     case 1:
-      Free(fake, 1, e);
+      Malloc(s, UINT64_MAX, e);
       break;
     case 2:
-      CreateStream(fake, e);
-      break;
     case 3:
-      DestroyStream(fake, 1, e);
-      break;
-    case 4:
-      Sync(fake, 0, e);
-      break;
-    case 5:
-      Upload(fake, 1, 0, "abcd", 0, 4, e);
-      break;
-    case 6:
-      Download(fake, 1, 0, 4, 0, &bytes, e);
-      break;
-    case 7:
-      WriteValues(fake, 1, 0, v1::FLOAT, {1}, 0, e);
-      break;
-    case 8:
-      ReadValues(fake, 1, 0, v1::FLOAT, 1, 0, nullptr, e);
-      break;
-    case 9:
-      GetWorkspaceSize(fake, TinyThreshold(1), nullptr, e);
-      break;
-    case 10:
-      Execute(fake, LaunchRequest(fake, 1, 0), e);
-      break;
-    case 11:
-      SetRepeatable(fake, 1, e);
-      break;
-    case 12:
-      DestroyExecutor(fake, 1, e);
-      break;
-    case 13: {
-      v1::GetSessionStatsRequest request;
-      request.set_session(fake->token);
-      v1::SessionStats stats;
-      Unary("GetSessionStats", SOAK_RT(GetSessionStats), request, &stats, e);
+    case 4: {
+      uint64_t b = AnyBuffer();
+      if (b != 0) {
+        ReadValues(s, b, 0, v1::UINT8, kMaxValues + 1, 0, nullptr, e);
+      }
       break;
     }
-    case 14: {
-      grpc::ClientContext context;
-      SetDeadline(&context, kCallDeadline);
-      v1::AttachRequest request;
-      request.set_session(fake->token);
-      auto reader = conn_->rt->Attach(&context, request);
-      v1::AttachEvent event;
-      bool attached = false;
-      while (reader->Read(&event)) attached = true;
-      Outcome o = Record("Attach", e, reader->Finish(), context);
-      if (attached && mode_ == Mode::kSoak) {
-        stats_->Problem("attach_fake", "an unknown session was attached");
+    case 5: {  // 8 MiB of values: rarely.
+      uint64_t b = AnyBuffer();
+      if (b != 0) {
+        WriteValues(s, b, 0, v1::UINT8, std::vector<double>(kMaxValues + 1, 0),
+                    0, e);
       }
-      (void)o;
       break;
     }
     default: {
-      v1::CloseSessionRequest request;
-      request.set_session(fake->token);
-      v1::CloseSessionResponse response;
-      Unary("CloseSession", SOAK_RT(CloseSession), request, &response, e);
+      v1::EvaluateRequest request;
+      request.set_op("HardswishBackward");
+      for (const char* name : {"gradOutput", "self"}) {
+        v1::ValueTensor& t = (*request.mutable_inputs())[name];
+        t.set_dtype(v1::FLOAT);
+        t.add_shape(kMaxValues + 1);
+      }
+      request.mutable_output()->set_dtype(v1::FLOAT);
+      request.mutable_output()->add_shape(kMaxValues + 1);
+      v1::EvaluateResponse response;
+      Expect ee = e;
+      ee.evaluate = true;
+      Unary("Evaluate", SOAK_OPS(Evaluate), request, &response, ee);
+      break;
+    }
+  }
+}
+
+// Ranges outside the buffer.
+void Client::BadRange() {
+  SessionState* s = &main_;
+  const uint64_t b = Malloc(s, 4096);
+  if (b == 0) return;
+  const Expect e = Invalid("bad_range", kInvalid);
+  std::string bytes;
+  switch (Rand(5)) {
+    case 0:
+      Download(s, b, 4095, 2, 0, &bytes, e);
+      break;
+    case 1:
+      Download(s, b, UINT64_MAX, 2, 0, &bytes, e);
+      break;
+    case 2:
+      ReadValues(s, b, 4092, v1::DOUBLE, 1, 0, nullptr, e);
+      break;
+    case 3:
+      WriteValues(s, b, 4096, v1::FLOAT, {1}, 0, e);
+      break;
+    default:
+      Upload(s, b, 4000, std::string(97, 'x'), 0, 64, e);
+      break;
+  }
+  Free(s, b);
+}
+
+// Uploads that break their own header.
+void Client::BadUpload() {
+  SessionState* s = &main_;
+  const uint64_t b = Malloc(s, 4096);
+  if (b == 0) return;
+  const Expect e = Invalid("bad_upload", kInvalid);
+  switch (Rand(3)) {
+    case 0:  // More data than announced.
+      Upload(s, b, 0, std::string(200, 'x'), 0, 64, e, false, 100);
+      break;
+    case 1:  // Less.
+      Upload(s, b, 0, std::string(50, 'x'), 0, 16, e, Chance(0.5), 100);
+      break;
+    default: {  // Nothing at all.
+      grpc::ClientContext context;
+      SetDeadline(&context, kCallDeadline);
+      v1::UploadResponse response;
+      auto writer = conn_->rt->Upload(&context, &response);
+      writer->WritesDone();
+      Record("Upload", e, writer->Finish(), context);
+      break;
+    }
+  }
+  Free(s, b);
+}
+
+// Values that do not fit their dtype.
+void Client::BadValue() {
+  SessionState* s = &main_;
+  const uint64_t b = AnyBuffer();
+  if (b == 0) return;
+  const Expect e = Invalid("bad_value", kInvalid);
+  switch (Rand(5)) {
+    case 0:
+      WriteValues(s, b, 0, v1::INT32, {1.5}, 0, e);
+      break;
+    case 1:
+      WriteValues(s, b, 0, v1::INT32, {std::nan("")}, 0, e);
+      break;
+    case 2:
+      WriteValues(s, b, 0, v1::INT8, {300}, 0, e);
+      break;
+    case 3:
+      WriteValues(s, b, 0, v1::UINT8, {-1}, 0, e);
+      break;
+    default:
+      WriteValues(s, b, 0, v1::BOOL, {2}, 0, e);
+      break;
+  }
+}
+
+// Stream 0, destroyed and too many streams.
+void Client::StreamMisuse() {
+  SessionState* s = &main_;
+  switch (Rand(3)) {
+    case 0:
+      DestroyStream(s, 0, Invalid("stream0", kInvalid));
+      break;
+    case 1: {
+      const uint64_t stream = CreateStream(s, V());
+      if (stream == 0 || !DestroyStream(s, stream, V()).ok()) return;
+      Sync(s, stream, Invalid("destroyed_stream", kNotFound));
+      break;
+    }
+    default:
+      StreamLimit();
+      break;
+  }
+}
+
+// Session-level misuse.
+void Client::SessionMisuse() {
+  switch (Rand(3)) {
+    case 0: {
+      v1::CreateSessionRequest request;
+      request.set_client_name(std::string(257, 'n'));
+      v1::CreateSessionResponse response;
+      Unary("CreateSession", SOAK_RT(CreateSession), request, &response,
+            Invalid("long_name", kInvalid));
+      break;
+    }
+    case 1: {
+      SessionState other;
+      if (!OpenSession(&other, false)) return;
+      const std::string token = other.token;
+      CloseSession(&other);
+      other.token = token;
+      const Expect e = Invalid("closed_session", kNotFound);
+      if (Chance(0.5)) {
+        Malloc(&other, 16, e);
+      } else {
+        v1::CloseSessionRequest request;
+        request.set_session(token);
+        v1::CloseSessionResponse response;
+        Unary("CloseSession", SOAK_RT(CloseSession), request, &response, e);
+      }
+      break;
+    }
+    default: {
+      grpc::health::v1::HealthCheckRequest request;
+      request.set_service("opserver.v0.Nonexistent");
+      grpc::health::v1::HealthCheckResponse response;
+      grpc::ClientContext context;
+      SetDeadline(&context, kCallDeadline);
+      Record("Health.Check", Invalid("unknown_health_service", kNotFound),
+             conn_->health->Check(&context, request, &response), context);
       break;
     }
   }

@@ -242,24 +242,41 @@ class LibraryClient {
       if (!ws.ok()) return false;
       workspace = *std::move(ws);
     }
+    if (!Launch(*executor, stream, workspace)) return false;
+    if (Chance(0.3) &&
+        !Rec("client Synchronize", session_->Synchronize(stream))) {
+      return false;
+    }
+    // The buffers' frees are queued as they go out of scope; their
+    // outcome is the session's deferred error, which Flush reports.
+    return CheckResult(op, dt, out->handle(), stream, want, grad);
+  }
+
+  // Launches `executor` once, or made repeatable one to three times.
+  bool Launch(remote::Executor& executor, uint64_t stream,
+              const DeviceBuffer& workspace) {
     const bool repeat = Chance(0.25);
-    if (repeat && !Rec("client SetRepeatable", executor->SetRepeatable())) {
+    if (repeat && !Rec("client SetRepeatable", executor.SetRepeatable())) {
       return false;
     }
     const int launches = repeat ? 1 + static_cast<int>(Rand(3)) : 1;
     for (int i = 0; i < launches; ++i) {
       if (!Rec("client Execute",
-               executor->Execute(stream,
-                                 workspace.valid() ? workspace.handle() : 0))) {
+               executor.Execute(stream,
+                                workspace.valid() ? workspace.handle() : 0))) {
         return false;
       }
     }
-    if (Chance(0.3) &&
-        !Rec("client Synchronize", session_->Synchronize(stream))) {
-      return false;
-    }
+    return true;
+  }
+
+  // Reads `out` back on `stream` and compares it with `want`.
+  bool CheckResult(int op, DataType dt, uint64_t out, uint64_t stream,
+                   const std::vector<double>& want,
+                   const std::vector<double>& grad) {
+    const int64_t n = static_cast<int64_t>(want.size());
     std::vector<double> got;
-    if (!Get(out->handle(), dt, n, stream, &got)) return false;
+    if (!Get(out, dt, n, stream, &got)) return false;
     if (got.size() != static_cast<size_t>(n)) {
       stats_->Problem("client_result_size",
                       absl::StrCat(got.size(), " of ", n));
@@ -274,8 +291,6 @@ class LibraryClient {
         return false;
       }
     }
-    // The buffers' frees are queued as they go out of scope; their
-    // outcome is the session's deferred error, which Flush reports.
     return true;
   }
 

@@ -257,7 +257,10 @@ RssAnalysis AnalyzeRss(const std::vector<ProcSample>& samples, double total_s,
   return a;
 }
 
-std::string FormatReport(const RunSummary& r) {
+namespace {
+
+// How the run was made.
+std::string ReportHeader(const RunSummary& r) {
   std::string report;
   auto out = [&](const std::string& text) { absl::StrAppend(&report, text); };
   out("# opserver soak and faults\n\n");
@@ -281,6 +284,13 @@ std::string FormatReport(const RunSummary& r) {
       r.hostile_clients,
       r.secure ? " hostile-tenant clients\n" : " data-port flooders\n"));
   out(absl::StrCat("- server log: ", r.log, "\n\n"));
+  return report;
+}
+
+// The calls by RPC and by code, and what provoked each expected error.
+std::string ReportCalls(const RunSummary& r) {
+  std::string report;
+  auto out = [&](const std::string& text) { absl::StrAppend(&report, text); };
   out(absl::StrFormat(
       "## Calls by RPC\n\n%llu calls in %.0f s (%.0f/s): %llu expected "
       "errors, %llu unexpected.\n\n",
@@ -300,6 +310,13 @@ std::string FormatReport(const RunSummary& r) {
     out(absl::StrCat("| ", c, " | ",
                      it == Explanations().end() ? "?" : it->second, " |\n"));
   }
+  return report;
+}
+
+// The fault children killed, and the transfers by path.
+std::string ReportProcessesAndTransfers(const RunSummary& r) {
+  std::string report;
+  auto out = [&](const std::string& text) { absl::StrAppend(&report, text); };
   if (!r.killer_report.empty()) {
     out(absl::StrCat("\n## Client processes killed with SIGKILL\n\n",
                      r.killer_report));
@@ -312,6 +329,13 @@ std::string FormatReport(const RunSummary& r) {
       Mib(r.load_stats.data_path_bytes() / 1024),
       static_cast<unsigned long long>(r.load_stats.grpc_transfers()),
       Mib(r.load_stats.grpc_transfer_bytes() / 1024)));
+  return report;
+}
+
+// The server's memory, threads and fds over the run.
+std::string ReportResources(const RunSummary& r) {
+  std::string report;
+  auto out = [&](const std::string& text) { absl::StrAppend(&report, text); };
   out("\n## Server memory and resources\n\n"
       "| when | t (s) | VmRSS MiB | VmHWM MiB | threads | fds | sessions | "
       "buffers | buffer MiB "
@@ -336,6 +360,13 @@ std::string FormatReport(const RunSummary& r) {
                    "; after the clients "
                    "ended: ",
                    FormatNames(r.after_clients.thread_names), ".\n"));
+  return report;
+}
+
+// What the server still held after every client ended.
+std::string ReportLeaks(const RunSummary& r) {
+  std::string report;
+  auto out = [&](const std::string& text) { absl::StrAppend(&report, text); };
   out("\n## Leaks after every client ended\n\n");
   if (r.server_died) {
     out("Not checked: the server died.\n");
@@ -357,6 +388,13 @@ std::string FormatReport(const RunSummary& r) {
                        r.last_stats.buffer_bytes(), " bytes.**\n"));
     }
   }
+  return report;
+}
+
+// SIGTERM under load.
+std::string ReportSigterm(const RunSummary& r) {
+  std::string report;
+  auto out = [&](const std::string& text) { absl::StrAppend(&report, text); };
   out("\n## SIGTERM under load\n\n");
   out(absl::StrFormat(
       "%d client threads doing valid work, two of them a 64 MiB transfer "
@@ -369,6 +407,13 @@ std::string FormatReport(const RunSummary& r) {
       r.exit_text, r.exit_ms));
   out(absl::StrCat(r.held_text, "\n\n"));
   out(r.shutdown_stats->Report(false));
+  return report;
+}
+
+// The server log's lines by kind, and the verdict.
+std::string ReportLogAndVerdict(const RunSummary& r) {
+  std::string report;
+  auto out = [&](const std::string& text) { absl::StrAppend(&report, text); };
   out("\n## Server log\n\n| kind | lines |\n|---|---:|\n");
   for (const auto& [kind, count] : r.server_log.kinds) {
     out(absl::StrCat("| ", kind, " | ", count, " |\n"));
@@ -384,6 +429,14 @@ std::string FormatReport(const RunSummary& r) {
     for (const std::string& f : r.failures) out(absl::StrCat("- ", f, "\n"));
   }
   return report;
+}
+
+}  // namespace
+
+std::string FormatReport(const RunSummary& r) {
+  return absl::StrCat(ReportHeader(r), ReportCalls(r),
+                      ReportProcessesAndTransfers(r), ReportResources(r),
+                      ReportLeaks(r), ReportSigterm(r), ReportLogAndVerdict(r));
 }
 
 std::string FormatNames(const std::map<std::string, int>& names) {

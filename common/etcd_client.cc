@@ -184,7 +184,26 @@ absl::Status EtcdClient::Call(const char* method, const Rpc& rpc) {
           "etcd at ",
           Unreachable(status) && endpoints_.size() > 1 ? endpoints() : address,
           " (", method, "): ", absl::StatusCodeToString(code), ": ",
-          status.error_message()));
+          status.error_message(), Unreachable(status) ? TransportNote() : ""));
+}
+
+std::string EtcdClient::TransportNote() const {
+  // etcd refusing a client's certificate (or plaintext, or the lack of a
+  // certificate) closes the connection after the handshake, which gRPC
+  // reports as a closed socket or a failed read: the settings used say why.
+  if (credentials_.ca_file.empty()) {
+    return "; plaintext (an etcd that serves TLS closes such connections; "
+           "its CA goes in OPSERVER_ETCD_CA_FILE or --etcd_ca_file)";
+  }
+  if (credentials_.cert_file.empty()) {
+    return absl::StrCat("; TLS with the CA file '", credentials_.ca_file,
+                        "' and no client certificate (an etcd with "
+                        "--client-cert-auth closes such connections)");
+  }
+  return absl::StrCat("; TLS with the CA file '", credentials_.ca_file,
+                      "' and the client certificate '", credentials_.cert_file,
+                      "' (an etcd with --client-cert-auth closes the "
+                      "connection when its --trusted-ca-file did not sign it)");
 }
 
 absl::StatusOr<int64_t> EtcdClient::Grant(int64_t ttl_s) {

@@ -10,7 +10,9 @@
 //   (*etcd)->KeepAlive(lease);  // every few seconds
 //
 // Every error keeps gRPC's code and names the endpoint and the call:
-// "etcd at 127.0.0.1:2379 (Range): UNAVAILABLE: ...".
+// "etcd at 127.0.0.1:2379 (Range): UNAVAILABLE: ...", and, when etcd could
+// not be reached, the transport used ("; plaintext ..." or "; TLS with the
+// CA file ...").
 #ifndef OPSERVER_COMMON_ETCD_CLIENT_H_
 #define OPSERVER_COMMON_ETCD_CLIENT_H_
 
@@ -97,6 +99,9 @@ class EtcdClient {
   absl::Status Call(const char* method, const Rpc& rpc);
   grpc::Status CallOnce(Endpoint& endpoint, const Rpc& rpc);
   grpc::Status Authenticate(Endpoint& endpoint);
+  // Appended to an unreachable endpoint's error: plaintext, or TLS with
+  // which CA and client certificate.
+  std::string TransportNote() const;
 
   std::vector<Endpoint> endpoints_;
   EtcdCredentials credentials_;

@@ -110,29 +110,118 @@ bool ClosedByListener(int fd, absl::Duration timeout) {
   }
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  Script script(data, size);
-  DataListener::Options options;
-  options.host = "127.0.0.1";
-  options.ticket_timeout = kTicketTimeout;
-  const uint8_t limits = script.Next();
-  options.max_unclaimed = 1 + (limits & 7);
-  options.max_unclaimed_per_source = 1 + ((limits >> 3) & 7);
-  auto started = DataListener::Start(options);
-  FUZZ_CHECK(started.ok(), started.status().ToString());
-  std::unique_ptr<DataListener> listener = *std::move(started);
-
-  const size_t ticket_count = 1 + script.Next() % 3;
-  auto claims = std::make_shared<Claims>();
-  {
-    absl::MutexLock lock(&claims->mu);
-    claims->calls.assign(ticket_count + 1, 0);
-    claims->ports.assign(ticket_count + 1, -1);
+// One input's run: the listener, its tickets, the connections made to it
+// and what it handed over.
+class Run {
+ public:
+  explicit Run(Script& script) : script_(script) {
+    DataListener::Options options;
+    options.host = "127.0.0.1";
+    options.ticket_timeout = kTicketTimeout;
+    const uint8_t limits = script_.Next();
+    options.max_unclaimed = 1 + (limits & 7);
+    options.max_unclaimed_per_source = 1 + ((limits >> 3) & 7);
+    auto started = DataListener::Start(options);
+    FUZZ_CHECK(started.ok(), started.status().ToString());
+    listener_ = *std::move(started);
+    ticket_count_ = 1 + script_.Next() % 3;
+    {
+      absl::MutexLock lock(&claims_->mu);
+      claims_->calls.assign(ticket_count_ + 1, 0);
+      claims_->ports.assign(ticket_count_ + 1, -1);
+    }
+    for (size_t i = 0; i < ticket_count_; ++i) tickets_.push_back(Expect(i));
   }
-  auto expect = [&](size_t index) {
-    auto ticket = listener->Expect([claims, index](UniqueFd fd) {
+
+  // The script's steps.
+  void Steps() {
+    for (size_t step = 0; step < kMaxSteps && !script_.Done(); ++step) {
+      const uint8_t op = script_.Next();
+      switch (op % 5) {
+        case 0:
+          Connect();
+          break;
+        case 1:
+          Send();
+          break;
+        case 2:
+          Close(op);
+          break;
+        case 3:  // Sleep.
+          absl::SleepFor(absl::Microseconds(script_.Next() % 4 * 1000));
+          break;
+        case 4:  // Forget.
+          listener_->Forget(tickets_[script_.Next() % ticket_count_]);
+          break;
+      }
+    }
+  }
+
+  // Every connection not handed over is closed once its ticket timeout
+  // has passed: by then the listener has read it or given up on it.
+  void CheckUnclaimedClosed() {
+    for (Connection& c : connections_) {
+      if (c.closed_here) continue;
+      const absl::Time deadline = absl::Now() + absl::Seconds(5);
+      while (!Claimed(c.port) &&
+             !ClosedByListener(c.fd.get(), absl::Milliseconds(1))) {
+        FUZZ_CHECK(absl::Now() < deadline,
+                   "a connection that was not handed over is still open "
+                   "after its ticket timeout; it sent ",
+                   c.sent.size(), " bytes");
+      }
+    }
+  }
+
+  // A fresh ticket still claims a connection.
+  void CheckFreshTicketClaimed() {
+    const std::string last = Expect(ticket_count_);
+    bool got = false;
+    for (int attempt = 0; attempt < 20 && !got; ++attempt) {
+      auto fd = opserver::ConnectTcp("127.0.0.1", listener_->port(),
+                                     absl::Seconds(5), absl::Seconds(5));
+      FUZZ_CHECK(fd.ok(), fd.status().ToString());
+      opserver::SendAll(fd->get(), last.data(), last.size()).IgnoreError();
+      got = AwaitLastClaim(fd->get());
+      Abort(*fd);
+      if (!got) absl::SleepFor(kTicketTimeout);
+    }
+    FUZZ_CHECK(got, "a valid ticket was refused 20 times in a row");
+  }
+
+  // Destroys the listener (joining its thread: it must not hang) and
+  // checks what it handed over: each ticket at most one connection, one
+  // that sent that ticket first.
+  void Finish() {
+    listener_.reset();
+    absl::MutexLock lock(&claims_->mu);
+    for (size_t i = 0; i <= ticket_count_; ++i) {
+      FUZZ_CHECK(claims_->calls[i] <= 1, "ticket ", i, " claimed ",
+                 claims_->calls[i], " connections");
+      // Its peer is unknown when the client reset it before the listener
+      // asked (-1); a port closed by a reset may have been reused.
+      if (claims_->calls[i] == 0 || i == ticket_count_ ||
+          claims_->ports[i] < 0) {
+        continue;
+      }
+      bool sent_it = false;
+      for (const Connection& c : connections_) {
+        sent_it |= c.port == claims_->ports[i] &&
+                   c.sent.substr(0, kDataTicketBytes) == tickets_[i];
+      }
+      FUZZ_CHECK(sent_it, "ticket ", i,
+                 " was handed a connection that did not send it first");
+    }
+    for (Connection& c : connections_) {
+      if (!c.closed_here) Abort(c.fd);
+    }
+    for (UniqueFd& fd : claims_->fds) Abort(fd);
+  }
+
+ private:
+  // A ticket whose claim is recorded at `index`.
+  std::string Expect(size_t index) {
+    auto ticket = listener_->Expect([claims = claims_, index](UniqueFd fd) {
       absl::MutexLock lock(&claims->mu);
       ++claims->calls[index];
       claims->ports[index] = PortOf(fd.get(), /*peer=*/true);
@@ -140,144 +229,101 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     });
     FUZZ_CHECK(ticket.ok(), ticket.status().ToString());
     return *std::move(ticket);
-  };
-  std::vector<std::string> tickets;
-  for (size_t i = 0; i < ticket_count; ++i) tickets.push_back(expect(i));
+  }
 
-  std::vector<Connection> connections;
-  for (size_t step = 0; step < kMaxSteps && !script.Done(); ++step) {
-    const uint8_t op = script.Next();
-    switch (op % 5) {
-      case 0: {  // Connect.
-        if (connections.size() >= kMaxConnections) break;
-        auto fd = opserver::ConnectTcp("127.0.0.1", listener->port(),
-                                       absl::Seconds(5), absl::Seconds(5));
-        FUZZ_CHECK(fd.ok(), fd.status().ToString());
-        Connection connection;
-        connection.port = PortOf(fd->get(), /*peer=*/false);
-        connection.fd = *std::move(fd);
-        connections.push_back(std::move(connection));
-        break;
+  void Connect() {
+    if (connections_.size() >= kMaxConnections) return;
+    auto fd = opserver::ConnectTcp("127.0.0.1", listener_->port(),
+                                   absl::Seconds(5), absl::Seconds(5));
+    FUZZ_CHECK(fd.ok(), fd.status().ToString());
+    Connection connection;
+    connection.port = PortOf(fd->get(), /*peer=*/false);
+    connection.fd = *std::move(fd);
+    connections_.push_back(std::move(connection));
+  }
+
+  // The next piece of a ticket (one byte flipped, sometimes), or raw
+  // bytes from the input, on a connection.
+  void Send() {
+    if (connections_.empty()) return;
+    Connection& c = connections_[script_.Next() % connections_.size()];
+    if (c.closed_here) return;
+    const uint8_t how = script_.Next();
+    const size_t length = 1 + script_.Next() % kDataTicketBytes;
+    std::string bytes;
+    if ((how & 3) == 3) {  // Raw bytes from the input.
+      for (size_t i = 0; i < length; ++i) bytes.push_back(script_.Next());
+    } else {  // The next piece of a ticket.
+      const std::string& ticket = tickets_[(how >> 2) % ticket_count_];
+      if (c.sent.size() < ticket.size()) {
+        bytes = ticket.substr(c.sent.size(), length);
+      } else {
+        bytes = ticket.substr(0, length);
       }
-      case 1: {  // Send.
-        if (connections.empty()) break;
-        Connection& c = connections[script.Next() % connections.size()];
-        if (c.closed_here) break;
-        const uint8_t how = script.Next();
-        const size_t length = 1 + script.Next() % kDataTicketBytes;
-        std::string bytes;
-        if ((how & 3) == 3) {  // Raw bytes from the input.
-          for (size_t i = 0; i < length; ++i) bytes.push_back(script.Next());
-        } else {  // The next piece of a ticket.
-          const std::string& ticket = tickets[(how >> 2) % ticket_count];
-          if (c.sent.size() < ticket.size()) {
-            bytes = ticket.substr(c.sent.size(), length);
-          } else {
-            bytes = ticket.substr(0, length);
-          }
-          if ((how & 3) == 2) bytes[(how >> 4) % bytes.size()] ^= 1;
-        }
-        {
-          absl::MutexLock lock(&claims->mu);  // Before the listener sees it.
-          c.sent += bytes;
-        }
-        // The listener may have closed it: either way.
-        opserver::SendAll(c.fd.get(), bytes.data(), bytes.size()).IgnoreError();
-        break;
-      }
-      case 2: {  // Close.
-        if (connections.empty()) break;
-        Connection& c = connections[script.Next() % connections.size()];
-        if (c.closed_here) break;
-        c.closed_here = true;
-        if (op & 8) {
-          Abort(c.fd);
-        } else {
-          c.fd.reset();
-        }
-        break;
-      }
-      case 3:  // Sleep.
-        absl::SleepFor(absl::Microseconds(script.Next() % 4 * 1000));
-        break;
-      case 4:  // Forget.
-        listener->Forget(tickets[script.Next() % ticket_count]);
-        break;
+      if ((how & 3) == 2) bytes[(how >> 4) % bytes.size()] ^= 1;
+    }
+    {
+      absl::MutexLock lock(&claims_->mu);  // Before the listener sees it.
+      c.sent += bytes;
+    }
+    // The listener may have closed it: either way.
+    opserver::SendAll(c.fd.get(), bytes.data(), bytes.size()).IgnoreError();
+  }
+
+  // A plain close, or a reset when op's bit 3.
+  void Close(uint8_t op) {
+    if (connections_.empty()) return;
+    Connection& c = connections_[script_.Next() % connections_.size()];
+    if (c.closed_here) return;
+    c.closed_here = true;
+    if (op & 8) {
+      Abort(c.fd);
+    } else {
+      c.fd.reset();
     }
   }
 
-  // Every connection not handed over is closed once its ticket timeout
-  // has passed: by then the listener has read it or given up on it.
-  auto claimed = [&](int port) {
-    absl::MutexLock lock(&claims->mu);
-    for (int p : claims->ports) {
+  bool Claimed(int port) {
+    absl::MutexLock lock(&claims_->mu);
+    for (int p : claims_->ports) {
       if (p == port) return true;
     }
     return false;
-  };
-  for (Connection& c : connections) {
-    if (c.closed_here) continue;
-    const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    while (!claimed(c.port) &&
-           !ClosedByListener(c.fd.get(), absl::Milliseconds(1))) {
-      FUZZ_CHECK(absl::Now() < deadline,
-                 "a connection that was not handed over is still open "
-                 "after its ticket timeout; it sent ",
-                 c.sent.size(), " bytes");
-    }
   }
 
-  // A fresh ticket still claims a connection.
-  const std::string last = expect(ticket_count);
-  bool got = false;
-  for (int attempt = 0; attempt < 20 && !got; ++attempt) {
-    auto fd = opserver::ConnectTcp("127.0.0.1", listener->port(),
-                                   absl::Seconds(5), absl::Seconds(5));
-    FUZZ_CHECK(fd.ok(), fd.status().ToString());
-    opserver::SendAll(fd->get(), last.data(), last.size()).IgnoreError();
+  // Whether the last ticket's connection `fd` was claimed (false when the
+  // listener closed it before reading it: no room).
+  bool AwaitLastClaim(int fd) {
     const absl::Time deadline = absl::Now() + absl::Seconds(5);
     for (;;) {
       {
-        absl::MutexLock lock(&claims->mu);
-        if (claims->calls[ticket_count] > 0) {
-          got = true;
-          break;
-        }
+        absl::MutexLock lock(&claims_->mu);
+        if (claims_->calls[ticket_count_] > 0) return true;
       }
-      if (ClosedByListener(fd->get(), absl::Milliseconds(1))) {
-        // Closed before it was read (no room): try again.
-        absl::MutexLock lock(&claims->mu);
-        got = claims->calls[ticket_count] > 0;
-        break;
+      if (ClosedByListener(fd, absl::Milliseconds(1))) {
+        absl::MutexLock lock(&claims_->mu);
+        return claims_->calls[ticket_count_] > 0;
       }
       FUZZ_CHECK(absl::Now() < deadline, "a valid ticket was never claimed");
     }
-    Abort(*fd);
-    if (!got) absl::SleepFor(kTicketTimeout);
   }
-  FUZZ_CHECK(got, "a valid ticket was refused 20 times in a row");
 
-  listener.reset();  // Joins its thread: must not hang.
-  absl::MutexLock lock(&claims->mu);
-  for (size_t i = 0; i <= ticket_count; ++i) {
-    FUZZ_CHECK(claims->calls[i] <= 1, "ticket ", i, " claimed ",
-               claims->calls[i], " connections");
-    // Its peer is unknown when the client reset it before the listener
-    // asked (-1); a port closed by a reset may have been reused.
-    if (claims->calls[i] == 0 || i == ticket_count || claims->ports[i] < 0) {
-      continue;
-    }
-    bool sent_it = false;
-    for (const Connection& c : connections) {
-      sent_it |= c.port == claims->ports[i] &&
-                 c.sent.substr(0, kDataTicketBytes) == tickets[i];
-    }
-    FUZZ_CHECK(sent_it, "ticket ", i,
-               " was handed a connection that did not send it first");
-  }
-  for (Connection& c : connections) {
-    if (!c.closed_here) Abort(c.fd);
-  }
-  for (UniqueFd& fd : claims->fds) Abort(fd);
+  Script& script_;
+  std::unique_ptr<DataListener> listener_;
+  std::shared_ptr<Claims> claims_ = std::make_shared<Claims>();
+  size_t ticket_count_ = 0;
+  std::vector<std::string> tickets_;
+  std::vector<Connection> connections_;
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  Script script(data, size);
+  Run run(script);
+  run.Steps();
+  run.CheckUnclaimedClosed();
+  run.CheckFreshTicketClaimed();
+  run.Finish();
   return 0;
 }

@@ -3,46 +3,23 @@
 // byte format). Run from the workspace root:
 //   bazel run //fuzz:make_seeds -- "$PWD/fuzz/corpus"
 // The files are committed; rerun this only when the requests change.
+
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "fuzz/pipeline_seeds.h"
+#include "fuzz/seed_files.h"
 #include "proto/opserver.pb.h"
 
 namespace {
 
 using namespace opserver::v1;
-
-std::string root;
-
-void Write(const std::string& fuzzer, const std::string& name,
-           const std::string& bytes) {
-  const std::string path = root + "/" + fuzzer + "/" + name;
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-  if (!out) {
-    std::fprintf(stderr, "cannot write %s (does the directory exist?)\n",
-                 path.c_str());
-    std::exit(1);
-  }
-}
-
-TensorDesc Desc(uint64_t buffer, DataType dtype, std::vector<int64_t> shape,
-                std::vector<int64_t> strides = {}, int64_t offset = 0,
-                uint64_t buffer_offset = 0) {
-  TensorDesc d;
-  d.set_buffer(buffer);
-  d.set_dtype(dtype);
-  for (int64_t v : shape) d.add_shape(v);
-  for (int64_t v : strides) d.add_strides(v);
-  d.set_offset(offset);
-  d.set_buffer_offset(buffer_offset);
-  return d;
-}
+using opserver::seeds::Desc;
+using opserver::seeds::Write;
 
 void WorkspaceSeeds() {
   const std::string f = "workspace_fuzzer";
@@ -312,186 +289,6 @@ void TensorViewSeeds() {
 
 }  // namespace
 
-void PipelineSeeds() {
-  const std::string f = "pipeline_fuzzer";
-  // Buffers 1..7 of 0, 1, 16, 64, 256, 4096 and 65600 bytes, stream 8
-  // (fuzz/pipeline_fuzzer.cc). Client executor ids start at 2^62.
-  const uint64_t id = uint64_t{1} << 62;
-  auto plan = [](PipelineRequest& r, uint64_t executor, const char* op,
-                 TensorDesc grad, TensorDesc self, const char* self_name,
-                 TensorDesc out, const char* out_name) {
-    PlanCommand* p = r.add_commands()->mutable_plan();
-    p->set_executor(executor);
-    p->mutable_request()->set_op(op);
-    p->mutable_request()->mutable_params()->set_threshold(0.5);
-    p->mutable_request()->mutable_params()->set_scale(2);
-    (*p->mutable_request()->mutable_tensors())["gradOutput"] = grad;
-    (*p->mutable_request()->mutable_tensors())[self_name] = self;
-    (*p->mutable_request()->mutable_tensors())[out_name] = out;
-  };
-  auto launch = [](PipelineRequest& r, uint64_t executor, uint64_t stream,
-                   uint64_t workspace = 0, uint64_t size = 0) {
-    ExecuteRequest* l = r.add_commands()->mutable_launch();
-    l->set_executor(executor);
-    l->set_stream(stream);
-    l->set_workspace_buffer(workspace);
-    l->set_workspace_size(size);
-  };
-  auto fence = [](PipelineRequest& r, uint64_t fence_id, uint64_t stream,
-                  bool session) {
-    FenceCommand* c = r.add_commands()->mutable_fence();
-    c->set_id(fence_id);
-    c->set_stream(stream);
-    c->set_session(session);
-  };
-
-  PipelineRequest r;
-  plan(r, id, "ThresholdBackward", Desc(6, FLOAT, {64}), Desc(6, FLOAT, {64}),
-       "self", Desc(5, FLOAT, {64}), "out");
-  plan(r, id + 1, "ThresholdBackward", Desc(6, FLOAT, {1024}),
-       Desc(6, FLOAT, {1024}), "self", Desc(6, FLOAT, {1024}), "out");
-  launch(r, id, 0);
-  launch(r, id + 1, 8);
-  fence(r, 1, 0, false);
-  fence(r, 2, 8, false);
-  fence(r, 3, 0, true);
-  Write(f, "plan_launch_fence", r.SerializeAsString());
-
-  // A strided mask gathered into a workspace, launched with and without it.
-  r.Clear();
-  plan(r, id, "DropoutBackward", Desc(7, FLOAT, {128}),
-       Desc(7, UINT8, {16}, {2}), "mask", Desc(7, FLOAT, {128}), "out");
-  r.add_commands()->set_set_executor_repeatable(id);
-  launch(r, id, 0);
-  launch(r, id, 8, 6, 4096);
-  fence(r, 1, 0, false);
-  r.add_commands()->set_destroy_executor(id);
-  fence(r, 2, 8, false);
-  Write(f, "dropout_workspace_repeatable", r.SerializeAsString());
-
-  // Frees under queued work, a full stream, unknown handles.
-  r.Clear();
-  plan(r, id, "HardswishBackward", Desc(7, FLOAT, {16384}),
-       Desc(7, FLOAT, {16384}), "self", Desc(7, FLOAT, {16384}), "out");
-  r.add_commands()->set_set_executor_repeatable(id);
-  for (int i = 0; i < 40; ++i) launch(r, id, 8);
-  r.add_commands()->set_free(7);
-  r.add_commands()->set_free(7);
-  r.add_commands()->set_destroy_executor(id + 9);
-  launch(r, id + 3, 0);
-  for (uint64_t i = 1; i <= 6; ++i) fence(r, i, i % 2 == 0 ? 8 : 0, i > 4);
-  Write(f, "full_stream_frees_unknown", r.SerializeAsString());
-
-  // A refused plan whose op name the driver grows to 1 MiB, launched, then
-  // the whole batch repeated 300 times (the driver's "repeat:" session).
-  r.Clear();
-  r.set_session("repeat:300");
-  plan(r, id, "*huge", Desc(6, FLOAT, {64}), Desc(6, FLOAT, {64}), "self",
-       Desc(5, FLOAT, {64}), "out");
-  launch(r, id, 0);
-  r.add_commands()->set_free(99);
-  fence(r, 1, 0, true);
-  Write(f, "huge_name_repeated_batch", r.SerializeAsString());
-
-  // Writes and read fences around a launch; one write and one read out of
-  // range, one read over the 1 MiB limit, and the batch repeated so that
-  // held writes and reads reach their budgets.
-  r.Clear();
-  r.set_session("repeat:40");
-  auto write = [](PipelineRequest& r, uint64_t buffer, uint64_t offset,
-                  std::string data, uint64_t stream) {
-    WriteCommand* w = r.add_commands()->mutable_write();
-    w->set_buffer(buffer);
-    w->set_offset(offset);
-    w->set_data(std::move(data));
-    w->set_stream(stream);
-  };
-  auto read = [](PipelineRequest& r, uint64_t fence_id, uint64_t buffer,
-                 uint64_t offset, uint64_t size, uint64_t stream) {
-    FenceCommand* c = r.add_commands()->mutable_fence();
-    c->set_id(fence_id);
-    c->set_stream(stream);
-    c->set_read_buffer(buffer);
-    c->set_read_offset(offset);
-    c->set_read_size(size);
-  };
-  write(r, 5, 0, std::string(256, '\x3f'), 0);
-  write(r, 7, 0, std::string(65600, '\x01'), 8);
-  plan(r, id, "ThresholdBackward", Desc(5, FLOAT, {64}), Desc(5, FLOAT, {64}),
-       "self", Desc(4, FLOAT, {16}), "out");
-  launch(r, id, 0);
-  read(r, 1, 4, 0, 64, 0);
-  read(r, 2, 7, 0, 65600, 8);
-  write(r, 3, 8, std::string(16, '\x02'), 0);
-  read(r, 3, 3, 8, 16, 0);
-  read(r, 4, 2, 0, (1 << 20) + 1, 0);
-  fence(r, 5, 0, true);
-  Write(f, "writes_and_reads", r.SerializeAsString());
-
-  // Events across the two streams, memsets and device copies (in range,
-  // out of range, overlapping), an event id reused and one below 2^62, a
-  // wait on an unknown event, event fences, and the batch repeated so that
-  // records and waits pile up on a held stream.
-  r.Clear();
-  r.set_session("repeat:40");
-  auto create = [](PipelineRequest& r, uint64_t event, uint32_t flags) {
-    CreateEventCommand* c = r.add_commands()->mutable_create_event();
-    c->set_event(event);
-    c->set_flags(flags);
-  };
-  auto event_fence = [](PipelineRequest& r, uint64_t fence_id, uint64_t event) {
-    FenceCommand* c = r.add_commands()->mutable_fence();
-    c->set_id(fence_id);
-    c->set_event(event);
-  };
-  create(r, id + 100, 0);
-  create(r, id + 100, 0x8);
-  create(r, 5, 0x1);
-  create(r, id + 101, 0x4);
-  plan(r, id + 102, "ThresholdBackward", Desc(7, FLOAT, {16384}),
-       Desc(7, FLOAT, {16384}), "self", Desc(7, FLOAT, {16384}), "out");
-  launch(r, id + 102, 0);
-  RecordEventRequest* record = r.add_commands()->mutable_record_event();
-  record->set_event(id + 100);
-  StreamWaitEventRequest* wait = r.add_commands()->mutable_wait_event();
-  wait->set_stream(8);
-  wait->set_event(id + 100);
-  wait = r.add_commands()->mutable_wait_event();
-  wait->set_stream(8);
-  wait->set_event(id + 999);
-  MemsetRequest* memset = r.add_commands()->mutable_memset();
-  memset->set_buffer(6);
-  memset->set_offset(16);
-  memset->set_size(64);
-  memset->set_value(0x5a);
-  memset->set_stream(8);
-  memset = r.add_commands()->mutable_memset();
-  memset->set_buffer(4);
-  memset->set_offset(60);
-  memset->set_size(8);
-  CopyDeviceToDeviceRequest* copy = r.add_commands()->mutable_copy();
-  copy->set_dst_buffer(7);
-  copy->set_src_buffer(6);
-  copy->set_size(4096);
-  copy->set_stream(8);
-  copy = r.add_commands()->mutable_copy();
-  copy->set_dst_buffer(6);
-  copy->set_dst_offset(8);
-  copy->set_src_buffer(6);
-  copy->set_size(256);
-  event_fence(r, 1, id + 100);
-  ResetEventRequest* reset = r.add_commands()->mutable_reset_event();
-  reset->set_event(id + 100);
-  reset->set_stream(8);
-  event_fence(r, 2, id + 100);
-  event_fence(r, 3, id + 999);
-  r.add_commands()->set_destroy_event(id + 100);
-  r.add_commands()->set_destroy_event(id + 100);
-  fence(r, 4, 8, false);
-  fence(r, 5, 0, true);
-  Write(f, "events_memset_copy", r.SerializeAsString());
-}
-
 // What a server lists, as the client's op_catalog_fuzzer reads it: two real
 // entries and one it must refuse.
 void OpCatalogSeeds() {
@@ -632,13 +429,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: make_seeds CORPUS_ROOT\n");
     return 2;
   }
-  root = argv[1];
+  opserver::seeds::SetRoot(argv[1]);
   WorkspaceSeeds();
   EvaluateSeeds();
   ValuesSeeds();
   UploadSeeds();
   TensorViewSeeds();
-  PipelineSeeds();
+  opserver::seeds::PipelineSeeds();
   OpCatalogSeeds();
   DataListenerSeeds();
   ServerRepliesSeeds();

@@ -31,6 +31,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -59,25 +60,20 @@ SessionLimits Limits() {
   return limits;
 }
 
-}  // namespace
-}  // namespace opserver::fuzz
+// Bytes that are not a PipelineRequest, as the channel gets them: refused
+// (or, for a command that does not parse, refused when its slice is
+// parsed), never read past.
+void CheckUnparsed(const uint8_t* data, size_t size) {
+  absl::StatusOr<PipelineBatch> batch = PipelineBatch::Open(
+      std::string(reinterpret_cast<const char*>(data), size), SIZE_MAX);
+  FUZZ_CHECK(
+      batch.ok() || batch.status().code() == absl::StatusCode::kInvalidArgument,
+      batch.status().ToString());
+}
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace opserver;
-  using namespace opserver::fuzz;
-  QuietProtobuf();
-  v1::PipelineRequest request;
-  if (!request.ParseFromArray(data, static_cast<int>(size))) {
-    // What the channel does with bytes that are not a PipelineRequest:
-    // refused (or, for a command that does not parse, refused when its
-    // slice is parsed), never read past.
-    absl::StatusOr<PipelineBatch> batch = PipelineBatch::Open(
-        std::string(reinterpret_cast<const char*>(data), size), SIZE_MAX);
-    FUZZ_CHECK(batch.ok() ||
-                   batch.status().code() == absl::StatusCode::kInvalidArgument,
-               batch.status().ToString());
-    return 0;
-  }
+// Grows '*' op names to 1 MiB and repeats a "repeat:N" batch's commands
+// N times (see the top of the file).
+void Grow(v1::PipelineRequest& request) {
   for (v1::PipelineCommand& command : *request.mutable_commands()) {
     if (command.has_plan() && !command.plan().request().op().empty() &&
         command.plan().request().op()[0] == '*') {
@@ -97,6 +93,120 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
   }
+}
+
+// Buffers 1..7 holding the input's bytes, and stream 8.
+void Populate(Session& session, const uint8_t* data, size_t size) {
+  for (int i = 0; i < kBuffers; ++i) {
+    absl::StatusOr<uint64_t> handle = session.Malloc(kBufferBytes[i]);
+    FUZZ_CHECK(handle.ok() && *handle == static_cast<uint64_t>(i + 1),
+               handle.status().ToString());
+    FillCyclic((*session.GetBuffer(*handle))->data(), kBufferBytes[i], data,
+               size);
+  }
+  absl::StatusOr<uint64_t> stream = session.CreateStream();
+  FUZZ_CHECK(stream.ok() && *stream == kBuffers + 1,
+             stream.status().ToString());
+}
+
+// The fences answered, each result checked as it comes.
+struct Answers {
+  void Answer(uint64_t id, const absl::Status& status,
+              const std::string& data) {
+    Report("fence", status);
+    FUZZ_CHECK(data.size() <= CommandPipeline::kMaxCommandBytes, "a read of ",
+               data.size(), " bytes");
+    FUZZ_CHECK(status.ok() || data.empty(), "a failed read carried bytes");
+    FUZZ_CHECK(status.code() != absl::StatusCode::kInternal, status.ToString());
+    FUZZ_CHECK(status.message().size() <= 2048, "a reported error of ",
+               status.message().size(), " bytes");
+    absl::MutexLock lock(&mu);
+    answered.insert(id);
+  }
+
+  absl::Mutex mu;
+  std::multiset<uint64_t> answered ABSL_GUARDED_BY(mu);
+};
+
+// The request in its wire form, when it fits a batch the server admits
+// (4 MiB, the default --max_pipeline_batch_bytes); the grown batches
+// beyond that go to CommandPipeline parsed, as before.
+std::optional<PipelineBatch> OpenBatch(const v1::PipelineRequest& request) {
+  if (request.ByteSizeLong() > (size_t{4} << 20)) return std::nullopt;
+  absl::StatusOr<PipelineBatch> opened =
+      PipelineBatch::Open(request.SerializeAsString(), SIZE_MAX);
+  FUZZ_CHECK(opened.ok(),
+             "a PipelineRequest did not open: ", opened.status().ToString());
+  FUZZ_CHECK(opened->size() == static_cast<size_t>(request.commands_size()) &&
+                 opened->session() == request.session(),
+             "the batch's commands or session differ from the request's");
+  return *std::move(opened);
+}
+
+// Applies every command as the reactor does, `slice` at a time, waiting
+// whenever the pipeline stops for room and releasing fence results as a
+// writer would; the fences applied.
+size_t ApplyAll(CommandPipeline& pipeline, Session& session,
+                const v1::PipelineRequest& request,
+                std::optional<PipelineBatch>& batch, size_t slice) {
+  const size_t n = request.commands_size();
+  size_t at = 0, fences_applied = 0;
+  while (at < n) {
+    auto resumed = std::make_shared<absl::Notification>();
+    const CommandPipeline::Resume resume = [resumed] { resumed->Notify(); };
+    const size_t end = std::min(n, at + slice);
+    if (batch.has_value()) {
+      absl::StatusOr<PipelineBatch::Progress> progress =
+          batch->ApplyNext(pipeline, session, slice, resume);
+      FUZZ_CHECK(progress.ok(),
+                 "a command of a PipelineRequest did not parse: ",
+                 progress.status().ToString());
+      at += progress->applied;
+      fences_applied += progress->fences;
+      FUZZ_CHECK(batch->applied() == at, "the batch lost count");
+    } else {
+      const size_t next =
+          pipeline.Apply(session, request.commands(), at, end, resume);
+      for (size_t i = at; i < next; ++i) {
+        fences_applied += request.commands(static_cast<int>(i)).has_fence();
+      }
+      at = next;
+    }
+    const bool stopped = at < end;
+    // What the reactor's writes would do: results leave, room returns.
+    pipeline.FencesWritten(SIZE_MAX, 0);
+    if (stopped) {
+      FUZZ_CHECK(resumed->WaitForNotificationWithTimeout(absl::Seconds(30)),
+                 "a stopped pipeline was never resumed at command ", at);
+    }
+  }
+  return fences_applied;
+}
+
+// A refused plan's kept error is short whatever its names.
+void CheckRefusedPlans(Session& session, const v1::PipelineRequest& request) {
+  for (const v1::PipelineCommand& command : request.commands()) {
+    if (!command.has_plan()) continue;
+    std::optional<absl::Status> kept =
+        session.RefusedPlan(command.plan().executor(), /*launch=*/false);
+    FUZZ_CHECK(!kept.has_value() || kept->message().size() <= 1100,
+               "a refused plan keeps ", kept->message().size(), " bytes");
+  }
+}
+
+}  // namespace
+}  // namespace opserver::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace opserver;
+  using namespace opserver::fuzz;
+  QuietProtobuf();
+  v1::PipelineRequest request;
+  if (!request.ParseFromArray(data, static_cast<int>(size))) {
+    CheckUnparsed(data, size);
+    return 0;
+  }
+  Grow(request);
   const size_t slice = size == 0 ? 1 : 1 + data[0] % 64;
   static HeapDevice* const device = new HeapDevice(uint64_t{1} << 30);
   static const SessionLimits limits = Limits();
@@ -105,102 +215,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     Session session("s", 1, "pipeline_fuzzer", device, &limits, &account,
                     threads);
-    for (int i = 0; i < kBuffers; ++i) {
-      absl::StatusOr<uint64_t> handle = session.Malloc(kBufferBytes[i]);
-      FUZZ_CHECK(handle.ok() && *handle == static_cast<uint64_t>(i + 1),
-                 handle.status().ToString());
-      FillCyclic((*session.GetBuffer(*handle))->data(), kBufferBytes[i], data,
-                 size);
-    }
-    absl::StatusOr<uint64_t> stream = session.CreateStream();
-    FUZZ_CHECK(stream.ok() && *stream == kBuffers + 1,
-               stream.status().ToString());
-
-    absl::Mutex mu;
-    std::multiset<uint64_t> answered;
+    Populate(session, data, size);
     size_t fences = 0;
-    for (const auto& command : request.commands())
+    for (const auto& command : request.commands()) {
       fences += command.has_fence();
-    CommandPipeline pipeline(limits, /*max_fences=*/4,
-                             [&](uint64_t id, absl::Status status,
-                                 std::string data) {
-                               Report("fence", status);
-                               FUZZ_CHECK(data.size() <=
-                                              CommandPipeline::kMaxCommandBytes,
-                                          "a read of ", data.size(), " bytes");
-                               FUZZ_CHECK(status.ok() || data.empty(),
-                                          "a failed read carried bytes");
-                               FUZZ_CHECK(
-                                   status.code() != absl::StatusCode::kInternal,
-                                   status.ToString());
-                               FUZZ_CHECK(status.message().size() <= 2048,
-                                          "a reported error of ",
-                                          status.message().size(), " bytes");
-                               absl::MutexLock lock(&mu);
-                               answered.insert(id);
-                             });
-    // Applied as the reactor does: from its wire bytes, a slice at a time,
-    // when they fit a batch the server admits (4 MiB, the default
-    // --max_pipeline_batch_bytes); the grown batches beyond that go to
-    // CommandPipeline parsed, as before.
-    std::optional<PipelineBatch> batch;
-    if (request.ByteSizeLong() <= (size_t{4} << 20)) {
-      absl::StatusOr<PipelineBatch> opened =
-          PipelineBatch::Open(request.SerializeAsString(), SIZE_MAX);
-      FUZZ_CHECK(opened.ok(), "a PipelineRequest did not open: ",
-                 opened.status().ToString());
-      FUZZ_CHECK(
-          opened->size() == static_cast<size_t>(request.commands_size()) &&
-              opened->session() == request.session(),
-          "the batch's commands or session differ from the request's");
-      batch.emplace(*std::move(opened));
     }
-    const size_t n = request.commands_size();
-    size_t at = 0, fences_applied = 0;
-    while (at < n) {
-      auto resumed = std::make_shared<absl::Notification>();
-      const CommandPipeline::Resume resume = [resumed] { resumed->Notify(); };
-      const size_t end = std::min(n, at + slice);
-      if (batch.has_value()) {
-        absl::StatusOr<PipelineBatch::Progress> progress =
-            batch->ApplyNext(pipeline, session, slice, resume);
-        FUZZ_CHECK(progress.ok(),
-                   "a command of a PipelineRequest did not parse: ",
-                   progress.status().ToString());
-        at += progress->applied;
-        fences_applied += progress->fences;
-        FUZZ_CHECK(batch->applied() == at, "the batch lost count");
-      } else {
-        const size_t next =
-            pipeline.Apply(session, request.commands(), at, end, resume);
-        for (size_t i = at; i < next; ++i) {
-          fences_applied += request.commands(static_cast<int>(i)).has_fence();
-        }
-        at = next;
-      }
-      const bool stopped = at < end;
-      // What the reactor's writes would do: results leave, room returns.
-      pipeline.FencesWritten(SIZE_MAX, 0);
-      if (stopped) {
-        FUZZ_CHECK(resumed->WaitForNotificationWithTimeout(absl::Seconds(30)),
-                   "a stopped pipeline was never resumed at command ", at);
-      }
-    }
+    Answers answers;
+    CommandPipeline pipeline(
+        limits, /*max_fences=*/4,
+        [&](uint64_t id, absl::Status status, std::string data) {
+          answers.Answer(id, status, data);
+        });
+    std::optional<PipelineBatch> batch = OpenBatch(request);
+    const size_t fences_applied =
+        ApplyAll(pipeline, session, request, batch, slice);
     FUZZ_CHECK(fences_applied == fences, "applied ", fences_applied,
                " fences of ", fences);
     for (const std::shared_ptr<Stream>& s : session.AllStreams()) {
       s->SynchronizeAndWait().IgnoreError();
     }
-    for (const v1::PipelineCommand& command : request.commands()) {
-      if (!command.has_plan()) continue;
-      std::optional<absl::Status> kept =
-          session.RefusedPlan(command.plan().executor(), /*launch=*/false);
-      FUZZ_CHECK(!kept.has_value() || kept->message().size() <= 1100,
-                 "a refused plan keeps ", kept->message().size(), " bytes");
-    }
-    absl::MutexLock lock(&mu);
-    FUZZ_CHECK(answered.size() == fences, "answered ", answered.size(),
-               " fences of ", fences);
+    CheckRefusedPlans(session, request);
+    absl::MutexLock lock(&answers.mu);
+    FUZZ_CHECK(answers.answered.size() == fences, "answered ",
+               answers.answered.size(), " fences of ", fences);
   }
   // The session's stream threads end once they ran what they hold.
   FUZZ_CHECK(threads->WaitForZero(absl::Seconds(30)),

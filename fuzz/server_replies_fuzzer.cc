@@ -85,99 +85,129 @@ bool NextEvent(const uint8_t* data, size_t size, size_t* at,
   return parsed;
 }
 
+// The client's side of a Pipeline channel as the driver plays it: the
+// replies parser, and the driver's own record of each fence awaited and
+// not yet taken or withdrawn, with its read size.
+class PipelineDriver {
+ public:
+  // Sends a fence; a read of `arg` bytes when op's bit 3 (which then
+  // consumes `arg`).
+  void SendFence(uint8_t op, uint8_t arg, size_t* at) {
+    const uint64_t read_size = (op & 8) != 0 ? arg : 0;
+    *at += (op & 8) != 0;
+    replies_.Await(next_id_, read_size);
+    awaited_[next_id_++] = read_size;
+    ++sent_;
+  }
+
+  // Another command (a write, a launch) goes out.
+  void SendOther(uint8_t arg) { sent_ += 1 + arg % 4; }
+
+  // The client takes a result, or forgets a read when op's bit 3.
+  void TakeOrForget(uint8_t op, uint8_t arg) {
+    const uint64_t id = arg % (next_id_ + 1);
+    if ((op & 8) != 0) {
+      replies_.Forget(id);
+      return;
+    }
+    const bool held = replies_.Has(id);
+    std::optional<v1::FenceResult> result = replies_.Take(id);
+    FUZZ_CHECK(result.has_value() == held, "Has and Take disagree on ", id);
+    if (!result.has_value()) return;
+    FUZZ_CHECK(awaited_.count(id) == 1, "took fence ", id,
+               " that was never awaited");
+    FUZZ_CHECK(result->code() >= 0 && result->code() <= 16, "code ",
+               result->code());
+    FUZZ_CHECK(
+        result->data().size() == (result->code() == 0 ? awaited_[id] : 0),
+        result->data().size(), " bytes for a read of ", awaited_[id]);
+    FUZZ_CHECK(result->message().size() <= kMaxFenceMessageBytes,
+               "a message of ", result->message().size(), " bytes");
+    FUZZ_CHECK(!replies_.Has(id), "fence ", id, " held after it was taken");
+    awaited_.erase(id);
+  }
+
+  // The last fence is withdrawn: it was never written.
+  void WithdrawLast() {
+    if (next_id_ == 1 || awaited_.count(next_id_ - 1) == 0 ||
+        replies_.acknowledged() == sent_) {
+      return;
+    }
+    replies_.Withdraw(next_id_ - 1);
+    awaited_.erase(next_id_ - 1);
+    --sent_;
+  }
+
+  // The server's next event; false when the input or the channel ends.
+  bool ApplyEvent(const uint8_t* data, size_t size, size_t* at) {
+    v1::PipelineEvent event;
+    if (!NextEvent(data, size, at, &event)) return false;
+    const uint64_t before = replies_.acknowledged();
+    absl::Status applied = replies_.Apply(event, sent_);
+    Report("event", applied);
+    FUZZ_CHECK(
+        replies_.acknowledged() >= before && replies_.acknowledged() <= sent_,
+        "acknowledged ", replies_.acknowledged(), " after ", before, " with ",
+        sent_, " sent");
+    if (!applied.ok()) {
+      FUZZ_CHECK(applied.code() == absl::StatusCode::kInternal,
+                 applied.ToString());
+      FUZZ_CHECK(applied.message().size() <= 256, "an error of ",
+                 applied.message().size(), " bytes");
+      return false;  // The channel ends.
+    }
+    FUZZ_CHECK(replies_.acknowledged() == event.acknowledged(), "acknowledged ",
+               replies_.acknowledged(), " of ", event.acknowledged());
+    return true;
+  }
+
+  // What a server can make the client hold: one result per fence
+  // awaited, each at most its read's bytes and a short message.
+  void CheckBounds() const {
+    uint64_t read_bytes = 0;
+    for (const auto& [id, read_size] : awaited_) read_bytes += read_size;
+    FUZZ_CHECK(replies_.awaited() <= awaited_.size(), replies_.awaited(),
+               " awaited of ", awaited_.size());
+    FUZZ_CHECK(replies_.stored() <= awaited_.size(), replies_.stored(),
+               " results held for ", awaited_.size(), " fences");
+    FUZZ_CHECK(replies_.stored_bytes() <=
+                   read_bytes + replies_.stored() * kMaxFenceMessageBytes,
+               replies_.stored_bytes(), " bytes held");
+  }
+
+ private:
+  PipelineReplies replies_;
+  std::map<uint64_t, uint64_t> awaited_;
+  uint64_t next_id_ = 1;
+  uint64_t sent_ = 0;
+};
+
 void FuzzPipelineReplies(const uint8_t* data, size_t size) {
-  PipelineReplies replies;
-  // The driver's own record: each fence awaited and not yet taken or
-  // withdrawn, with its read size.
-  std::map<uint64_t, uint64_t> awaited;
-  uint64_t next_id = 1;
-  uint64_t sent = 0;
-  auto pick = [&](uint8_t b) -> uint64_t { return b % (next_id + 1); };
+  PipelineDriver driver;
   size_t at = 1;
   while (at < size) {
     const uint8_t op = data[at++];
     const uint8_t arg = at < size ? data[at] : 0;
     switch ((op & 7) % 5) {  // Bit 3 is a flag of the op.
-      case 0: {  // Send a fence; a read of `arg` bytes when op's bit 3.
-        const uint64_t read_size = (op & 8) != 0 ? arg : 0;
-        at += (op & 8) != 0;
-        replies.Await(next_id, read_size);
-        awaited[next_id++] = read_size;
-        ++sent;
+      case 0:
+        driver.SendFence(op, arg, &at);
         break;
-      }
-      case 1:  // Another command (a write, a launch) goes out.
-        sent += 1 + arg % 4;
+      case 1:
+        driver.SendOther(arg);
         ++at;
         break;
-      case 2: {  // The client takes a result, or forgets a read.
-        const uint64_t id = pick(arg);
+      case 2:
         ++at;
-        if ((op & 8) != 0) {
-          replies.Forget(id);
-          break;
-        }
-        const bool held = replies.Has(id);
-        std::optional<v1::FenceResult> result = replies.Take(id);
-        FUZZ_CHECK(result.has_value() == held, "Has and Take disagree on ", id);
-        if (!result.has_value()) break;
-        FUZZ_CHECK(awaited.count(id) == 1, "took fence ", id,
-                   " that was never awaited");
-        FUZZ_CHECK(result->code() >= 0 && result->code() <= 16, "code ",
-                   result->code());
-        FUZZ_CHECK(
-            result->data().size() == (result->code() == 0 ? awaited[id] : 0),
-            result->data().size(), " bytes for a read of ", awaited[id]);
-        FUZZ_CHECK(result->message().size() <= kMaxFenceMessageBytes,
-                   "a message of ", result->message().size(), " bytes");
-        FUZZ_CHECK(!replies.Has(id), "fence ", id, " held after it was taken");
-        awaited.erase(id);
+        driver.TakeOrForget(op, arg);
         break;
-      }
-      case 3: {  // The last fence is withdrawn: it was never written.
-        if (next_id == 1 || awaited.count(next_id - 1) == 0 ||
-            replies.acknowledged() == sent) {
-          break;
-        }
-        replies.Withdraw(next_id - 1);
-        awaited.erase(next_id - 1);
-        --sent;
+      case 3:
+        driver.WithdrawLast();
         break;
-      }
-      case 4: {  // The server's next event.
-        v1::PipelineEvent event;
-        if (!NextEvent(data, size, &at, &event)) return;
-        const uint64_t before = replies.acknowledged();
-        absl::Status applied = replies.Apply(event, sent);
-        Report("event", applied);
-        FUZZ_CHECK(
-            replies.acknowledged() >= before && replies.acknowledged() <= sent,
-            "acknowledged ", replies.acknowledged(), " after ", before,
-            " with ", sent, " sent");
-        if (!applied.ok()) {
-          FUZZ_CHECK(applied.code() == absl::StatusCode::kInternal,
-                     applied.ToString());
-          FUZZ_CHECK(applied.message().size() <= 256, "an error of ",
-                     applied.message().size(), " bytes");
-          return;  // The channel ends.
-        }
-        FUZZ_CHECK(replies.acknowledged() == event.acknowledged(),
-                   "acknowledged ", replies.acknowledged(), " of ",
-                   event.acknowledged());
+      case 4:
+        if (!driver.ApplyEvent(data, size, &at)) return;
         break;
-      }
     }
-    // What a server can make the client hold: one result per fence
-    // awaited, each at most its read's bytes and a short message.
-    uint64_t read_bytes = 0;
-    for (const auto& [id, read_size] : awaited) read_bytes += read_size;
-    FUZZ_CHECK(replies.awaited() <= awaited.size(), replies.awaited(),
-               " awaited of ", awaited.size());
-    FUZZ_CHECK(replies.stored() <= awaited.size(), replies.stored(),
-               " results held for ", awaited.size(), " fences");
-    FUZZ_CHECK(replies.stored_bytes() <=
-                   read_bytes + replies.stored() * kMaxFenceMessageBytes,
-               replies.stored_bytes(), " bytes held");
+    driver.CheckBounds();
   }
 }
 

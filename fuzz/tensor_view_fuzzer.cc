@@ -22,6 +22,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -193,15 +194,14 @@ std::vector<int64_t> Offsets(const TensorView& v) {
 constexpr int64_t kSmallElements = 1 << 14;
 constexpr int64_t kMaxStorage = 1 << 16;
 
-}  // namespace
+namespace k = opserver::kernels;
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  namespace k = opserver::kernels;
-  Input in = Decode(data, size);
-  TensorView& v = in.view;
-  const Extent e = Measure(v);
-  const int64_t esize = k::DTypeSize(v.dtype);
-
+// CheckTensorBounds and CheckTensorLayout against the oracle's extent `e`;
+// their statuses.
+std::pair<absl::Status, absl::Status> CheckBoundsAndLayout(const Input& in,
+                                                           const Extent& e,
+                                                           int64_t esize) {
+  const TensorView& v = in.view;
   const absl::Status bounds = k::CheckTensorBounds(v, in.available, "t");
   opserver::fuzz::Report("CheckTensorBounds", bounds);
   int64_t max_element = -2;
@@ -233,8 +233,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (small && e.end_bytes <= in.available) {
     FUZZ_CHECK(bounds.ok(), "a valid view was refused: ", bounds.ToString());
   }
-  if (!layout.ok()) return 0;
+  return {bounds, layout};
+}
 
+// CheckNoInternalOverlap and IsContiguous against the elements' offsets
+// (enumerated for small views).
+void CheckOverlapAndContiguity(const TensorView& v, const Extent& e,
+                               int64_t esize) {
   const absl::Status overlap = k::CheckNoInternalOverlap(v, "t");
   const bool enumerable = !e.empty && e.numel <= kSmallElements;
   std::vector<int64_t> offsets;
@@ -258,12 +263,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                  "contiguous view, element ", i, " at ", offsets[i]);
     }
   }
+}
 
-  // Planned and launched over exactly `available` bytes: every element the
-  // plan touches must lie inside them.
-  if (!bounds.ok() || in.available < 0 || in.available > kMaxStorage) {
-    return 0;
-  }
+// Planned and launched over exactly `available` bytes: every element the
+// plan touches must lie inside them.
+void PlanOverStorage(Input& in, int64_t esize) {
+  TensorView& v = in.view;
   std::unique_ptr<char[]> storage(new char[in.available]());
   v.data = storage.get();
   // An operator taking the view's dtype for all three tensors.
@@ -282,11 +287,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!plan.ok()) {
     FUZZ_CHECK(plan.status().code() != absl::StatusCode::kInternal,
                plan.status().ToString());
-    return 0;
+    return;
   }
   FUZZ_CHECK(plan->numel() * esize <= in.available, plan->numel(),
              " elements planned over ", in.available, " bytes");
   absl::Status run = opserver::cpu::RunPlan(*plan, nullptr, 0, nullptr);
   FUZZ_CHECK(run.ok(), run.ToString());
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  Input in = Decode(data, size);
+  const Extent e = Measure(in.view);
+  const int64_t esize = k::DTypeSize(in.view.dtype);
+  const auto [bounds, layout] = CheckBoundsAndLayout(in, e, esize);
+  if (!layout.ok()) return 0;
+  CheckOverlapAndContiguity(in.view, e, esize);
+  if (!bounds.ok() || in.available < 0 || in.available > kMaxStorage) {
+    return 0;
+  }
+  PlanOverStorage(in, esize);
   return 0;
 }

@@ -31,7 +31,7 @@ packages=(
   pkgconf                # the C API's aclnn_remote.pc (package_test)
   python3-pip python3-setuptools python3-wheel  # `pip install ./python`
   haproxy                # tests/haproxy_test: deploy/haproxy in front of two servers
-  etcd-server etcd-client  # tests/etcd_pool_test: the pool's etcd (docs/pool.md)
+  etcd-server etcd-client  # tests/etcd_pool_test, etcd_tls_test: the pool's etcd (docs/pool.md)
   yamllint               # tests/kubernetes_manifests_test: deploy/kubernetes/
 )
 # A script with needs of its own names them (scripts/test-arm64.sh: the

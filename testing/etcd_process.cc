@@ -64,8 +64,9 @@ bool Accepts(int port) {
 // One try: spawn etcd on the chosen ports and wait for it to serve.
 // UNAVAILABLE when it exited (a port was taken), so the caller tries again.
 absl::Status Launch(EtcdProcess& etcd) {
+  const bool tls = !etcd.tls.cert_file.empty();
   const std::string client =
-      absl::StrCat("http://127.0.0.1:", etcd.client_port);
+      absl::StrCat(tls ? "https" : "http", "://127.0.0.1:", etcd.client_port);
   const std::string peer = absl::StrCat("http://127.0.0.1:", etcd.peer_port);
   const std::string log = etcd.dir + "/etcd.log";
   std::vector<std::string> args = {
@@ -78,6 +79,14 @@ absl::Status Launch(EtcdProcess& etcd) {
       "--initial-advertise-peer-urls=" + peer,
       "--initial-cluster=test=" + peer,
   };
+  if (tls) {
+    args.push_back("--cert-file=" + etcd.tls.cert_file);
+    args.push_back("--key-file=" + etcd.tls.key_file);
+  }
+  if (!etcd.tls.client_ca_file.empty()) {
+    args.push_back("--client-cert-auth");
+    args.push_back("--trusted-ca-file=" + etcd.tls.client_ca_file);
+  }
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -97,8 +106,15 @@ absl::Status Launch(EtcdProcess& etcd) {
   EtcdAddress address;
   address.endpoints = {absl::StrCat("127.0.0.1:", etcd.client_port)};
   address.prefix = "probe";
-  std::unique_ptr<EtcdClient> probe =
-      *EtcdClient::Connect(address, {}, absl::Seconds(1));
+  absl::StatusOr<std::unique_ptr<EtcdClient>> connected =
+      EtcdClient::Connect(address, etcd.tls.probe, absl::Seconds(1));
+  if (!connected.ok()) {
+    kill(etcd.pid, SIGKILL);
+    waitpid(etcd.pid, nullptr, 0);
+    etcd.pid = 0;
+    return connected.status();
+  }
+  std::unique_ptr<EtcdClient> probe = *std::move(connected);
   const absl::Time deadline = absl::Now() + absl::Minutes(1);
   while (absl::Now() < deadline) {
     int status;
@@ -123,9 +139,11 @@ absl::Status Launch(EtcdProcess& etcd) {
 
 }  // namespace
 
-absl::StatusOr<EtcdProcess> StartEtcd(const std::string& dir) {
+absl::StatusOr<EtcdProcess> StartEtcd(const std::string& dir,
+                                      const EtcdTls& tls) {
   EtcdProcess etcd;
   etcd.dir = dir;
+  etcd.tls = tls;
   absl::Status status;
   for (int attempt = 0; attempt < 5; ++attempt) {
     if (!PickPorts(&etcd.client_port, &etcd.peer_port)) {
