@@ -93,7 +93,10 @@ class OperatorService::Pipeliner final
       MaybeFinishLocked();
       return;
     }
-    if (finished_ || failed_) return;
+    if (finished_ || failed_) {
+      MaybeFinishLocked();  // Whoever failed it may have left it to us.
+      return;
+    }
     const size_t bytes = incoming_.Length();
     if (bytes > limits_.max_pipeline_batch_bytes) {
       EndLocked(absl::ResourceExhaustedError(absl::StrCat(
@@ -132,11 +135,14 @@ class OperatorService::Pipeliner final
     if (fences > 0) pipeline_.FencesWritten(fences, data_bytes);
   }
 
-  // The client went away: a batch waiting for room stops where it is.
+  // The client went away: a batch waiting for room stops where it is. A
+  // read still pending may yet complete with a message (gRPC delivers the
+  // two in either order), so the call ends here when nothing else pends.
   void OnCancel() override {
     {
       absl::MutexLock lock(&mu_);
       failed_ = true;
+      MaybeFinishLocked();
     }
     pipeline_.FencesWritten(SIZE_MAX, 0);
   }
