@@ -121,10 +121,16 @@ class Client {
   // and loopback servers may require tokens too.
   void Authorize(grpc::ClientContext* context) const;
 
-  // The transfer_connections - 1 extra connections split transfers use besides
-  // channel(), opened on the first call. UNAVAILABLE when one cannot be
-  // opened within connect_timeout (the next call tries again).
-  absl::StatusOr<std::vector<grpc::Channel*>> TransferChannels();
+  // Connection `i` (from 0, below transfer_connections) of uploads
+  // (`upload`) or of downloads: neither channel() nor the other
+  // direction's (see ConnectOptions::transfer_connections). Made on first
+  // use; it connects with its first call, which fails as a call on
+  // channel() would when the server cannot be reached.
+  grpc::Channel* TransferChannel(bool upload, size_t i);
+  // All transfer_connections of them, connected, for a split transfer.
+  // UNAVAILABLE when one cannot be connected within connect_timeout (the
+  // transfer is one call then, and the next one tries again).
+  absl::StatusOr<std::vector<grpc::Channel*>> TransferChannels(bool upload);
 
   // Whether transfers may try the server's data path: ConnectOptions::
   // data_path on, no TLS, and DisableDataPath not called.
@@ -153,7 +159,8 @@ class Client {
   const std::shared_ptr<grpc::ChannelCredentials> credentials_;
   const grpc::ChannelArguments args_;
   absl::Mutex transfer_mu_;
-  std::vector<std::shared_ptr<grpc::Channel>> transfer_channels_
+  // Uploads' [0], downloads' [1].
+  std::vector<std::shared_ptr<grpc::Channel>> transfer_channels_[2]
       ABSL_GUARDED_BY(transfer_mu_);
   const std::string dialed_host_;
   std::atomic<bool> data_path_off_;
@@ -481,7 +488,8 @@ class Session {
       grpc::Channel* channel, uint64_t at, uint64_t size, uint64_t stream)>;
   // Moves buffer[offset, offset + size) to (`upload`) or from `data`: over
   // the data path (DataPathTransfer) where it can, else Split (below), or
-  // else `part(&channel(), 0, size, stream)`.
+  // else as one call on the first of its direction's transfer connections
+  // (Client::TransferChannel).
   absl::Status Transfer(bool upload, uint64_t buffer, uint64_t offset,
                         char* data, uint64_t size, uint64_t stream,
                         const TransferPart& part);
@@ -490,9 +498,9 @@ class Session {
   // `part(channel, 0, 0, stream)`, which the server answers once the work
   // queued on `stream` is done, then every part at once, the extra ones on
   // short-lived streams. nullopt when this transfer is not split.
-  std::optional<absl::Status> Split(uint64_t buffer, uint64_t offset,
-                                    uint64_t size, uint64_t stream,
-                                    const TransferPart& part);
+  std::optional<absl::Status> Split(bool upload, uint64_t buffer,
+                                    uint64_t offset, uint64_t size,
+                                    uint64_t stream, const TransferPart& part);
 
   Client* const client_;
   const std::string token_;

@@ -28,12 +28,19 @@ struct ConnectOptions {
   absl::Duration wait_timeout = absl::Minutes(10);
   // Bytes per Upload message.
   uint64_t upload_chunk_bytes = 1 << 20;
+  // Upload and Download calls go over connections of their own, never
+  // the one that carries the session's other calls, and uploads never
+  // share a connection with downloads: an HTTP/2 proxy that stalls a whole
+  // connection while one stream's data cannot move on (HAProxy 2.6 does)
+  // would otherwise deadlock when one session uploads while another
+  // downloads: each direction's window update waits behind the other
+  // direction's data (docs/pool.md, "Transfers through a proxy").
   // An Upload or Download of at least transfer_split_bytes of a buffer of
   // a pipelined session goes over this many TCP connections at once, in
   // parts, the extra ones on short-lived streams of their own: one
   // connection leaves the receiving side idle between messages
-  // (BENCHMARKS.md, "Several connections"). The extra connections are
-  // opened on the first such transfer; where connections or streams cannot
+  // (BENCHMARKS.md, "Several connections"). Each direction's connections
+  // are opened on its first transfer; where connections or streams cannot
   // be had, the transfer is one call. 1: always one call.
   // From 1 to kMaxTransferConnections.
   int transfer_connections = 4;

@@ -315,13 +315,14 @@ absl::Status Session::Transfer(bool upload, uint64_t buffer, uint64_t offset,
       DataPathTransfer(upload, buffer, offset, data, size, stream);
   if (moved.has_value()) return *moved;
   std::optional<absl::Status> split =
-      Split(buffer, offset, size, stream, part_call);
+      Split(upload, buffer, offset, size, stream, part_call);
   if (split.has_value()) return *split;
-  return part_call(&client_->channel(), 0, size, stream);
+  return part_call(client_->TransferChannel(upload, 0), 0, size, stream);
 }
 
-std::optional<absl::Status> Session::Split(uint64_t buffer, uint64_t offset,
-                                           uint64_t size, uint64_t stream,
+std::optional<absl::Status> Session::Split(bool upload, uint64_t buffer,
+                                           uint64_t offset, uint64_t size,
+                                           uint64_t stream,
                                            const TransferPart& part_call) {
   const ConnectOptions& options = client_->options();
   if (options.transfer_connections == 1 ||
@@ -340,13 +341,13 @@ std::optional<absl::Status> Session::Split(uint64_t buffer, uint64_t offset,
     }
   }
   absl::StatusOr<std::vector<grpc::Channel*>> channels =
-      client_->TransferChannels();
+      client_->TransferChannels(upload);
   if (!channels.ok()) return std::nullopt;
   // A stream per extra part, for this transfer only: kept, they would
   // count against the session's stream cap for good. Destroyed, they no
   // longer count once DestroyStream has returned.
   std::vector<Stream> streams;
-  for (size_t i = 0; i < channels->size(); ++i) {
+  for (size_t i = 1; i < channels->size(); ++i) {
     absl::StatusOr<Stream> made = CreateStream();
     if (!made.ok()) return std::nullopt;  // E.g. the session's stream cap.
     streams.push_back(*std::move(made));
@@ -355,10 +356,10 @@ std::optional<absl::Status> Session::Split(uint64_t buffer, uint64_t offset,
   // transfer on `stream`: the server answers it once the work queued there
   // before is done (without taking that work's errors, which stay for the
   // next Synchronize), and only then may any part land.
-  RETURN_IF_ERROR(part_call(&client_->channel(), 0, 0, stream));
+  RETURN_IF_ERROR(part_call((*channels)[0], 0, 0, stream));
   // Equal parts, each a whole number of upload messages (downloads come in
   // the server's --chunk_bytes messages; the rounding only evens parts).
-  const uint64_t k = channels->size() + 1;
+  const uint64_t k = channels->size();
   const uint64_t chunk = std::max<uint64_t>(1, options.upload_chunk_bytes);
   const uint64_t per_part = size / k + (size % k != 0);  // Rounded up.
   const uint64_t part = (per_part + chunk - 1) / chunk * chunk;
@@ -367,11 +368,11 @@ std::optional<absl::Status> Session::Split(uint64_t buffer, uint64_t offset,
   for (uint64_t i = 1; i < k && i * part < size; ++i) {
     const uint64_t at = i * part;
     threads.emplace_back([&, i, at] {
-      results[i] = part_call((*channels)[i - 1], at, std::min(part, size - at),
+      results[i] = part_call((*channels)[i], at, std::min(part, size - at),
                              streams[i - 1].handle());
     });
   }
-  results[0] = part_call(&client_->channel(), 0, std::min(part, size), stream);
+  results[0] = part_call((*channels)[0], 0, std::min(part, size), stream);
   for (std::thread& thread : threads) thread.join();
   for (absl::Status& result : results) {
     if (!result.ok()) return result;
