@@ -171,6 +171,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
         absl::StrCat("transfer_connections must be between 1 and ",
                      kMaxTransferConnections));
   }
+  if (options.transfer_idle_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "transfer_idle_timeout must be positive");
+  }
   grpc::ChannelArguments args;
   // Download chunks are up to the server's --chunk_bytes (4 MiB by default)
   // plus framing, over gRPC's 4 MiB receive default; nothing the server
@@ -249,6 +253,7 @@ Client::Client(std::string address, std::shared_ptr<grpc::Channel> channel,
       options_(options),
       credentials_(std::move(credentials)),
       args_(std::move(args)),
+      transfer_watchdog_(options.transfer_idle_timeout),
       dialed_host_(std::move(dialed_host)),
       data_path_off_(!data_path),
       channel_(std::move(channel)),

@@ -45,6 +45,16 @@ struct ConnectOptions {
   // From 1 to kMaxTransferConnections.
   int transfer_connections = 4;
   uint64_t transfer_split_bytes = 32ull << 20;
+  // A transfer call (an Upload or Download, or one part of a split one)
+  // that moves no message for this long is cancelled and fails with
+  // DEADLINE_EXCEEDED saying so, rather than waiting out wait_timeout: a
+  // stalled proxy or server never answers, and the server's own idle
+  // timeout cannot reach the client through it. Watched: each part of a
+  // split transfer, and a download from its first message on (before, the
+  // server may be waiting for the work queued on its stream, however long
+  // that takes). The server's default --transfer_idle_timeout_s.
+  // absl::InfiniteDuration(): never.
+  absl::Duration transfer_idle_timeout = absl::Seconds(60);
   // An Upload or Download of at least data_path_bytes goes over the
   // server's data path when it has one (common/data_path.h: a plain TCP
   // connection per transfer that carries the raw bytes, so neither side

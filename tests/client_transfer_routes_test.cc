@@ -8,7 +8,9 @@
 // one connection deadlock: each direction's window update waits behind the
 // other direction's data (docs/pool.md, "Transfers through a proxy").
 // Hence uploads, downloads and the session's other calls each have their
-// own connections.
+// own connections; and a part that moves nothing for
+// ConnectOptions::transfer_idle_timeout is cancelled with
+// DEADLINE_EXCEEDED saying so, rather than hanging for wait_timeout.
 
 #include <atomic>
 #include <cstdint>
@@ -25,6 +27,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "kernels/aclnn_status.h"
 #include "proto/opserver.grpc.pb.h"
 
 namespace opserver {
@@ -284,6 +287,13 @@ class TransferRoutesTest : public ::testing::Test {
     options.upload_chunk_bytes = 64 << 10;
     return options;
   }
+  // Where the second part of a split transfer of `size` starts: the
+  // client's parts are size / kConnections, rounded up to whole messages.
+  static uint64_t SecondPart(uint64_t size) {
+    constexpr uint64_t kMessage = 64 << 10;
+    const uint64_t per_part = size / kConnections + (size % kConnections != 0);
+    return (per_part + kMessage - 1) / kMessage * kMessage;
+  }
   void Open(const ConnectOptions& options) {
     auto client =
         Client::Connect("127.0.0.1:" + std::to_string(port_), options);
@@ -334,6 +344,75 @@ TEST_F(TransferRoutesTest, UploadsAndDownloadsHaveConnectionsOfTheirOwn) {
   EXPECT_THAT(Both(record_.upload_peers, record_.download_peers), IsEmpty());
   EXPECT_THAT(Both(record_.upload_peers, record_.session_peers), IsEmpty());
   EXPECT_THAT(Both(record_.download_peers, record_.session_peers), IsEmpty());
+}
+
+// One part of a split upload is never read past its first message (the
+// server, or a proxy, stopped taking it): the transfer fails with
+// DEADLINE_EXCEEDED naming the idle time and the option, once the idle
+// time has passed, instead of waiting out wait_timeout (ten minutes).
+TEST_F(TransferRoutesTest, ASplitUploadPartThatStallsEndsTheTransfer) {
+  ConnectOptions options = Options();
+  options.transfer_idle_timeout = absl::Milliseconds(300);
+  Open(options);
+  const uint64_t size = 8 * kSplitBytes;  // Parts far beyond any window.
+  auto buffer = session_->Malloc(size);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  record_.stall_offset = static_cast<int64_t>(SecondPart(size));
+  std::vector<char> data(size, 'u');
+  const absl::Status status =
+      session_->Upload(buffer->handle(), 0, data.data(), size);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_EQ(kernels::GetAclnnStatus(status), kernels::kAclnnErrRuntimeError);
+  EXPECT_EQ(status.message(),
+            "Upload: no data moved for 300ms "
+            "(ConnectOptions::transfer_idle_timeout), so the call was "
+            "cancelled: the server, or a proxy between, stopped forwarding "
+            "it");
+  EXPECT_EQ(record_.stalled.load(), 1);
+}
+
+// The same for a download part that sends one chunk and then nothing, and
+// for a whole download that does (a download is watched from its first
+// message on: before, the server may be waiting for its stream's work).
+TEST_F(TransferRoutesTest, ADownloadThatStallsEndsWithDeadlineExceeded) {
+  ConnectOptions options = Options();
+  options.transfer_idle_timeout = absl::Milliseconds(300);
+  Open(options);
+  const uint64_t size = 8 * kSplitBytes;
+  auto buffer = session_->Malloc(size);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  const uint64_t part = SecondPart(size);
+  std::vector<char> out(size);
+  int stalled = 0;
+  for (const auto& [offset, n] :
+       {std::pair<uint64_t, uint64_t>{0, size},  // Split: stalls part 2.
+        std::pair<uint64_t, uint64_t>{part, kSplitBytes / 2}}) {  // Whole.
+    SCOPED_TRACE(n);
+    record_.stall_offset = static_cast<int64_t>(part);
+    const absl::Status status =
+        session_->Download(buffer->handle(), offset, out.data(), n);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+    EXPECT_EQ(kernels::GetAclnnStatus(status), kernels::kAclnnErrRuntimeError);
+    EXPECT_EQ(status.message(),
+              "Download: no data moved for 300ms "
+              "(ConnectOptions::transfer_idle_timeout), so the call was "
+              "cancelled: the server, or a proxy between, stopped "
+              "forwarding it");
+    EXPECT_EQ(record_.stalled.load(), ++stalled);
+  }
+}
+
+TEST_F(TransferRoutesTest, TheIdleTimeoutMustBePositive) {
+  for (const absl::Duration timeout :
+       {absl::ZeroDuration(), -absl::Seconds(1)}) {
+    ConnectOptions options = Options();
+    options.transfer_idle_timeout = timeout;
+    auto client =
+        Client::Connect("127.0.0.1:" + std::to_string(port_), options);
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(client.status().message(),
+              "transfer_idle_timeout must be positive");
+  }
 }
 
 }  // namespace
