@@ -59,7 +59,7 @@ ABSL_FLAG(uint64_t, max_message_bytes, 64ull << 20,
           "Largest gRPC message accepted or sent, in bytes.");
 ABSL_FLAG(uint64_t, chunk_bytes, 4ull << 20,
           "Download chunk size in bytes (must fit in a message).");
-ABSL_FLAG(uint64_t, staging_chunk_bytes, 32ull << 20,
+ABSL_FLAG(uint64_t, staging_chunk_bytes, 4ull << 20,
           "Staging chunk of data-path transfers on a device the host cannot "
           "address (--device=ascend), in bytes: one device copy per chunk; "
           "a transfer holds two chunks of page-locked memory (1 to 1 GiB).");

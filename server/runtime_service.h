@@ -40,10 +40,12 @@ struct TransferLimits {
   // The staging chunk of data-path transfers on a device the host cannot
   // address: one device copy per chunk, and each transfer holds at most two
   // chunks of page-locked host memory while it runs (one data-path transfer
-  // per stream at a time). Large, because each copy is a fixed cost on top
-  // of its bytes (through the chain, one whole transfer to the backend).
+  // per stream at a time). Each copy costs a fixed time beside its bytes
+  // (through the chain, one whole transfer to the backend), but larger
+  // chunks overlap less and fault in more memory per transfer: 32 MiB
+  // measured no faster than 4 MiB on a loaded machine (BENCHMARKS.md).
   // From 1 to kMaxStagingChunkBytes.
-  uint64_t staging_chunk_bytes = 32ull << 20;
+  uint64_t staging_chunk_bytes = 4ull << 20;
   uint64_t max_message_bytes = 64ull << 20;
   // Most values one WriteValues/ReadValues/Evaluate tensor may carry.
   uint32_t max_values = 1u << 20;
