@@ -25,21 +25,24 @@ namespace opserver {
 namespace {
 
 // Moves the bytes of a data-path transfer between the socket `fd` and
-// device memory [target, target + size), `chunk` bytes at a time: straight
-// into or out of memory the host can address, else through the device's
-// staging (DeviceStream::StageUpload / StageDownload), which may copy one
-// chunk while the socket moves the next. Calls `moved` after each socket
-// call that moved bytes (the idle clock: a chunk can take a slow client far
-// longer than the idle timeout) and `progress` after each chunk. An upload
-// must end with the client's half-close right after its last byte.
+// device memory [target, target + size), `limits.chunk_bytes` at a time
+// straight into or out of memory the host can address, else through the
+// device's staging (DeviceStream::StageUpload / StageDownload) in chunks
+// of `limits.staging_chunk_bytes`, which may copy one chunk while the
+// socket moves the next. Calls `moved` after each socket call that moved
+// bytes (the idle clock: a chunk can take a slow client far longer than
+// the idle timeout) and `progress` after each chunk. An upload must end
+// with the client's half-close right after its last byte.
 absl::Status MoveDataPathBytes(bool upload, int fd, Device* device,
                                DeviceStream* stream, char* target,
-                               uint64_t size, uint64_t chunk,
+                               uint64_t size, const TransferLimits& limits,
                                const std::function<void()>& moved,
                                const std::function<void()>& progress) {
   std::unique_ptr<StagedUpload> staged_upload;
   std::unique_ptr<StagedDownload> staged_download;
+  uint64_t chunk = limits.chunk_bytes;
   if (size != 0 && device->HostAddress(target) == nullptr) {
+    chunk = limits.staging_chunk_bytes;
     if (stream == nullptr) return NoDeviceStream();
     if (upload) {
       staged_upload = stream->StageUpload(target, size, chunk);
@@ -238,7 +241,7 @@ class RuntimeService::DataTransfer final
          target = target_, size = size_]() mutable {
           absl::Status status = MoveDataPathBytes(
               upload, connection->get(), buffer->device(), device_stream.get(),
-              target, size, service->limits_.chunk_bytes,
+              target, size, service->limits_,
               [&] {
                 link->moved_ns.store(absl::GetCurrentTimeNanos(),
                                      std::memory_order_relaxed);

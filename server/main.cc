@@ -59,6 +59,10 @@ ABSL_FLAG(uint64_t, max_message_bytes, 64ull << 20,
           "Largest gRPC message accepted or sent, in bytes.");
 ABSL_FLAG(uint64_t, chunk_bytes, 4ull << 20,
           "Download chunk size in bytes (must fit in a message).");
+ABSL_FLAG(uint64_t, staging_chunk_bytes, 4ull << 20,
+          "Staging chunk of data-path transfers on a device the host cannot "
+          "address (--device=ascend), in bytes: one device copy per chunk; "
+          "a transfer holds two chunks of page-locked memory (1 to 1 GiB).");
 ABSL_FLAG(uint64_t, session_memory_bytes, 16ull << 30,
           "Device memory one session may hold, in bytes.");
 ABSL_FLAG(uint32_t, max_sessions, 64, "Sessions open at once.");
@@ -300,6 +304,7 @@ opserver::TransferLimits TransferLimitsFromFlags() {
   opserver::TransferLimits limits;
   limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   limits.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  limits.staging_chunk_bytes = absl::GetFlag(FLAGS_staging_chunk_bytes);
   limits.max_values = absl::GetFlag(FLAGS_max_values);
   limits.idle_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_transfer_idle_timeout_s));

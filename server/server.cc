@@ -111,6 +111,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
         "below --max_message_bytes (",
         transfer.max_message_bytes, ")"));
   }
+  if (transfer.staging_chunk_bytes == 0 ||
+      transfer.staging_chunk_bytes > kMaxStagingChunkBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--staging_chunk_bytes: must be from 1 to ",
+                     kMaxStagingChunkBytes, " (1 GiB)"));
+  }
   if (transfer.idle_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         "--transfer_idle_timeout_s must be positive");

@@ -193,6 +193,15 @@ TEST(ServerStartTest, RejectsBadOptionsNamingTheFlag) {
   server = Server::Start(options);
   EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(server.status().message(), HasSubstr("--threads"));
+
+  options.threads = 0;
+  for (uint64_t staging : {uint64_t{0}, (uint64_t{1} << 30) + 1}) {
+    options.transfer_limits.staging_chunk_bytes = staging;
+    server = Server::Start(options);
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(server.status().message(),
+              "--staging_chunk_bytes: must be from 1 to 1073741824 (1 GiB)");
+  }
 }
 
 TEST(ServerStartTest, PortInUseByAnotherServerIsUnavailable) {

@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -119,7 +120,8 @@ class AscendServer {
                         uint64_t memory_bytes = 0,
                         uint64_t memory_cache_bytes = 1 << 20,
                         uint64_t chunk_bytes = 4 << 20,
-                        const remote::ConnectOptions& connect = {}) {
+                        const remote::ConnectOptions& connect = {},
+                        uint64_t staging_chunk_bytes = 0) {
     auto device = AscendDevice::Create(std::move(cann), 0, memory_bytes,
                                        memory_cache_bytes);
     EXPECT_TRUE(device.ok()) << device.status();
@@ -128,6 +130,9 @@ class AscendServer {
     Options options;
     options.listen = "127.0.0.1:0";
     options.transfer_limits.chunk_bytes = chunk_bytes;
+    // 0: the data path stages in chunk_bytes too.
+    options.transfer_limits.staging_chunk_bytes =
+        staging_chunk_bytes != 0 ? staging_chunk_bytes : chunk_bytes;
     auto server = Server::Start(options, *std::move(device));
     EXPECT_TRUE(server.ok()) << server.status();
     if (!server.ok()) return;
@@ -1277,6 +1282,60 @@ TEST_P(StagedServerTest, UploadsReceiveTheNextChunkWhileOneIsCopied) {
 }
 
 INSTANTIATE_TEST_SUITE_P(GrpcAndDataPath, StagedServerTest, ::testing::Bool());
+
+// Data-path transfers stage in --staging_chunk_bytes (each chunk is one
+// device copy, a whole transfer to the backend through the chain), gRPC
+// ones in --chunk_bytes (a download's message is a staging chunk): a
+// transfer of 2.5 staging chunks is two whole copies and a half one, each
+// way, through two buffers of one staging chunk.
+class StagingChunkTest : public AscendDeviceTest,
+                         public ::testing::WithParamInterface<bool> {};
+
+TEST_P(StagingChunkTest, TheDataPathStagesInItsOwnChunk) {
+  constexpr uint64_t kChunk = 64 << 10;
+  constexpr uint64_t kStaging = 4 * kChunk;
+  constexpr uint64_t kSize = 10 * kChunk;
+  const bool data_path = GetParam();
+  remote::ConnectOptions connect;
+  connect.data_path = data_path;
+  connect.data_path_bytes = kChunk;
+  connect.upload_chunk_bytes = kChunk;
+  connect.transfer_connections = 1;
+  {
+    AscendServer server(Fake(), 0, 1 << 20, kChunk, connect, kStaging);
+    auto session = server.Session();
+    ASSERT_NE(session, nullptr);
+    auto buffer = session->Malloc(kSize);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    const std::string data = Pattern(kSize);
+    fake_.Reset();
+    ASSERT_TRUE(
+        session->Upload(buffer->handle(), 0, data.data(), kSize).ok());
+    std::string back(kSize, '\0');
+    ASSERT_TRUE(
+        session->Download(buffer->handle(), 0, back.data(), kSize).ok());
+    EXPECT_TRUE(back == data);
+    EXPECT_EQ(fake_.Live("host"), 0);
+    const uint64_t chunk = data_path ? kStaging : kChunk;
+    std::vector<std::string> expected;
+    for (const char* kind : {"1", "2"}) {
+      for (uint64_t at = 0; at < kSize; at += chunk) {
+        expected.push_back(absl::StrCat("aclrtMemcpyAsync ",
+                                        std::min(chunk, kSize - at),
+                                        " kind=", kind));
+      }
+    }
+    EXPECT_EQ(fake_.Calls({"aclrtMemcpyAsync"}), expected);
+    const std::string malloc_host = absl::StrCat("aclrtMallocHost ", chunk);
+    EXPECT_THAT(fake_.Calls({"aclrtMallocHost"}),
+                ElementsAre(malloc_host, malloc_host, malloc_host,
+                            malloc_host));
+  }
+  ExpectNothingLive();
+}
+
+INSTANTIATE_TEST_SUITE_P(GrpcAndDataPath, StagingChunkTest,
+                         ::testing::Bool());
 
 TEST(AscendDeviceIdsTest, ParsesTheDeviceFlag) {
   EXPECT_THAT(*AscendDeviceIds("ascend"), ElementsAre(0));
