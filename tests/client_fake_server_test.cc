@@ -580,6 +580,7 @@ TEST_F(FakeServerTest, AReplayAndItsSynchronizeLeaveAsOneMessage) {
     EXPECT_EQ(session_->ReplayGraphAndSynchronize(*graph + 1, 0).code(),
               absl::StatusCode::kNotFound);
     EXPECT_EQ(operators_.Batches().size(), before + kSteps);
+    EXPECT_TRUE(buffer->Free().ok());  // Before its session goes.
     session_.reset();
   }
 }
