@@ -122,9 +122,10 @@ class ClientStep {
     }
     Synchronize();
   }
+  // One replay and its synchronize, sent as one message.
   void Replay() {
-    Must(session_->ReplayGraph(graph_, stream_.handle()), "ReplayGraph");
-    Synchronize();
+    Must(session_->ReplayGraphAndSynchronize(graph_, stream_.handle()),
+         "ReplayGraphAndSynchronize");
   }
   void Synchronize() {
     Must(session_->Synchronize(stream_.handle()), "Synchronize");

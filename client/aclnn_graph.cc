@@ -189,6 +189,49 @@ Capture* EndableCapture(State& state, aclrtStream stream, aclError* refused) {
   return found;
 }
 
+// What aclmdlRIExecuteAsync(modelRI, stream) replays, checked (its
+// errors are that call's, recorded): the session, the graph (0 when
+// nothing was captured) and the stream's handle. `pending_reads`, if not
+// null, says whether aclrtMemcpyAsync reads of that stream wait.
+struct ReplayTarget {
+  Pinned pinned;
+  uint64_t graph = 0;
+  uint64_t handle = 0;
+};
+aclError CheckReplay(aclmdlRI modelRI, aclrtStream stream, ReplayTarget* target,
+                     bool* pending_reads) {
+  const char* const function = "aclmdlRIExecuteAsync";
+  State& state = GetState();
+  absl::MutexLock lock(&state.mu);
+  absl::StatusOr<ModelEntry*> model = FindModel(state, function, modelRI);
+  if (!model.ok()) return FailAcl(model.status());
+  absl::StatusOr<Pinned> current = PinCurrent(state);
+  if (!current.ok()) return FailAcl(current.status());
+  if ((*model)->device != current->device) {
+    return Fail(
+        ACL_ERROR_RT_MODEL_CONTEXT,
+        absl::StrCat("aclmdlRIExecuteAsync: the model is on device ",
+                     (*model)->device, ", the current context on device ",
+                     current->device));
+  }
+  absl::StatusOr<uint64_t> stream_handle =
+      StreamHandle(state, stream, current->device);
+  if (!stream_handle.ok()) {
+    return FailAcl(Prefixed(stream_handle.status(), "aclmdlRIExecuteAsync: "));
+  }
+  if (absl::Status s = RefuseIfCapturing(state, function, stream); !s.ok()) {
+    return FailAcl(s);
+  }
+  if (pending_reads != nullptr) {
+    *pending_reads =
+        state.pending_reads.count({current->device, *stream_handle}) != 0;
+  }
+  target->pinned = *std::move(current);
+  target->graph = (*model)->graph;
+  target->handle = *stream_handle;
+  return ACL_SUCCESS;
+}
+
 }  // namespace
 }  // namespace opserver
 
@@ -353,40 +396,16 @@ aclError aclmdlRICaptureThreadExchangeMode(aclmdlRICaptureMode* mode) {
 }
 
 aclError aclmdlRIExecuteAsync(aclmdlRI modelRI, aclrtStream stream) {
-  State& state = GetState();
-  opserver::Pinned pinned;
-  uint64_t graph = 0, handle = 0;
-  {
-    absl::MutexLock lock(&state.mu);
-    absl::StatusOr<opserver::ModelEntry*> model =
-        opserver::FindModel(state, __func__, modelRI);
-    if (!model.ok()) return FailAcl(model.status());
-    absl::StatusOr<opserver::Pinned> current = opserver::PinCurrent(state);
-    if (!current.ok()) return FailAcl(current.status());
-    if ((*model)->device != current->device) {
-      return Fail(
-          ACL_ERROR_RT_MODEL_CONTEXT,
-          absl::StrCat("aclmdlRIExecuteAsync: the model is on device ",
-                       (*model)->device, ", the current context on device ",
-                       current->device));
-    }
-    absl::StatusOr<uint64_t> stream_handle =
-        opserver::StreamHandle(state, stream, current->device);
-    if (!stream_handle.ok()) {
-      return FailAcl(
-          opserver::Prefixed(stream_handle.status(), "aclmdlRIExecuteAsync: "));
-    }
-    if (absl::Status s = opserver::RefuseIfCapturing(state, __func__, stream);
-        !s.ok()) {
-      return FailAcl(s);
-    }
-    pinned = *std::move(current);
-    graph = (*model)->graph;
-    handle = *stream_handle;
+  opserver::ReplayTarget target;
+  if (aclError error = opserver::CheckReplay(modelRI, stream, &target,
+                                             /*pending_reads=*/nullptr);
+      error != ACL_SUCCESS) {
+    return error;
   }
-  if (graph == 0) return ACL_SUCCESS;  // Nothing was captured.
-  absl::Status status = pinned.session->ReplayGraph(graph, handle);
-  if (!status.ok()) return FailAcl(pinned.Named(status));
+  if (target.graph == 0) return ACL_SUCCESS;  // Nothing was captured.
+  absl::Status status =
+      target.pinned.session->ReplayGraph(target.graph, target.handle);
+  if (!status.ok()) return FailAcl(target.pinned.Named(status));
   return ACL_SUCCESS;
 }
 
@@ -397,13 +416,30 @@ aclError aclmdlRIExecute(aclmdlRI modelRI, int32_t timeout) {
                              " ms (-1 waits for ever, else more than 0)"));
   }
   // On the current context's default stream, then waited for as
-  // aclrtSynchronizeStreamWithTimeout does: past the time-out the replay
+  // aclrtSynchronizeStream(WithTimeout) does: past the time-out the replay
   // goes on and ACL_ERROR_RT_STREAM_SYNC_TIMEOUT is returned.
-  if (aclError error = aclmdlRIExecuteAsync(modelRI, nullptr);
+  opserver::ReplayTarget target;
+  bool pending_reads = false;
+  if (aclError error =
+          opserver::CheckReplay(modelRI, nullptr, &target, &pending_reads);
       error != ACL_SUCCESS) {
     return error;
   }
-  return aclrtSynchronizeStreamWithTimeout(nullptr, timeout);
+  if (timeout != -1 || target.graph == 0 || pending_reads) {
+    if (target.graph != 0) {
+      absl::Status status =
+          target.pinned.session->ReplayGraph(target.graph, target.handle);
+      if (!status.ok()) return FailAcl(target.pinned.Named(status));
+    }
+    return aclrtSynchronizeStreamWithTimeout(nullptr, timeout);
+  }
+  // Waiting for ever with no read to land first: the replay and the
+  // synchronize leave as one message (one read on the server, not two).
+  absl::Status status = target.pinned.session->ReplayGraphAndSynchronize(
+      target.graph, target.handle);
+  opserver::ReportDeferred(target.pinned.device, status);
+  if (!status.ok()) return FailAcl(target.pinned.Named(status));
+  return ACL_SUCCESS;
 }
 
 aclError aclmdlRIDestroy(aclmdlRI modelRI) {

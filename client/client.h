@@ -432,6 +432,12 @@ class Session {
   // once for a graph or stream this session does not know. Errors during
   // the replay are `stream`'s deferred error (Synchronize).
   absl::Status ReplayGraph(uint64_t graph, uint64_t stream = 0);
+  // ReplayGraph, then Synchronize(stream), sent to the server together in
+  // one Pipeline message (CommandChannel::SendThenFence): a step that
+  // replays and waits costs the server one read. The same errors as the
+  // two calls: the replay's at once (nothing is sent then), then the
+  // stream's deferred error.
+  absl::Status ReplayGraphAndSynchronize(uint64_t graph, uint64_t stream = 0);
   // Releases `graph` once the replays already queued have run; NOT_FOUND
   // for a graph this session does not know (or destroyed).
   absl::Status DestroyGraph(uint64_t graph);
@@ -455,6 +461,9 @@ class Session {
                                uint64_t stream);
   // FAILED_PRECONDITION naming `what` unless the session is pipelined.
   absl::Status CheckPipelined(absl::string_view what) const;
+  // The replay_graph command of ReplayGraph, after its local checks.
+  absl::StatusOr<v1::PipelineCommand> ReplayCommand(uint64_t graph,
+                                                    uint64_t stream);
   // Pipelined: waits until the channel's commands took effect, so the
   // unary call that follows sees them (calls take effect in issue order).
   absl::Status Ordered();

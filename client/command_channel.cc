@@ -147,21 +147,36 @@ absl::Status CommandChannel::WaitLocked(absl::FunctionRef<bool()> ready,
 }
 
 absl::Status CommandChannel::Send(v1::PipelineCommand command) {
-  const uint64_t bytes = command.ByteSizeLong();
+  return SendAll(absl::MakeSpan(&command, 1));
+}
+
+absl::Status CommandChannel::SendAll(absl::Span<v1::PipelineCommand> commands) {
+  std::vector<uint64_t> sizes;
+  sizes.reserve(commands.size());
+  uint64_t bytes = 0;
+  for (const v1::PipelineCommand& command : commands) {
+    sizes.push_back(command.ByteSizeLong());
+    bytes += sizes.back();
+  }
+  const uint64_t count = commands.size();
+  // More commands than the window holds wait for it to be empty.
+  const uint64_t window = std::max<uint64_t>(window_.commands, count);
   absl::MutexLock lock(&mu_);
   absl::Status room = WaitLocked(
-      [this, bytes]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return issued_ - replies_.acknowledged() < window_.commands &&
+      [this, bytes, count, window]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return issued_ - replies_.acknowledged() + count <= window &&
                (unacked_bytes_ == 0 || unacked_bytes_ + bytes <= window_.bytes);
       },
       client_.options().wait_timeout, "Pipeline: room in the command window");
   if (!room.ok()) return room;
-  const std::optional<uint64_t> work = WorkStream(command);
-  queue_.push_back(std::move(command));
-  ++issued_;
-  if (work.has_value()) last_work_[*work] = issued_;
-  unacked_.emplace_back(issued_, bytes);
-  unacked_bytes_ += bytes;
+  for (size_t i = 0; i < commands.size(); ++i) {
+    const std::optional<uint64_t> work = WorkStream(commands[i]);
+    queue_.push_back(std::move(commands[i]));
+    ++issued_;
+    if (work.has_value()) last_work_[*work] = issued_;
+    unacked_.emplace_back(issued_, sizes[i]);
+    unacked_bytes_ += sizes[i];
+  }
   return absl::OkStatus();
 }
 
@@ -182,9 +197,9 @@ bool CommandChannel::Idle() {
   return broken_.ok() && issued_ == replies_.acknowledged();
 }
 
-absl::StatusOr<uint64_t> CommandChannel::SendFence(v1::PipelineCommand command,
-                                                   const ReadTarget* read,
-                                                   uint64_t answer_bytes) {
+absl::StatusOr<uint64_t> CommandChannel::SendFence(
+    v1::PipelineCommand command, const ReadTarget* read, uint64_t answer_bytes,
+    v1::PipelineCommand* before) {
   uint64_t id;
   {
     // Awaited before it is queued: its result may come as soon as it is
@@ -195,7 +210,14 @@ absl::StatusOr<uint64_t> CommandChannel::SendFence(v1::PipelineCommand command,
     if (read != nullptr) reads_[id] = *read;
   }
   command.mutable_fence()->set_id(id);
-  if (absl::Status s = Send(std::move(command)); !s.ok()) {
+  absl::Status sent;
+  if (before != nullptr) {
+    v1::PipelineCommand both[] = {std::move(*before), std::move(command)};
+    sent = SendAll(absl::MakeSpan(both));
+  } else {
+    sent = Send(std::move(command));
+  }
+  if (absl::Status s = std::move(sent); !s.ok()) {
     absl::MutexLock lock(&mu_);
     reads_.erase(id);
     replies_.Withdraw(id);  // Never sent, so never answered.
@@ -282,6 +304,16 @@ absl::Status CommandChannel::Fence(uint64_t stream, bool session) {
                    TakeFence(id, session ? "waiting for the session's work"
                                          : "SynchronizeStream"));
   if (session) return FenceStatus(result, "deferred error of the session: ");
+  return StreamFenceStatus(result, "SynchronizeStream: ", stream);
+}
+
+absl::Status CommandChannel::SendThenFence(v1::PipelineCommand command,
+                                           uint64_t stream) {
+  v1::PipelineCommand fence;
+  fence.mutable_fence()->set_stream(stream);
+  ASSIGN_OR_RETURN(uint64_t id,
+                   SendFence(std::move(fence), nullptr, 0, &command));
+  ASSIGN_OR_RETURN(v1::FenceResult result, TakeFence(id, "SynchronizeStream"));
   return StreamFenceStatus(result, "SynchronizeStream: ", stream);
 }
 

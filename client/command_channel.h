@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "client/server_replies.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/opserver.grpc.pb.h"
@@ -85,6 +86,13 @@ class CommandChannel {
   // carries the stream and the failing task's position
   // (common/task_position.h), as WaitRead's does.
   absl::Status Fence(uint64_t stream, bool session);
+  // Queues `command`, then a fence on `stream` right behind it, and waits
+  // for the fence as Fence(stream, false) does. Both are queued at once, so
+  // the writer sends them in one message (unless what was queued before
+  // fills the batch): a graph's replay and its synchronize cost the server
+  // one read and one wake-up, not two. Sending them with Send and Fence
+  // makes two messages whenever the writer takes the first alone.
+  absl::Status SendThenFence(v1::PipelineCommand command, uint64_t stream);
   // Sends an event fence and waits until the event's most recent record
   // issued before it has completed (aclrtSynchronizeEvent). Its error:
   // NOT_FOUND for an unknown event, CANCELLED when it is destroyed first;
@@ -168,9 +176,16 @@ class CommandChannel {
   // `read`: where a read fence's bytes go (null for other fences).
   // `answer_bytes`: the data a result without error must carry (a query's
   // byte; a read's size comes from `read`).
+  // `before` (may be null): a command queued with the fence, just ahead
+  // of it.
   absl::StatusOr<uint64_t> SendFence(v1::PipelineCommand command,
                                      const ReadTarget* read = nullptr,
-                                     uint64_t answer_bytes = 0);
+                                     uint64_t answer_bytes = 0,
+                                     v1::PipelineCommand* before = nullptr);
+  // Queues `commands` in order, together (the writer takes them in one
+  // message), waiting while the window has no room for all of them (for
+  // an empty window when they are more than window_.commands).
+  absl::Status SendAll(absl::Span<v1::PipelineCommand> commands);
   // Waits for fence `id`'s result and takes it (at most `timeout`; the
   // client's wait timeout when not given).
   absl::StatusOr<v1::FenceResult> TakeFence(

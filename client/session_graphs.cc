@@ -172,7 +172,8 @@ absl::StatusOr<uint64_t> Session::DefineGraph(
   return id;
 }
 
-absl::Status Session::ReplayGraph(uint64_t graph, uint64_t stream) {
+absl::StatusOr<v1::PipelineCommand> Session::ReplayCommand(uint64_t graph,
+                                                           uint64_t stream) {
   RETURN_IF_ERROR(CheckPipelined("ReplayGraph"));
   {
     absl::MutexLock lock(&handles_mu_);
@@ -186,7 +187,23 @@ absl::Status Session::ReplayGraph(uint64_t graph, uint64_t stream) {
   v1::PipelineCommand command;
   command.mutable_replay_graph()->set_graph(graph);
   command.mutable_replay_graph()->set_stream(stream);
+  return command;
+}
+
+absl::Status Session::ReplayGraph(uint64_t graph, uint64_t stream) {
+  ASSIGN_OR_RETURN(v1::PipelineCommand command, ReplayCommand(graph, stream));
   return channel_->Send(std::move(command));
+}
+
+absl::Status Session::ReplayGraphAndSynchronize(uint64_t graph,
+                                                uint64_t stream) {
+  ASSIGN_OR_RETURN(v1::PipelineCommand command, ReplayCommand(graph, stream));
+  // As Synchronize: every command sent up to now is ordered before the
+  // fence.
+  const uint64_t issued = channel_->Issued() + 1;
+  absl::Status status = channel_->SendThenFence(std::move(command), stream);
+  if (status.ok()) NoteIdle(stream, issued);
+  return status;
 }
 
 absl::Status Session::DestroyGraph(uint64_t graph) {

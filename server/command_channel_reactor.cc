@@ -45,7 +45,12 @@ namespace opserver {
 // wire form (at most --max_pipeline_batch_bytes, however long it waits:
 // see PipelineBatch). Events coalesce: the acknowledgement and the fence
 // results that arrive while a write is in flight go out together in the
-// next one, so at most two events exist at once.
+// next one, so at most two events exist at once. So do those that arrive
+// while a slice runs: a fence the slice answers inline (a replay and its
+// synchronize on an idle stream) leaves with the slice's end, in the same
+// write as the batch's acknowledgement, not in a write of its own followed
+// by another (each write costs a wake-up of gRPC's threads). It waits at
+// most the rest of one slice (kSliceCommands).
 //
 // The channel holds its session only while a slice runs: a closed session
 // (CloseSession, the idle timeout, shutdown) ends the channel through
@@ -125,8 +130,8 @@ class OperatorService::Pipeliner final
       if (!ok) {
         failed_ = true;
         fences = SIZE_MAX;  // Nothing more is written: wake a waiting batch.
-      } else if (pending_.has_value() && !finished_) {
-        WriteLocked();
+      } else if (pending_.has_value() && !finished_ && !applying_) {
+        WriteLocked();  // A running slice writes it when it ends.
       }
       MaybeFinishLocked();
     }
@@ -242,6 +247,7 @@ class OperatorService::Pipeliner final
             absl::StrCat("session ", session_id_, " was closed")));
         break;
       }
+      applying_ = true;
       mu_.Unlock();
       session->Touch();
       absl::StatusOr<PipelineBatch::Progress> progress =
@@ -251,6 +257,7 @@ class OperatorService::Pipeliner final
           });
       session.reset();  // Not under mu_: it may be the last reference.
       mu_.Lock();
+      applying_ = false;
       if (!progress.ok()) {
         in_batch_ = false;
         batch_.reset();
@@ -270,6 +277,8 @@ class OperatorService::Pipeliner final
         MaybeFinishLocked();
         return;
       }
+      // What the slice answered leaves now, with its progress.
+      FlushLocked();
       if (progress->applied == kSliceCommands) {
         // More to do: take a turn behind the other sessions' work.
         scheduled_ = false;
@@ -363,7 +372,7 @@ class OperatorService::Pipeliner final
       result->set_message(Truncated(status.message(), kMaxErrorMessageBytes));
       result->set_task(TaskPositionOf(status));
     }
-    if (!writing_ && !finished_ && !failed_) WriteLocked();
+    FlushLocked();
     MaybeFinishLocked();
   }
 
@@ -378,7 +387,7 @@ class OperatorService::Pipeliner final
       notice->set_code(static_cast<int32_t>(status.code()));
       notice->set_message(Truncated(status.message(), kMaxErrorMessageBytes));
     }
-    if (!writing_) WriteLocked();
+    FlushLocked();
   }
 
   v1::PipelineEvent& Pending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -388,7 +397,16 @@ class OperatorService::Pipeliner final
 
   void AckLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Pending().set_acknowledged(acknowledged_);
-    if (!writing_ && !finished_ && !failed_) WriteLocked();
+    FlushLocked();
+  }
+
+  // Writes what is pending unless a write is in flight (its completion
+  // writes it) or a slice is running (its end does).
+  void FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (pending_.has_value() && !writing_ && !applying_ && !finished_ &&
+        !failed_) {
+      WriteLocked();
+    }
   }
 
   void WriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -464,6 +482,8 @@ class OperatorService::Pipeliner final
   bool in_batch_ ABSL_GUARDED_BY(mu_) = false;
   bool scheduled_ ABSL_GUARDED_BY(mu_) = false;
   bool rerun_ ABSL_GUARDED_BY(mu_) = false;
+  // A slice is applying commands (without mu_): events wait for its end.
+  bool applying_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t acknowledged_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t fences_out_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<v1::PipelineEvent> pending_ ABSL_GUARDED_BY(mu_);

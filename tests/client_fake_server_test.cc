@@ -116,6 +116,17 @@ class FakeRuntime final
                     v1::FreeResponse*) override {
     return grpc::Status::OK;
   }
+  grpc::Status CreateStream(grpc::ServerContext*,
+                            const v1::CreateStreamRequest*,
+                            v1::CreateStreamResponse* response) override {
+    response->set_stream(++next_);
+    return grpc::Status::OK;
+  }
+  grpc::Status DestroyStream(grpc::ServerContext*,
+                             const v1::DestroyStreamRequest*,
+                             v1::DestroyStreamResponse*) override {
+    return grpc::Status::OK;
+  }
   grpc::Status GetDeviceInfo(grpc::ServerContext*,
                              const v1::GetDeviceInfoRequest*,
                              v1::GetDeviceInfoResponse* response) override {
@@ -212,7 +223,8 @@ class FakeOperators final : public v1::Operators::Service {
   // which the gates hold). With it, a Pipeline that applies every command
   // and answers every fence, but first sends again the result of each
   // fence it answered before (with 64 KiB of data), or with unasked_fence
-  // set, a result for a fence never sent.
+  // set, a result for a fence never sent. With honest set, it answers each
+  // fence once, and keeps every batch it received (Batches()).
   grpc::Status Pipeline(
       grpc::ServerContext*,
       grpc::ServerReaderWriter<v1::PipelineEvent, v1::PipelineRequest>* stream)
@@ -226,10 +238,18 @@ class FakeOperators final : public v1::Operators::Service {
     uint64_t applied = 0;
     std::vector<uint64_t> answered;
     while (stream->Read(&request)) {
+      if (honest) {
+        absl::MutexLock lock(&batches_mu_);
+        batches_.push_back(request);
+      }
       v1::PipelineEvent event;
       for (const v1::PipelineCommand& command : request.commands()) {
         ++applied;
         if (!command.has_fence()) continue;
+        if (honest) {
+          event.add_fences()->set_id(command.fence().id());
+          continue;
+        }
         for (uint64_t id : answered) {
           v1::FenceResult* replay = event.add_fences();
           replay->set_id(id);
@@ -250,6 +270,16 @@ class FakeOperators final : public v1::Operators::Service {
   std::atomic<uint64_t> next_{100};
   std::atomic<bool> pipeline_on{false};
   std::atomic<bool> unasked_fence{false};
+  std::atomic<bool> honest{false};
+
+  std::vector<v1::PipelineRequest> Batches() {
+    absl::MutexLock lock(&batches_mu_);
+    return batches_;
+  }
+
+ private:
+  absl::Mutex batches_mu_;
+  std::vector<v1::PipelineRequest> batches_ ABSL_GUARDED_BY(batches_mu_);
 };
 
 class FakeServerTest : public ::testing::Test {
@@ -507,6 +537,96 @@ TEST_F(FakeServerTest, FenceResultsNotAwaitedEndTheChannel) {
     // Every later call says why.
     EXPECT_EQ((*channel)->Fence(0, false), ended);
   }
+}
+
+// A step that replays a graph and waits for it (ReplayGraphAndSynchronize)
+// sends the replay and its fence in one Pipeline message, whatever the
+// writer thread was doing: the server reads and wakes once per step. Also
+// with a window of one command, which two commands sent together must not
+// wait on for ever.
+TEST_F(FakeServerTest, AReplayAndItsSynchronizeLeaveAsOneMessage) {
+  operators_.pipeline_on = true;
+  operators_.honest = true;
+  for (const uint64_t window : {uint64_t{8192}, uint64_t{1}}) {
+    SCOPED_TRACE(window);
+    ConnectOptions options;
+    options.pipeline_window.commands = window;
+    OpenSession(options);
+    ASSERT_TRUE(session_->pipelined());
+    auto buffer = session_->Malloc(64);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    auto memset = session_->MemsetCommand(buffer->handle(), 0, 64, 7, 0);
+    ASSERT_TRUE(memset.ok()) << memset.status();
+    std::vector<v1::PipelineCommand> tasks = {*memset};
+    auto graph = session_->DefineGraph(std::move(tasks));
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    ASSERT_TRUE(session_->Flush().ok());
+    const size_t before = operators_.Batches().size();
+    constexpr int kSteps = 20;
+    for (int i = 0; i < kSteps; ++i) {
+      ASSERT_TRUE(session_->ReplayGraphAndSynchronize(*graph, 0).ok());
+    }
+    std::vector<v1::PipelineRequest> batches = operators_.Batches();
+    ASSERT_EQ(batches.size(), before + kSteps);
+    for (size_t i = before; i < batches.size(); ++i) {
+      const v1::PipelineRequest& batch = batches[i];
+      ASSERT_EQ(batch.commands_size(), 2) << batch.DebugString();
+      EXPECT_EQ(batch.commands(0).replay_graph().graph(), *graph);
+      EXPECT_TRUE(batch.commands(1).has_fence()) << batch.DebugString();
+      EXPECT_EQ(batch.commands(1).fence().stream(), 0u);
+      EXPECT_FALSE(batch.commands(1).fence().session());
+    }
+    // Refused before anything is sent: an unknown graph.
+    EXPECT_EQ(session_->ReplayGraphAndSynchronize(*graph + 1, 0).code(),
+              absl::StatusCode::kNotFound);
+    EXPECT_EQ(operators_.Batches().size(), before + kSteps);
+    EXPECT_TRUE(buffer->Free().ok());  // Before its session goes.
+    session_.reset();
+  }
+}
+
+// The same through the C API: aclmdlRIExecute waiting for ever sends the
+// replay and its synchronize as one message.
+TEST_F(FakeServerTest, AclmdlRIExecuteSendsTheReplayAndItsWaitAsOneMessage) {
+  operators_.pipeline_on = true;
+  operators_.honest = true;
+  setenv("OPSERVER_ADDRESS", address_.c_str(), 1);
+  setenv("OPSERVER_TIMEOUT_MS", "20000", 1);
+  ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS) << aclGetRecentErrMsg();
+  void* data = nullptr;
+  ASSERT_EQ(aclrtMalloc(&data, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  aclrtStream stream = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&stream), ACL_SUCCESS) << aclGetRecentErrMsg();
+  ASSERT_EQ(aclmdlRICaptureBegin(stream, ACL_MODEL_RI_CAPTURE_MODE_GLOBAL),
+            ACL_SUCCESS)
+      << aclGetRecentErrMsg();
+  ASSERT_EQ(aclrtMemsetAsync(data, 64, 7, 64, stream), ACL_SUCCESS)
+      << aclGetRecentErrMsg();
+  aclmdlRI model = nullptr;
+  ASSERT_EQ(aclmdlRICaptureEnd(stream, &model), ACL_SUCCESS)
+      << aclGetRecentErrMsg();
+  constexpr int kSteps = 5;
+  for (int i = 0; i < kSteps; ++i) {
+    ASSERT_EQ(aclmdlRIExecute(model, -1), ACL_SUCCESS) << aclGetRecentErrMsg();
+  }
+  int replays = 0;
+  for (const v1::PipelineRequest& batch : operators_.Batches()) {
+    for (int i = 0; i < batch.commands_size(); ++i) {
+      if (!batch.commands(i).has_replay_graph()) continue;
+      ++replays;
+      ASSERT_LT(i + 1, batch.commands_size()) << batch.DebugString();
+      EXPECT_TRUE(batch.commands(i + 1).has_fence()) << batch.DebugString();
+      EXPECT_EQ(batch.commands(i + 1).fence().stream(),
+                batch.commands(i).replay_graph().stream());
+    }
+  }
+  EXPECT_EQ(replays, kSteps);
+  EXPECT_EQ(aclmdlRIDestroy(model), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS) << aclGetRecentErrMsg();
+  EXPECT_EQ(aclrtFree(data), ACL_SUCCESS);
+  aclrtResetDevice(0);
+  aclFinalize();
 }
 
 // Finding 16(a): a thread blocked in an operator call (planning, then

@@ -4,6 +4,7 @@
 // exact code, issue order across transfers, streams and unary calls, a
 // small window, and a raw channel's hostile commands.
 
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -497,6 +498,67 @@ TEST_F(PipelineTest, RawChannelRefusalsAreDeferredNotFatal) {
   EXPECT_TRUE(stream->Finish().ok());
   // The session is unharmed.
   EXPECT_TRUE(s.Malloc(64).ok());
+}
+
+// A fence the server answers inline (on an idle stream, after a replay
+// that ran inline on the Pipeline worker) leaves in the same event (one
+// write) as its batch's acknowledgement: each write is a wake-up of the
+// server's threads, and before, such a batch took two (the fence's result,
+// then the acknowledgement alone).
+TEST_F(PipelineTest, AFenceAnsweredInlineLeavesWithItsBatchsAcknowledgement) {
+  Session& s = *piped_.session;
+  auto buffer = s.Malloc(64);
+  ASSERT_TRUE(buffer.ok());
+  grpc::ClientContext context;
+  auto stream = piped_.client->operators().Pipeline(&context);
+  v1::PipelineRequest open;
+  open.set_session(s.token());
+  ASSERT_TRUE(stream->Write(open));
+  v1::PipelineEvent event;
+  ASSERT_TRUE(stream->Read(&event));
+  EXPECT_EQ(event.acknowledged(), 0u);
+
+  // A graph of one small memset on the default stream: its replay runs on
+  // the worker that applies it (the stream is idle), and so is the fence
+  // behind it answered there.
+  constexpr uint64_t kGraph = uint64_t{1} << 62;
+  v1::PipelineRequest define;
+  v1::DefineGraphCommand* graph = define.add_commands()->mutable_define_graph();
+  graph->set_graph(kGraph);
+  v1::MemsetRequest* memset = graph->add_tasks()->mutable_memset();
+  memset->set_buffer(buffer->handle());
+  memset->set_size(64);
+  memset->set_value(7);
+  ASSERT_TRUE(stream->Write(define));
+  ASSERT_TRUE(stream->Read(&event));
+  EXPECT_EQ(event.acknowledged(), 1u);
+  EXPECT_EQ(event.fences_size(), 0);
+
+  uint64_t acknowledged = 1;
+  for (uint64_t fence = 1; fence <= 3; ++fence) {
+    SCOPED_TRACE(fence);
+    v1::PipelineRequest step;
+    v1::ReplayGraphRequest* replay =
+        step.add_commands()->mutable_replay_graph();
+    replay->set_graph(kGraph);
+    step.add_commands()->mutable_fence()->set_id(fence);
+    acknowledged += 2;
+    ASSERT_TRUE(stream->Write(step));
+    // One event: the fence's result and the batch's acknowledgement. A
+    // second event of this batch would be read as the next step's first.
+    ASSERT_TRUE(stream->Read(&event));
+    ASSERT_EQ(event.fences_size(), 1) << event.DebugString();
+    EXPECT_EQ(event.fences(0).id(), fence);
+    EXPECT_EQ(event.fences(0).code(), 0) << event.fences(0).message();
+    EXPECT_EQ(event.acknowledged(), acknowledged) << event.DebugString();
+  }
+  stream->WritesDone();
+  // Nothing more was written for those batches.
+  EXPECT_FALSE(stream->Read(&event)) << event.DebugString();
+  EXPECT_TRUE(stream->Finish().ok());
+  std::vector<uint8_t> bytes(64);
+  ASSERT_TRUE(s.Download(buffer->handle(), 0, bytes.data(), 64).ok());
+  EXPECT_EQ(bytes, std::vector<uint8_t>(64, 7));
 }
 
 TEST_F(PipelineTest, ChannelOnAnotherSessionIsNotFound) {
