@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,9 +24,13 @@
 #include "client/client.h"
 #include "devices/ascend/cann_library.h"
 #include "gmock/gmock.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
 #include "gtest/gtest.h"
 #include "kernels/aclnn_status.h"
+#include "proto/opserver.pb.h"
 #include "server/server.h"
+#include "server/upload_parser.h"
 
 namespace opserver::ascend {
 namespace {
@@ -1225,6 +1230,57 @@ TEST_F(StagedTransferTest, AnAbandonedTransferWaitsForItsCopyAndFrees) {
   abandon.join();
   EXPECT_EQ(fake_.Live("host"), 0);
   EXPECT_TRUE(stream_->Synchronize().ok());
+}
+
+// `bytes` as one gRPC message.
+grpc::ByteBuffer Message(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// `data` as an UploadRequest's data field, serialized.
+std::string UploadData(const std::string& data) {
+  v1::UploadRequest request;
+  request.set_data(data);
+  return request.SerializeAsString();
+}
+
+// The gRPC Upload's writer (server/upload_parser.h): an upload that fails
+// at a chunk's end, with a whole chunk queued behind a copy still running.
+// The failed Write returns only once that chunk is copied too, so the
+// device holds every byte received, as one the host addresses would (the
+// writer goes when the call ends, and a staged upload drops the copies
+// still queued when it goes).
+TEST_F(StagedTransferTest, AFailedUploadWriteCopiesTheChunksQueued) {
+  const std::string data = Pattern(kSize);
+  std::shared_ptr<DeviceStream> stream = std::move(stream_);
+  fake_.HoldHostCopies(true);
+  std::optional<UploadWriter> writer;
+  writer.emplace(device_.get(), stream, block_, kSize, kChunk);
+  grpc::ByteBuffer two_chunks = Message(UploadData(data.substr(0, 2 * kChunk)));
+  ASSERT_TRUE(writer->Write(&two_chunks).ok());
+  // Chunk 0's copy is held, chunk 1's queued behind it.
+  ASSERT_TRUE(WaitUntil([&] { return fake_.HeldHostCopies() == 1; }));
+  // The next message ends a byte into its data field's announced length.
+  std::string cut = UploadData(data.substr(2 * kChunk));
+  cut.resize(cut.size() - 1);
+  grpc::ByteBuffer malformed = Message(cut);
+  // Whenever the copies are let go, the Write below cannot return before.
+  std::thread release([&] { fake_.HoldHostCopies(false); });
+  const absl::Status failed = writer->Write(&malformed);
+  const std::vector<std::string> copied =
+      fake_.Calls({"aclrtMemcpyAsync 1000 kind=1"});
+  release.join();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kInvalidArgument) << failed;
+  EXPECT_EQ(failed.message(),
+            "malformed UploadRequest message: data field of 500 bytes, but "
+            "only 499 left in the message");
+  EXPECT_THAT(copied, ElementsAre("aclrtMemcpyAsync 1000 kind=1 held",
+                                  "aclrtMemcpyAsync 1000 kind=1",
+                                  "aclrtMemcpyAsync 1000 kind=1"));
+  writer.reset();
+  EXPECT_EQ(DeviceBytes(),
+            data.substr(0, 2 * kChunk) + std::string(kSize - 2 * kChunk, '\0'));
 }
 
 // Through the server, over gRPC Upload/Download and over the data path:
