@@ -66,7 +66,7 @@ absl::Status MoveDataPathBytes(bool upload, int fd, Device* device,
             "upload ended after ", at + got, " of the ", size,
             " bytes it announced (the data connection was closed)"));
       }
-      if (staged_upload != nullptr) RETURN_IF_ERROR(staged_upload->Commit());
+      if (staged_upload != nullptr) RETURN_IF_ERROR(staged_upload->Commit(n));
     } else
       RETURN_IF_ERROR(SendAll(fd, host, n, moved));
     at += n;
