@@ -113,15 +113,9 @@ class RuntimeService::DataTransfer final
     });
   }
 
-  void OnWriteDone(bool ok) override {
-    if (service_->limits_.before_write_done) {
-      service_->limits_.before_write_done();
-    }
-    absl::MutexLock lock(&link_->mu);
-    writing_ = false;
-    // The write is done: nothing to cancel it for.
-    cancel_at_ = absl::InfiniteFuture();
-    if (finished_) return;
+  void OnWriteDone(bool ok) override { EndWrite(ok); }
+
+  void WriteDoneLocked(bool ok) override {
     if (done_) {
       FinishLocked(result_);
     } else if (!abort_.ok()) {
@@ -308,7 +302,6 @@ class RuntimeService::DataTransfer final
   char* target_ = nullptr;
   uint64_t size_ = 0;
   std::shared_ptr<DeviceStream> device_stream_;
-  bool writing_ = false;
   // Set once the client's connection arrived; shared with the mover.
   std::shared_ptr<UniqueFd> connection_;
   bool moving_ = false;
