@@ -32,6 +32,11 @@ absl::Status CheckStagedCommit(uint64_t filled, uint64_t chunk_size) {
                    filled, " bytes"));
 }
 
+absl::Status StagedUpload::End(uint64_t filled) {
+  if (filled > 0) RETURN_IF_ERROR(Commit(filled));
+  return Finish();
+}
+
 namespace {
 
 // DeviceStream's default staging: one chunk of host memory, copied and

@@ -113,10 +113,10 @@ class DeviceStream;
 // is destroyed (the transfer's copies run on it, possibly from a thread of
 // the device's own). Not thread-safe. Must not outlive its stream.
 //
-// A transfer that ends early (its sender failed) commits the chunk it was
-// filling as far as it got and calls Finish: then device memory holds every
-// byte received, as it would on a device the host addresses, where the
-// bytes go straight into place.
+// A transfer that ends early (its sender failed) ends through End, which
+// commits the chunk it was filling as far as it got: then device memory
+// holds every byte received, as it would on a device the host addresses,
+// where the bytes go straight into place.
 class StagedUpload {
  public:
   // Waits for the copy in flight, drops those queued behind it, and frees
@@ -135,6 +135,10 @@ class StagedUpload {
   // Waits until every committed chunk is in device memory: OK, or the
   // first copy's error.
   virtual absl::Status Finish() = 0;
+  // Ends the transfer where it stands, on success or failure: commits the
+  // first `filled` bytes of the chunk Next returned (0: no chunk is open,
+  // or nothing is in it), then Finish.
+  absl::Status End(uint64_t filled);
 };
 
 // What StagedUpload's implementations answer alike: Next's OUT_OF_RANGE

@@ -60,10 +60,16 @@ absl::Status MoveDataPathBytes(bool upload, int fd, Device* device,
       host = static_cast<char*>(device->HostAddress(target + at));
     }
     if (upload) {
-      ASSIGN_OR_RETURN(size_t got, RecvFull(fd, host, n, moved));
-      if (got < n) {
+      absl::StatusOr<size_t> got = RecvFull(fd, host, n, moved);
+      if (staged_upload != nullptr && (!got.ok() || *got < n)) {
+        // As on a device the host addresses, what came stays; a copy's
+        // error adds nothing to the upload's.
+        staged_upload->End(got.value_or(0)).IgnoreError();
+      }
+      RETURN_IF_ERROR(got.status());
+      if (*got < n) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "upload ended after ", at + got, " of the ", size,
+            "upload ended after ", at + *got, " of the ", size,
             " bytes it announced (the data connection was closed)"));
       }
       if (staged_upload != nullptr) RETURN_IF_ERROR(staged_upload->Commit(n));

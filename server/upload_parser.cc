@@ -170,11 +170,9 @@ absl::Status UploadWriter::Finish() {
 absl::Status UploadWriter::EndStaging() {
   if (staged_ == nullptr) return absl::OkStatus();
   // Only a failed upload ends inside a chunk.
-  if (!chunk_.empty() && filled_ > 0) {
-    chunk_ = {};
-    RETURN_IF_ERROR(staged_->Commit(filled_));
-  }
-  return staged_->Finish();
+  const uint64_t open = chunk_.empty() ? 0 : filled_;
+  chunk_ = {};
+  return staged_->End(open);
 }
 
 }  // namespace opserver

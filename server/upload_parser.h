@@ -76,9 +76,9 @@ class UploadWriter {
   // Reads `length` bytes of `input` into the staging, chunk by chunk.
   absl::Status Stage(google::protobuf::io::CodedInputStream& input,
                      uint32_t length);
-  // Ends the staged copy, on success and on failure alike: commits the
-  // chunk being filled as far as it is (StagedUpload::Commit) and waits
-  // until every committed chunk is copied (their error).
+  // Ends the staged copy, on success and on failure alike
+  // (StagedUpload::End): commits the chunk being filled as far as it is and
+  // waits until every committed chunk is copied (their error).
   absl::Status EndStaging();
 
   Device* const device_;
