@@ -52,6 +52,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -105,15 +106,13 @@ void MetricsAB(const Options& options, const std::string& direct,
                const Inputs& inputs, const std::vector<float>& expected) {
   Options uncounted_options = options;
   uncounted_options.metrics = false;
-  auto uncounted = Server::Start(uncounted_options);
-  if (!uncounted.ok()) {
-    Die(absl::StrCat("Server::Start: ", uncounted.status().ToString()));
-  }
+  std::unique_ptr<Server> uncounted =
+      Must(Server::Start(uncounted_options), "Server::Start");
   std::vector<double> counted_us, uncounted_us, counted_rate, uncounted_rate;
   for (int round = 0; round < 3; ++round) {
     Result on = RunConfiguration("loopback", direct, "1", inputs, expected);
-    Result off = RunConfiguration("loopback", (*uncounted)->address(), "1",
-                                  inputs, expected);
+    Result off = RunConfiguration("loopback", uncounted->address(), "1", inputs,
+                                  expected);
     counted_us.push_back(on.step_median_us);
     uncounted_us.push_back(off.step_median_us);
     counted_rate.push_back(on.launches_per_s);
@@ -193,10 +192,9 @@ int Main() {
   Options options;
   options.listen = "127.0.0.1:0";
   options.detect_mutex_deadlocks = false;  // As the opserver binary runs.
-  auto server = Server::Start(options);
-  if (!server.ok())
-    Die(absl::StrCat("Server::Start: ", server.status().ToString()));
-  const std::string direct = (*server)->address();
+  std::unique_ptr<Server> server =
+      Must(Server::Start(options), "Server::Start");
+  const std::string direct = server->address();
   auto proxy = bench::DelayProxy::Start(direct, kOneWayDelay);
   if (!proxy.ok())
     Die(absl::StrCat("DelayProxy::Start: ", proxy.status().ToString()));

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -89,10 +90,9 @@ int CallbacksMain() {
   Options options;
   options.listen = "127.0.0.1:0";
   options.detect_mutex_deadlocks = false;
-  auto server = Server::Start(options);
-  if (!server.ok())
-    Die(absl::StrCat("Server::Start: ", server.status().ToString()));
-  setenv("OPSERVER_ADDRESS", (*server)->address().c_str(), 1);
+  std::unique_ptr<Server> server =
+      Must(Server::Start(options), "Server::Start");
+  setenv("OPSERVER_ADDRESS", server->address().c_str(), 1);
   setenv("OPSERVER_PIPELINE", "1", 1);
   CHECK_ACL(aclInit(nullptr));
   CHECK_ACL(aclrtSetDevice(0));
@@ -100,20 +100,15 @@ int CallbacksMain() {
   CHECK_ACL(aclrtCreateStream(&stream));
   ReportPump pump(stream);
   void* data = DeviceAlloc(16 * sizeof(float));
-  aclTensor* t = Tensor(data, 16, ACL_FLOAT);
-  float value = kThreshold;
-  aclScalar* scalar = aclCreateScalar(&value, ACL_FLOAT);
-  uint64_t workspace_bytes = 0;
-  aclOpExecutor* executor = nullptr;
-  CHECK_ACL(aclnnThresholdBackwardGetWorkspaceSize(
-      t, t, scalar, t, &workspace_bytes, &executor));
-  CHECK_ACL(aclSetAclOpExecutorRepeatable(executor));
+  const ThresholdCall call = PlanThreshold(data, /*repeatable=*/true);
   const double rtt = RoundTripUs(stream);
   std::atomic<int> ran{0};
   std::vector<double> alone, with;
   for (int batch = 0; batch < kBatches; ++batch) {
-    const double a = CallbackBatchUs(executor, stream, kLaunches, false, &ran);
-    const double w = CallbackBatchUs(executor, stream, kLaunches, true, &ran);
+    const double a =
+        CallbackBatchUs(call.executor, stream, kLaunches, false, &ran);
+    const double w =
+        CallbackBatchUs(call.executor, stream, kLaunches, true, &ran);
     if (batch > 0) {
       alone.push_back(a);
       with.push_back(w);
@@ -137,9 +132,7 @@ int CallbacksMain() {
       kBatches - 1, extra_us, extra_us / rtt, query_us, query_us / rtt,
       kQueries);
   pump.Stop();
-  CHECK_ACL(aclDestroyAclOpExecutor(executor));
-  aclDestroyScalar(scalar);
-  aclDestroyTensor(t);
+  DestroyThreshold(call);
   CHECK_ACL(aclrtFree(data));
   CHECK_ACL(aclrtDestroyStream(stream));
   CHECK_ACL(aclrtResetDevice(0));

@@ -28,18 +28,11 @@ double FirstLaunchUs() {
   aclrtStream stream = nullptr;
   CHECK_ACL(aclrtCreateStream(&stream));
   void* data = DeviceAlloc(16 * sizeof(float));
-  aclTensor* t = Tensor(data, 16, ACL_FLOAT);
-  float value = kThreshold;
-  aclScalar* scalar = aclCreateScalar(&value, ACL_FLOAT);
-  uint64_t workspace_bytes = 0;
-  aclOpExecutor* executor = nullptr;
-  CHECK_ACL(aclnnThresholdBackwardGetWorkspaceSize(
-      t, t, scalar, t, &workspace_bytes, &executor));
-  CHECK_ACL(aclnnThresholdBackward(nullptr, 0, executor, stream));
+  const ThresholdCall call = PlanThreshold(data, /*repeatable=*/false);
+  CHECK_ACL(aclnnThresholdBackward(nullptr, 0, call.executor, stream));
   CHECK_ACL(aclrtSynchronizeStream(stream));
   const double us = Micros(Clock::now() - start);
-  aclDestroyScalar(scalar);
-  aclDestroyTensor(t);
+  DestroyThreshold(call);
   CHECK_ACL(aclrtFree(data));
   CHECK_ACL(aclrtDestroyStream(stream));
   CHECK_ACL(aclrtResetDevice(0));

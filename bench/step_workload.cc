@@ -223,24 +223,35 @@ void CheckResult(const Device& device, const std::vector<float>& expected) {
   }
 }
 
-double LaunchRate(void* data, aclrtStream stream, int launches) {
-  aclTensor* t = Tensor(data, 16, ACL_FLOAT);
+ThresholdCall PlanThreshold(void* data, bool repeatable) {
+  ThresholdCall call;
+  call.repeatable = repeatable;
+  call.tensor = Tensor(data, 16, ACL_FLOAT);
   float value = kThreshold;
-  aclScalar* scalar = aclCreateScalar(&value, ACL_FLOAT);
+  call.threshold = aclCreateScalar(&value, ACL_FLOAT);
   uint64_t workspace_bytes = 0;
-  aclOpExecutor* executor = nullptr;
   CHECK_ACL(aclnnThresholdBackwardGetWorkspaceSize(
-      t, t, scalar, t, &workspace_bytes, &executor));
-  CHECK_ACL(aclSetAclOpExecutorRepeatable(executor));
+      call.tensor, call.tensor, call.threshold, call.tensor, &workspace_bytes,
+      &call.executor));
+  if (repeatable) CHECK_ACL(aclSetAclOpExecutorRepeatable(call.executor));
+  return call;
+}
+
+void DestroyThreshold(const ThresholdCall& call) {
+  if (call.repeatable) CHECK_ACL(aclDestroyAclOpExecutor(call.executor));
+  aclDestroyScalar(call.threshold);
+  aclDestroyTensor(call.tensor);
+}
+
+double LaunchRate(void* data, aclrtStream stream, int launches) {
+  const ThresholdCall call = PlanThreshold(data, /*repeatable=*/true);
   const Clock::time_point start = Clock::now();
   for (int i = 0; i < launches; ++i) {
-    CHECK_ACL(aclnnThresholdBackward(nullptr, 0, executor, stream));
+    CHECK_ACL(aclnnThresholdBackward(nullptr, 0, call.executor, stream));
   }
   CHECK_ACL(aclrtSynchronizeStream(stream));
   const double seconds = Micros(Clock::now() - start) / 1e6;
-  CHECK_ACL(aclDestroyAclOpExecutor(executor));
-  aclDestroyScalar(scalar);
-  aclDestroyTensor(t);
+  DestroyThreshold(call);
   return launches / seconds;
 }
 

@@ -123,6 +123,20 @@ aclrtStream LaunchStep(Device& device, aclrtStream stream,
 // Copies the step's result back and compares it bit for bit with the host.
 void CheckResult(const Device& device, const std::vector<float>& expected);
 
+// A ThresholdBackward on the 16 fp32 elements at `data`, in place
+// (gradOutput, self and out all of them), planned: the operator of the
+// launch-rate, callback and first-launch rows. A repeatable executor is
+// destroyed with the rest by DestroyThreshold; a single-use one is gone
+// with its launch.
+struct ThresholdCall {
+  aclTensor* tensor = nullptr;
+  aclScalar* threshold = nullptr;
+  aclOpExecutor* executor = nullptr;
+  bool repeatable = false;
+};
+ThresholdCall PlanThreshold(void* data, bool repeatable);
+void DestroyThreshold(const ThresholdCall& call);
+
 // Launches of one repeatable executor (16 fp32 elements, in place) on
 // `stream` as fast as the C API takes them, then one synchronize: the
 // rate one connection sustains when the device is not the bottleneck.

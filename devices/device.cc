@@ -15,12 +15,29 @@ DevicePlan::DevicePlan(const Device* device, kernels::ValidCall valid)
       valid_(std::move(valid)),
       numel_(kernels::NumElements(valid_.out_shape)) {}
 
-namespace {
-
-absl::Status PastTheEnd(uint64_t size) {
+absl::Status StagedTransferEnded(uint64_t moved, uint64_t size) {
+  if (moved == size) {
+    return absl::OutOfRangeError(
+        absl::StrCat("the staged transfer's ", size, " bytes are all moved"));
+  }
   return absl::OutOfRangeError(
-      absl::StrCat("the staged transfer's ", size, " bytes are all moved"));
+      absl::StrCat("the staged transfer ended after ", moved, " of its ", size,
+                   " bytes (its last chunk was committed short)"));
 }
+
+absl::Status CheckStagedCommit(uint64_t filled, uint64_t chunk_size) {
+  if (filled <= chunk_size) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("a staged chunk of ", chunk_size, " bytes committed as ",
+                   filled, " bytes"));
+}
+
+absl::Status StagedUpload::End(uint64_t filled) {
+  if (filled > 0) RETURN_IF_ERROR(Commit(filled));
+  return Finish();
+}
+
+namespace {
 
 // DeviceStream's default staging: one chunk of host memory, copied and
 // synchronized before the next is handed out, so nothing overlaps.
@@ -35,16 +52,17 @@ class SyncStagedUpload : public StagedUpload {
 
   absl::StatusOr<absl::Span<char>> Next() override {
     RETURN_IF_ERROR(error_);
-    if (at_ == size_) return PastTheEnd(size_);
+    if (at_ == size_ || ended_) return StagedTransferEnded(at_, size_);
     staging_.resize(std::min(chunk_, size_ - at_));
     return absl::MakeSpan(staging_);
   }
-  absl::Status Commit() override {
+  absl::Status Commit(uint64_t filled) override {
     RETURN_IF_ERROR(error_);
-    error_ =
-        stream_->CopyToDevice(dst_ + at_, staging_.data(), staging_.size());
+    RETURN_IF_ERROR(CheckStagedCommit(filled, staging_.size()));
+    ended_ = filled < staging_.size();
+    error_ = stream_->CopyToDevice(dst_ + at_, staging_.data(), filled);
     if (error_.ok()) error_ = stream_->Synchronize();
-    at_ += staging_.size();
+    at_ += filled;
     return error_;
   }
   absl::Status Finish() override { return error_; }
@@ -55,6 +73,7 @@ class SyncStagedUpload : public StagedUpload {
   const uint64_t size_;
   const uint64_t chunk_;
   uint64_t at_ = 0;
+  bool ended_ = false;  // A chunk was committed short.
   std::string staging_;
   absl::Status error_;
 };
@@ -70,7 +89,7 @@ class SyncStagedDownload : public StagedDownload {
 
   absl::StatusOr<absl::Span<const char>> Next() override {
     RETURN_IF_ERROR(error_);
-    if (at_ == size_) return PastTheEnd(size_);
+    if (at_ == size_) return StagedTransferEnded(size_, size_);
     staging_.resize(std::min(chunk_, size_ - at_));
     error_ =
         stream_->CopyFromDevice(staging_.data(), src_ + at_, staging_.size());

@@ -112,6 +112,11 @@ class DeviceStream;
 // holding the stream, which issues nothing else on it until the transfer
 // is destroyed (the transfer's copies run on it, possibly from a thread of
 // the device's own). Not thread-safe. Must not outlive its stream.
+//
+// A transfer that ends early (its sender failed) ends through End, which
+// commits the chunk it was filling as far as it got: then device memory
+// holds every byte received, as it would on a device the host addresses,
+// where the bytes go straight into place.
 class StagedUpload {
  public:
   // Waits for the copy in flight, drops those queued behind it, and frees
@@ -120,14 +125,28 @@ class StagedUpload {
   // The staging memory of the next chunk (the range's chunks in order,
   // each `chunk` bytes, the last one shorter), once the copy that used it
   // before is done. The error of an earlier copy (the transfer has
-  // failed), or OUT_OF_RANGE past the last chunk.
+  // failed), or OUT_OF_RANGE past the last chunk or after a short one.
   virtual absl::StatusOr<absl::Span<char>> Next() = 0;
-  // Queues the copy of the chunk Next returned, filled, to its place.
-  virtual absl::Status Commit() = 0;
+  // Queues the copy of the chunk Next returned, its first `filled` bytes,
+  // to its place, after the chunks committed before it. `filled` is the
+  // chunk's size, or less for a transfer that ends here short (that chunk
+  // is its last); INVALID_ARGUMENT past the chunk's size.
+  virtual absl::Status Commit(uint64_t filled) = 0;
   // Waits until every committed chunk is in device memory: OK, or the
   // first copy's error.
   virtual absl::Status Finish() = 0;
+  // Ends the transfer where it stands, on success or failure: commits the
+  // first `filled` bytes of the chunk Next returned (0: no chunk is open,
+  // or nothing is in it), then Finish.
+  absl::Status End(uint64_t filled);
 };
+
+// What StagedUpload's implementations answer alike: Next's OUT_OF_RANGE
+// once `moved` of the transfer's `size` bytes are moved (all of them, or
+// up to a short chunk), and Commit's check of `filled` against the size of
+// the chunk Next returned.
+absl::Status StagedTransferEnded(uint64_t moved, uint64_t size);
+absl::Status CheckStagedCommit(uint64_t filled, uint64_t chunk_size);
 
 // The other direction (DeviceStream::StageDownload): the range's chunks in
 // order, the copy of the next one running on the device while the caller

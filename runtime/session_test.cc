@@ -400,7 +400,8 @@ TEST_F(SessionLaunchTest, OpenCallsAreChargedToTheSessionsMemory) {
   EXPECT_TRUE(session_->TakeSynchronizeSlot().ok());
 }
 
-// Finding 10: events and what they hold outstanding show in the stats.
+// The third review, finding 10: events and what they hold outstanding show
+// in the stats.
 TEST_F(SessionLaunchTest, EventsAndTheirPendingOperationsAreInTheStats) {
   absl::StatusOr<uint64_t> event = session_->CreateEvent(0);
   ASSERT_TRUE(event.ok()) << event.status();

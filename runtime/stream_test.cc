@@ -414,7 +414,8 @@ TEST(StreamTest, CancelReasonReachesLaterEnqueues) {
   EXPECT_EQ(destroyed.CheckRoom().message(), "the stream was destroyed");
 }
 
-// Finding 6: a client cannot grow a stream's queue without bound.
+// The first review, finding 6: a client cannot grow a stream's queue
+// without bound.
 TEST(StreamTest, QueueIsBounded) {
   Stream stream(/*max_queued=*/3);
   absl::Notification release;
@@ -438,8 +439,8 @@ TEST(StreamTest, QueueIsBounded) {
   EXPECT_TRUE(stream.Enqueue([] { return absl::OkStatus(); }).ok());
 }
 
-// Finding 12: work queued after a gate waits until the gate is released,
-// not merely until it is reached.
+// The first review, finding 12: work queued after a gate waits until the
+// gate is released, not merely until it is reached.
 TEST(StreamTest, GateHoldsLaterWorkUntilReleased) {
   Stream stream;
   absl::Notification blocker;
@@ -493,8 +494,9 @@ TEST(StreamTest, IdleStreamIsHeldAtOnceAndAReleasedGateIsSkipped) {
   EXPECT_FALSE(second_reached.load());
 }
 
-// Finding 5(c): a stalled transfer's gate never wedges teardown: Cancel
-// opens it and tells the transfer, and a cancelled stream refuses gates.
+// The first review, finding 5(c): a stalled transfer's gate never wedges
+// teardown: Cancel opens it and tells the transfer, and a cancelled stream
+// refuses gates.
 TEST(StreamTest, CancelOpensGatesAndTellsTheirTransfers) {
   Stream stream;
   auto held = std::make_shared<Stream::Gate>();

@@ -63,13 +63,19 @@ absl::Status MoveDataPathBytes(bool upload, int fd, Device* device,
       host = static_cast<char*>(device->HostAddress(target + at));
     }
     if (upload) {
-      ASSIGN_OR_RETURN(size_t got, RecvFull(fd, host, n, moved));
-      if (got < n) {
+      absl::StatusOr<size_t> got = RecvFull(fd, host, n, moved);
+      if (staged_upload != nullptr && (!got.ok() || *got < n)) {
+        // As on a device the host addresses, what came stays; a copy's
+        // error adds nothing to the upload's.
+        staged_upload->End(got.value_or(0)).IgnoreError();
+      }
+      RETURN_IF_ERROR(got.status());
+      if (*got < n) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "upload ended after ", at + got, " of the ", size,
+            "upload ended after ", at + *got, " of the ", size,
             " bytes it announced (the data connection was closed)"));
       }
-      if (staged_upload != nullptr) RETURN_IF_ERROR(staged_upload->Commit());
+      if (staged_upload != nullptr) RETURN_IF_ERROR(staged_upload->Commit(n));
     } else
       RETURN_IF_ERROR(SendAll(fd, host, n, moved));
     at += n;
@@ -116,15 +122,9 @@ class RuntimeService::DataTransfer final
     });
   }
 
-  void OnWriteDone(bool ok) override {
-    if (service_->limits_.before_write_done) {
-      service_->limits_.before_write_done();
-    }
-    absl::MutexLock lock(&link_->mu);
-    writing_ = false;
-    // The write is done: nothing to cancel it for.
-    cancel_at_ = absl::InfiniteFuture();
-    if (finished_) return;
+  void OnWriteDone(bool ok) override { EndWrite(ok); }
+
+  void WriteDoneLocked(bool ok) override {
     if (done_) {
       FinishLocked(result_);
     } else if (!abort_.ok()) {
@@ -311,7 +311,6 @@ class RuntimeService::DataTransfer final
   char* target_ = nullptr;
   uint64_t size_ = 0;
   std::shared_ptr<DeviceStream> device_stream_;
-  bool writing_ = false;
   // Set once the client's connection arrived; shared with the mover.
   std::shared_ptr<UniqueFd> connection_;
   bool moving_ = false;

@@ -86,6 +86,23 @@ class RuntimeService::Transfer {
     cancel_at_ = std::min(cancel_at_, absl::Now() + kStuckWriteGrace);
   }
 
+  // The OnWriteDone of a call that writes (Download, OpenDataTransfer):
+  // after the test hook, under the call's lock, the write is no longer in
+  // flight, so there is nothing to cancel the call for; unless the call
+  // has finished, WriteDoneLocked goes on.
+  void EndWrite(bool ok) {
+    if (service_->limits_.before_write_done) {
+      service_->limits_.before_write_done();
+    }
+    absl::MutexLock lock(&link_->mu);
+    writing_ = false;
+    cancel_at_ = absl::InfiniteFuture();
+    if (!finished_) WriteDoneLocked(ok);
+  }
+  // What follows a write (`ok` as gRPC reports it) in a call not finished.
+  // Upload writes nothing.
+  virtual void WriteDoneLocked(bool /*ok*/) {}
+
   // Makes the call reachable by the watchdog and the stream callbacks.
   // From the derived constructor's body: only then is the object whole.
   void Link() {
@@ -163,6 +180,8 @@ class RuntimeService::Transfer {
   // (and forgets a data-path ticket with it).
   const TokenBoundCall binding_;
   bool finished_ = false;
+  // A write in flight (the calls that write): an abort waits for it.
+  bool writing_ = false;
   // Waiting for the work queued before it: not idle.
   bool waiting_ = false;
   absl::Time last_progress_ = absl::Now();

@@ -185,15 +185,9 @@ class RuntimeService::Downloader final
     Begin([&] { return StartLocked(request); });
   }
 
-  void OnWriteDone(bool ok) override {
-    if (service_->limits_.before_write_done) {
-      service_->limits_.before_write_done();
-    }
-    absl::MutexLock lock(&link_->mu);
-    writing_ = false;
-    // The write is done: nothing to cancel it for.
-    cancel_at_ = absl::InfiniteFuture();
-    if (finished_) return;
+  void OnWriteDone(bool ok) override { EndWrite(ok); }
+
+  void WriteDoneLocked(bool ok) override {
     if (!abort_.ok()) {
       FinishLocked(abort_);
       return;
@@ -322,7 +316,6 @@ class RuntimeService::Downloader final
   uint64_t start_ = 0;
   uint64_t next_ = 0;
   uint64_t end_ = 0;
-  bool writing_ = false;
   grpc::ByteBuffer message_;
   // For devices the host cannot address: the staging copies' stream, and
   // the staging (made at the first chunk).

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -121,7 +120,9 @@ absl::Status UploadWriter::Write(grpc::ByteBuffer* message) {
         written_ += length;
         return absl::OkStatus();
       });
-  if (!status.ok()) FlushReceived();
+  // The upload has failed already and says why; a copy that fails here
+  // adds nothing to that.
+  if (!status.ok()) EndStaging().IgnoreError();
   return status;
 }
 
@@ -147,11 +148,10 @@ absl::Status UploadWriter::Stage(google::protobuf::io::CodedInputStream& input,
       return Malformed();
     }
     filled_ += n;
-    staged_bytes_ += n;
     length -= n;
     if (filled_ == chunk_.size()) {
       chunk_ = {};
-      RETURN_IF_ERROR(staged_->Commit());
+      RETURN_IF_ERROR(staged_->Commit(filled_));
     }
   }
   return absl::OkStatus();
@@ -159,25 +159,20 @@ absl::Status UploadWriter::Stage(google::protobuf::io::CodedInputStream& input,
 
 absl::Status UploadWriter::Finish() {
   if (written_ != size_) {
-    FlushReceived();
+    EndStaging().IgnoreError();  // As in Write.
     return absl::InvalidArgumentError(
         absl::StrCat("upload ended after ", written_, " of the ", size_,
                      " bytes its header announced"));
   }
-  return staged_ == nullptr ? absl::OkStatus() : staged_->Finish();
+  return EndStaging();
 }
 
-void UploadWriter::FlushReceived() {
-  if (staged_ == nullptr || chunk_.empty() || filled_ == 0) return;
-  const absl::Span<char> chunk = std::exchange(chunk_, {});
-  // The upload has failed already and says why; a copy that fails here
-  // (the queued ones' error, or this one's) adds nothing to that.
-  if (!staged_->Finish().ok()) return;
-  if (stream_->CopyToDevice(target_ + staged_bytes_ - filled_, chunk.data(),
-                            filled_)
-          .ok()) {
-    stream_->Synchronize().IgnoreError();
-  }
+absl::Status UploadWriter::EndStaging() {
+  if (staged_ == nullptr) return absl::OkStatus();
+  // Only a failed upload ends inside a chunk.
+  const uint64_t open = chunk_.empty() ? 0 : filled_;
+  chunk_ = {};
+  return staged_->End(open);
 }
 
 }  // namespace opserver

@@ -76,10 +76,10 @@ class UploadWriter {
   // Reads `length` bytes of `input` into the staging, chunk by chunk.
   absl::Status Stage(google::protobuf::io::CodedInputStream& input,
                      uint32_t length);
-  // On failure: copies the staging chunk being filled, as far as it is,
-  // after the queued chunks (which are copied whole, so without this the
-  // bytes of a chunk the upload did not complete would be dropped).
-  void FlushReceived();
+  // Ends the staged copy, on success and on failure alike
+  // (StagedUpload::End): commits the chunk being filled as far as it is and
+  // waits until every committed chunk is copied (their error).
+  absl::Status EndStaging();
 
   Device* const device_;
   const std::shared_ptr<DeviceStream> stream_;
@@ -93,7 +93,6 @@ class UploadWriter {
   std::unique_ptr<StagedUpload> staged_;
   absl::Span<char> chunk_;
   uint64_t filled_ = 0;
-  uint64_t staged_bytes_ = 0;  // Read into staging chunks so far.
 };
 
 }  // namespace opserver

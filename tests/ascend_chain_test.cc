@@ -40,6 +40,7 @@
 #include "server/server.h"
 #include "testing/metrics_scrape.h"
 #include "testing/opserver_process.h"
+#include "testing/test_main.h"
 
 namespace opserver {
 namespace {
@@ -947,12 +948,8 @@ TEST_F(AscendChainTest, TheNextSessionReusesTheCacheZeroed) {
 }  // namespace opserver
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: %s OPSERVER LIBACLNN_REMOTE\n", argv[0]);
-    return 2;
-  }
-  opserver::g_opserver = argv[1];
-  opserver::g_remote_lib = argv[2];
-  return RUN_ALL_TESTS();
+  return opserver::test_main::RunWithPaths(
+      argc, argv,
+      {{"OPSERVER", &opserver::g_opserver},
+       {"LIBACLNN_REMOTE", &opserver::g_remote_lib}});
 }

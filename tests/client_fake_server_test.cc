@@ -329,9 +329,10 @@ class FakeServerTest : public ::testing::Test {
   std::unique_ptr<remote::Session> session_;
 };
 
-// Finding 16(c): a server's message is bounded by what the protocol needs
-// (the server's --max_message_bytes, 64 MiB by default), not accepted
-// whatever its size.
+// The first review, finding 16 (the client accepted messages of any
+// size): a server's message is bounded by what the protocol needs (the
+// server's --max_message_bytes, 64 MiB by default), not accepted whatever
+// its size.
 TEST_F(FakeServerTest, OversizedMessagesAreRefused) {
   runtime_.device_name_bytes = 80 << 20;
   auto client = Client::Connect(address_);
@@ -629,8 +630,9 @@ TEST_F(FakeServerTest, AclmdlRIExecuteSendsTheReplayAndItsWaitAsOneMessage) {
   aclFinalize();
 }
 
-// Finding 16(a): a thread blocked in an operator call (planning, then
-// launching) does not stop other threads' API calls.
+// The first review, finding 16 (the C API's lock held across calls to the
+// server): a thread blocked in an operator call (planning, then launching)
+// does not stop other threads' API calls.
 TEST_F(FakeServerTest, OperatorCallsDoNotHoldTheGlobalLock) {
   setenv("OPSERVER_ADDRESS", address_.c_str(), 1);
   setenv("OPSERVER_TIMEOUT_MS", "20000", 1);

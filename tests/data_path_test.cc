@@ -26,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "devices/testing/fake_device.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -88,10 +89,12 @@ class DataPathTest : public ::testing::Test {
     StartServer(std::move(options));
     if (server_ != nullptr) Connect(server_->address());
   }
-  void StartServer(Options options) {
+  // On `device` when given, else on the one `options` names.
+  void StartServer(Options options, std::unique_ptr<Device> device = nullptr) {
     options.listen = "127.0.0.1:0";
     options.threads = 2;
-    auto server = Server::Start(options);
+    auto server = device != nullptr ? Server::Start(options, std::move(device))
+                                    : Server::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
   }
@@ -252,6 +255,31 @@ TEST_F(DataPathTest, ShortAndLongUploadsFailAndTheStreamGoesOn) {
   // The default stream is free again.
   ASSERT_TRUE(RawUpload(buffer, 0, data).ok());
   EXPECT_TRUE(GrpcDownload(buffer, 0, data.size()) == data);
+}
+
+// On a device the host cannot address the bytes go through the device's
+// staging; a short upload leaves what it received all the same, as on one
+// it can (above): the chunk being filled lands as far as it got.
+TEST_F(DataPathTest, AShortUploadLeavesWhatItReceivedOnAStagedDevice) {
+  Options options;
+  options.transfer_limits.chunk_bytes = 1000;
+  StartServer(options,
+              std::make_unique<FakeDevice>(-1, /*host_addressable=*/false));
+  ASSERT_NE(server_, nullptr);
+  Connect(server_->address());
+  const uint64_t buffer = MustMalloc(4000);
+  const std::string data = RandomData(4000, 3);
+  auto open = OpenTransfer(kUp, buffer, 0, data.size());
+  ASSERT_TRUE(open->has_event);
+  UniqueFd fd = Dial(open->event.ticket());
+  ASSERT_TRUE(SendAll(fd.get(), data.data(), 2500).ok());
+  shutdown(fd.get(), SHUT_WR);
+  grpc::Status short_upload = open->Finish();
+  EXPECT_EQ(short_upload.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(short_upload.error_message(),
+              HasSubstr("ended after 2500 of the 4000 bytes"));
+  EXPECT_TRUE(GrpcDownload(buffer, 0, data.size()) ==
+              data.substr(0, 2500) + std::string(1500, '\0'));
 }
 
 TEST_F(DataPathTest, BadRequestsAreRefusedBeforeAnyTicket) {

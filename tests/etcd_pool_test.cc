@@ -36,6 +36,7 @@
 #include "testing/etcd_process.h"
 #include "testing/metrics_scrape.h"
 #include "testing/opserver_process.h"
+#include "testing/test_main.h"
 
 namespace opserver {
 namespace {
@@ -700,12 +701,7 @@ TEST_F(EtcdPoolTest, OpctlTakesAnEtcdAddressWithTheCApisOrdinals) {
 }  // namespace opserver
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: %s OPSERVER OPCTL\n", argv[0]);
-    return 2;
-  }
-  opserver::g_opserver = argv[1];
-  opserver::g_opctl = argv[2];
-  return RUN_ALL_TESTS();
+  return opserver::test_main::RunWithPaths(
+      argc, argv,
+      {{"OPSERVER", &opserver::g_opserver}, {"OPCTL", &opserver::g_opctl}});
 }

@@ -33,6 +33,7 @@
 #include "gtest/gtest.h"
 #include "testing/etcd_process.h"
 #include "testing/opserver_process.h"
+#include "testing/test_main.h"
 
 namespace opserver {
 namespace {
@@ -422,11 +423,6 @@ TEST_F(EtcdTlsTest, UnreadableOrHalfGivenCredentialFilesAreRefused) {
 }  // namespace opserver
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s OPSERVER\n", argv[0]);
-    return 2;
-  }
-  opserver::g_opserver = argv[1];
-  return RUN_ALL_TESTS();
+  return opserver::test_main::RunWithPaths(
+      argc, argv, {{"OPSERVER", &opserver::g_opserver}});
 }

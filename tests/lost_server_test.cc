@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/opserver_process.h"
+#include "testing/test_main.h"
 
 namespace opserver {
 namespace {
@@ -154,11 +155,6 @@ TEST_F(LostServerTest, CApiSaysTheServerWentAway) {
 }  // namespace opserver
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s OPSERVER\n", argv[0]);
-    return 2;
-  }
-  opserver::g_opserver = argv[1];
-  return RUN_ALL_TESTS();
+  return opserver::test_main::RunWithPaths(
+      argc, argv, {{"OPSERVER", &opserver::g_opserver}});
 }

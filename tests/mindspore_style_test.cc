@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
 #include <cstdlib>
 #include <iterator>
 #include <string>
@@ -26,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/opserver_process.h"
+#include "testing/test_main.h"
 
 namespace opserver {
 namespace {
@@ -426,12 +426,8 @@ TEST_F(MindSporeStyleTest, TheCallbackThreadRunsCallbacksInStreamOrder) {
 }  // namespace opserver
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: %s OPSERVER LIBACLNN_REMOTE\n", argv[0]);
-    return 2;
-  }
-  opserver::g_opserver = argv[1];
-  opserver::g_remote_lib = argv[2];
-  return RUN_ALL_TESTS();
+  return opserver::test_main::RunWithPaths(
+      argc, argv,
+      {{"OPSERVER", &opserver::g_opserver},
+       {"LIBACLNN_REMOTE", &opserver::g_remote_lib}});
 }

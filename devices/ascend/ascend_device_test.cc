@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,9 +25,13 @@
 #include "client/client.h"
 #include "devices/ascend/cann_library.h"
 #include "gmock/gmock.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
 #include "gtest/gtest.h"
 #include "kernels/aclnn_status.h"
+#include "proto/opserver.pb.h"
 #include "server/server.h"
+#include "server/upload_parser.h"
 
 namespace opserver::ascend {
 namespace {
@@ -1056,12 +1061,30 @@ class StagedTransferTest : public AscendDeviceTest {
     ExpectNothingLive();
   }
   std::string DeviceBytes() const { return std::string(block_, kSize); }
-  // Fills the next chunk of `upload` with its part of `data` and commits it.
-  void Put(StagedUpload& upload, const std::string& data, uint64_t at) {
+  // Fills the next chunk of `upload` with its part of `data` and commits
+  // it; only its first `bytes` when the upload ends short there.
+  static constexpr uint64_t kWholeChunk = ~uint64_t{0};
+  void Put(StagedUpload& upload, const std::string& data, uint64_t at,
+           uint64_t bytes = kWholeChunk) {
     absl::StatusOr<absl::Span<char>> chunk = upload.Next();
     ASSERT_TRUE(chunk.ok()) << chunk.status();
-    std::memcpy(chunk->data(), data.data() + at, chunk->size());
-    ASSERT_TRUE(upload.Commit().ok());
+    bytes = std::min<uint64_t>(bytes, chunk->size());
+    std::memcpy(chunk->data(), data.data() + at, bytes);
+    ASSERT_TRUE(upload.Commit(bytes).ok());
+  }
+  // An upload of `data` whose chunk 0's copy is held (as every host copy
+  // from now on, until the hold is lifted).
+  std::unique_ptr<StagedUpload> UploadWithChunk0Held(const std::string& data) {
+    fake_.HoldHostCopies(true);
+    std::unique_ptr<StagedUpload> upload =
+        stream_->StageUpload(block_, kSize, kChunk);
+    Put(*upload, data, 0);
+    EXPECT_TRUE(WaitUntil([&] { return fake_.HeldHostCopies() == 1; }));
+    return upload;
+  }
+  // The first `n` bytes of `data`, then zeros (the block's untouched rest).
+  static std::string Received(const std::string& data, uint64_t n) {
+    return data.substr(0, n) + std::string(data.size() - n, '\0');
   }
 
   // Three chunks: two whole, one half.
@@ -1078,11 +1101,7 @@ class StagedTransferTest : public AscendDeviceTest {
 // two page-locked buffers are freed with the transfer.
 TEST_F(StagedTransferTest, AnUploadTakesTheNextChunkWhileACopyRuns) {
   const std::string data = Pattern(kSize);
-  fake_.HoldHostCopies(true);
-  std::unique_ptr<StagedUpload> upload =
-      stream_->StageUpload(block_, kSize, kChunk);
-  Put(*upload, data, 0);
-  ASSERT_TRUE(WaitUntil([&] { return fake_.HeldHostCopies() == 1; }));
+  std::unique_ptr<StagedUpload> upload = UploadWithChunk0Held(data);
   Put(*upload, data, kChunk);
   EXPECT_EQ(fake_.HeldHostCopies(), 1);  // Chunk 0's copy, still held.
   fake_.PermitHostCopies(1);
@@ -1160,6 +1179,43 @@ TEST_F(StagedTransferTest, OneChunkTakesOneBufferOfItsSize) {
                           "aclrtFreeHost", "aclrtFreeHost"));
 }
 
+// An upload that ends early (its sender failed) commits the chunk it was
+// filling as far as it got: that part is copied after the chunk still
+// held before it, the rest of the range is untouched, and the transfer is
+// over.
+TEST_F(StagedTransferTest, AShortCommitLandsAfterTheQueuedChunksAndEnds) {
+  const std::string data = Pattern(kSize);
+  std::unique_ptr<StagedUpload> upload = UploadWithChunk0Held(data);
+  Put(*upload, data, kChunk, 300);
+  fake_.HoldHostCopies(false);
+  ASSERT_TRUE(upload->Finish().ok());
+  EXPECT_EQ(DeviceBytes(), Received(data, kChunk + 300));
+  // As the default staging answers (devices/device_test.cc).
+  EXPECT_EQ(upload->Next().status(), StagedTransferEnded(kChunk + 300, kSize));
+  EXPECT_THAT(fake_.Calls({"aclrtMemcpyAsync"}),
+              ElementsAre("aclrtMemcpyAsync 1000 kind=1 held",
+                          "aclrtMemcpyAsync 1000 kind=1",
+                          "aclrtMemcpyAsync 300 kind=1"));
+}
+
+// A range of one chunk, copied on the caller's thread, committed short; a
+// commit past the chunk's size is refused and copies nothing.
+TEST_F(StagedTransferTest, OneChunkCommittedShortOrPastItsSize) {
+  const std::string data = Pattern(kSize);
+  std::unique_ptr<StagedUpload> upload =
+      stream_->StageUpload(block_, kSize, 4 * kSize);
+  absl::StatusOr<absl::Span<char>> chunk = upload->Next();
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  EXPECT_EQ(upload->Commit(kSize + 1), CheckStagedCommit(kSize + 1, kSize));
+  std::memcpy(chunk->data(), data.data(), 100);
+  ASSERT_TRUE(upload->Commit(100).ok());
+  ASSERT_TRUE(upload->Finish().ok());
+  EXPECT_EQ(DeviceBytes(), Received(data, 100));
+  EXPECT_EQ(upload->Next().status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(fake_.Calls({"aclrtMemcpyAsync"}),
+              ElementsAre("aclrtMemcpyAsync 100 kind=1"));
+}
+
 // A failed copy fails the transfer with CANN's error, for every later call
 // too; the staging is freed all the same.
 TEST_F(StagedTransferTest, ACopysFailureIsTheTransfersWithItsAclError) {
@@ -1175,7 +1231,7 @@ TEST_F(StagedTransferTest, ACopysFailureIsTheTransfersWithItsAclError) {
               HasSubstr("aclrtMemcpyAsync (host to device) failed with acl "
                         "error 507899: copy engine fault"));
   EXPECT_EQ(upload->Next().status(), failed);
-  EXPECT_EQ(upload->Commit(), failed);
+  EXPECT_EQ(upload->Commit(kChunk), failed);
   upload.reset();
 
   // The stream's synchronize, on a download.
@@ -1195,7 +1251,7 @@ TEST_F(StagedTransferTest, ACopysFailureIsTheTransfersWithItsAclError) {
   fake_.FailNext("aclrtMemcpyAsync", 507899, "copy engine fault");
   absl::StatusOr<absl::Span<char>> chunk = upload->Next();
   ASSERT_TRUE(chunk.ok()) << chunk.status();
-  EXPECT_THAT(upload->Commit().message(), HasSubstr("acl error 507899"));
+  EXPECT_THAT(upload->Commit(kChunk).message(), HasSubstr("acl error 507899"));
   upload.reset();
 
   // No page-locked memory to be had.
@@ -1230,6 +1286,56 @@ TEST_F(StagedTransferTest, AnAbandonedTransferWaitsForItsCopyAndFrees) {
   abandon.join();
   EXPECT_EQ(fake_.Live("host"), 0);
   EXPECT_TRUE(stream_->Synchronize().ok());
+}
+
+// `bytes` as one gRPC message.
+grpc::ByteBuffer Message(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// `data` as an UploadRequest's data field, serialized.
+std::string UploadData(const std::string& data) {
+  v1::UploadRequest request;
+  request.set_data(data);
+  return request.SerializeAsString();
+}
+
+// The gRPC Upload's writer (server/upload_parser.h): an upload that fails
+// at a chunk's end, with a whole chunk queued behind a copy still running.
+// The failed Write returns only once that chunk is copied too, so the
+// device holds every byte received, as one the host addresses would (the
+// writer goes when the call ends, and a staged upload drops the copies
+// still queued when it goes).
+TEST_F(StagedTransferTest, AFailedUploadWriteCopiesTheChunksQueued) {
+  const std::string data = Pattern(kSize);
+  std::shared_ptr<DeviceStream> stream = std::move(stream_);
+  fake_.HoldHostCopies(true);
+  std::optional<UploadWriter> writer;
+  writer.emplace(device_.get(), stream, block_, kSize, kChunk);
+  grpc::ByteBuffer two_chunks = Message(UploadData(data.substr(0, 2 * kChunk)));
+  ASSERT_TRUE(writer->Write(&two_chunks).ok());
+  // Chunk 0's copy is held, chunk 1's queued behind it.
+  ASSERT_TRUE(WaitUntil([&] { return fake_.HeldHostCopies() == 1; }));
+  // The next message ends a byte into its data field's announced length.
+  std::string cut = UploadData(data.substr(2 * kChunk));
+  cut.resize(cut.size() - 1);
+  grpc::ByteBuffer malformed = Message(cut);
+  // Whenever the copies are let go, the Write below cannot return before.
+  std::thread release([&] { fake_.HoldHostCopies(false); });
+  const absl::Status failed = writer->Write(&malformed);
+  const std::vector<std::string> copied =
+      fake_.Calls({"aclrtMemcpyAsync 1000 kind=1"});
+  release.join();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kInvalidArgument) << failed;
+  EXPECT_EQ(failed.message(),
+            "malformed UploadRequest message: data field of 500 bytes, but "
+            "only 499 left in the message");
+  EXPECT_THAT(copied, ElementsAre("aclrtMemcpyAsync 1000 kind=1 held",
+                                  "aclrtMemcpyAsync 1000 kind=1",
+                                  "aclrtMemcpyAsync 1000 kind=1"));
+  writer.reset();
+  EXPECT_EQ(DeviceBytes(), Received(data, 2 * kChunk));
 }
 
 // Through the server, over gRPC Upload/Download and over the data path:

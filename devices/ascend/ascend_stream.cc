@@ -6,7 +6,6 @@
 #include <thread>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "common/thread_start.h"
@@ -82,6 +81,8 @@ namespace {
 // two staging buffers, in order: chunk k uses buffer k % 2. The caller
 // queues chunk k only once it is done with buffer k % 2's previous chunk
 // (k - 2), so the copier never writes or reads a buffer the caller uses.
+// An upload's chunk may be queued short (its first bytes only): the last
+// one of an upload that ended early.
 class ChunkCopier {
  public:
   ChunkCopier(AscendDevice* device, AscendStream* stream, bool upload,
@@ -120,14 +121,21 @@ class ChunkCopier {
     return absl::MakeSpan(buffer, Bytes(k));
   }
 
-  // Queues the next chunk's copy. A range of one chunk is copied here.
-  absl::Status Queue() {
+  // Chunk k's size.
+  uint64_t Bytes(uint64_t k) const {
+    return std::min(chunk_, size_ - k * chunk_);
+  }
+
+  // Queues the copy of the next chunk's first `bytes` bytes (at most its
+  // size). A range of one chunk is copied here.
+  absl::Status Queue(uint64_t bytes) {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(error_);
     const uint64_t k = queued_++;
+    lengths_[k % 2] = bytes;
     if (count_ == 1) {
       mu_.Unlock();
-      absl::Status copied = Copy(k);
+      absl::Status copied = Copy(k, bytes);
       mu_.Lock();
       Copied(copied);
       return copied;
@@ -160,18 +168,14 @@ class ChunkCopier {
   }
 
  private:
-  uint64_t Bytes(uint64_t k) const {
-    return std::min(chunk_, size_ - k * chunk_);
-  }
-
-  // Chunk k between its staging buffer and device memory, done when this
-  // returns (one staging buffer per chunk in flight, so the stream is
-  // synchronized before it is reused).
-  absl::Status Copy(uint64_t k) {
+  // The first `bytes` of chunk k between its staging buffer and device
+  // memory, done when this returns (one staging buffer per chunk in
+  // flight, so the stream is synchronized before it is reused).
+  absl::Status Copy(uint64_t k, uint64_t bytes) {
     char* device = device_base_ + k * chunk_;
     char* host = buffers_[k % 2];
-    RETURN_IF_ERROR(upload_ ? stream_->CopyToDevice(device, host, Bytes(k))
-                            : stream_->CopyFromDevice(host, device, Bytes(k)));
+    RETURN_IF_ERROR(upload_ ? stream_->CopyToDevice(device, host, bytes)
+                            : stream_->CopyFromDevice(host, device, bytes));
     return stream_->Synchronize();
   }
 
@@ -192,8 +196,9 @@ class ChunkCopier {
       mu_.Await(absl::Condition(&ready));
       if (stopping_) return;
       const uint64_t k = copied_;
+      const uint64_t bytes = lengths_[k % 2];
       mu_.Unlock();
-      absl::Status copied = Copy(k);
+      absl::Status copied = Copy(k, bytes);
       mu_.Lock();
       Copied(copied);
     }
@@ -212,14 +217,11 @@ class ChunkCopier {
   absl::Mutex mu_;
   uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t copied_ ABSL_GUARDED_BY(mu_) = 0;
+  // The bytes to copy of the chunk queued in each buffer.
+  uint64_t lengths_[2] ABSL_GUARDED_BY(mu_) = {0, 0};
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
-
-absl::Status AllMoved(uint64_t size) {
-  return absl::OutOfRangeError(
-      absl::StrCat("the staged transfer's ", size, " bytes are all moved"));
-}
 
 class AscendStagedUpload : public StagedUpload {
  public:
@@ -229,18 +231,31 @@ class AscendStagedUpload : public StagedUpload {
 
   absl::StatusOr<absl::Span<char>> Next() override {
     const uint64_t k = copier_.queued();
-    if (k == copier_.count()) return AllMoved(size_);
+    if (k == copier_.count() || ended_) {
+      return StagedTransferEnded(committed_, size_);
+    }
     // Chunk k - 2 left buffer k % 2.
     RETURN_IF_ERROR(copier_.WaitCopied(k < 2 ? 0 : k - 1));
     return copier_.Buffer(k);
   }
-  absl::Status Commit() override { return copier_.Queue(); }
+  // A short chunk is queued like a whole one, so it lands after the chunks
+  // before it (the copier copies in order).
+  absl::Status Commit(uint64_t filled) override {
+    const uint64_t chunk = copier_.Bytes(copier_.queued());
+    RETURN_IF_ERROR(CheckStagedCommit(filled, chunk));
+    RETURN_IF_ERROR(copier_.Queue(filled));
+    committed_ += filled;
+    ended_ = filled < chunk;
+    return absl::OkStatus();
+  }
   absl::Status Finish() override {
     return copier_.WaitCopied(copier_.queued());
   }
 
  private:
   const uint64_t size_;
+  uint64_t committed_ = 0;  // Bytes queued.
+  bool ended_ = false;      // A chunk was committed short.
   ChunkCopier copier_;
 };
 
@@ -253,13 +268,13 @@ class AscendStagedDownload : public StagedDownload {
 
   absl::StatusOr<absl::Span<const char>> Next() override {
     const uint64_t k = taken_;
-    if (k == copier_.count()) return AllMoved(size_);
+    if (k == copier_.count()) return StagedTransferEnded(size_, size_);
     // The caller is done with chunk k - 1: its buffer takes chunk k + 1,
     // copied while the caller sends chunk k.
     for (uint64_t next = copier_.queued(); next <= k + 1; ++next) {
       if (next == copier_.count()) break;
       RETURN_IF_ERROR(copier_.Buffer(next).status());
-      RETURN_IF_ERROR(copier_.Queue());
+      RETURN_IF_ERROR(copier_.Queue(copier_.Bytes(next)));
     }
     RETURN_IF_ERROR(copier_.WaitCopied(k + 1));
     ++taken_;

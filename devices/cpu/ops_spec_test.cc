@@ -1116,8 +1116,9 @@ TEST(Checks, DropoutBackward) {
   cases.push_back({"integer out",
                    [](OpCall& c) { c.out->dtype = DType::kInt32; },
                    kAclnnErrParamInvalid, "out"});
-  // Finding 14: the mask size rule once computed numel + 127 and overflowed
-  // (UB, fatal under --config=asan) for a gradOutput of 2^63-1 elements.
+  // The first review, finding 14: the mask size rule once computed
+  // numel + 127 and overflowed (UB, fatal under --config=asan) for a
+  // gradOutput of 2^63-1 elements.
   cases.push_back({"gradOutput of 2^63-1 elements",
                    [](OpCall& c) {
                      c.grad_output->shape =
