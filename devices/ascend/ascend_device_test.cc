@@ -180,6 +180,30 @@ class AscendDeviceTest : public ::testing::Test {
   FakeControl fake_{*Fake()};
 };
 
+// CANN's C library sets its character tables only on the threads it
+// starts and the one that loaded it. The server's other threads call CANN
+// too (every launch and transfer does): a character test there read
+// address 2 * c, which crashed the chain's front when libaclnn_remote.so
+// opened a connection from a server thread.
+TEST(CannLibraryTest, CannCodeClassifiesCharactersOnAThreadTheServerStarted) {
+  std::shared_ptr<CannLibrary> cann = Fake();
+  ASSERT_NE(cann, nullptr);
+  const auto is_alpha =
+      reinterpret_cast<int (*)(int)>(cann->Lookup("fake_cann_is_alpha"));
+  ASSERT_NE(is_alpha, nullptr);
+  uint32_t devices = 0;
+  int letter = -1;
+  int digit = -1;
+  std::thread([&] {
+    if (cann->api().aclrtGetDeviceCount(&devices) != ACL_SUCCESS) return;
+    letter = is_alpha('d');
+    digit = is_alpha('7');
+  }).join();
+  EXPECT_GT(devices, 0u);
+  EXPECT_EQ(letter, 1);
+  EXPECT_EQ(digit, 0);
+}
+
 TEST_F(AscendDeviceTest, DescribesTheNpu) {
   fake_.SetMemInfo(3u << 20, 8u << 20);
   {

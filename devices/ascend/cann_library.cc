@@ -247,6 +247,12 @@ absl::StatusOr<std::shared_ptr<CannLibrary>> CannLibrary::Load(
     return absl::FailedPreconditionError(
         "the link-map namespace's libc has no pthread_key_create");
   }
+  library->namespace_uselocale_ =
+      reinterpret_cast<UseLocaleFn>(dlsym(libc, "uselocale"));
+  if (library->namespace_uselocale_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "the link-map namespace's libc has no uselocale");
+  }
   // Above the server's keys now, with room for a few more of its own.
   TakeKeysBelow(namespace_key_create, namespace_key_delete,
                 std::max<pthread_key_t>(
@@ -362,7 +368,7 @@ absl::StatusOr<std::shared_ptr<CannLibrary>> CannLibrary::Load(
 }
 
 CannLibrary::~CannLibrary() {
-  if (api_.aclFinalize != nullptr) api_.aclFinalize();
+  if (api_.aclFinalize != nullptr) api().aclFinalize();
 }
 
 void* CannLibrary::Lookup(const char* symbol) const {
@@ -374,9 +380,22 @@ void* CannLibrary::Lookup(const char* symbol) const {
   return nullptr;
 }
 
+void CannLibrary::EnterOnThisThread() const {
+  // Namespaces are never unloaded, so their uselocale names them; a
+  // process has a few at most (tests load several).
+  thread_local std::vector<UseLocaleFn> entered;
+  if (std::find(entered.begin(), entered.end(), namespace_uselocale_) !=
+      entered.end()) {
+    return;
+  }
+  namespace_uselocale_(LC_GLOBAL_LOCALE);
+  entered.push_back(namespace_uselocale_);
+}
+
 std::string CannLibrary::RecentError() const {
-  const char* message =
-      api_.aclGetRecentErrMsg != nullptr ? api_.aclGetRecentErrMsg() : nullptr;
+  const char* message = api_.aclGetRecentErrMsg != nullptr
+                            ? api().aclGetRecentErrMsg()
+                            : nullptr;
   return message != nullptr ? message : "";
 }
 

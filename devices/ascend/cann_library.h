@@ -18,6 +18,8 @@
 #ifndef OPSERVER_DEVICES_ASCEND_CANN_LIBRARY_H_
 #define OPSERVER_DEVICES_ASCEND_CANN_LIBRARY_H_
 
+#include <locale.h>
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -142,7 +144,12 @@ class CannLibrary {
   CannLibrary(const CannLibrary&) = delete;
   CannLibrary& operator=(const CannLibrary&) = delete;
 
-  const CannApi& api() const { return api_; }
+  // Every call into CANN starts here: on a thread's first call it makes
+  // the thread one that CANN's C library can run on (EnterOnThisThread).
+  const CannApi& api() const {
+    EnterOnThisThread();
+    return api_;
+  }
   // The files loaded, as given to dlmopen.
   const std::vector<std::string>& paths() const { return paths_; }
 
@@ -155,6 +162,18 @@ class CannLibrary {
 
  private:
   CannLibrary() = default;
+
+  // The namespace's libc keeps a per-thread pointer to its character
+  // class tables (isalpha, toupper, ...), which it sets only on the threads
+  // it starts and on the one that loaded it. On the server's other threads
+  // it is null, and the first character test that CANN's code makes there
+  // reads address 2 * c: libaclnn_remote.so's gRPC, parsing the address of
+  // a connection it opened on a server thread, crashed the chain's front
+  // that way. The namespace's uselocale(LC_GLOBAL_LOCALE) sets the
+  // pointers; this calls it once per thread and namespace.
+  void EnterOnThisThread() const;
+  using UseLocaleFn = locale_t (*)(locale_t);
+  UseLocaleFn namespace_uselocale_ = nullptr;
 
   std::vector<std::string> paths_;
   std::vector<void*> handles_;
