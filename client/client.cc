@@ -171,6 +171,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
         absl::StrCat("transfer_connections must be between 1 and ",
                      kMaxTransferConnections));
   }
+  if (options.transfer_idle_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "transfer_idle_timeout must be positive");
+  }
   grpc::ChannelArguments args;
   // Download chunks are up to the server's --chunk_bytes (4 MiB by default)
   // plus framing, over gRPC's 4 MiB receive default; nothing the server
@@ -249,6 +253,7 @@ Client::Client(std::string address, std::shared_ptr<grpc::Channel> channel,
       options_(options),
       credentials_(std::move(credentials)),
       args_(std::move(args)),
+      transfer_watchdog_(options.transfer_idle_timeout),
       dialed_host_(std::move(dialed_host)),
       data_path_off_(!data_path),
       channel_(std::move(channel)),
@@ -256,26 +261,36 @@ Client::Client(std::string address, std::shared_ptr<grpc::Channel> channel,
       operators_(v1::Operators::NewStub(channel_)),
       health_(grpc::health::v1::Health::NewStub(channel_)) {}
 
-absl::StatusOr<std::vector<grpc::Channel*>> Client::TransferChannels() {
+grpc::Channel* Client::TransferChannel(bool upload, size_t i) {
   absl::MutexLock lock(&transfer_mu_);
-  const size_t want = static_cast<size_t>(options_.transfer_connections - 1);
-  while (transfer_channels_.size() < want) {
+  std::vector<std::shared_ptr<grpc::Channel>>& made =
+      transfer_channels_[upload ? 0 : 1];
+  while (made.size() <= i) {
     grpc::ChannelArguments args = args_;
-    // A distinct argument, or gRPC would share channel_'s connection.
+    // Distinct arguments, or gRPC would share channel_'s connection (or
+    // the other direction's).
+    args.SetString("opserver.transfer_direction",
+                   upload ? "upload" : "download");
     args.SetInt("opserver.transfer_connection",
-                static_cast<int>(transfer_channels_.size()) + 1);
-    auto channel = grpc::CreateCustomChannel(address_, credentials_, args);
+                static_cast<int>(made.size()) + 1);
+    made.push_back(grpc::CreateCustomChannel(address_, credentials_, args));
+  }
+  return made[i].get();
+}
+
+absl::StatusOr<std::vector<grpc::Channel*>> Client::TransferChannels(
+    bool upload) {
+  std::vector<grpc::Channel*> channels;
+  for (int i = 0; i < options_.transfer_connections; ++i) {
+    grpc::Channel* channel = TransferChannel(upload, static_cast<size_t>(i));
     if (!channel->WaitForConnected(
             absl::ToChronoTime(absl::Now() + options_.connect_timeout))) {
       return absl::UnavailableError(
-          absl::StrCat("cannot open transfer connection ",
-                       transfer_channels_.size() + 1, " to ", address_));
+          absl::StrCat("cannot open ", upload ? "upload" : "download",
+                       " connection ", i + 1, " to ", address_));
     }
-    transfer_channels_.push_back(std::move(channel));
+    channels.push_back(channel);
   }
-  std::vector<grpc::Channel*> channels;
-  for (size_t i = 0; i < want; ++i)
-    channels.push_back(transfer_channels_[i].get());
   return channels;
 }
 

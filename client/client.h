@@ -20,6 +20,7 @@
 #include "client/command_channel.h"
 #include "client/connect_options.h"
 #include "client/session_handles.h"
+#include "client/transfer_watchdog.h"
 #include "kernels/op_signatures.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kernels/dtype.h"
@@ -121,10 +122,19 @@ class Client {
   // and loopback servers may require tokens too.
   void Authorize(grpc::ClientContext* context) const;
 
-  // The transfer_connections - 1 extra connections split transfers use besides
-  // channel(), opened on the first call. UNAVAILABLE when one cannot be
-  // opened within connect_timeout (the next call tries again).
-  absl::StatusOr<std::vector<grpc::Channel*>> TransferChannels();
+  // Connection `i` (from 0, below transfer_connections) of uploads
+  // (`upload`) or of downloads: neither channel() nor the other
+  // direction's (see ConnectOptions::transfer_connections). Made on first
+  // use; it connects with its first call, which fails as a call on
+  // channel() would when the server cannot be reached.
+  grpc::Channel* TransferChannel(bool upload, size_t i);
+  // All transfer_connections of them, connected, for a split transfer.
+  // UNAVAILABLE when one cannot be connected within connect_timeout (the
+  // transfer is one call then, and the next one tries again).
+  absl::StatusOr<std::vector<grpc::Channel*>> TransferChannels(bool upload);
+  // Ends transfer calls that stop moving data
+  // (ConnectOptions::transfer_idle_timeout).
+  TransferWatchdog& transfer_watchdog() { return transfer_watchdog_; }
 
   // Whether transfers may try the server's data path: ConnectOptions::
   // data_path on, no TLS, and DisableDataPath not called.
@@ -153,8 +163,10 @@ class Client {
   const std::shared_ptr<grpc::ChannelCredentials> credentials_;
   const grpc::ChannelArguments args_;
   absl::Mutex transfer_mu_;
-  std::vector<std::shared_ptr<grpc::Channel>> transfer_channels_
+  // Uploads' [0], downloads' [1].
+  std::vector<std::shared_ptr<grpc::Channel>> transfer_channels_[2]
       ABSL_GUARDED_BY(transfer_mu_);
+  TransferWatchdog transfer_watchdog_;
   const std::string dialed_host_;
   std::atomic<bool> data_path_off_;
   std::atomic<bool> data_path_fallback_noted_{false};
@@ -458,14 +470,25 @@ class Session {
   // Pipelined phase one: the server's checks run here; the plan is queued
   // under an id this session chooses.
   absl::StatusOr<Executor> PlanLocally(v1::GetWorkspaceSizeRequest request);
+  // When a transfer call counts as stalled, for the transfer watchdog
+  // (ConnectOptions::transfer_idle_timeout). A call first waits, on the
+  // server, for the work queued on its stream before it, for as long as
+  // that work takes, and moves nothing meanwhile; only a split transfer's
+  // parts never do (its barrier did that waiting), and a download has
+  // done with it once its first message came.
+  enum class IdleWatch {
+    kNever,              // Bounded by wait_timeout alone.
+    kAfterFirstMessage,  // Downloads; an upload cannot tell (kNever).
+    kFromTheStart,       // A split transfer's parts.
+  };
   // One Upload call on `channel`.
   absl::Status UploadCall(grpc::Channel* channel, uint64_t buffer,
                           uint64_t offset, const char* data, uint64_t size,
-                          uint64_t stream);
+                          uint64_t stream, IdleWatch idle_watch);
   // One Download call on `channel`.
   absl::Status DownloadCall(grpc::Channel* channel, uint64_t buffer,
                             uint64_t offset, char* data, uint64_t size,
-                            uint64_t stream);
+                            uint64_t stream, IdleWatch idle_watch);
   // The whole transfer over the server's data path; nullopt when it cannot
   // be used or its connections kept being closed (then the caller uses
   // Upload/Download: nothing was queued, or the call was cancelled and the
@@ -486,11 +509,13 @@ class Session {
                                           uint64_t size, const char* what);
   // One call of a transfer: `size` bytes at `offset` + `at`, over
   // `channel`, ordered on `stream` (size 0: the barrier of a split one).
-  using TransferPart = std::function<absl::Status(
-      grpc::Channel* channel, uint64_t at, uint64_t size, uint64_t stream)>;
+  using TransferPart =
+      std::function<absl::Status(grpc::Channel* channel, uint64_t at,
+                                 uint64_t size, uint64_t stream, IdleWatch)>;
   // Moves buffer[offset, offset + size) to (`upload`) or from `data`: over
   // the data path (DataPathTransfer) where it can, else Split (below), or
-  // else `part(&channel(), 0, size, stream)`.
+  // else as one call on the first of its direction's transfer connections
+  // (Client::TransferChannel).
   absl::Status Transfer(bool upload, uint64_t buffer, uint64_t offset,
                         char* data, uint64_t size, uint64_t stream,
                         const TransferPart& part);
@@ -499,9 +524,9 @@ class Session {
   // `part(channel, 0, 0, stream)`, which the server answers once the work
   // queued on `stream` is done, then every part at once, the extra ones on
   // short-lived streams. nullopt when this transfer is not split.
-  std::optional<absl::Status> Split(uint64_t buffer, uint64_t offset,
-                                    uint64_t size, uint64_t stream,
-                                    const TransferPart& part);
+  std::optional<absl::Status> Split(bool upload, uint64_t buffer,
+                                    uint64_t offset, uint64_t size,
+                                    uint64_t stream, const TransferPart& part);
 
   Client* const client_;
   const std::string token_;

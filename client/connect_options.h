@@ -28,16 +28,33 @@ struct ConnectOptions {
   absl::Duration wait_timeout = absl::Minutes(10);
   // Bytes per Upload message.
   uint64_t upload_chunk_bytes = 1 << 20;
+  // Upload and Download calls go over connections of their own, never
+  // the one that carries the session's other calls, and uploads never
+  // share a connection with downloads: an HTTP/2 proxy that stalls a whole
+  // connection while one stream's data cannot move on (HAProxy 2.6 does)
+  // would otherwise deadlock when one session uploads while another
+  // downloads: each direction's window update waits behind the other
+  // direction's data (docs/pool.md, "Transfers through a proxy").
   // An Upload or Download of at least transfer_split_bytes of a buffer of
   // a pipelined session goes over this many TCP connections at once, in
   // parts, the extra ones on short-lived streams of their own: one
   // connection leaves the receiving side idle between messages
-  // (BENCHMARKS.md, "Several connections"). The extra connections are
-  // opened on the first such transfer; where connections or streams cannot
+  // (BENCHMARKS.md, "Several connections"). Each direction's connections
+  // are opened on its first transfer; where connections or streams cannot
   // be had, the transfer is one call. 1: always one call.
   // From 1 to kMaxTransferConnections.
   int transfer_connections = 4;
   uint64_t transfer_split_bytes = 32ull << 20;
+  // A transfer call (an Upload or Download, or one part of a split one)
+  // that moves no message for this long is cancelled and fails with
+  // DEADLINE_EXCEEDED saying so, rather than waiting out wait_timeout: a
+  // stalled proxy or server never answers, and the server's own idle
+  // timeout cannot reach the client through it. Watched: each part of a
+  // split transfer, and a download from its first message on (before, the
+  // server may be waiting for the work queued on its stream, however long
+  // that takes). The server's default --transfer_idle_timeout_s.
+  // absl::InfiniteDuration(): never.
+  absl::Duration transfer_idle_timeout = absl::Seconds(60);
   // An Upload or Download of at least data_path_bytes goes over the
   // server's data path when it has one (common/data_path.h: a plain TCP
   // connection per transfer that carries the raw bytes, so neither side

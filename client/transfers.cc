@@ -117,8 +117,10 @@ absl::Status Session::Upload(uint64_t buffer, uint64_t offset, const void* data,
   // Only read: Transfer's `data` is written by downloads alone.
   return Transfer(
       true, buffer, offset, const_cast<char*>(bytes), size, stream,
-      [&](grpc::Channel* channel, uint64_t at, uint64_t n, uint64_t on) {
-        return UploadCall(channel, buffer, offset + at, bytes + at, n, on);
+      [&](grpc::Channel* channel, uint64_t at, uint64_t n, uint64_t on,
+          IdleWatch idle_watch) {
+        return UploadCall(channel, buffer, offset + at, bytes + at, n, on,
+                          idle_watch);
       });
 }
 
@@ -315,13 +317,15 @@ absl::Status Session::Transfer(bool upload, uint64_t buffer, uint64_t offset,
       DataPathTransfer(upload, buffer, offset, data, size, stream);
   if (moved.has_value()) return *moved;
   std::optional<absl::Status> split =
-      Split(buffer, offset, size, stream, part_call);
+      Split(upload, buffer, offset, size, stream, part_call);
   if (split.has_value()) return *split;
-  return part_call(&client_->channel(), 0, size, stream);
+  return part_call(client_->TransferChannel(upload, 0), 0, size, stream,
+                   IdleWatch::kAfterFirstMessage);
 }
 
-std::optional<absl::Status> Session::Split(uint64_t buffer, uint64_t offset,
-                                           uint64_t size, uint64_t stream,
+std::optional<absl::Status> Session::Split(bool upload, uint64_t buffer,
+                                           uint64_t offset, uint64_t size,
+                                           uint64_t stream,
                                            const TransferPart& part_call) {
   const ConnectOptions& options = client_->options();
   if (options.transfer_connections == 1 ||
@@ -340,13 +344,13 @@ std::optional<absl::Status> Session::Split(uint64_t buffer, uint64_t offset,
     }
   }
   absl::StatusOr<std::vector<grpc::Channel*>> channels =
-      client_->TransferChannels();
+      client_->TransferChannels(upload);
   if (!channels.ok()) return std::nullopt;
   // A stream per extra part, for this transfer only: kept, they would
   // count against the session's stream cap for good. Destroyed, they no
   // longer count once DestroyStream has returned.
   std::vector<Stream> streams;
-  for (size_t i = 0; i < channels->size(); ++i) {
+  for (size_t i = 1; i < channels->size(); ++i) {
     absl::StatusOr<Stream> made = CreateStream();
     if (!made.ok()) return std::nullopt;  // E.g. the session's stream cap.
     streams.push_back(*std::move(made));
@@ -354,11 +358,14 @@ std::optional<absl::Status> Session::Split(uint64_t buffer, uint64_t offset,
   // The parts go out on other streams than `stream`, so first an empty
   // transfer on `stream`: the server answers it once the work queued there
   // before is done (without taking that work's errors, which stay for the
-  // next Synchronize), and only then may any part land.
-  RETURN_IF_ERROR(part_call(&client_->channel(), 0, 0, stream));
+  // next Synchronize), and only then may any part land. It moves nothing
+  // while it waits, for as long as that work takes.
+  RETURN_IF_ERROR(
+      part_call((*channels)[0], 0, 0, stream, IdleWatch::kNever));
   // Equal parts, each a whole number of upload messages (downloads come in
   // the server's --chunk_bytes messages; the rounding only evens parts).
-  const uint64_t k = channels->size() + 1;
+  // No part waits for other work: each must move data from the start.
+  const uint64_t k = channels->size();
   const uint64_t chunk = std::max<uint64_t>(1, options.upload_chunk_bytes);
   const uint64_t per_part = size / k + (size % k != 0);  // Rounded up.
   const uint64_t part = (per_part + chunk - 1) / chunk * chunk;
@@ -367,11 +374,12 @@ std::optional<absl::Status> Session::Split(uint64_t buffer, uint64_t offset,
   for (uint64_t i = 1; i < k && i * part < size; ++i) {
     const uint64_t at = i * part;
     threads.emplace_back([&, i, at] {
-      results[i] = part_call((*channels)[i - 1], at, std::min(part, size - at),
-                             streams[i - 1].handle());
+      results[i] = part_call((*channels)[i], at, std::min(part, size - at),
+                             streams[i - 1].handle(), IdleWatch::kFromTheStart);
     });
   }
-  results[0] = part_call(&client_->channel(), 0, std::min(part, size), stream);
+  results[0] = part_call((*channels)[0], 0, std::min(part, size), stream,
+                         IdleWatch::kFromTheStart);
   for (std::thread& thread : threads) thread.join();
   for (absl::Status& result : results) {
     if (!result.ok()) return result;
@@ -381,7 +389,8 @@ std::optional<absl::Status> Session::Split(uint64_t buffer, uint64_t offset,
 
 absl::Status Session::UploadCall(grpc::Channel* channel, uint64_t buffer,
                                  uint64_t offset, const char* bytes,
-                                 uint64_t size, uint64_t stream) {
+                                 uint64_t size, uint64_t stream,
+                                 IdleWatch idle_watch) {
   // Declared before the call so it outlives it: its destructor waits until
   // gRPC has returned every slice of `data` (also on early returns).
   LentSlices lent;
@@ -390,6 +399,11 @@ absl::Status Session::UploadCall(grpc::Channel* channel, uint64_t buffer,
     grpc::ClientContext context;
     client_->SetWaitDeadline(&context);
     Route(&context);
+    // An upload cannot tell its stream's earlier work from a stall.
+    std::optional<TransferWatchdog::Watch> watch;
+    if (idle_watch == IdleWatch::kFromTheStart) {
+      watch.emplace(&client_->transfer_watchdog(), &context);
+    }
     grpc::ByteBuffer response;
     // Each message is an UploadRequest serialized by hand: a few header
     // bytes plus a slice pointing into `data`, so the client copies nothing
@@ -432,11 +446,16 @@ absl::Status Session::UploadCall(grpc::Channel* channel, uint64_t buffer,
         half_closed = true;
       }
       if (!writer->Write(message, options)) break;  // Finish() says why.
+      if (watch.has_value()) watch->Progress();
       at += n;
       first = false;
     }
     if (!half_closed) writer->WritesDone();
     status = client_->CallStatus(writer->Finish(), context, "Upload");
+    // Cancelled by the watchdog (a call that ended well meanwhile stands).
+    if (!status.ok() && watch.has_value() && watch->expired()) {
+      status = client_->transfer_watchdog().IdleError("Upload");
+    }
   }  // The call is gone; what gRPC still holds of `data` is being released.
   lent.WaitUntilReturned();
   return status;
@@ -450,17 +469,23 @@ absl::Status Session::Download(uint64_t buffer, uint64_t offset, void* data,
   char* bytes = static_cast<char*>(data);
   return Transfer(
       false, buffer, offset, bytes, size, stream,
-      [&](grpc::Channel* channel, uint64_t at, uint64_t n, uint64_t on) {
-        return DownloadCall(channel, buffer, offset + at, bytes + at, n, on);
+      [&](grpc::Channel* channel, uint64_t at, uint64_t n, uint64_t on,
+          IdleWatch idle_watch) {
+        return DownloadCall(channel, buffer, offset + at, bytes + at, n, on,
+                            idle_watch);
       });
 }
 
 absl::Status Session::DownloadCall(grpc::Channel* channel, uint64_t buffer,
                                    uint64_t offset, char* bytes, uint64_t size,
-                                   uint64_t stream) {
+                                   uint64_t stream, IdleWatch idle_watch) {
   grpc::ClientContext context;
   client_->SetWaitDeadline(&context);
   Route(&context);
+  std::optional<TransferWatchdog::Watch> watch;
+  if (idle_watch == IdleWatch::kFromTheStart) {
+    watch.emplace(&client_->transfer_watchdog(), &context);
+  }
   v1::DownloadRequest request;
   request.set_session(token_);
   request.set_buffer(buffer);
@@ -481,6 +506,13 @@ absl::Status Session::DownloadCall(grpc::Channel* channel, uint64_t buffer,
   grpc::ByteBuffer chunk;
   absl::Status bad_chunk;
   while (reader->Read(&chunk)) {
+    // The server sends once the work queued before is done: from the
+    // first message on, a pause is a stall.
+    if (watch.has_value()) {
+      watch->Progress();
+    } else if (idle_watch == IdleWatch::kAfterFirstMessage) {
+      watch.emplace(&client_->transfer_watchdog(), &context);
+    }
     absl::StatusOr<uint64_t> n = ParseDownloadMessage(&chunk, bytes, at, size);
     chunk.Clear();
     if (!n.ok()) {
@@ -492,6 +524,9 @@ absl::Status Session::DownloadCall(grpc::Channel* channel, uint64_t buffer,
   }
   absl::Status status =
       client_->CallStatus(reader->Finish(), context, "Download");
+  if (!status.ok() && watch.has_value() && watch->expired()) {
+    return client_->transfer_watchdog().IdleError("Download");
+  }
   if (!bad_chunk.ok()) {
     return absl::InternalError(absl::StrCat(
         "Download: after ", at, " of ", size, " bytes, ", bad_chunk.message()));

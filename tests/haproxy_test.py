@@ -4,7 +4,10 @@ sessions of the C API, the C++ client and Python at once, each with every
 call kind, stay on one server and both servers are used; a misrouted call
 is NOT_FOUND naming the routing key; `set server ... state drain` keeps open
 sessions on their server and sends new ones to the other; opserver's own
---drain_s answers NOT_SERVING meanwhile.
+--drain_s answers NOT_SERVING meanwhile. And a download goes through while
+an upload to the same server is held (HAProxy 2.6 stalls a whole HTTP/2
+connection behind a stream it cannot forward: the client keeps uploads and
+downloads on connections of their own).
 
 argv: opserver, a C API example (threshold_backward), the C++ client
 example, deploy/haproxy/haproxy.cfg. Everything is written under
@@ -21,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import unittest
 
 import testing
@@ -54,6 +58,33 @@ def until(what, condition, timeout_s=60):
             return value
         time.sleep(0.05)
     raise AssertionError("timed out waiting for " + what)
+
+
+def join_or_fail(test, threads, what, timeout_s=300):
+    """Joins `threads` (daemons) within `timeout_s` in all; fails at once,
+    naming `what` and where each thread left behind waits, rather than
+    hanging the suite until its own timeout."""
+    deadline = time.time() + timeout_s
+    for t in threads:
+        t.join(max(0, deadline - time.time()))
+    stuck = [t for t in threads if t.is_alive()]
+    if stuck:
+        frames = sys._current_frames()
+        where = "\n".join("%s:\n%s" % (t.name, "".join(
+            traceback.format_stack(frames[t.ident])) if t.ident in frames
+            else "?") for t in stuck)
+        test.fail("%s: %d thread(s) still running after %d s:\n%s" %
+                  (what, len(stuck), timeout_s, where))
+
+
+def demux_blocked(proxy):
+    """True when one of HAProxy's HTTP/2 connections has stopped reading
+    because a stream's buffer is full and cannot be forwarded
+    (H2_CF_DEM_SFULL, 0x80, in `show fd`'s .flg): every frame behind it on
+    that connection, window updates included, waits."""
+    flags = re.findall(r"h2c\.st0=\S+ .*?\.flg=0x([0-9a-f]+)",
+                       proxy.admin("show fd"))
+    return any(int(f, 16) & 0x80 for f in flags)
 
 
 def varint(n):
@@ -186,10 +217,10 @@ class Proxy:
 
 class HaproxyTest(unittest.TestCase):
 
-    def start_proxy(self, sticky=True, drain_s=0):
-        """Two opservers (s1 draining for up to `drain_s` on SIGTERM) and
-        the proxy in front of them."""
-        flags = ("--device_memory_bytes=1073741824",)
+    def start_proxy(self, sticky=True, drain_s=0, flags=()):
+        """Two opservers (s1 draining for up to `drain_s` on SIGTERM; both
+        with `flags`) and the proxy in front of them."""
+        flags = ("--device_memory_bytes=1073741824",) + tuple(flags)
         self.servers = [
             testing.Server(OPSERVER, "--drain_s=%d" % drain_s, *flags),
             testing.Server(OPSERVER, *flags)]
@@ -270,12 +301,12 @@ class HaproxyTest(unittest.TestCase):
             except Exception as e:  # noqa: BLE001 (reported below)
                 errors.append("%s: %r" % (s.token, e))
 
-        threads = [threading.Thread(target=run, args=(s,)) for s in sessions]
+        threads = [threading.Thread(target=run, args=(s,), daemon=True,
+                                    name=s.token) for s in sessions]
         for t in threads:
             t.start()
         results = self.run_examples(proxy.address, 3)
-        for t in threads:
-            t.join(300)
+        join_or_fail(self, threads, "the Python sessions' work")
         self.assertEqual(errors, [])
         for name, rc, output in results:
             self.assertEqual(rc, 0, "%s: %s" % (name, output))
@@ -364,6 +395,84 @@ class HaproxyTest(unittest.TestCase):
                          grpc.StatusCode.OK)
         self.work(s)
         s.close()
+
+    def test_a_download_goes_through_while_an_upload_is_held(self):
+        """One client, two sessions on one server. Session a's upload waits
+        on the server (its stream is busy with a download the test does not
+        read yet: the gate) until HAProxy has stopped reading the client
+        connection that carries it (a stream buffer full that it cannot
+        forward). Session b's download must still complete, and a's upload
+        once the gate opens. With both on one client connection, b's window
+        updates queued there behind a's data, which HAProxy does not read
+        until the server takes it: the download never finished (nor did
+        the upload once the gate opened: the server's window updates for
+        it queued behind the download's data on HAProxy's connection to
+        the server). The hang of the first test, held in order."""
+        # The gate is a download the test does not read: the servers' own
+        # idle timeout (60 s by default) must not end it meanwhile.
+        proxy = self.start_proxy(flags=("--transfer_idle_timeout_s=600",))
+        client = opserver.connect(proxy.address, data_path=False,
+                                  transfer_connections=1)
+        # Two of three sessions share a server.
+        sessions = [client.session("held-%d" % i) for i in range(3)]
+        owners = [self.owner(s) for s in sessions]
+        home = max(set(owners), key=owners.count)
+        a, b = [s for s, o in zip(sessions, owners) if o == home][:2]
+        size = 64 << 20  # Far beyond any flow-control window.
+        gate_buffer, target = a.malloc(size), a.malloc(size)
+        a_stream = a.create_stream()
+        down = np.frombuffer(secrets.token_bytes(size), np.uint8)
+        b_buffer = b.malloc(size)
+        b.upload(b_buffer, down)
+        # The gate: a download on a's stream, straight from its server, not
+        # read past its first chunk: the stream stays busy, so an upload
+        # queued behind it is not read.
+        token = a.token.encode()
+        request = (b"\x0a" + varint(len(token)) + token +
+                   b"\x10" + varint(gate_buffer.handle) +
+                   b"\x20" + varint(size) + b"\x28" + varint(a_stream.handle))
+        gate_channel = grpc.insecure_channel(
+            self.backends[home],
+            options=[("grpc.max_receive_message_length", -1)])
+        self.addCleanup(gate_channel.close)
+        gate = gate_channel.unary_stream("/opserver.v1.Runtime/Download")(
+            request, metadata=(("x-opserver-session", a.routing_key),),
+            timeout=300)
+        next(gate)
+        errors = []
+
+        def run(what, call):
+            try:
+                call()
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append("%s: %r" % (what, e))
+
+        up = np.frombuffer(secrets.token_bytes(size), np.uint8)
+        uploading = threading.Thread(
+            target=run, name="upload", daemon=True,
+            args=("upload", lambda: a.upload(target, up, stream=a_stream)))
+        uploading.start()
+        until("HAProxy to stop reading the upload's connection",
+              lambda: demux_blocked(proxy))
+        got = np.empty_like(down)
+        downloading = threading.Thread(
+            target=run, name="download", daemon=True,
+            args=("download", lambda: b.download(b_buffer, got)))
+        downloading.start()
+        join_or_fail(self, [downloading],
+                     "b's download while a's upload was held", 120)
+        self.assertEqual(errors, [])
+        np.testing.assert_array_equal(got, down)
+        for _ in gate:  # Opens the gate: the rest of the gate's download.
+            pass
+        join_or_fail(self, [uploading], "a's upload once the gate opened",
+                     120)
+        self.assertEqual(errors, [])
+        back = np.empty_like(up)
+        a.download(target, back, stream=a_stream)
+        np.testing.assert_array_equal(back, up)
+        for s in sessions:
+            s.close()
 
     def test_drain_keeps_open_sessions_and_sends_new_ones_elsewhere(self):
         proxy = self.start_proxy(drain_s=300)

@@ -87,14 +87,16 @@ def connect(address, *, tls_ca_file=None, tls_cert_file=None,
             tls_key_file=None, tls_server_name=None, token=None,
             pipeline=True, data_path=True, connect_timeout=5.0,
             call_timeout=30.0, wait_timeout=600.0, transfer_connections=None,
-            max_message_bytes=None, claim=None, claim_wait_s=None,
-            claim_ttl_s=None):
+            transfer_idle_timeout=None, max_message_bytes=None, claim=None,
+            claim_wait_s=None, claim_ttl_s=None):
     """Connects to the opserver at HOST:PORT and waits until it answers.
 
     TLS is used when any tls_* file is given (the CA that signed the
     server's certificate; a certificate and key for mTLS). `token` is sent
     as a bearer token with every call. `pipeline=False` makes every call
-    its own RPC (for debugging). Timeouts are in seconds. Raises
+    its own RPC (for debugging). Timeouts are in seconds;
+    `transfer_idle_timeout` (default 60) ends a transfer that moves no data
+    for that long with ``opserver.DeadlineExceeded``. Raises
     ``opserver.InvalidArgument`` for an address that is not HOST:PORT, and
     ``opserver.Unavailable`` naming the cause when no server answers: at
     once for a refused connection or a failed handshake, after
@@ -116,6 +118,7 @@ def connect(address, *, tls_ca_file=None, tls_cert_file=None,
         token=token, pipeline=pipeline, data_path=data_path,
         connect_timeout=connect_timeout, call_timeout=call_timeout,
         wait_timeout=wait_timeout, transfer_connections=transfer_connections,
+        transfer_idle_timeout=transfer_idle_timeout,
         max_message_bytes=max_message_bytes)
     if address.startswith(_ETCD_SCHEME):
         return Pool(address, _opserver.DeviceSet.connect(

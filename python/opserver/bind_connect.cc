@@ -49,6 +49,8 @@ remote::ConnectOptions MakeOptions(const py::dict& kw) {
       o.data_path = value.cast<bool>();
     } else if (name == "transfer_connections") {
       o.transfer_connections = value.cast<int>();
+    } else if (name == "transfer_idle_timeout") {
+      o.transfer_idle_timeout = seconds(value);
     } else if (name == "max_message_bytes") {
       o.max_message_bytes = value.cast<uint64_t>();
     } else {
