@@ -76,8 +76,9 @@ absl::Status MoveDataPathBytes(bool upload, int fd, Device* device,
             " bytes it announced (the data connection was closed)"));
       }
       if (staged_upload != nullptr) RETURN_IF_ERROR(staged_upload->Commit(n));
-    } else
+    } else {
       RETURN_IF_ERROR(SendAll(fd, host, n, moved));
+    }
     at += n;
     progress();
   }

@@ -337,7 +337,9 @@ TEST_F(PipelineTest, AsyncWritesAndReadsAreOrderedWithLaunches) {
       ASSERT_TRUE(forgotten.ok());
       forgotten = PendingRead();
       EXPECT_TRUE(stream->Synchronize().ok());
-      if (piped) EXPECT_EQ(dropped, std::vector<float>(4, -9));
+      if (piped) {
+        EXPECT_EQ(dropped, std::vector<float>(4, -9));
+      }
     }
   }
 }
