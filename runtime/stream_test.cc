@@ -651,7 +651,9 @@ TEST(StreamTest, TheDeviceStreamIsDestroyedBeforeTheThreadLeavesItsGroup) {
         });
         EXPECT_TRUE(stream.SynchronizeAndWait().ok());
         const std::function<void()> reached = [] {};
-        if (gated) ASSERT_TRUE(stream.Hold(gate, reached, nullptr).ok());
+        if (gated) {
+          ASSERT_TRUE(stream.Hold(gate, reached, nullptr).ok());
+        }
         stream.WhenStopped([&] {
           gone_when_stopped = gone->load();
           count_when_stopped = threads->count();

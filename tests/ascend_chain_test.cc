@@ -169,7 +169,9 @@ Outcome RunCase(remote::Session& session, const Case& c,
       EXPECT_TRUE(ws.ok()) << ws.status();
       if (ws.ok()) workspace = *std::move(ws);
     }
-    if (c.repeatable) EXPECT_TRUE(executor->SetRepeatable().ok());
+    if (c.repeatable) {
+      EXPECT_TRUE(executor->SetRepeatable().ok());
+    }
     for (int i = 0; i < c.repeats && outcome.run.ok(); ++i) {
       const uint64_t stream = streams[i % streams.size()];
       absl::Status queued =
@@ -380,7 +382,9 @@ class AscendChainTest : public ::testing::Test {
       EXPECT_EQ(stats.devices(1 - d).buffer_bytes(), cached[d])
           << "backend device " << 1 - d << " vs front device " << d
           << "'s cache";
-      if (cached[d] == 0) EXPECT_EQ(stats.devices(1 - d).buffers(), 0u);
+      if (cached[d] == 0) {
+        EXPECT_EQ(stats.devices(1 - d).buffers(), 0u);
+      }
     }
   }
 

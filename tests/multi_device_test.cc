@@ -151,7 +151,9 @@ TEST(MultiDeviceTest, SessionsOnTwoCpuDevicesRunAtOnce) {
       }
       ran.DecrementCount();
       checked.WaitForNotification();
-      if (session.ok()) EXPECT_TRUE((*session)->Close().ok());
+      if (session.ok()) {
+        EXPECT_TRUE((*session)->Close().ok());
+      }
     });
   }
   ran.Wait();

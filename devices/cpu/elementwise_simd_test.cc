@@ -246,7 +246,9 @@ TEST(BFloat16Kernels, BitIdenticalToTheScalarFormulas) {
           ties += CheckBF16(c, n, 0, Alias::kOutIsSelf, true, 0, seed++);
         }
       }
-      if (c.ties) EXPECT_GT(ties, 100) << c.name << " never ties";
+      if (c.ties) {
+        EXPECT_GT(ties, 100) << c.name << " never ties";
+      }
     }
   }
   hwy::SetSupportedTargetsForTest(0);
