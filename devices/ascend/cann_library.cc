@@ -5,6 +5,7 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/single_threaded.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -218,6 +220,15 @@ absl::StatusOr<std::shared_ptr<CannLibrary>> CannLibrary::Load(
     return absl::FailedPreconditionError("no CANN library to load");
   }
   std::shared_ptr<CannLibrary> library(new CannLibrary());
+  // The server's malloc serves the namespace (cann_heap.c), and glibc's
+  // malloc takes no lock while its own libc has never started a thread
+  // (__libc_single_threaded). Threads the namespace's libc starts do not
+  // count: in a process that had none of its own (opserver preflight),
+  // CANN's threads and the server's main thread then shared the main heap
+  // unlocked, and about one preflight in ten aborted with a corrupted
+  // heap. One thread of the server's libc, started and joined, ends the
+  // single-threaded mode for good.
+  if (__libc_single_threaded) std::thread([] {}).join();
   // The namespace starts with its malloc (cann_heap.c), which brings its
   // libc, alone, so that the thread keys are split (kNamespaceFirstKey)
   // before any library of CANN runs; the libraries then all join it, so
