@@ -145,9 +145,13 @@ class Proxy:
                 out.write(text.replace("stick on", "# stick on"))
         # The admin socket in the abstract namespace: $TEST_TMPDIR is longer
         # than a socket path may be, and nothing lands on disk. HAProxy pads
-        # abstract names to the whole sun_path with NULs.
+        # abstract names to the whole sun_path with NULs. Random, not the
+        # pid: abstract names are shared by the whole network namespace,
+        # and tests run in parallel in sandboxes whose pids repeat, where
+        # one run's readiness check then asked another run's HAProxy.
         seq = proxy_seq()
-        self.admin_name = "opserver-haproxy-test-%d-%d" % (os.getpid(), seq)
+        self.admin_name = "opserver-haproxy-test-%s-%d" % (
+            secrets.token_hex(8), seq)
         self.log = open(os.path.join(TMP, "haproxy-%d.log" % seq), "ab")
         # The config's one line per call (stdout).
         self.calls_path = os.path.join(TMP, "haproxy-calls-%d.log" % seq)
