@@ -49,9 +49,33 @@ struct Record {
   std::atomic<int> stalled{0};
 };
 
+// A reactor that finishes once, whichever comes first of its own end and
+// the client giving up (OnCancel): gRPC takes one Finish per call.
+template <class Reactor>
+class FinishingOnce : public Reactor {
+ public:
+  void OnCancel() override {
+    FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "given up"));
+  }
+  void OnDone() override { delete this; }
+
+ protected:
+  void FinishOnce(const grpc::Status& status) {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    finished_ = true;
+    this->Finish(status);
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 // Takes every message; stalls after the first one when its range starts
 // at the stall offset.
-class FakeUpload : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+class FakeUpload
+    : public FinishingOnce<grpc::ServerReadReactor<grpc::ByteBuffer>> {
  public:
   FakeUpload(Record* record, grpc::ByteBuffer* response)
       : record_(record), response_(response) {
@@ -85,31 +109,19 @@ class FakeUpload : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     message_.Clear();
     StartRead(&message_);
   }
-  void OnCancel() override {
-    FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "given up"));
-  }
-  void OnDone() override { delete this; }
 
  private:
-  void FinishOnce(const grpc::Status& status) {
-    absl::MutexLock lock(&mu_);
-    if (finished_) return;
-    finished_ = true;
-    Finish(status);
-  }
-
   Record* const record_;
   grpc::ByteBuffer* const response_;
   grpc::ByteBuffer message_;
   uint64_t written_ = 0;
   bool first_ = true;
-  absl::Mutex mu_;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // Sends the range asked for in 64 KiB chunks; stalls after the first one
 // when the range starts at the stall offset.
-class FakeDownload : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+class FakeDownload
+    : public FinishingOnce<grpc::ServerWriteReactor<grpc::ByteBuffer>> {
  public:
   FakeDownload(Record* record, const grpc::ByteBuffer* raw) : record_(record) {
     v1::DownloadRequest request;
@@ -136,10 +148,6 @@ class FakeDownload : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     Next();
   }
-  void OnCancel() override {
-    FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "given up"));
-  }
-  void OnDone() override { delete this; }
 
  private:
   void Next() {
@@ -158,19 +166,11 @@ class FakeDownload : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         .IgnoreError();
     StartWrite(&message_);
   }
-  void FinishOnce(const grpc::Status& status) {
-    absl::MutexLock lock(&mu_);
-    if (finished_) return;
-    finished_ = true;
-    Finish(status);
-  }
 
   Record* const record_;
   uint64_t left_ = 0;
   bool stall_ = false;
   grpc::ByteBuffer message_;
-  absl::Mutex mu_;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class FakeRuntime final
