@@ -43,20 +43,21 @@ absl::StatusOr<process::OpserverProcess> Chain::Spawn(
 
 absl::StatusOr<std::unique_ptr<Chain>> Chain::Start(const std::string& spec) {
   std::vector<std::string> paths = absl::StrSplit(spec, ',');
-  if (paths.size() != 2) {
+  if (paths.size() < 2) {
     return absl::InvalidArgumentError(
-        "--chain wants OPSERVER,LIBACLNN_REMOTE (two paths)");
+        "--chain wants OPSERVER,LIBACLNN_REMOTE[,FRONT_FLAG...]");
   }
+  std::vector<std::string> front_flags = {
+      "--device=ascend", "--cann_libraries=" + process::Absolute(paths[1])};
+  front_flags.insert(front_flags.end(), paths.begin() + 2, paths.end());
   const std::string opserver = process::Absolute(paths[0]);
   std::unique_ptr<Chain> chain(new Chain);
   absl::StatusOr<process::OpserverProcess> backend =
       Spawn(opserver, "backend", {"--device=cpu"}, "");
   if (!backend.ok()) return backend.status();
   chain->backend_ = *backend;
-  absl::StatusOr<process::OpserverProcess> front = Spawn(
-      opserver, "front",
-      {"--device=ascend", "--cann_libraries=" + process::Absolute(paths[1])},
-      chain->backend_.address);
+  absl::StatusOr<process::OpserverProcess> front =
+      Spawn(opserver, "front", front_flags, chain->backend_.address);
   if (!front.ok()) return front.status();
   chain->front_ = *front;
   return chain;

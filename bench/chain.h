@@ -22,8 +22,9 @@ namespace opserver::bench {
 
 class Chain {
  public:
-  // `spec` is "OPSERVER,LIBACLNN_REMOTE" (paths; relative ones are taken
-  // from the current directory). Starts the backend, then the front.
+  // `spec` is "OPSERVER,LIBACLNN_REMOTE[,FLAG...]" (paths; relative ones
+  // are taken from the current directory; FLAGs are the front's own, e.g.
+  // --staging_chunk_bytes=N). Starts the backend, then the front.
   static absl::StatusOr<std::unique_ptr<Chain>> Start(const std::string& spec);
   // SIGTERM to both, then waits for them.
   ~Chain();

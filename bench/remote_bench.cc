@@ -23,10 +23,10 @@
 // of 32 MiB or more (ConnectOptions::transfer_connections).
 // --grpc_transfers: the library's transfers through gRPC, not the server's
 // data path (ConnectOptions::data_path = false).
-// --chain=OPSERVER,LIBACLNN_REMOTE: instead of the benchmarks, the Ascend
-// device over its verification chain (bench/chain.h) against its CPU
-// backend directly and raw TCP, in one run (see ChainRatios); the number of
-// rounds is --paired's (default 5).
+// --chain=OPSERVER,LIBACLNN_REMOTE[,FRONT_FLAG...]: instead of the
+// benchmarks, the Ascend device over its verification chain (bench/chain.h)
+// against its CPU backend directly, raw TCP and a raw TCP relay, in one run
+// (see ChainRatios); the number of rounds is --paired's (default 5).
 //
 // The parts: remote_bench_support (settings, child processes, sources and
 // timing), remote_raw_session (a session on the raw stubs) and
@@ -467,6 +467,8 @@ int main(int argc, char** argv) {
       Fork([](int report) { RunTcpSink(report, kDestChunk); });
   tcp_ports[kDestWhole] =
       Fork([](int report) { RunTcpSink(report, kDestWhole); });
+  tcp_relay_port = Fork(
+      [to = tcp_ports[kDestWhole]](int report) { RunTcpRelay(report, to); });
   echo_port = Fork(RunEcho);
   // After the forks: the children pin themselves to CPU 1.
   if (pin_cores) PinToCpu(0);

@@ -95,9 +95,10 @@ std::string Quartiles(std::vector<double> v) {
                          v[v.size() / 4], v[(3 * v.size()) / 4]);
 }
 
-// --chain's transfers: per round, raw TCP next to each library upload and
-// download of 256 MiB on each side; prints them with the backend calls
-// the front made per transfer.
+// --chain's transfers: per round, raw TCP and the raw TCP relay (two legs,
+// as through the front: the machine's limit for it) next to each library
+// upload and download of 256 MiB on each side; prints them with the
+// backend calls the front made per transfer.
 void ChainTransfers(bench::Chain& chain, ChainSide (&sides)[2], int rounds) {
   SourceData data(kWarm);
   std::vector<char> back(kTransferBytes, 'b');
@@ -110,17 +111,20 @@ void ChainTransfers(bench::Chain& chain, ChainSide (&sides)[2], int rounds) {
                                   kTransferBytes);
   };
   RawTcpSeconds(data);  // Warm everything (see Source).
+  RawTcpSeconds(data, tcp_relay_port);
   for (ChainSide& side : sides) {
     Seconds([&] { return upload(side); });
     Seconds([&] { return download(side); });
   }
-  // [side][0 upload, 1 download]: seconds and ratio to the TCP just before.
-  std::vector<double> seconds[2][2], ratio[2][2], tcp;
+  // [side][0 upload, 1 download]: seconds and ratio to the TCP just before;
+  // relay[kind]: the relay's seconds just before the front's transfer.
+  std::vector<double> seconds[2][2], ratio[2][2], relay[2], tcp;
   bench::BackendCounts front_calls[2];
   for (int r = 0; r < rounds; ++r) {
     for (int kind = 0; kind < 2; ++kind) {
       for (int s = 0; s < 2; ++s) {
         const double t = RawTcpSeconds(data);
+        if (s == 1) relay[kind].push_back(RawTcpSeconds(data, tcp_relay_port));
         const bench::BackendCounts before =
             bench::ScrapeCounts(chain.backend_metrics());
         const double x = Seconds(
@@ -137,18 +141,23 @@ void ChainTransfers(bench::Chain& chain, ChainSide (&sides)[2], int rounds) {
       }
     }
   }
+  std::vector<double> all_relay = relay[0];
+  all_relay.insert(all_relay.end(), relay[1].begin(), relay[1].end());
   std::printf(
       "remote_bench --chain: backend (CPU device) %s, front (Ascend device "
       "over libaclnn_remote.so) %s; %d rounds, 256 MiB each, warm source, "
-      "resident destination%s%s\nraw TCP one-way: %.2f GB/s (median)\n",
+      "resident destination%s%s\nraw TCP one-way: %.2f GB/s (median); raw "
+      "TCP through a relay (two legs, as through the front): %.2f GB/s\n",
       chain.backend().c_str(), chain.front().c_str(), rounds,
       pin_cores ? ", pinned" : "", grpc_transfers ? ", through gRPC" : "",
-      Gbps(Median(tcp)));
+      Gbps(Median(tcp)), Gbps(Median(all_relay)));
   for (int kind = 0; kind < 2; ++kind) {
     const char* what = kind == 0 ? "upload" : "download";
-    std::vector<double> vs_cpu;
+    std::vector<double> vs_cpu, vs_relay, relay_vs_cpu;
     for (int r = 0; r < rounds; ++r) {
       vs_cpu.push_back(seconds[0][kind][r] / seconds[1][kind][r]);
+      vs_relay.push_back(relay[kind][r] / seconds[1][kind][r]);
+      relay_vs_cpu.push_back(seconds[0][kind][r] / relay[kind][r]);
     }
     for (int s = 0; s < 2; ++s) {
       std::printf("%-8s %-7s %.2f GB/s, of the raw TCP just before: %s\n", what,
@@ -156,9 +165,11 @@ void ChainTransfers(bench::Chain& chain, ChainSide (&sides)[2], int rounds) {
                   Quartiles(ratio[s][kind]).c_str());
     }
     std::printf(
-        "%-8s ascend / cpu (same round): %s; backend calls per %s through "
-        "the front: %.1f fences + %.1f unary\n",
-        what, Quartiles(vs_cpu).c_str(), what,
+        "%-8s ascend / cpu (same round): %s; ascend / relay: %s; relay / "
+        "cpu: %s; backend calls per %s through the front: %.1f fences + "
+        "%.1f unary\n",
+        what, Quartiles(vs_cpu).c_str(), Quartiles(vs_relay).c_str(),
+        Quartiles(relay_vs_cpu).c_str(), what,
         front_calls[kind].fences / rounds,
         front_calls[kind].unary_calls / rounds);
   }

@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -20,6 +23,7 @@ int opserver_port = 0;
 std::vector<uint64_t> curve_windows;
 std::vector<std::pair<pid_t, int>> curve_servers;
 int tcp_ports[2] = {0, 0};
+int tcp_relay_port = 0;
 int echo_port = 0;
 int64_t echo_window = 0;
 std::vector<pid_t> children;
@@ -122,7 +126,11 @@ void RunOpserverWithWindow(int report, int64_t window) {
 
 void RunOpserver(int report) { RunOpserverWithWindow(report, -1); }
 
-void RunTcpSink(int report, Dest dest) {
+namespace {
+
+// A listening socket on loopback, port chosen by the kernel, reported to
+// `report`; exits the (child) process when it cannot listen.
+int ListenAndReport(int report) {
   int listener = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -134,6 +142,38 @@ void RunTcpSink(int report, Dest dest) {
   socklen_t len = sizeof(addr);
   getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
   SendPort(report, ntohs(addr.sin_port));
+  return listener;
+}
+
+// A connection to 127.0.0.1:`port`, or -1.
+int ConnectLoopback(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Writes all of [data, data + size) to `fd`; false when the peer is gone.
+bool WriteAll(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = write(fd, data, size);
+    if (n <= 0) return false;
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+void RunTcpSink(int report, Dest dest) {
+  const int listener = ListenAndReport(report);
   // Written once, so every page is resident like a populated device block.
   std::vector<char> sink(dest == kDestWhole ? kTransferBytes : kChunk, 'z');
   for (;;) {
@@ -150,6 +190,72 @@ void RunTcpSink(int report, Dest dest) {
       // The client went away; nothing to report to.
     }
     close(fd);
+  }
+}
+
+void RunTcpRelay(int report, int to_port) {
+  const int listener = ListenAndReport(report);
+  // Two resident buffers, as the chain front's staging memory: one fills
+  // from the client while the other drains to the sink.
+  std::vector<char> buffers[2] = {std::vector<char>(kChunk, 'r'),
+                                  std::vector<char>(kChunk, 'r')};
+  for (;;) {
+    int in = accept(listener, nullptr, nullptr);
+    if (in < 0) continue;
+    const int out = ConnectLoopback(to_port);
+    if (out < 0) {
+      close(in);
+      continue;
+    }
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t filled[2] = {0, 0};  // Bytes waiting in each buffer.
+    bool ended = false, broken = false;
+    std::thread sender([&] {
+      for (size_t k = 0;; ++k) {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return filled[k % 2] > 0 || ended; });
+        const size_t n = filled[k % 2];
+        if (n == 0) return;
+        lock.unlock();
+        const bool ok = WriteAll(out, buffers[k % 2].data(), n);
+        lock.lock();
+        filled[k % 2] = 0;
+        broken |= !ok;
+        cv.notify_all();
+        if (!ok) return;
+      }
+    });
+    for (size_t k = 0;; ++k) {
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return filled[k % 2] == 0 || broken; });
+        if (broken) break;
+      }
+      size_t n = 0;
+      ssize_t got;
+      while (n < kChunk &&
+             (got = read(in, buffers[k % 2].data() + n, kChunk - n)) > 0) {
+        n += static_cast<size_t>(got);
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (n == 0) break;
+      filled[k % 2] = n;
+      cv.notify_all();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ended = true;
+      cv.notify_all();
+    }
+    sender.join();
+    char ack = 0;
+    shutdown(out, SHUT_WR);
+    if (read(out, &ack, 1) == 1 && write(in, &ack, 1) != 1) {
+      // The client went away; nothing to report to.
+    }
+    close(out);
+    close(in);
   }
 }
 
@@ -181,15 +287,12 @@ std::shared_ptr<grpc::Channel> Channel(int port) {
 }
 
 bool RawTcpSend(const SourceData& data, Dest dest) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(tcp_ports[dest]);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return false;
-  }
+  return RawTcpSendTo(tcp_ports[dest], data);
+}
+
+bool RawTcpSendTo(int port, const SourceData& data) {
+  const int fd = ConnectLoopback(port);
+  if (fd < 0) return false;
   for (size_t sent = 0; sent < kTransferBytes;) {
     ssize_t n =
         write(fd, data.at(sent), std::min(kChunk, kTransferBytes - sent));
@@ -248,9 +351,9 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-double RawTcpSeconds(const SourceData& data) {
+double RawTcpSeconds(const SourceData& data, int port) {
   return Seconds([&] {
-    return RawTcpSend(data, kDestWhole)
+    return RawTcpSendTo(port != 0 ? port : tcp_ports[kDestWhole], data)
                ? absl::OkStatus()
                : absl::UnavailableError("raw TCP send failed");
   });

@@ -35,6 +35,8 @@ extern std::vector<uint64_t> curve_windows;
 extern std::vector<std::pair<pid_t, int>> curve_servers;
 // Raw TCP sinks by destination (Dest below).
 extern int tcp_ports[2];
+// A raw TCP relay in front of the kDestWhole sink (RunTcpRelay).
+extern int tcp_relay_port;
 extern int echo_port;
 // --echo_window=N: the echo sink with a fixed N-byte receive window (BDP
 // probing off), as opserver's --receive_window_bytes; 0 = gRPC's defaults.
@@ -72,6 +74,12 @@ enum Dest : int64_t {
 // Raw TCP sink: reads each connection to its end into `dest`, then answers
 // one byte.
 void RunTcpSink(int report, Dest dest);
+// Raw TCP relay: forwards each connection to the sink at `to_port` through
+// one resident 4 MiB buffer (a read, then a write of what it read), and the
+// sink's one-byte answer back. Each byte crosses loopback twice and is
+// copied in and out of this process, as through the Ascend chain's front:
+// the machine's limit for a transfer with two legs on one host.
+void RunTcpRelay(int report, int to_port);
 // The bare gRPC Echo service (bench/echo.proto).
 void RunEcho(int report);
 
@@ -116,6 +124,8 @@ class SourceData {
 
 // One raw TCP transfer of kTransferBytes from `data`; false on failure.
 bool RawTcpSend(const SourceData& data, Dest dest = kDestChunk);
+// The same to the raw TCP server at `port` (a sink or the relay).
+bool RawTcpSendTo(int port, const SourceData& data);
 
 // Through the client library (what aclrtMemcpy and opctl use), with
 // `chunk_bytes` per Upload message (0: the library's default).
@@ -141,8 +151,10 @@ double Seconds(Transfer transfer) {
 }
 
 // Seconds for one raw TCP one-way transfer of kTransferBytes from `data`
-// into a resident 256 MiB buffer (what the upload writes into).
-double RawTcpSeconds(const SourceData& data);
+// into a resident 256 MiB buffer (what the upload writes into); through
+// the server at `port` when not 0 (tcp_relay_port: the relay in front of
+// that sink).
+double RawTcpSeconds(const SourceData& data, int port = 0);
 
 }  // namespace opserver::remote_bench
 
