@@ -2,12 +2,14 @@
 // acl/acl_rt.h beyond what the aclnn samples use; what InfiniCore's and
 // torch_npu's runtime layers call). Declared in include/acl/acl_rt.h.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <optional>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -66,6 +68,73 @@ aclError RecordOrFail(Capture& capture, aclrtStream stream,
   return ACL_SUCCESS;
 }
 
+// The aclrtMallocHost block [begin, end) that holds all of [host, host +
+// count), if one does. Under state.mu.
+std::optional<std::pair<uintptr_t, uintptr_t>> HostBlockOf(const State& state,
+                                                           const void* host,
+                                                           size_t count) {
+  auto block = state.host_blocks.upper_bound(const_cast<void*>(host));
+  if (block == state.host_blocks.begin()) return std::nullopt;
+  --block;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(block->first);
+  const uintptr_t at = reinterpret_cast<uintptr_t>(host);
+  if (at - begin > block->second || count > block->second - (at - begin)) {
+    return std::nullopt;
+  }
+  return std::make_pair(begin, begin + block->second);
+}
+
+// aclrtMemcpyAsync of `count` bytes at `src`, in the aclrtMallocHost block
+// `block`, to `to` on stream `handle`: ordered on the server here, its bytes
+// moving on (Session::UploadAsync); the stream's synchronize waits for it
+// as for its reads, and aclrtFreeHost of the block too.
+absl::Status QueueUpload(State& state, const Pinned& pinned, uint64_t handle,
+                         const DeviceRange& to, const void* src, size_t count,
+                         std::pair<uintptr_t, uintptr_t> block) {
+  ASSIGN_OR_RETURN(
+      remote::PendingRead copy,
+      pinned.session->UploadAsync(to.buffer, to.offset, src, count, handle));
+  absl::MutexLock lock(&state.mu);
+  if (!StillCurrent(state, pinned)) {
+    // Dropped after the lock: the copy is cancelled.
+    return WithAclError(
+        absl::AbortedError(
+            "aclrtMemcpyAsync: the device was reset during the call"),
+        ACL_ERROR_RT_FAILURE);
+  }
+  state.pending_uploads.push_back(
+      {pinned.device, handle, block.first, block.second, std::move(copy)});
+  return absl::OkStatus();
+}
+
+// Waits for the uploads still reading the aclrtMallocHost block at
+// `block`, so it can be freed; their status stays for their stream's
+// synchronize. Without state.mu.
+void WaitUploadsFrom(State& state, void* block) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(block);
+  std::vector<State::PendingUpload> reading;
+  {
+    absl::MutexLock lock(&state.mu);
+    auto& uploads = state.pending_uploads;
+    auto first = std::stable_partition(
+        uploads.begin(), uploads.end(),
+        [&](const State::PendingUpload& u) { return u.begin != at; });
+    std::move(first, uploads.end(), std::back_inserter(reading));
+    uploads.erase(first, uploads.end());
+  }
+  std::vector<State::PendingUpload> failed;
+  for (State::PendingUpload& upload : reading) {
+    absl::Status moved = upload.copy.Wait();
+    if (moved.ok()) continue;  // Nothing left to report.
+    upload.copy = remote::PendingRead(std::move(moved));
+    failed.push_back(std::move(upload));
+  }
+  absl::MutexLock lock(&state.mu);
+  for (State::PendingUpload& upload : failed) {
+    state.pending_uploads.push_back(std::move(upload));
+  }
+}
+
 // A host<->device aclrtMemcpyAsync on a capturing stream: refused, as
 // CANN refuses pageable host memory (ACL_ERROR_RT_PARAM_INVALID); a
 // page-locked (aclrtMallocHost) block too, with
@@ -76,11 +145,7 @@ absl::Status HostCopyInCapture(State& state, Capture& capture,
                                aclrtMemcpyKind kind, const void* host) {
   const char* direction =
       kind == ACL_MEMCPY_HOST_TO_DEVICE ? "host-to-device" : "device-to-host";
-  auto block = state.host_blocks.upper_bound(const_cast<void*>(host));
-  const bool pinned = block != state.host_blocks.begin() &&
-                      static_cast<const char*>(host) <
-                          static_cast<const char*>(std::prev(block)->first) +
-                              std::prev(block)->second;
+  const bool pinned = HostBlockOf(state, host, 1).has_value();
   absl::Status refused =
       pinned
           ? WithAclError(
@@ -354,6 +419,7 @@ aclError aclrtFreeHost(void* hostPtr) {
     return Fail(ACL_ERROR_INVALID_PARAM, "aclrtFreeHost: hostPtr is NULL");
   }
   State& state = GetState();
+  opserver::WaitUploadsFrom(state, hostPtr);
   absl::MutexLock lock(&state.mu);
   auto it = state.host_blocks.find(hostPtr);
   if (it == state.host_blocks.end()) {
@@ -387,6 +453,7 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src,
   opserver::Pinned pinned;
   opserver::DeviceRange from{}, to{};
   uint64_t handle = 0;
+  std::optional<std::pair<uintptr_t, uintptr_t>> from_block;
   {
     absl::MutexLock lock(&state.mu);
     if (absl::Status s =
@@ -416,6 +483,13 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src,
                          " (copy between devices with aclrtMemcpy)"));
       }
     }
+    // A large copy from page-locked memory moves its bytes while the
+    // caller goes on, as on an NPU (from pageable memory, CANN copies before
+    // it returns, and so does this library).
+    if (kind == ACL_MEMCPY_HOST_TO_DEVICE &&
+        count > opserver::remote::kMaxPipelinedBytes) {
+      from_block = opserver::HostBlockOf(state, src, count);
+    }
     if (opserver::Capture* capture = opserver::CaptureOf(state, stream);
         capture != nullptr && kind != ACL_MEMCPY_HOST_TO_HOST) {
       if (kind == ACL_MEMCPY_DEVICE_TO_DEVICE) {
@@ -436,8 +510,13 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src,
       std::memmove(dst, src, count);
       break;
     case ACL_MEMCPY_HOST_TO_DEVICE:
-      status =
-          pinned.session->WriteAsync(to.buffer, to.offset, src, count, handle);
+      if (!from_block.has_value()) {
+        status = pinned.session->WriteAsync(to.buffer, to.offset, src, count,
+                                            handle);
+        break;
+      }
+      status = opserver::QueueUpload(state, pinned, handle, to, src, count,
+                                     *from_block);
       break;
     case ACL_MEMCPY_DEVICE_TO_HOST: {
       absl::StatusOr<opserver::remote::PendingRead> read =

@@ -5,6 +5,7 @@
 // recorded tasks as a graph of the device's session, and a replay is one
 // command. docs/graphs.md has the rules.
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <memory>
@@ -192,7 +193,7 @@ Capture* EndableCapture(State& state, aclrtStream stream, aclError* refused) {
 // What aclmdlRIExecuteAsync(modelRI, stream) replays, checked (its
 // errors are that call's, recorded): the session, the graph (0 when
 // nothing was captured) and the stream's handle. `pending_reads`, if not
-// null, says whether aclrtMemcpyAsync reads of that stream wait.
+// null, says whether aclrtMemcpyAsync copies of that stream wait.
 struct ReplayTarget {
   Pinned pinned;
   uint64_t graph = 0;
@@ -224,7 +225,12 @@ aclError CheckReplay(aclmdlRI modelRI, aclrtStream stream, ReplayTarget* target,
   }
   if (pending_reads != nullptr) {
     *pending_reads =
-        state.pending_reads.count({current->device, *stream_handle}) != 0;
+        state.pending_reads.count({current->device, *stream_handle}) != 0 ||
+        std::any_of(state.pending_uploads.begin(), state.pending_uploads.end(),
+                    [&](const State::PendingUpload& u) {
+                      return u.device == current->device &&
+                             u.stream == *stream_handle;
+                    });
   }
   target->pinned = *std::move(current);
   target->graph = (*model)->graph;

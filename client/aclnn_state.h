@@ -218,6 +218,17 @@ struct State {
   // and stream handle: their bytes land when the stream is synchronized.
   std::map<std::pair<uint32_t, uint64_t>, std::vector<remote::PendingRead>>
       pending_reads;
+  // aclrtMemcpyAsync host-to-device copies from aclrtMallocHost memory
+  // whose bytes may still be moving (Session::UploadAsync): waited for
+  // with the reads of their stream, and by aclrtFreeHost of their block
+  // [begin, end) (which leaves their status for the synchronize).
+  struct PendingUpload {
+    uint32_t device;
+    uint64_t stream;
+    uintptr_t begin, end;
+    remote::PendingRead copy;
+  };
+  std::vector<PendingUpload> pending_uploads;
   // aclrtMallocHost blocks and their sizes.
   std::map<void*, size_t> host_blocks;
   // Captures by model handle, the capture each capturing stream is in (by
@@ -340,11 +351,11 @@ absl::Status ResolveCopy(State& state, const char* function, const void* dst,
                          const void* src, size_t count, aclrtMemcpyKind kind,
                          DeviceRange* from, DeviceRange* to);
 
-// Waits for the aclrtMemcpyAsync reads queued on stream `handle` of device
-// `device` (every stream's of it when `handle` is nullopt) and returns the
-// first error; call without `state.mu` (it is taken to collect them). A
-// read's error is its stream's deferred error, which the read consumed:
-// the caller reports it.
+// Waits for the aclrtMemcpyAsync reads and page-locked uploads queued on
+// stream `handle` of device `device` (every stream's of it when `handle` is
+// nullopt) and returns the first error; call without `state.mu` (it is
+// taken to collect them). A read's error is its stream's deferred error,
+// which the read consumed: the caller reports it.
 absl::Status WaitPendingReads(State& state, uint32_t device,
                               std::optional<uint64_t> handle);
 

@@ -267,10 +267,24 @@ class Session {
   // for the bytes and reports the stream's deferred error (consuming it, as
   // Synchronize does). `data` must stay valid until Wait() returns or the
   // PendingRead is gone. Larger reads, or any on a session that is not
-  // pipelined, are Downloads made here (Wait() returns their status).
+  // pipelined, are downloads made here, after the work queued on `stream`
+  // only (not, as Download, after the whole session's): Wait() returns
+  // their status, and a deferred error of the stream stays for its next
+  // Synchronize.
   absl::StatusOr<PendingRead> ReadAsync(uint64_t buffer, uint64_t offset,
                                         void* data, uint64_t size,
                                         uint64_t stream = 0);
+  // An upload that returns once the server has ordered it on `stream`,
+  // before its bytes move: over the data path, the bytes then go on a
+  // thread of their own, read from `data` until the returned copy's Wait()
+  // returns (or the copy is dropped, which cancels what is left of it).
+  // Wait() gives the transfer's status. Where the data path cannot be used
+  // (off, below ConnectOptions::data_path_bytes, refused, unreachable) this
+  // is Upload, done before it returns. Errors the server finds at once
+  // (ranges, handles) are returned here.
+  absl::StatusOr<PendingRead> UploadAsync(uint64_t buffer, uint64_t offset,
+                                          const void* data, uint64_t size,
+                                          uint64_t stream = 0);
 
   // Device memory operations executed on the server, ordered on `stream`
   // (aclrtMemsetAsync, device-to-device aclrtMemcpyAsync): no bytes travel.
@@ -485,6 +499,10 @@ class Session {
   absl::Status UploadCall(grpc::Channel* channel, uint64_t buffer,
                           uint64_t offset, const char* data, uint64_t size,
                           uint64_t stream, IdleWatch idle_watch);
+  // Download without its session-wide fence: ordered on `stream` by the
+  // server, after the commands the caller has made sure were delivered.
+  absl::Status StreamDownload(uint64_t buffer, uint64_t offset, void* data,
+                              uint64_t size, uint64_t stream);
   // One Download call on `channel`.
   absl::Status DownloadCall(grpc::Channel* channel, uint64_t buffer,
                             uint64_t offset, char* data, uint64_t size,
@@ -497,6 +515,22 @@ class Session {
   std::optional<absl::Status> DataPathTransfer(bool upload, uint64_t buffer,
                                                uint64_t offset, char* data,
                                                uint64_t size, uint64_t stream);
+  // A data-path transfer the server has ordered on its stream (its ticket
+  // came) and whose first connection is open (transfers.cc).
+  struct DataPathCall;
+  // DataPathTransfer's first half: the call, its ticket and its first
+  // connection. nullptr when the data path cannot be used (nothing was
+  // queued: the caller uses gRPC); an error when the server refused it.
+  absl::StatusOr<std::shared_ptr<DataPathCall>> OpenDataPath(
+      bool upload, uint64_t buffer, uint64_t offset, char* data,
+      uint64_t size, uint64_t stream);
+  // The second half: moves the bytes (trying the ticket again on a new
+  // connection when the server closed one before taking it) and ends the
+  // call. nullopt when the connections kept being closed and
+  // `may_fall_back`: the call is then cancelled and the caller uses gRPC;
+  // without it, that is UNAVAILABLE.
+  std::optional<absl::Status> CompleteDataPath(DataPathCall& call,
+                                               bool may_fall_back);
   // One data-path connection's try at a transfer: `moved` is how the bytes
   // went on it; `dropped`, that the server closed it in a way that says it
   // may never have taken the ticket (so the same ticket may be tried again).
@@ -538,6 +572,9 @@ class Session {
   absl::Status lost_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<grpc::ClientContext> attach_context_;
   std::thread attach_thread_;
+  // UploadAsync copies whose thread still uses this session: Close()
+  // waits for none to be left.
+  int background_copies_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Pipelined sessions only: the channel, and what the client must know to
   // check commands before queueing them (the sizes of its buffers, its

@@ -97,6 +97,10 @@ absl::Status Session::Close() {
     absl::MutexLock lock(&mu_);
     if (closed_) return absl::OkStatus();
     closed_ = true;
+    // An UploadAsync still moving is queued work like any other: it ends
+    // (or fails) on its own, bounded by the wait deadline.
+    mu_.Await(absl::Condition(
+        +[](int* copies) { return *copies == 0; }, &background_copies_));
   }
   // Everything queued is delivered, and an error still pending is reported,
   // before the session goes.
@@ -391,7 +395,10 @@ absl::StatusOr<PendingRead> Session::ReadAsync(uint64_t buffer, uint64_t offset,
                                                void* data, uint64_t size,
                                                uint64_t stream) {
   if (channel_ == nullptr || size > kMaxPipelinedBytes) {
-    return PendingRead(Download(buffer, offset, data, size, stream));
+    // Ordered on its stream by the server; a session-wide fence would also
+    // wait for the other streams (another copy lane's transfer, say).
+    RETURN_IF_ERROR(Ordered());
+    return PendingRead(StreamDownload(buffer, offset, data, size, stream));
   }
   RETURN_IF_ERROR(CheckLocalRange(buffer, offset, size, stream));
   ASSIGN_OR_RETURN(uint64_t id,
@@ -407,6 +414,7 @@ PendingRead& PendingRead::operator=(PendingRead&& other) noexcept {
     session_ = std::exchange(other.session_, nullptr);
     id_ = std::exchange(other.id_, 0);
     done_ = std::move(other.done_);
+    background_ = std::move(other.background_);  // Cancels ours, if any.
   }
   return *this;
 }
@@ -418,6 +426,11 @@ PendingRead::~PendingRead() {
 }
 
 absl::Status PendingRead::Wait() {
+  if (background_ != nullptr) {
+    absl::Status moved = background_->Wait();
+    background_.reset();
+    return moved;
+  }
   if (session_ == nullptr) return std::exchange(done_, absl::OkStatus());
   Session* session = std::exchange(session_, nullptr);
   if (session->channel_ == nullptr) {

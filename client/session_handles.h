@@ -6,10 +6,12 @@
 #define OPSERVER_CLIENT_SESSION_HANDLES_H_
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "client/background_copy.h"
 #include "kernels/dtype.h"
 #include "proto/opserver.pb.h"
 
@@ -125,8 +127,9 @@ class Executor {
   bool repeatable_ = false;
 };
 
-// A read queued by Session::ReadAsync. Wait() for its bytes; dropped
-// without Wait(), its destination is never written.
+// A read queued by Session::ReadAsync, or an upload by UploadAsync. Wait()
+// for its bytes; dropped without Wait(), a read's destination is never
+// written, and an upload still moving is cancelled (what it wrote stays).
 class PendingRead {
  public:
   PendingRead() = default;
@@ -137,14 +140,18 @@ class PendingRead {
   // Waits until the bytes are in the destination. The stream's deferred
   // error otherwise (consumed, as Synchronize does). Once only.
   absl::Status Wait();
+  // One already done with `status` (what Wait() then returns).
+  explicit PendingRead(absl::Status status) : done_(std::move(status)) {}
 
  private:
   friend class Session;
   PendingRead(Session* session, uint64_t id) : session_(session), id_(id) {}
-  explicit PendingRead(absl::Status done) : done_(std::move(done)) {}
+  explicit PendingRead(std::unique_ptr<BackgroundCopy> background)
+      : background_(std::move(background)) {}
   Session* session_ = nullptr;
   uint64_t id_ = 0;
   absl::Status done_;
+  std::unique_ptr<BackgroundCopy> background_;
 };
 
 }  // namespace remote

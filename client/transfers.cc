@@ -214,17 +214,54 @@ Session::DataPathAttempt Session::MoveOverDataPath(int fd,
   return {absl::OkStatus(), false};
 }
 
-std::optional<absl::Status> Session::DataPathTransfer(bool upload,
-                                                      uint64_t buffer,
-                                                      uint64_t offset,
-                                                      char* data, uint64_t size,
-                                                      uint64_t stream) {
-  if (!client_->DataPathOn() || size < client_->options().data_path_bytes) {
-    return std::nullopt;
-  }
+struct Session::DataPathCall {
+  bool upload = false;
+  char* data = nullptr;
+  uint64_t size = 0;
+  const char* what = "";
   grpc::ClientContext context;
-  client_->SetWaitDeadline(&context);
-  Route(&context);
+  std::unique_ptr<grpc::ClientReader<v1::OpenDataTransferResponse>> reader;
+  v1::OpenDataTransferResponse event;
+  ListenAddress target;
+  UniqueFd connection;  // The next to use; taken by CompleteDataPath.
+  // The connection CompleteDataPath is moving bytes on (-1: none), and
+  // whether Cancel() came: a cancelled call opens no new connection.
+  absl::Mutex mu;
+  int moving_fd ABSL_GUARDED_BY(mu) = -1;
+  bool cancelled ABSL_GUARDED_BY(mu) = false;
+
+  // Gives the call up: what it moves stops soon (the server ends its
+  // mover, if the ticket was taken, before it releases the stream).
+  void Cancel() {
+    {
+      absl::MutexLock lock(&mu);
+      cancelled = true;
+      if (moving_fd >= 0) shutdown(moving_fd, SHUT_RDWR);
+    }
+    context.TryCancel();
+  }
+  // Cancels the call and reads it to its end.
+  void Abandon() {
+    Cancel();
+    while (reader->Read(&event)) {
+    }
+    reader->Finish().IgnoreError();
+  }
+};
+
+absl::StatusOr<std::shared_ptr<Session::DataPathCall>> Session::OpenDataPath(
+    bool upload, uint64_t buffer, uint64_t offset, char* data, uint64_t size,
+    uint64_t stream) {
+  if (!client_->DataPathOn() || size < client_->options().data_path_bytes) {
+    return nullptr;
+  }
+  auto call = std::make_shared<DataPathCall>();
+  call->upload = upload;
+  call->data = data;
+  call->size = size;
+  call->what = upload ? "Upload" : "Download";
+  client_->SetWaitDeadline(&call->context);
+  Route(&call->context);
   v1::OpenDataTransferRequest request;
   request.set_session(token_);
   request.set_buffer(buffer);
@@ -234,17 +271,15 @@ std::optional<absl::Status> Session::DataPathTransfer(bool upload,
   request.set_direction(
       upload ? v1::OpenDataTransferRequest::DIRECTION_HOST_TO_DEVICE
              : v1::OpenDataTransferRequest::DIRECTION_DEVICE_TO_HOST);
-  const char* what = upload ? "Upload" : "Download";
-  std::unique_ptr<grpc::ClientReader<v1::OpenDataTransferResponse>> reader =
-      client_->runtime().OpenDataTransfer(&context, request);
-  v1::OpenDataTransferResponse event;
-  if (!reader->Read(&event)) {
-    absl::Status status = client_->CallStatus(reader->Finish(), context, what);
+  call->reader = client_->runtime().OpenDataTransfer(&call->context, request);
+  if (!call->reader->Read(&call->event)) {
+    absl::Status status = client_->CallStatus(call->reader->Finish(),
+                                              call->context, call->what);
     // A server without the data path (or one older than it): nothing was
     // queued.
     if (absl::IsUnimplemented(status)) {
       client_->DisableDataPath(status);
-      return std::nullopt;
+      return nullptr;
     }
     if (!status.ok()) return status;
     // OK without a ticket claims a transfer that moved nothing: a broken
@@ -252,62 +287,150 @@ std::optional<absl::Status> Session::DataPathTransfer(bool upload,
     // word on what it queued cannot be trusted either, and success must
     // never be claimed for bytes that did not move.
     return absl::InternalError(
-        absl::StrCat(what,
+        absl::StrCat(call->what,
                      ": the server ended OpenDataTransfer without a data-path "
                      "ticket, so nothing was moved"));
   }
-  const absl::StatusOr<ListenAddress> target =
-      DataPathTarget(event, client_->DialedHost(), what);
+  absl::StatusOr<ListenAddress> target =
+      DataPathTarget(call->event, client_->DialedHost(), call->what);
+  absl::StatusOr<UniqueFd> connection =
+      target.ok() ? ConnectTcp(target->host, target->port,
+                               client_->options().connect_timeout,
+                               client_->options().wait_timeout)
+                  : absl::StatusOr<UniqueFd>(target.status());
+  if (!connection.ok()) {
+    // Nothing moves without the connection: cancelled, the call leaves
+    // nothing behind.
+    call->Abandon();
+    client_->DisableDataPath(connection.status());
+    return nullptr;
+  }
+  call->target = *target;
+  call->connection = *std::move(connection);
+  return call;
+}
+
+std::optional<absl::Status> Session::CompleteDataPath(DataPathCall& call,
+                                                       bool may_fall_back) {
   // A connection the server closes before taking the ticket (it may drop
   // waiting connections when flooded) is tried again with the same ticket:
   // a ticket claims one connection at most, so a retry cannot move the
   // bytes twice.
   constexpr int kConnections = 3;
-  // Gives the call up, so this transfer goes through gRPC instead.
-  auto abandon = [&] {
-    context.TryCancel();
-    while (reader->Read(&event)) {
-    }
-    reader->Finish().IgnoreError();
-  };
   DataPathAttempt attempt;
   for (int i = 0; i < kConnections; ++i) {
-    absl::StatusOr<UniqueFd> connection =
-        target.ok() ? ConnectTcp(target->host, target->port,
-                                 client_->options().connect_timeout,
-                                 client_->options().wait_timeout)
-                    : absl::StatusOr<UniqueFd>(target.status());
-    if (!connection.ok()) {
-      // Nothing moves without the connection: cancelled, the call leaves
-      // nothing behind.
-      abandon();
-      client_->DisableDataPath(connection.status());
-      return std::nullopt;
+    if (i > 0) {
+      absl::StatusOr<UniqueFd> again =
+          ConnectTcp(call.target.host, call.target.port,
+                     client_->options().connect_timeout,
+                     client_->options().wait_timeout);
+      if (!again.ok()) {
+        // As when the first connection failed: the data path is not
+        // usable from here.
+        call.Abandon();
+        client_->DisableDataPath(again.status());
+        if (may_fall_back) return std::nullopt;
+        return absl::UnavailableError(
+            absl::StrCat(call.what, ": ", again.status().message()));
+      }
+      call.connection = *std::move(again);
     }
-    attempt = MoveOverDataPath(connection->get(), event.ticket(), upload, data,
-                               size, what);
+    UniqueFd connection = std::move(call.connection);
+    {
+      absl::MutexLock lock(&call.mu);
+      if (call.cancelled) {
+        attempt = {absl::CancelledError(
+                       absl::StrCat(call.what, ": cancelled")),
+                   false};
+        break;
+      }
+      call.moving_fd = connection.get();
+    }
+    attempt = MoveOverDataPath(connection.get(), call.event.ticket(),
+                               call.upload, call.data, call.size, call.what);
+    {
+      // Before the descriptor closes, so Cancel() never shuts down another.
+      absl::MutexLock lock(&call.mu);
+      call.moving_fd = -1;
+    }
     if (!attempt.dropped) break;
   }
   if (attempt.dropped) {
-    // The server kept closing the connection: this transfer goes through
-    // gRPC. Cancelled, the call moves nothing more: the server ends its
-    // mover, if the ticket was taken at all, before it releases the
-    // stream, and the gRPC transfer is ordered on that stream after it, so
-    // the two never write the same bytes at once.
-    abandon();
-    client_->NoteDataPathFallback(attempt.moved);
-    return std::nullopt;
+    // The server kept closing the connection. Cancelled, the call moves
+    // nothing more: the server ends its mover, if the ticket was taken at
+    // all, before it releases the stream, and a gRPC transfer the caller
+    // makes now is ordered on that stream after it, so the two never
+    // write the same bytes at once.
+    call.Abandon();
+    if (may_fall_back) {
+      client_->NoteDataPathFallback(attempt.moved);
+      return std::nullopt;
+    }
+    return absl::UnavailableError(absl::StrCat(
+        call.what, ": the server kept closing the data connection (",
+        attempt.moved.message(), ")"));
   }
   const absl::Status moved = attempt.moved;
-  if (!moved.ok()) context.TryCancel();
-  while (reader->Read(&event)) {
+  if (!moved.ok()) call.context.TryCancel();
+  while (call.reader->Read(&call.event)) {
   }
   // The server's verdict first: it says why a connection broke.
-  absl::Status status = client_->CallStatus(reader->Finish(), context, what);
+  absl::Status status =
+      client_->CallStatus(call.reader->Finish(), call.context, call.what);
   if (!status.ok() && !(absl::IsCancelled(status) && !moved.ok())) {
     return status;
   }
   return moved;
+}
+
+std::optional<absl::Status> Session::DataPathTransfer(bool upload,
+                                                      uint64_t buffer,
+                                                      uint64_t offset,
+                                                      char* data, uint64_t size,
+                                                      uint64_t stream) {
+  absl::StatusOr<std::shared_ptr<DataPathCall>> call =
+      OpenDataPath(upload, buffer, offset, data, size, stream);
+  if (!call.ok()) return call.status();
+  if (*call == nullptr) return std::nullopt;
+  return CompleteDataPath(**call, /*may_fall_back=*/true);
+}
+
+absl::StatusOr<PendingRead> Session::UploadAsync(uint64_t buffer,
+                                                 uint64_t offset,
+                                                 const void* data,
+                                                 uint64_t size,
+                                                 uint64_t stream) {
+  RETURN_IF_ERROR(Ordered());
+  // Only read, as by Upload.
+  char* bytes = const_cast<char*>(static_cast<const char*>(data));
+  ASSIGN_OR_RETURN(std::shared_ptr<DataPathCall> call,
+                   OpenDataPath(true, buffer, offset, bytes, size, stream));
+  if (call == nullptr) {
+    return PendingRead(Upload(buffer, offset, data, size, stream));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    ++background_copies_;
+  }
+  absl::StatusOr<std::unique_ptr<BackgroundCopy>> started =
+      BackgroundCopy::Start(
+          [this, call]() mutable {
+            absl::Status moved =
+                *CompleteDataPath(*call, /*may_fall_back=*/false);
+            call.reset();
+            absl::MutexLock lock(&mu_);
+            --background_copies_;
+            return moved;
+          },
+          [call] { call->Cancel(); });
+  if (!started.ok()) {
+    // No thread: the bytes move here instead.
+    absl::Status moved = *CompleteDataPath(*call, /*may_fall_back=*/false);
+    absl::MutexLock lock(&mu_);
+    --background_copies_;
+    return PendingRead(moved);
+  }
+  return PendingRead(*std::move(started));
 }
 
 absl::Status Session::Transfer(bool upload, uint64_t buffer, uint64_t offset,
@@ -466,6 +589,12 @@ absl::Status Session::Download(uint64_t buffer, uint64_t offset, void* data,
   // Device->host: after all work issued before, reporting the session's
   // deferred errors.
   RETURN_IF_ERROR(Flush());
+  return StreamDownload(buffer, offset, data, size, stream);
+}
+
+absl::Status Session::StreamDownload(uint64_t buffer, uint64_t offset,
+                                     void* data, uint64_t size,
+                                     uint64_t stream) {
   char* bytes = static_cast<char*>(data);
   return Transfer(
       false, buffer, offset, bytes, size, stream,

@@ -39,6 +39,16 @@ class CApiHeldStreamsTest : public ::testing::Test {
   void* Floats(const std::vector<float>& values);
   // out = grad (self is all positive): a copy made by a launch on `stream`.
   void CopyByLaunch(void* grad, void* self, void* out, aclrtStream stream);
+  // Queues y = g on `stream`, whose launches are held, and waits until the
+  // launch is held on the device: the stream cannot finish until Release.
+  struct Held {
+    void* g;
+    void* x;
+    void* y;
+  };
+  Held HoldOne(aclrtStream stream, FakeStreamRecord& record);
+  // y holds g: the held launch ran. Frees the three buffers.
+  void ExpectRan(const Held& held);
 
   std::unique_ptr<Server> server_;
   FakeDevice* device_ = nullptr;  // Owned by server_.

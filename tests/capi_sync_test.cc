@@ -31,43 +31,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-class CApiSyncTest : public CApiHeldStreamsTest {
- protected:
-  // Queues y = g on `stream`, whose launches are held, and waits until the
-  // launch is held on the device: the stream cannot finish until Release.
-  struct Held {
-    void* g;
-    void* x;
-    void* y;
-  };
-  Held HoldOne(aclrtStream stream, FakeStreamRecord& record) {
-    std::vector<float> g(kN);
-    for (int64_t i = 0; i < kN; ++i) g[i] = static_cast<float>(i + 1);
-    Held held{Floats(g), Floats(std::vector<float>(kN, 10)),
-              Floats(std::vector<float>(kN, -1))};
-    record.HoldLaunches();
-    CopyByLaunch(held.g, held.x, held.y, stream);
-    for (int i = 0; i < 60000 && record.WaitingLaunches() == 0; ++i) {
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-    EXPECT_EQ(record.WaitingLaunches(), 1);
-    return held;
-  }
-
-  // y holds g: the held launch ran.
-  void ExpectRan(const Held& held) {
-    std::vector<float> y(kN, 0);
-    ASSERT_EQ(aclrtMemcpy(y.data(), kN * 4, held.y, kN * 4,
-                          ACL_MEMCPY_DEVICE_TO_HOST),
-              ACL_SUCCESS)
-        << LastError();
-    for (int64_t i = 0; i < kN; ++i) {
-      ASSERT_EQ(y[i], static_cast<float>(i + 1)) << i;
-    }
-    for (void* p : {held.g, held.x, held.y}) aclrtFree(p);
-  }
-
-};
+using CApiSyncTest = CApiHeldStreamsTest;
 
 TEST_F(CApiSyncTest, StreamQueryFollowsTheStreamsWork) {
   auto [a, a_device] = NewStream();

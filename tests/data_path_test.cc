@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -625,6 +626,170 @@ TEST_F(DataPathTest, WithoutADataPathTheLibraryFallsBackToGrpc) {
   EXPECT_EQ(stats.data_path_transfers(), 0u);
   EXPECT_EQ(stats.grpc_transfers(), 4u);
   EXPECT_EQ(stats.grpc_transfer_bytes(), 4 * data.size());
+}
+
+// The movers of data-path transfers, held by the test until it lets them
+// run (TransferLimits::start_thread): a transfer whose connection arrived
+// moves nothing before that, whatever the machine's speed.
+class HeldMovers {
+ public:
+  std::function<void(std::function<void()>)> Starter() {
+    return [this](std::function<void()> run) {
+      absl::MutexLock lock(&mu_);
+      if (holding_) {
+        held_.push_back(std::move(run));
+      } else {
+        std::thread(std::move(run)).detach();
+      }
+    };
+  }
+  // Waits (bounded) until `n` movers are held.
+  bool WaitHeld(size_t n) {
+    absl::MutexLock lock(&mu_);
+    wanted_ = n;
+    return mu_.AwaitWithTimeout(absl::Condition(this, &HeldMovers::Enough),
+                                absl::Minutes(1));
+  }
+  // Runs the held movers, and every later one at once.
+  void Release() {
+    std::vector<std::function<void()>> held;
+    {
+      absl::MutexLock lock(&mu_);
+      holding_ = false;
+      held.swap(held_);
+    }
+    for (auto& run : held) std::thread(std::move(run)).detach();
+  }
+
+ private:
+  bool Enough() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return held_.size() >= wanted_;
+  }
+
+  absl::Mutex mu_;
+  bool holding_ ABSL_GUARDED_BY(mu_) = true;
+  size_t wanted_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::function<void()>> held_ ABSL_GUARDED_BY(mu_);
+};
+
+// UploadAsync returns once the server has ordered the transfer: here its
+// bytes cannot move (the server's mover is held), and the call returned
+// all the same; the bytes land once the mover runs.
+TEST_F(DataPathTest, UploadAsyncReturnsBeforeItsBytesMove) {
+  HeldMovers movers;
+  Options options;
+  options.transfer_limits.start_thread = movers.Starter();
+  Start(options);
+  const uint64_t size = (8 << 20) + 3;
+  const std::string data = RandomData(size, 21);
+  const uint64_t buffer = MustMalloc(size);
+  absl::StatusOr<remote::PendingRead> copy =
+      session_->UploadAsync(buffer, 0, data.data(), size);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  ASSERT_TRUE(movers.WaitHeld(1));
+  movers.Release();
+  EXPECT_TRUE(copy->Wait().ok());
+  EXPECT_TRUE(GrpcDownload(buffer, 0, size) == data);
+  EXPECT_EQ(Stats().data_path_transfers(), 1u);
+}
+
+// Dropped before its bytes moved, the copy is cancelled and the drop does
+// not wait for the held mover; the transfer ends on the server, and the
+// session works on.
+TEST_F(DataPathTest, DroppingAnUploadAsyncCancelsIt) {
+  HeldMovers movers;
+  Options options;
+  options.transfer_limits.start_thread = movers.Starter();
+  Start(options);
+  const uint64_t size = (8 << 20) + 3;
+  const std::string data = RandomData(size, 22);
+  const uint64_t buffer = MustMalloc(size);
+  {
+    absl::StatusOr<remote::PendingRead> copy =
+        session_->UploadAsync(buffer, 0, data.data(), size);
+    ASSERT_TRUE(copy.ok()) << copy.status();
+    ASSERT_TRUE(movers.WaitHeld(1));
+  }  // Returns with the mover still held.
+  movers.Release();
+  EXPECT_TRUE(session_->Synchronize(0).ok());
+  ASSERT_TRUE(session_->Upload(buffer, 0, data.data(), size).ok());
+  EXPECT_TRUE(GrpcDownload(buffer, 0, size) == data);
+  EXPECT_EQ(Stats().data_path_transfers(), 1u);  // The second one only.
+}
+
+// Closing the session waits for an UploadAsync still moving, which ends
+// well: the copy's thread never outlives the session it uses.
+TEST_F(DataPathTest, ClosingTheSessionWaitsForAnUploadAsync) {
+  HeldMovers movers;
+  Options options;
+  options.transfer_limits.start_thread = movers.Starter();
+  Start(options);
+  const uint64_t size = (8 << 20) + 3;
+  const std::string data = RandomData(size, 23);
+  const uint64_t buffer = MustMalloc(size);
+  absl::StatusOr<remote::PendingRead> copy =
+      session_->UploadAsync(buffer, 0, data.data(), size);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  ASSERT_TRUE(movers.WaitHeld(1));
+  absl::Status closed;
+  std::thread closing([&] { closed = session_->Close(); });
+  movers.Release();
+  closing.join();
+  EXPECT_TRUE(closed.ok()) << closed;
+  EXPECT_TRUE(copy->Wait().ok());
+  EXPECT_EQ(Stats().data_path_transfers(), 1u);
+}
+
+// What the server refuses at once is UploadAsync's own error; below the
+// data-path size, or without a data path, it is an Upload done before it
+// returns. Data connections the server keeps closing are tried again, but
+// never end in gRPC: the transfer was ordered on its stream when the call
+// returned, and a gRPC upload now would come after work queued since.
+TEST_F(DataPathTest, UploadAsyncErrorsAndFallbacks) {
+  std::atomic<int> drop{0};
+  Options options;
+  options.data_drop_accepted = [&] {
+    int left = drop.load();
+    while (left > 0 && !drop.compare_exchange_weak(left, left - 1)) {
+    }
+    return left > 0;
+  };
+  Start(options);
+  const uint64_t size = (8 << 20) + 5;
+  const std::string data = RandomData(size, 24);
+  const uint64_t buffer = MustMalloc(size);
+  const absl::Status outside =
+      session_->UploadAsync(buffer, 1, data.data(), size).status();
+  EXPECT_EQ(outside.code(), absl::StatusCode::kInvalidArgument) << outside;
+  EXPECT_THAT(outside.message(), HasSubstr("reaches outside the buffer"));
+  // Small: an Upload, done when the call returns (the message cap of the
+  // default server allows it).
+  absl::StatusOr<remote::PendingRead> small =
+      session_->UploadAsync(buffer, 0, data.data(), 1 << 20);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_TRUE(small->Wait().ok());
+  EXPECT_EQ(Stats().grpc_transfers(), 1u);
+
+  drop = 1;  // One dropped connection: the retry moves the bytes.
+  absl::StatusOr<remote::PendingRead> retried =
+      session_->UploadAsync(buffer, 0, data.data(), size);
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_TRUE(retried->Wait().ok());
+  EXPECT_TRUE(GrpcDownload(buffer, 0, size) == data);
+
+  drop = 1000;  // Every connection dropped: UNAVAILABLE, and no gRPC.
+  const std::string other = RandomData(size, 25);
+  absl::StatusOr<remote::PendingRead> dropped =
+      session_->UploadAsync(buffer, 0, other.data(), size);
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  const absl::Status failed = dropped->Wait();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
+  EXPECT_THAT(failed.message(), HasSubstr("kept closing the data connection"));
+  drop = 0;
+  const v1::ServerStats stats = Stats();
+  EXPECT_EQ(stats.grpc_transfers(), 1u + 1u);  // The small one, GrpcDownload.
+  EXPECT_EQ(stats.data_path_transfers(), 1u);
+  EXPECT_TRUE(session_->Synchronize(0).ok());
 }
 
 TEST_F(DataPathTest, BadDataPortIsRefused) {

@@ -1,0 +1,144 @@
+// aclrtMemcpyAsync host-to-device from page-locked (aclrtMallocHost) memory,
+// large enough for the data path: the call returns once the server has
+// ordered the copy on its stream, and the bytes move while the caller goes
+// on. Each test holds the stream (FakeDevice), so a copy that waited for
+// its bytes would never return: the order is certain, nothing sleeps.
+
+#include <cstdint>
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "acl/acl.h"
+#include "devices/testing/fake_device.h"
+#include "gtest/gtest.h"
+#include "tests/capi_held_streams.h"
+
+namespace opserver {
+namespace {
+
+using CApiAsyncUploadTest = CApiHeldStreamsTest;
+
+// Over the client's data-path threshold (4 MiB), a whole number of floats.
+constexpr size_t kFloats = (5u << 20) / sizeof(float);
+constexpr size_t kBytes = kFloats * sizeof(float);
+
+// A page-locked block of kFloats floats, 1, 2, 3, ...
+float* PinnedCounting() {
+  void* block = nullptr;
+  EXPECT_EQ(aclrtMallocHost(&block, kBytes), ACL_SUCCESS);
+  float* values = static_cast<float*>(block);
+  for (size_t i = 0; i < kFloats; ++i) values[i] = static_cast<float>(i + 1);
+  return values;
+}
+
+// The device bytes [dev, dev + kBytes) as floats.
+std::vector<float> Read(void* dev) {
+  std::vector<float> back(kFloats, -7);
+  EXPECT_EQ(aclrtMemcpy(back.data(), kBytes, dev, kBytes,
+                        ACL_MEMCPY_DEVICE_TO_HOST),
+            ACL_SUCCESS);
+  return back;
+}
+
+TEST_F(CApiAsyncUploadTest, ReturnsBeforeTheHeldStreamLetsItsBytesIn) {
+  auto [stream, record] = NewStream();
+  const Held held = HoldOne(stream, *record);
+  float* pinned = PinnedCounting();
+  void* dev = nullptr;
+  ASSERT_EQ(aclrtMalloc(&dev, kBytes, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  // Returns although the stream cannot reach the copy yet.
+  ASSERT_EQ(aclrtMemcpyAsync(dev, kBytes, pinned, kBytes,
+                             ACL_MEMCPY_HOST_TO_DEVICE, stream),
+            ACL_SUCCESS)
+      << LastError();
+  // A launch after it reads what it wrote: y2 = the copy's first kN floats.
+  void* self = Floats(std::vector<float>(kN, 10));
+  void* y2 = Floats(std::vector<float>(kN, -1));
+  CopyByLaunch(dev, self, y2, stream);
+  aclrtStreamStatus status = ACL_STREAM_STATUS_COMPLETE;
+  ASSERT_EQ(aclrtStreamQuery(stream, &status), ACL_SUCCESS) << LastError();
+  EXPECT_EQ(status, ACL_STREAM_STATUS_NOT_READY);
+
+  record->ReleaseLaunches();
+  ASSERT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS) << LastError();
+  ExpectRan(held);
+  EXPECT_EQ(Read(dev), std::vector<float>(pinned, pinned + kFloats));
+  std::vector<float> y(kN, 0);
+  ASSERT_EQ(aclrtMemcpy(y.data(), kN * 4, y2, kN * 4,
+                        ACL_MEMCPY_DEVICE_TO_HOST),
+            ACL_SUCCESS);
+  EXPECT_EQ(y, std::vector<float>(pinned, pinned + kN));
+  EXPECT_EQ(aclrtFreeHost(pinned), ACL_SUCCESS);
+  for (void* p : {dev, self, y2}) aclrtFree(p);
+  EXPECT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
+}
+
+TEST_F(CApiAsyncUploadTest, FreeHostWaitsForTheCopyStillReadingTheBlock) {
+  auto [stream, record] = NewStream();
+  const Held held = HoldOne(stream, *record);
+  float* pinned = PinnedCounting();
+  const std::vector<float> sent(pinned, pinned + kFloats);
+  void* dev = nullptr;
+  ASSERT_EQ(aclrtMalloc(&dev, kBytes, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMemcpyAsync(dev, kBytes, pinned, kBytes,
+                             ACL_MEMCPY_HOST_TO_DEVICE, stream),
+            ACL_SUCCESS)
+      << LastError();
+  // The free cannot return before the release below lets the copy read
+  // the block (had it freed it, the copy would read unmapped memory).
+  aclError freed = ACL_ERROR_INVALID_PARAM;
+  std::thread free_host([&] { freed = aclrtFreeHost(pinned); });
+  record->ReleaseLaunches();
+  free_host.join();
+  EXPECT_EQ(freed, ACL_SUCCESS) << LastError();
+  ASSERT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS) << LastError();
+  ExpectRan(held);
+  EXPECT_EQ(Read(dev), sent);
+  aclrtFree(dev);
+  EXPECT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
+}
+
+TEST_F(CApiAsyncUploadTest, ResetWaitsForACopyStillQueuedOnItsStream) {
+  auto [stream, record] = NewStream();
+  HoldOne(stream, *record);
+  float* pinned = PinnedCounting();
+  void* dev = nullptr;
+  ASSERT_EQ(aclrtMalloc(&dev, kBytes, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMemcpyAsync(dev, kBytes, pinned, kBytes,
+                             ACL_MEMCPY_HOST_TO_DEVICE, stream),
+            ACL_SUCCESS)
+      << LastError();
+  // As CANN's, the reset first lets the device's queued work run: it
+  // returns only after the release, with the copy's thread gone, so the
+  // block can be freed at once.
+  aclError reset = ACL_ERROR_INVALID_PARAM;
+  std::thread resetting([&] { reset = aclrtResetDevice(0); });
+  record->ReleaseLaunches();
+  resetting.join();
+  EXPECT_EQ(reset, ACL_SUCCESS) << LastError();
+  EXPECT_EQ(aclrtFreeHost(pinned), ACL_SUCCESS);
+}
+
+TEST_F(CApiAsyncUploadTest, PageableMemoryIsCopiedBeforeTheCallReturns) {
+  auto [stream, record] = NewStream();
+  std::vector<float> pageable(kFloats);
+  for (size_t i = 0; i < kFloats; ++i) pageable[i] = static_cast<float>(i);
+  void* dev = nullptr;
+  ASSERT_EQ(aclrtMalloc(&dev, kBytes, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMemcpyAsync(dev, kBytes, pageable.data(), kBytes,
+                             ACL_MEMCPY_HOST_TO_DEVICE, stream),
+            ACL_SUCCESS)
+      << LastError();
+  // The caller may reuse pageable memory at once, as with CANN.
+  const std::vector<float> sent = pageable;
+  std::fill(pageable.begin(), pageable.end(), -1.0f);
+  ASSERT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS) << LastError();
+  EXPECT_EQ(Read(dev), sent);
+  aclrtFree(dev);
+  EXPECT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
+}
+
+}  // namespace
+}  // namespace opserver
