@@ -108,10 +108,11 @@ class DeviceStream;
 // own (DeviceStream::StageUpload): the caller fills a chunk's staging
 // buffer (receiving it from the network) and commits it; the device may
 // copy it while the caller fills the next one, so that the two overlap. At
-// most two chunks' staging memory is held at once. Made by a caller
+// most three chunks' staging memory is held at once. Made by a caller
 // holding the stream, which issues nothing else on it until the transfer
-// is destroyed (the transfer's copies run on it, possibly from a thread of
-// the device's own). Not thread-safe. Must not outlive its stream.
+// is destroyed (the transfer's copies run on it, or on streams of the
+// device's own, possibly from threads of the device's own). Not
+// thread-safe. Must not outlive its stream.
 //
 // A transfer that ends early (its sender failed) ends through End, which
 // commits the chunk it was filling as far as it got: then device memory

@@ -62,7 +62,7 @@ ABSL_FLAG(uint64_t, chunk_bytes, 4ull << 20,
 ABSL_FLAG(uint64_t, staging_chunk_bytes, 4ull << 20,
           "Staging chunk of data-path transfers on a device the host cannot "
           "address (--device=ascend), in bytes: one device copy per chunk; "
-          "a transfer holds two chunks of page-locked memory (1 to 1 GiB).");
+          "a transfer holds three chunks of page-locked memory (1 to 1 GiB).");
 ABSL_FLAG(uint64_t, session_memory_bytes, 16ull << 30,
           "Device memory one session may hold, in bytes.");
 ABSL_FLAG(uint32_t, max_sessions, 64, "Sessions open at once.");

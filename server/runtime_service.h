@@ -28,7 +28,7 @@
 namespace opserver {
 
 // Transfer and value limits of the Runtime service (server flags).
-// The largest --staging_chunk_bytes: a transfer then holds 2 GiB of
+// The largest --staging_chunk_bytes: a transfer then holds 3 GiB of
 // page-locked memory.
 inline constexpr uint64_t kMaxStagingChunkBytes = 1ull << 30;
 
@@ -38,9 +38,9 @@ struct TransferLimits {
   // address (DeviceStream::StageUpload).
   uint64_t chunk_bytes = 4ull << 20;
   // The staging chunk of data-path transfers on a device the host cannot
-  // address: one device copy per chunk, and each transfer holds at most two
-  // chunks of page-locked host memory while it runs (one data-path transfer
-  // per stream at a time). Each copy costs a fixed time beside its bytes
+  // address: one device copy per chunk, and each transfer holds at most
+  // three chunks of page-locked host memory while it runs (one data-path
+  // transfer per stream at a time). Each copy costs a fixed time beside its bytes
   // (through the chain, one whole transfer to the backend), but larger
   // chunks overlap less and fault in more memory per transfer: 32 MiB
   // measured no faster than 4 MiB on a loaded machine (BENCHMARKS.md).

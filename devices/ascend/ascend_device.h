@@ -115,19 +115,31 @@ class AscendStream : public DeviceStream {
                             uint64_t bytes) override;
   absl::Status CopyFromDevice(void* host_dst, const void* device_src,
                               uint64_t bytes) override;
-  // Double-buffered through two chunks of page-locked staging memory
-  // (aclrtMallocHost, allocated at first use, freed with the transfer): a
-  // thread of the transfer's own copies each chunk on this stream
-  // (aclrtMemcpyAsync, then aclrtSynchronizeStream before its buffer is
-  // reused) while the caller fills or sends the other. A thread, not the
-  // stream's asynchrony alone, since aclrtMemcpyAsync may block its caller
-  // (libaclnn_remote.so sends a copy of over 1 MiB before it returns). A
-  // range of one chunk is copied on the caller's thread.
+  // Through three chunks of page-locked staging memory (aclrtMallocHost,
+  // allocated at first use, freed with the transfer), copied on two lanes:
+  // two threads of the transfer's own, each copying every other chunk on
+  // a stream of its own (this one, and a side stream kept for the next
+  // transfer) with aclrtMemcpyAsync, then aclrtSynchronizeStream before
+  // its buffer is reused, while the caller fills or sends a third chunk.
+  // Threads, not the stream's asynchrony alone, since aclrtMemcpyAsync may
+  // block its caller (libaclnn_remote.so moves a copy from pageable memory
+  // before it returns); two lanes, so that one copy's fixed cost (through
+  // libaclnn_remote.so, a round trip or two) overlaps the other's bytes.
+  // The second lane starts after the first lane's first copy, which orders
+  // it after the work issued on this stream before the transfer. A range
+  // of one chunk is copied on the caller's thread.
   std::unique_ptr<StagedUpload> StageUpload(void* device_dst, uint64_t size,
                                             uint64_t chunk) override;
   std::unique_ptr<StagedDownload> StageDownload(const void* device_src,
                                                 uint64_t size,
                                                 uint64_t chunk) override;
+  // Side stream `i` of this stream (created at first use, destroyed with
+  // it): a staged transfer's second copy lane.
+  absl::StatusOr<aclrtStream> SideStream(int i);
+  // aclrtMemcpyAsync between `device` and `host` (`to_device`: host to
+  // device) on `on`, then aclrtSynchronizeStream of `on`.
+  absl::Status CopyAndWaitOn(aclrtStream on, bool to_device, void* device,
+                             void* host, uint64_t bytes);
   // aclrtMemsetAsync of `value & 0xff` (without it in the loaded runtime:
   // a host-to-device copy of a staged block of that byte).
   absl::Status Memset(void* dst, int value, uint64_t bytes) override;
@@ -174,6 +186,9 @@ class AscendStream : public DeviceStream {
 
   AscendDevice* const device_;
   const aclrtStream stream_;
+  // Copy lanes of staged transfers (SideStream); used by one transfer at a
+  // time, as the stream is.
+  std::vector<aclrtStream> side_streams_;
   std::atomic<bool> cancelled_{false};
   Pending pending_;
   void* scratch_ = nullptr;

@@ -1120,9 +1120,11 @@ class StagedTransferTest : public AscendDeviceTest {
 };
 
 // The point of staging: while the copy of chunk 0 is still running, the
-// caller gets chunk 1's staging memory and fills it; chunk 2 reuses chunk
-// 0's once that copy is done. The bytes land in order, bit-exact, and the
-// two page-locked buffers are freed with the transfer.
+// caller gets chunk 1's staging memory and fills it; the second lane copies
+// chunk 1 only once chunk 0's copy is done (its side stream is not ordered
+// after the work before the transfer), and chunk 2 takes the third buffer
+// meanwhile. The bytes land bit-exact, the three page-locked buffers are
+// freed with the transfer, and the lane's side stream is made once.
 TEST_F(StagedTransferTest, AnUploadTakesTheNextChunkWhileACopyRuns) {
   const std::string data = Pattern(kSize);
   std::unique_ptr<StagedUpload> upload = UploadWithChunk0Held(data);
@@ -1145,10 +1147,17 @@ TEST_F(StagedTransferTest, AnUploadTakesTheNextChunkWhileACopyRuns) {
                   "aclrtMallocHost 1000"));
   EXPECT_THAT(fake_.Calls({"aclrtMallocHost", "aclrtFreeHost"}),
               ElementsAre("aclrtMallocHost 1000", "aclrtMallocHost 1000",
+                          "aclrtMallocHost 1000", "aclrtFreeHost",
                           "aclrtFreeHost", "aclrtFreeHost"));
   EXPECT_THAT(fake_.Calls({"aclrtMemcpyAsync 1000 kind=1",
                            "aclrtMemcpyAsync 500 kind=1"}),
               ::testing::Contains("aclrtMemcpyAsync 500 kind=1"));
+  EXPECT_EQ(fake_.Calls({"aclrtCreateStream"}).size(), 1u);
+  // The next transfer on the stream keeps its side stream.
+  upload = stream_->StageUpload(block_, kSize, kChunk);
+  for (uint64_t at = 0; at < kSize; at += kChunk) Put(*upload, data, at);
+  ASSERT_TRUE(upload->Finish().ok());
+  EXPECT_EQ(fake_.Calls({"aclrtCreateStream"}).size(), 1u);
 }
 
 // Downloads the other way round: once the caller has chunk 0, the copy of
@@ -1166,8 +1175,9 @@ TEST_F(StagedTransferTest, ADownloadCopiesTheNextChunkWhileOneIsSent) {
   taker.join();
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(std::string(first->data(), first->size()), data.substr(0, kChunk));
-  // Chunk 1's copy is under way (held) while the caller holds chunk 0.
-  EXPECT_TRUE(WaitUntil([&] { return fake_.HeldHostCopies() == 1; }));
+  // Chunks 1 and 2 are being copied (held), one per lane, while the caller
+  // holds chunk 0.
+  EXPECT_TRUE(WaitUntil([&] { return fake_.HeldHostCopies() == 2; }));
   fake_.HoldHostCopies(false);
   for (uint64_t at = kChunk; at < kSize; at += kChunk) {
     absl::StatusOr<absl::Span<const char>> chunk = download->Next();
@@ -1179,6 +1189,7 @@ TEST_F(StagedTransferTest, ADownloadCopiesTheNextChunkWhileOneIsSent) {
   download.reset();
   EXPECT_THAT(fake_.Calls({"aclrtMallocHost", "aclrtFreeHost"}),
               ElementsAre("aclrtMallocHost 1000", "aclrtMallocHost 1000",
+                          "aclrtMallocHost 1000", "aclrtFreeHost",
                           "aclrtFreeHost", "aclrtFreeHost"));
 }
 
@@ -1295,6 +1306,30 @@ TEST_F(StagedTransferTest, ACopysFailureIsTheTransfersWithItsAclError) {
   EXPECT_EQ(DeviceBytes(), data);
 }
 
+// No stream for the second copy lane: the transfer fails with CANN's
+// error at its first commit, and stays failed; the next transfer makes
+// the stream and works.
+TEST_F(StagedTransferTest, NoStreamForTheSecondLaneFailsTheTransfer) {
+  const std::string data = Pattern(kSize);
+  std::unique_ptr<StagedUpload> upload =
+      stream_->StageUpload(block_, kSize, kChunk);
+  fake_.FailNext("aclrtCreateStream", 207000, "no stream left");
+  absl::StatusOr<absl::Span<char>> chunk = upload->Next();
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  const absl::Status failed = upload->Commit(kChunk);
+  EXPECT_THAT(failed.message(),
+              HasSubstr("aclrtCreateStream (a copy lane) failed with acl "
+                        "error 207000: no stream left"));
+  EXPECT_EQ(upload->Next().status(), failed);
+  EXPECT_EQ(upload->Finish(), failed);
+  upload.reset();
+  EXPECT_EQ(fake_.Live("host"), 0);
+  upload = stream_->StageUpload(block_, kSize, kChunk);
+  for (uint64_t at = 0; at < kSize; at += kChunk) Put(*upload, data, at);
+  EXPECT_TRUE(upload->Finish().ok());
+  EXPECT_EQ(DeviceBytes(), data);
+}
+
 // A transfer abandoned with a copy running (the client went away, the
 // session closed) waits for that copy, then frees its staging.
 TEST_F(StagedTransferTest, AnAbandonedTransferWaitsForItsCopyAndFrees) {
@@ -1403,10 +1438,9 @@ TEST_P(StagedServerTest, UploadsReceiveTheNextChunkWhileOneIsCopied) {
         session->Download(buffer->handle(), 0, back.data(), kSize).ok());
     EXPECT_TRUE(back == data);
     EXPECT_EQ(fake_.Live("host"), 0);
-    // Two buffers per transfer.
-    EXPECT_THAT(fake_.Calls({"aclrtMallocHost"}),
-                ElementsAre("aclrtMallocHost 65536", "aclrtMallocHost 65536",
-                            "aclrtMallocHost 65536", "aclrtMallocHost 65536"));
+    // Three buffers per transfer of four chunks.
+    EXPECT_EQ(fake_.Calls({"aclrtMallocHost"}),
+              std::vector<std::string>(6, "aclrtMallocHost 65536"));
   }
   ExpectNothingLive();
 }
@@ -1417,7 +1451,8 @@ INSTANTIATE_TEST_SUITE_P(GrpcAndDataPath, StagedServerTest, ::testing::Bool());
 // device copy, a whole transfer to the backend through the chain), gRPC
 // ones in --chunk_bytes (a download's message is a staging chunk): a
 // transfer of 2.5 staging chunks is two whole copies and a half one, each
-// way, through two buffers of one staging chunk.
+// way (the two lanes' copies in either order), through three buffers of one
+// staging chunk.
 class StagingChunkTest : public AscendDeviceTest,
                          public ::testing::WithParamInterface<bool> {};
 
@@ -1447,19 +1482,35 @@ TEST_P(StagingChunkTest, TheDataPathStagesInItsOwnChunk) {
     EXPECT_TRUE(back == data);
     EXPECT_EQ(fake_.Live("host"), 0);
     const uint64_t chunk = data_path ? kStaging : kChunk;
-    std::vector<std::string> expected;
+    // The upload's copies, then the download's (it starts once the upload
+    // has returned).
     for (const char* kind : {"1", "2"}) {
+      std::vector<std::string> expected;
       for (uint64_t at = 0; at < kSize; at += chunk) {
         expected.push_back(absl::StrCat("aclrtMemcpyAsync ",
                                         std::min(chunk, kSize - at),
                                         " kind=", kind));
       }
+      std::vector<std::string> of_kind;
+      for (const std::string& call : fake_.Calls({"aclrtMemcpyAsync"})) {
+        if (absl::EndsWith(call, absl::StrCat("kind=", kind))) {
+          of_kind.push_back(call);
+        }
+      }
+      EXPECT_THAT(of_kind, ::testing::UnorderedElementsAreArray(expected));
     }
-    EXPECT_EQ(fake_.Calls({"aclrtMemcpyAsync"}), expected);
-    const std::string malloc_host = absl::StrCat("aclrtMallocHost ", chunk);
-    EXPECT_THAT(fake_.Calls({"aclrtMallocHost"}),
-                ElementsAre(malloc_host, malloc_host, malloc_host,
-                            malloc_host));
+    const std::vector<std::string> calls = fake_.Calls({"aclrtMemcpyAsync"});
+    const auto first_download =
+        std::find_if(calls.begin(), calls.end(), [](const std::string& c) {
+          return absl::EndsWith(c, "kind=2");
+        });
+    EXPECT_TRUE(std::all_of(first_download, calls.end(),
+                            [](const std::string& c) {
+                              return absl::EndsWith(c, "kind=2");
+                            }));
+    EXPECT_EQ(fake_.Calls({"aclrtMallocHost"}),
+              std::vector<std::string>(
+                  6, absl::StrCat("aclrtMallocHost ", chunk)));
   }
   ExpectNothingLive();
 }

@@ -1,10 +1,11 @@
 // AscendStream: copies, memsets, launches, graph capture and replay on an
-// aclrtStream, and the staged transfers through two pinned host buffers
-// (ascend_device.h).
+// aclrtStream, and the staged transfers through pinned host buffers, copied
+// on two lanes (ascend_device.h).
 #include <algorithm>
 #include <cstring>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
@@ -23,6 +24,8 @@ AscendStream::~AscendStream() {
   api.aclrtSynchronizeStream(stream_);
   ReleasePending();
   device_->FreeRaw(scratch_, scratch_bytes_);
+  // Idle: their copies are waited for by the transfers that made them.
+  for (aclrtStream side : side_streams_) api.aclrtDestroyStream(side);
   api.aclrtDestroyStream(stream_);
 }
 
@@ -77,12 +80,23 @@ absl::Status AscendStream::CopyFromDevice(void* host_dst,
 
 namespace {
 
-// The chunks of a staged transfer and the thread that copies them through
-// two staging buffers, in order: chunk k uses buffer k % 2. The caller
-// queues chunk k only once it is done with buffer k % 2's previous chunk
-// (k - 2), so the copier never writes or reads a buffer the caller uses.
-// An upload's chunk may be queued short (its first bytes only): the last
-// one of an upload that ended early.
+// Threads that copy a staged transfer's chunks, and the page-locked slots
+// the chunks pass through. Chunk k uses slot k % kStagingSlots and is
+// copied by lane k % kCopyLanes; each lane is a thread with a stream of its
+// own (lane 0 the transfer's, the others the stream's side streams), so
+// while one lane waits for its copy (libaclnn_remote.so's copy of a chunk
+// costs a round trip or two besides its bytes) another one's copy runs. The
+// chunks are disjoint ranges, so the lanes need no order among themselves;
+// but a side stream is not ordered after the work issued on the transfer's
+// stream before it, so the side lanes start only once lane 0's first copy
+// is done (that work is done then too). A transfer of one chunk is copied
+// on the caller's thread.
+//
+// A slot is free, queued (filled for an upload, asked for by a download)
+// or copied (a download's bytes, until the caller releases them).
+constexpr int kCopyLanes = 2;
+constexpr int kStagingSlots = kCopyLanes + 1;
+
 class ChunkCopier {
  public:
   ChunkCopier(AscendDevice* device, AscendStream* stream, bool upload,
@@ -95,68 +109,97 @@ class ChunkCopier {
         chunk_(std::max<uint64_t>(chunk, 1)),
         count_(size == 0 ? 0 : (size - 1) / chunk_ + 1) {}
 
-  // Lets the copy in flight end (nothing can stop an NPU's copy), drops
+  // Lets the copies in flight end (nothing can stop an NPU's copy), drops
   // the queued ones and frees the staging memory.
   ~ChunkCopier() {
     {
       absl::MutexLock lock(&mu_);
       stopping_ = true;
     }
-    if (worker_.joinable()) worker_.join();
-    for (char* buffer : buffers_) {
-      if (buffer != nullptr) device_->FreeHost(buffer);
+    for (std::thread& lane : lanes_) lane.join();
+    for (Slot& slot : slots_) {
+      if (slot.buffer != nullptr) device_->FreeHost(slot.buffer);
     }
   }
 
   uint64_t count() const { return count_; }
-
-  // Chunk k's staging memory (allocated at its buffer's first use).
-  absl::StatusOr<absl::Span<char>> Buffer(uint64_t k) {
-    char*& buffer = buffers_[k % 2];
-    if (buffer == nullptr) {
-      ASSIGN_OR_RETURN(void* block,
-                       device_->AllocateHost(std::min(chunk_, size_)));
-      buffer = static_cast<char*>(block);
-    }
-    return absl::MakeSpan(buffer, Bytes(k));
-  }
 
   // Chunk k's size.
   uint64_t Bytes(uint64_t k) const {
     return std::min(chunk_, size_ - k * chunk_);
   }
 
-  // Queues the copy of the next chunk's first `bytes` bytes (at most its
-  // size). A range of one chunk is copied here.
-  absl::Status Queue(uint64_t bytes) {
-    absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(error_);
-    const uint64_t k = queued_++;
-    lengths_[k % 2] = bytes;
+  // Chunk k's slot, once free (the chunk that used it before is copied, or
+  // released): its staging memory, allocated at first use.
+  absl::StatusOr<absl::Span<char>> FreeSlot(uint64_t k) {
+    Slot& slot = slots_[k % kStagingSlots];
+    {
+      absl::MutexLock lock(&mu_);
+      auto free = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return slot.state == kFree || !error_.ok();
+      };
+      mu_.Await(absl::Condition(&free));
+      RETURN_IF_ERROR(error_);
+    }
+    if (slot.buffer == nullptr) {
+      ASSIGN_OR_RETURN(void* block,
+                       device_->AllocateHost(std::min(chunk_, size_)));
+      slot.buffer = static_cast<char*>(block);
+    }
+    return absl::MakeSpan(slot.buffer, Bytes(k));
+  }
+
+  // Hands chunk k (its slot from FreeSlot) to its lane: an upload's first
+  // `bytes` bytes, filled; a download's, to be copied in. A transfer of
+  // one chunk is copied here.
+  absl::Status Queue(uint64_t k, uint64_t bytes) {
+    Slot& slot = slots_[k % kStagingSlots];
     if (count_ == 1) {
-      mu_.Unlock();
-      absl::Status copied = Copy(k, bytes);
-      mu_.Lock();
-      Copied(copied);
+      absl::Status copied = Copy(0, k, slot.buffer, bytes);
+      absl::MutexLock lock(&mu_);
+      slot.chunk = k;
+      slot.bytes = bytes;
+      if (!copied.ok() && error_.ok()) error_ = copied;
+      if (copied.ok()) {
+        slot.state = upload_ ? kFree : kCopied;
+        ++copied_;
+      }
+      ++queued_;
       return copied;
     }
-    if (!worker_.joinable()) {
-      absl::StatusOr<std::thread> started = StartThread(
-          "the Ascend device's staging copy thread", [this] { Run(); });
-      if (!started.ok()) {
-        error_ = started.status();
-        return error_;
-      }
-      worker_ = *std::move(started);
-    }
+    RETURN_IF_ERROR(StartLanes());
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(error_);
+    slot.chunk = k;
+    slot.bytes = bytes;
+    slot.state = kQueued;
+    ++queued_;
     return absl::OkStatus();
   }
 
-  // Waits until the first `n` chunks are copied, or one failed.
-  absl::Status WaitCopied(uint64_t n) {
+  // Waits until chunk k is copied in (a download); its bytes.
+  absl::StatusOr<absl::Span<const char>> Copied(uint64_t k) {
+    Slot& slot = slots_[k % kStagingSlots];
+    absl::MutexLock lock(&mu_);
+    auto copied = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return (slot.state == kCopied && slot.chunk == k) || !error_.ok();
+    };
+    mu_.Await(absl::Condition(&copied));
+    RETURN_IF_ERROR(error_);
+    return absl::Span<const char>(slot.buffer, slot.bytes);
+  }
+
+  // The caller is done with download chunk k's bytes: its slot is free.
+  void Release(uint64_t k) {
+    absl::MutexLock lock(&mu_);
+    slots_[k % kStagingSlots].state = kFree;
+  }
+
+  // Waits until every queued chunk is copied, or one failed.
+  absl::Status WaitAllCopied() {
     absl::MutexLock lock(&mu_);
     auto done = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return copied_ >= n || !error_.ok();
+      return copied_ >= queued_ || !error_.ok();
     };
     mu_.Await(absl::Condition(&done));
     return error_;
@@ -168,40 +211,77 @@ class ChunkCopier {
   }
 
  private:
-  // The first `bytes` of chunk k between its staging buffer and device
-  // memory, done when this returns (one staging buffer per chunk in
-  // flight, so the stream is synchronized before it is reused).
-  absl::Status Copy(uint64_t k, uint64_t bytes) {
-    char* device = device_base_ + k * chunk_;
-    char* host = buffers_[k % 2];
-    RETURN_IF_ERROR(upload_ ? stream_->CopyToDevice(device, host, bytes)
-                            : stream_->CopyFromDevice(host, device, bytes));
-    return stream_->Synchronize();
-  }
+  enum State { kFree, kQueued, kCopied };
+  struct Slot {
+    char* buffer = nullptr;  // Set before its first Queue, by the caller.
+    State state = kFree;
+    uint64_t chunk = 0;
+    uint64_t bytes = 0;
+  };
 
-  void Copied(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (status.ok()) {
-      ++copied_;
-    } else if (error_.ok()) {
-      error_ = status;
-    }
-  }
-
-  void Run() {
+  // The lanes' threads and side streams, at the first Queue. A failure is
+  // the transfer's, as a copy's would be.
+  absl::Status StartLanes() {
+    if (!lanes_.empty()) return absl::OkStatus();
+    absl::Status started = StartLanesOnce();
     absl::MutexLock lock(&mu_);
-    for (;;) {
-      auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stopping_ || (error_.ok() && copied_ < queued_);
-      };
-      mu_.Await(absl::Condition(&ready));
-      if (stopping_) return;
-      const uint64_t k = copied_;
-      const uint64_t bytes = lengths_[k % 2];
-      mu_.Unlock();
-      absl::Status copied = Copy(k, bytes);
-      mu_.Lock();
-      Copied(copied);
+    if (!started.ok() && error_.ok()) error_ = started;
+    return error_;
+  }
+  absl::Status StartLanesOnce() {
+    aclrtStream streams[kCopyLanes] = {nullptr};
+    for (int lane = 1; lane < kCopyLanes; ++lane) {
+      ASSIGN_OR_RETURN(streams[lane], stream_->SideStream(lane - 1));
     }
+    for (int lane = 0; lane < kCopyLanes; ++lane) {
+      ASSIGN_OR_RETURN(
+          std::thread thread,
+          StartThread("the Ascend device's staging copy thread",
+                      [this, lane, on = streams[lane]] { Run(lane, on); }));
+      lanes_.push_back(std::move(thread));
+    }
+    return absl::OkStatus();
+  }
+
+  // Lane `lane`'s chunks, in order, on `on` (nullptr: the transfer's
+  // stream), until the transfer is destroyed.
+  void Run(int lane, aclrtStream on) {
+    for (uint64_t k = lane; k < count_; k += kCopyLanes) {
+      Slot& slot = slots_[k % kStagingSlots];
+      uint64_t bytes;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+          return stopping_ || (error_.ok() && slot.state == kQueued &&
+                               slot.chunk == k && (lane == 0 || primed_));
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (stopping_) return;
+        bytes = slot.bytes;
+      }
+      absl::Status copied = Copy(lane, k, slot.buffer, bytes, on);
+      absl::MutexLock lock(&mu_);
+      if (!copied.ok()) {
+        if (error_.ok()) error_ = copied;
+        return;
+      }
+      slot.state = upload_ ? kFree : kCopied;
+      primed_ = true;
+      ++copied_;
+    }
+  }
+
+  // The first `bytes` of chunk k between `host` and device memory, on
+  // `on` (nullptr: the transfer's stream), done when this returns.
+  absl::Status Copy(int lane, uint64_t k, char* host, uint64_t bytes,
+                    aclrtStream on = nullptr) {
+    char* device = device_base_ + k * chunk_;
+    if (lane == 0) {
+      RETURN_IF_ERROR(upload_ ? stream_->CopyToDevice(device, host, bytes)
+                              : stream_->CopyFromDevice(host, device, bytes));
+      return stream_->Synchronize();
+    }
+    return stream_->CopyAndWaitOn(on, upload_, device, host, bytes);
   }
 
   AscendDevice* const device_;
@@ -211,14 +291,13 @@ class ChunkCopier {
   const uint64_t size_;
   const uint64_t chunk_;
   const uint64_t count_;
-  // Set once, before the worker reads them (Buffer precedes Queue).
-  char* buffers_[2] = {nullptr, nullptr};
-  std::thread worker_;
+  Slot slots_[kStagingSlots];
+  std::vector<std::thread> lanes_;
   absl::Mutex mu_;
   uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t copied_ ABSL_GUARDED_BY(mu_) = 0;
-  // The bytes to copy of the chunk queued in each buffer.
-  uint64_t lengths_[2] ABSL_GUARDED_BY(mu_) = {0, 0};
+  // Lane 0 copied a chunk: the side lanes may start.
+  bool primed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -234,23 +313,19 @@ class AscendStagedUpload : public StagedUpload {
     if (k == copier_.count() || ended_) {
       return StagedTransferEnded(committed_, size_);
     }
-    // Chunk k - 2 left buffer k % 2.
-    RETURN_IF_ERROR(copier_.WaitCopied(k < 2 ? 0 : k - 1));
-    return copier_.Buffer(k);
+    return copier_.FreeSlot(k);
   }
-  // A short chunk is queued like a whole one, so it lands after the chunks
-  // before it (the copier copies in order).
+  // A short chunk is queued like a whole one: its lane copies it after
+  // nothing, and it lands with the others before Finish returns.
   absl::Status Commit(uint64_t filled) override {
-    const uint64_t chunk = copier_.Bytes(copier_.queued());
-    RETURN_IF_ERROR(CheckStagedCommit(filled, chunk));
-    RETURN_IF_ERROR(copier_.Queue(filled));
+    const uint64_t k = copier_.queued();
+    RETURN_IF_ERROR(CheckStagedCommit(filled, copier_.Bytes(k)));
+    RETURN_IF_ERROR(copier_.Queue(k, filled));
     committed_ += filled;
-    ended_ = filled < chunk;
+    ended_ = filled < copier_.Bytes(k);
     return absl::OkStatus();
   }
-  absl::Status Finish() override {
-    return copier_.WaitCopied(copier_.queued());
-  }
+  absl::Status Finish() override { return copier_.WaitAllCopied(); }
 
  private:
   const uint64_t size_;
@@ -269,17 +344,16 @@ class AscendStagedDownload : public StagedDownload {
   absl::StatusOr<absl::Span<const char>> Next() override {
     const uint64_t k = taken_;
     if (k == copier_.count()) return StagedTransferEnded(size_, size_);
-    // The caller is done with chunk k - 1: its buffer takes chunk k + 1,
-    // copied while the caller sends chunk k.
-    for (uint64_t next = copier_.queued(); next <= k + 1; ++next) {
-      if (next == copier_.count()) break;
-      RETURN_IF_ERROR(copier_.Buffer(next).status());
-      RETURN_IF_ERROR(copier_.Queue(copier_.Bytes(next)));
+    // The caller is done with chunk k - 1: its slot takes a chunk ahead.
+    if (k > 0) copier_.Release(k - 1);
+    for (uint64_t next = copier_.queued();
+         next < std::min(copier_.count(), k + kStagingSlots); ++next) {
+      RETURN_IF_ERROR(copier_.FreeSlot(next).status());
+      RETURN_IF_ERROR(copier_.Queue(next, copier_.Bytes(next)));
     }
-    RETURN_IF_ERROR(copier_.WaitCopied(k + 1));
+    ASSIGN_OR_RETURN(absl::Span<const char> bytes, copier_.Copied(k));
     ++taken_;
-    ASSIGN_OR_RETURN(absl::Span<char> bytes, copier_.Buffer(k));
-    return absl::Span<const char>(bytes);
+    return bytes;
   }
 
  private:
@@ -301,6 +375,45 @@ std::unique_ptr<StagedDownload> AscendStream::StageDownload(
     const void* device_src, uint64_t size, uint64_t chunk) {
   return std::make_unique<AscendStagedDownload>(
       device_, this, static_cast<const char*>(device_src), size, chunk);
+}
+
+absl::StatusOr<aclrtStream> AscendStream::SideStream(int i) {
+  if (side_streams_.size() > static_cast<size_t>(i)) return side_streams_[i];
+  RETURN_IF_ERROR(device_->Bind());
+  while (side_streams_.size() <= static_cast<size_t>(i)) {
+    aclrtStream side = nullptr;
+    if (aclError error = device_->cann().api().aclrtCreateStream(&side);
+        error != ACL_SUCCESS) {
+      return AclError(device_->cann(), "aclrtCreateStream (a copy lane)",
+                      error);
+    }
+    side_streams_.push_back(side);
+  }
+  return side_streams_[i];
+}
+
+absl::Status AscendStream::CopyAndWaitOn(aclrtStream on, bool to_device,
+                                         void* device, void* host,
+                                         uint64_t bytes) {
+  RETURN_IF_ERROR(device_->Bind());
+  const CannApi& api = device_->cann().api();
+  if (bytes > 0) {
+    const aclError error =
+        to_device ? api.aclrtMemcpyAsync(device, bytes, host, bytes,
+                                         ACL_MEMCPY_HOST_TO_DEVICE, on)
+                  : api.aclrtMemcpyAsync(host, bytes, device, bytes,
+                                         ACL_MEMCPY_DEVICE_TO_HOST, on);
+    if (error != ACL_SUCCESS) {
+      return AclError(device_->cann(),
+                      to_device ? "aclrtMemcpyAsync (host to device)"
+                                : "aclrtMemcpyAsync (device to host)",
+                      error);
+    }
+  }
+  if (aclError error = api.aclrtSynchronizeStream(on); error != ACL_SUCCESS) {
+    return AclError(device_->cann(), "aclrtSynchronizeStream", error);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status AscendStream::Memset(void* dst, int value, uint64_t bytes) {
