@@ -4,10 +4,12 @@
 // on. Each test holds the stream (FakeDevice), so a copy that waited for
 // its bytes would never return: the order is certain, nothing sleeps.
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <memory>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "acl/acl.h"
@@ -17,8 +19,6 @@
 
 namespace opserver {
 namespace {
-
-using CApiAsyncUploadTest = CApiHeldStreamsTest;
 
 // Over the client's data-path threshold (4 MiB), a whole number of floats.
 constexpr size_t kFloats = (5u << 20) / sizeof(float);
@@ -42,83 +42,86 @@ std::vector<float> Read(void* dev) {
   return back;
 }
 
+class CApiAsyncUploadTest : public CApiHeldStreamsTest {
+ protected:
+  // A stream whose launch is held (HoldOne), and behind it the copy of a
+  // page-locked block counting 1, 2, 3, ... into new device memory: queued,
+  // the stream cannot reach it until the launch is released.
+  void QueueBehindAHeldLaunch() {
+    std::tie(stream_, record_) = NewStream();
+    held_ = HoldOne(stream_, *record_);
+    pinned_ = PinnedCounting();
+    sent_.assign(pinned_, pinned_ + kFloats);
+    ASSERT_EQ(aclrtMalloc(&dev_, kBytes, ACL_MEM_MALLOC_HUGE_FIRST),
+              ACL_SUCCESS);
+    ASSERT_EQ(aclrtMemcpyAsync(dev_, kBytes, pinned_, kBytes,
+                               ACL_MEMCPY_HOST_TO_DEVICE, stream_),
+              ACL_SUCCESS)
+        << LastError();
+  }
+
+  aclrtStream stream_ = nullptr;
+  std::shared_ptr<FakeStreamRecord> record_;
+  Held held_{};
+  float* pinned_ = nullptr;
+  std::vector<float> sent_;
+  void* dev_ = nullptr;
+};
+
+// Returns although the stream cannot reach the copy yet (a copy that
+// waited for its bytes would never have returned), and a launch queued
+// after it reads what it wrote.
 TEST_F(CApiAsyncUploadTest, ReturnsBeforeTheHeldStreamLetsItsBytesIn) {
-  auto [stream, record] = NewStream();
-  const Held held = HoldOne(stream, *record);
-  float* pinned = PinnedCounting();
-  void* dev = nullptr;
-  ASSERT_EQ(aclrtMalloc(&dev, kBytes, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
-  // Returns although the stream cannot reach the copy yet.
-  ASSERT_EQ(aclrtMemcpyAsync(dev, kBytes, pinned, kBytes,
-                             ACL_MEMCPY_HOST_TO_DEVICE, stream),
-            ACL_SUCCESS)
-      << LastError();
-  // A launch after it reads what it wrote: y2 = the copy's first kN floats.
+  QueueBehindAHeldLaunch();
+  // y2 = the copy's first kN floats, by a launch after it.
   void* self = Floats(std::vector<float>(kN, 10));
   void* y2 = Floats(std::vector<float>(kN, -1));
-  CopyByLaunch(dev, self, y2, stream);
+  CopyByLaunch(dev_, self, y2, stream_);
   aclrtStreamStatus status = ACL_STREAM_STATUS_COMPLETE;
-  ASSERT_EQ(aclrtStreamQuery(stream, &status), ACL_SUCCESS) << LastError();
+  ASSERT_EQ(aclrtStreamQuery(stream_, &status), ACL_SUCCESS) << LastError();
   EXPECT_EQ(status, ACL_STREAM_STATUS_NOT_READY);
 
-  record->ReleaseLaunches();
-  ASSERT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS) << LastError();
-  ExpectRan(held);
-  EXPECT_EQ(Read(dev), std::vector<float>(pinned, pinned + kFloats));
+  record_->ReleaseLaunches();
+  ASSERT_EQ(aclrtSynchronizeStream(stream_), ACL_SUCCESS) << LastError();
+  ExpectRan(held_);
+  EXPECT_EQ(Read(dev_), sent_);
   std::vector<float> y(kN, 0);
   ASSERT_EQ(aclrtMemcpy(y.data(), kN * 4, y2, kN * 4,
                         ACL_MEMCPY_DEVICE_TO_HOST),
             ACL_SUCCESS);
-  EXPECT_EQ(y, std::vector<float>(pinned, pinned + kN));
-  EXPECT_EQ(aclrtFreeHost(pinned), ACL_SUCCESS);
-  for (void* p : {dev, self, y2}) aclrtFree(p);
-  EXPECT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
+  EXPECT_EQ(y, std::vector<float>(sent_.begin(), sent_.begin() + kN));
+  EXPECT_EQ(aclrtFreeHost(pinned_), ACL_SUCCESS);
+  for (void* p : {dev_, self, y2}) aclrtFree(p);
+  EXPECT_EQ(aclrtDestroyStream(stream_), ACL_SUCCESS);
 }
 
 TEST_F(CApiAsyncUploadTest, FreeHostWaitsForTheCopyStillReadingTheBlock) {
-  auto [stream, record] = NewStream();
-  const Held held = HoldOne(stream, *record);
-  float* pinned = PinnedCounting();
-  const std::vector<float> sent(pinned, pinned + kFloats);
-  void* dev = nullptr;
-  ASSERT_EQ(aclrtMalloc(&dev, kBytes, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
-  ASSERT_EQ(aclrtMemcpyAsync(dev, kBytes, pinned, kBytes,
-                             ACL_MEMCPY_HOST_TO_DEVICE, stream),
-            ACL_SUCCESS)
-      << LastError();
+  QueueBehindAHeldLaunch();
   // The free cannot return before the release below lets the copy read
   // the block (had it freed it, the copy would read unmapped memory).
   aclError freed = ACL_ERROR_INVALID_PARAM;
-  std::thread free_host([&] { freed = aclrtFreeHost(pinned); });
-  record->ReleaseLaunches();
+  std::thread free_host([&] { freed = aclrtFreeHost(pinned_); });
+  record_->ReleaseLaunches();
   free_host.join();
   EXPECT_EQ(freed, ACL_SUCCESS) << LastError();
-  ASSERT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS) << LastError();
-  ExpectRan(held);
-  EXPECT_EQ(Read(dev), sent);
-  aclrtFree(dev);
-  EXPECT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(stream_), ACL_SUCCESS) << LastError();
+  ExpectRan(held_);
+  EXPECT_EQ(Read(dev_), sent_);
+  aclrtFree(dev_);
+  EXPECT_EQ(aclrtDestroyStream(stream_), ACL_SUCCESS);
 }
 
 TEST_F(CApiAsyncUploadTest, ResetWaitsForACopyStillQueuedOnItsStream) {
-  auto [stream, record] = NewStream();
-  HoldOne(stream, *record);
-  float* pinned = PinnedCounting();
-  void* dev = nullptr;
-  ASSERT_EQ(aclrtMalloc(&dev, kBytes, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
-  ASSERT_EQ(aclrtMemcpyAsync(dev, kBytes, pinned, kBytes,
-                             ACL_MEMCPY_HOST_TO_DEVICE, stream),
-            ACL_SUCCESS)
-      << LastError();
+  QueueBehindAHeldLaunch();
   // As CANN's, the reset first lets the device's queued work run: it
   // returns only after the release, with the copy's thread gone, so the
   // block can be freed at once.
   aclError reset = ACL_ERROR_INVALID_PARAM;
   std::thread resetting([&] { reset = aclrtResetDevice(0); });
-  record->ReleaseLaunches();
+  record_->ReleaseLaunches();
   resetting.join();
   EXPECT_EQ(reset, ACL_SUCCESS) << LastError();
-  EXPECT_EQ(aclrtFreeHost(pinned), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFreeHost(pinned_), ACL_SUCCESS);
 }
 
 TEST_F(CApiAsyncUploadTest, PageableMemoryIsCopiedBeforeTheCallReturns) {

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <system_error>
@@ -672,71 +673,63 @@ class HeldMovers {
   std::vector<std::function<void()>> held_ ABSL_GUARDED_BY(mu_);
 };
 
+// A server whose data-path movers are held (HeldMovers), a buffer, and an
+// UploadAsync of kSize bytes into it whose connection has reached the
+// server: its bytes cannot move until Release.
+class HeldUploadTest : public DataPathTest {
+ protected:
+  static constexpr uint64_t kSize = (8 << 20) + 3;
+
+  void SetUp() override {
+    Options options;
+    options.transfer_limits.start_thread = movers_.Starter();
+    Start(options);
+    data_ = RandomData(kSize, 21);
+    buffer_ = MustMalloc(kSize);
+    absl::StatusOr<remote::PendingRead> copy =
+        session_->UploadAsync(buffer_, 0, data_.data(), kSize);
+    ASSERT_TRUE(copy.ok()) << copy.status();
+    copy_ = *std::move(copy);
+    ASSERT_TRUE(movers_.WaitHeld(1));
+  }
+
+  HeldMovers movers_;
+  std::string data_;
+  uint64_t buffer_ = 0;
+  std::optional<remote::PendingRead> copy_;
+};
+
 // UploadAsync returns once the server has ordered the transfer: here its
 // bytes cannot move (the server's mover is held), and the call returned
 // all the same; the bytes land once the mover runs.
-TEST_F(DataPathTest, UploadAsyncReturnsBeforeItsBytesMove) {
-  HeldMovers movers;
-  Options options;
-  options.transfer_limits.start_thread = movers.Starter();
-  Start(options);
-  const uint64_t size = (8 << 20) + 3;
-  const std::string data = RandomData(size, 21);
-  const uint64_t buffer = MustMalloc(size);
-  absl::StatusOr<remote::PendingRead> copy =
-      session_->UploadAsync(buffer, 0, data.data(), size);
-  ASSERT_TRUE(copy.ok()) << copy.status();
-  ASSERT_TRUE(movers.WaitHeld(1));
-  movers.Release();
-  EXPECT_TRUE(copy->Wait().ok());
-  EXPECT_TRUE(GrpcDownload(buffer, 0, size) == data);
+TEST_F(HeldUploadTest, UploadAsyncReturnsBeforeItsBytesMove) {
+  movers_.Release();
+  EXPECT_TRUE(copy_->Wait().ok());
+  EXPECT_TRUE(GrpcDownload(buffer_, 0, kSize) == data_);
   EXPECT_EQ(Stats().data_path_transfers(), 1u);
 }
 
 // Dropped before its bytes moved, the copy is cancelled and the drop does
 // not wait for the held mover; the transfer ends on the server, and the
 // session works on.
-TEST_F(DataPathTest, DroppingAnUploadAsyncCancelsIt) {
-  HeldMovers movers;
-  Options options;
-  options.transfer_limits.start_thread = movers.Starter();
-  Start(options);
-  const uint64_t size = (8 << 20) + 3;
-  const std::string data = RandomData(size, 22);
-  const uint64_t buffer = MustMalloc(size);
-  {
-    absl::StatusOr<remote::PendingRead> copy =
-        session_->UploadAsync(buffer, 0, data.data(), size);
-    ASSERT_TRUE(copy.ok()) << copy.status();
-    ASSERT_TRUE(movers.WaitHeld(1));
-  }  // Returns with the mover still held.
-  movers.Release();
+TEST_F(HeldUploadTest, DroppingAnUploadAsyncCancelsIt) {
+  copy_.reset();  // Returns with the mover still held.
+  movers_.Release();
   EXPECT_TRUE(session_->Synchronize(0).ok());
-  ASSERT_TRUE(session_->Upload(buffer, 0, data.data(), size).ok());
-  EXPECT_TRUE(GrpcDownload(buffer, 0, size) == data);
+  ASSERT_TRUE(session_->Upload(buffer_, 0, data_.data(), kSize).ok());
+  EXPECT_TRUE(GrpcDownload(buffer_, 0, kSize) == data_);
   EXPECT_EQ(Stats().data_path_transfers(), 1u);  // The second one only.
 }
 
 // Closing the session waits for an UploadAsync still moving, which ends
 // well: the copy's thread never outlives the session it uses.
-TEST_F(DataPathTest, ClosingTheSessionWaitsForAnUploadAsync) {
-  HeldMovers movers;
-  Options options;
-  options.transfer_limits.start_thread = movers.Starter();
-  Start(options);
-  const uint64_t size = (8 << 20) + 3;
-  const std::string data = RandomData(size, 23);
-  const uint64_t buffer = MustMalloc(size);
-  absl::StatusOr<remote::PendingRead> copy =
-      session_->UploadAsync(buffer, 0, data.data(), size);
-  ASSERT_TRUE(copy.ok()) << copy.status();
-  ASSERT_TRUE(movers.WaitHeld(1));
+TEST_F(HeldUploadTest, ClosingTheSessionWaitsForAnUploadAsync) {
   absl::Status closed;
   std::thread closing([&] { closed = session_->Close(); });
-  movers.Release();
+  movers_.Release();
   closing.join();
   EXPECT_TRUE(closed.ok()) << closed;
-  EXPECT_TRUE(copy->Wait().ok());
+  EXPECT_TRUE(copy_->Wait().ok());
   EXPECT_EQ(Stats().data_path_transfers(), 1u);
 }
 

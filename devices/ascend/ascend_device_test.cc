@@ -1096,6 +1096,14 @@ class StagedTransferTest : public AscendDeviceTest {
     std::memcpy(chunk->data(), data.data() + at, bytes);
     ASSERT_TRUE(upload.Commit(bytes).ok());
   }
+  // A whole upload of `data` on the stream, which must land.
+  void ExpectAnUploadLands(const std::string& data) {
+    std::unique_ptr<StagedUpload> upload =
+        stream_->StageUpload(block_, kSize, kChunk);
+    for (uint64_t at = 0; at < kSize; at += kChunk) Put(*upload, data, at);
+    EXPECT_TRUE(upload->Finish().ok());
+    EXPECT_EQ(DeviceBytes(), data);
+  }
   // An upload of `data` whose chunk 0's copy is held (as every host copy
   // from now on, until the hold is lifted).
   std::unique_ptr<StagedUpload> UploadWithChunk0Held(const std::string& data) {
@@ -1154,9 +1162,7 @@ TEST_F(StagedTransferTest, AnUploadTakesTheNextChunkWhileACopyRuns) {
               ::testing::Contains("aclrtMemcpyAsync 500 kind=1"));
   EXPECT_EQ(fake_.Calls({"aclrtCreateStream"}).size(), 1u);
   // The next transfer on the stream keeps its side stream.
-  upload = stream_->StageUpload(block_, kSize, kChunk);
-  for (uint64_t at = 0; at < kSize; at += kChunk) Put(*upload, data, at);
-  ASSERT_TRUE(upload->Finish().ok());
+  ExpectAnUploadLands(data);
   EXPECT_EQ(fake_.Calls({"aclrtCreateStream"}).size(), 1u);
 }
 
@@ -1300,10 +1306,7 @@ TEST_F(StagedTransferTest, ACopysFailureIsTheTransfersWithItsAclError) {
   upload.reset();
   EXPECT_EQ(fake_.Live("host"), 0);
   // The stream works on.
-  upload = stream_->StageUpload(block_, kSize, kChunk);
-  for (uint64_t at = 0; at < kSize; at += kChunk) Put(*upload, data, at);
-  EXPECT_TRUE(upload->Finish().ok());
-  EXPECT_EQ(DeviceBytes(), data);
+  ExpectAnUploadLands(data);
 }
 
 // No stream for the second copy lane: the transfer fails with CANN's
@@ -1324,10 +1327,7 @@ TEST_F(StagedTransferTest, NoStreamForTheSecondLaneFailsTheTransfer) {
   EXPECT_EQ(upload->Finish(), failed);
   upload.reset();
   EXPECT_EQ(fake_.Live("host"), 0);
-  upload = stream_->StageUpload(block_, kSize, kChunk);
-  for (uint64_t at = 0; at < kSize; at += kChunk) Put(*upload, data, at);
-  EXPECT_TRUE(upload->Finish().ok());
-  EXPECT_EQ(DeviceBytes(), data);
+  ExpectAnUploadLands(data);
 }
 
 // A transfer abandoned with a copy running (the client went away, the
