@@ -84,16 +84,15 @@ std::optional<std::pair<uintptr_t, uintptr_t>> HostBlockOf(const State& state,
   return std::make_pair(begin, begin + block->second);
 }
 
-// aclrtMemcpyAsync of `count` bytes at `src`, in the aclrtMallocHost block
-// `block`, to `to` on stream `handle`: ordered on the server here, its bytes
-// moving on (Session::UploadAsync); the stream's synchronize waits for it
-// as for its reads, and aclrtFreeHost of the block too.
-absl::Status QueueUpload(State& state, const Pinned& pinned, uint64_t handle,
-                         const DeviceRange& to, const void* src, size_t count,
-                         std::pair<uintptr_t, uintptr_t> block) {
-  ASSIGN_OR_RETURN(
-      remote::PendingRead copy,
-      pinned.session->UploadAsync(to.buffer, to.offset, src, count, handle));
+// A large aclrtMemcpyAsync between the aclrtMallocHost block `block` and
+// device memory on stream `handle`, as Session::UploadAsync or
+// DownloadAsync returned it (ordered on the server, its bytes moving on):
+// the stream's synchronize waits for it as for its reads, and
+// aclrtFreeHost of the block too.
+absl::Status KeepBlockCopy(State& state, const Pinned& pinned, uint64_t handle,
+                           std::pair<uintptr_t, uintptr_t> block,
+                           absl::StatusOr<remote::PendingRead> queued) {
+  ASSIGN_OR_RETURN(remote::PendingRead copy, std::move(queued));
   absl::MutexLock lock(&state.mu);
   if (!StillCurrent(state, pinned)) {
     // Dropped after the lock: the copy is cancelled.
@@ -102,36 +101,36 @@ absl::Status QueueUpload(State& state, const Pinned& pinned, uint64_t handle,
             "aclrtMemcpyAsync: the device was reset during the call"),
         ACL_ERROR_RT_FAILURE);
   }
-  state.pending_uploads.push_back(
+  state.block_copies.push_back(
       {pinned.device, handle, block.first, block.second, std::move(copy)});
   return absl::OkStatus();
 }
 
-// Waits for the uploads still reading the aclrtMallocHost block at
-// `block`, so it can be freed; their status stays for their stream's
-// synchronize. Without state.mu.
-void WaitUploadsFrom(State& state, void* block) {
+// Waits for the copies still using the aclrtMallocHost block at `block`,
+// so it can be freed; their status stays for their stream's synchronize.
+// Without state.mu.
+void WaitCopiesOf(State& state, void* block) {
   const uintptr_t at = reinterpret_cast<uintptr_t>(block);
-  std::vector<State::PendingUpload> reading;
+  std::vector<State::BlockCopy> reading;
   {
     absl::MutexLock lock(&state.mu);
-    auto& uploads = state.pending_uploads;
+    auto& uploads = state.block_copies;
     auto first = std::stable_partition(
         uploads.begin(), uploads.end(),
-        [&](const State::PendingUpload& u) { return u.begin != at; });
+        [&](const State::BlockCopy& u) { return u.begin != at; });
     std::move(first, uploads.end(), std::back_inserter(reading));
     uploads.erase(first, uploads.end());
   }
-  std::vector<State::PendingUpload> failed;
-  for (State::PendingUpload& upload : reading) {
+  std::vector<State::BlockCopy> failed;
+  for (State::BlockCopy& upload : reading) {
     absl::Status moved = upload.copy.Wait();
     if (moved.ok()) continue;  // Nothing left to report.
     upload.copy = remote::PendingRead(std::move(moved));
     failed.push_back(std::move(upload));
   }
   absl::MutexLock lock(&state.mu);
-  for (State::PendingUpload& upload : failed) {
-    state.pending_uploads.push_back(std::move(upload));
+  for (State::BlockCopy& upload : failed) {
+    state.block_copies.push_back(std::move(upload));
   }
 }
 
@@ -419,7 +418,7 @@ aclError aclrtFreeHost(void* hostPtr) {
     return Fail(ACL_ERROR_INVALID_PARAM, "aclrtFreeHost: hostPtr is NULL");
   }
   State& state = GetState();
-  opserver::WaitUploadsFrom(state, hostPtr);
+  opserver::WaitCopiesOf(state, hostPtr);
   absl::MutexLock lock(&state.mu);
   auto it = state.host_blocks.find(hostPtr);
   if (it == state.host_blocks.end()) {
@@ -453,7 +452,8 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src,
   opserver::Pinned pinned;
   opserver::DeviceRange from{}, to{};
   uint64_t handle = 0;
-  std::optional<std::pair<uintptr_t, uintptr_t>> from_block;
+  // The aclrtMallocHost block of a large host copy, if it is in one.
+  std::optional<std::pair<uintptr_t, uintptr_t>> block;
   {
     absl::MutexLock lock(&state.mu);
     if (absl::Status s =
@@ -483,12 +483,14 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src,
                          " (copy between devices with aclrtMemcpy)"));
       }
     }
-    // A large copy from page-locked memory moves its bytes while the
-    // caller goes on, as on an NPU (from pageable memory, CANN copies before
-    // it returns, and so does this library).
-    if (kind == ACL_MEMCPY_HOST_TO_DEVICE &&
-        count > opserver::remote::kMaxPipelinedBytes) {
-      from_block = opserver::HostBlockOf(state, src, count);
+    // A large copy from or into page-locked memory moves its bytes while
+    // the caller goes on, as an NPU's DMA does (pageable memory, CANN
+    // copies before it returns, and so does this library).
+    if (count > opserver::remote::kMaxPipelinedBytes &&
+        (kind == ACL_MEMCPY_HOST_TO_DEVICE ||
+         kind == ACL_MEMCPY_DEVICE_TO_HOST)) {
+      block = opserver::HostBlockOf(
+          state, kind == ACL_MEMCPY_HOST_TO_DEVICE ? src : dst, count);
     }
     if (opserver::Capture* capture = opserver::CaptureOf(state, stream);
         capture != nullptr && kind != ACL_MEMCPY_HOST_TO_HOST) {
@@ -510,15 +512,24 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src,
       std::memmove(dst, src, count);
       break;
     case ACL_MEMCPY_HOST_TO_DEVICE:
-      if (!from_block.has_value()) {
+      if (!block.has_value()) {
         status = pinned.session->WriteAsync(to.buffer, to.offset, src, count,
                                             handle);
         break;
       }
-      status = opserver::QueueUpload(state, pinned, handle, to, src, count,
-                                     *from_block);
+      status = opserver::KeepBlockCopy(
+          state, pinned, handle, *block,
+          pinned.session->UploadAsync(to.buffer, to.offset, src, count,
+                                      handle));
       break;
     case ACL_MEMCPY_DEVICE_TO_HOST: {
+      if (block.has_value()) {
+        status = opserver::KeepBlockCopy(
+            state, pinned, handle, *block,
+            pinned.session->DownloadAsync(from.buffer, from.offset, dst,
+                                          count, handle));
+        break;
+      }
       absl::StatusOr<opserver::remote::PendingRead> read =
           pinned.session->ReadAsync(from.buffer, from.offset, dst, count,
                                     handle);

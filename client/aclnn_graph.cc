@@ -226,8 +226,8 @@ aclError CheckReplay(aclmdlRI modelRI, aclrtStream stream, ReplayTarget* target,
   if (pending_reads != nullptr) {
     *pending_reads =
         state.pending_reads.count({current->device, *stream_handle}) != 0 ||
-        std::any_of(state.pending_uploads.begin(), state.pending_uploads.end(),
-                    [&](const State::PendingUpload& u) {
+        std::any_of(state.block_copies.begin(), state.block_copies.end(),
+                    [&](const State::BlockCopy& u) {
                       return u.device == current->device &&
                              u.stream == *stream_handle;
                     });

@@ -219,10 +219,10 @@ absl::Status State::DropSession(uint32_t device) {
     it = it->first.first == device ? pending_reads.erase(it) : std::next(it);
   }
   // Uploads still moving are cancelled (what they wrote stays).
-  pending_uploads.erase(
-      std::remove_if(pending_uploads.begin(), pending_uploads.end(),
-                     [&](const PendingUpload& u) { return u.device == device; }),
-      pending_uploads.end());
+  block_copies.erase(
+      std::remove_if(block_copies.begin(), block_copies.end(),
+                     [&](const BlockCopy& u) { return u.device == device; }),
+      block_copies.end());
   // The device's contexts go with it (CANN's aclrtResetDevice destroys
   // the default context); threads bound to them get
   // ACL_ERROR_RT_CONTEXT_NULL until they set a device again.
@@ -303,16 +303,16 @@ absl::Status WaitPendingReads(State& state, uint32_t device,
       }
       it = state.pending_reads.erase(it);
     }
-    auto ours = [&](const State::PendingUpload& u) {
+    auto ours = [&](const State::BlockCopy& u) {
       return u.device == device && (!handle.has_value() || u.stream == *handle);
     };
-    for (State::PendingUpload& upload : state.pending_uploads) {
+    for (State::BlockCopy& upload : state.block_copies) {
       if (ours(upload)) reads.push_back(std::move(upload.copy));
     }
-    state.pending_uploads.erase(
-        std::remove_if(state.pending_uploads.begin(),
-                       state.pending_uploads.end(), ours),
-        state.pending_uploads.end());
+    state.block_copies.erase(
+        std::remove_if(state.block_copies.begin(),
+                       state.block_copies.end(), ours),
+        state.block_copies.end());
   }
   absl::Status first;
   for (remote::PendingRead& read : reads) {

@@ -218,17 +218,18 @@ struct State {
   // and stream handle: their bytes land when the stream is synchronized.
   std::map<std::pair<uint32_t, uint64_t>, std::vector<remote::PendingRead>>
       pending_reads;
-  // aclrtMemcpyAsync host-to-device copies from aclrtMallocHost memory
-  // whose bytes may still be moving (Session::UploadAsync): waited for
-  // with the reads of their stream, and by aclrtFreeHost of their block
-  // [begin, end) (which leaves their status for the synchronize).
-  struct PendingUpload {
+  // Large aclrtMemcpyAsync copies from or into aclrtMallocHost memory
+  // whose bytes may still be moving (Session::UploadAsync, DownloadAsync):
+  // waited for with the reads of their stream, and by aclrtFreeHost of
+  // their block [begin, end) (which leaves their status for the
+  // synchronize).
+  struct BlockCopy {
     uint32_t device;
     uint64_t stream;
     uintptr_t begin, end;
     remote::PendingRead copy;
   };
-  std::vector<PendingUpload> pending_uploads;
+  std::vector<BlockCopy> block_copies;
   // aclrtMallocHost blocks and their sizes.
   std::map<void*, size_t> host_blocks;
   // Captures by model handle, the capture each capturing stream is in (by

@@ -1,6 +1,7 @@
 // A copy that runs on a thread of its own while its caller goes on: the
-// bytes of Session::UploadAsync, moved after the server has ordered the
-// transfer on its stream. PendingRead holds one and waits for it.
+// bytes of Session::UploadAsync and DownloadAsync, moved after the server
+// has ordered the transfer on its stream. PendingRead holds one and waits
+// for it.
 #ifndef OPSERVER_CLIENT_BACKGROUND_COPY_H_
 #define OPSERVER_CLIENT_BACKGROUND_COPY_H_
 

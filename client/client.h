@@ -285,6 +285,14 @@ class Session {
   absl::StatusOr<PendingRead> UploadAsync(uint64_t buffer, uint64_t offset,
                                           const void* data, uint64_t size,
                                           uint64_t stream = 0);
+  // The other way: a download into `data` that returns once the server has
+  // ordered it on `stream`, its bytes written into `data` on a thread of
+  // their own until Wait() returns (dropped, the copy is cancelled: `data`
+  // may hold part of the bytes, and nothing is written after the drop).
+  // Where the data path cannot be used, a download done before it returns.
+  absl::StatusOr<PendingRead> DownloadAsync(uint64_t buffer, uint64_t offset,
+                                            void* data, uint64_t size,
+                                            uint64_t stream = 0);
 
   // Device memory operations executed on the server, ordered on `stream`
   // (aclrtMemsetAsync, device-to-device aclrtMemcpyAsync): no bytes travel.
@@ -531,6 +539,9 @@ class Session {
   // without it, that is UNAVAILABLE.
   std::optional<absl::Status> CompleteDataPath(DataPathCall& call,
                                                bool may_fall_back);
+  // CompleteDataPath(call, false) on a thread of its own (here, when no
+  // thread can be started), as a PendingRead; Close() waits for it.
+  PendingRead CompleteInBackground(std::shared_ptr<DataPathCall> call);
   // One data-path connection's try at a transfer: `moved` is how the bytes
   // went on it; `dropped`, that the server closed it in a way that says it
   // may never have taken the ticket (so the same ticket may be tried again).
@@ -572,8 +583,8 @@ class Session {
   absl::Status lost_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<grpc::ClientContext> attach_context_;
   std::thread attach_thread_;
-  // UploadAsync copies whose thread still uses this session: Close()
-  // waits for none to be left.
+  // UploadAsync and DownloadAsync copies whose thread still uses this
+  // session: Close() waits for none to be left.
   int background_copies_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Pipelined sessions only: the channel, and what the client must know to

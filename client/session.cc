@@ -97,8 +97,8 @@ absl::Status Session::Close() {
     absl::MutexLock lock(&mu_);
     if (closed_) return absl::OkStatus();
     closed_ = true;
-    // An UploadAsync still moving is queued work like any other: it ends
-    // (or fails) on its own, bounded by the wait deadline.
+    // An UploadAsync or DownloadAsync still moving is queued work like any
+    // other: it ends (or fails) on its own, bounded by the wait deadline.
     mu_.Await(absl::Condition(
         +[](int* copies) { return *copies == 0; }, &background_copies_));
   }

@@ -127,9 +127,10 @@ class Executor {
   bool repeatable_ = false;
 };
 
-// A read queued by Session::ReadAsync, or an upload by UploadAsync. Wait()
-// for its bytes; dropped without Wait(), a read's destination is never
-// written, and an upload still moving is cancelled (what it wrote stays).
+// A read queued by Session::ReadAsync, or a copy by UploadAsync or
+// DownloadAsync. Wait() for its bytes; dropped without Wait(), a read's
+// destination is never written, and a copy still moving is cancelled (what
+// it wrote stays, and it writes nothing more).
 class PendingRead {
  public:
   PendingRead() = default;

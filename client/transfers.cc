@@ -408,6 +408,24 @@ absl::StatusOr<PendingRead> Session::UploadAsync(uint64_t buffer,
   if (call == nullptr) {
     return PendingRead(Upload(buffer, offset, data, size, stream));
   }
+  return CompleteInBackground(std::move(call));
+}
+
+absl::StatusOr<PendingRead> Session::DownloadAsync(uint64_t buffer,
+                                                   uint64_t offset,
+                                                   void* data, uint64_t size,
+                                                   uint64_t stream) {
+  RETURN_IF_ERROR(Ordered());
+  char* bytes = static_cast<char*>(data);
+  ASSIGN_OR_RETURN(std::shared_ptr<DataPathCall> call,
+                   OpenDataPath(false, buffer, offset, bytes, size, stream));
+  if (call == nullptr) {
+    return PendingRead(StreamDownload(buffer, offset, data, size, stream));
+  }
+  return CompleteInBackground(std::move(call));
+}
+
+PendingRead Session::CompleteInBackground(std::shared_ptr<DataPathCall> call) {
   {
     absl::MutexLock lock(&mu_);
     ++background_copies_;

@@ -1,10 +1,11 @@
-// aclrtMemcpyAsync host-to-device from page-locked (aclrtMallocHost) memory,
-// large enough for the data path: the call returns once the server has
-// ordered the copy on its stream, and the bytes move while the caller goes
-// on. Each test holds the stream (FakeDevice), so a copy that waited for
+// aclrtMemcpyAsync between page-locked (aclrtMallocHost) memory and the
+// device, large enough for the data path: the call returns once the server
+// has ordered the copy on its stream, and the bytes move while the caller
+// goes on. Each test holds the stream (FakeDevice), so a copy that waited for
 // its bytes would never return: the order is certain, nothing sleeps.
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -122,6 +123,51 @@ TEST_F(CApiAsyncUploadTest, ResetWaitsForACopyStillQueuedOnItsStream) {
   resetting.join();
   EXPECT_EQ(reset, ACL_SUCCESS) << LastError();
   EXPECT_EQ(aclrtFreeHost(pinned_), ACL_SUCCESS);
+}
+
+// The other way: a large copy into page-locked memory returns before the
+// held stream lets its bytes out (the block is untouched), and the block
+// holds them once the stream is synchronized; aclrtFreeHost of a block a
+// copy still writes waits for it (had it freed the block, the copy would
+// write unmapped memory).
+TEST_F(CApiAsyncUploadTest, ACopyIntoPageLockedMemoryReturnsBeforeItsBytes) {
+  QueueBehindAHeldLaunch();
+  record_->ReleaseLaunches();
+  ASSERT_EQ(aclrtSynchronizeStream(stream_), ACL_SUCCESS) << LastError();
+  ExpectRan(held_);
+  // dev_ holds sent_ now; read it back behind a held launch, twice.
+  float* back[2] = {nullptr, nullptr};
+  for (float*& block : back) {
+    ASSERT_EQ(aclrtMallocHost(reinterpret_cast<void**>(&block), kBytes),
+              ACL_SUCCESS);
+    std::fill(block, block + kFloats, -3.0f);
+  }
+  for (float* block : back) {
+    held_ = HoldOne(stream_, *record_);
+    ASSERT_EQ(aclrtMemcpyAsync(block, kBytes, dev_, kBytes,
+                               ACL_MEMCPY_DEVICE_TO_HOST, stream_),
+              ACL_SUCCESS)
+        << LastError();
+    EXPECT_EQ(std::count(block, block + kFloats, -3.0f),
+              static_cast<std::ptrdiff_t>(kFloats));  // Nothing came yet.
+    if (block == back[0]) {
+      record_->ReleaseLaunches();
+      ASSERT_EQ(aclrtSynchronizeStream(stream_), ACL_SUCCESS) << LastError();
+      EXPECT_EQ(std::vector<float>(block, block + kFloats), sent_);
+      EXPECT_EQ(aclrtFreeHost(block), ACL_SUCCESS);
+    } else {
+      aclError freed = ACL_ERROR_INVALID_PARAM;
+      std::thread free_host([&] { freed = aclrtFreeHost(block); });
+      record_->ReleaseLaunches();
+      free_host.join();
+      EXPECT_EQ(freed, ACL_SUCCESS) << LastError();
+      EXPECT_EQ(aclrtSynchronizeStream(stream_), ACL_SUCCESS) << LastError();
+    }
+    ExpectRan(held_);
+  }
+  EXPECT_EQ(aclrtFreeHost(pinned_), ACL_SUCCESS);
+  aclrtFree(dev_);
+  EXPECT_EQ(aclrtDestroyStream(stream_), ACL_SUCCESS);
 }
 
 TEST_F(CApiAsyncUploadTest, PageableMemoryIsCopiedBeforeTheCallReturns) {

@@ -651,6 +651,11 @@ class HeldMovers {
     return mu_.AwaitWithTimeout(absl::Condition(this, &HeldMovers::Enough),
                                 absl::Minutes(1));
   }
+  // Holds the movers started from now on again.
+  void Hold() {
+    absl::MutexLock lock(&mu_);
+    holding_ = true;
+  }
   // Runs the held movers, and every later one at once.
   void Release() {
     std::vector<std::function<void()>> held;
@@ -707,6 +712,24 @@ TEST_F(HeldUploadTest, UploadAsyncReturnsBeforeItsBytesMove) {
   EXPECT_TRUE(copy_->Wait().ok());
   EXPECT_TRUE(GrpcDownload(buffer_, 0, kSize) == data_);
   EXPECT_EQ(Stats().data_path_transfers(), 1u);
+}
+
+// DownloadAsync the same way: returns before its mover runs, with the
+// destination untouched, and the bytes are there once Wait() returns.
+TEST_F(HeldUploadTest, DownloadAsyncReturnsBeforeItsBytesMove) {
+  movers_.Release();
+  ASSERT_TRUE(copy_->Wait().ok());
+  movers_.Hold();
+  std::string back(kSize, 'p');
+  absl::StatusOr<remote::PendingRead> read =
+      session_->DownloadAsync(buffer_, 0, back.data(), kSize);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_TRUE(movers_.WaitHeld(1));
+  EXPECT_EQ(back, std::string(kSize, 'p'));
+  movers_.Release();
+  EXPECT_TRUE(read->Wait().ok());
+  EXPECT_TRUE(back == data_);
+  EXPECT_EQ(Stats().data_path_transfers(), 2u);
 }
 
 // Dropped before its bytes moved, the copy is cancelled and the drop does
