@@ -30,6 +30,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/opserver.grpc.pb.h"
+#include "testing/fake_runtime_handles.h"
 #include "testing/tcp_forwarder.h"
 
 namespace opserver {
@@ -84,19 +85,9 @@ class RawWriter : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 };
 
 class FakeRuntime final
-    : public v1::Runtime::WithRawCallbackMethod_Download<v1::Runtime::Service> {
+    : public FakeRuntimeHandles<
+          v1::Runtime::WithRawCallbackMethod_Download<v1::Runtime::Service>> {
  public:
-  grpc::Status CreateSession(grpc::ServerContext*,
-                             const v1::CreateSessionRequest*,
-                             v1::CreateSessionResponse* response) override {
-    response->set_session("fake-session");
-    return grpc::Status::OK;
-  }
-  grpc::Status CloseSession(grpc::ServerContext*,
-                            const v1::CloseSessionRequest*,
-                            v1::CloseSessionResponse*) override {
-    return grpc::Status::OK;
-  }
   grpc::Status Attach(grpc::ServerContext* context, const v1::AttachRequest*,
                       grpc::ServerWriter<v1::AttachEvent>* writer) override {
     v1::AttachEvent event;
@@ -105,26 +96,6 @@ class FakeRuntime final
     while (!context->IsCancelled() && !stopping_) {
       absl::SleepFor(absl::Milliseconds(5));
     }
-    return grpc::Status::OK;
-  }
-  grpc::Status Malloc(grpc::ServerContext*, const v1::MallocRequest*,
-                      v1::MallocResponse* response) override {
-    response->set_buffer(++next_);
-    return grpc::Status::OK;
-  }
-  grpc::Status Free(grpc::ServerContext*, const v1::FreeRequest*,
-                    v1::FreeResponse*) override {
-    return grpc::Status::OK;
-  }
-  grpc::Status CreateStream(grpc::ServerContext*,
-                            const v1::CreateStreamRequest*,
-                            v1::CreateStreamResponse* response) override {
-    response->set_stream(++next_);
-    return grpc::Status::OK;
-  }
-  grpc::Status DestroyStream(grpc::ServerContext*,
-                             const v1::DestroyStreamRequest*,
-                             v1::DestroyStreamResponse*) override {
     return grpc::Status::OK;
   }
   grpc::Status GetDeviceInfo(grpc::ServerContext*,
@@ -199,7 +170,6 @@ class FakeRuntime final
   std::atomic<uint32_t> open_port{1};
   std::atomic<int> opened{0};
   std::atomic<bool> stopping_{false};
-  std::atomic<uint64_t> next_{0};
   // What GetDeviceInfo answers: a hostile server's huge message.
   std::atomic<size_t> device_name_bytes{3};
 };

@@ -29,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "kernels/aclnn_status.h"
 #include "proto/opserver.grpc.pb.h"
+#include "testing/fake_runtime_handles.h"
 
 namespace opserver {
 namespace {
@@ -174,39 +175,22 @@ class FakeDownload
 };
 
 class FakeRuntime final
-    : public v1::Runtime::WithRawCallbackMethod_Upload<
-          v1::Runtime::WithRawCallbackMethod_Download<v1::Runtime::Service>> {
+    : public FakeRuntimeHandles<v1::Runtime::WithRawCallbackMethod_Upload<
+          v1::Runtime::WithRawCallbackMethod_Download<v1::Runtime::Service>>> {
  public:
   explicit FakeRuntime(Record* record) : record_(record) {}
 
   grpc::Status CreateSession(grpc::ServerContext* context,
-                             const v1::CreateSessionRequest*,
+                             const v1::CreateSessionRequest* request,
                              v1::CreateSessionResponse* response) override {
     Note(&record_->session_peers, context->peer());
-    response->set_session("fake-session");
-    return grpc::Status::OK;
+    return FakeRuntimeHandles::CreateSession(context, request, response);
   }
-  grpc::Status CloseSession(grpc::ServerContext*,
-                            const v1::CloseSessionRequest*,
-                            v1::CloseSessionResponse*) override {
-    return grpc::Status::OK;
-  }
-  grpc::Status Malloc(grpc::ServerContext* context, const v1::MallocRequest*,
+  grpc::Status Malloc(grpc::ServerContext* context,
+                      const v1::MallocRequest* request,
                       v1::MallocResponse* response) override {
     Note(&record_->session_peers, context->peer());
-    response->set_buffer(++next_);
-    return grpc::Status::OK;
-  }
-  grpc::Status CreateStream(grpc::ServerContext*,
-                            const v1::CreateStreamRequest*,
-                            v1::CreateStreamResponse* response) override {
-    response->set_stream(++next_);
-    return grpc::Status::OK;
-  }
-  grpc::Status DestroyStream(grpc::ServerContext*,
-                             const v1::DestroyStreamRequest*,
-                             v1::DestroyStreamResponse*) override {
-    return grpc::Status::OK;
+    return FakeRuntimeHandles::Malloc(context, request, response);
   }
   grpc::ServerReadReactor<grpc::ByteBuffer>* Upload(
       grpc::CallbackServerContext* context,
@@ -228,7 +212,6 @@ class FakeRuntime final
   }
 
   Record* const record_;
-  std::atomic<uint64_t> next_{0};
 };
 
 // A Pipeline that applies every command and answers every fence (the
