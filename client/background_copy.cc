@@ -21,7 +21,13 @@ absl::StatusOr<std::unique_ptr<BackgroundCopy>> BackgroundCopy::Start(
         self->status_ = std::move(status);
         self->done_ = true;
       });
-  if (!thread.ok()) return thread.status();
+  if (!thread.ok()) {
+    // Never ran: nothing to cancel when it goes (the caller may run the
+    // copy itself).
+    absl::MutexLock lock(&copy->mu_);
+    copy->done_ = true;
+    return thread.status();
+  }
   copy->thread_ = *std::move(thread);
   return copy;
 }

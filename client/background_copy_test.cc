@@ -58,18 +58,21 @@ TEST(BackgroundCopyTest, NoCancelOnceTheCopyEnded) {
   EXPECT_EQ(cancels, 0);
 }
 
-TEST(BackgroundCopyTest, NoThreadIsAnErrorAndTheCopyNeverRuns) {
+// Nor is it cancelled: the caller may then run the copy itself.
+TEST(BackgroundCopyTest, NoThreadIsAnErrorAndTheCopyNeverRunsNorIsCancelled) {
   bool ran = false;
+  int cancels = 0;
   FailThreadStartsForTesting(true);
   auto copy = BackgroundCopy::Start(
       [&] {
         ran = true;
         return absl::OkStatus();
       },
-      [] {});
+      [&] { ++cancels; });
   FailThreadStartsForTesting(false);
   EXPECT_EQ(copy.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_FALSE(ran);
+  EXPECT_EQ(cancels, 0);
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "common/thread_start.h"
 #include "devices/testing/fake_device.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -712,6 +713,21 @@ TEST_F(HeldUploadTest, UploadAsyncReturnsBeforeItsBytesMove) {
   EXPECT_TRUE(copy_->Wait().ok());
   EXPECT_TRUE(GrpcDownload(buffer_, 0, kSize) == data_);
   EXPECT_EQ(Stats().data_path_transfers(), 1u);
+}
+
+// With no thread to be had, an UploadAsync moves its bytes before it
+// returns, and well (the copy it could not start is not cancelled).
+TEST_F(HeldUploadTest, WithoutAThreadUploadAsyncMovesTheBytesItself) {
+  movers_.Release();
+  ASSERT_TRUE(copy_->Wait().ok());
+  const std::string other = RandomData(kSize, 26);
+  FailThreadStartsForTesting(true);
+  absl::StatusOr<remote::PendingRead> copy =
+      session_->UploadAsync(buffer_, 0, other.data(), kSize);
+  FailThreadStartsForTesting(false);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_TRUE(copy->Wait().ok());
+  EXPECT_TRUE(GrpcDownload(buffer_, 0, kSize) == other);
 }
 
 // DownloadAsync the same way: returns before its mover runs, with the
