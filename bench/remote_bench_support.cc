@@ -7,14 +7,17 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <mutex>
-#include <thread>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "bench/echo.grpc.pb.h"
+#include "common/data_path.h"
 #include "server/server.h"
 
 namespace opserver::remote_bench {
@@ -145,29 +148,9 @@ int ListenAndReport(int report) {
   return listener;
 }
 
-// A connection to 127.0.0.1:`port`, or -1.
-int ConnectLoopback(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(port);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// Writes all of [data, data + size) to `fd`; false when the peer is gone.
-bool WriteAll(int fd, const char* data, size_t size) {
-  while (size > 0) {
-    const ssize_t n = write(fd, data, size);
-    if (n <= 0) return false;
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-  return true;
+// A blocking connection to 127.0.0.1:`port`.
+absl::StatusOr<UniqueFd> ConnectLoopback(int port) {
+  return ConnectTcp("127.0.0.1", port, absl::Seconds(10), absl::ZeroDuration());
 }
 
 }  // namespace
@@ -200,13 +183,11 @@ void RunTcpRelay(int report, int to_port) {
   std::vector<char> buffers[2] = {std::vector<char>(kChunk, 'r'),
                                   std::vector<char>(kChunk, 'r')};
   for (;;) {
-    int in = accept(listener, nullptr, nullptr);
-    if (in < 0) continue;
-    const int out = ConnectLoopback(to_port);
-    if (out < 0) {
-      close(in);
-      continue;
-    }
+    UniqueFd in(accept(listener, nullptr, nullptr));
+    if (in.get() < 0) continue;
+    absl::StatusOr<UniqueFd> connected = ConnectLoopback(to_port);
+    if (!connected.ok()) continue;
+    const int out = connected->get();
     std::mutex mu;
     std::condition_variable cv;
     size_t filled[2] = {0, 0};  // Bytes waiting in each buffer.
@@ -218,7 +199,7 @@ void RunTcpRelay(int report, int to_port) {
         const size_t n = filled[k % 2];
         if (n == 0) return;
         lock.unlock();
-        const bool ok = WriteAll(out, buffers[k % 2].data(), n);
+        const bool ok = SendAll(out, buffers[k % 2].data(), n).ok();
         lock.lock();
         filled[k % 2] = 0;
         broken |= !ok;
@@ -232,12 +213,8 @@ void RunTcpRelay(int report, int to_port) {
         cv.wait(lock, [&] { return filled[k % 2] == 0 || broken; });
         if (broken) break;
       }
-      size_t n = 0;
-      ssize_t got;
-      while (n < kChunk &&
-             (got = read(in, buffers[k % 2].data() + n, kChunk - n)) > 0) {
-        n += static_cast<size_t>(got);
-      }
+      const size_t n =
+          RecvFull(in.get(), buffers[k % 2].data(), kChunk).value_or(0);
       std::lock_guard<std::mutex> lock(mu);
       if (n == 0) break;
       filled[k % 2] = n;
@@ -251,11 +228,9 @@ void RunTcpRelay(int report, int to_port) {
     sender.join();
     char ack = 0;
     shutdown(out, SHUT_WR);
-    if (read(out, &ack, 1) == 1 && write(in, &ack, 1) != 1) {
+    if (read(out, &ack, 1) == 1 && write(in.get(), &ack, 1) != 1) {
       // The client went away; nothing to report to.
     }
-    close(out);
-    close(in);
   }
 }
 
@@ -291,8 +266,9 @@ bool RawTcpSend(const SourceData& data, Dest dest) {
 }
 
 bool RawTcpSendTo(int port, const SourceData& data) {
-  const int fd = ConnectLoopback(port);
-  if (fd < 0) return false;
+  absl::StatusOr<UniqueFd> connected = ConnectLoopback(port);
+  if (!connected.ok()) return false;
+  const int fd = connected->get();
   for (size_t sent = 0; sent < kTransferBytes;) {
     ssize_t n =
         write(fd, data.at(sent), std::min(kChunk, kTransferBytes - sent));
@@ -301,9 +277,7 @@ bool RawTcpSendTo(int port, const SourceData& data) {
   }
   shutdown(fd, SHUT_WR);
   char ack;
-  const bool acked = read(fd, &ack, 1) == 1;
-  close(fd);
-  return acked;
+  return read(fd, &ack, 1) == 1;
 }
 
 std::unique_ptr<remote::Session> LibrarySession(int port,

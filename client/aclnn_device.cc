@@ -68,11 +68,10 @@ aclError RecordOrFail(Capture& capture, aclrtStream stream,
   return ACL_SUCCESS;
 }
 
-// The aclrtMallocHost block [begin, end) that holds all of [host, host +
+// The start of the aclrtMallocHost block that holds all of [host, host +
 // count), if one does. Under state.mu.
-std::optional<std::pair<uintptr_t, uintptr_t>> HostBlockOf(const State& state,
-                                                           const void* host,
-                                                           size_t count) {
+std::optional<uintptr_t> HostBlockOf(const State& state, const void* host,
+                                     size_t count) {
   auto block = state.host_blocks.upper_bound(const_cast<void*>(host));
   if (block == state.host_blocks.begin()) return std::nullopt;
   --block;
@@ -81,7 +80,7 @@ std::optional<std::pair<uintptr_t, uintptr_t>> HostBlockOf(const State& state,
   if (at - begin > block->second || count > block->second - (at - begin)) {
     return std::nullopt;
   }
-  return std::make_pair(begin, begin + block->second);
+  return begin;
 }
 
 // A large aclrtMemcpyAsync between the aclrtMallocHost block `block` and
@@ -90,7 +89,7 @@ std::optional<std::pair<uintptr_t, uintptr_t>> HostBlockOf(const State& state,
 // the stream's synchronize waits for it as for its reads, and
 // aclrtFreeHost of the block too.
 absl::Status KeepBlockCopy(State& state, const Pinned& pinned, uint64_t handle,
-                           std::pair<uintptr_t, uintptr_t> block,
+                           uintptr_t block,
                            absl::StatusOr<remote::PendingRead> queued) {
   ASSIGN_OR_RETURN(remote::PendingRead copy, std::move(queued));
   absl::MutexLock lock(&state.mu);
@@ -102,7 +101,7 @@ absl::Status KeepBlockCopy(State& state, const Pinned& pinned, uint64_t handle,
         ACL_ERROR_RT_FAILURE);
   }
   state.block_copies.push_back(
-      {pinned.device, handle, block.first, block.second, std::move(copy)});
+      {pinned.device, handle, block, std::move(copy)});
   return absl::OkStatus();
 }
 
@@ -111,26 +110,26 @@ absl::Status KeepBlockCopy(State& state, const Pinned& pinned, uint64_t handle,
 // Without state.mu.
 void WaitCopiesOf(State& state, void* block) {
   const uintptr_t at = reinterpret_cast<uintptr_t>(block);
-  std::vector<State::BlockCopy> reading;
+  std::vector<State::BlockCopy> using_it;
   {
     absl::MutexLock lock(&state.mu);
-    auto& uploads = state.block_copies;
+    auto& copies = state.block_copies;
     auto first = std::stable_partition(
-        uploads.begin(), uploads.end(),
-        [&](const State::BlockCopy& u) { return u.begin != at; });
-    std::move(first, uploads.end(), std::back_inserter(reading));
-    uploads.erase(first, uploads.end());
+        copies.begin(), copies.end(),
+        [&](const State::BlockCopy& c) { return c.block != at; });
+    std::move(first, copies.end(), std::back_inserter(using_it));
+    copies.erase(first, copies.end());
   }
   std::vector<State::BlockCopy> failed;
-  for (State::BlockCopy& upload : reading) {
-    absl::Status moved = upload.copy.Wait();
+  for (State::BlockCopy& copy : using_it) {
+    absl::Status moved = copy.copy.Wait();
     if (moved.ok()) continue;  // Nothing left to report.
-    upload.copy = remote::PendingRead(std::move(moved));
-    failed.push_back(std::move(upload));
+    copy.copy = remote::PendingRead(std::move(moved));
+    failed.push_back(std::move(copy));
   }
   absl::MutexLock lock(&state.mu);
-  for (State::BlockCopy& upload : failed) {
-    state.block_copies.push_back(std::move(upload));
+  for (State::BlockCopy& copy : failed) {
+    state.block_copies.push_back(std::move(copy));
   }
 }
 
@@ -453,7 +452,7 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src,
   opserver::DeviceRange from{}, to{};
   uint64_t handle = 0;
   // The aclrtMallocHost block of a large host copy, if it is in one.
-  std::optional<std::pair<uintptr_t, uintptr_t>> block;
+  std::optional<uintptr_t> block;
   {
     absl::MutexLock lock(&state.mu);
     if (absl::Status s =

@@ -227,9 +227,9 @@ aclError CheckReplay(aclmdlRI modelRI, aclrtStream stream, ReplayTarget* target,
     *pending_reads =
         state.pending_reads.count({current->device, *stream_handle}) != 0 ||
         std::any_of(state.block_copies.begin(), state.block_copies.end(),
-                    [&](const State::BlockCopy& u) {
-                      return u.device == current->device &&
-                             u.stream == *stream_handle;
+                    [&](const State::BlockCopy& c) {
+                      return c.device == current->device &&
+                             c.stream == *stream_handle;
                     });
   }
   target->pinned = *std::move(current);

@@ -4,7 +4,6 @@
 #include "client/aclnn_state.h"
 
 #include <algorithm>
-
 #include <cstdint>
 #include <iterator>
 #include <map>
@@ -218,10 +217,11 @@ absl::Status State::DropSession(uint32_t device) {
     // Their bytes never come: the copies die too.
     it = it->first.first == device ? pending_reads.erase(it) : std::next(it);
   }
-  // Uploads still moving are cancelled (what they wrote stays).
+  // Copies of page-locked memory still moving are cancelled (what they
+  // wrote stays).
   block_copies.erase(
       std::remove_if(block_copies.begin(), block_copies.end(),
-                     [&](const BlockCopy& u) { return u.device == device; }),
+                     [&](const BlockCopy& c) { return c.device == device; }),
       block_copies.end());
   // The device's contexts go with it (CANN's aclrtResetDevice destroys
   // the default context); threads bound to them get
@@ -303,11 +303,11 @@ absl::Status WaitPendingReads(State& state, uint32_t device,
       }
       it = state.pending_reads.erase(it);
     }
-    auto ours = [&](const State::BlockCopy& u) {
-      return u.device == device && (!handle.has_value() || u.stream == *handle);
+    auto ours = [&](const State::BlockCopy& c) {
+      return c.device == device && (!handle.has_value() || c.stream == *handle);
     };
-    for (State::BlockCopy& upload : state.block_copies) {
-      if (ours(upload)) reads.push_back(std::move(upload.copy));
+    for (State::BlockCopy& copy : state.block_copies) {
+      if (ours(copy)) reads.push_back(std::move(copy.copy));
     }
     state.block_copies.erase(
         std::remove_if(state.block_copies.begin(),

@@ -221,12 +221,12 @@ struct State {
   // Large aclrtMemcpyAsync copies from or into aclrtMallocHost memory
   // whose bytes may still be moving (Session::UploadAsync, DownloadAsync):
   // waited for with the reads of their stream, and by aclrtFreeHost of
-  // their block [begin, end) (which leaves their status for the
+  // their block, by its start (which leaves their status for the
   // synchronize).
   struct BlockCopy {
     uint32_t device;
     uint64_t stream;
-    uintptr_t begin, end;
+    uintptr_t block;
     remote::PendingRead copy;
   };
   std::vector<BlockCopy> block_copies;

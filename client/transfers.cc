@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -430,24 +431,19 @@ PendingRead Session::CompleteInBackground(std::shared_ptr<DataPathCall> call) {
     absl::MutexLock lock(&mu_);
     ++background_copies_;
   }
-  absl::StatusOr<std::unique_ptr<BackgroundCopy>> started =
-      BackgroundCopy::Start(
-          [this, call]() mutable {
-            absl::Status moved =
-                *CompleteDataPath(*call, /*may_fall_back=*/false);
-            call.reset();
-            absl::MutexLock lock(&mu_);
-            --background_copies_;
-            return moved;
-          },
-          [call] { call->Cancel(); });
-  if (!started.ok()) {
-    // No thread: the bytes move here instead.
+  std::function<void()> cancel = [call] { call->Cancel(); };
+  std::function<absl::Status()> complete = [this, call]() mutable {
     absl::Status moved = *CompleteDataPath(*call, /*may_fall_back=*/false);
+    call.reset();
     absl::MutexLock lock(&mu_);
     --background_copies_;
-    return PendingRead(moved);
-  }
+    return moved;
+  };
+  call.reset();
+  absl::StatusOr<std::unique_ptr<BackgroundCopy>> started =
+      BackgroundCopy::Start(complete, std::move(cancel));
+  // No thread: the bytes move here instead.
+  if (!started.ok()) return PendingRead(complete());
   return PendingRead(*std::move(started));
 }
 

@@ -178,6 +178,10 @@ class AscendStream : public DeviceStream {
     std::vector<std::string> staged;
   };
 
+  // aclrtMemcpyAsync of `bytes` from `src` to `dst` (`kind`: host to
+  // device or device to host) on `on`.
+  absl::Status MemcpyOn(aclrtStream on, void* dst, const void* src,
+                        uint64_t bytes, aclrtMemcpyKind kind);
   // Destroys what `pending_` holds (after the stream is idle).
   void ReleasePending();
   // A workspace of at least `bytes` the device allocated for this stream,

@@ -49,28 +49,29 @@ absl::StatusOr<void*> AscendStream::Scratch(uint64_t bytes) {
 
 absl::Status AscendStream::CopyToDevice(void* device_dst, const void* host_src,
                                         uint64_t bytes) {
-  if (bytes == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(device_->Bind());
-  if (aclError error = device_->cann().api().aclrtMemcpyAsync(
-          device_dst, bytes, host_src, bytes, ACL_MEMCPY_HOST_TO_DEVICE,
-          stream_);
-      error != ACL_SUCCESS) {
-    return AclError(device_->cann(), "aclrtMemcpyAsync (host to device)",
-                    error);
-  }
-  return absl::OkStatus();
+  return MemcpyOn(stream_, device_dst, host_src, bytes,
+                  ACL_MEMCPY_HOST_TO_DEVICE);
 }
 
 absl::Status AscendStream::CopyFromDevice(void* host_dst,
                                           const void* device_src,
                                           uint64_t bytes) {
+  return MemcpyOn(stream_, host_dst, device_src, bytes,
+                  ACL_MEMCPY_DEVICE_TO_HOST);
+}
+
+absl::Status AscendStream::MemcpyOn(aclrtStream on, void* dst,
+                                    const void* src, uint64_t bytes,
+                                    aclrtMemcpyKind kind) {
   if (bytes == 0) return absl::OkStatus();
   RETURN_IF_ERROR(device_->Bind());
   if (aclError error = device_->cann().api().aclrtMemcpyAsync(
-          host_dst, bytes, device_src, bytes, ACL_MEMCPY_DEVICE_TO_HOST,
-          stream_);
+          dst, bytes, src, bytes, kind, on);
       error != ACL_SUCCESS) {
-    return AclError(device_->cann(), "aclrtMemcpyAsync (device to host)",
+    return AclError(device_->cann(),
+                    kind == ACL_MEMCPY_HOST_TO_DEVICE
+                        ? "aclrtMemcpyAsync (host to device)"
+                        : "aclrtMemcpyAsync (device to host)",
                     error);
   }
   return absl::OkStatus();
@@ -159,12 +160,8 @@ class ChunkCopier {
       absl::MutexLock lock(&mu_);
       slot.chunk = k;
       slot.bytes = bytes;
-      if (!copied.ok() && error_.ok()) error_ = copied;
-      if (copied.ok()) {
-        slot.state = upload_ ? kFree : kCopied;
-        ++copied_;
-      }
       ++queued_;
+      Finished(slot, copied);
       return copied;
     }
     RETURN_IF_ERROR(StartLanes());
@@ -261,14 +258,22 @@ class ChunkCopier {
       }
       absl::Status copied = Copy(lane, k, slot.buffer, bytes, on);
       absl::MutexLock lock(&mu_);
-      if (!copied.ok()) {
-        if (error_.ok()) error_ = copied;
-        return;
-      }
-      slot.state = upload_ ? kFree : kCopied;
-      primed_ = true;
-      ++copied_;
+      Finished(slot, copied);
+      if (!copied.ok()) return;
     }
+  }
+
+  // The copy of the chunk in `slot` ended: the slot is free (an upload) or
+  // holds the bytes (a download), or the transfer has failed.
+  void Finished(Slot& slot, const absl::Status& copied)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!copied.ok()) {
+      if (error_.ok()) error_ = copied;
+      return;
+    }
+    slot.state = upload_ ? kFree : kCopied;
+    primed_ = true;
+    ++copied_;
   }
 
   // The first `bytes` of chunk k between `host` and device memory, on
@@ -395,22 +400,13 @@ absl::StatusOr<aclrtStream> AscendStream::SideStream(int i) {
 absl::Status AscendStream::CopyAndWaitOn(aclrtStream on, bool to_device,
                                          void* device, void* host,
                                          uint64_t bytes) {
+  RETURN_IF_ERROR(to_device ? MemcpyOn(on, device, host, bytes,
+                                       ACL_MEMCPY_HOST_TO_DEVICE)
+                            : MemcpyOn(on, host, device, bytes,
+                                       ACL_MEMCPY_DEVICE_TO_HOST));
   RETURN_IF_ERROR(device_->Bind());
-  const CannApi& api = device_->cann().api();
-  if (bytes > 0) {
-    const aclError error =
-        to_device ? api.aclrtMemcpyAsync(device, bytes, host, bytes,
-                                         ACL_MEMCPY_HOST_TO_DEVICE, on)
-                  : api.aclrtMemcpyAsync(host, bytes, device, bytes,
-                                         ACL_MEMCPY_DEVICE_TO_HOST, on);
-    if (error != ACL_SUCCESS) {
-      return AclError(device_->cann(),
-                      to_device ? "aclrtMemcpyAsync (host to device)"
-                                : "aclrtMemcpyAsync (device to host)",
-                      error);
-    }
-  }
-  if (aclError error = api.aclrtSynchronizeStream(on); error != ACL_SUCCESS) {
+  if (aclError error = device_->cann().api().aclrtSynchronizeStream(on);
+      error != ACL_SUCCESS) {
     return AclError(device_->cann(), "aclrtSynchronizeStream", error);
   }
   return absl::OkStatus();
