@@ -34,7 +34,10 @@ namespace opserver {
 //    when it arrives on a Pipeline worker, the launches one Pipeline slice
 //    (the command channel reactor's 512 commands) may already run there,
 //    so a replay holds the worker no longer than the eager commands it
-//    stands for could; kUnaryReplayLaunches on gRPC's callback thread (the
+//    stands for could (also when the server's only session has a small
+//    batch applied on the callback thread that read it: no other tenant
+//    waits for that thread, and another one stays free; see the command
+//    channel reactor); kUnaryReplayLaunches on gRPC's callback thread (the
 //    unary ReplayGraph), which every call needs: one unary Execute's worth.
 // Larger launches and replays go to the stream's thread.
 inline constexpr int64_t kWorkerReplayLaunches = 512;

@@ -52,6 +52,19 @@ namespace opserver {
 // by another (each write costs a wake-up of gRPC's threads). It waits at
 // most the rest of one slice (kSliceCommands).
 //
+// With one session on the server there is no other tenant for the workers
+// to protect, and handing a small batch to a worker and its answer back
+// costs more than the batch often does (a replayed step's server CPU, on a
+// 2-vCPU VM: 1.5 us per operator through a worker, 1.2 in place; the
+// in-process launch is 0.7; BENCHMARKS.md). So a small batch
+// (kBatchBytesRunHere) of the server's only session has its first slice
+// applied on the callback thread that read it, one such slice at a time
+// server-wide, so another callback thread is always free. It runs exactly
+// what a worker's slice runs, under the same bounds; a slice that must
+// wait, or a batch longer than one slice, goes on on the workers. A second
+// session sends every batch after the one running to the workers, whose
+// turns and lower priority keep tenants apart.
+//
 // The channel holds its session only while a slice runs: a closed session
 // (CloseSession, the idle timeout, shutdown) ends the channel through
 // Session::OpenChannel's callback, and is released at once even if the
@@ -64,6 +77,10 @@ class OperatorService::Pipeliner final
   // victim's p99 beside two channels of giant batches at 6.5x its p99
   // alone, 512 at 4-5x; bench/fairness_bench).
   static constexpr size_t kSliceCommands = 512;
+  // The largest batch whose first slice may run on the callback thread that
+  // read it (see the top of this file): a replay and its fence, a handful
+  // of launches or events.
+  static constexpr size_t kBatchBytesRunHere = 4096;
 
   Pipeliner(OperatorService* service, grpc::CallbackServerContext* context)
       : service_(service),
@@ -92,29 +109,19 @@ class OperatorService::Pipeliner final
   }
 
   void OnReadDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    if (!ok) {
-      reads_done_ = true;
-      MaybeFinishLocked();
-      return;
+    OperatorService* const service = service_;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!TakeBatchLocked(ok)) return;
+      if (!ClaimCallbackThreadLocked()) {
+        ScheduleLocked();
+        return;
+      }
+      rerun_ = true;
+      scheduled_ = true;  // As on a worker: the call cannot end meanwhile.
     }
-    if (finished_ || failed_) {
-      MaybeFinishLocked();  // Whoever failed it may have left it to us.
-      return;
-    }
-    const size_t bytes = incoming_.Length();
-    if (bytes > limits_.max_pipeline_batch_bytes) {
-      EndLocked(absl::ResourceExhaustedError(absl::StrCat(
-          "a Pipeline batch of ", bytes, " bytes is over the limit of ",
-          limits_.max_pipeline_batch_bytes,
-          " (--max_pipeline_batch_bytes): send smaller batches")));
-      return;
-    }
-    batch_bytes_.Swap(&incoming_);
-    incoming_.Clear();
-    in_batch_ = true;
-    batch_.reset();
-    ScheduleLocked();
+    RunSlice();
+    service->slice_on_callback_thread_.store(false);
   }
 
   void OnWriteDone(bool ok) override {
@@ -202,6 +209,47 @@ class OperatorService::Pipeliner final
     if (end_status_.ok()) end_status_ = std::move(status);
     failed_ = true;
     MaybeFinishLocked();
+  }
+
+  // The read's batch becomes the one to apply; false when there is none
+  // to apply (the client is done, the call is ending, or it is too large,
+  // which ends the call).
+  bool TakeBatchLocked(bool ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!ok) {
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return false;
+    }
+    if (finished_ || failed_) {
+      MaybeFinishLocked();  // Whoever failed it may have left it to us.
+      return false;
+    }
+    const size_t bytes = incoming_.Length();
+    if (bytes > limits_.max_pipeline_batch_bytes) {
+      EndLocked(absl::ResourceExhaustedError(absl::StrCat(
+          "a Pipeline batch of ", bytes, " bytes is over the limit of ",
+          limits_.max_pipeline_batch_bytes,
+          " (--max_pipeline_batch_bytes): send smaller batches")));
+      return false;
+    }
+    batch_bytes_.Swap(&incoming_);
+    incoming_.Clear();
+    in_batch_ = true;
+    batch_.reset();
+    return true;
+  }
+
+  // Whether the new batch's first slice runs here, on the callback thread
+  // that read it (see the top of this file); if so, the thread is claimed
+  // until the slice's end.
+  bool ClaimCallbackThreadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (batch_bytes_.Length() > kBatchBytesRunHere ||
+        service_->sessions_->session_count() != 1) {
+      return false;
+    }
+    bool idle = false;
+    return service_->slice_on_callback_thread_.compare_exchange_strong(idle,
+                                                                       true);
   }
 
   // Has the current batch's next slice run on a worker. A resumption while

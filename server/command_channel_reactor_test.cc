@@ -2,9 +2,16 @@
 // test calls its reactions in an order that a real call produces only
 // sometimes (gRPC may deliver a cancellation before a read that had
 // already completed), and sees what the reactor asks of the stream.
+#include <atomic>
+#include <memory>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "devices/testing/fake_device.h"
 #include "gtest/gtest.h"
 #include "proto/opserver.pb.h"
@@ -29,20 +36,49 @@ class FakeStream final
   }
 
   void Finish(grpc::Status s) override {
-    ++finishes;
     status = std::move(s);
+    if (++finishes == 1) finished.Notify();
   }
   void SendInitialMetadata() override {}
-  void Read(grpc::ByteBuffer* message) override { read = message; }
-  void Write(const grpc::ByteBuffer*, grpc::WriteOptions) override { ++writes; }
+  void Read(grpc::ByteBuffer* message) override {
+    absl::MutexLock lock(&mu_);
+    read = message;
+    ++reads_;
+  }
+  // Waits until the reactor has started `n` reads.
+  void WaitForReads(int n) {
+    absl::MutexLock lock(&mu_);
+    auto started = [&]()
+                       ABSL_SHARED_LOCKS_REQUIRED(mu_) { return reads_ >= n; };
+    mu_.Await(absl::Condition(&started));
+  }
+  void Write(const grpc::ByteBuffer*, grpc::WriteOptions) override {
+    {
+      absl::MutexLock lock(&mu_);
+      write_threads_.push_back(std::this_thread::get_id());
+    }
+    ++writes;
+    if (!wrote.HasBeenNotified()) wrote.Notify();
+    if (hold_writes != nullptr) hold_writes->WaitForNotification();
+  }
   void WriteAndFinish(const grpc::ByteBuffer*, grpc::WriteOptions,
                       grpc::Status s) override {
     ++writes;
     Finish(std::move(s));
   }
 
-  int finishes = 0;
-  int writes = 0;
+  // The thread of each Write, in order.
+  std::vector<std::thread::id> WriteThreads() {
+    absl::MutexLock lock(&mu_);
+    return write_threads_;
+  }
+
+  std::atomic<int> finishes{0};
+  absl::Notification finished;  // At the first Finish.
+  std::atomic<int> writes{0};
+  absl::Notification wrote;  // At the first Write.
+  // Set: each Write waits for it (a slice held in its write).
+  absl::Notification* hold_writes = nullptr;
   std::optional<grpc::Status> status;
   grpc::ByteBuffer* read = nullptr;  // The read the reactor started.
 
@@ -51,6 +87,9 @@ class FakeStream final
   void CallOnDone() override {}
 
   Reactor* reactor_ = nullptr;
+  absl::Mutex mu_;
+  std::vector<std::thread::id> write_threads_ ABSL_GUARDED_BY(mu_);
+  int reads_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class CommandChannelReactorTest : public ::testing::Test {
@@ -82,7 +121,7 @@ TEST_F(CommandChannelReactorTest,
   ASSERT_TRUE(SerializeRaw(batch, stream.read).ok());
   reactor->OnReadDone(true);
 
-  EXPECT_EQ(stream.finishes, 1);
+  EXPECT_EQ(stream.finishes.load(), 1);
   ASSERT_TRUE(stream.status.has_value());
   EXPECT_EQ(stream.status->error_code(), grpc::StatusCode::CANCELLED);
   reactor->OnDone();
@@ -95,11 +134,180 @@ TEST_F(CommandChannelReactorTest, ACancellationAfterTheEndFinishesNothingMore) {
   Reactor* reactor = service_.Pipeline(&context);
   stream.Bind(reactor);
   reactor->OnReadDone(false);  // The client closed its side, sent nothing.
-  ASSERT_EQ(stream.finishes, 1);
+  ASSERT_EQ(stream.finishes.load(), 1);
   EXPECT_TRUE(stream.status->ok());
   reactor->OnCancel();
-  EXPECT_EQ(stream.finishes, 1);
+  EXPECT_EQ(stream.finishes.load(), 1);
   reactor->OnDone();
+}
+
+// A batch asking for a session fence; `padding` unknown handles freed
+// before it make it larger (each a deferred error, applied at once).
+grpc::ByteBuffer FenceBatch(const std::string& session, int padding = 0) {
+  v1::PipelineRequest batch;
+  batch.set_session(session);
+  for (int i = 0; i < padding; ++i) batch.add_commands()->set_free(~0ull - i);
+  v1::FenceCommand& fence = *batch.add_commands()->mutable_fence();
+  fence.set_id(1);
+  fence.set_session(true);
+  grpc::ByteBuffer bytes;
+  EXPECT_TRUE(SerializeRaw(batch, &bytes).ok());
+  return bytes;
+}
+
+// Opened once, at the latest when it goes (so a failed test does not leave
+// the pool's threads waiting at its destruction).
+class Gate {
+ public:
+  ~Gate() { Open(); }
+  void Open() {
+    if (!open_.HasBeenNotified()) open_.Notify();
+  }
+  void Wait() { open_.WaitForNotification(); }
+
+ private:
+  absl::Notification open_;
+};
+
+class RunsHereTest : public CommandChannelReactorTest {
+ protected:
+  // Both of the pool's threads held until `workers_gate_` opens: a slice
+  // handed to the workers cannot run before (their turns come first).
+  void HoldWorkers() {
+    for (const char* owner : {"hold-a", "hold-b"}) {
+      ASSERT_TRUE(
+          workers_.Submit(owner, [this] { workers_gate_.Wait(); }).ok());
+    }
+  }
+
+  std::string NewSession() {
+    absl::StatusOr<std::shared_ptr<Session>> session =
+        sessions_.Create("reactor_test", "anonymous");
+    EXPECT_TRUE(session.ok()) << session.status();
+    if (!session.ok()) return "";
+    kept_.push_back(*session);
+    return (*session)->id();
+  }
+
+  // Delivers `batch` as the channel's next read, on the calling thread.
+  static void Deliver(Reactor* reactor, FakeStream& stream,
+                      const grpc::ByteBuffer& batch) {
+    ASSERT_NE(stream.read, nullptr);
+    *stream.read = batch;
+    reactor->OnReadDone(true);
+  }
+
+  // Ends a channel that was sent one batch: its answer is written, and the
+  // client sends nothing more.
+  static void End(Reactor* reactor, FakeStream& stream) {
+    ASSERT_TRUE(stream.wrote.WaitForNotificationWithTimeout(absl::Minutes(1)));
+    stream.WaitForReads(2);  // The batch is done: the next read is started.
+    reactor->OnWriteDone(true);
+    reactor->OnReadDone(false);
+    // On this thread, or on the worker once its slice is out of the read
+    // it started.
+    ASSERT_TRUE(
+        stream.finished.WaitForNotificationWithTimeout(absl::Minutes(1)));
+    EXPECT_EQ(stream.finishes.load(), 1);
+    EXPECT_TRUE(stream.status->ok());
+    reactor->OnDone();
+  }
+
+  std::vector<std::shared_ptr<Session>> kept_;
+  Gate workers_gate_;  // Before the pool (the base's) goes.
+};
+
+// The server's only session: a small batch is applied, and answered, on
+// the callback thread that read it, with every worker busy: no hand-off
+// to a worker and back (BENCHMARKS.md: a replayed step's server CPU).
+TEST_F(RunsHereTest, TheOnlySessionsSmallBatchIsAppliedOnTheReadingThread) {
+  const std::string session = NewSession();
+  HoldWorkers();
+  grpc::CallbackServerContext context;
+  FakeStream stream;
+  Reactor* reactor = service_.Pipeline(&context);
+  stream.Bind(reactor);
+
+  Deliver(reactor, stream, FenceBatch(session));
+  ASSERT_EQ(stream.writes.load(), 1);  // The fence's result and the ack.
+  EXPECT_EQ(stream.WriteThreads()[0], std::this_thread::get_id());
+  workers_gate_.Open();
+  End(reactor, stream);
+}
+
+// A second session: batches go to the workers, whose turns keep tenants
+// apart; nothing is applied on the callback thread.
+TEST_F(RunsHereTest, WithASecondSessionTheBatchWaitsForAWorker) {
+  const std::string session = NewSession();
+  NewSession();
+  HoldWorkers();
+  grpc::CallbackServerContext context;
+  FakeStream stream;
+  Reactor* reactor = service_.Pipeline(&context);
+  stream.Bind(reactor);
+
+  Deliver(reactor, stream, FenceBatch(session));
+  EXPECT_EQ(stream.writes.load(), 0);
+  workers_gate_.Open();
+  End(reactor, stream);
+  EXPECT_NE(stream.WriteThreads()[0], std::this_thread::get_id());
+}
+
+// A batch over kBatchBytesRunHere goes to the workers even alone.
+TEST_F(RunsHereTest, ALargeBatchWaitsForAWorker) {
+  const std::string session = NewSession();
+  HoldWorkers();
+  grpc::CallbackServerContext context;
+  FakeStream stream;
+  Reactor* reactor = service_.Pipeline(&context);
+  stream.Bind(reactor);
+
+  const grpc::ByteBuffer batch = FenceBatch(session, /*padding=*/500);
+  ASSERT_GT(batch.Length(), 4096u);
+  Deliver(reactor, stream, batch);
+  EXPECT_EQ(stream.writes.load(), 0);
+  workers_gate_.Open();
+  End(reactor, stream);
+  EXPECT_NE(stream.WriteThreads()[0], std::this_thread::get_id());
+}
+
+// One slice at a time on the callback threads, server-wide: while one
+// channel's slice runs on its reading thread (held in its write), another
+// channel's batch goes to the workers, so a callback thread stays free.
+TEST_F(RunsHereTest, OneSliceAtATimeRunsOnACallbackThread) {
+  const std::string session = NewSession();
+  HoldWorkers();
+  grpc::CallbackServerContext first_context, second_context;
+  FakeStream first, second;
+  absl::Notification release_first;
+  first.hold_writes = &release_first;
+  Reactor* first_reactor = service_.Pipeline(&first_context);
+  first.Bind(first_reactor);
+  Reactor* second_reactor = service_.Pipeline(&second_context);
+  second.Bind(second_reactor);
+
+  std::thread reading(
+      [&] { Deliver(first_reactor, first, FenceBatch(session)); });
+  ASSERT_TRUE(first.wrote.WaitForNotificationWithTimeout(absl::Minutes(1)));
+  Deliver(second_reactor, second, FenceBatch(session));
+  EXPECT_EQ(second.writes.load(), 0);  // Waits for a worker.
+  EXPECT_EQ(first.WriteThreads()[0], reading.get_id());
+  release_first.Notify();
+  reading.join();
+  workers_gate_.Open();
+  End(second_reactor, second);
+  EXPECT_NE(second.WriteThreads()[0], std::this_thread::get_id());
+  End(first_reactor, first);
+
+  // The first slice is over: the next small batch runs where it is read.
+  grpc::CallbackServerContext third_context;
+  FakeStream third;
+  Reactor* third_reactor = service_.Pipeline(&third_context);
+  third.Bind(third_reactor);
+  Deliver(third_reactor, third, FenceBatch(session));
+  ASSERT_EQ(third.writes.load(), 1);
+  EXPECT_EQ(third.WriteThreads()[0], std::this_thread::get_id());
+  End(third_reactor, third);
 }
 
 }  // namespace

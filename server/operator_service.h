@@ -149,6 +149,10 @@ class OperatorService final : public OperatorsBase {
   SessionManager* const sessions_;
   const TransferLimits limits_;
   WorkPool* const workers_;
+  // A Pipeline batch is being applied on gRPC's callback thread that
+  // received it (the command channel reactor's RunsHere): at most one at a
+  // time, so another callback thread is always free.
+  std::atomic<bool> slice_on_callback_thread_{false};
   const Authenticator* const authenticator_;
   // Evaluate calls running now. Shared with their slots: a worker drops a
   // finished call's task (and its slot) after the reply, which can be after
