@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -21,9 +22,9 @@
 #include "client/connect_options.h"
 #include "client/session_handles.h"
 #include "client/transfer_watchdog.h"
-#include "kernels/op_signatures.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kernels/dtype.h"
+#include "kernels/op_signatures.h"
 #include "proto/opserver.grpc.pb.h"
 
 // Everything lives in opserver::remote (the server has its own Session,
@@ -221,12 +222,19 @@ class Session {
   // Streams.
   absl::StatusOr<Stream> CreateStream();
   absl::Status DestroyStream(uint64_t stream);
+  // Pipelined: no round trip when the stream is known clean (a synchronize
+  // of it succeeded, no command queued work on it since, and no
+  // UploadAsync or DownloadAsync on it is moving or failed since): it is
+  // idle and has no error to report, as aclrtStreamQuery already answers
+  // locally. A failure the server finds meanwhile without any work (the
+  // session closed) is reported by the next call that needs the server.
   absl::Status Synchronize(uint64_t stream = 0);
   // Whether `stream` has work queued or running on the server
   // (aclrtStreamQuery). Pipelined: no round trip when the stream is known
-  // idle (a synchronize or query of it found it idle and no command queued
-  // work on it since), else one (a query fence). Otherwise two (a record
-  // of the stream's probe event and its query).
+  // idle (a synchronize or query of it found it idle, no command queued
+  // work on it since, and no UploadAsync or DownloadAsync on it is moving),
+  // else one (a query fence). Otherwise two (a record of the stream's probe
+  // event and its query).
   absl::StatusOr<bool> StreamBusy(uint64_t stream);
   // Waits until the work queued on `stream` so far has run, at most
   // `timeout` (DEADLINE_EXCEEDED then, the work still queued and running):
@@ -541,7 +549,14 @@ class Session {
                                                bool may_fall_back);
   // CompleteDataPath(call, false) on a thread of its own (here, when no
   // thread can be started), as a PendingRead; Close() waits for it.
-  PendingRead CompleteInBackground(std::shared_ptr<DataPathCall> call);
+  PendingRead CompleteInBackground(std::shared_ptr<DataPathCall> call,
+                                   uint64_t stream);
+  // UploadAsync's and DownloadAsync's end, after CopyStarted(stream): the
+  // opened `call` completed in the background, or, when there is no data
+  // path, `without_data_path` done here; CopyEnded once the bytes moved.
+  absl::StatusOr<PendingRead> StartCopy(
+      uint64_t stream, absl::StatusOr<std::shared_ptr<DataPathCall>> call,
+      absl::FunctionRef<absl::Status()> without_data_path);
   // One data-path connection's try at a transfer: `moved` is how the bytes
   // went on it; `dropped`, that the server closed it in a way that says it
   // may never have taken the ticket (so the same ticket may be tried again).
@@ -560,7 +575,7 @@ class Session {
   // Moves buffer[offset, offset + size) to (`upload`) or from `data`: over
   // the data path (DataPathTransfer) where it can, else Split (below), or
   // else as one call on the first of its direction's transfer connections
-  // (Client::TransferChannel).
+  // (Client::TransferChannel). Between CopyStarted and CopyEnded.
   absl::Status Transfer(bool upload, uint64_t buffer, uint64_t offset,
                         char* data, uint64_t size, uint64_t stream,
                         const TransferPart& part);
@@ -612,15 +627,31 @@ class Session {
   // session's streams (pipelined sessions, which know them).
   absl::Status CheckLocalStream(absl::string_view what, uint64_t stream);
   // Pipelined: `stream` was found idle by a fence or call ordered after
-  // the first `issued` commands sent.
-  void NoteIdle(uint64_t stream, uint64_t issued);
-  // Pipelined: no command queued work on `stream` since it was found idle.
-  bool KnownIdle(uint64_t stream);
+  // the first `issued` commands sent; `clean`: by a synchronize, which also
+  // took its deferred error (a query takes none).
+  void NoteIdle(uint64_t stream, uint64_t issued, bool clean = false);
+  // Pipelined: no command queued work on `stream` since it was found idle
+  // (with `clean`: since a synchronize found it so), and no async copy on
+  // it is moving.
+  bool KnownIdle(uint64_t stream, bool clean = false);
+  // A transfer ordered on `stream` (UploadAsync, DownloadAsync, Transfer)
+  // starts, or ends (`ok`: it moved every byte). Its bytes are work on the
+  // stream the channel does not count: the stream is not known idle while
+  // they move, nor clean after they failed (the server may hold the
+  // failure for the stream).
+  void CopyStarted(uint64_t stream);
+  void CopyEnded(uint64_t stream, bool ok);
   // The event StreamBusy (unpipelined) and WaitStream record on `stream`,
   // made on first use and destroyed with the stream.
   absl::StatusOr<uint64_t> Probe(uint64_t stream);
   // By stream: the commands sent before it was last found idle.
   absl::flat_hash_map<uint64_t, uint64_t> idle_at_ ABSL_GUARDED_BY(handles_mu_);
+  // By stream: the commands sent before a synchronize last found it idle.
+  absl::flat_hash_map<uint64_t, uint64_t> clean_at_
+      ABSL_GUARDED_BY(handles_mu_);
+  // By stream: its async copies moving now.
+  absl::flat_hash_map<uint64_t, int> copies_moving_
+      ABSL_GUARDED_BY(handles_mu_);
   absl::flat_hash_map<uint64_t, uint64_t> probes_ ABSL_GUARDED_BY(handles_mu_);
   // Client-chosen ids (executors and events) are never reused.
   uint64_t next_executor_ ABSL_GUARDED_BY(handles_mu_) = kClientExecutorBase;

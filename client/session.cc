@@ -236,6 +236,7 @@ absl::Status Session::DestroyStream(uint64_t stream) {
     absl::MutexLock lock(&handles_mu_);
     streams_.erase(stream);
     idle_at_.erase(stream);
+    clean_at_.erase(stream);
     if (channel_ != nullptr) channel_->ForgetStream(stream);
     if (auto it = probes_.find(stream); it != probes_.end()) {
       probe = it->second;
@@ -254,6 +255,10 @@ absl::Status Session::DestroyStream(uint64_t stream) {
 }
 
 absl::Status Session::Synchronize(uint64_t stream) {
+  // Nothing ran on it since a synchronize found it idle: no round trip.
+  if (KnownIdle(stream, /*clean=*/true) && Lost().ok()) {
+    return absl::OkStatus();
+  }
   // Every command sent up to now is ordered before the fence or the unary
   // call below (commands other threads send meanwhile may not be).
   const uint64_t issued = channel_ != nullptr ? channel_->Issued() : 0;
@@ -278,27 +283,46 @@ absl::Status Session::Synchronize(uint64_t stream) {
       status = WithDeferredStream(std::move(status), stream);
     }
   }
-  if (status.ok()) NoteIdle(stream, issued);
+  if (status.ok()) NoteIdle(stream, issued, /*clean=*/true);
   return status;
 }
 
-void Session::NoteIdle(uint64_t stream, uint64_t issued) {
+void Session::NoteIdle(uint64_t stream, uint64_t issued, bool clean) {
   if (channel_ == nullptr) return;
   absl::MutexLock lock(&handles_mu_);
   if (stream != 0 && !streams_.contains(stream)) return;
-  uint64_t& known = idle_at_[stream];
-  known = std::max(known, issued);
+  uint64_t& idle = idle_at_[stream];
+  idle = std::max(idle, issued);
+  if (clean) {
+    uint64_t& clean_after = clean_at_[stream];
+    clean_after = std::max(clean_after, issued);
+  }
 }
 
-bool Session::KnownIdle(uint64_t stream) {
+bool Session::KnownIdle(uint64_t stream, bool clean) {
+  if (channel_ == nullptr) return false;
   uint64_t idle_after;
   {
     absl::MutexLock lock(&handles_mu_);
-    auto it = idle_at_.find(stream);
-    if (it == idle_at_.end()) return false;
+    if (copies_moving_.contains(stream)) return false;
+    const auto& marks = clean ? clean_at_ : idle_at_;
+    auto it = marks.find(stream);
+    if (it == marks.end()) return false;
     idle_after = it->second;
   }
   return channel_->LastWorkOn(stream) <= idle_after;
+}
+
+void Session::CopyStarted(uint64_t stream) {
+  absl::MutexLock lock(&handles_mu_);
+  ++copies_moving_[stream];
+}
+
+void Session::CopyEnded(uint64_t stream, bool ok) {
+  absl::MutexLock lock(&handles_mu_);
+  if (!ok) clean_at_.erase(stream);
+  auto it = copies_moving_.find(stream);
+  if (it != copies_moving_.end() && --it->second == 0) copies_moving_.erase(it);
 }
 
 absl::Status Session::CheckLocalStream(absl::string_view what,

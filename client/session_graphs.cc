@@ -202,7 +202,7 @@ absl::Status Session::ReplayGraphAndSynchronize(uint64_t graph,
   // fence.
   const uint64_t issued = channel_->Issued() + 1;
   absl::Status status = channel_->SendThenFence(std::move(command), stream);
-  if (status.ok()) NoteIdle(stream, issued);
+  if (status.ok()) NoteIdle(stream, issued, /*clean=*/true);
   return status;
 }
 

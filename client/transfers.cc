@@ -404,12 +404,10 @@ absl::StatusOr<PendingRead> Session::UploadAsync(uint64_t buffer,
   RETURN_IF_ERROR(Ordered());
   // Only read, as by Upload.
   char* bytes = const_cast<char*>(static_cast<const char*>(data));
-  ASSIGN_OR_RETURN(std::shared_ptr<DataPathCall> call,
-                   OpenDataPath(true, buffer, offset, bytes, size, stream));
-  if (call == nullptr) {
-    return PendingRead(Upload(buffer, offset, data, size, stream));
-  }
-  return CompleteInBackground(std::move(call));
+  CopyStarted(stream);
+  return StartCopy(stream,
+                   OpenDataPath(true, buffer, offset, bytes, size, stream),
+                   [&] { return Upload(buffer, offset, data, size, stream); });
 }
 
 absl::StatusOr<PendingRead> Session::DownloadAsync(uint64_t buffer,
@@ -418,23 +416,38 @@ absl::StatusOr<PendingRead> Session::DownloadAsync(uint64_t buffer,
                                                    uint64_t stream) {
   RETURN_IF_ERROR(Ordered());
   char* bytes = static_cast<char*>(data);
-  ASSIGN_OR_RETURN(std::shared_ptr<DataPathCall> call,
-                   OpenDataPath(false, buffer, offset, bytes, size, stream));
-  if (call == nullptr) {
-    return PendingRead(StreamDownload(buffer, offset, data, size, stream));
-  }
-  return CompleteInBackground(std::move(call));
+  CopyStarted(stream);
+  return StartCopy(
+      stream, OpenDataPath(false, buffer, offset, bytes, size, stream),
+      [&] { return StreamDownload(buffer, offset, data, size, stream); });
 }
 
-PendingRead Session::CompleteInBackground(std::shared_ptr<DataPathCall> call) {
+absl::StatusOr<PendingRead> Session::StartCopy(
+    uint64_t stream, absl::StatusOr<std::shared_ptr<DataPathCall>> call,
+    absl::FunctionRef<absl::Status()> without_data_path) {
+  if (!call.ok()) {
+    CopyEnded(stream, /*ok=*/false);
+    return call.status();
+  }
+  if (*call == nullptr) {
+    absl::Status done = without_data_path();
+    CopyEnded(stream, done.ok());
+    return PendingRead(std::move(done));
+  }
+  return CompleteInBackground(*std::move(call), stream);
+}
+
+PendingRead Session::CompleteInBackground(std::shared_ptr<DataPathCall> call,
+                                          uint64_t stream) {
   {
     absl::MutexLock lock(&mu_);
     ++background_copies_;
   }
   std::function<void()> cancel = [call] { call->Cancel(); };
-  std::function<absl::Status()> complete = [this, call]() mutable {
+  std::function<absl::Status()> complete = [this, call, stream]() mutable {
     absl::Status moved = *CompleteDataPath(*call, /*may_fall_back=*/false);
     call.reset();
+    CopyEnded(stream, moved.ok());
     absl::MutexLock lock(&mu_);
     --background_copies_;
     return moved;
@@ -450,14 +463,19 @@ PendingRead Session::CompleteInBackground(std::shared_ptr<DataPathCall> call) {
 absl::Status Session::Transfer(bool upload, uint64_t buffer, uint64_t offset,
                                char* data, uint64_t size, uint64_t stream,
                                const TransferPart& part_call) {
-  std::optional<absl::Status> moved =
-      DataPathTransfer(upload, buffer, offset, data, size, stream);
-  if (moved.has_value()) return *moved;
-  std::optional<absl::Status> split =
-      Split(upload, buffer, offset, size, stream, part_call);
-  if (split.has_value()) return *split;
-  return part_call(client_->TransferChannel(upload, 0), 0, size, stream,
-                   IdleWatch::kAfterFirstMessage);
+  CopyStarted(stream);
+  const absl::Status moved = [&] {
+    std::optional<absl::Status> direct =
+        DataPathTransfer(upload, buffer, offset, data, size, stream);
+    if (direct.has_value()) return *direct;
+    std::optional<absl::Status> split =
+        Split(upload, buffer, offset, size, stream, part_call);
+    if (split.has_value()) return *split;
+    return part_call(client_->TransferChannel(upload, 0), 0, size, stream,
+                     IdleWatch::kAfterFirstMessage);
+  }();
+  CopyEnded(stream, moved.ok());
+  return moved;
 }
 
 std::optional<absl::Status> Session::Split(bool upload, uint64_t buffer,

@@ -5,6 +5,7 @@
 // its bytes would never return: the order is certain, nothing sleeps.
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "acl/acl.h"
 #include "devices/testing/fake_device.h"
 #include "gtest/gtest.h"
+#include "testing/metrics_scrape.h"
 #include "tests/capi_held_streams.h"
 
 namespace opserver {
@@ -186,6 +188,86 @@ TEST_F(CApiAsyncUploadTest, PageableMemoryIsCopiedBeforeTheCallReturns) {
   ASSERT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS) << LastError();
   EXPECT_EQ(Read(dev), sent);
   aclrtFree(dev);
+  EXPECT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
+}
+
+// The server's count of what a synchronize of a stream asks it: unary
+// SynchronizeStream calls and Pipeline fences (which carry the pipelined
+// synchronize; none here, counted so that one would be seen).
+class CApiCleanStreamTest : public CApiHeldStreamsTest {
+ protected:
+  void Configure(Options& options) override {
+    options.metrics_listen = "127.0.0.1:0";
+    options.data_drop_accepted = [this] { return drop_data_.load(); };
+  }
+  double SynchronizesAsked() {
+    const std::string page = scrape::Metrics(server_->metrics_address());
+    EXPECT_FALSE(page.empty());
+    return scrape::Sum(page, "grpc_server_call_started_total",
+                       "SynchronizeStream\"") +
+           scrape::Sum(page, "opserver_pipeline_commands_total",
+                       "command=\"fence\"");
+  }
+
+  // Set: the server closes every data-path connection unread.
+  std::atomic<bool> drop_data_{false};
+};
+
+// A stream a synchronize found idle, with only an async copy of
+// page-locked memory since: the next synchronize waits for the copy and
+// asks the server nothing (the copy's own call reported its end), as CANN
+// answers a synchronize of an idle stream at once. Work queued on the stream
+// makes the next one ask again.
+TEST_F(CApiCleanStreamTest, ASynchronizeAfterOnlyACopyAsksTheServerNothing) {
+  auto [stream, record] = NewStream();
+  ASSERT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS) << LastError();
+  const double asked = SynchronizesAsked();
+  ASSERT_GE(asked, 1);
+
+  float* pinned = PinnedCounting();
+  const std::vector<float> sent(pinned, pinned + kFloats);
+  void* dev = nullptr;
+  ASSERT_EQ(aclrtMalloc(&dev, kBytes, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMemcpyAsync(dev, kBytes, pinned, kBytes,
+                             ACL_MEMCPY_HOST_TO_DEVICE, stream),
+            ACL_SUCCESS)
+      << LastError();
+  ASSERT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS) << LastError();
+  EXPECT_EQ(SynchronizesAsked(), asked);
+  EXPECT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS) << LastError();
+  EXPECT_EQ(SynchronizesAsked(), asked);
+  EXPECT_EQ(Read(dev), sent);
+
+  ASSERT_EQ(aclrtMemsetAsync(dev, kBytes, 0, kBytes, stream), ACL_SUCCESS)
+      << LastError();
+  ASSERT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS) << LastError();
+  EXPECT_GT(SynchronizesAsked(), asked);
+  EXPECT_EQ(Read(dev), std::vector<float>(kFloats, 0.0f));
+  aclrtFree(dev);
+  EXPECT_EQ(aclrtFreeHost(pinned), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
+}
+
+// A copy that failed (the server closes its data connections, so its
+// bytes never move) leaves the stream unknown: the synchronize reports the
+// copy's failure and asks the server, which may hold one for the stream.
+TEST_F(CApiCleanStreamTest, AfterAFailedCopyTheSynchronizeAsksTheServer) {
+  auto [stream, record] = NewStream();
+  ASSERT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS) << LastError();
+  const double asked = SynchronizesAsked();
+  float* pinned = PinnedCounting();
+  void* dev = nullptr;
+  ASSERT_EQ(aclrtMalloc(&dev, kBytes, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  drop_data_ = true;
+  ASSERT_EQ(aclrtMemcpyAsync(dev, kBytes, pinned, kBytes,
+                             ACL_MEMCPY_HOST_TO_DEVICE, stream),
+            ACL_SUCCESS)
+      << LastError();
+  EXPECT_NE(aclrtSynchronizeStream(stream), ACL_SUCCESS);
+  drop_data_ = false;
+  EXPECT_GT(SynchronizesAsked(), asked);
+  aclrtFree(dev);
+  EXPECT_EQ(aclrtFreeHost(pinned), ACL_SUCCESS);
   EXPECT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
 }
 
