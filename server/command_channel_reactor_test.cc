@@ -213,6 +213,37 @@ class RunsHereTest : public CommandChannelReactorTest {
     reactor->OnDone();
   }
 
+  // A Pipeline call on its fake stream.
+  struct Channel {
+    explicit Channel(OperatorService& service)
+        : reactor(service.Pipeline(&context)) {
+      stream.Bind(reactor);
+    }
+    grpc::CallbackServerContext context;
+    FakeStream stream;
+    Reactor* reactor;
+  };
+
+  // `batch` is applied and answered before its read's reaction returns,
+  // on the reading thread; the channel then ends.
+  static void ExpectAppliedHere(Channel& channel,
+                                const grpc::ByteBuffer& batch) {
+    Deliver(channel.reactor, channel.stream, batch);
+    ASSERT_EQ(channel.stream.writes.load(), 1);  // The fence and the ack.
+    EXPECT_EQ(channel.stream.WriteThreads()[0], std::this_thread::get_id());
+    End(channel.reactor, channel.stream);
+  }
+
+  // With the workers held, nothing of `batch` is answered until they are
+  // let go, and then by a worker; the channel then ends.
+  void ExpectAppliedByAWorker(Channel& channel, const grpc::ByteBuffer& batch) {
+    Deliver(channel.reactor, channel.stream, batch);
+    EXPECT_EQ(channel.stream.writes.load(), 0);
+    workers_gate_.Open();
+    End(channel.reactor, channel.stream);
+    EXPECT_NE(channel.stream.WriteThreads()[0], std::this_thread::get_id());
+  }
+
   std::vector<std::shared_ptr<Session>> kept_;
   Gate workers_gate_;  // Before the pool (the base's) goes.
 };
@@ -223,16 +254,8 @@ class RunsHereTest : public CommandChannelReactorTest {
 TEST_F(RunsHereTest, TheOnlySessionsSmallBatchIsAppliedOnTheReadingThread) {
   const std::string session = NewSession();
   HoldWorkers();
-  grpc::CallbackServerContext context;
-  FakeStream stream;
-  Reactor* reactor = service_.Pipeline(&context);
-  stream.Bind(reactor);
-
-  Deliver(reactor, stream, FenceBatch(session));
-  ASSERT_EQ(stream.writes.load(), 1);  // The fence's result and the ack.
-  EXPECT_EQ(stream.WriteThreads()[0], std::this_thread::get_id());
-  workers_gate_.Open();
-  End(reactor, stream);
+  Channel channel(service_);
+  ExpectAppliedHere(channel, FenceBatch(session));
 }
 
 // A second session: batches go to the workers, whose turns keep tenants
@@ -241,34 +264,18 @@ TEST_F(RunsHereTest, WithASecondSessionTheBatchWaitsForAWorker) {
   const std::string session = NewSession();
   NewSession();
   HoldWorkers();
-  grpc::CallbackServerContext context;
-  FakeStream stream;
-  Reactor* reactor = service_.Pipeline(&context);
-  stream.Bind(reactor);
-
-  Deliver(reactor, stream, FenceBatch(session));
-  EXPECT_EQ(stream.writes.load(), 0);
-  workers_gate_.Open();
-  End(reactor, stream);
-  EXPECT_NE(stream.WriteThreads()[0], std::this_thread::get_id());
+  Channel channel(service_);
+  ExpectAppliedByAWorker(channel, FenceBatch(session));
 }
 
 // A batch over kBatchBytesRunHere goes to the workers even alone.
 TEST_F(RunsHereTest, ALargeBatchWaitsForAWorker) {
   const std::string session = NewSession();
   HoldWorkers();
-  grpc::CallbackServerContext context;
-  FakeStream stream;
-  Reactor* reactor = service_.Pipeline(&context);
-  stream.Bind(reactor);
-
+  Channel channel(service_);
   const grpc::ByteBuffer batch = FenceBatch(session, /*padding=*/500);
   ASSERT_GT(batch.Length(), 4096u);
-  Deliver(reactor, stream, batch);
-  EXPECT_EQ(stream.writes.load(), 0);
-  workers_gate_.Open();
-  End(reactor, stream);
-  EXPECT_NE(stream.WriteThreads()[0], std::this_thread::get_id());
+  ExpectAppliedByAWorker(channel, batch);
 }
 
 // One slice at a time on the callback threads, server-wide: while one
@@ -277,37 +284,23 @@ TEST_F(RunsHereTest, ALargeBatchWaitsForAWorker) {
 TEST_F(RunsHereTest, OneSliceAtATimeRunsOnACallbackThread) {
   const std::string session = NewSession();
   HoldWorkers();
-  grpc::CallbackServerContext first_context, second_context;
-  FakeStream first, second;
+  Channel first(service_), second(service_);
   absl::Notification release_first;
-  first.hold_writes = &release_first;
-  Reactor* first_reactor = service_.Pipeline(&first_context);
-  first.Bind(first_reactor);
-  Reactor* second_reactor = service_.Pipeline(&second_context);
-  second.Bind(second_reactor);
+  first.stream.hold_writes = &release_first;
 
   std::thread reading(
-      [&] { Deliver(first_reactor, first, FenceBatch(session)); });
-  ASSERT_TRUE(first.wrote.WaitForNotificationWithTimeout(absl::Minutes(1)));
-  Deliver(second_reactor, second, FenceBatch(session));
-  EXPECT_EQ(second.writes.load(), 0);  // Waits for a worker.
-  EXPECT_EQ(first.WriteThreads()[0], reading.get_id());
+      [&] { Deliver(first.reactor, first.stream, FenceBatch(session)); });
+  ASSERT_TRUE(
+      first.stream.wrote.WaitForNotificationWithTimeout(absl::Minutes(1)));
+  EXPECT_EQ(first.stream.WriteThreads()[0], reading.get_id());
+  ExpectAppliedByAWorker(second, FenceBatch(session));
   release_first.Notify();
   reading.join();
-  workers_gate_.Open();
-  End(second_reactor, second);
-  EXPECT_NE(second.WriteThreads()[0], std::this_thread::get_id());
-  End(first_reactor, first);
+  End(first.reactor, first.stream);
 
   // The first slice is over: the next small batch runs where it is read.
-  grpc::CallbackServerContext third_context;
-  FakeStream third;
-  Reactor* third_reactor = service_.Pipeline(&third_context);
-  third.Bind(third_reactor);
-  Deliver(third_reactor, third, FenceBatch(session));
-  ASSERT_EQ(third.writes.load(), 1);
-  EXPECT_EQ(third.WriteThreads()[0], std::this_thread::get_id());
-  End(third_reactor, third);
+  Channel third(service_);
+  ExpectAppliedHere(third, FenceBatch(session));
 }
 
 }  // namespace
