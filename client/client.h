@@ -222,12 +222,13 @@ class Session {
   // Streams.
   absl::StatusOr<Stream> CreateStream();
   absl::Status DestroyStream(uint64_t stream);
-  // Pipelined: no round trip when the stream is known clean (a synchronize
-  // of it succeeded, no command queued work on it since, and no
-  // UploadAsync or DownloadAsync on it is moving or failed since): it is
-  // idle and has no error to report, as aclrtStreamQuery already answers
-  // locally. A failure the server finds meanwhile without any work (the
-  // session closed) is reported by the next call that needs the server.
+  // Pipelined: no round trip when only transfers ran on the stream since a
+  // synchronize of it succeeded (no command queued work on it since), and
+  // every one has ended well: their own calls reported their end, so the
+  // stream is idle with no error to report, as aclrtStreamQuery already
+  // answers locally. A synchronize with nothing since still asks the server
+  // (it may be asked for a failure the server found without any work: the
+  // session closed).
   absl::Status Synchronize(uint64_t stream = 0);
   // Whether `stream` has work queued or running on the server
   // (aclrtStreamQuery). Pipelined: no round trip when the stream is known
@@ -652,6 +653,8 @@ class Session {
   // By stream: its async copies moving now.
   absl::flat_hash_map<uint64_t, int> copies_moving_
       ABSL_GUARDED_BY(handles_mu_);
+  // Streams on which a copy ended well since their last synchronize.
+  absl::flat_hash_set<uint64_t> copied_since_sync_ ABSL_GUARDED_BY(handles_mu_);
   absl::flat_hash_map<uint64_t, uint64_t> probes_ ABSL_GUARDED_BY(handles_mu_);
   // Client-chosen ids (executors and events) are never reused.
   uint64_t next_executor_ ABSL_GUARDED_BY(handles_mu_) = kClientExecutorBase;

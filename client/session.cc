@@ -237,6 +237,7 @@ absl::Status Session::DestroyStream(uint64_t stream) {
     streams_.erase(stream);
     idle_at_.erase(stream);
     clean_at_.erase(stream);
+    copied_since_sync_.erase(stream);
     if (channel_ != nullptr) channel_->ForgetStream(stream);
     if (auto it = probes_.find(stream); it != probes_.end()) {
       probe = it->second;
@@ -255,9 +256,11 @@ absl::Status Session::DestroyStream(uint64_t stream) {
 }
 
 absl::Status Session::Synchronize(uint64_t stream) {
-  // Nothing ran on it since a synchronize found it idle: no round trip.
+  // Only copies that reported their end ran on it since a synchronize
+  // found it idle: no round trip (an idle synchronize still asks).
   if (KnownIdle(stream, /*clean=*/true) && Lost().ok()) {
-    return absl::OkStatus();
+    absl::MutexLock lock(&handles_mu_);
+    if (copied_since_sync_.erase(stream) > 0) return absl::OkStatus();
   }
   // Every command sent up to now is ordered before the fence or the unary
   // call below (commands other threads send meanwhile may not be).
@@ -296,6 +299,7 @@ void Session::NoteIdle(uint64_t stream, uint64_t issued, bool clean) {
   if (clean) {
     uint64_t& clean_after = clean_at_[stream];
     clean_after = std::max(clean_after, issued);
+    copied_since_sync_.erase(stream);
   }
 }
 
@@ -320,7 +324,12 @@ void Session::CopyStarted(uint64_t stream) {
 
 void Session::CopyEnded(uint64_t stream, bool ok) {
   absl::MutexLock lock(&handles_mu_);
-  if (!ok) clean_at_.erase(stream);
+  if (ok) {
+    copied_since_sync_.insert(stream);
+  } else {
+    clean_at_.erase(stream);
+    copied_since_sync_.erase(stream);
+  }
   auto it = copies_moving_.find(stream);
   if (it != copies_moving_.end() && --it->second == 0) copies_moving_.erase(it);
 }
