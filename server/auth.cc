@@ -7,6 +7,7 @@
 #include <iterator>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -231,7 +232,11 @@ size_t Authenticator::SetTokens(TokenTable tokens) {
     absl::MutexLock lock(&mu_);
     tokens_ = table;
   }
-  size_t cancelled = 0;
+  // Every call of a revoked token is marked before any is cancelled: one
+  // call's end may end another's session (an Attach), and a call that
+  // hears of that must already know its token went, so that it ends as
+  // revoked, not as closed (a Pipeline: NOT_FOUND).
+  std::vector<TokenBoundCall*> revoked;
   for (TokenBoundCall* call : calls_) {
     if (call->revoked()) continue;
     std::optional<std::string> tenant = TenantOf(call->authorization_);
@@ -239,15 +244,15 @@ size_t Authenticator::SetTokens(TokenTable tokens) {
         absl::StrCat("tenant:", *tenant) == call->identity_) {
       continue;
     }
-    // The context lives until the reactor's OnDone, which unbinds the call
-    // under calls_mu_ first. TryCancel runs no reaction inline (the
-    // reactors' OnCancel runs on gRPC's threads), and no reaction takes
-    // calls_mu_ anyway.
     call->revoked_.store(true, std::memory_order_release);
-    call->context_->TryCancel();
-    ++cancelled;
+    revoked.push_back(call);
   }
-  return cancelled;
+  // The context lives until the reactor's OnDone, which unbinds the call
+  // under calls_mu_ first. TryCancel runs no reaction inline (the
+  // reactors' OnCancel runs on gRPC's threads), and no reaction takes
+  // calls_mu_ anyway.
+  for (TokenBoundCall* call : revoked) call->context_->TryCancel();
+  return revoked.size();
 }
 
 absl::StatusOr<std::string> Authenticator::Bind(TokenBoundCall* call) const {

@@ -190,7 +190,11 @@ class OperatorService::Pipeliner final
     bool cancel = false;
     {
       absl::MutexLock lock(&mu_);
-      if (end_status_.ok()) {
+      if (end_status_.ok() && binding_.revoked()) {
+        // The revocation ended the call that held the session (an Attach):
+        // the token is the cause (Authenticator::SetTokens).
+        end_status_ = RevokedError();
+      } else if (end_status_.ok()) {
         end_status_ = absl::NotFoundError(absl::StrCat(
             "session ", session_id_, " was closed; the channel ended"));
         session_closed_ = true;
@@ -202,6 +206,10 @@ class OperatorService::Pipeliner final
     }
     if (cancel) context_->TryCancel();
     pipeline_.FencesWritten(SIZE_MAX, 0);
+  }
+
+  static absl::Status RevokedError() {
+    return absl::UnauthenticatedError("the channel's token was revoked");
   }
 
   // Ends the call with `status` once nothing of it is pending.
@@ -277,8 +285,7 @@ class OperatorService::Pipeliner final
       rerun_ = false;
       if (binding_.revoked() && end_status_.ok()) {
         // The cancellation is on its way; nothing more of the batch runs.
-        end_status_ =
-            absl::UnauthenticatedError("the channel's token was revoked");
+        end_status_ = RevokedError();
         failed_ = true;
       }
       if (failed_) {
