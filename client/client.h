@@ -645,16 +645,18 @@ class Session {
   // The event StreamBusy (unpipelined) and WaitStream record on `stream`,
   // made on first use and destroyed with the stream.
   absl::StatusOr<uint64_t> Probe(uint64_t stream);
-  // By stream: the commands sent before it was last found idle.
-  absl::flat_hash_map<uint64_t, uint64_t> idle_at_ ABSL_GUARDED_BY(handles_mu_);
-  // By stream: the commands sent before a synchronize last found it idle.
-  absl::flat_hash_map<uint64_t, uint64_t> clean_at_
+  // What the session knows of a stream without asking the server.
+  struct StreamMarks {
+    // The commands sent before it was last found idle, and before a
+    // synchronize last found it so; unset: never.
+    std::optional<uint64_t> idle_at;
+    std::optional<uint64_t> clean_at;
+    int copies_moving = 0;
+    // A copy on it ended well since its last synchronize.
+    bool copied_since_sync = false;
+  };
+  absl::flat_hash_map<uint64_t, StreamMarks> marks_
       ABSL_GUARDED_BY(handles_mu_);
-  // By stream: its async copies moving now.
-  absl::flat_hash_map<uint64_t, int> copies_moving_
-      ABSL_GUARDED_BY(handles_mu_);
-  // Streams on which a copy ended well since their last synchronize.
-  absl::flat_hash_set<uint64_t> copied_since_sync_ ABSL_GUARDED_BY(handles_mu_);
   absl::flat_hash_map<uint64_t, uint64_t> probes_ ABSL_GUARDED_BY(handles_mu_);
   // Client-chosen ids (executors and events) are never reused.
   uint64_t next_executor_ ABSL_GUARDED_BY(handles_mu_) = kClientExecutorBase;

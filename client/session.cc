@@ -235,9 +235,7 @@ absl::Status Session::DestroyStream(uint64_t stream) {
   {
     absl::MutexLock lock(&handles_mu_);
     streams_.erase(stream);
-    idle_at_.erase(stream);
-    clean_at_.erase(stream);
-    copied_since_sync_.erase(stream);
+    marks_.erase(stream);
     if (channel_ != nullptr) channel_->ForgetStream(stream);
     if (auto it = probes_.find(stream); it != probes_.end()) {
       probe = it->second;
@@ -260,7 +258,11 @@ absl::Status Session::Synchronize(uint64_t stream) {
   // found it idle: no round trip (an idle synchronize still asks).
   if (KnownIdle(stream, /*clean=*/true) && Lost().ok()) {
     absl::MutexLock lock(&handles_mu_);
-    if (copied_since_sync_.erase(stream) > 0) return absl::OkStatus();
+    auto it = marks_.find(stream);
+    if (it != marks_.end() &&
+        std::exchange(it->second.copied_since_sync, false)) {
+      return absl::OkStatus();
+    }
   }
   // Every command sent up to now is ordered before the fence or the unary
   // call below (commands other threads send meanwhile may not be).
@@ -294,44 +296,39 @@ void Session::NoteIdle(uint64_t stream, uint64_t issued, bool clean) {
   if (channel_ == nullptr) return;
   absl::MutexLock lock(&handles_mu_);
   if (stream != 0 && !streams_.contains(stream)) return;
-  uint64_t& idle = idle_at_[stream];
-  idle = std::max(idle, issued);
+  StreamMarks& marks = marks_[stream];
+  marks.idle_at = std::max(marks.idle_at.value_or(0), issued);
   if (clean) {
-    uint64_t& clean_after = clean_at_[stream];
-    clean_after = std::max(clean_after, issued);
-    copied_since_sync_.erase(stream);
+    marks.clean_at = std::max(marks.clean_at.value_or(0), issued);
+    marks.copied_since_sync = false;
   }
 }
 
 bool Session::KnownIdle(uint64_t stream, bool clean) {
   if (channel_ == nullptr) return false;
-  uint64_t idle_after;
+  std::optional<uint64_t> idle_after;
   {
     absl::MutexLock lock(&handles_mu_);
-    if (copies_moving_.contains(stream)) return false;
-    const auto& marks = clean ? clean_at_ : idle_at_;
-    auto it = marks.find(stream);
-    if (it == marks.end()) return false;
-    idle_after = it->second;
+    auto it = marks_.find(stream);
+    if (it == marks_.end() || it->second.copies_moving > 0) return false;
+    idle_after = clean ? it->second.clean_at : it->second.idle_at;
   }
-  return channel_->LastWorkOn(stream) <= idle_after;
+  return idle_after.has_value() && channel_->LastWorkOn(stream) <= *idle_after;
 }
 
 void Session::CopyStarted(uint64_t stream) {
   absl::MutexLock lock(&handles_mu_);
-  ++copies_moving_[stream];
+  ++marks_[stream].copies_moving;
 }
 
 void Session::CopyEnded(uint64_t stream, bool ok) {
   absl::MutexLock lock(&handles_mu_);
-  if (ok) {
-    copied_since_sync_.insert(stream);
-  } else {
-    clean_at_.erase(stream);
-    copied_since_sync_.erase(stream);
-  }
-  auto it = copies_moving_.find(stream);
-  if (it != copies_moving_.end() && --it->second == 0) copies_moving_.erase(it);
+  auto it = marks_.find(stream);
+  if (it == marks_.end()) return;  // Destroyed meanwhile.
+  StreamMarks& marks = it->second;
+  --marks.copies_moving;
+  marks.copied_since_sync = ok;
+  if (!ok) marks.clean_at.reset();
 }
 
 absl::Status Session::CheckLocalStream(absl::string_view what,
