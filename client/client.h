@@ -22,6 +22,8 @@
 #include "client/connect_options.h"
 #include "client/session_handles.h"
 #include "client/transfer_watchdog.h"
+#include "common/data_path.h"
+#include "common/listen_address.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kernels/dtype.h"
 #include "kernels/op_signatures.h"
@@ -151,6 +153,14 @@ class Client {
   // failing, for `why` (printed the first time only); the next transfers
   // still try the data path.
   void NoteDataPathFallback(const absl::Status& why);
+  // A data-path connection to `target` that an earlier transfer kept
+  // (ConnectOptions::keep_data_connections), or an invalid one when none
+  // is left open: one the server has closed meanwhile is dropped here.
+  UniqueFd TakeDataConnection(const ListenAddress& target);
+  // Keeps `connection` (to `target`, with no transfer on it) for the next
+  // transfer; closed instead when kMaxKeptDataConnections are kept.
+  void KeepDataConnection(const ListenAddress& target, UniqueFd connection);
+  static constexpr size_t kMaxKeptDataConnections = 4;
 
  private:
   Client(std::string address, std::shared_ptr<grpc::Channel> channel,
@@ -171,6 +181,10 @@ class Client {
   const std::string dialed_host_;
   std::atomic<bool> data_path_off_;
   std::atomic<bool> data_path_fallback_noted_{false};
+  absl::Mutex kept_mu_;
+  // Idle data connections and where each goes ("HOST:PORT"), oldest first.
+  std::vector<std::pair<std::string, UniqueFd>> kept_data_connections_
+      ABSL_GUARDED_BY(kept_mu_);
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Runtime::Stub> runtime_;
   std::unique_ptr<v1::Operators::Stub> operators_;
@@ -561,13 +575,22 @@ class Session {
   // One data-path connection's try at a transfer: `moved` is how the bytes
   // went on it; `dropped`, that the server closed it in a way that says it
   // may never have taken the ticket (so the same ticket may be tried again).
+  // `reusable`: the transfer ended on it as one kept ends (the upload's
+  // acknowledgement came, or every byte of the download), so the
+  // connection may carry the next one once the call has ended OK.
   struct DataPathAttempt {
     absl::Status moved;
     bool dropped = false;
+    bool reusable = false;
   };
+  // `keep`: the server keeps the connection (the request's
+  // keep_connection, agreed to).
   static DataPathAttempt MoveOverDataPath(int fd, const std::string& ticket,
-                                          bool upload, char* data,
+                                          bool upload, bool keep, char* data,
                                           uint64_t size, const char* what);
+  // The end of an upload on a kept connection: the server's one-byte
+  // acknowledgement of its last byte.
+  static DataPathAttempt AwaitUploadAck(int fd, const char* what);
   // One call of a transfer: `size` bytes at `offset` + `at`, over
   // `channel`, ordered on `stream` (size 0: the barrier of a split one).
   using TransferPart =

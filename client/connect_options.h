@@ -57,13 +57,19 @@ struct ConnectOptions {
   absl::Duration transfer_idle_timeout = absl::Seconds(60);
   // An Upload or Download of at least data_path_bytes goes over the
   // server's data path when it has one (common/data_path.h: a plain TCP
-  // connection per transfer that carries the raw bytes, so neither side
+  // connection beside the channel that carries the raw bytes, so neither side
   // copies them through gRPC's buffers; BENCHMARKS.md, "The data path").
   // Never with TLS (the data path is not encrypted). Where the server has
   // none or its port cannot be reached, the client says so once on stderr
   // and uses Upload/Download (split as above) from then on.
   bool data_path = true;
   uint64_t data_path_bytes = 4ull << 20;
+  // A data-path connection stays open for the next transfer when the
+  // server agrees (at most 4 idle per Client): no connect per transfer,
+  // and TCP's window stays as large as it grew (a fresh connection starts
+  // small, which costs the receiver of a few MiB up to twice the CPU per
+  // byte). Off: one connection per transfer.
+  bool keep_data_connections = true;
   // Largest message accepted from the server (the
   // client accepted any size, so a hostile server could make it allocate
   // without bound). A server sends at most its --max_message_bytes (64 MiB

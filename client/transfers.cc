@@ -172,16 +172,18 @@ bool PeerClosed(int fd) {
 
 Session::DataPathAttempt Session::MoveOverDataPath(int fd,
                                                    const std::string& ticket,
-                                                   bool upload, char* data,
-                                                   uint64_t size,
+                                                   bool upload, bool keep,
+                                                   char* data, uint64_t size,
                                                    const char* what) {
   absl::Status sent = SendAll(fd, ticket.data(), ticket.size());
   if (upload) {
     if (sent.ok()) sent = SendAll(fd, data, size);
     // A server that took the ticket closes the connection only after the
-    // half-close that ends the bytes: closed before, it did not take it
-    // (or its transfer failed, which a retry cannot make worse).
+    // half-close that ends the bytes (or, kept, after its acknowledgement):
+    // closed before, it did not take it (or its transfer failed, which a
+    // retry cannot make worse).
     if (!sent.ok()) return {sent, PeerClosed(fd)};
+    if (keep) return AwaitUploadAck(fd, what);
     if (PeerClosed(fd)) {
       return {absl::UnavailableError(absl::StrCat(
                   what, ": the server closed the data connection early")),
@@ -212,7 +214,37 @@ Session::DataPathAttempt Session::MoveOverDataPath(int fd,
                 " of the ", size, " bytes")),
             *got == 0};
   }
-  return {absl::OkStatus(), false};
+  return {absl::OkStatus(), false, keep};
+}
+
+Session::DataPathAttempt Session::AwaitUploadAck(int fd, const char* what) {
+  char ack;
+  ssize_t n;
+  do {
+    n = recv(fd, &ack, 1, 0);
+  } while (n < 0 && errno == EINTR);
+  if (n == 1 && ack == kDataUploadAck) return {absl::OkStatus(), false, true};
+  if (n == 1) {
+    return {absl::InternalError(absl::StrCat(
+                what, ": the server answered the upload's last byte with ",
+                static_cast<int>(static_cast<unsigned char>(ack)),
+                ", not its acknowledgement")),
+            false};
+  }
+  // Closed without the acknowledgement: the server read not all the bytes,
+  // so it may not have taken the ticket at all (a kept connection it
+  // closed while idle), or its transfer failed; the call tells which.
+  if (n == 0 || errno == ECONNRESET || errno == EPIPE) {
+    return {absl::UnavailableError(
+                absl::StrCat(what,
+                             ": the server closed the data connection before "
+                             "acknowledging the upload")),
+            true};
+  }
+  return {
+      absl::UnavailableError(absl::StrCat(
+          what, ": no acknowledgement of the upload: ", std::strerror(errno))),
+      false};
 }
 
 struct Session::DataPathCall {
@@ -224,6 +256,8 @@ struct Session::DataPathCall {
   std::unique_ptr<grpc::ClientReader<v1::OpenDataTransferResponse>> reader;
   v1::OpenDataTransferResponse event;
   ListenAddress target;
+  // The server keeps the connection (keep_connection, agreed to).
+  bool keep = false;
   UniqueFd connection;  // The next to use; taken by CompleteDataPath.
   // The connection CompleteDataPath is moving bytes on (-1: none), and
   // whether Cancel() came: a cancelled call opens no new connection.
@@ -272,6 +306,7 @@ absl::StatusOr<std::shared_ptr<Session::DataPathCall>> Session::OpenDataPath(
   request.set_direction(
       upload ? v1::OpenDataTransferRequest::DIRECTION_HOST_TO_DEVICE
              : v1::OpenDataTransferRequest::DIRECTION_DEVICE_TO_HOST);
+  request.set_keep_connection(client_->options().keep_data_connections);
   call->reader = client_->runtime().OpenDataTransfer(&call->context, request);
   if (!call->reader->Read(&call->event)) {
     absl::Status status = client_->CallStatus(call->reader->Finish(),
@@ -294,11 +329,19 @@ absl::StatusOr<std::shared_ptr<Session::DataPathCall>> Session::OpenDataPath(
   }
   absl::StatusOr<ListenAddress> target =
       DataPathTarget(call->event, client_->DialedHost(), call->what);
-  absl::StatusOr<UniqueFd> connection =
-      target.ok() ? ConnectTcp(target->host, target->port,
-                               client_->options().connect_timeout,
-                               client_->options().wait_timeout)
-                  : absl::StatusOr<UniqueFd>(target.status());
+  call->keep = client_->options().keep_data_connections &&
+               call->event.keeps_connection();
+  absl::StatusOr<UniqueFd> connection = UniqueFd();
+  if (!target.ok()) {
+    connection = target.status();
+  } else if (call->keep) {
+    connection = client_->TakeDataConnection(*target);
+  }
+  if (connection.ok() && !connection->valid()) {
+    connection = ConnectTcp(target->host, target->port,
+                            client_->options().connect_timeout,
+                            client_->options().wait_timeout);
+  }
   if (!connection.ok()) {
     // Nothing moves without the connection: cancelled, the call leaves
     // nothing behind.
@@ -317,8 +360,10 @@ std::optional<absl::Status> Session::CompleteDataPath(DataPathCall& call,
   // waiting connections when flooded) is tried again with the same ticket:
   // a ticket claims one connection at most, so a retry cannot move the
   // bytes twice.
+  // (A kept connection the server has closed is dropped so, too.)
   constexpr int kConnections = 3;
   DataPathAttempt attempt;
+  UniqueFd connection;  // The last one tried: kept if the transfer ended OK.
   for (int i = 0; i < kConnections; ++i) {
     if (i > 0) {
       absl::StatusOr<UniqueFd> again =
@@ -336,7 +381,7 @@ std::optional<absl::Status> Session::CompleteDataPath(DataPathCall& call,
       }
       call.connection = *std::move(again);
     }
-    UniqueFd connection = std::move(call.connection);
+    connection = std::move(call.connection);
     {
       absl::MutexLock lock(&call.mu);
       if (call.cancelled) {
@@ -347,8 +392,9 @@ std::optional<absl::Status> Session::CompleteDataPath(DataPathCall& call,
       }
       call.moving_fd = connection.get();
     }
-    attempt = MoveOverDataPath(connection.get(), call.event.ticket(),
-                               call.upload, call.data, call.size, call.what);
+    attempt =
+        MoveOverDataPath(connection.get(), call.event.ticket(), call.upload,
+                         call.keep, call.data, call.size, call.what);
     {
       // Before the descriptor closes, so Cancel() never shuts down another.
       absl::MutexLock lock(&call.mu);
@@ -381,6 +427,9 @@ std::optional<absl::Status> Session::CompleteDataPath(DataPathCall& call,
   if (!status.ok() && !(absl::IsCancelled(status) && !moved.ok())) {
     return status;
   }
+  if (status.ok() && moved.ok() && attempt.reusable) {
+    client_->KeepDataConnection(call.target, std::move(connection));
+  }
   return moved;
 }
 
@@ -394,6 +443,31 @@ std::optional<absl::Status> Session::DataPathTransfer(bool upload,
   if (!call.ok()) return call.status();
   if (*call == nullptr) return std::nullopt;
   return CompleteDataPath(**call, /*may_fall_back=*/true);
+}
+
+UniqueFd Client::TakeDataConnection(const ListenAddress& target) {
+  const std::string where = target.ToString();
+  absl::MutexLock lock(&kept_mu_);
+  // The newest first: the least likely to have been closed as idle.
+  for (size_t i = kept_data_connections_.size(); i-- > 0;) {
+    if (kept_data_connections_[i].first != where) continue;
+    UniqueFd fd = std::move(kept_data_connections_[i].second);
+    kept_data_connections_.erase(kept_data_connections_.begin() + i);
+    // Nothing may have come since the last transfer: a close, a reset or
+    // stray bytes each make it unusable.
+    pollfd p{fd.get(), POLLIN | POLLRDHUP, 0};
+    if (poll(&p, 1, 0) == 0) return fd;
+  }
+  return UniqueFd();
+}
+
+void Client::KeepDataConnection(const ListenAddress& target,
+                                UniqueFd connection) {
+  absl::MutexLock lock(&kept_mu_);
+  if (kept_data_connections_.size() >= kMaxKeptDataConnections) {
+    kept_data_connections_.erase(kept_data_connections_.begin());
+  }
+  kept_data_connections_.emplace_back(target.ToString(), std::move(connection));
 }
 
 absl::StatusOr<PendingRead> Session::UploadAsync(uint64_t buffer,

@@ -6,6 +6,9 @@
 // the server's host, sends the ticket, and then the raw bytes flow: the
 // upload's bytes from the client, then the client's half-close; or the
 // download's bytes from the server. The call's status is the transfer's.
+// A client may keep the connection for its next transfer (the request's
+// keep_connection): the transfer then ends after its last byte, not with a
+// half-close, and the next ticket follows on the same connection.
 //
 // What both ends share: the ticket's size and socket helpers.
 #ifndef OPSERVER_COMMON_DATA_PATH_H_
@@ -27,6 +30,12 @@ namespace opserver {
 
 // Bytes of a data-path ticket (random; 128 bits cannot be guessed).
 inline constexpr size_t kDataTicketBytes = 16;
+
+// On a connection the client keeps for its next transfer
+// (OpenDataTransferRequest.keep_connection), the byte the server sends
+// once it has read the last byte of an upload: the end of an upload that
+// has no half-close.
+inline constexpr char kDataUploadAck = 'K';
 
 // An owned file descriptor, closed on destruction. Move-only.
 class UniqueFd {

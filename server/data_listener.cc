@@ -28,6 +28,7 @@ struct DataListener::Unclaimed {
   absl::Time deadline;
   std::string source;  // The peer's address (without the port).
   std::string ticket;  // What it sent so far: part of an expected ticket.
+  bool kept = false;   // Given back by a transfer (Keep).
 };
 
 // The connections waiting to be claimed, oldest first, and how many come
@@ -135,6 +136,42 @@ void DataListener::Forget(const std::string& ticket) {
   expected_.erase(it);
 }
 
+void DataListener::Keep(UniqueFd connection) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;  // Closed here.
+    kept_.push_back(std::move(connection));
+  }
+  const uint64_t one = 1;
+  (void)!write(wake_fd_.get(), &one, sizeof(one));
+}
+
+void DataListener::AdmitKept(Waiting& waiting, Claims* claims) {
+  std::vector<UniqueFd> kept;
+  {
+    absl::MutexLock lock(&mu_);
+    kept.swap(kept_);
+  }
+  for (UniqueFd& fd : kept) {
+    sockaddr_storage peer{};
+    socklen_t peer_len = sizeof(peer);
+    if (getpeername(fd.get(), reinterpret_cast<sockaddr*>(&peer), &peer_len) !=
+        0) {
+      continue;  // Gone meanwhile.
+    }
+    const int flags = fcntl(fd.get(), F_GETFL);
+    fcntl(fd.get(), F_SETFL, flags | O_NONBLOCK);
+    Unclaimed connection{std::move(fd),
+                         absl::Now() + options_.kept_timeout,
+                         SourceOf(peer),
+                         {},
+                         /*kept=*/true};
+    // The client may have sent its next ticket already.
+    if (Advance(connection, claims) == Progress::kGone) continue;
+    Admit(std::move(connection), waiting, claims);
+  }
+}
+
 size_t DataListener::expected() const {
   absl::MutexLock lock(&mu_);
   return expected_.size();
@@ -152,6 +189,10 @@ DataListener::Progress DataListener::Advance(Unclaimed& connection,
   if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
     return Progress::kGone;  // Closed or failed before its ticket.
   }
+  if (n > 0 && connection.kept && connection.ticket.empty() &&
+      options_.drop_kept && options_.drop_kept()) {
+    return Progress::kGone;
+  }
   if (n > 0) connection.ticket.append(bytes, static_cast<size_t>(n));
   if (connection.ticket.empty()) return Progress::kSilent;
   std::function<void(UniqueFd)> on_connect;
@@ -168,6 +209,7 @@ DataListener::Progress DataListener::Advance(Unclaimed& connection,
     on_connect = std::move(found->second);
     expected_.erase(found);
   }
+  if (connection.kept) ++reused_;
   const int flags = fcntl(connection.fd.get(), F_GETFL);
   fcntl(connection.fd.get(), F_SETFL, flags & ~O_NONBLOCK);
   claims->emplace_back(std::move(on_connect), std::move(connection.fd));
@@ -194,13 +236,17 @@ bool DataListener::EvictSilent(const std::string* source, Waiting& waiting,
         }
       }
     }
+    // A kept connection first (its client can dial again at the cost of
+    // one connect), else the oldest.
     auto victim = waiting.connections.end();
     if (from != nullptr) {
       for (auto it = waiting.connections.begin();
            it != waiting.connections.end(); ++it) {
-        if (it->ticket.empty() && it->source == *from) {
+        if (it->ticket.empty() && it->source == *from &&
+            (victim == waiting.connections.end() ||
+             (it->kept && !victim->kept))) {
           victim = it;
-          break;
+          if (it->kept) break;
         }
       }
     }
@@ -223,7 +269,9 @@ bool DataListener::EvictSilent(const std::string* source, Waiting& waiting,
     // Its ticket may have arrived since it was last read: read it first.
     const Progress progress = Advance(*victim, claims);
     if (progress == Progress::kPartial) continue;   // Kept; look again.
-    if (progress == Progress::kSilent) ++refused_;  // Evicted for room.
+    if (progress == Progress::kSilent && !victim->kept) {
+      ++refused_;  // Evicted for room.
+    }
     waiting.Erase(victim);  // Closed, claimed, or silent: it goes.
     return true;
   }
@@ -286,7 +334,12 @@ void DataListener::Run() {
       if (errno == EINTR) continue;
       return;  // Cannot happen with valid descriptors.
     }
-    if (polled[0].revents != 0) continue;  // Stopping: checked above.
+    if (polled[0].revents != 0) {  // Stopping, or a connection was kept.
+      uint64_t count;
+      (void)!read(wake_fd_.get(), &count, sizeof(count));
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+    }
     // Read from the connections first (their pollfds follow the two
     // fixed ones in order), then accept: accepting changes the list.
     Claims claims;
@@ -296,6 +349,7 @@ void DataListener::Run() {
         waiting.Erase(polled_connections[i]);
       }
     }
+    AdmitKept(waiting, &claims);
     if (polled[1].revents != 0) {
       for (int accepted = 0; accepted < kAcceptsPerTurn; ++accepted) {
         sockaddr_storage peer{};
@@ -312,6 +366,7 @@ void DataListener::Run() {
           }
           break;  // EAGAIN, or an aborted connection.
         }
+        ++accepted_;
         if (options_.drop_accepted && options_.drop_accepted()) continue;
         Unclaimed connection{std::move(fd),
                              absl::Now() + options_.ticket_timeout,

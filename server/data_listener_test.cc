@@ -322,6 +322,111 @@ TEST(DataListenerTest, AChurnOfSilentConnectionsLosesNoTicket) {
   EXPECT_GT(churned.load(), 100);
 }
 
+// A connection given back (Keep) carries its client's next ticket, sent
+// before it was given back or after, and what follows the ticket.
+TEST(DataListenerTest, AKeptConnectionCarriesTheNextTickets) {
+  auto listener = StartListener();
+  ASSERT_NE(listener, nullptr);
+  UniqueFd server_end;
+  absl::Notification first;
+  auto a = listener->Expect([&](UniqueFd fd) {
+    server_end = std::move(fd);
+    first.Notify();
+  });
+  ASSERT_TRUE(a.ok());
+  UniqueFd client = Dial(*listener);
+  ASSERT_TRUE(SendAll(client.get(), a->data(), a->size()).ok());
+  ASSERT_TRUE(first.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  for (int i = 0; i < 2; ++i) {
+    absl::Notification next;
+    auto b = listener->Expect([&](UniqueFd fd) {
+      server_end = std::move(fd);
+      next.Notify();
+    });
+    ASSERT_TRUE(b.ok());
+    const std::string sent = *b + "next";
+    // The first time the ticket is in before the connection is given back.
+    if (i == 0) ASSERT_TRUE(SendAll(client.get(), sent.data(), 20).ok());
+    listener->Keep(std::move(server_end));
+    if (i == 1) ASSERT_TRUE(SendAll(client.get(), sent.data(), 20).ok());
+    ASSERT_TRUE(next.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    char data[4];
+    absl::StatusOr<size_t> n = RecvFull(server_end.get(), data, sizeof(data));
+    ASSERT_TRUE(n.ok());
+    EXPECT_EQ(std::string(data, *n), "next");
+  }
+  EXPECT_EQ(listener->accepted(), 1u);
+  EXPECT_EQ(listener->reused(), 2u);
+  EXPECT_EQ(listener->expected(), 0u);
+}
+
+TEST(DataListenerTest, AKeptConnectionIsClosedAfterTheKeptTimeout) {
+  DataListener::Options options;
+  options.ticket_timeout = absl::Seconds(60);  // Longer than Dial's reads.
+  options.kept_timeout = absl::Milliseconds(200);
+  auto listener = StartListener(options);
+  ASSERT_NE(listener, nullptr);
+  UniqueFd server_end;
+  absl::Notification got;
+  auto ticket = listener->Expect([&](UniqueFd fd) {
+    server_end = std::move(fd);
+    got.Notify();
+  });
+  ASSERT_TRUE(ticket.ok());
+  UniqueFd client = Dial(*listener);
+  ASSERT_TRUE(SendAll(client.get(), ticket->data(), ticket->size()).ok());
+  ASSERT_TRUE(got.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  listener->Keep(std::move(server_end));
+  EXPECT_TRUE(ClosedByServer(client.get()));
+  EXPECT_EQ(listener->refused(), 0u);
+}
+
+// Kept connections wait under the same bounds as new ones, and are the
+// first to go for room: a newcomer past the per-source cap closes the
+// kept connection, not an older new one (and that counts as no refusal).
+TEST(DataListenerTest, AKeptConnectionIsTheFirstToGoForRoom) {
+  DataListener::Options options;
+  options.max_unclaimed_per_source = 2;
+  options.ticket_timeout = absl::Seconds(60);
+  auto accepted = std::make_shared<std::atomic<int>>(0);
+  options.drop_accepted = [accepted] {
+    ++*accepted;
+    return false;
+  };
+  auto listener = StartListener(options);
+  ASSERT_NE(listener, nullptr);
+  const auto taken = [&](int n) {
+    for (int i = 0; i < 6000 && accepted->load() < n; ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return accepted->load() >= n;
+  };
+  UniqueFd older = Dial(*listener);
+  ASSERT_TRUE(taken(1));
+  UniqueFd server_end;
+  absl::Notification got;
+  auto ticket = listener->Expect([&](UniqueFd fd) {
+    server_end = std::move(fd);
+    got.Notify();
+  });
+  ASSERT_TRUE(ticket.ok());
+  UniqueFd kept = Dial(*listener);
+  ASSERT_TRUE(SendAll(kept.get(), ticket->data(), ticket->size()).ok());
+  ASSERT_TRUE(got.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  // Admitted before the listener accepts anything after this call.
+  listener->Keep(std::move(server_end));
+  UniqueFd newcomer = Dial(*listener);
+  EXPECT_TRUE(ClosedByServer(kept.get()));
+  EXPECT_EQ(listener->refused(), 0u);
+  for (UniqueFd* waiting : {&older, &newcomer}) {
+    absl::Notification claimed;
+    auto next = listener->Expect([&](UniqueFd) { claimed.Notify(); });
+    ASSERT_TRUE(next.ok());
+    ASSERT_TRUE(SendAll(waiting->get(), next->data(), next->size()).ok());
+    EXPECT_TRUE(claimed.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  }
+}
+
 TEST(DataListenerTest, PortInUseIsUnavailable) {
   auto first = StartListener();
   ASSERT_NE(first, nullptr);

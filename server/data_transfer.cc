@@ -32,8 +32,11 @@ namespace {
 // socket moves the next. Calls `moved` after each socket call that moved
 // bytes (the idle clock: a chunk can take a slow client far longer than
 // the idle timeout) and `progress` after each chunk. An upload must end
-// with the client's half-close right after its last byte.
-absl::Status MoveDataPathBytes(bool upload, int fd, Device* device,
+// with the client's half-close right after its last byte, unless the
+// connection is to be kept (`keep`): then the server acknowledges the
+// last byte with one byte of its own, and a download ends without the
+// server's half-close; what follows on the connection is the next ticket.
+absl::Status MoveDataPathBytes(bool upload, bool keep, int fd, Device* device,
                                DeviceStream* stream, char* target,
                                uint64_t size, const TransferLimits& limits,
                                const std::function<void()>& moved,
@@ -82,7 +85,13 @@ absl::Status MoveDataPathBytes(bool upload, int fd, Device* device,
     at += n;
     progress();
   }
+  if (upload && keep) {
+    // Every byte is in: the client may stop waiting on the connection (a
+    // copy's failure below is the call's to report).
+    RETURN_IF_ERROR(SendAll(fd, &kDataUploadAck, 1));
+  }
   if (staged_upload != nullptr) RETURN_IF_ERROR(staged_upload->Finish());
+  if (keep) return absl::OkStatus();
   if (!upload) {
     shutdown(fd, SHUT_WR);
     return absl::OkStatus();
@@ -184,6 +193,7 @@ class RuntimeService::DataTransfer final
           "direction: DIRECTION_HOST_TO_DEVICE or DIRECTION_DEVICE_TO_HOST");
     }
     upload_ = request.direction() == Request::DIRECTION_HOST_TO_DEVICE;
+    keep_ = request.keep_connection();
     ASSIGN_OR_RETURN(TransferTarget target,
                      service_->ResolveTransfer(
                          request.session(), request.buffer(), request.offset(),
@@ -212,6 +222,7 @@ class RuntimeService::DataTransfer final
     event_.set_ticket(ticket_);
     event_.set_port(static_cast<uint32_t>(listener->port()));
     event_.set_address(listener->advertise());
+    event_.set_keeps_connection(keep_);
     return target.stream;
   }
 
@@ -239,10 +250,10 @@ class RuntimeService::DataTransfer final
         [service = service_, movers = std::move(movers), link = link_,
          connection = connection_, gate = gate_, buffer = buffer_,
          session = session_, device_stream = device_stream_, upload = upload_,
-         target = target_, size = size_]() mutable {
+         keep = keep_, target = target_, size = size_]() mutable {
           absl::Status status = MoveDataPathBytes(
-              upload, connection->get(), buffer->device(), device_stream.get(),
-              target, size, service->limits_,
+              upload, keep, connection->get(), buffer->device(),
+              device_stream.get(), target, size, service->limits_,
               [&] {
                 link->moved_ns.store(absl::GetCurrentTimeNanos(),
                                      std::memory_order_relaxed);
@@ -292,6 +303,11 @@ class RuntimeService::DataTransfer final
     done_ = true;
     result_ = abort_.ok() ? status : abort_;
     if (result_.ok()) service_->data_path_count_.Add(size_);
+    // Kept only after a transfer that ended well: after any other, what
+    // is left on the connection is unknown. The mover no longer touches it.
+    if (result_.ok() && keep_ && connection_ != nullptr) {
+      service_->data_listener_->Keep(UniqueFd(connection_->release()));
+    }
     if (!writing_) FinishLocked(result_);
   }
 
@@ -309,6 +325,8 @@ class RuntimeService::DataTransfer final
   v1::OpenDataTransferResponse event_;
   std::string ticket_;
   bool upload_ = false;
+  // The client asked to keep the connection for its next transfer.
+  bool keep_ = false;
   char* target_ = nullptr;
   uint64_t size_ = 0;
   std::shared_ptr<DeviceStream> device_stream_;

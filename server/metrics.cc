@@ -185,6 +185,16 @@ void AddTransferFamilies(const MetricsSnapshot& s,
                 "room, too many from one source, no valid ticket in time).",
                 MetricType::Counter),
       {}, static_cast<double>(s.data_port_refused));
+  AddSample(
+      AddFamily(families, "opserver_data_port_connections_total",
+                "Connections the data port accepted.", MetricType::Counter),
+      {}, static_cast<double>(s.data_port_accepted));
+  AddSample(
+      AddFamily(families, "opserver_data_port_reused_connections_total",
+                "Transfers whose ticket came on a connection an earlier "
+                "transfer kept (OpenDataTransferRequest.keep_connection).",
+                MetricType::Counter),
+      {}, static_cast<double>(s.data_port_reused));
 }
 
 }  // namespace

@@ -84,6 +84,8 @@ struct MetricsSnapshot {
   uint64_t grpc_transfers = 0;
   uint64_t grpc_transfer_bytes = 0;
   uint64_t data_port_refused = 0;
+  uint64_t data_port_accepted = 0;
+  uint64_t data_port_reused = 0;
 };
 
 // How /metrics is served (civetweb's options). A connection that sends

@@ -298,6 +298,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     data.port = options.data_port;
     data.advertise = data_advertise;
     data.drop_accepted = options.data_drop_accepted;
+    data.drop_kept = options.data_drop_kept;
     absl::StatusOr<std::unique_ptr<DataListener>> listener =
         DataListener::Start(data);
     if (!listener.ok()) {
@@ -409,8 +410,11 @@ MetricsSnapshot Server::MetricsSnapshotNow() const {
   s.data_path_bytes = totals.data_path_bytes;
   s.grpc_transfers = totals.grpc_transfers;
   s.grpc_transfer_bytes = totals.grpc_bytes;
-  if (data_listener_ != nullptr)
+  if (data_listener_ != nullptr) {
     s.data_port_refused = data_listener_->refused();
+    s.data_port_accepted = data_listener_->accepted();
+    s.data_port_reused = data_listener_->reused();
+  }
   return s;
 }
 

@@ -123,6 +123,9 @@ struct Options {
   // For tests: DataListener::Options::drop_accepted (closes chosen data
   // connections as soon as they are accepted).
   std::function<bool()> data_drop_accepted;
+  // For tests: DataListener::Options::drop_kept (closes chosen kept data
+  // connections when their next ticket comes).
+  std::function<bool()> data_drop_kept;
   // Lets server reflection answer without a token.
   bool reflection_without_auth = false;
   // grpc.health.v1 Health.Watch streams open at once, server-wide: they

@@ -199,6 +199,7 @@ class CApiCleanStreamTest : public CApiHeldStreamsTest {
   void Configure(Options& options) override {
     options.metrics_listen = "127.0.0.1:0";
     options.data_drop_accepted = [this] { return drop_data_.load(); };
+    options.data_drop_kept = options.data_drop_accepted;
   }
   double SynchronizesAsked() {
     const std::string page = scrape::Metrics(server_->metrics_address());
@@ -209,7 +210,8 @@ class CApiCleanStreamTest : public CApiHeldStreamsTest {
                        "command=\"fence\"");
   }
 
-  // Set: the server closes every data-path connection unread.
+  // Set: the server closes every data-path connection unread (a kept one
+  // when its next ticket comes).
   std::atomic<bool> drop_data_{false};
 };
 

@@ -36,6 +36,7 @@
 #include "proto/opserver.grpc.pb.h"
 #include "server/server.h"
 #include "testing/closed_port.h"
+#include "testing/metrics_scrape.h"
 #include "testing/tcp_forwarder.h"
 
 namespace opserver {
@@ -88,9 +89,9 @@ struct Open {
 
 class DataPathTest : public ::testing::Test {
  protected:
-  void Start(Options options = {}) {
+  void Start(Options options = {}, ConnectOptions connect = {}) {
     StartServer(std::move(options));
-    if (server_ != nullptr) Connect(server_->address());
+    if (server_ != nullptr) Connect(server_->address(), connect);
   }
   // On `device` when given, else on the one `options` names.
   void StartServer(Options options, std::unique_ptr<Device> device = nullptr) {
@@ -102,8 +103,8 @@ class DataPathTest : public ::testing::Test {
     server_ = *std::move(server);
   }
   // client_ and session_, through `address`.
-  void Connect(const std::string& address) {
-    auto client = Client::Connect(address);
+  void Connect(const std::string& address, ConnectOptions options = {}) {
+    auto client = Client::Connect(address, options);
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = *std::move(client);
     auto session = client_->CreateSession("data_path_test");
@@ -113,7 +114,7 @@ class DataPathTest : public ::testing::Test {
 
   std::unique_ptr<Open> OpenTransfer(Direction direction, uint64_t buffer,
                                      uint64_t offset, uint64_t size,
-                                     uint64_t stream = 0) {
+                                     uint64_t stream = 0, bool keep = false) {
     auto open = std::make_unique<Open>();
     open->context->set_deadline(
         absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
@@ -124,6 +125,7 @@ class DataPathTest : public ::testing::Test {
     request.set_size(size);
     request.set_stream(stream);
     request.set_direction(direction);
+    request.set_keep_connection(keep);
     open->reader =
         client_->runtime().OpenDataTransfer(open->context.get(), request);
     open->has_event = open->reader->Read(&open->event);
@@ -187,6 +189,15 @@ class DataPathTest : public ::testing::Test {
             .GetServerStats(&context, v1::GetServerStatsRequest(), &stats)
             .ok());
     return stats;
+  }
+
+  // The data port's connections accepted and reused so far, from /metrics
+  // (the server must have been started with a metrics_listen).
+  std::pair<double, double> DataConnections() {
+    const std::string page = scrape::Metrics(server_->metrics_address());
+    EXPECT_FALSE(page.empty());
+    return {scrape::Sum(page, "opserver_data_port_connections_total"),
+            scrape::Sum(page, "opserver_data_port_reused_connections_total")};
   }
 
   uint64_t MustMalloc(uint64_t size) {
@@ -569,7 +580,11 @@ TEST_F(DataPathTest, TheLibraryRetriesADroppedConnectionThenFallsBack) {
     }
     return left > 0;
   };
-  Start(options);
+  // A connection per transfer, so each transfer dials (kept connections:
+  // TheLibraryDialsAgainWhenAKeptConnectionIsGone).
+  ConnectOptions connect;
+  connect.keep_data_connections = false;
+  Start(options, connect);
   const uint64_t size = (8 << 20) + 5;
   auto buffer = session_->Malloc(size);
   ASSERT_TRUE(buffer.ok());
@@ -598,6 +613,149 @@ TEST_F(DataPathTest, TheLibraryRetriesADroppedConnectionThenFallsBack) {
   EXPECT_EQ(stats.data_path_transfers(), 2u);
   EXPECT_GE(stats.grpc_transfers(), 2u);
   drop = 0;
+}
+
+// The raw protocol of a kept connection (keep_connection): an upload ends
+// with the server's acknowledgement instead of a half-close, a download
+// with its last byte, and the next transfer's ticket follows on the same
+// connection. A transfer without keep_connection ends it as before.
+TEST_F(DataPathTest, AKeptConnectionCarriesTheNextTransfers) {
+  Options options;
+  options.metrics_listen = "127.0.0.1:0";
+  Start(options);
+  const std::string data = RandomData((1 << 20) + 3, 31);
+  const uint64_t buffer = MustMalloc(data.size());
+  auto up = OpenTransfer(kUp, buffer, 0, data.size(), 0, /*keep=*/true);
+  ASSERT_TRUE(up->has_event);
+  EXPECT_TRUE(up->event.keeps_connection());
+  UniqueFd fd = Dial(up->event.ticket());
+  ASSERT_TRUE(SendAll(fd.get(), data.data(), data.size()).ok());
+  char ack = 0;
+  ASSERT_EQ(recv(fd.get(), &ack, 1, 0), 1);
+  EXPECT_EQ(ack, kDataUploadAck);
+  ASSERT_TRUE(up->Finish().ok());
+
+  auto down = OpenTransfer(kDown, buffer, 0, data.size(), 0, /*keep=*/true);
+  ASSERT_TRUE(down->has_event);
+  ASSERT_TRUE(SendAll(fd.get(), down->event.ticket().data(),
+                      down->event.ticket().size())
+                  .ok());
+  std::string back(data.size(), '\0');
+  absl::StatusOr<size_t> got = RecvFull(fd.get(), back.data(), back.size());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, data.size());
+  EXPECT_TRUE(back == data);
+  ASSERT_TRUE(down->Finish().ok());
+
+  auto last = OpenTransfer(kDown, buffer, 5, 16);
+  ASSERT_TRUE(last->has_event);
+  EXPECT_FALSE(last->event.keeps_connection());
+  ASSERT_TRUE(SendAll(fd.get(), last->event.ticket().data(),
+                      last->event.ticket().size())
+                  .ok());
+  char tail[16];
+  got = RecvFull(fd.get(), tail, sizeof(tail));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(std::string(tail, *got), data.substr(5, 16));
+  EXPECT_TRUE(ClosedByServer(fd.get()));
+  ASSERT_TRUE(last->Finish().ok());
+  EXPECT_EQ(DataConnections(), std::make_pair(1.0, 2.0));
+}
+
+// A kept connection after a transfer that did not end well is closed, not
+// kept: what is left on it is unknown. Bytes past a kept upload's end are
+// not taken for a transfer: no ticket starts so, and the connection is
+// closed after the upload's acknowledgement.
+TEST_F(DataPathTest, AKeptConnectionEndsWithAnythingButAGoodEnd) {
+  Start();
+  const std::string data = RandomData(1 << 20, 32);
+  const uint64_t buffer = MustMalloc(data.size());
+  // Short: the half-close comes before the announced size.
+  auto up = OpenTransfer(kUp, buffer, 0, data.size(), 0, /*keep=*/true);
+  ASSERT_TRUE(up->has_event);
+  UniqueFd fd = Dial(up->event.ticket());
+  ASSERT_TRUE(SendAll(fd.get(), data.data(), data.size() / 2).ok());
+  shutdown(fd.get(), SHUT_WR);
+  EXPECT_TRUE(ClosedByServer(fd.get()));
+  EXPECT_EQ(up->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  // Long: the transfer takes exactly its bytes, and the rest closes it.
+  up = OpenTransfer(kUp, buffer, 0, data.size(), 0, /*keep=*/true);
+  ASSERT_TRUE(up->has_event);
+  fd = Dial(up->event.ticket());
+  const std::string more = data + std::string(kDataTicketBytes, '\xff');
+  ASSERT_TRUE(SendAll(fd.get(), more.data(), more.size()).ok());
+  char ack = 0;
+  ASSERT_EQ(recv(fd.get(), &ack, 1, 0), 1);
+  EXPECT_EQ(ack, kDataUploadAck);
+  EXPECT_TRUE(up->Finish().ok());
+  EXPECT_TRUE(ClosedByServer(fd.get()));
+  EXPECT_TRUE(GrpcDownload(buffer, 0, data.size()) == data);
+}
+
+// The library keeps its data connection: every transfer after the first
+// goes over the one connection, byte-exact. Without
+// keep_data_connections, each dials its own.
+TEST_F(DataPathTest, TheLibraryKeepsItsDataConnection) {
+  Options options;
+  options.metrics_listen = "127.0.0.1:0";
+  Start(options);
+  const uint64_t size = (4 << 20) + 7;
+  const uint64_t buffer = MustMalloc(size);
+  for (unsigned i = 0; i < 3; ++i) {
+    const std::string data = RandomData(size, 40 + i);
+    ASSERT_TRUE(session_->Upload(buffer, 0, data.data(), size).ok());
+    std::string back(size, '\0');
+    ASSERT_TRUE(session_->Download(buffer, 0, back.data(), size).ok());
+    EXPECT_TRUE(back == data) << "round " << i;
+  }
+  EXPECT_EQ(DataConnections(), std::make_pair(1.0, 5.0));
+  EXPECT_EQ(Stats().data_path_transfers(), 6u);
+
+  ConnectOptions off;
+  off.keep_data_connections = false;
+  auto client = Client::Connect(server_->address(), off);
+  ASSERT_TRUE(client.ok());
+  auto session = (*client)->CreateSession("no_kept_connections");
+  ASSERT_TRUE(session.ok());
+  auto other = (*session)->Malloc(size);
+  ASSERT_TRUE(other.ok());
+  const std::string data = RandomData(size, 49);
+  std::string back(size, '\0');
+  ASSERT_TRUE((*session)->Upload(other->handle(), 0, data.data(), size).ok());
+  ASSERT_TRUE((*session)->Download(other->handle(), 0, back.data(), size).ok());
+  EXPECT_TRUE(back == data);
+  EXPECT_EQ(DataConnections(), std::make_pair(3.0, 5.0));
+}
+
+// A kept connection the server has closed by the time the next ticket
+// comes on it (as a listener may close an idle one just after the library
+// checked it): the library dials again with the same ticket, and the
+// transfer succeeds on the new connection, byte-exact, both ways.
+TEST_F(DataPathTest, TheLibraryDialsAgainWhenAKeptConnectionIsGone) {
+  std::atomic<bool> drop{false};
+  Options options;
+  options.metrics_listen = "127.0.0.1:0";
+  options.data_drop_kept = [&] { return drop.exchange(false); };
+  Start(options);
+  const uint64_t size = (4 << 20) + 9;
+  const uint64_t buffer = MustMalloc(size);
+  const std::string data = RandomData(size, 50);
+  ASSERT_TRUE(session_->Upload(buffer, 0, data.data(), size).ok());
+  drop = true;
+  std::string back(size, '\0');
+  ASSERT_TRUE(session_->Download(buffer, 0, back.data(), size).ok());
+  EXPECT_FALSE(drop.load());  // The kept connection was dropped.
+  EXPECT_TRUE(back == data);
+  const std::string other = RandomData(size, 51);
+  drop = true;
+  ASSERT_TRUE(session_->Upload(buffer, 0, other.data(), size).ok());
+  EXPECT_FALSE(drop.load());
+  EXPECT_TRUE(GrpcDownload(buffer, 0, size) == other);
+  EXPECT_EQ(DataConnections(), std::make_pair(3.0, 0.0));
+  const v1::ServerStats stats = Stats();
+  EXPECT_EQ(stats.data_path_transfers(), 3u);
+  EXPECT_EQ(stats.grpc_transfers(), 1u);  // GrpcDownload.
 }
 
 // A server without the data path answers UNIMPLEMENTED, and the library
@@ -780,12 +938,14 @@ TEST_F(HeldUploadTest, ClosingTheSessionWaitsForAnUploadAsync) {
 TEST_F(DataPathTest, UploadAsyncErrorsAndFallbacks) {
   std::atomic<int> drop{0};
   Options options;
+  // New connections and kept ones alike.
   options.data_drop_accepted = [&] {
     int left = drop.load();
     while (left > 0 && !drop.compare_exchange_weak(left, left - 1)) {
     }
     return left > 0;
   };
+  options.data_drop_kept = options.data_drop_accepted;
   Start(options);
   const uint64_t size = (8 << 20) + 5;
   const std::string data = RandomData(size, 24);
@@ -903,8 +1063,9 @@ TEST_F(DataPathTest, TheLibraryConnectsToTheAdvertisedAddress) {
   EXPECT_EQ(stats.data_path_transfers(), 2u);
   EXPECT_EQ(stats.data_path_bytes(), 2 * data.size());
   EXPECT_EQ(stats.grpc_transfers(), 0u);
-  // Both transfers' connections went through the advertised address.
-  EXPECT_EQ(data_proxy_->joined(), 2u);
+  // Both transfers went through the advertised address, on the one
+  // connection the library kept.
+  EXPECT_EQ(data_proxy_->joined(), 1u);
   EXPECT_GE(data_proxy_->bytes(), 2 * data.size());
 }
 
