@@ -402,6 +402,9 @@ std::optional<absl::Status> Session::CompleteDataPath(DataPathCall& call,
     }
     if (!attempt.dropped) break;
   }
+  // Closed before the call's end is read, as that ends the server's side
+  // of a transfer that broke; only one that ended as a kept one ends stays.
+  if (!attempt.reusable) connection.reset();
   if (attempt.dropped) {
     // The server kept closing the connection. Cancelled, the call moves
     // nothing more: the server ends its mover, if the ticket was taken at
