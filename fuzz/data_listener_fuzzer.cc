@@ -6,12 +6,15 @@
 //     make the whole ticket), possibly with one byte flipped, or raw bytes,
 //   - close a connection (a plain close, or a reset),
 //   - sleep up to 3 ms,
-//   - forget a ticket.
-// Tickets time out after 5 ms, so an input takes a few milliseconds.
+//   - forget a ticket, or (with the step's bit 3) give a connection the
+//     listener handed over back to it (Keep), to wait for its next ticket.
+// Tickets, and kept connections, time out after 5 ms, so an input takes a
+// few milliseconds.
 //
 // Invariants besides memory safety and a clean destruction:
 //   - a ticket's callback runs at most once, and is handed a connection
-//     whose first 16 bytes sent were exactly that ticket;
+//     that sent exactly that ticket as one of its 16-byte pieces (the
+//     first, or, once given back, a later one);
 //   - every connection that was not handed over is closed by the listener
 //     once the ticket timeout has passed (none is kept waiting);
 //   - afterwards the listener still works: a new ticket is claimed (a
@@ -118,6 +121,7 @@ class Run {
     DataListener::Options options;
     options.host = "127.0.0.1";
     options.ticket_timeout = kTicketTimeout;
+    options.kept_timeout = kTicketTimeout;
     const uint8_t limits = script_.Next();
     options.max_unclaimed = 1 + (limits & 7);
     options.max_unclaimed_per_source = 1 + ((limits >> 3) & 7);
@@ -150,8 +154,12 @@ class Run {
         case 3:  // Sleep.
           absl::SleepFor(absl::Microseconds(script_.Next() % 4 * 1000));
           break;
-        case 4:  // Forget.
-          listener_->Forget(tickets_[script_.Next() % ticket_count_]);
+        case 4:
+          if (op & 8) {
+            KeepClaimed();
+          } else {
+            listener_->Forget(tickets_[script_.Next() % ticket_count_]);
+          }
           break;
       }
     }
@@ -206,11 +214,13 @@ class Run {
       }
       bool sent_it = false;
       for (const Connection& c : connections_) {
-        sent_it |= c.port == claims_->ports[i] &&
-                   c.sent.substr(0, kDataTicketBytes) == tickets_[i];
+        if (c.port != claims_->ports[i]) continue;
+        for (size_t at = 0; at < c.sent.size(); at += kDataTicketBytes) {
+          sent_it |= c.sent.substr(at, kDataTicketBytes) == tickets_[i];
+        }
       }
       FUZZ_CHECK(sent_it, "ticket ", i,
-                 " was handed a connection that did not send it first");
+                 " was handed a connection that did not send it as a piece");
     }
     for (Connection& c : connections_) {
       if (!c.closed_here) Abort(c.fd);
@@ -255,11 +265,9 @@ class Run {
       for (size_t i = 0; i < length; ++i) bytes.push_back(script_.Next());
     } else {  // The next piece of a ticket.
       const std::string& ticket = tickets_[(how >> 2) % ticket_count_];
-      if (c.sent.size() < ticket.size()) {
-        bytes = ticket.substr(c.sent.size(), length);
-      } else {
-        bytes = ticket.substr(0, length);
-      }
+      // Within the connection's current 16-byte piece, so that a kept
+      // connection can be sent its next ticket.
+      bytes = ticket.substr(c.sent.size() % kDataTicketBytes, length);
       if ((how & 3) == 2) bytes[(how >> 4) % bytes.size()] ^= 1;
     }
     {
@@ -268,6 +276,17 @@ class Run {
     }
     // The listener may have closed it: either way.
     opserver::SendAll(c.fd.get(), bytes.data(), bytes.size()).IgnoreError();
+  }
+
+  // Gives one of the connections handed over so far back to the listener.
+  void KeepClaimed() {
+    UniqueFd fd;
+    {
+      absl::MutexLock lock(&claims_->mu);
+      if (claims_->fds.empty()) return;
+      fd = std::move(claims_->fds[script_.Next() % claims_->fds.size()]);
+    }
+    if (fd.valid()) listener_->Keep(std::move(fd));
   }
 
   // A plain close, or a reset when op's bit 3.

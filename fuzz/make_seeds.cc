@@ -341,7 +341,7 @@ void OpCatalogSeeds() {
 
 // data_listener_fuzzer's scripts (its header comment gives the format):
 // limits, tickets, then steps; 0 connect, 1 send, 2 close, 3 sleep,
-// 4 forget.
+// 4 forget (9: keep a handed-over connection).
 void DataListenerSeeds() {
   const std::string f = "data_listener_fuzzer";
   auto bytes = [](std::initializer_list<int> values) {
@@ -362,6 +362,10 @@ void DataListenerSeeds() {
   // Raw bytes, then a valid ticket on another connection.
   Write(f, "raw_bytes",
         bytes({0x3F, 0, 0, 1, 0, 3, 3, 'A', 'B', 'C', 'D', 0, 1, 1, 0, 15}));
+  // The first of two tickets claims the connection, which is given back
+  // and then sent the second ticket.
+  Write(f, "kept_then_next_ticket",
+        bytes({0x09, 1, 0, 1, 0, 0, 15, 3, 1, 9, 0, 1, 0, 4, 15}));
 }
 
 // server_replies_fuzzer's own byte format (fuzz/server_replies_fuzzer.cc).
