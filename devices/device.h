@@ -55,6 +55,11 @@ struct DeviceOptions {
   // The Ascend device (--device=ascend): CANN's libraries to load
   // (--cann_libraries); empty = CANN's own (ascend::CannLibrary).
   std::vector<std::string> cann_libraries;
+  // The Ascend device: page-locked host memory (aclrtMallocHost) each NPU's
+  // running transfers may stage through at once (--max_staging_bytes);
+  // a transfer whose next staging buffer would go past it fails
+  // RESOURCE_EXHAUSTED.
+  uint64_t staging_bytes = 1ull << 30;
 };
 
 class Device;

@@ -63,6 +63,10 @@ ABSL_FLAG(uint64_t, staging_chunk_bytes, 4ull << 20,
           "Staging chunk of data-path transfers on a device the host cannot "
           "address (--device=ascend), in bytes: one device copy per chunk; "
           "a transfer holds three chunks of page-locked memory (1 to 1 GiB).");
+ABSL_FLAG(uint64_t, max_staging_bytes, 1ull << 30,
+          "With --device=ascend, page-locked staging memory the running "
+          "transfers of each NPU may hold at once, in bytes (each holds "
+          "three chunks); one past it fails RESOURCE_EXHAUSTED.");
 ABSL_FLAG(uint64_t, session_memory_bytes, 16ull << 30,
           "Device memory one session may hold, in bytes.");
 ABSL_FLAG(uint32_t, max_sessions, 64, "Sessions open at once.");
@@ -328,6 +332,7 @@ void SetDeviceFlags(opserver::Options& options) {
   options.cann_libraries = absl::GetFlag(FLAGS_cann_libraries);
   options.memory_cache_bytes = absl::GetFlag(FLAGS_memory_cache_bytes);
   options.device_memory_bytes = absl::GetFlag(FLAGS_device_memory_bytes);
+  options.max_staging_bytes = absl::GetFlag(FLAGS_max_staging_bytes);
 }
 
 // TLS, tokens and what may go without them.

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -116,6 +117,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("--staging_chunk_bytes: must be from 1 to ",
                      kMaxStagingChunkBytes, " (1 GiB)"));
+  }
+  // A staged transfer holds three chunks (devices/ascend); the cap must let
+  // one run.
+  const uint64_t one_transfer =
+      3 * std::max(transfer.chunk_bytes, transfer.staging_chunk_bytes);
+  if (absl::StartsWith(options.device, "ascend") &&
+      options.max_staging_bytes < one_transfer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_staging_bytes: must hold one transfer's three staging chunks, "
+        "3 x max(--chunk_bytes, --staging_chunk_bytes) = ",
+        one_transfer));
   }
   if (transfer.idle_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -442,6 +454,7 @@ DeviceOptions DeviceOptionsFor(const Options& options) {
   device_options.memory_bytes = options.device_memory_bytes;
   device_options.cann_libraries = options.cann_libraries;
   device_options.devices = options.devices;
+  device_options.staging_bytes = options.max_staging_bytes;
   return device_options;
 }
 

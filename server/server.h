@@ -81,6 +81,11 @@ struct Options {
   // the total they share: each gets device_memory_bytes / devices, rounded
   // down to whole 4 KiB pages.
   uint64_t device_memory_bytes = 0;
+  // --device=ascend: page-locked staging memory each NPU's running
+  // transfers may hold at once (DeviceOptions::staging_bytes). At least
+  // one transfer's three chunks: 3 x max(chunk_bytes,
+  // staging_chunk_bytes).
+  uint64_t max_staging_bytes = 1ull << 30;
   // Sessions, handles, memory and idle timeout.
   SessionLimits session_limits;
   // Chunk and message sizes, typed-value counts.

@@ -202,6 +202,20 @@ TEST(ServerStartTest, RejectsBadOptionsNamingTheFlag) {
     EXPECT_EQ(server.status().message(),
               "--staging_chunk_bytes: must be from 1 to 1073741824 (1 GiB)");
   }
+
+  // Checked before the device is made (no CANN here): with --device=ascend
+  // the staging cap must let one transfer run. The CPU device has none.
+  options.transfer_limits.staging_chunk_bytes = 8 << 20;
+  options.max_staging_bytes = (24 << 20) - 1;
+  options.device = "ascend";
+  server = Server::Start(options);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(server.status().message(),
+            "--max_staging_bytes: must hold one transfer's three staging "
+            "chunks, 3 x max(--chunk_bytes, --staging_chunk_bytes) = 25165824");
+  options.device = "cpu";
+  server = Server::Start(options);
+  EXPECT_TRUE(server.ok()) << server.status();
 }
 
 TEST(ServerStartTest, PortInUseByAnotherServerIsUnavailable) {

@@ -105,7 +105,7 @@ AscendDevice::AscendDevice(std::shared_ptr<CannLibrary> cann, int32_t device_id)
 
 absl::StatusOr<std::unique_ptr<AscendDevice>> AscendDevice::Create(
     std::shared_ptr<CannLibrary> cann, int32_t device_id, uint64_t memory_bytes,
-    uint64_t memory_cache_bytes) {
+    uint64_t memory_cache_bytes, uint64_t staging_bytes) {
   const CannApi& api = cann->api();
   std::unique_ptr<AscendDevice> device(
       new AscendDevice(std::move(cann), device_id));
@@ -150,6 +150,7 @@ absl::StatusOr<std::unique_ptr<AscendDevice>> AscendDevice::Create(
   d.memory_bytes = memory_bytes != 0 ? std::min<uint64_t>(memory_bytes, free)
                                      : static_cast<uint64_t>(free);
   d.threads = 0;
+  device->staging_limit_ = staging_bytes;
   device->memory_ = std::make_unique<MemoryPool>(
       std::make_unique<Backing>(device.get()), memory_cache_bytes,
       d.memory_bytes,
@@ -196,10 +197,26 @@ uint64_t AscendDevice::FreeBytes() const {
 }
 
 absl::StatusOr<void*> AscendDevice::AllocateHost(uint64_t bytes) const {
-  RETURN_IF_ERROR(Bind());
+  // Reserved first, so transfers starting together cannot all pass.
+  uint64_t in_use = staging_in_use_.load();
+  do {
+    if (bytes > staging_limit_ || in_use > staging_limit_ - bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "transfer staging: ", bytes,
+          " more bytes of page-locked memory would pass the device's cap of ",
+          staging_limit_, " (--max_staging_bytes), with ", in_use,
+          " held by the transfers running now; try again once fewer run"));
+    }
+  } while (!staging_in_use_.compare_exchange_weak(in_use, in_use + bytes));
+  absl::Status bound = Bind();
+  if (!bound.ok()) {
+    staging_in_use_.fetch_sub(bytes);
+    return bound;
+  }
   void* block = nullptr;
   if (aclError error = cann_->api().aclrtMallocHost(&block, bytes);
       error != ACL_SUCCESS || block == nullptr) {
+    staging_in_use_.fetch_sub(bytes);
     return absl::ResourceExhaustedError(
         absl::StrCat("aclrtMallocHost of ", bytes,
                      " bytes (transfer staging) failed with "
@@ -209,11 +226,12 @@ absl::StatusOr<void*> AscendDevice::AllocateHost(uint64_t bytes) const {
   return block;
 }
 
-void AscendDevice::FreeHost(void* block) const {
+void AscendDevice::FreeHost(void* block, uint64_t bytes) const {
   // Freed even if binding failed: aclrtFreeHost reports the error, which
   // has no one to go to.
   (void)Bind();
   cann_->api().aclrtFreeHost(block);
+  staging_in_use_.fetch_sub(bytes);
 }
 
 absl::StatusOr<void*> AscendDevice::AllocateRaw(uint64_t bytes) {
@@ -365,7 +383,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateAscendDevices(
   for (int32_t id : ids) {
     ASSIGN_OR_RETURN(std::unique_ptr<AscendDevice> device,
                      AscendDevice::Create(cann, id, options.memory_bytes,
-                                          options.memory_cache_bytes));
+                                          options.memory_cache_bytes,
+                                          options.staging_bytes));
     devices.push_back(std::move(device));
   }
   return devices;

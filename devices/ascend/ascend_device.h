@@ -215,9 +215,12 @@ class AscendDevice : public Device {
   // memory; up to `memory_cache_bytes` of freed memory is kept for reuse.
   // FAILED_PRECONDITION naming the call for a device CANN does not have
   // (or whatever CANN reports).
+  // Transfers stage through at most `staging_bytes` of page-locked host
+  // memory at once (AllocateHost).
   static absl::StatusOr<std::unique_ptr<AscendDevice>> Create(
       std::shared_ptr<CannLibrary> cann, int32_t device_id,
-      uint64_t memory_bytes, uint64_t memory_cache_bytes);
+      uint64_t memory_bytes, uint64_t memory_cache_bytes,
+      uint64_t staging_bytes = 1ull << 30);
   // Gives the cached blocks back (aclrtFree), destroys the context and
   // resets the device; every stream and buffer must be gone.
   ~AscendDevice() override;
@@ -276,10 +279,11 @@ class AscendDevice : public Device {
   // after it.
   absl::Status Bind() const;
 
-  // Page-locked host memory (aclrtMallocHost; freed by FreeHost), for
-  // transfers' staging. RESOURCE_EXHAUSTED naming the acl error.
+  // Page-locked host memory (aclrtMallocHost; freed by FreeHost with the
+  // same size), for transfers' staging, within the device's staging cap.
+  // RESOURCE_EXHAUSTED naming the cap, or the acl error.
   absl::StatusOr<void*> AllocateHost(uint64_t bytes) const;
-  void FreeHost(void* block) const;
+  void FreeHost(void* block, uint64_t bytes) const;
 
   // Device memory outside Allocate's cache and zeroing (stream scratch),
   // within the same capacity: the cache gives way to it.
@@ -306,6 +310,9 @@ class AscendDevice : public Device {
   DeviceDescription description_;
   // Made once the capacity is known (Create); null before.
   std::unique_ptr<MemoryPool> memory_;
+  // Page-locked staging memory: the cap, and what transfers hold now.
+  uint64_t staging_limit_ = 0;
+  mutable std::atomic<uint64_t> staging_in_use_{0};
 };
 
 // The NPU ids --device=`kind` names, in order: "ascend" is {0},

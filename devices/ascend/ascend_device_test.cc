@@ -1066,7 +1066,8 @@ class StagedTransferTest : public AscendDeviceTest {
  protected:
   void SetUp() override {
     AscendDeviceTest::SetUp();
-    auto device = AscendDevice::Create(Fake(), 0, 0, 0);
+    // Staging for two transfers of three chunks at once (kStagingCap).
+    auto device = AscendDevice::Create(Fake(), 0, 0, 0, kStagingCap);
     ASSERT_TRUE(device.ok()) << device.status();
     device_ = *std::move(device);
     auto stream = device_->CreateStream();
@@ -1122,6 +1123,7 @@ class StagedTransferTest : public AscendDeviceTest {
   // Three chunks: two whole, one half.
   static constexpr uint64_t kSize = 2500;
   static constexpr uint64_t kChunk = 1000;
+  static constexpr uint64_t kStagingCap = 6 * kChunk;
   std::unique_ptr<AscendDevice> device_;
   std::unique_ptr<DeviceStream> stream_;
   char* block_ = nullptr;
@@ -1164,6 +1166,41 @@ TEST_F(StagedTransferTest, AnUploadTakesTheNextChunkWhileACopyRuns) {
   // The next transfer on the stream keeps its side stream.
   ExpectAnUploadLands(data);
   EXPECT_EQ(fake_.Calls({"aclrtCreateStream"}).size(), 1u);
+}
+
+// The device's running transfers stage through at most kStagingCap of
+// page-locked memory: two transfers of three chunks hold all of it, a
+// third is RESOURCE_EXHAUSTED naming the flag (and holds nothing), and
+// once one ends, the next transfer lands.
+TEST_F(StagedTransferTest, StagingMemoryIsCappedAcrossTransfers) {
+  const std::string data = Pattern(kSize);
+  auto other = device_->CreateStream();
+  auto third = device_->CreateStream();
+  ASSERT_TRUE(other.ok() && third.ok());
+  // Filled, not finished: each holds its three buffers.
+  std::unique_ptr<StagedUpload> first =
+      stream_->StageUpload(block_, kSize, kChunk);
+  std::unique_ptr<StagedUpload> second =
+      (*other)->StageUpload(block_, kSize, kChunk);
+  for (uint64_t at = 0; at < kSize; at += kChunk) {
+    Put(*first, data, at);
+    Put(*second, data, at);
+  }
+  std::unique_ptr<StagedDownload> refused =
+      (*third)->StageDownload(block_, kSize, kChunk);
+  absl::StatusOr<absl::Span<const char>> none = refused->Next();
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(none.status().message()),
+              ::testing::HasSubstr("--max_staging_bytes"));
+  refused.reset();
+  EXPECT_EQ(fake_.Calls({"aclrtMallocHost"}).size(), 6u);
+  ASSERT_TRUE(first->Finish().ok());
+  ASSERT_TRUE(second->Finish().ok());
+  first.reset();
+  ExpectAnUploadLands(data);
+  second.reset();
+  third->reset();
+  other->reset();
 }
 
 // Downloads the other way round: once the caller has chunk 0, the copy of

@@ -119,11 +119,13 @@ class ChunkCopier {
     }
     for (std::thread& lane : lanes_) lane.join();
     for (Slot& slot : slots_) {
-      if (slot.buffer != nullptr) device_->FreeHost(slot.buffer);
+      if (slot.buffer != nullptr) device_->FreeHost(slot.buffer, SlotBytes());
     }
   }
 
   uint64_t count() const { return count_; }
+  // A slot's staging memory: a chunk, or the whole range when smaller.
+  uint64_t SlotBytes() const { return std::min(chunk_, size_); }
 
   // Chunk k's size.
   uint64_t Bytes(uint64_t k) const {
@@ -143,8 +145,7 @@ class ChunkCopier {
       RETURN_IF_ERROR(error_);
     }
     if (slot.buffer == nullptr) {
-      ASSIGN_OR_RETURN(void* block,
-                       device_->AllocateHost(std::min(chunk_, size_)));
+      ASSIGN_OR_RETURN(void* block, device_->AllocateHost(SlotBytes()));
       slot.buffer = static_cast<char*>(block);
     }
     return absl::MakeSpan(slot.buffer, Bytes(k));
