@@ -92,6 +92,11 @@ absl::StatusOr<ConnectOptions> ConnectOptionsFromEnv() {
   // one; OPSERVER_DATA_PATH=0 keeps every transfer on gRPC.
   ASSIGN_OR_RETURN(bool data_path, BoolFromEnv("OPSERVER_DATA_PATH", true));
   options.data_path = data_path;
+  // A data connection is kept for the next copy unless
+  // OPSERVER_KEEP_DATA_CONNECTIONS=0 (ConnectOptions::keep_data_connections).
+  ASSIGN_OR_RETURN(bool keep,
+                   BoolFromEnv("OPSERVER_KEEP_DATA_CONNECTIONS", true));
+  options.keep_data_connections = keep;
   options.token = env("OPSERVER_TOKEN");
   if (options.token.empty() && !env("OPSERVER_TOKEN_FILE").empty()) {
     absl::StatusOr<std::string> token =

@@ -26,6 +26,7 @@
 #include "kernels/half.h"
 #include "server/server.h"
 #include "testing/closed_port.h"
+#include "testing/metrics_scrape.h"
 
 namespace opserver {
 namespace {
@@ -61,6 +62,7 @@ class CApiTest : public ::testing::Test {
     Options options;
     options.listen = listen;
     options.threads = 2;
+    options.metrics_listen = "127.0.0.1:0";
     auto server = Server::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -562,8 +564,9 @@ TEST_F(CApiTest, EnvironmentSwitchesAreCheckedByAclInit) {
   stream_ = nullptr;
   aclrtResetDevice(0);
   ASSERT_EQ(aclFinalize(), ACL_SUCCESS);
-  for (const char* name : {"OPSERVER_PIPELINE", "OPSERVER_DATA_PATH",
-                           "OPSERVER_DETECT_MUTEX_DEADLOCKS"}) {
+  for (const char* name :
+       {"OPSERVER_PIPELINE", "OPSERVER_DATA_PATH",
+        "OPSERVER_KEEP_DATA_CONNECTIONS", "OPSERVER_DETECT_MUTEX_DEADLOCKS"}) {
     setenv(name, "maybe", 1);
     EXPECT_EQ(aclInit(nullptr), ACL_ERROR_INVALID_PARAM) << name;
     EXPECT_EQ(LastError(), absl::StrCat("aclInit: ", name,
@@ -577,6 +580,7 @@ TEST_F(CApiTest, EnvironmentSwitchesAreCheckedByAclInit) {
   }
   unsetenv("OPSERVER_PIPELINE");
   unsetenv("OPSERVER_DATA_PATH");
+  unsetenv("OPSERVER_KEEP_DATA_CONNECTIONS");
   setenv("OPSERVER_DETECT_MUTEX_DEADLOCKS", "1", 1);
   ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);  // For TearDown.
 }
@@ -629,6 +633,44 @@ TEST_F(CApiTest, UploadConnectionsComeFromTheEnvironment) {
   }
   unsetenv("OPSERVER_TRANSFER_CONNECTIONS");
   unsetenv("OPSERVER_DATA_PATH");
+  ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);  // For TearDown.
+}
+
+// Large copies share one data connection, which the library keeps for the
+// next; with OPSERVER_KEEP_DATA_CONNECTIONS=0 each copy dials its own.
+TEST_F(CApiTest, KeptDataConnectionsComeFromTheEnvironment) {
+  aclrtDestroyStream(stream_);
+  stream_ = nullptr;
+  aclrtResetDevice(0);
+  ASSERT_EQ(aclFinalize(), ACL_SUCCESS);
+  const auto dialed = [&] {
+    return scrape::Sum(scrape::Metrics(server_->metrics_address()),
+                       "opserver_data_port_connections_total");
+  };
+  const size_t size = (4 << 20) + 1;
+  std::vector<char> data(size, 'k');
+  for (auto [value, connections] : {std::pair{"1", 1.0}, std::pair{"0", 3.0}}) {
+    SCOPED_TRACE(absl::StrCat("OPSERVER_KEEP_DATA_CONNECTIONS=", value));
+    setenv("OPSERVER_KEEP_DATA_CONNECTIONS", value, 1);
+    const double before = dialed();
+    ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS) << LastError();
+    ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS) << LastError();
+    void* device = nullptr;
+    ASSERT_EQ(aclrtMalloc(&device, size, ACL_MEM_MALLOC_HUGE_FIRST),
+              ACL_SUCCESS)
+        << LastError();
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(aclrtMemcpy(device, size, data.data(), size,
+                            ACL_MEMCPY_HOST_TO_DEVICE),
+                ACL_SUCCESS)
+          << LastError();
+    }
+    EXPECT_EQ(dialed() - before, connections);
+    EXPECT_EQ(aclrtFree(device), ACL_SUCCESS);
+    aclrtResetDevice(0);
+    ASSERT_EQ(aclFinalize(), ACL_SUCCESS);
+  }
+  unsetenv("OPSERVER_KEEP_DATA_CONNECTIONS");
   ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);  // For TearDown.
 }
 

@@ -85,7 +85,8 @@ _ETCD_SCHEME = "etcd://"
 
 def connect(address, *, tls_ca_file=None, tls_cert_file=None,
             tls_key_file=None, tls_server_name=None, token=None,
-            pipeline=True, data_path=True, connect_timeout=5.0,
+            pipeline=True, data_path=True, keep_data_connections=True,
+            connect_timeout=5.0,
             call_timeout=30.0, wait_timeout=600.0, transfer_connections=None,
             transfer_idle_timeout=None, max_message_bytes=None, claim=None,
             claim_wait_s=None, claim_ttl_s=None):
@@ -94,7 +95,9 @@ def connect(address, *, tls_ca_file=None, tls_cert_file=None,
     TLS is used when any tls_* file is given (the CA that signed the
     server's certificate; a certificate and key for mTLS). `token` is sent
     as a bearer token with every call. `pipeline=False` makes every call
-    its own RPC (for debugging). Timeouts are in seconds;
+    its own RPC (for debugging). `data_path=False` keeps every transfer on
+    gRPC; `keep_data_connections=False` opens a data connection per
+    transfer instead of keeping one for the next. Timeouts are in seconds;
     `transfer_idle_timeout` (default 60) ends a transfer that moves no data
     for that long with ``opserver.DeadlineExceeded``. Raises
     ``opserver.InvalidArgument`` for an address that is not HOST:PORT, and
@@ -116,6 +119,7 @@ def connect(address, *, tls_ca_file=None, tls_cert_file=None,
         tls_ca_file=tls_ca_file, tls_cert_file=tls_cert_file,
         tls_key_file=tls_key_file, tls_server_name=tls_server_name,
         token=token, pipeline=pipeline, data_path=data_path,
+        keep_data_connections=keep_data_connections,
         connect_timeout=connect_timeout, call_timeout=call_timeout,
         wait_timeout=wait_timeout, transfer_connections=transfer_connections,
         transfer_idle_timeout=transfer_idle_timeout,

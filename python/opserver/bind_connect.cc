@@ -47,6 +47,8 @@ remote::ConnectOptions MakeOptions(const py::dict& kw) {
       o.pipeline = value.cast<bool>();
     } else if (name == "data_path") {
       o.data_path = value.cast<bool>();
+    } else if (name == "keep_data_connections") {
+      o.keep_data_connections = value.cast<bool>();
     } else if (name == "transfer_connections") {
       o.transfer_connections = value.cast<int>();
     } else if (name == "transfer_idle_timeout") {

@@ -152,6 +152,25 @@ class MetricsTest(unittest.TestCase):
             value(during, "opserver_device_memory_free_bytes", device="0"),
             32 << 20)
 
+    def test_data_connections_are_kept_unless_asked_not_to(self):
+        # Three uploads and a download of 4 MiB and more go over the data
+        # path: on the one connection the client keeps, or on one each.
+        data = np.arange((4 << 20) // 4 + 1, dtype=np.float32)
+        with testing.Server(BINARY, "--metrics_listen=127.0.0.1:0") as server:
+            for keep, dialed in ((True, 1.0), (False, 4.0)):
+                before = scrape(server.metrics_address)
+                client = opserver.connect(server.address,
+                                          keep_data_connections=keep)
+                with client.session("kept") as s:
+                    for _ in range(3):
+                        t = s.to_device(data)
+                    np.testing.assert_array_equal(t.numpy(), data)
+                after = scrape(server.metrics_address)
+                self.assertEqual(
+                    value(after, "opserver_data_port_connections_total") -
+                    value(before, "opserver_data_port_connections_total"),
+                    dialed, "keep_data_connections=%s" % keep)
+
     def test_a_made_up_method_is_other(self):
         with testing.Server(BINARY, "--metrics_listen=127.0.0.1:0") as server:
             # A raw call to a method no service has.
