@@ -60,6 +60,9 @@ struct DeviceOptions {
   // a transfer whose next staging buffer would go past it fails
   // RESOURCE_EXHAUSTED.
   uint64_t staging_bytes = 1ull << 30;
+  // The largest chunk a transfer stages through (the server's --chunk_bytes
+  // and --staging_chunk_bytes): staging_bytes must hold one transfer's.
+  uint64_t staging_chunk_bytes = 4ull << 20;
 };
 
 class Device;

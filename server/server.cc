@@ -10,7 +10,6 @@
 #include <utility>
 
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -117,17 +116,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("--staging_chunk_bytes: must be from 1 to ",
                      kMaxStagingChunkBytes, " (1 GiB)"));
-  }
-  // A staged transfer holds three chunks (devices/ascend); the cap must let
-  // one run.
-  const uint64_t one_transfer =
-      3 * std::max(transfer.chunk_bytes, transfer.staging_chunk_bytes);
-  if (absl::StartsWith(options.device, "ascend") &&
-      options.max_staging_bytes < one_transfer) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max_staging_bytes: must hold one transfer's three staging chunks, "
-        "3 x max(--chunk_bytes, --staging_chunk_bytes) = ",
-        one_transfer));
   }
   if (transfer.idle_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -455,6 +443,9 @@ DeviceOptions DeviceOptionsFor(const Options& options) {
   device_options.cann_libraries = options.cann_libraries;
   device_options.devices = options.devices;
   device_options.staging_bytes = options.max_staging_bytes;
+  device_options.staging_chunk_bytes =
+      std::max(options.transfer_limits.chunk_bytes,
+               options.transfer_limits.staging_chunk_bytes);
   return device_options;
 }
 

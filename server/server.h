@@ -83,8 +83,8 @@ struct Options {
   uint64_t device_memory_bytes = 0;
   // --device=ascend: page-locked staging memory each NPU's running
   // transfers may hold at once (DeviceOptions::staging_bytes). At least
-  // one transfer's three chunks: 3 x max(chunk_bytes,
-  // staging_chunk_bytes).
+  // one transfer's three chunks of the larger of the transfer limits'
+  // chunk_bytes and staging_chunk_bytes.
   uint64_t max_staging_bytes = 1ull << 30;
   // Sessions, handles, memory and idle timeout.
   SessionLimits session_limits;

@@ -211,8 +211,9 @@ TEST(ServerStartTest, RejectsBadOptionsNamingTheFlag) {
   server = Server::Start(options);
   EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(server.status().message(),
-            "--max_staging_bytes: must hold one transfer's three staging "
-            "chunks, 3 x max(--chunk_bytes, --staging_chunk_bytes) = 25165824");
+            "--device: --max_staging_bytes (25165823) must hold one "
+            "transfer's 3 staging chunks of the larger of --chunk_bytes and "
+            "--staging_chunk_bytes: at least 25165824");
   options.device = "cpu";
   server = Server::Start(options);
   EXPECT_TRUE(server.ok()) << server.status();

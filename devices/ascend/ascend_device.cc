@@ -375,6 +375,18 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateAscendDevices(
   }
   ASSIGN_OR_RETURN(const std::vector<int32_t> ids,
                    AscendDeviceIds(options.kind));
+  // Checked before CANN is loaded: a cap no transfer fits is a mistake in
+  // the flags, whatever the machine has.
+  const uint64_t one_transfer =
+      kStagingChunksPerTransfer * options.staging_chunk_bytes;
+  if (options.staging_bytes < one_transfer) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_staging_bytes (", options.staging_bytes,
+                     ") must hold one transfer's ", kStagingChunksPerTransfer,
+                     " staging chunks of the larger of --chunk_bytes and "
+                     "--staging_chunk_bytes: at least ",
+                     one_transfer));
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<CannLibrary> cann,
                    CannLibrary::Load(options.cann_libraries.empty()
                                          ? CannLibrary::DefaultLibraries()

@@ -199,6 +199,10 @@ class AscendStream : public DeviceStream {
   uint64_t scratch_bytes_ = 0;
 };
 
+// Chunks of page-locked staging memory one transfer holds at most
+// (AscendStream::StageUpload / StageDownload).
+inline constexpr int kStagingChunksPerTransfer = 3;
+
 // One NPU (device id) of the loaded CANN. Its context is created once and
 // set on every thread before it calls CANN for this device (CANN's current
 // context is per thread). Memory comes from aclrtMalloc through the reuse

@@ -1581,6 +1581,25 @@ TEST(AscendDeviceIdsTest, SeveralNpusShareOneCann) {
               HasSubstr("name the NPUs instead"));
 }
 
+// A staging cap no transfer fits is refused before CANN is touched; one
+// that holds exactly one transfer's chunks is enough.
+TEST(AscendDeviceIdsTest, TheStagingCapMustHoldOneTransfer) {
+  DeviceOptions options;
+  options.kind = "ascend";
+  options.cann_libraries = {"/nonexistent/libascendcl.so"};
+  options.staging_chunk_bytes = 1000;
+  options.staging_bytes = kStagingChunksPerTransfer * 1000 - 1;
+  absl::Status refused = CreateAscendDevices(options).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.message(),
+            "--max_staging_bytes (2999) must hold one transfer's 3 staging "
+            "chunks of the larger of --chunk_bytes and --staging_chunk_bytes: "
+            "at least 3000");
+  options.staging_bytes += 1;
+  options.cann_libraries = {Runfile("libfake_cann.so")};
+  EXPECT_TRUE(CreateAscendDevices(options).ok());
+}
+
 TEST(CannLibraryTest, AMissingLibraryOrSymbolIsOneLineNamingIt) {
   auto missing = CannLibrary::Load({"/nonexistent/libascendcl.so"});
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);

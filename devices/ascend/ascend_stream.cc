@@ -97,6 +97,7 @@ namespace {
 // or copied (a download's bytes, until the caller releases them).
 constexpr int kCopyLanes = 2;
 constexpr int kStagingSlots = kCopyLanes + 1;
+static_assert(kStagingSlots == kStagingChunksPerTransfer);
 
 class ChunkCopier {
  public:
