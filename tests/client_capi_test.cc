@@ -68,6 +68,18 @@ class CApiTest : public ::testing::Test {
     server_ = *std::move(server);
   }
 
+  // aclInit with the environment as it is now, device 0, and `size` bytes
+  // of device memory (nullptr, the failure reported, when any step fails).
+  void* InitAndMalloc(size_t size) {
+    void* device = nullptr;
+    if (aclInit(nullptr) != ACL_SUCCESS || aclrtSetDevice(0) != ACL_SUCCESS ||
+        aclrtMalloc(&device, size, ACL_MEM_MALLOC_HUGE_FIRST) != ACL_SUCCESS) {
+      ADD_FAILURE() << LastError();
+      return nullptr;
+    }
+    return device;
+  }
+
   // Device memory holding `bytes`.
   void* Device(const void* bytes, size_t size) {
     void* pointer = nullptr;
@@ -611,12 +623,8 @@ TEST_F(CApiTest, UploadConnectionsComeFromTheEnvironment) {
         absl::StrCat("data path ", data_path, ", connections ", value));
     setenv("OPSERVER_DATA_PATH", data_path, 1);
     setenv("OPSERVER_TRANSFER_CONNECTIONS", value, 1);
-    ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS) << LastError();
-    ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS) << LastError();
-    void* device = nullptr;
-    ASSERT_EQ(aclrtMalloc(&device, size, ACL_MEM_MALLOC_HUGE_FIRST),
-              ACL_SUCCESS)
-        << LastError();
+    void* device = InitAndMalloc(size);
+    ASSERT_NE(device, nullptr);
     ASSERT_EQ(
         aclrtMemcpy(device, size, data.data(), size, ACL_MEMCPY_HOST_TO_DEVICE),
         ACL_SUCCESS)
@@ -653,12 +661,8 @@ TEST_F(CApiTest, KeptDataConnectionsComeFromTheEnvironment) {
     SCOPED_TRACE(absl::StrCat("OPSERVER_KEEP_DATA_CONNECTIONS=", value));
     setenv("OPSERVER_KEEP_DATA_CONNECTIONS", value, 1);
     const double before = dialed();
-    ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS) << LastError();
-    ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS) << LastError();
-    void* device = nullptr;
-    ASSERT_EQ(aclrtMalloc(&device, size, ACL_MEM_MALLOC_HUGE_FIRST),
-              ACL_SUCCESS)
-        << LastError();
+    void* device = InitAndMalloc(size);
+    ASSERT_NE(device, nullptr);
     for (int i = 0; i < 3; ++i) {
       ASSERT_EQ(aclrtMemcpy(device, size, data.data(), size,
                             ACL_MEMCPY_HOST_TO_DEVICE),
