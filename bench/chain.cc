@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<Chain>> Chain::Start(const std::string& spec) {
   front_flags.insert(front_flags.end(), paths.begin() + 2, paths.end());
   const std::string opserver = process::Absolute(paths[0]);
   std::unique_ptr<Chain> chain(new Chain);
+  chain->cann_library_ = paths[1];
   absl::StatusOr<process::OpserverProcess> backend =
       Spawn(opserver, "backend", {"--device=cpu"}, "");
   if (!backend.ok()) return backend.status();

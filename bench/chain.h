@@ -34,6 +34,9 @@ class Chain {
   const std::string& front() const { return front_.address; }
   const std::string& backend_metrics() const { return backend_.metrics; }
   const std::string& front_metrics() const { return front_.metrics; }
+  // The front's CANN library, as named in `spec` (libaclnn_remote.so, or
+  // another CANN such as the fake one).
+  const std::string& cann_library() const { return cann_library_; }
 
  private:
   static absl::StatusOr<process::OpserverProcess> Spawn(
@@ -42,6 +45,7 @@ class Chain {
       const std::string& opserver_address);
   process::OpserverProcess backend_;
   process::OpserverProcess front_;
+  std::string cann_library_;
 };
 
 // What a backend did, from its /metrics: the calls a front (or any client)

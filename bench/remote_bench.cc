@@ -27,6 +27,11 @@
 // benchmarks, the Ascend device over its verification chain (bench/chain.h)
 // against its CPU backend directly, raw TCP and a raw TCP relay, in one run
 // (see ChainRatios); the number of rounds is --paired's (default 5).
+// LIBACLNN_REMOTE may be any CANN library: with the fake CANN
+// (//devices/ascend:libfake_cann.so, whose copies are a memcpy) it measures
+// what the front's staging costs by itself.
+// --chain_transfers_only: --chain's transfers, not its operators (which
+// the fake CANN does not compute).
 //
 // The parts: remote_bench_support (settings, child processes, sources and
 // timing), remote_raw_session (a session on the raw stubs) and
@@ -446,6 +451,8 @@ int main(int argc, char** argv) {
     transfer_connections = std::stoi(*k);
   }
   std::optional<std::string> chain = TakeFlag(&argc, argv, "--chain=");
+  const bool chain_operators =
+      !TakeFlag(&argc, argv, "--chain_transfers_only").has_value();
   pin_cores = TakeFlag(&argc, argv, "--pin").has_value();
   grpc_transfers = TakeFlag(&argc, argv, "--grpc_transfers").has_value();
   if (pin_cores && sysconf(_SC_NPROCESSORS_ONLN) < 2) {
@@ -474,7 +481,7 @@ int main(int argc, char** argv) {
   if (pin_cores) PinToCpu(0);
 
   if (chain.has_value()) {
-    ChainRatios(*chain, paired_rounds > 0 ? paired_rounds : 5);
+    ChainRatios(*chain, paired_rounds > 0 ? paired_rounds : 5, chain_operators);
   } else if (!curve_windows.empty()) {
     WindowCurve();
   } else if (paired_rounds > 0) {

@@ -143,12 +143,15 @@ void ChainTransfers(bench::Chain& chain, ChainSide (&sides)[2], int rounds) {
   }
   std::vector<double> all_relay = relay[0];
   all_relay.insert(all_relay.end(), relay[1].begin(), relay[1].end());
+  // The front's CANN, by its file name (npos + 1 is 0: no directory).
+  const std::string& path = chain.cann_library();
+  const std::string cann = path.substr(path.rfind('/') + 1);
   std::printf(
       "remote_bench --chain: backend (CPU device) %s, front (Ascend device "
-      "over libaclnn_remote.so) %s; %d rounds, 256 MiB each, warm source, "
+      "over %s) %s; %d rounds, 256 MiB each, warm source, "
       "resident destination%s%s\nraw TCP one-way: %.2f GB/s (median); raw "
       "TCP through a relay (two legs, as through the front): %.2f GB/s\n",
-      chain.backend().c_str(), chain.front().c_str(), rounds,
+      chain.backend().c_str(), cann.c_str(), chain.front().c_str(), rounds,
       pin_cores ? ", pinned" : "", grpc_transfers ? ", through gRPC" : "",
       Gbps(Median(tcp)), Gbps(Median(all_relay)));
   for (int kind = 0; kind < 2; ++kind) {
@@ -377,11 +380,11 @@ void PairedRatios(int rounds) {
 // --chain: per round, raw TCP next to each transfer (library upload and
 // download of 256 MiB, as in PairedRatios) against the backend (CPU
 // device) directly and against the front (Ascend device over the chain),
-// then each operator's cost unpipelined (GetWorkspaceSize + Execute +
-// Synchronize on 1024 fp32 elements through the client library, median of
-// 200) on both, and the backend's idle SynchronizeStream round trip. The
-// backend's /metrics give the calls the front made it answer.
-void ChainRatios(const std::string& spec, int rounds) {
+// then (`operators`) each operator's cost unpipelined (GetWorkspaceSize +
+// Execute + Synchronize on 1024 fp32 elements through the client library,
+// median of 200) on both, and the backend's idle SynchronizeStream round trip.
+// The backend's /metrics give the calls the front made it answer.
+void ChainRatios(const std::string& spec, int rounds, bool operators) {
   absl::StatusOr<std::unique_ptr<bench::Chain>> chain =
       bench::Chain::Start(spec);
   if (!chain.ok()) {
@@ -392,7 +395,7 @@ void ChainRatios(const std::string& spec, int rounds) {
                         {"ascend", (*chain)->front()}};
   for (ChainSide& side : sides) ConnectSide(side);
   ChainTransfers(**chain, sides, rounds);
-  ChainOperators(**chain, sides, rounds);
+  if (operators) ChainOperators(**chain, sides, rounds);
   for (ChainSide& side : sides) {
     side.buffer.reset();
     side.session.reset();

@@ -20,8 +20,9 @@ void WindowCurve();
 // API, both ways), each divided by the raw TCP just before it.
 void PairedRatios(int rounds);
 // --chain=OPSERVER,LIBACLNN_REMOTE: the Ascend device over its verification
-// chain against its CPU backend directly, transfers and operators.
-void ChainRatios(const std::string& spec, int rounds);
+// chain against its CPU backend directly, transfers and (`operators`)
+// operators.
+void ChainRatios(const std::string& spec, int rounds, bool operators);
 
 }  // namespace opserver::remote_bench
 
