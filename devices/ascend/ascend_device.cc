@@ -160,8 +160,14 @@ absl::StatusOr<std::unique_ptr<AscendDevice>> AscendDevice::Create(
 
 AscendDevice::~AscendDevice() {
   // The cached blocks go back to CANN while the context they were
-  // allocated in still exists (the backing binds it).
+  // allocated in still exists (the backing binds it); so do the cached
+  // staging blocks (every transfer has given its own back).
   memory_.reset();
+  {
+    absl::MutexLock lock(&staging_mu_);
+    FreeStaging(staging_cache_);
+    staging_cache_.clear();
+  }
   const CannApi& api = cann_->api();
   if (context_ != nullptr) {
     api.aclrtDestroyContext(context_);
@@ -196,42 +202,88 @@ uint64_t AscendDevice::FreeBytes() const {
          std::min(description_.memory_bytes, memory_->in_use_bytes());
 }
 
-absl::StatusOr<void*> AscendDevice::AllocateHost(uint64_t bytes) const {
-  // Reserved first, so transfers starting together cannot all pass.
-  uint64_t in_use = staging_in_use_.load();
-  do {
-    if (bytes > staging_limit_ || in_use > staging_limit_ - bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "transfer staging: ", bytes,
-          " more bytes of page-locked memory would pass the device's cap of ",
-          staging_limit_, " (--max_staging_bytes), with ", in_use,
-          " held by the transfers running now; try again once fewer run"));
+absl::StatusOr<void*> AscendDevice::TakeKeptOrReserve(
+    uint64_t bytes, std::vector<StagingBlock>* evicted) const {
+  absl::MutexLock lock(&staging_mu_);
+  // The newest kept block of this size: the likeliest still warm.
+  for (size_t i = staging_cache_.size(); i-- > 0;) {
+    if (staging_cache_[i].bytes != bytes) continue;
+    void* block = staging_cache_[i].block;
+    staging_cache_.erase(staging_cache_.begin() + i);
+    return block;
+  }
+  auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(staging_mu_) {
+    return bytes <= staging_limit_ && staging_held_ <= staging_limit_ - bytes;
+  };
+  // Kept blocks give way to a transfer that needs the room.
+  if (!fits()) {
+    for (const StagingBlock& kept : staging_cache_) {
+      staging_held_ -= kept.bytes;
     }
-  } while (!staging_in_use_.compare_exchange_weak(in_use, in_use + bytes));
-  absl::Status bound = Bind();
-  if (!bound.ok()) {
-    staging_in_use_.fetch_sub(bytes);
-    return bound;
+    evicted->swap(staging_cache_);
   }
+  if (!fits()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "transfer staging: ", bytes,
+        " more bytes of page-locked memory would pass the device's cap of ",
+        staging_limit_, " (--max_staging_bytes), with ", staging_held_,
+        " held by the transfers running now; try again once fewer run"));
+  }
+  // Reserved before aclrtMallocHost, so transfers starting together cannot
+  // all pass.
+  staging_held_ += bytes;
+  return nullptr;
+}
+
+absl::StatusOr<void*> AscendDevice::AllocateHost(uint64_t bytes) const {
+  std::vector<StagingBlock> evicted;
+  absl::StatusOr<void*> kept = TakeKeptOrReserve(bytes, &evicted);
+  FreeStaging(evicted);
+  if (!kept.ok() || *kept != nullptr) return kept;
   void* block = nullptr;
-  if (aclError error = cann_->api().aclrtMallocHost(&block, bytes);
-      error != ACL_SUCCESS || block == nullptr) {
-    staging_in_use_.fetch_sub(bytes);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("aclrtMallocHost of ", bytes,
-                     " bytes (transfer staging) failed with "
-                     "acl error ",
-                     error, WithRecentError(*cann_)));
+  absl::Status bound = Bind();
+  aclError error = ACL_SUCCESS;
+  if (bound.ok()) error = cann_->api().aclrtMallocHost(&block, bytes);
+  if (bound.ok() && error == ACL_SUCCESS && block != nullptr) return block;
+  {
+    absl::MutexLock lock(&staging_mu_);
+    staging_held_ -= bytes;
   }
-  return block;
+  RETURN_IF_ERROR(bound);
+  return absl::ResourceExhaustedError(
+      absl::StrCat("aclrtMallocHost of ", bytes,
+                   " bytes (transfer staging) failed with "
+                   "acl error ",
+                   error, WithRecentError(*cann_)));
 }
 
 void AscendDevice::FreeHost(void* block, uint64_t bytes) const {
+  std::vector<StagingBlock> evicted;
+  {
+    absl::MutexLock lock(&staging_mu_);
+    staging_cache_.push_back({block, bytes});
+    if (staging_cache_.size() > kCachedStagingBlocks) {
+      evicted.push_back(staging_cache_.front());
+      staging_cache_.erase(staging_cache_.begin());
+      staging_held_ -= evicted.front().bytes;
+    }
+  }
+  FreeStaging(evicted);
+}
+
+size_t AscendDevice::KeptStagingBlocks() const {
+  absl::MutexLock lock(&staging_mu_);
+  return staging_cache_.size();
+}
+
+void AscendDevice::FreeStaging(const std::vector<StagingBlock>& blocks) const {
+  if (blocks.empty()) return;
   // Freed even if binding failed: aclrtFreeHost reports the error, which
   // has no one to go to.
   (void)Bind();
-  cann_->api().aclrtFreeHost(block);
-  staging_in_use_.fetch_sub(bytes);
+  for (const StagingBlock& staging : blocks) {
+    cann_->api().aclrtFreeHost(staging.block);
+  }
 }
 
 absl::StatusOr<void*> AscendDevice::AllocateRaw(uint64_t bytes) {

@@ -12,8 +12,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "devices/ascend/cann_library.h"
 #include "devices/device.h"
 #include "devices/memory_pool.h"
@@ -283,11 +285,21 @@ class AscendDevice : public Device {
   // after it.
   absl::Status Bind() const;
 
-  // Page-locked host memory (aclrtMallocHost; freed by FreeHost with the
-  // same size), for transfers' staging, within the device's staging cap.
+  // Page-locked host memory (aclrtMallocHost; given back by FreeHost with
+  // the same size), for transfers' staging, within the device's staging
+  // cap. The last kCachedStagingBlocks blocks given back stay allocated
+  // and go to the next request of their size: pinning memory is what
+  // makes aclrtMallocHost slow on an NPU host, and every transfer would
+  // otherwise pin its chunks anew. They count against the cap, and are
+  // freed when a request needs their room or the device goes.
   // RESOURCE_EXHAUSTED naming the cap, or the acl error.
   absl::StatusOr<void*> AllocateHost(uint64_t bytes) const;
   void FreeHost(void* block, uint64_t bytes) const;
+  // Two transfers' staging (kStagingChunksPerTransfer chunks each).
+  static constexpr size_t kCachedStagingBlocks = 2 * kStagingChunksPerTransfer;
+  // The staging blocks kept now: every other one CANN has handed out is
+  // held by a transfer.
+  size_t KeptStagingBlocks() const;
 
   // Device memory outside Allocate's cache and zeroing (stream scratch),
   // within the same capacity: the cache gives way to it.
@@ -314,9 +326,24 @@ class AscendDevice : public Device {
   DeviceDescription description_;
   // Made once the capacity is known (Create); null before.
   std::unique_ptr<MemoryPool> memory_;
-  // Page-locked staging memory: the cap, and what transfers hold now.
+  struct StagingBlock {
+    void* block;
+    uint64_t bytes;
+  };
+  // A kept staging block of `bytes`; or, with none, nullptr once `bytes`
+  // are reserved within the cap (the kept blocks moved to `evicted` if
+  // they were in the way), or RESOURCE_EXHAUSTED naming the cap.
+  absl::StatusOr<void*> TakeKeptOrReserve(
+      uint64_t bytes, std::vector<StagingBlock>* evicted) const;
+  // aclrtFreeHost of each of `blocks`, this device bound.
+  void FreeStaging(const std::vector<StagingBlock>& blocks) const;
+
+  // Page-locked staging memory: the cap; what is allocated (held by
+  // transfers, or cached), and the cached blocks, oldest first.
   uint64_t staging_limit_ = 0;
-  mutable std::atomic<uint64_t> staging_in_use_{0};
+  mutable absl::Mutex staging_mu_;
+  mutable uint64_t staging_held_ ABSL_GUARDED_BY(staging_mu_) = 0;
+  mutable std::vector<StagingBlock> staging_cache_ ABSL_GUARDED_BY(staging_mu_);
 };
 
 // The NPU ids --device=`kind` names, in order: "ascend" is {0},

@@ -1133,8 +1133,9 @@ class StagedTransferTest : public AscendDeviceTest {
 // caller gets chunk 1's staging memory and fills it; the second lane copies
 // chunk 1 only once chunk 0's copy is done (its side stream is not ordered
 // after the work before the transfer), and chunk 2 takes the third buffer
-// meanwhile. The bytes land bit-exact, the three page-locked buffers are
-// freed with the transfer, and the lane's side stream is made once.
+// meanwhile. The bytes land bit-exact, the three page-locked buffers go
+// back to the device with the transfer and the next transfer takes them,
+// and the lane's side stream is made once.
 TEST_F(StagedTransferTest, AnUploadTakesTheNextChunkWhileACopyRuns) {
   const std::string data = Pattern(kSize);
   std::unique_ptr<StagedUpload> upload = UploadWithChunk0Held(data);
@@ -1155,17 +1156,17 @@ TEST_F(StagedTransferTest, AnUploadTakesTheNextChunkWhileACopyRuns) {
       std::vector<std::string>(calls.begin(), calls.begin() + 3),
       ElementsAre("aclrtMallocHost 1000", "aclrtMemcpyAsync 1000 kind=1 held",
                   "aclrtMallocHost 1000"));
-  EXPECT_THAT(fake_.Calls({"aclrtMallocHost", "aclrtFreeHost"}),
-              ElementsAre("aclrtMallocHost 1000", "aclrtMallocHost 1000",
-                          "aclrtMallocHost 1000", "aclrtFreeHost",
-                          "aclrtFreeHost", "aclrtFreeHost"));
+  const std::vector<std::string> three_blocks = {
+      "aclrtMallocHost 1000", "aclrtMallocHost 1000", "aclrtMallocHost 1000"};
+  EXPECT_EQ(fake_.Calls({"aclrtMallocHost", "aclrtFreeHost"}), three_blocks);
   EXPECT_THAT(fake_.Calls({"aclrtMemcpyAsync 1000 kind=1",
                            "aclrtMemcpyAsync 500 kind=1"}),
               ::testing::Contains("aclrtMemcpyAsync 500 kind=1"));
   EXPECT_EQ(fake_.Calls({"aclrtCreateStream"}).size(), 1u);
-  // The next transfer on the stream keeps its side stream.
+  // The next transfer on the stream keeps its side stream and its staging.
   ExpectAnUploadLands(data);
   EXPECT_EQ(fake_.Calls({"aclrtCreateStream"}).size(), 1u);
+  EXPECT_EQ(fake_.Calls({"aclrtMallocHost", "aclrtFreeHost"}), three_blocks);
 }
 
 // The device's running transfers stage through at most kStagingCap of
@@ -1230,10 +1231,10 @@ TEST_F(StagedTransferTest, ADownloadCopiesTheNextChunkWhileOneIsSent) {
   }
   EXPECT_EQ(download->Next().status().code(), absl::StatusCode::kOutOfRange);
   download.reset();
+  // Kept for the next transfer (TearDown sees them freed with the device).
   EXPECT_THAT(fake_.Calls({"aclrtMallocHost", "aclrtFreeHost"}),
               ElementsAre("aclrtMallocHost 1000", "aclrtMallocHost 1000",
-                          "aclrtMallocHost 1000", "aclrtFreeHost",
-                          "aclrtFreeHost", "aclrtFreeHost"));
+                          "aclrtMallocHost 1000"));
 }
 
 // A range of one chunk takes one buffer of its own size, copied on the
@@ -1252,9 +1253,60 @@ TEST_F(StagedTransferTest, OneChunkTakesOneBufferOfItsSize) {
   EXPECT_EQ(std::string(back->data(), back->size()), data);
   upload.reset();
   download.reset();
+  // Both were held at once; both are kept.
   EXPECT_THAT(fake_.Calls({"aclrtMallocHost", "aclrtFreeHost"}),
-              ElementsAre("aclrtMallocHost 2500", "aclrtMallocHost 2500",
-                          "aclrtFreeHost", "aclrtFreeHost"));
+              ElementsAre("aclrtMallocHost 2500", "aclrtMallocHost 2500"));
+  EXPECT_EQ(device_->KeptStagingBlocks(), 2u);
+}
+
+// Staging blocks kept from finished transfers count against the cap, and
+// give way to a transfer that needs their room: three 1000-byte blocks are
+// kept, and a transfer through 2000-byte chunks needs 6000 of the cap's
+// 6000. Its second chunk frees them, and the transfer lands.
+TEST_F(StagedTransferTest, KeptStagingGivesWayToATransferThatNeedsRoom) {
+  ExpectAnUploadLands(Pattern(kSize));
+  EXPECT_EQ(fake_.Live("host"), 3);
+  constexpr uint64_t kLarge = 3 * 2000;
+  absl::StatusOr<void*> large = device_->Allocate(kLarge, 1);
+  ASSERT_TRUE(large.ok()) << large.status();
+  const std::string data = Pattern(kLarge);
+  std::unique_ptr<StagedUpload> upload =
+      stream_->StageUpload(*large, kLarge, 2000);
+  for (uint64_t at = 0; at < kLarge; at += 2000) Put(*upload, data, at);
+  ASSERT_TRUE(upload->Finish().ok());
+  upload.reset();
+  EXPECT_EQ(std::string(static_cast<char*>(*large), kLarge), data);
+  EXPECT_THAT(fake_.Calls({"aclrtMallocHost", "aclrtFreeHost"}),
+              ElementsAre("aclrtMallocHost 1000", "aclrtMallocHost 1000",
+                          "aclrtMallocHost 1000", "aclrtMallocHost 2000",
+                          "aclrtFreeHost", "aclrtFreeHost", "aclrtFreeHost",
+                          "aclrtMallocHost 2000", "aclrtMallocHost 2000"));
+  EXPECT_EQ(fake_.Live("host"), 3);
+  device_->Deallocate(*large, kLarge);
+}
+
+// Only the last kCachedStagingBlocks blocks given back are kept: after
+// one-chunk transfers of seven sizes, the oldest block (100 bytes) was
+// freed; a transfer of the newest size takes its kept block, one of the
+// oldest size allocates again.
+TEST_F(StagedTransferTest, OnlyTheLastStagingBlocksGivenBackAreKept) {
+  constexpr size_t kKept = AscendDevice::kCachedStagingBlocks;
+  const std::string data = Pattern(kSize);
+  auto upload_of = [&](uint64_t bytes) {
+    std::unique_ptr<StagedUpload> upload =
+        stream_->StageUpload(block_, bytes, kChunk);
+    Put(*upload, data, 0);
+    EXPECT_TRUE(upload->Finish().ok());
+  };
+  for (uint64_t n = 1; n <= kKept + 1; ++n) upload_of(100 * n);
+  EXPECT_EQ(fake_.Calls({"aclrtMallocHost"}).size(), kKept + 1);
+  EXPECT_THAT(fake_.Calls({"aclrtFreeHost"}), ElementsAre("aclrtFreeHost"));
+  EXPECT_EQ(fake_.Live("host"), static_cast<int64_t>(kKept));
+  upload_of(100 * (kKept + 1));
+  EXPECT_EQ(fake_.Calls({"aclrtMallocHost"}).size(), kKept + 1);
+  upload_of(100);
+  EXPECT_EQ(fake_.Calls({"aclrtMallocHost"}).size(), kKept + 2);
+  EXPECT_EQ(DeviceBytes(), Received(data, 100 * (kKept + 1)));
 }
 
 // An upload that ends early (its sender failed) commits the chunk it was
@@ -1295,7 +1347,7 @@ TEST_F(StagedTransferTest, OneChunkCommittedShortOrPastItsSize) {
 }
 
 // A failed copy fails the transfer with CANN's error, for every later call
-// too; the staging is freed all the same.
+// too; the staging goes back to the device all the same.
 TEST_F(StagedTransferTest, ACopysFailureIsTheTransfersWithItsAclError) {
   const std::string data = Pattern(kSize);
   std::unique_ptr<StagedUpload> upload =
@@ -1332,16 +1384,22 @@ TEST_F(StagedTransferTest, ACopysFailureIsTheTransfersWithItsAclError) {
   EXPECT_THAT(upload->Commit(kChunk).message(), HasSubstr("acl error 507899"));
   upload.reset();
 
-  // No page-locked memory to be had.
-  upload = stream_->StageUpload(block_, kSize, kChunk);
+  // Every block CANN handed out is back with the device.
+  EXPECT_EQ(fake_.Live("host"),
+            static_cast<int64_t>(device_->KeptStagingBlocks()));
+
+  // No page-locked memory to be had (for a chunk size none of the kept
+  // blocks has).
+  upload = stream_->StageUpload(block_, kSize, 900);
   fake_.FailNext("aclrtMallocHost", 207001, "out of host memory");
   absl::Status staged = upload->Next().status();
   EXPECT_EQ(staged.code(), absl::StatusCode::kResourceExhausted) << staged;
   EXPECT_THAT(staged.message(),
-              HasSubstr("aclrtMallocHost of 1000 bytes (transfer staging) "
+              HasSubstr("aclrtMallocHost of 900 bytes (transfer staging) "
                         "failed with acl error 207001: out of host memory"));
   upload.reset();
-  EXPECT_EQ(fake_.Live("host"), 0);
+  EXPECT_EQ(fake_.Live("host"),
+            static_cast<int64_t>(device_->KeptStagingBlocks()));
   // The stream works on.
   ExpectAnUploadLands(data);
 }
@@ -1363,12 +1421,13 @@ TEST_F(StagedTransferTest, NoStreamForTheSecondLaneFailsTheTransfer) {
   EXPECT_EQ(upload->Next().status(), failed);
   EXPECT_EQ(upload->Finish(), failed);
   upload.reset();
-  EXPECT_EQ(fake_.Live("host"), 0);
+  EXPECT_EQ(fake_.Live("host"),
+            static_cast<int64_t>(device_->KeptStagingBlocks()));
   ExpectAnUploadLands(data);
 }
 
 // A transfer abandoned with a copy running (the client went away, the
-// session closed) waits for that copy, then frees its staging.
+// session closed) waits for that copy, then gives its staging back.
 TEST_F(StagedTransferTest, AnAbandonedTransferWaitsForItsCopyAndFrees) {
   const std::string data = Pattern(kSize);
   fake_.HoldHostCopies(true);
@@ -1380,7 +1439,8 @@ TEST_F(StagedTransferTest, AnAbandonedTransferWaitsForItsCopyAndFrees) {
   std::thread abandon([&] { upload.reset(); });
   fake_.HoldHostCopies(false);
   abandon.join();
-  EXPECT_EQ(fake_.Live("host"), 0);
+  EXPECT_EQ(fake_.Live("host"), 2);
+  EXPECT_EQ(device_->KeptStagingBlocks(), 2u);
   EXPECT_TRUE(stream_->Synchronize().ok());
 }
 
@@ -1436,8 +1496,9 @@ TEST_F(StagedTransferTest, AFailedUploadWriteCopiesTheChunksQueued) {
 
 // Through the server, over gRPC Upload/Download and over the data path:
 // chunk 1 of an upload arrives in the device's staging while the copy of
-// chunk 0 is still held, then everything lands bit-exact and the staging
-// is freed once the call returns.
+// chunk 0 is still held, then everything lands bit-exact; the staging
+// goes back to the device when the call returns, and the next call takes
+// it.
 class StagedServerTest : public AscendDeviceTest,
                          public ::testing::WithParamInterface<bool> {};
 
@@ -1469,15 +1530,16 @@ TEST_P(StagedServerTest, UploadsReceiveTheNextChunkWhileOneIsCopied) {
     fake_.HoldHostCopies(false);
     uploader.join();
     ASSERT_TRUE(uploaded.ok()) << uploaded;
-    EXPECT_EQ(fake_.Live("host"), 0);
+    // Three buffers for a transfer of four chunks, kept for the next.
+    EXPECT_EQ(fake_.Live("host"), 3);
     std::string back(kSize, '\0');
     ASSERT_TRUE(
         session->Download(buffer->handle(), 0, back.data(), kSize).ok());
     EXPECT_TRUE(back == data);
-    EXPECT_EQ(fake_.Live("host"), 0);
-    // Three buffers per transfer of four chunks.
+    // The download took the upload's three.
+    EXPECT_EQ(fake_.Live("host"), 3);
     EXPECT_EQ(fake_.Calls({"aclrtMallocHost"}),
-              std::vector<std::string>(6, "aclrtMallocHost 65536"));
+              std::vector<std::string>(3, "aclrtMallocHost 65536"));
   }
   ExpectNothingLive();
 }
@@ -1517,7 +1579,7 @@ TEST_P(StagingChunkTest, TheDataPathStagesInItsOwnChunk) {
     ASSERT_TRUE(
         session->Download(buffer->handle(), 0, back.data(), kSize).ok());
     EXPECT_TRUE(back == data);
-    EXPECT_EQ(fake_.Live("host"), 0);
+    EXPECT_EQ(fake_.Live("host"), 3);
     const uint64_t chunk = data_path ? kStaging : kChunk;
     // The upload's copies, then the download's (it starts once the upload
     // has returned).
@@ -1545,9 +1607,10 @@ TEST_P(StagingChunkTest, TheDataPathStagesInItsOwnChunk) {
                             [](const std::string& c) {
                               return absl::EndsWith(c, "kind=2");
                             }));
-    EXPECT_EQ(fake_.Calls({"aclrtMallocHost"}),
-              std::vector<std::string>(
-                  6, absl::StrCat("aclrtMallocHost ", chunk)));
+    // The download took the upload's three buffers.
+    EXPECT_EQ(
+        fake_.Calls({"aclrtMallocHost"}),
+        std::vector<std::string>(3, absl::StrCat("aclrtMallocHost ", chunk)));
   }
   ExpectNothingLive();
 }
