@@ -259,18 +259,24 @@ class RuntimeService::DataTransfer final
                                      std::memory_order_relaxed);
               },
               [&] { session->Touch(); });
+          // Released before the report: once reported, the call may end,
+          // and with it the server's shutdown, which destroys the sessions
+          // (a session this mover still held would outlive its manager).
+          // The call holds its own references until it ends.
+          connection.reset();
+          gate.reset();
+          buffer.reset();
+          session.reset();
+          device_stream.reset();
           {
             absl::MutexLock lock(&link->mu);
             if (link->call != nullptr) {
               static_cast<DataTransfer*>(link->call)->MovedLocked(status);
             }
           }
-          // The memory and the stream are released before the service may go.
-          connection.reset();
-          gate.reset();
-          buffer.reset();
-          session.reset();
-          device_stream.reset();
+          if (service->limits_.after_mover_report) {
+            service->limits_.after_mover_report();
+          }
           // Shared, so the count outlives a service that stops waiting now.
           absl::MutexLock lock(&movers->mu);
           --movers->count;

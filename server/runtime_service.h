@@ -62,6 +62,11 @@ struct TransferLimits {
   // reaction to a completed write, before it takes the call's lock, so a
   // test can delay that reaction as a loaded machine may. Empty: nothing.
   std::function<void()> before_write_done;
+  // For tests: runs in a data-path mover once it has reported its result
+  // to the transfer's call (which may then end), before it counts itself
+  // out, so a test can see what a slow mover still holds then. Empty:
+  // nothing.
+  std::function<void()> after_mover_report;
   // For tests: called once CreateSession has made its session, with its
   // id; true holds the reply until the call is cancelled (the client's
   // cancel or its deadline), so a test can make the reply undeliverable

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -214,6 +215,59 @@ class DataPathTest : public ::testing::Test {
   std::unique_ptr<Client> client_;
   std::unique_ptr<Session> session_;
 };
+
+// A data-path mover lets go of the stream, the buffer and the session
+// before it reports to the transfer's call. Once that call has ended, the
+// session closes (Close's fence waits for the stream) and its memory goes,
+// although the mover, held here after its report, has not counted itself
+// out. A mover that let go only after its report could hold the last
+// reference to a session whose server was being destroyed: a
+// use-after-free once the server's sessions were gone (ASan saw it in
+// capi_async_upload_test, whose server is destroyed right after a
+// transfer).
+TEST_F(DataPathTest, AMoverHoldsNoSessionOnceItHasReported) {
+  // Shared with the mover, which may still be leaving the hook when the
+  // test body ends (the server, ended after it, waits for the mover).
+  struct Hook {
+    absl::Notification reported, release;
+    std::atomic<bool> first{true};
+  };
+  auto hook = std::make_shared<Hook>();
+  Options options;
+  options.transfer_limits.after_mover_report = [hook] {
+    if (!hook->first.exchange(false)) return;
+    hook->reported.Notify();
+    hook->release.WaitForNotification();
+  };
+  // A stream the mover still held would keep Close's fence waiting.
+  ConnectOptions connect;
+  connect.wait_timeout = absl::Seconds(20);
+  Start(options, connect);
+  // Released however the test ends.
+  absl::Cleanup released = [hook] {
+    if (!hook->release.HasBeenNotified()) hook->release.Notify();
+  };
+  const uint64_t size = 4 << 20;
+  const std::string data = RandomData(size, 31);
+  const uint64_t buffer = MustMalloc(size);
+  ASSERT_TRUE(session_->Upload(buffer, 0, data.data(), size).ok());
+  // The call ended inside the mover's report; the hook runs just after.
+  ASSERT_TRUE(hook->reported.WaitForNotificationWithTimeout(absl::Minutes(1)))
+      << "not over the data path";
+  absl::Status closed = session_->Close();
+  ASSERT_TRUE(closed.ok()) << closed;
+  // A closed session's memory goes once nothing holds it (polled: the
+  // Attach call may let go just after Close's reply).
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  v1::ServerStats stats = Stats();
+  while (stats.sessions() != 0 || stats.devices(0).buffers() != 0) {
+    ASSERT_LT(absl::Now(), deadline)
+        << "the held mover still holds the closed session's buffer";
+    absl::SleepFor(absl::Milliseconds(10));
+    stats = Stats();
+  }
+  EXPECT_EQ(stats.devices(0).free_bytes(), stats.devices(0).capacity_bytes());
+}
 
 TEST_F(DataPathTest, RawUploadAndDownloadAreByteExact) {
   Start();
