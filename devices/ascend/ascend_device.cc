@@ -160,13 +160,13 @@ absl::StatusOr<std::unique_ptr<AscendDevice>> AscendDevice::Create(
 
 AscendDevice::~AscendDevice() {
   // The cached blocks go back to CANN while the context they were
-  // allocated in still exists (the backing binds it); so do the cached
+  // allocated in still exists (the backing binds it); so do the kept
   // staging blocks (every transfer has given its own back).
   memory_.reset();
   {
     absl::MutexLock lock(&staging_mu_);
-    FreeStaging(staging_cache_);
-    staging_cache_.clear();
+    FreeStaging(staging_kept_);
+    staging_kept_.clear();
   }
   const CannApi& api = cann_->api();
   if (context_ != nullptr) {
@@ -206,10 +206,10 @@ absl::StatusOr<void*> AscendDevice::TakeKeptOrReserve(
     uint64_t bytes, std::vector<StagingBlock>* evicted) const {
   absl::MutexLock lock(&staging_mu_);
   // The newest kept block of this size: the likeliest still warm.
-  for (size_t i = staging_cache_.size(); i-- > 0;) {
-    if (staging_cache_[i].bytes != bytes) continue;
-    void* block = staging_cache_[i].block;
-    staging_cache_.erase(staging_cache_.begin() + i);
+  for (size_t i = staging_kept_.size(); i-- > 0;) {
+    if (staging_kept_[i].bytes != bytes) continue;
+    void* block = staging_kept_[i].block;
+    staging_kept_.erase(staging_kept_.begin() + i);
     return block;
   }
   auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(staging_mu_) {
@@ -217,10 +217,10 @@ absl::StatusOr<void*> AscendDevice::TakeKeptOrReserve(
   };
   // Kept blocks give way to a transfer that needs the room.
   if (!fits()) {
-    for (const StagingBlock& kept : staging_cache_) {
+    for (const StagingBlock& kept : staging_kept_) {
       staging_held_ -= kept.bytes;
     }
-    evicted->swap(staging_cache_);
+    evicted->swap(staging_kept_);
   }
   if (!fits()) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -261,10 +261,10 @@ void AscendDevice::FreeHost(void* block, uint64_t bytes) const {
   std::vector<StagingBlock> evicted;
   {
     absl::MutexLock lock(&staging_mu_);
-    staging_cache_.push_back({block, bytes});
-    if (staging_cache_.size() > kCachedStagingBlocks) {
-      evicted.push_back(staging_cache_.front());
-      staging_cache_.erase(staging_cache_.begin());
+    staging_kept_.push_back({block, bytes});
+    if (staging_kept_.size() > kKeptStagingBlocks) {
+      evicted.push_back(staging_kept_.front());
+      staging_kept_.erase(staging_kept_.begin());
       staging_held_ -= evicted.front().bytes;
     }
   }
@@ -273,7 +273,7 @@ void AscendDevice::FreeHost(void* block, uint64_t bytes) const {
 
 size_t AscendDevice::KeptStagingBlocks() const {
   absl::MutexLock lock(&staging_mu_);
-  return staging_cache_.size();
+  return staging_kept_.size();
 }
 
 void AscendDevice::FreeStaging(const std::vector<StagingBlock>& blocks) const {

@@ -287,7 +287,7 @@ class AscendDevice : public Device {
 
   // Page-locked host memory (aclrtMallocHost; given back by FreeHost with
   // the same size), for transfers' staging, within the device's staging
-  // cap. The last kCachedStagingBlocks blocks given back stay allocated
+  // cap. The last kKeptStagingBlocks blocks given back stay allocated
   // and go to the next request of their size: pinning memory is what
   // makes aclrtMallocHost slow on an NPU host, and every transfer would
   // otherwise pin its chunks anew. They count against the cap, and are
@@ -296,7 +296,7 @@ class AscendDevice : public Device {
   absl::StatusOr<void*> AllocateHost(uint64_t bytes) const;
   void FreeHost(void* block, uint64_t bytes) const;
   // Two transfers' staging (kStagingChunksPerTransfer chunks each).
-  static constexpr size_t kCachedStagingBlocks = 2 * kStagingChunksPerTransfer;
+  static constexpr size_t kKeptStagingBlocks = 2 * kStagingChunksPerTransfer;
   // The staging blocks kept now: every other one CANN has handed out is
   // held by a transfer.
   size_t KeptStagingBlocks() const;
@@ -310,10 +310,23 @@ class AscendDevice : public Device {
   // The pool's MemoryBacking: aclrtMalloc, aclrtFree and Zero with this
   // device bound.
   class Backing;
+  // A page-locked staging block and its size.
+  struct StagingBlock {
+    void* block;
+    uint64_t bytes;
+  };
 
   AscendDevice(std::shared_ptr<CannLibrary> cann, int32_t device_id);
   // Sets `bytes` at `block` to zero, synchronously (this device bound).
   absl::Status Zero(void* block, uint64_t bytes);
+
+  // A kept staging block of `bytes`; or, with none, nullptr once `bytes`
+  // are reserved within the cap (the kept blocks moved to `evicted` if
+  // they were in the way), or RESOURCE_EXHAUSTED naming the cap.
+  absl::StatusOr<void*> TakeKeptOrReserve(
+      uint64_t bytes, std::vector<StagingBlock>* evicted) const;
+  // aclrtFreeHost of each of `blocks`, this device bound.
+  void FreeStaging(const std::vector<StagingBlock>& blocks) const;
 
   const std::shared_ptr<CannLibrary> cann_;
   const int32_t device_id_;
@@ -326,24 +339,12 @@ class AscendDevice : public Device {
   DeviceDescription description_;
   // Made once the capacity is known (Create); null before.
   std::unique_ptr<MemoryPool> memory_;
-  struct StagingBlock {
-    void* block;
-    uint64_t bytes;
-  };
-  // A kept staging block of `bytes`; or, with none, nullptr once `bytes`
-  // are reserved within the cap (the kept blocks moved to `evicted` if
-  // they were in the way), or RESOURCE_EXHAUSTED naming the cap.
-  absl::StatusOr<void*> TakeKeptOrReserve(
-      uint64_t bytes, std::vector<StagingBlock>* evicted) const;
-  // aclrtFreeHost of each of `blocks`, this device bound.
-  void FreeStaging(const std::vector<StagingBlock>& blocks) const;
-
   // Page-locked staging memory: the cap; what is allocated (held by
-  // transfers, or cached), and the cached blocks, oldest first.
+  // transfers, or kept), and the kept blocks, oldest first.
   uint64_t staging_limit_ = 0;
   mutable absl::Mutex staging_mu_;
   mutable uint64_t staging_held_ ABSL_GUARDED_BY(staging_mu_) = 0;
-  mutable std::vector<StagingBlock> staging_cache_ ABSL_GUARDED_BY(staging_mu_);
+  mutable std::vector<StagingBlock> staging_kept_ ABSL_GUARDED_BY(staging_mu_);
 };
 
 // The NPU ids --device=`kind` names, in order: "ascend" is {0},

@@ -1285,12 +1285,12 @@ TEST_F(StagedTransferTest, KeptStagingGivesWayToATransferThatNeedsRoom) {
   device_->Deallocate(*large, kLarge);
 }
 
-// Only the last kCachedStagingBlocks blocks given back are kept: after
+// Only the last kKeptStagingBlocks blocks given back are kept: after
 // one-chunk transfers of seven sizes, the oldest block (100 bytes) was
 // freed; a transfer of the newest size takes its kept block, one of the
 // oldest size allocates again.
 TEST_F(StagedTransferTest, OnlyTheLastStagingBlocksGivenBackAreKept) {
-  constexpr size_t kKept = AscendDevice::kCachedStagingBlocks;
+  constexpr size_t kKept = AscendDevice::kKeptStagingBlocks;
   const std::string data = Pattern(kSize);
   auto upload_of = [&](uint64_t bytes) {
     std::unique_ptr<StagedUpload> upload =
