@@ -162,11 +162,14 @@ void RunTcpSink(int report, Dest dest) {
   for (;;) {
     int fd = accept(listener, nullptr, nullptr);
     if (fd < 0) continue;
+    // Received as the data path receives (RecvFull), so the limit is
+    // measured with the same wake-ups per byte.
     size_t at = 0;
-    ssize_t n;
-    while ((n = read(fd, sink.data() + at,
-                     std::min(kChunk, sink.size() - at))) > 0) {
-      at = (at + static_cast<size_t>(n)) % sink.size();
+    for (;;) {
+      const size_t want = std::min(kChunk, sink.size() - at);
+      const size_t n = RecvFull(fd, sink.data() + at, want).value_or(0);
+      at = (at + n) % sink.size();
+      if (n < want) break;  // The end, or a broken connection.
     }
     char ack = 1;
     if (write(fd, &ack, 1) != 1) {

@@ -13,6 +13,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace opserver {
 namespace {
@@ -50,17 +52,60 @@ absl::Status SendAll(int fd, const char* data, size_t size,
 
 absl::StatusOr<size_t> RecvFull(int fd, char* data, size_t size,
                                 const std::function<void()>& moved) {
+  // Waits (poll) until this many bytes are in, or the rest of `size`,
+  // then takes all that came: on loopback, a blocking recv() woke for
+  // every segment, a context switch and a call per 64 KiB. (A blocking
+  // recv() with SO_RCVLOWAT can hang: once it has taken part of its
+  // target, the kernel still waits for the whole low-water mark.) At
+  // least once a second it takes what came meanwhile, so a slow sender
+  // is seen moving; SO_RCVTIMEO still bounds a wait with nothing at all.
+  constexpr size_t kWakeBytes = 1 << 20;
+  constexpr int kSliceMs = 1000;
+  timeval limit{};
+  socklen_t limit_size = sizeof(limit);
+  getsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, &limit_size);
+  const absl::Duration idle_limit = limit.tv_sec == 0 && limit.tv_usec == 0
+                                        ? absl::InfiniteDuration()
+                                        : absl::DurationFromTimeval(limit);
+  const int slice_ms = idle_limit < absl::Milliseconds(kSliceMs)
+                           ? static_cast<int>(absl::ToInt64Milliseconds(
+                                 absl::Ceil(idle_limit, absl::Milliseconds(1))))
+                           : kSliceMs;
+  int low_water = 1;  // The socket's default.
+  auto set_low_water = [&](int bytes) {
+    if (bytes == low_water) return;
+    setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof(bytes));
+    low_water = bytes;
+  };
   size_t got = 0;
+  absl::Status failed;
+  absl::Time idle_since = absl::Now();
   while (got < size) {
-    ssize_t n = recv(fd, data + got, size - got, 0);
+    set_low_water(static_cast<int>(std::min(size - got, kWakeBytes)));
+    pollfd ready{fd, POLLIN, 0};
+    if (poll(&ready, 1, slice_ms) < 0 && errno != EINTR) {
+      failed = SocketError("receive");
+      break;
+    }
+    ssize_t n = recv(fd, data + got, size - got, MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return SocketError("receive");
+      if ((errno == EAGAIN || errno == EWOULDBLOCK) &&
+          absl::Now() - idle_since < idle_limit) {
+        continue;
+      }
+      failed = SocketError("receive");  // Past SO_RCVTIMEO: EAGAIN.
+      break;
     }
     if (n == 0) break;  // The peer half-closed.
     got += static_cast<size_t>(n);
+    idle_since = absl::Now();
     if (moved) moved();
   }
+  // Back to the default: what follows on the connection (a ticket, an
+  // acknowledgement) is small, and poll() counts readable bytes by it.
+  set_low_water(1);
+  if (!failed.ok()) return failed;
   return got;
 }
 

@@ -72,9 +72,12 @@ absl::Status SendAll(int fd, const char* data, size_t size,
                      const std::function<void()>& moved = nullptr);
 
 // Reads into data[0, size) until it is full or the peer half-closed
-// (blocking). Returns the bytes read: fewer than `size` only at the end of
-// the stream. UNAVAILABLE naming the OS's reason on a socket error.
-// `moved`, if set, is called after each receive that moved bytes.
+// (blocking; woken by the megabyte, or the rest, not by every segment,
+// and at least once a second when bytes came). Returns the bytes read:
+// fewer than `size` only at the end of the stream. UNAVAILABLE naming the
+// OS's reason on a socket error, or "Resource temporarily unavailable"
+// once nothing came for the socket's SO_RCVTIMEO. `moved`, if set, is
+// called after each receive that moved bytes.
 absl::StatusOr<size_t> RecvFull(int fd, char* data, size_t size,
                                 const std::function<void()>& moved = nullptr);
 
