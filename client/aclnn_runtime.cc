@@ -97,6 +97,12 @@ absl::StatusOr<ConnectOptions> ConnectOptionsFromEnv() {
   ASSIGN_OR_RETURN(bool keep,
                    BoolFromEnv("OPSERVER_KEEP_DATA_CONNECTIONS", true));
   options.keep_data_connections = keep;
+  // Async copies go as data_transfer commands unless
+  // OPSERVER_PIPELINED_DATA_TRANSFERS=0
+  // (ConnectOptions::pipelined_data_transfers).
+  ASSIGN_OR_RETURN(bool pipelined,
+                   BoolFromEnv("OPSERVER_PIPELINED_DATA_TRANSFERS", true));
+  options.pipelined_data_transfers = pipelined;
   options.token = env("OPSERVER_TOKEN");
   if (options.token.empty() && !env("OPSERVER_TOKEN_FILE").empty()) {
     absl::StatusOr<std::string> token =

@@ -161,6 +161,11 @@ class Client {
   // transfer; closed instead when kMaxKeptDataConnections are kept.
   void KeepDataConnection(const ListenAddress& target, UniqueFd connection);
   static constexpr size_t kMaxKeptDataConnections = 4;
+  // Where the data path's connections go, once a transfer kept one (the
+  // address a pipelined data_transfer's connection must reach); unset
+  // before.
+  std::optional<ListenAddress> KeptDataTarget();
+  void NoteKeptDataTarget(const ListenAddress& target);
 
  private:
   Client(std::string address, std::shared_ptr<grpc::Channel> channel,
@@ -185,6 +190,7 @@ class Client {
   // Idle data connections and where each goes ("HOST:PORT"), oldest first.
   std::vector<std::pair<std::string, UniqueFd>> kept_data_connections_
       ABSL_GUARDED_BY(kept_mu_);
+  std::optional<ListenAddress> kept_target_ ABSL_GUARDED_BY(kept_mu_);
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Runtime::Stub> runtime_;
   std::unique_ptr<v1::Operators::Stub> operators_;
@@ -555,6 +561,12 @@ class Session {
   absl::StatusOr<std::shared_ptr<DataPathCall>> OpenDataPath(
       bool upload, uint64_t buffer, uint64_t offset, char* data,
       uint64_t size, uint64_t stream);
+  // The same as a data_transfer command on the channel, over a kept
+  // connection (ConnectOptions::pipelined_data_transfers); nullptr when
+  // that cannot be used (the caller opens a call then).
+  absl::StatusOr<std::shared_ptr<DataPathCall>> OpenPipelinedDataPath(
+      bool upload, uint64_t buffer, uint64_t offset, char* data, uint64_t size,
+      uint64_t stream);
   // The second half: moves the bytes (trying the ticket again on a new
   // connection when the server closed one before taking it) and ends the
   // call. nullopt when the connections kept being closed and
@@ -591,6 +603,16 @@ class Session {
   // The end of an upload on a kept connection: the server's one-byte
   // acknowledgement of its last byte.
   static DataPathAttempt AwaitUploadAck(int fd, const char* what);
+  // UploadAsync's and DownloadAsync's call: OpenPipelinedDataPath, else
+  // OpenDataPath once the channel's commands are in (Ordered).
+  absl::StatusOr<std::shared_ptr<DataPathCall>> OpenAsyncDataPath(
+      bool upload, uint64_t buffer, uint64_t offset, char* data, uint64_t size,
+      uint64_t stream);
+  // CompleteDataPath's end for a pipelined transfer, after its last
+  // `attempt` on `connection` (kept for the next one if it ended well).
+  absl::Status EndPipelined(const DataPathCall& call,
+                            const DataPathAttempt& attempt,
+                            UniqueFd connection);
   // One call of a transfer: `size` bytes at `offset` + `at`, over
   // `channel`, ordered on `stream` (size 0: the barrier of a split one).
   using TransferPart =

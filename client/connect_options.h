@@ -70,6 +70,15 @@ struct ConnectOptions {
   // small, which costs the receiver of a few MiB up to twice the CPU per
   // byte). Off: one connection per transfer.
   bool keep_data_connections = true;
+  // On a pipelined session with a data connection kept, UploadAsync and
+  // DownloadAsync send their transfer as a data_transfer command on the
+  // channel, with a ticket of their own, instead of an OpenDataTransfer
+  // call: no call per transfer and no wait for the server's ticket (through
+  // the Ascend chain, each 4 MiB staging copy is one such transfer).
+  // Their result then says how the bytes moved; what the server met after
+  // that (a device copy failing) is the stream's deferred error. Off: every
+  // transfer opens a call.
+  bool pipelined_data_transfers = true;
   // Largest message accepted from the server (the
   // client accepted any size, so a hostile server could make it allocate
   // without bound). A server sends at most its --max_message_bytes (64 MiB

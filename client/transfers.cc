@@ -258,6 +258,8 @@ struct Session::DataPathCall {
   ListenAddress target;
   // The server keeps the connection (keep_connection, agreed to).
   bool keep = false;
+  // Sent as a data_transfer command (no call: `reader` is null).
+  bool pipelined = false;
   UniqueFd connection;  // The next to use; taken by CompleteDataPath.
   // The connection CompleteDataPath is moving bytes on (-1: none), and
   // whether Cancel() came: a cancelled call opens no new connection.
@@ -278,6 +280,7 @@ struct Session::DataPathCall {
   // Cancels the call and reads it to its end.
   void Abandon() {
     Cancel();
+    if (reader == nullptr) return;
     while (reader->Read(&event)) {
     }
     reader->Finish().IgnoreError();
@@ -331,6 +334,7 @@ absl::StatusOr<std::shared_ptr<Session::DataPathCall>> Session::OpenDataPath(
       DataPathTarget(call->event, client_->DialedHost(), call->what);
   call->keep = client_->options().keep_data_connections &&
                call->event.keeps_connection();
+  if (call->keep && target.ok()) client_->NoteKeptDataTarget(*target);
   absl::StatusOr<UniqueFd> connection = UniqueFd();
   if (!target.ok()) {
     connection = target.status();
@@ -354,6 +358,47 @@ absl::StatusOr<std::shared_ptr<Session::DataPathCall>> Session::OpenDataPath(
   return call;
 }
 
+absl::StatusOr<std::shared_ptr<Session::DataPathCall>>
+Session::OpenPipelinedDataPath(bool upload, uint64_t buffer, uint64_t offset,
+                               char* data, uint64_t size, uint64_t stream) {
+  const ConnectOptions& options = client_->options();
+  if (channel_ == nullptr || !options.pipelined_data_transfers ||
+      !options.keep_data_connections || !client_->DataPathOn() ||
+      size < options.data_path_bytes) {
+    return nullptr;
+  }
+  std::optional<ListenAddress> target = client_->KeptDataTarget();
+  if (!target.has_value()) return nullptr;
+  // Refused here, as the server would refuse it (the connection stays).
+  RETURN_IF_ERROR(CheckLocalRange(buffer, offset, size, stream));
+  UniqueFd connection = client_->TakeDataConnection(*target);
+  if (!connection.valid()) return nullptr;
+  absl::StatusOr<std::string> ticket = RandomBytes(kDataTicketBytes);
+  if (!ticket.ok()) return nullptr;
+  auto call = std::make_shared<DataPathCall>();
+  call->upload = upload;
+  call->data = data;
+  call->size = size;
+  call->what = upload ? "Upload" : "Download";
+  call->pipelined = true;
+  call->keep = true;
+  call->target = *target;
+  call->event.set_ticket(*ticket);
+  call->connection = std::move(connection);
+  v1::PipelineCommand command;
+  v1::DataTransferCommand& transfer = *command.mutable_data_transfer();
+  transfer.set_buffer(buffer);
+  transfer.set_offset(offset);
+  transfer.set_size(size);
+  transfer.set_stream(stream);
+  transfer.set_direction(
+      upload ? v1::OpenDataTransferRequest::DIRECTION_HOST_TO_DEVICE
+             : v1::OpenDataTransferRequest::DIRECTION_DEVICE_TO_HOST);
+  transfer.set_ticket(*std::move(ticket));
+  RETURN_IF_ERROR(channel_->Send(std::move(command)));
+  return call;
+}
+
 std::optional<absl::Status> Session::CompleteDataPath(DataPathCall& call,
                                                        bool may_fall_back) {
   // A connection the server closes before taking the ticket (it may drop
@@ -365,6 +410,15 @@ std::optional<absl::Status> Session::CompleteDataPath(DataPathCall& call,
   DataPathAttempt attempt;
   UniqueFd connection;  // The last one tried: kept if the transfer ended OK.
   for (int i = 0; i < kConnections; ++i) {
+    // A new connection's ticket must be expected already (only a kept
+    // one waits for its command): the command is acknowledged first.
+    if (i > 0 && call.pipelined) {
+      absl::Status drained = channel_->Drain();
+      if (!drained.ok()) {
+        attempt = {drained, false};
+        break;
+      }
+    }
     if (i > 0) {
       absl::StatusOr<UniqueFd> again =
           ConnectTcp(call.target.host, call.target.port,
@@ -405,6 +459,7 @@ std::optional<absl::Status> Session::CompleteDataPath(DataPathCall& call,
   // Closed before the call's end is read, as that ends the server's side
   // of a transfer that broke; only one that ended as a kept one ends stays.
   if (!attempt.reusable) connection.reset();
+  if (call.pipelined) return EndPipelined(call, attempt, std::move(connection));
   if (attempt.dropped) {
     // The server kept closing the connection. Cancelled, the call moves
     // nothing more: the server ends its mover, if the ticket was taken at
@@ -478,25 +533,69 @@ absl::StatusOr<PendingRead> Session::UploadAsync(uint64_t buffer,
                                                  const void* data,
                                                  uint64_t size,
                                                  uint64_t stream) {
-  RETURN_IF_ERROR(Ordered());
   // Only read, as by Upload.
   char* bytes = const_cast<char*>(static_cast<const char*>(data));
   CopyStarted(stream);
   return StartCopy(stream,
-                   OpenDataPath(true, buffer, offset, bytes, size, stream),
+                   OpenAsyncDataPath(true, buffer, offset, bytes, size, stream),
                    [&] { return Upload(buffer, offset, data, size, stream); });
 }
 
 absl::StatusOr<PendingRead> Session::DownloadAsync(uint64_t buffer,
-                                                   uint64_t offset,
-                                                   void* data, uint64_t size,
+                                                   uint64_t offset, void* data,
+                                                   uint64_t size,
                                                    uint64_t stream) {
-  RETURN_IF_ERROR(Ordered());
   char* bytes = static_cast<char*>(data);
   CopyStarted(stream);
   return StartCopy(
-      stream, OpenDataPath(false, buffer, offset, bytes, size, stream),
+      stream, OpenAsyncDataPath(false, buffer, offset, bytes, size, stream),
       [&] { return StreamDownload(buffer, offset, data, size, stream); });
+}
+
+absl::StatusOr<std::shared_ptr<Session::DataPathCall>>
+Session::OpenAsyncDataPath(bool upload, uint64_t buffer, uint64_t offset,
+                           char* data, uint64_t size, uint64_t stream) {
+  // A data_transfer command stands in the channel's order by itself; a
+  // call is ordered after the commands sent before only once the server
+  // has them all.
+  absl::StatusOr<std::shared_ptr<DataPathCall>> call =
+      OpenPipelinedDataPath(upload, buffer, offset, data, size, stream);
+  if (!call.ok() || *call != nullptr) return call;
+  RETURN_IF_ERROR(Ordered());
+  return OpenDataPath(upload, buffer, offset, data, size, stream);
+}
+
+absl::Status Session::EndPipelined(const DataPathCall& call,
+                                   const DataPathAttempt& attempt,
+                                   UniqueFd connection) {
+  if (attempt.dropped || !attempt.moved.ok()) {
+    // Given up: the server ends the transfer now (if it still waits for a
+    // connection) instead of holding the stream until its idle time-out.
+    v1::PipelineCommand cancel;
+    cancel.set_cancel_data_transfer(call.event.ticket());
+    channel_->Send(std::move(cancel)).IgnoreError();
+  }
+  if (attempt.dropped) {
+    return absl::UnavailableError(absl::StrCat(
+        call.what, ": the server kept closing the data connection (",
+        attempt.moved.message(),
+        "); if it refused the transfer, the stream's deferred error says "
+        "why"));
+  }
+  if (attempt.moved.ok() && attempt.reusable) {
+    client_->KeepDataConnection(call.target, std::move(connection));
+  }
+  return attempt.moved;
+}
+
+std::optional<ListenAddress> Client::KeptDataTarget() {
+  absl::MutexLock lock(&kept_mu_);
+  return kept_target_;
+}
+
+void Client::NoteKeptDataTarget(const ListenAddress& target) {
+  absl::MutexLock lock(&kept_mu_);
+  kept_target_ = target;
 }
 
 absl::StatusOr<PendingRead> Session::StartCopy(

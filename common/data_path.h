@@ -33,8 +33,8 @@ inline constexpr size_t kDataTicketBytes = 16;
 
 // On a connection the client keeps for its next transfer
 // (OpenDataTransferRequest.keep_connection), the byte the server sends
-// once it has read the last byte of an upload: the end of an upload that
-// has no half-close.
+// once the last byte of an upload is in device memory: the end of an
+// upload that has no half-close, and its success.
 inline constexpr char kDataUploadAck = 'K';
 
 // An owned file descriptor, closed on destruction. Move-only.

@@ -1,13 +1,18 @@
 // The data listener's handshake (server/data_listener.h) over real loopback
 // sockets. The input is a script: the listener's limits, how many tickets
-// it expects, then up to 24 steps, each one of
+// it expects (and, divided by 3, how many the client chooses), then up to
+// 24 steps, each one of
 //   - connect a new connection (at most 8),
 //   - send on a connection the next piece of a ticket (so pieces in order
 //     make the whole ticket), possibly with one byte flipped, or raw bytes,
 //   - close a connection (a plain close, or a reset),
 //   - sleep up to 3 ms,
 //   - forget a ticket, or (with the step's bit 3) give a connection the
-//     listener handed over back to it (Keep), to wait for its next ticket.
+//     listener handed over back to it (Keep), to wait for its next ticket,
+//   - (with the step's bit 4 instead) expect (with bit 3) or refuse a
+//     ticket the client chose (up to 2 of them, sent on connections like
+//     the others: a kept connection may send one before it is expected,
+//     and waits for it, parked).
 // Tickets, and kept connections, time out after 5 ms, so an input takes a
 // few milliseconds.
 //
@@ -28,6 +33,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -128,13 +134,21 @@ class Run {
     auto started = DataListener::Start(options);
     FUZZ_CHECK(started.ok(), started.status().ToString());
     listener_ = *std::move(started);
-    ticket_count_ = 1 + script_.Next() % 3;
+    const uint8_t tickets = script_.Next();
+    ticket_count_ = 1 + tickets % 3;
+    const size_t client_count = tickets / 3 % 3;
+    total_ = ticket_count_ + client_count;
     {
       absl::MutexLock lock(&claims_->mu);
-      claims_->calls.assign(ticket_count_ + 1, 0);
-      claims_->ports.assign(ticket_count_ + 1, -1);
+      claims_->calls.assign(total_ + 1, 0);
+      claims_->ports.assign(total_ + 1, -1);
     }
     for (size_t i = 0; i < ticket_count_; ++i) tickets_.push_back(Expect(i));
+    for (size_t i = 0; i < client_count; ++i) {
+      auto ticket = opserver::RandomBytes(kDataTicketBytes);
+      FUZZ_CHECK(ticket.ok(), ticket.status().ToString());
+      tickets_.push_back(*std::move(ticket));
+    }
   }
 
   // The script's steps.
@@ -155,10 +169,12 @@ class Run {
           absl::SleepFor(absl::Microseconds(script_.Next() % 4 * 1000));
           break;
         case 4:
-          if (op & 8) {
+          if (op & 16) {
+            ClientTicket(op);
+          } else if (op & 8) {
             KeepClaimed();
           } else {
-            listener_->Forget(tickets_[script_.Next() % ticket_count_]);
+            listener_->Forget(tickets_[script_.Next() % total_]);
           }
           break;
       }
@@ -183,7 +199,7 @@ class Run {
 
   // A fresh ticket still claims a connection.
   void CheckFreshTicketClaimed() {
-    const std::string last = Expect(ticket_count_);
+    const std::string last = Expect(total_);
     bool got = false;
     for (int attempt = 0; attempt < 20 && !got; ++attempt) {
       auto fd = opserver::ConnectTcp("127.0.0.1", listener_->port(),
@@ -203,13 +219,12 @@ class Run {
   void Finish() {
     listener_.reset();
     absl::MutexLock lock(&claims_->mu);
-    for (size_t i = 0; i <= ticket_count_; ++i) {
+    for (size_t i = 0; i <= total_; ++i) {
       FUZZ_CHECK(claims_->calls[i] <= 1, "ticket ", i, " claimed ",
                  claims_->calls[i], " connections");
       // Its peer is unknown when the client reset it before the listener
       // asked (-1); a port closed by a reset may have been reused.
-      if (claims_->calls[i] == 0 || i == ticket_count_ ||
-          claims_->ports[i] < 0) {
+      if (claims_->calls[i] == 0 || i == total_ || claims_->ports[i] < 0) {
         continue;
       }
       bool sent_it = false;
@@ -229,16 +244,36 @@ class Run {
   }
 
  private:
-  // A ticket whose claim is recorded at `index`.
-  std::string Expect(size_t index) {
-    auto ticket = listener_->Expect([claims = claims_, index](UniqueFd fd) {
+  // Records a claim of the ticket at `index`.
+  std::function<void(UniqueFd)> Recorder(size_t index) {
+    return [claims = claims_, index](UniqueFd fd) {
       absl::MutexLock lock(&claims->mu);
       ++claims->calls[index];
       claims->ports[index] = PortOf(fd.get(), /*peer=*/true);
       claims->fds.push_back(std::move(fd));
-    });
+    };
+  }
+
+  // A ticket whose claim is recorded at `index`.
+  std::string Expect(size_t index) {
+    auto ticket = listener_->Expect(Recorder(index));
     FUZZ_CHECK(ticket.ok(), ticket.status().ToString());
     return *std::move(ticket);
+  }
+
+  // Expects (op's bit 3) or refuses one of the client's tickets.
+  void ClientTicket(uint8_t op) {
+    if (total_ == ticket_count_) return;
+    const size_t index =
+        ticket_count_ + script_.Next() % (total_ - ticket_count_);
+    if ((op & 8) == 0) {
+      listener_->Refuse(tickets_[index]);
+      return;
+    }
+    const absl::Status expected =
+        listener_->ExpectTicket(tickets_[index], Recorder(index));
+    FUZZ_CHECK(expected.ok() || absl::IsAlreadyExists(expected),
+               expected.ToString());
   }
 
   void Connect() {
@@ -264,7 +299,7 @@ class Run {
     if ((how & 3) == 3) {  // Raw bytes from the input.
       for (size_t i = 0; i < length; ++i) bytes.push_back(script_.Next());
     } else {  // The next piece of a ticket.
-      const std::string& ticket = tickets_[(how >> 2) % ticket_count_];
+      const std::string& ticket = tickets_[(how >> 2) % total_];
       // Within the connection's current 16-byte piece, so that a kept
       // connection can be sent its next ticket.
       bytes = ticket.substr(c.sent.size() % kDataTicketBytes, length);
@@ -317,11 +352,11 @@ class Run {
     for (;;) {
       {
         absl::MutexLock lock(&claims_->mu);
-        if (claims_->calls[ticket_count_] > 0) return true;
+        if (claims_->calls[total_] > 0) return true;
       }
       if (ClosedByListener(fd, absl::Milliseconds(1))) {
         absl::MutexLock lock(&claims_->mu);
-        return claims_->calls[ticket_count_] > 0;
+        return claims_->calls[total_] > 0;
       }
       FUZZ_CHECK(absl::Now() < deadline, "a valid ticket was never claimed");
     }
@@ -330,7 +365,8 @@ class Run {
   Script& script_;
   std::unique_ptr<DataListener> listener_;
   std::shared_ptr<Claims> claims_ = std::make_shared<Claims>();
-  size_t ticket_count_ = 0;
+  size_t ticket_count_ = 0;  // The server's; the client's follow them.
+  size_t total_ = 0;         // Tickets in all (tickets_.size()).
   std::vector<std::string> tickets_;
   std::vector<Connection> connections_;
 };

@@ -341,7 +341,8 @@ void OpCatalogSeeds() {
 
 // data_listener_fuzzer's scripts (its header comment gives the format):
 // limits, tickets, then steps; 0 connect, 1 send, 2 close, 3 sleep,
-// 4 forget (9: keep a handed-over connection).
+// 4 forget (9: keep a handed-over connection; 19, 29: refuse, expect a
+// ticket the client chose).
 void DataListenerSeeds() {
   const std::string f = "data_listener_fuzzer";
   auto bytes = [](std::initializer_list<int> values) {
@@ -366,6 +367,12 @@ void DataListenerSeeds() {
   // and then sent the second ticket.
   Write(f, "kept_then_next_ticket",
         bytes({0x09, 1, 0, 1, 0, 0, 15, 3, 1, 9, 0, 1, 0, 4, 15}));
+  // A ticket the client chose, sent on a kept connection before it is
+  // expected (parked 2 ms), then expected; and the same refused.
+  Write(f, "client_ticket_parked_then_expected",
+        bytes({0x09, 3, 0, 1, 0, 0, 15, 9, 0, 1, 0, 4, 15, 3, 2, 29, 0}));
+  Write(f, "client_ticket_parked_then_refused",
+        bytes({0x09, 3, 0, 1, 0, 0, 15, 9, 0, 1, 0, 4, 15, 3, 2, 19, 0}));
 }
 
 // server_replies_fuzzer's own byte format (fuzz/server_replies_fuzzer.cc).

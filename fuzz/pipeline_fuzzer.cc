@@ -21,7 +21,11 @@
 // batch (a stop is always resumed), every fence is answered exactly once,
 // no deferred error is INTERNAL, and every error the server keeps or
 // reports is short whatever the names in the batch (a refused plan's kept
-// error is at most 1 KiB, a reported one at most 2 KiB). PipelineBatch
+// error is at most 1 KiB, a reported one at most 2 KiB). A data_transfer
+// reaches the data path (a stand-in that holds its stream with a gate and
+// lets go at once) only checked: its range inside its buffer, a stream with
+// a device, its own session; every other one is refused (Refuse with its
+// ticket), so each is exactly one of the two. PipelineBatch
 // opens every PipelineRequest with its session and command count, parses
 // every command of one, and refuses other bytes with INVALID_ARGUMENT.
 #include <algorithm>
@@ -39,9 +43,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/status_macros.h"
 #include "fuzz/fuzz_support.h"
 #include "proto/opserver.pb.h"
 #include "runtime/command_pipeline.h"
+#include "runtime/data_transfers.h"
 #include "runtime/pipeline_batch.h"
 #include "runtime/session.h"
 
@@ -70,6 +76,50 @@ void CheckUnparsed(const uint8_t* data, size_t size) {
       batch.ok() || batch.status().code() == absl::StatusCode::kInvalidArgument,
       batch.status().ToString());
 }
+
+// The data path's stand-in (runtime/data_transfers.h): checks what the
+// pipeline hands it and counts.
+class CheckedTransfers : public DataTransfers {
+ public:
+  explicit CheckedTransfers(const Session* session) : session_(session) {}
+
+  absl::Status Start(Request request) override {
+    FUZZ_CHECK(request.owner == session_, "another session's transfer");
+    FUZZ_CHECK(
+        request.stream != nullptr && request.stream->device_stream() != nullptr,
+        "a transfer without a device stream");
+    FUZZ_CHECK(request.buffer != nullptr &&
+                   request.offset <= request.buffer->size() &&
+                   request.size <= request.buffer->size() - request.offset,
+               "a transfer outside its buffer");
+    if (request.ticket.size() != 16) {
+      return absl::InvalidArgumentError("ticket: not 16 bytes");
+    }
+    auto gate = std::make_shared<Stream::Gate>();
+    RETURN_IF_ERROR(request.stream->Hold(
+        gate, [] {}, [] {}));
+    absl::MutexLock lock(&mu_);
+    ++started_;
+    return absl::OkStatus();  // The gate goes now: the stream goes on.
+  }
+  void Refuse(const std::string&) override {
+    absl::MutexLock lock(&mu_);
+    ++refused_;
+  }
+  void Cancel(const void* owner, const std::string&) override {
+    FUZZ_CHECK(owner == session_, "another session's cancel");
+  }
+  size_t handled() {
+    absl::MutexLock lock(&mu_);
+    return started_ + refused_;
+  }
+
+ private:
+  const Session* const session_;
+  absl::Mutex mu_;
+  size_t started_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t refused_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 // Grows '*' op names to 1 MiB and repeats a "repeat:N" batch's commands
 // N times (see the top of the file).
@@ -217,15 +267,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                     threads);
     Populate(session, data, size);
     size_t fences = 0;
+    size_t transfers = 0;
     for (const auto& command : request.commands()) {
       fences += command.has_fence();
+      transfers += command.has_data_transfer();
     }
     Answers answers;
+    CheckedTransfers data_path(&session);
     CommandPipeline pipeline(
         limits, /*max_fences=*/4,
         [&](uint64_t id, absl::Status status, std::string data) {
           answers.Answer(id, status, data);
-        });
+        },
+        /*observer=*/nullptr, &data_path);
     std::optional<PipelineBatch> batch = OpenBatch(request);
     const size_t fences_applied =
         ApplyAll(pipeline, session, request, batch, slice);
@@ -235,6 +289,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       s->SynchronizeAndWait().IgnoreError();
     }
     CheckRefusedPlans(session, request);
+    FUZZ_CHECK(data_path.handled() == transfers, "of ", transfers,
+               " data transfers, ", data_path.handled(),
+               " were started or refused");
     absl::MutexLock lock(&answers.mu);
     FUZZ_CHECK(answers.answered.size() == fences, "answered ",
                answers.answered.size(), " fences of ", fences);

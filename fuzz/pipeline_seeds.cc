@@ -219,9 +219,42 @@ void EventsMemsetCopy() {
   Write(kFuzzer, "events_memset_copy", r.SerializeAsString());
 }
 
+// Data transfers (the data path's stand-in takes them): in range on both
+// streams, outside their buffer, an unknown buffer and stream, a bad
+// ticket and direction, and cancels, known and not.
+void DataTransfers() {
+  PipelineRequest r;
+  auto transfer = [&](uint64_t buffer, uint64_t offset, uint64_t size,
+                      uint64_t stream, int direction, std::string ticket) {
+    v1::DataTransferCommand& t = *r.add_commands()->mutable_data_transfer();
+    t.set_buffer(buffer);
+    t.set_offset(offset);
+    t.set_size(size);
+    t.set_stream(stream);
+    t.set_direction(
+        static_cast<v1::OpenDataTransferRequest::Direction>(direction));
+    t.set_ticket(std::move(ticket));
+  };
+  const std::string ticket(16, 't');
+  transfer(6, 0, 4096, 0, 1, ticket);
+  transfer(7, 64, 65536, 8, 2, std::string(16, 'u'));
+  transfer(7, 65, 65536, 0, 1, std::string(16, 'v'));
+  transfer(99, 0, 1, 0, 1, std::string(16, 'w'));
+  transfer(6, 0, 1, 42, 2, std::string(16, 'x'));
+  transfer(6, 0, 1, 0, 2, "short");
+  transfer(6, 0, 1, 0, 0, std::string(16, 'y'));
+  r.add_commands()->set_cancel_data_transfer(ticket);
+  r.add_commands()->set_cancel_data_transfer("unknown");
+  Fence(r, 1, 0, false);
+  Fence(r, 2, 8, false);
+  Fence(r, 3, 0, true);
+  Write(kFuzzer, "data_transfers", r.SerializeAsString());
+}
+
 }  // namespace
 
 void PipelineSeeds() {
+  DataTransfers();
   PlanLaunchFence();
   DropoutWorkspaceRepeatable();
   FullStreamFreesUnknown();

@@ -42,7 +42,8 @@ void CommandPipeline::DeferToSession(const absl::Status& status,
 
 CommandPipeline::CommandPipeline(const SessionLimits& limits, size_t max_fences,
                                  FenceDone fence_done,
-                                 RuntimeObserver* observer)
+                                 RuntimeObserver* observer,
+                                 DataTransfers* data_transfers)
     : limits_(limits),
       max_fences_(std::max<size_t>(1, max_fences)),
       fence_done_([done = std::move(fence_done), observer](
@@ -50,7 +51,8 @@ CommandPipeline::CommandPipeline(const SessionLimits& limits, size_t max_fences,
         if (!status.ok() && observer != nullptr) observer->DeferredError();
         done(id, std::move(status), std::move(data));
       }),
-      observer_(observer) {}
+      observer_(observer),
+      data_transfers_(data_transfers) {}
 
 CommandPipeline::~CommandPipeline() { DisconnectCallbacks(); }
 
@@ -113,6 +115,10 @@ bool CommandPipeline::ApplyOne(Session& session,
       return StreamFailureMode(session, command.stream_failure_mode());
     case C::kOpTimeouts:
       return OpTimeouts(session, command.op_timeouts());
+    case C::kDataTransfer:
+      return DataTransfer(session, command.data_transfer(), resume);
+    case C::kCancelDataTransfer:
+      return CancelDataTransfer(session, command.cancel_data_transfer());
     case C::COMMAND_NOT_SET:
       break;
   }
@@ -121,8 +127,8 @@ bool CommandPipeline::ApplyOne(Session& session,
       "launch, destroy_executor, set_executor_repeatable, free, fence, "
       "write, create_event, record_event, wait_event, reset_event, "
       "destroy_event, memset, copy, define_graph, replay_graph, "
-      "destroy_graph, callback, release_callback, stream_failure_mode and "
-      "op_timeouts)"));
+      "destroy_graph, callback, release_callback, stream_failure_mode, "
+      "op_timeouts, data_transfer and cancel_data_transfer)"));
   return true;
 }
 
@@ -216,6 +222,70 @@ bool CommandPipeline::OpTimeouts(Session& session,
                                        timeouts.wait_timeout_ms()),
                  "op_timeouts");
   return true;
+}
+
+bool CommandPipeline::DataTransfer(Session& session,
+                                   const v1::DataTransferCommand& transfer,
+                                   const Resume& resume) {
+  // Like a launch, it waits for room on a full stream.
+  if (StreamFull(session, transfer.stream(), resume)) return false;
+  absl::StatusOr<std::shared_ptr<Stream>> stream =
+      session.GetStream(transfer.stream());
+  const absl::Status status =
+      stream.ok() ? StartDataTransfer(session, *stream, transfer)
+                  : stream.status();
+  if (status.ok()) return true;
+  // Its client is sending the ticket already: it must not wait for it.
+  if (data_transfers_ != nullptr) data_transfers_->Refuse(transfer.ticket());
+  auto deferred = [&] {
+    return Deferred(
+        status, absl::StrCat("data transfer of buffer ", transfer.buffer()));
+  };
+  if (!stream.ok()) {
+    FailSessionLazily(deferred);
+  } else {
+    (*stream)->Fail(deferred());
+  }
+  return true;
+}
+
+bool CommandPipeline::CancelDataTransfer(Session& session,
+                                         const std::string& ticket) {
+  if (data_transfers_ != nullptr) data_transfers_->Cancel(&session, ticket);
+  return true;
+}
+
+absl::Status CommandPipeline::StartDataTransfer(
+    Session& session, const std::shared_ptr<Stream>& stream,
+    const v1::DataTransferCommand& transfer) {
+  if (data_transfers_ == nullptr) {
+    return absl::UnimplementedError(
+        "this server has no data path (it is off with TLS and with "
+        "--data_port=-1): use Upload and Download");
+  }
+  using Request = v1::OpenDataTransferRequest;
+  if (transfer.direction() != Request::DIRECTION_HOST_TO_DEVICE &&
+      transfer.direction() != Request::DIRECTION_DEVICE_TO_HOST) {
+    return absl::InvalidArgumentError(
+        "direction: DIRECTION_HOST_TO_DEVICE or DIRECTION_DEVICE_TO_HOST");
+  }
+  const bool upload = transfer.direction() == Request::DIRECTION_HOST_TO_DEVICE;
+  ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
+                   session.GetBuffer(transfer.buffer()));
+  const uint64_t capacity = buffer->size();
+  if (transfer.offset() > capacity ||
+      transfer.size() > capacity - transfer.offset()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        upload ? "upload" : "download", " range [", transfer.offset(), ", ",
+        transfer.offset(), " + ", transfer.size(), ") is outside buffer ",
+        transfer.buffer(), " of ", capacity, " bytes"));
+  }
+  if (stream->device_stream() == nullptr) {
+    return absl::FailedPreconditionError("the stream has no device");
+  }
+  return data_transfers_->Start({stream, std::move(buffer), transfer.offset(),
+                                 transfer.size(), upload, transfer.ticket(),
+                                 &session});
 }
 
 void CommandPipeline::CallbackSink::Notify(uint64_t id, absl::Status status) {

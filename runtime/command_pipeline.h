@@ -31,6 +31,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/opserver.pb.h"
+#include "runtime/data_transfers.h"
 #include "runtime/event.h"
 #include "runtime/observer.h"
 #include "runtime/session.h"
@@ -57,8 +58,11 @@ class CommandPipeline {
   // released with FencesWritten: a client that sends fences and never reads
   // their results stops being served instead of growing memory.
   // `observer` (may be null) is told the commands and deferred errors.
+  // `data_transfers` (may be null: the server has no data path; must
+  // outlive the pipeline) moves the bytes of data_transfer commands.
   CommandPipeline(const SessionLimits& limits, size_t max_fences,
-                  FenceDone fence_done, RuntimeObserver* observer = nullptr);
+                  FenceDone fence_done, RuntimeObserver* observer = nullptr,
+                  DataTransfers* data_transfers = nullptr);
   ~CommandPipeline();
 
   // Where callback notices go; until set, and after DisconnectCallbacks,
@@ -130,6 +134,14 @@ class CommandPipeline {
   bool StreamFailureMode(Session& session,
                          const v1::StreamFailureModeCommand& mode);
   bool OpTimeouts(Session& session, const v1::OpTimeoutsCommand& timeouts);
+  // A refused one is its stream's error (the session's, for an unknown
+  // stream), and its ticket is refused (DataTransfers::Refuse).
+  bool DataTransfer(Session& session, const v1::DataTransferCommand& transfer,
+                    const Resume& resume);
+  bool CancelDataTransfer(Session& session, const std::string& ticket);
+  absl::Status StartDataTransfer(Session& session,
+                                 const std::shared_ptr<Stream>& stream,
+                                 const v1::DataTransferCommand& transfer);
 
   // Takes one of the max_fences places (and `read` bytes of read room)
   // for a fence or callback; false when there is none: `resume` is called
@@ -209,6 +221,7 @@ class CommandPipeline {
   const size_t max_fences_;
   const FenceDone fence_done_;
   RuntimeObserver* const observer_;
+  DataTransfers* const data_transfers_;
 
   absl::Mutex mu_;
   absl::Status session_error_ ABSL_GUARDED_BY(mu_);

@@ -11,11 +11,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/status_macros.h"
 #include "common/task_position.h"
 #include "devices/device_factory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/aclnn_status.h"
+#include "runtime/data_transfers.h"
 #include "runtime/session_test_util.h"
 
 namespace opserver {
@@ -560,6 +562,173 @@ TEST_F(CommandPipelineTest, ReadBytesHoldTheChannel) {
 
 namespace opserver {
 namespace {
+
+// The data path as the pipeline sees it: records what it is handed and
+// holds each started transfer's stream until the test lets it go.
+class RecordingTransfers : public DataTransfers {
+ public:
+  absl::Status Start(Request request) override {
+    if (request.ticket == "refuse-me-at-start") {
+      return absl::AlreadyExistsError("ticket: expected already");
+    }
+    auto gate = std::make_shared<Stream::Gate>();
+    RETURN_IF_ERROR(request.stream->Hold(
+        gate, [] {}, [] {}));
+    absl::MutexLock lock(&mu);
+    started.push_back(std::move(request));
+    gates.push_back(std::move(gate));
+    return absl::OkStatus();
+  }
+  void Refuse(const std::string& ticket) override {
+    absl::MutexLock lock(&mu);
+    refused.push_back(ticket);
+  }
+  void Cancel(const void* owner, const std::string& ticket) override {
+    absl::MutexLock lock(&mu);
+    cancelled.emplace_back(owner, ticket);
+  }
+
+  absl::Mutex mu;
+  std::vector<Request> started ABSL_GUARDED_BY(mu);
+  std::vector<std::shared_ptr<Stream::Gate>> gates ABSL_GUARDED_BY(mu);
+  std::vector<std::string> refused ABSL_GUARDED_BY(mu);
+  std::vector<std::pair<const void*, std::string>> cancelled
+      ABSL_GUARDED_BY(mu);
+};
+
+class DataTransferPipelineTest : public CommandPipelineTest {
+ protected:
+  // A pipeline whose data_transfer commands reach `transfers_` (or, with
+  // `data_path` false, none: a server without a data path).
+  void OpenWith(bool data_path) {
+    Open();
+    pipeline_ = std::make_unique<CommandPipeline>(
+        limits_, 16,
+        [this](uint64_t id, absl::Status status, std::string) {
+          absl::MutexLock lock(&mu_);
+          fences_[id] = std::move(status);
+        },
+        nullptr, data_path ? &transfers_ : nullptr);
+  }
+  static v1::PipelineCommand Transfer(uint64_t buffer, uint64_t offset,
+                                      uint64_t size, std::string ticket,
+                                      uint64_t stream = 0, bool upload = true) {
+    v1::PipelineCommand command;
+    v1::DataTransferCommand& t = *command.mutable_data_transfer();
+    t.set_buffer(buffer);
+    t.set_offset(offset);
+    t.set_size(size);
+    t.set_stream(stream);
+    t.set_direction(
+        upload ? v1::OpenDataTransferRequest::DIRECTION_HOST_TO_DEVICE
+               : v1::OpenDataTransferRequest::DIRECTION_DEVICE_TO_HOST);
+    t.set_ticket(std::move(ticket));
+    return command;
+  }
+
+  // What the transfers hold (streams, buffers) goes before the session.
+  void TearDown() override {
+    {
+      absl::MutexLock lock(&transfers_.mu);
+      transfers_.started.clear();
+      transfers_.gates.clear();
+    }
+    CommandPipelineTest::TearDown();
+  }
+
+  RecordingTransfers transfers_;
+};
+
+// A checked data_transfer is handed over whole (range, direction, ticket,
+// its own session) and ordered on its stream: a fence after it waits until
+// the transfer lets the stream go.
+TEST_F(DataTransferPipelineTest, ACheckedTransferIsHandedOverInOrder) {
+  OpenWith(true);
+  auto buffer = session_->Malloc(256);
+  ASSERT_TRUE(buffer.ok());
+  const uint64_t b = *buffer;
+  ASSERT_EQ(Apply({Transfer(b, 16, 240, "ticket", 0, false), Fence(1, false)}),
+            2u);
+  {
+    absl::MutexLock lock(&transfers_.mu);
+    ASSERT_EQ(transfers_.started.size(), 1u);
+    const DataTransfers::Request& r = transfers_.started[0];
+    EXPECT_EQ(r.offset, 16u);
+    EXPECT_EQ(r.size, 240u);
+    EXPECT_FALSE(r.upload);
+    EXPECT_EQ(r.ticket, "ticket");
+    EXPECT_EQ(r.owner, session_.get());
+    EXPECT_EQ(r.buffer->size(), 256u);
+    EXPECT_TRUE(transfers_.refused.empty());
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    EXPECT_EQ(fences_.count(1), 0u);  // The transfer holds the stream.
+  }
+  {
+    absl::MutexLock lock(&transfers_.mu);
+    transfers_.gates.clear();
+  }
+  EXPECT_TRUE(FenceResult(1).ok());
+  v1::PipelineCommand cancel;
+  cancel.set_cancel_data_transfer("ticket");
+  ASSERT_EQ(Apply({cancel}), 1u);
+  absl::MutexLock lock(&transfers_.mu);
+  ASSERT_EQ(transfers_.cancelled.size(), 1u);
+  EXPECT_EQ(transfers_.cancelled[0].first, session_.get());
+}
+
+// What the pipeline refuses never reaches the data path: its ticket is
+// refused, and the error is the stream's (the session's, for an unknown
+// stream), with the exact status; the data path's own refusal too.
+TEST_F(DataTransferPipelineTest, RefusalsRefuseTheTicketAndDeferTheError) {
+  OpenWith(true);
+  auto buffer = session_->Malloc(64);
+  ASSERT_TRUE(buffer.ok());
+  const uint64_t b = *buffer;
+  v1::PipelineCommand no_direction = Transfer(b, 0, 1, "t2");
+  no_direction.mutable_data_transfer()->set_direction(
+      v1::OpenDataTransferRequest::DIRECTION_UNSPECIFIED);
+  const struct {
+    v1::PipelineCommand command;
+    absl::StatusCode code;
+    bool session;
+  } cases[] = {
+      {Transfer(b, 1, 64, "t1"), absl::StatusCode::kOutOfRange, false},
+      {no_direction, absl::StatusCode::kInvalidArgument, false},
+      {Transfer(b + 100, 0, 1, "t3"), absl::StatusCode::kNotFound, false},
+      {Transfer(b, 0, 1, "refuse-me-at-start"),
+       absl::StatusCode::kAlreadyExists, false},
+      {Transfer(b, 0, 1, "t5", /*stream=*/77), absl::StatusCode::kNotFound,
+       true},
+  };
+  uint64_t id = 10;
+  for (const auto& c : cases) {
+    ASSERT_EQ(Apply({c.command, Fence(++id, c.session)}), 2u);
+    const absl::Status status = FenceResult(id);
+    EXPECT_EQ(status.code(), c.code) << status;
+    EXPECT_THAT(std::string(status.message()),
+                ::testing::HasSubstr("data transfer of buffer"));
+  }
+  absl::MutexLock lock(&transfers_.mu);
+  EXPECT_TRUE(transfers_.started.empty());
+  EXPECT_EQ(
+      transfers_.refused,
+      (std::vector<std::string>{"t1", "t2", "t3", "refuse-me-at-start", "t5"}));
+}
+
+// A server without a data path refuses every data_transfer with
+// UNIMPLEMENTED, naming why, on its stream.
+TEST_F(DataTransferPipelineTest, WithoutADataPathItIsUnimplemented) {
+  OpenWith(false);
+  auto buffer = session_->Malloc(64);
+  ASSERT_TRUE(buffer.ok());
+  ASSERT_EQ(Apply({Transfer(*buffer, 0, 64, "t"), Fence(1, false)}), 2u);
+  const absl::Status status = FenceResult(1);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+  EXPECT_THAT(std::string(status.message()),
+              ::testing::HasSubstr("no data path"));
+}
 
 class CallbackPipelineTest : public CommandPipelineTest {
  protected:

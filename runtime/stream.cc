@@ -317,6 +317,15 @@ Stream::Gate::~Gate() {
   stream_->OpenIfDoneLocked(*state_);
 }
 
+void Stream::Gate::Fail(absl::Status error) {
+  if (stream_ == nullptr || error.ok()) return;
+  // Under the lock, so Cancel cannot open the gate (and let another
+  // holder touch the error) meanwhile.
+  absl::MutexLock lock(&stream_->mu);
+  if (!state_->holding || state_->forced) return;
+  stream_->Record(std::move(error), 0);
+}
+
 absl::Status Stream::SynchronizeAndWait() {
   absl::Notification notification;
   absl::Status result;

@@ -251,6 +251,14 @@ class Stream::Gate {
   Gate(const Gate&) = delete;
   Gate& operator=(const Gate&) = delete;
 
+  // Makes `error` the stream's deferred error (unless it has one already),
+  // as a task standing where the gate stands that failed, its position
+  // not known (0): for a transfer that fails while it holds the stream,
+  // so work queued after it sees the failure (ACL_STOP_ON_FAILURE skips
+  // it). Only while the gate holds the stream (reached, not yet released
+  // nor opened by Cancel); ignored otherwise.
+  void Fail(absl::Status error);
+
  private:
   friend class Stream;
   // Set once by Hold, before anyone else can see the gate through the

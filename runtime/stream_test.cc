@@ -494,6 +494,45 @@ TEST(StreamTest, IdleStreamIsHeldAtOnceAndAReleasedGateIsSkipped) {
   EXPECT_FALSE(second_reached.load());
 }
 
+// A transfer that fails while its gate holds the stream makes that its
+// stream's deferred error, before the work queued after it: a stopped
+// stream skips that work. A gate that no longer holds the stream (released,
+// or never reached) records nothing.
+TEST(StreamTest, AGateHoldingTheStreamFailsIt) {
+  Stream stream;
+  stream.SetStopOnFailure(true);
+  auto gate = std::make_shared<Stream::Gate>();
+  ASSERT_TRUE(stream
+                  .Hold(
+                      gate, [] {}, [] {})
+                  .ok());  // Idle: held at once.
+  std::atomic<bool> after{false};
+  Enq(stream, [&] {
+    after = true;
+    return absl::OkStatus();
+  });
+  gate->Fail(absl::DataLossError("the transfer broke"));
+  gate.reset();
+  const absl::Status first = stream.SynchronizeAndWait();
+  EXPECT_EQ(first.code(), absl::StatusCode::kDataLoss) << first;
+  EXPECT_FALSE(after.load());  // Skipped after the failure.
+
+  absl::Notification blocker;
+  Enq(stream, [&] {
+    blocker.WaitForNotification();
+    return absl::OkStatus();
+  });
+  auto queued = std::make_shared<Stream::Gate>();
+  ASSERT_TRUE(stream
+                  .Hold(
+                      queued, [] {}, [] {})
+                  .ok());
+  queued->Fail(absl::DataLossError("not reached yet"));
+  blocker.Notify();
+  queued.reset();
+  EXPECT_TRUE(stream.SynchronizeAndWait().ok());
+}
+
 // The first review, finding 5(c): a stalled transfer's gate never wedges
 // teardown: Cancel opens it and tells the transfer, and a cancelled stream
 // refuses gates.

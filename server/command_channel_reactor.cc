@@ -93,7 +93,7 @@ class OperatorService::Pipeliner final
             [this](uint64_t id, absl::Status status, std::string data) {
               FenceDone(id, std::move(status), std::move(data));
             },
-            service->sessions_->observer()),
+            service->sessions_->observer(), service->data_transfers_),
         link_(std::make_shared<Link>()) {
     link_->call = this;
     pipeline_.SetCallbackDone([this](uint64_t id, absl::Status status) {

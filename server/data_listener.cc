@@ -29,6 +29,8 @@ struct DataListener::Unclaimed {
   std::string source;  // The peer's address (without the port).
   std::string ticket;  // What it sent so far: part of an expected ticket.
   bool kept = false;   // Given back by a transfer (Keep).
+  // Kept, with what no expected ticket starts with (ExpectTicket).
+  bool parked = false;
 };
 
 // The connections waiting to be claimed, oldest first, and how many come
@@ -127,6 +129,53 @@ absl::StatusOr<std::string> DataListener::Expect(
   return ticket;
 }
 
+absl::Status DataListener::ExpectTicket(
+    const std::string& ticket, std::function<void(UniqueFd)> on_connect) {
+  if (ticket.size() != kDataTicketBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ticket: ", kDataTicketBytes, " bytes, not ", ticket.size()));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!expected_.emplace(ticket, std::move(on_connect)).second) {
+      return absl::AlreadyExistsError("ticket: expected already");
+    }
+  }
+  WakeParked();
+  return absl::OkStatus();
+}
+
+void DataListener::Refuse(const std::string& ticket) {
+  if (ticket.size() != kDataTicketBytes) return;  // No connection has it.
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    while (!refused_tickets_.empty() &&
+           (refused_tickets_.front().second <= now ||
+            refused_tickets_.size() >= kMaxRefusedTickets)) {
+      refused_tickets_.pop_front();
+    }
+    refused_tickets_.emplace_back(ticket, now + options_.ticket_timeout);
+  }
+  WakeParked();
+}
+
+bool DataListener::TakeRefusedLocked(const std::string& ticket) {
+  for (auto it = refused_tickets_.begin(); it != refused_tickets_.end(); ++it) {
+    if (it->first == ticket) {
+      refused_tickets_.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
+void DataListener::WakeParked() {
+  if (parked_.load() == 0) return;
+  const uint64_t one = 1;
+  (void)!write(wake_fd_.get(), &one, sizeof(one));
+}
+
 void DataListener::Forget(const std::string& ticket) {
   std::function<void(UniqueFd)> dropped;  // Destroyed outside the lock.
   absl::MutexLock lock(&mu_);
@@ -182,12 +231,14 @@ DataListener::Progress DataListener::Advance(Unclaimed& connection,
   char bytes[kDataTicketBytes];
   // No more than the rest of the ticket: what follows it is the transfer's.
   const size_t want = kDataTicketBytes - connection.ticket.size();
-  ssize_t n;
-  do {
-    n = recv(connection.fd.get(), bytes, want, MSG_DONTWAIT);
-  } while (n < 0 && errno == EINTR);
-  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
-    return Progress::kGone;  // Closed or failed before its ticket.
+  ssize_t n = 0;
+  if (want > 0) {
+    do {
+      n = recv(connection.fd.get(), bytes, want, MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+      return Progress::kGone;  // Closed or failed before its ticket.
+    }
   }
   if (n > 0 && connection.kept && connection.ticket.empty() &&
       options_.drop_kept && options_.drop_kept()) {
@@ -203,8 +254,22 @@ DataListener::Progress DataListener::Advance(Unclaimed& connection,
     if (found == expected_.end() ||
         found->first.compare(0, connection.ticket.size(), connection.ticket) !=
             0) {
-      return Progress::kGone;  // No ticket starts so: closed at once.
+      const bool whole = connection.ticket.size() == kDataTicketBytes;
+      if (!connection.kept || (whole && TakeRefusedLocked(connection.ticket))) {
+        return Progress::kGone;  // No ticket starts so: closed at once.
+      }
+      // Perhaps a ticket the client chose, whose command is on its way.
+      if (!connection.parked) {
+        connection.parked = true;
+        // Under the lock that ExpectTicket takes before it looks at this:
+        // an expected ticket that came after the check above wakes Run().
+        ++parked_;
+        connection.deadline = std::min(connection.deadline,
+                                       absl::Now() + options_.ticket_timeout);
+      }
+      return Progress::kPartial;
     }
+    connection.parked = false;
     if (connection.ticket.size() < kDataTicketBytes) return Progress::kPartial;
     on_connect = std::move(found->second);
     expected_.erase(found);
@@ -228,7 +293,7 @@ bool DataListener::EvictSilent(const std::string* source, Waiting& waiting,
     if (from == nullptr) {
       size_t most = 0;
       for (const Unclaimed& u : waiting.connections) {
-        if (!u.ticket.empty()) continue;
+        if (!u.ticket.empty() && !u.parked) continue;
         const size_t count = waiting.From(u.source);
         if (count > most) {
           most = count;
@@ -242,7 +307,7 @@ bool DataListener::EvictSilent(const std::string* source, Waiting& waiting,
     if (from != nullptr) {
       for (auto it = waiting.connections.begin();
            it != waiting.connections.end(); ++it) {
-        if (it->ticket.empty() && it->source == *from &&
+        if ((it->ticket.empty() || it->parked) && it->source == *from &&
             (victim == waiting.connections.end() ||
              (it->kept && !victim->kept))) {
           victim = it;
@@ -268,7 +333,8 @@ bool DataListener::EvictSilent(const std::string* source, Waiting& waiting,
     }
     // Its ticket may have arrived since it was last read: read it first.
     const Progress progress = Advance(*victim, claims);
-    if (progress == Progress::kPartial) continue;   // Kept; look again.
+    // Part of an expected ticket: kept; look again.
+    if (progress == Progress::kPartial && !victim->parked) continue;
     if (progress == Progress::kSilent && !victim->kept) {
       ++refused_;  // Evicted for room.
     }
@@ -321,11 +387,19 @@ void DataListener::Run() {
     polled_connections.clear();
     polled.push_back({wake_fd_.get(), POLLIN, 0});
     polled.push_back({listen_fd_.get(), POLLIN, 0});
+    size_t parked = 0;
     for (auto it = waiting.connections.begin(); it != waiting.connections.end();
          ++it) {
-      polled.push_back({it->fd.get(), POLLIN, 0});
+      // A whole ticket parked is followed by its transfer's bytes, which
+      // are not the listener's to read: it waits for ExpectTicket or
+      // Refuse (which wake this loop) or its deadline.
+      const bool whole = it->ticket.size() == kDataTicketBytes;
+      polled.push_back(
+          {it->fd.get(), static_cast<short>(whole ? 0 : POLLIN), 0});
       polled_connections.push_back(it);
+      parked += it->parked ? 1 : 0;
     }
+    parked_.store(parked);
     const int timeout_ms = wait == absl::InfiniteDuration()
                                ? -1
                                : static_cast<int>(absl::ToInt64Milliseconds(
@@ -343,8 +417,19 @@ void DataListener::Run() {
     // Read from the connections first (their pollfds follow the two
     // fixed ones in order), then accept: accepting changes the list.
     Claims claims;
+    const bool woken = polled[0].revents != 0;
     for (size_t i = 0; i < polled_connections.size(); ++i) {
-      if (polled[i + 2].revents == 0) continue;
+      if (polled[i + 2].revents == 0 &&
+          !(woken && polled_connections[i]->parked)) {
+        continue;
+      }
+      // A parked whole ticket is not read from, so a hang-up would be
+      // reported on every turn: it goes now.
+      if ((polled[i + 2].revents & (POLLHUP | POLLERR)) != 0 &&
+          polled_connections[i]->ticket.size() == kDataTicketBytes) {
+        waiting.Erase(polled_connections[i]);
+        continue;
+      }
       if (Advance(*polled_connections[i], &claims) == Progress::kGone) {
         waiting.Erase(polled_connections[i]);
       }

@@ -2,6 +2,7 @@
 #define OPSERVER_SERVER_DATA_LISTENER_H_
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -34,6 +36,14 @@ namespace opserver {
 // `max_unclaimed_per_source` from one address. A connection that has sent
 // part of an expected ticket is never closed to make room (a newcomer is,
 // instead). A ticket claims one connection only.
+//
+// A client may also choose a ticket itself (ExpectTicket: the pipelined
+// data_transfer command carries it), and then sends it at once, before
+// the server may have read the command. So a kept connection whose ticket
+// is not expected is not closed but parked, for at most `ticket_timeout`,
+// until the ticket is expected or refused (Refuse); parked connections go
+// for room like silent ones. A new connection's ticket must be expected
+// already: parking is earned by a ticket presented before.
 //
 // A transfer that ended well may give its connection back (Keep): it waits
 // for its client's next ticket like a new one, under the same bounds (it
@@ -92,8 +102,19 @@ class DataListener {
   // block). Until then the ticket stays expected: Forget it when the
   // transfer ends.
   absl::StatusOr<std::string> Expect(std::function<void(UniqueFd)> on_connect);
+  // The same with the client's `ticket` (kDataTicketBytes, unchecked
+  // until here): INVALID_ARGUMENT for a malformed one, ALREADY_EXISTS for
+  // one expected already. A parked connection that presented it is
+  // claimed now.
+  absl::Status ExpectTicket(const std::string& ticket,
+                            std::function<void(UniqueFd)> on_connect);
   // The ticket no longer claims a connection. Unknown tickets are ignored.
   void Forget(const std::string& ticket);
+  // The client's `ticket` will never be expected: a connection parked with
+  // it, or presenting it within `ticket_timeout`, is closed. At most
+  // kMaxRefusedTickets are remembered (the oldest go first).
+  void Refuse(const std::string& ticket);
+  static constexpr size_t kMaxRefusedTickets = 256;
 
   // Gives back the connection of a transfer that ended well, to wait for
   // the next ticket its client sends on it (blocking or not; after the
@@ -102,6 +123,9 @@ class DataListener {
 
   // Tickets expected now (for tests: a finished transfer leaves none).
   size_t expected() const;
+  // Kept connections parked with a ticket not expected (yet), as of the
+  // listener's last turn or since (for tests).
+  size_t parked() const { return parked_.load(); }
 
  private:
   struct Unclaimed;
@@ -122,6 +146,11 @@ class DataListener {
   void Admit(Unclaimed connection, Waiting& waiting, Claims* claims);
   // Admits the connections given back by Keep since the last turn.
   void AdmitKept(Waiting& waiting, Claims* claims);
+  // Wakes Run() to look at its parked connections again, if it has any.
+  void WakeParked();
+  // True when `ticket` was refused (and forgets it: one connection only).
+  bool TakeRefusedLocked(const std::string& ticket)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes one waiting connection that has sent nothing (from `source`, or
   // else from the address with the most waiting) after a last read; false
   // when every candidate holds part of an expected ticket.
@@ -141,6 +170,11 @@ class DataListener {
       ABSL_GUARDED_BY(mu_);
   // Connections given back by Keep, for Run() to admit.
   std::vector<UniqueFd> kept_ ABSL_GUARDED_BY(mu_);
+  // Refused tickets and until when they are remembered, oldest first.
+  std::deque<std::pair<std::string, absl::Time>> refused_tickets_
+      ABSL_GUARDED_BY(mu_);
+  // Connections parked now (set by Run()).
+  std::atomic<size_t> parked_{0};
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> accepted_{0};
   std::atomic<uint64_t> reused_{0};

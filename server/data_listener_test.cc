@@ -439,6 +439,152 @@ TEST(DataListenerTest, AKeptConnectionIsTheFirstToGoForRoom) {
   }
 }
 
+// Waits (up to 10 s) until `listener` has `n` connections parked.
+bool Parked(const DataListener& listener, size_t n) {
+  for (int i = 0; i < 1000 && listener.parked() < n; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return listener.parked() >= n;
+}
+
+// A kept connection (client's end in `client`), given back to `listener`.
+void KeepOne(DataListener& listener, UniqueFd* client) {
+  UniqueFd server_end = Claimed(listener, client);
+  ASSERT_TRUE(server_end.valid());
+  listener.Keep(std::move(server_end));
+}
+
+std::string ClientTicket() {
+  absl::StatusOr<std::string> ticket = RandomBytes(kDataTicketBytes);
+  EXPECT_TRUE(ticket.ok());
+  return ticket.value_or(std::string(kDataTicketBytes, 'x'));
+}
+
+// A ticket the client chose (the pipelined data_transfer command) may come
+// on a kept connection before the server expects it, whole or in part:
+// the connection waits, parked, and is handed over with what followed the
+// ticket once the ticket is expected.
+TEST(DataListenerTest, AKeptConnectionsTicketMayComeBeforeItIsExpected) {
+  auto listener = StartListener();
+  ASSERT_NE(listener, nullptr);
+  UniqueFd client;
+  KeepOne(*listener, &client);
+  const std::string ticket = ClientTicket();
+  // Half of it first: no expected ticket starts so, and it still waits.
+  ASSERT_TRUE(SendAll(client.get(), ticket.data(), 8).ok());
+  ASSERT_TRUE(Parked(*listener, 1));
+  const std::string rest = ticket.substr(8) + "next";
+  ASSERT_TRUE(SendAll(client.get(), rest.data(), rest.size()).ok());
+  UniqueFd handed;
+  absl::Notification got;
+  ASSERT_TRUE(listener
+                  ->ExpectTicket(ticket,
+                                 [&](UniqueFd fd) {
+                                   handed = std::move(fd);
+                                   got.Notify();
+                                 })
+                  .ok());
+  ASSERT_TRUE(got.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  char data[4];
+  absl::StatusOr<size_t> n = RecvFull(handed.get(), data, sizeof(data));
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(std::string(data, *n), "next");
+  EXPECT_EQ(listener->reused(), 1u);
+  EXPECT_EQ(listener->expected(), 0u);
+}
+
+// Parking is for kept connections only: a new connection must present a
+// ticket that is expected already.
+TEST(DataListenerTest, ANewConnectionsUnexpectedTicketIsStillClosed) {
+  auto listener = StartListener();
+  ASSERT_NE(listener, nullptr);
+  UniqueFd client = Dial(*listener);
+  const std::string ticket = ClientTicket();
+  ASSERT_TRUE(SendAll(client.get(), ticket.data(), ticket.size()).ok());
+  EXPECT_TRUE(ClosedByServer(client.get()));
+  EXPECT_EQ(listener->parked(), 0u);
+}
+
+// A refused ticket (its command was refused) closes the connection parked
+// with it, and one that presents it later.
+TEST(DataListenerTest, ARefusedTicketClosesItsConnection) {
+  auto listener = StartListener();
+  ASSERT_NE(listener, nullptr);
+  UniqueFd parked;
+  KeepOne(*listener, &parked);
+  const std::string first = ClientTicket();
+  ASSERT_TRUE(SendAll(parked.get(), first.data(), first.size()).ok());
+  ASSERT_TRUE(Parked(*listener, 1));
+  listener->Refuse(first);
+  EXPECT_TRUE(ClosedByServer(parked.get()));
+
+  UniqueFd later;
+  KeepOne(*listener, &later);
+  const std::string second = ClientTicket();
+  listener->Refuse(second);
+  ASSERT_TRUE(SendAll(later.get(), second.data(), second.size()).ok());
+  EXPECT_TRUE(ClosedByServer(later.get()));
+}
+
+// A parked ticket waits for its command for the ticket time-out, not the
+// (longer) time a kept connection waits for its next ticket.
+TEST(DataListenerTest, AParkedTicketIsClosedAfterTheTicketTimeout) {
+  DataListener::Options options;
+  options.ticket_timeout = absl::Milliseconds(200);
+  options.kept_timeout = absl::Seconds(60);
+  auto listener = StartListener(options);
+  ASSERT_NE(listener, nullptr);
+  UniqueFd client;
+  KeepOne(*listener, &client);
+  const std::string ticket = ClientTicket();
+  ASSERT_TRUE(SendAll(client.get(), ticket.data(), ticket.size()).ok());
+  EXPECT_TRUE(ClosedByServer(client.get()));
+}
+
+// A parked connection goes for room as a silent one does: a newcomer past
+// the per-source cap closes it, not an older connection holding part of
+// an expected ticket.
+TEST(DataListenerTest, AParkedConnectionGoesForRoom) {
+  DataListener::Options options;
+  options.max_unclaimed_per_source = 2;
+  options.ticket_timeout = absl::Seconds(60);
+  AcceptCounter accepted(options);
+  auto listener = StartListener(options);
+  ASSERT_NE(listener, nullptr);
+  UniqueFd parked;
+  KeepOne(*listener, &parked);
+  const std::string unknown = ClientTicket();
+  ASSERT_TRUE(SendAll(parked.get(), unknown.data(), unknown.size()).ok());
+  ASSERT_TRUE(Parked(*listener, 1));
+  absl::Notification claimed;
+  absl::StatusOr<std::string> expected =
+      listener->Expect([&](UniqueFd) { claimed.Notify(); });
+  ASSERT_TRUE(expected.ok());
+  UniqueFd older = Dial(*listener);
+  ASSERT_TRUE(accepted.Taken(2));  // Claimed's dial, then this one.
+  ASSERT_TRUE(SendAll(older.get(), expected->data(), 4).ok());
+  UniqueFd newcomer = Dial(*listener);
+  EXPECT_TRUE(ClosedByServer(parked.get()));
+  ASSERT_TRUE(SendAll(older.get(), expected->data() + 4, 12).ok());
+  EXPECT_TRUE(claimed.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
+// The client's ticket is checked: its size, and that it is not expected
+// already (a reused ticket).
+TEST(DataListenerTest, ExpectTicketRefusesMalformedAndReusedTickets) {
+  auto listener = StartListener();
+  ASSERT_NE(listener, nullptr);
+  EXPECT_EQ(listener->ExpectTicket("short", [](UniqueFd) {}).code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::string ticket = ClientTicket();
+  ASSERT_TRUE(listener->ExpectTicket(ticket, [](UniqueFd) {}).ok());
+  EXPECT_EQ(listener->ExpectTicket(ticket, [](UniqueFd) {}).code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(listener->expected(), 1u);
+  listener->Forget(ticket);
+  EXPECT_EQ(listener->expected(), 0u);
+}
+
 TEST(DataListenerTest, PortInUseIsUnavailable) {
   auto first = StartListener();
   ASSERT_NE(first, nullptr);

@@ -1,6 +1,7 @@
 // OpenDataTransfer, the Runtime service's data path: an Upload or Download
-// whose bytes go over a connection of their own (common/data_path.h). Part
-// of the runtime_service library, like transfers.cc.
+// whose bytes go over a connection of their own (common/data_path.h), and
+// the same for the Pipeline channel's data_transfer command. Part of the
+// runtime_service library, like transfers.cc.
 
 #include <sys/socket.h>
 
@@ -10,12 +11,15 @@
 #include <string>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/data_path.h"
 #include "common/status_macros.h"
 #include "common/thread_start.h"
+#include "kernels/aclnn_status.h"
+#include "runtime/deadline_timer.h"
 #include "server/grpc_status_util.h"
 #include "server/runtime_service.h"
 #include "server/transfer_call.h"
@@ -36,11 +40,18 @@ namespace {
 // connection is to be kept (`keep`): then the server acknowledges the
 // last byte with one byte of its own, and a download ends without the
 // server's half-close; what follows on the connection is the next ticket.
+// `by_connection`, if set, is set when the error came from the connection
+// (its client's side: closed, short, reset), not from the device.
 absl::Status MoveDataPathBytes(bool upload, bool keep, int fd, Device* device,
                                DeviceStream* stream, char* target,
                                uint64_t size, const TransferLimits& limits,
                                const std::function<void()>& moved,
-                               const std::function<void()>& progress) {
+                               const std::function<void()>& progress,
+                               bool* by_connection = nullptr) {
+  auto connection_error = [by_connection](absl::Status status) {
+    if (by_connection != nullptr) *by_connection = true;
+    return status;
+  };
   std::unique_ptr<StagedUpload> staged_upload;
   std::unique_ptr<StagedDownload> staged_download;
   uint64_t chunk = limits.chunk_bytes;
@@ -72,25 +83,27 @@ absl::Status MoveDataPathBytes(bool upload, bool keep, int fd, Device* device,
         // error adds nothing to the upload's.
         staged_upload->End(got.value_or(0)).IgnoreError();
       }
-      RETURN_IF_ERROR(got.status());
+      if (!got.ok()) return connection_error(got.status());
       if (*got < n) {
-        return absl::InvalidArgumentError(absl::StrCat(
+        return connection_error(absl::InvalidArgumentError(absl::StrCat(
             "upload ended after ", at + *got, " of the ", size,
-            " bytes it announced (the data connection was closed)"));
+            " bytes it announced (the data connection was closed)")));
       }
       if (staged_upload != nullptr) RETURN_IF_ERROR(staged_upload->Commit(n));
-    } else {
-      RETURN_IF_ERROR(SendAll(fd, host, n, moved));
+    } else if (absl::Status sent = SendAll(fd, host, n, moved); !sent.ok()) {
+      return connection_error(sent);
     }
     at += n;
     progress();
   }
-  if (upload && keep) {
-    // Every byte is in: the client may stop waiting on the connection (a
-    // copy's failure below is the call's to report).
-    RETURN_IF_ERROR(SendAll(fd, &kDataUploadAck, 1));
-  }
   if (staged_upload != nullptr) RETURN_IF_ERROR(staged_upload->Finish());
+  if (upload && keep) {
+    // Every byte is in the device: the transfer has succeeded, which a
+    // pipelined one's client learns from this alone.
+    if (absl::Status sent = SendAll(fd, &kDataUploadAck, 1); !sent.ok()) {
+      return connection_error(sent);
+    }
+  }
   if (keep) return absl::OkStatus();
   if (!upload) {
     shutdown(fd, SHUT_WR);
@@ -347,6 +360,281 @@ grpc::ServerWriteReactor<v1::OpenDataTransferResponse>*
 RuntimeService::OpenDataTransfer(grpc::CallbackServerContext* context,
                                  const v1::OpenDataTransferRequest* request) {
   return new DataTransfer(this, context, request);
+}
+
+// A data_transfer command's transfer: OpenDataTransfer's without its call.
+// The command has queued it on its stream and the client's ticket is
+// expected; the bytes move, on a mover thread of their own, once the
+// stream has reached it and the connection has come (it comes at once:
+// the client sends the ticket with the command). What ends it: the
+// mover's result, the stream's cancellation (its session closed or it was
+// destroyed: the socket is shut down to wake the mover), or no connection
+// within the idle time-out once the stream waits for it. A failure is the
+// stream's deferred error, recorded while the transfer still holds it.
+class RuntimeService::PipelinedTransfer
+    : public std::enable_shared_from_this<PipelinedTransfer> {
+ public:
+  PipelinedTransfer(RuntimeService* service, DataTransfers::Request request)
+      : service_(service),
+        stream_(std::move(request.stream)),
+        buffer_(std::move(request.buffer)),
+        device_stream_(stream_->device_stream()),
+        target_(static_cast<char*>(buffer_->data()) + request.offset),
+        size_(request.size),
+        upload_(request.upload),
+        ticket_(std::move(request.ticket)),
+        owner_(request.owner) {}
+
+  absl::Status Start() {
+    DataListener* listener = service_->data_listener_;
+    std::shared_ptr<PipelinedTransfer> self = shared_from_this();
+    RETURN_IF_ERROR(listener->ExpectTicket(
+        ticket_, [self](UniqueFd fd) { self->Connected(std::move(fd)); }));
+    {
+      absl::MutexLock lock(&service_->pipelined_mu_);
+      service_->pipelined_[ticket_] = self;
+    }
+    std::shared_ptr<Stream::Gate> gate = std::make_shared<Stream::Gate>();
+    {
+      absl::MutexLock lock(&mu_);
+      gate_ = gate;
+    }
+    // Without mu_: an idle stream calls `reached` at once, on this thread.
+    absl::Status held = stream_->Hold(
+        gate, [self] { self->Reached(); }, [self] { self->Cancelled(); });
+    if (!held.ok()) {
+      absl::MutexLock lock(&mu_);
+      EndLocked(held);
+      return held;
+    }
+    return absl::OkStatus();
+  }
+
+  // Ends the transfer with `why`: now, or once its mover, woken by the
+  // socket's shutdown, has returned.
+  void Abort(const absl::Status& why) {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return;
+    if (!moving_) {
+      EndLocked(why);
+      return;
+    }
+    abort_ = why;
+    shutdown(connection_->get(), SHUT_RDWR);  // The mover ends with `abort_`.
+  }
+
+  // cancel_data_transfer from `owner`.
+  void CancelByClient(const void* owner) {
+    absl::MutexLock lock(&mu_);
+    if (ended_ || owner != owner_) return;
+    quiet_ = true;
+    // A mover ends when the client shuts its connection down, quietly.
+    if (!moving_) {
+      EndLocked(absl::CancelledError("data transfer cancelled by the client"));
+    }
+  }
+
+ private:
+  void Cancelled() {
+    Abort(absl::CancelledError(
+        "data transfer ended: its stream was destroyed or its session "
+        "closed"));
+  }
+
+  void Connected(UniqueFd fd) {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return;  // Closed here.
+    connection_ = std::make_shared<UniqueFd>(std::move(fd));
+    if (reached_) StartMovingLocked();
+  }
+
+  void Reached() {
+    absl::MutexLock lock(&mu_);
+    reached_ = true;
+    if (ended_) return;
+    if (connection_ != nullptr) {
+      StartMovingLocked();
+      return;
+    }
+    std::weak_ptr<PipelinedTransfer> weak = weak_from_this();
+    timer_ = DeadlineTimer::Shared().At(
+        absl::Now() + service_->limits_.idle_timeout, [weak] {
+          if (std::shared_ptr<PipelinedTransfer> self = weak.lock()) {
+            self->TimedOut();
+          }
+        });
+  }
+
+  void TimedOut() {
+    absl::MutexLock lock(&mu_);
+    if (ended_ || moving_) return;
+    EndLocked(absl::DeadlineExceededError(absl::StrCat(
+        "data transfer: no connection presented its ticket within ",
+        absl::FormatDuration(service_->limits_.idle_timeout),
+        " (the server's transfer idle time-out)")));
+  }
+
+  void StartMovingLocked() {
+    moving_ = true;
+    DeadlineTimer::Shared().Cancel(timer_);
+    std::shared_ptr<DataMovers> movers = service_->movers_;
+    {
+      absl::MutexLock lock(&movers->mu);
+      ++movers->count;
+    }
+    std::function<void()> move(
+        [self = shared_from_this(), movers = std::move(movers)] {
+          absl::Status status = self->Move();
+          {
+            absl::MutexLock lock(&self->mu_);
+            self->EndLocked(self->abort_.ok() ? status : self->abort_);
+          }
+          if (self->service_->limits_.after_mover_report) {
+            self->service_->limits_.after_mover_report();
+          }
+          absl::MutexLock lock(&movers->mu);
+          --movers->count;
+        });
+    try {
+      if (service_->limits_.start_thread) {
+        service_->limits_.start_thread(std::move(move));
+      } else {
+        NewThread(std::move(move)).detach();
+      }
+    } catch (const std::system_error& e) {
+      {
+        absl::MutexLock lock(&service_->movers_->mu);
+        --service_->movers_->count;
+      }
+      EndLocked(absl::ResourceExhaustedError(absl::StrCat(
+          "data transfer: cannot start a thread to move the bytes: ",
+          e.what())));
+    }
+  }
+
+  // On the mover's thread: what the connection, buffer and stream it
+  // holds (set before the thread started; released only by EndLocked,
+  // after this returns) move.
+  absl::Status Move() {
+    const absl::Duration idle = service_->limits_.idle_timeout;
+    const int fd = connection_->get();
+    // A stalled client fails the transfer after the idle time-out, as a
+    // gRPC transfer's watchdog ends it.
+    timeval limit = absl::ToTimeval(idle);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
+    absl::Time moved = absl::Now();
+    absl::Status status = MoveDataPathBytes(
+        upload_, /*keep=*/true, fd, buffer_->device(), device_stream_.get(),
+        target_, size_, service_->limits_, [&] { moved = absl::Now(); }, [] {},
+        &by_connection_);
+    if (!status.ok() && absl::Now() - moved >= idle) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "data transfer: no bytes moved for ", absl::FormatDuration(idle),
+          " (the server's transfer idle time-out)"));
+    }
+    return status;
+  }
+
+  // Ends the transfer with `status`: everything it holds is let go, the
+  // stream last (work queued after it may then run; a failure is its
+  // error first).
+  void EndLocked(const absl::Status& status) {
+    if (ended_) return;
+    ended_ = true;
+    DeadlineTimer::Shared().Cancel(timer_);
+    DataListener* listener = service_->data_listener_;
+    listener->Forget(ticket_);
+    {
+      absl::MutexLock lock(&service_->pipelined_mu_);
+      service_->pipelined_.erase(ticket_);
+    }
+    if (status.ok()) {
+      service_->data_path_count_.Add(size_);
+      // The mover is done with it: the next ticket may follow.
+      if (connection_ != nullptr) {
+        listener->Keep(UniqueFd(connection_->release()));
+      }
+    }
+    connection_.reset();
+    buffer_.reset();
+    device_stream_.reset();
+    std::shared_ptr<Stream::Gate> gate = std::move(gate_);
+    // A broken connection is its client's to report (its copy failed);
+    // what the device met is the stream's.
+    if (gate != nullptr && !status.ok() && !quiet_ && !by_connection_) {
+      gate->Fail(
+          kernels::AclnnError(kernels::GetAclnnStatus(status), status.code(),
+                              absl::StrCat(upload_ ? "data transfer (upload)"
+                                                   : "data transfer "
+                                                     "(download)",
+                                           ": ", status.message())));
+    }
+    gate.reset();
+    stream_.reset();
+  }
+
+  RuntimeService* const service_;
+  absl::Mutex mu_;
+  std::shared_ptr<Stream> stream_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Buffer> buffer_;
+  std::shared_ptr<DeviceStream> device_stream_;
+  char* const target_;
+  const uint64_t size_;
+  const bool upload_;
+  const std::string ticket_;
+  const void* const owner_;
+  std::shared_ptr<Stream::Gate> gate_ ABSL_GUARDED_BY(mu_);
+  // Cancelled by its client: its failure is not the stream's.
+  bool quiet_ ABSL_GUARDED_BY(mu_) = false;
+  // The mover's error came from the connection (set by the mover, read
+  // once it has ended).
+  bool by_connection_ = false;
+  std::shared_ptr<UniqueFd> connection_;
+  uint64_t timer_ ABSL_GUARDED_BY(mu_) = 0;
+  bool reached_ ABSL_GUARDED_BY(mu_) = false;
+  bool moving_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status abort_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Status RuntimeService::Start(DataTransfers::Request request) {
+  if (data_listener_ == nullptr) {
+    return absl::UnimplementedError(
+        "this server has no data path (it is off with TLS and with "
+        "--data_port=-1): use Upload and Download");
+  }
+  return std::make_shared<PipelinedTransfer>(this, std::move(request))->Start();
+}
+
+void RuntimeService::Refuse(const std::string& ticket) {
+  if (data_listener_ != nullptr) data_listener_->Refuse(ticket);
+}
+
+void RuntimeService::AbortPipelinedTransfers(const absl::Status& why) {
+  std::vector<std::shared_ptr<PipelinedTransfer>> live;
+  {
+    absl::MutexLock lock(&pipelined_mu_);
+    for (const auto& [ticket, weak] : pipelined_) {
+      if (std::shared_ptr<PipelinedTransfer> transfer = weak.lock()) {
+        live.push_back(std::move(transfer));
+      }
+    }
+  }
+  for (const std::shared_ptr<PipelinedTransfer>& transfer : live) {
+    transfer->Abort(why);
+  }
+}
+
+void RuntimeService::Cancel(const void* owner, const std::string& ticket) {
+  std::shared_ptr<PipelinedTransfer> transfer;
+  {
+    absl::MutexLock lock(&pipelined_mu_);
+    auto it = pipelined_.find(ticket);
+    if (it == pipelined_.end()) return;
+    transfer = it->second.lock();
+  }
+  if (transfer != nullptr) transfer->CancelByClient(owner);
 }
 
 }  // namespace opserver

@@ -92,12 +92,14 @@ class EvaluateSlot {
 
 OperatorService::OperatorService(Device* device, SessionManager* sessions,
                                  TransferLimits limits, WorkPool* workers,
-                                 const Authenticator* authenticator)
+                                 const Authenticator* authenticator,
+                                 DataTransfers* data_transfers)
     : device_(device),
       sessions_(sessions),
       limits_(limits),
       workers_(workers),
-      authenticator_(authenticator) {}
+      authenticator_(authenticator),
+      data_transfers_(data_transfers) {}
 
 grpc::ServerUnaryReactor* OperatorService::ListOperators(
     grpc::CallbackServerContext* context,

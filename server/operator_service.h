@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "devices/device.h"
 #include "proto/opserver.grpc.pb.h"
+#include "runtime/data_transfers.h"
 #include "runtime/session.h"
 #include "runtime/session_manager.h"
 #include "runtime/work_pool.h"
@@ -55,10 +56,12 @@ class OperatorService final : public OperatorsBase {
  public:
   // `workers` (which must outlive the service) run the work too large for
   // gRPC's threads; `authenticator` (null without tokens) resolves callers'
-  // identities.
+  // identities. `data_transfers` (null: no data path) moves the bytes of
+  // the Pipeline channel's data_transfer commands.
   OperatorService(Device* device, SessionManager* sessions,
                   TransferLimits limits, WorkPool* workers,
-                  const Authenticator* authenticator = nullptr);
+                  const Authenticator* authenticator = nullptr,
+                  DataTransfers* data_transfers = nullptr);
 
   grpc::ServerUnaryReactor* ListOperators(
       grpc::CallbackServerContext* context,
@@ -154,6 +157,7 @@ class OperatorService final : public OperatorsBase {
   // time, so another callback thread is always free.
   std::atomic<bool> slice_on_callback_thread_{false};
   const Authenticator* const authenticator_;
+  DataTransfers* const data_transfers_;
   // Evaluate calls running now. Shared with their slots: a worker drops a
   // finished call's task (and its slot) after the reply, which can be after
   // the service is gone (multi_device_test saw it under ASan when the

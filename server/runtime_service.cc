@@ -151,9 +151,13 @@ RuntimeService::~RuntimeService() {
 }
 
 void RuntimeService::Shutdown() {
-  absl::MutexLock lock(&mu_);
-  shutting_down_ = true;
-  for (Attacher* attacher : attachers_) attacher->Stop();
+  {
+    absl::MutexLock lock(&mu_);
+    shutting_down_ = true;
+    for (Attacher* attacher : attachers_) attacher->Stop();
+  }
+  AbortPipelinedTransfers(absl::UnavailableError(
+      "data transfer ended: the server is shutting down"));
 }
 
 absl::StatusOr<RuntimeService::TransferTarget> RuntimeService::ResolveTransfer(

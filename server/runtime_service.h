@@ -11,11 +11,13 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "devices/device.h"
 #include "proto/opserver.grpc.pb.h"
 #include "runtime/byte_range.h"  // CheckRange, for the services
+#include "runtime/data_transfers.h"
 #include "runtime/event.h"
 #include "runtime/session.h"
 #include "runtime/session_manager.h"
@@ -91,7 +93,7 @@ absl::Status NoDeviceStream();
 // `sessions` (and its devices) must outlive the service. Each session's
 // calls use its own device (SessionManager::device); GetDeviceInfo and
 // GetServerStats describe all of them.
-class RuntimeService final : public RuntimeServiceBase {
+class RuntimeService final : public RuntimeServiceBase, public DataTransfers {
  public:
   // `authenticator` (null without tokens) resolves callers' identities.
   // `data_listener` (null: no data path; must outlive the service) takes
@@ -114,6 +116,13 @@ class RuntimeService final : public RuntimeServiceBase {
   // with UNAVAILABLE, every other call is served as before, and
   // GetServerStats reports it. Idempotent.
   void BeginDrain() { draining_.store(true, std::memory_order_relaxed); }
+
+  // The pipelined data_transfer command's transfers (DataTransfers, for
+  // the Pipeline channel's CommandPipeline): over the data listener, like
+  // OpenDataTransfer's, with the client's ticket.
+  absl::Status Start(DataTransfers::Request request) override;
+  void Refuse(const std::string& ticket) override;
+  void Cancel(const void* owner, const std::string& ticket) override;
 
   grpc::ServerUnaryReactor* GetDeviceInfo(
       grpc::CallbackServerContext* context,
@@ -234,6 +243,7 @@ class RuntimeService final : public RuntimeServiceBase {
   class Uploader;
   class Downloader;
   class DataTransfer;
+  class PipelinedTransfer;
 
   // What a transfer touches, resolved and checked: the session, the buffer
   // holding [offset, offset + size), and the stream it is ordered on.
@@ -316,6 +326,14 @@ class RuntimeService final : public RuntimeServiceBase {
     int count ABSL_GUARDED_BY(mu) = 0;
   };
   const std::shared_ptr<DataMovers> movers_ = std::make_shared<DataMovers>();
+  // Ends every data_transfer command's transfer in flight with `why`
+  // (Shutdown: no call of theirs is cancelled by the server's shutdown).
+  void AbortPipelinedTransfers(const absl::Status& why);
+  // The data_transfer commands' transfers not yet ended, by ticket (for
+  // cancel_data_transfer and Shutdown).
+  absl::Mutex pipelined_mu_;
+  absl::flat_hash_map<std::string, std::weak_ptr<PipelinedTransfer>> pipelined_
+      ABSL_GUARDED_BY(pipelined_mu_);
 };
 
 }  // namespace opserver

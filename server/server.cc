@@ -320,7 +320,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   // request names.
   server->operator_service_ = std::make_unique<OperatorService>(
       server->devices_[0].get(), server->sessions_.get(), transfer,
-      server->workers_.get(), server->authenticator_.get());
+      server->workers_.get(), server->authenticator_.get(),
+      server->data_listener_ != nullptr ? server->runtime_service_.get()
+                                        : nullptr);
   server->health_service_ = std::make_unique<HealthService>(
       std::set<std::string>{v1::Runtime::service_full_name(),
                             v1::Operators::service_full_name()},

@@ -201,6 +201,86 @@ class DataPathTest : public ::testing::Test {
             scrape::Sum(page, "opserver_data_port_reused_connections_total")};
   }
 
+  // A Pipeline channel on session_, spoken by hand (the library's own is
+  // another call on the same session).
+  struct RawChannel {
+    grpc::ClientContext context;
+    std::unique_ptr<
+        grpc::ClientReaderWriter<v1::PipelineRequest, v1::PipelineEvent>>
+        stream;
+    uint64_t fences = 0;
+
+    // Cancelled and read to its end.
+    ~RawChannel() {
+      context.TryCancel();
+      v1::PipelineEvent event;
+      while (stream->Read(&event)) {
+      }
+      stream->Finish().IgnoreError();
+    }
+  };
+  std::unique_ptr<RawChannel> OpenChannel() {
+    auto channel = std::make_unique<RawChannel>();
+    channel->context.set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+    channel->stream = client_->operators().Pipeline(&channel->context);
+    v1::PipelineRequest open;
+    open.set_session(session_->token());
+    EXPECT_TRUE(channel->stream->Write(open));
+    return channel;
+  }
+  // Sends `commands`, then a fence on stream 0, and returns the fence's
+  // result (code -1 when the channel ended first).
+  v1::FenceResult SendAndFence(RawChannel& channel,
+                               std::vector<v1::PipelineCommand> commands) {
+    v1::PipelineRequest batch;
+    for (v1::PipelineCommand& command : commands) {
+      *batch.add_commands() = std::move(command);
+    }
+    const uint64_t id = ++channel.fences;
+    batch.add_commands()->mutable_fence()->set_id(id);
+    EXPECT_TRUE(channel.stream->Write(batch));
+    v1::PipelineEvent event;
+    while (channel.stream->Read(&event)) {
+      for (const v1::FenceResult& fence : event.fences()) {
+        if (fence.id() == id) return fence;
+      }
+    }
+    v1::FenceResult ended;
+    ended.set_code(-1);
+    return ended;
+  }
+  static v1::PipelineCommand DataTransferCommand(Direction direction,
+                                                 uint64_t buffer, uint64_t size,
+                                                 const std::string& ticket) {
+    v1::PipelineCommand command;
+    v1::DataTransferCommand& transfer = *command.mutable_data_transfer();
+    transfer.set_buffer(buffer);
+    transfer.set_size(size);
+    transfer.set_direction(direction);
+    transfer.set_ticket(ticket);
+    return command;
+  }
+  // A data connection kept by a raw upload of `data` to `buffer` (the
+  // server then waits on it for the next ticket).
+  UniqueFd KeptConnection(uint64_t buffer, const std::string& data) {
+    auto open = OpenTransfer(kUp, buffer, 0, data.size(), 0, /*keep=*/true);
+    EXPECT_TRUE(open->has_event);
+    EXPECT_TRUE(open->event.keeps_connection());
+    UniqueFd fd = Dial(open->event.ticket());
+    EXPECT_TRUE(SendAll(fd.get(), data.data(), data.size()).ok());
+    char ack = 0;
+    EXPECT_EQ(recv(fd.get(), &ack, 1, 0), 1);
+    EXPECT_EQ(ack, kDataUploadAck);
+    EXPECT_TRUE(open->Finish().ok());
+    return fd;
+  }
+  static std::string NewTicket() {
+    absl::StatusOr<std::string> ticket = RandomBytes(kDataTicketBytes);
+    EXPECT_TRUE(ticket.ok());
+    return ticket.value_or(std::string(kDataTicketBytes, 't'));
+  }
+
   uint64_t MustMalloc(uint64_t size) {
     auto buffer = session_->Malloc(size);
     EXPECT_TRUE(buffer.ok()) << buffer.status();
@@ -840,6 +920,242 @@ TEST_F(DataPathTest, WithoutADataPathTheLibraryFallsBackToGrpc) {
   EXPECT_EQ(stats.data_path_transfers(), 0u);
   EXPECT_EQ(stats.grpc_transfers(), 4u);
   EXPECT_EQ(stats.grpc_transfer_bytes(), 4 * data.size());
+}
+
+// The pipelined data_transfer command on a kept connection, by hand: a
+// download and an upload, byte-exact, each ordered on its stream where the
+// command stands; and a ticket sent before its command (the client need
+// not wait for the server) is parked and taken once the command comes.
+TEST_F(DataPathTest, ADataTransferCommandMovesItsBytesOverAKeptConnection) {
+  Start();
+  const uint64_t size = (1 << 20) + 3;
+  const uint64_t buffer = MustMalloc(size);
+  const std::string data = RandomData(size, 70);
+  UniqueFd fd = KeptConnection(buffer, data);
+  auto channel = OpenChannel();
+
+  const std::string down_ticket = NewTicket();
+  std::vector<v1::PipelineCommand> down;
+  down.push_back(DataTransferCommand(kDown, buffer, size, down_ticket));
+  v1::PipelineRequest batch;
+  *batch.add_commands() = down[0];
+  ASSERT_TRUE(channel->stream->Write(batch));
+  ASSERT_TRUE(SendAll(fd.get(), down_ticket.data(), down_ticket.size()).ok());
+  std::string back(size, '\0');
+  absl::StatusOr<size_t> got = RecvFull(fd.get(), back.data(), size);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, size);
+  EXPECT_TRUE(back == data);
+
+  // The ticket first, then the command.
+  const std::string other = RandomData(size, 71);
+  const std::string up_ticket = NewTicket();
+  ASSERT_TRUE(SendAll(fd.get(), up_ticket.data(), up_ticket.size()).ok());
+  ASSERT_TRUE(SendAll(fd.get(), other.data(), other.size()).ok());
+  std::vector<v1::PipelineCommand> up;
+  up.push_back(DataTransferCommand(kUp, buffer, size, up_ticket));
+  v1::FenceResult fence = SendAndFence(*channel, std::move(up));
+  EXPECT_EQ(fence.code(), 0) << fence.message();
+  char ack = 0;
+  EXPECT_EQ(recv(fd.get(), &ack, 1, 0), 1);
+  EXPECT_EQ(ack, kDataUploadAck);
+  EXPECT_TRUE(GrpcDownload(buffer, 0, size) == other);
+  const v1::ServerStats stats = Stats();
+  EXPECT_EQ(stats.data_path_transfers(), 3u);
+}
+
+// A data_transfer the server refuses is its stream's deferred error, with
+// the exact status, and the connection that presents its ticket is
+// closed (its client does not wait for bytes that never move); the
+// stream and the session work on.
+TEST_F(DataPathTest, ARefusedDataTransferFailsItsStreamAndClosesItsConnection) {
+  Start();
+  const uint64_t size = 1 << 20;
+  const uint64_t buffer = MustMalloc(size);
+  UniqueFd fd = KeptConnection(buffer, RandomData(size, 72));
+  auto channel = OpenChannel();
+  const std::string ticket = NewTicket();
+  ASSERT_TRUE(SendAll(fd.get(), ticket.data(), ticket.size()).ok());
+  std::vector<v1::PipelineCommand> commands;
+  commands.push_back(DataTransferCommand(kUp, buffer, size + 1, ticket));
+  v1::FenceResult fence = SendAndFence(*channel, std::move(commands));
+  EXPECT_EQ(fence.code(), static_cast<int>(grpc::StatusCode::OUT_OF_RANGE));
+  EXPECT_THAT(fence.message(), HasSubstr("data transfer of buffer"));
+  EXPECT_THAT(fence.message(), HasSubstr("outside buffer"));
+  EXPECT_TRUE(ClosedByServer(fd.get()));
+  // A malformed ticket and a missing direction are refused the same way.
+  for (auto [direction, bad] : {std::pair<Direction, std::string>{kUp, "short"},
+                                {Direction(), NewTicket()}}) {
+    std::vector<v1::PipelineCommand> more;
+    more.push_back(DataTransferCommand(direction, buffer, size, bad));
+    fence = SendAndFence(*channel, std::move(more));
+    EXPECT_EQ(fence.code(),
+              static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  }
+  fence = SendAndFence(*channel, {});
+  EXPECT_EQ(fence.code(), 0) << fence.message();
+  EXPECT_TRUE(session_->Malloc(64).ok());
+}
+
+// A data_transfer whose connection never comes fails its stream after the
+// server's transfer idle time-out, and lets the stream go on.
+TEST_F(DataPathTest, ADataTransferWithoutItsConnectionFailsAtTheIdleTimeout) {
+  Options options;
+  options.transfer_limits.idle_timeout = absl::Milliseconds(300);
+  Start(options);
+  const uint64_t size = 1 << 20;
+  const uint64_t buffer = MustMalloc(size);
+  auto channel = OpenChannel();
+  std::vector<v1::PipelineCommand> commands;
+  commands.push_back(DataTransferCommand(kUp, buffer, size, NewTicket()));
+  v1::FenceResult fence = SendAndFence(*channel, std::move(commands));
+  EXPECT_EQ(fence.code(),
+            static_cast<int>(grpc::StatusCode::DEADLINE_EXCEEDED));
+  EXPECT_THAT(fence.message(), HasSubstr("no connection presented its ticket"));
+  fence = SendAndFence(*channel, {});
+  EXPECT_EQ(fence.code(), 0) << fence.message();
+}
+
+// One its client cancels (cancel_data_transfer) ends at once, quietly:
+// the fence would otherwise wait for the idle time-out and report it.
+TEST_F(DataPathTest, ACancelledDataTransferEndsQuietly) {
+  Options options;
+  options.transfer_limits.idle_timeout = absl::Seconds(600);
+  Start(options);
+  const uint64_t size = 1 << 20;
+  const uint64_t buffer = MustMalloc(size);
+  auto channel = OpenChannel();
+  const std::string ticket = NewTicket();
+  std::vector<v1::PipelineCommand> commands;
+  commands.push_back(DataTransferCommand(kDown, buffer, size, ticket));
+  v1::PipelineCommand cancel;
+  cancel.set_cancel_data_transfer(ticket);
+  commands.push_back(cancel);
+  v1::FenceResult fence = SendAndFence(*channel, std::move(commands));
+  EXPECT_EQ(fence.code(), 0) << fence.message();
+  EXPECT_EQ(Stats().data_path_transfers(), 0u);
+}
+
+// A data_transfer stalled in the middle of its bytes does not hold up the
+// server's shutdown: no call of its own is cancelled then, so the server
+// ends it.
+TEST_F(DataPathTest, ShutdownEndsAStalledDataTransfer) {
+  Options options;
+  options.shutdown_grace = absl::Milliseconds(200);
+  Start(options);
+  const uint64_t size = 1 << 20;
+  const uint64_t buffer = MustMalloc(size);
+  UniqueFd fd = KeptConnection(buffer, RandomData(size, 73));
+  auto channel = OpenChannel();
+  const std::string ticket = NewTicket();
+  v1::PipelineRequest batch;
+  *batch.add_commands() = DataTransferCommand(kUp, buffer, size, ticket);
+  ASSERT_TRUE(channel->stream->Write(batch));
+  ASSERT_TRUE(SendAll(fd.get(), ticket.data(), ticket.size()).ok());
+  ASSERT_TRUE(SendAll(fd.get(), "some", 4).ok());
+  // The command has taken effect: the transfer is the server's.
+  v1::PipelineEvent event;
+  while (event.acknowledged() < 1 && channel->stream->Read(&event)) {
+  }
+  ASSERT_EQ(event.acknowledged(), 1u);
+  server_->Shutdown();
+  EXPECT_TRUE(ClosedByServer(fd.get()));
+  channel->context.TryCancel();
+  server_.reset();  // Waits for the mover; must not hang.
+}
+
+// The library's UploadAsync and DownloadAsync: once a transfer has kept a
+// data connection, each goes as a data_transfer command on the session's
+// channel over it, with no call of its own; byte-exact, and a
+// synchronize after them reports nothing. With
+// ConnectOptions::pipelined_data_transfers off, each opens a call.
+TEST_F(DataPathTest, AsyncCopiesGoAsDataTransferCommands) {
+  Options options;
+  options.metrics_listen = "127.0.0.1:0";
+  Start(options);
+  const uint64_t size = (4 << 20) + 11;
+  const uint64_t buffer = MustMalloc(size);
+  for (unsigned i = 0; i < 3; ++i) {
+    const std::string data = RandomData(size, 80 + i);
+    absl::StatusOr<remote::PendingRead> up =
+        session_->UploadAsync(buffer, 0, data.data(), size);
+    ASSERT_TRUE(up.ok()) << up.status();
+    ASSERT_TRUE(up->Wait().ok());
+    std::string back(size, '\0');
+    absl::StatusOr<remote::PendingRead> down =
+        session_->DownloadAsync(buffer, 0, back.data(), size);
+    ASSERT_TRUE(down.ok()) << down.status();
+    ASSERT_TRUE(down->Wait().ok());
+    EXPECT_TRUE(back == data) << "round " << i;
+  }
+  EXPECT_TRUE(session_->Synchronize(0).ok());
+  auto counts = [&] {
+    const std::string page = scrape::Metrics(server_->metrics_address());
+    return std::make_pair(scrape::Sum(page, "opserver_pipeline_commands_total",
+                                      "command=\"data_transfer\""),
+                          scrape::Sum(page, "grpc_server_call_started_total",
+                                      "OpenDataTransfer"));
+  };
+  // The first opened the connection with a call.
+  EXPECT_EQ(counts(), std::make_pair(5.0, 1.0));
+  EXPECT_EQ(DataConnections(), std::make_pair(1.0, 5.0));
+
+  ConnectOptions off;
+  off.pipelined_data_transfers = false;
+  auto client = Client::Connect(server_->address(), off);
+  ASSERT_TRUE(client.ok());
+  auto session = (*client)->CreateSession("no_pipelined_data_transfers");
+  ASSERT_TRUE(session.ok());
+  auto other = (*session)->Malloc(size);
+  ASSERT_TRUE(other.ok());
+  for (unsigned i = 0; i < 2; ++i) {
+    const std::string data = RandomData(size, 90 + i);
+    std::string back(size, '\0');
+    absl::StatusOr<remote::PendingRead> up =
+        (*session)->UploadAsync(other->handle(), 0, data.data(), size);
+    ASSERT_TRUE(up.ok()) << up.status();
+    ASSERT_TRUE(up->Wait().ok());
+    absl::StatusOr<remote::PendingRead> down =
+        (*session)->DownloadAsync(other->handle(), 0, back.data(), size);
+    ASSERT_TRUE(down.ok()) << down.status();
+    ASSERT_TRUE(down->Wait().ok());
+    EXPECT_TRUE(back == data);
+  }
+  EXPECT_EQ(counts(), std::make_pair(5.0, 5.0));
+}
+
+// The library gives up a data_transfer whose server refused it: the copy
+// fails at once (the server closed the connection that presented its
+// ticket, and the connections it dialed again), and the stream's next
+// synchronize reports why. Here the buffer was freed behind the library's
+// back, by another client of the session.
+TEST_F(DataPathTest, ARefusedAsyncCopyFailsAndItsStreamSaysWhy) {
+  Start();
+  const uint64_t size = (4 << 20) + 13;
+  const uint64_t buffer = MustMalloc(size);
+  const std::string data = RandomData(size, 74);
+  absl::StatusOr<remote::PendingRead> first =
+      session_->UploadAsync(buffer, 0, data.data(), size);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(first->Wait().ok());  // The connection is kept now.
+  auto other = Client::Connect(server_->address(), ConnectOptions());
+  ASSERT_TRUE(other.ok());
+  grpc::ClientContext context;
+  v1::FreeRequest request;
+  request.set_session(session_->token());
+  request.set_buffer(buffer);
+  v1::FreeResponse response;
+  ASSERT_TRUE((*other)->runtime().Free(&context, request, &response).ok());
+  absl::StatusOr<remote::PendingRead> refused =
+      session_->UploadAsync(buffer, 0, data.data(), size);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  const absl::Status moved = refused->Wait();
+  EXPECT_EQ(moved.code(), absl::StatusCode::kUnavailable) << moved;
+  EXPECT_THAT(moved.message(), HasSubstr("stream's deferred error says why"));
+  const absl::Status synced = session_->Synchronize(0);
+  EXPECT_EQ(synced.code(), absl::StatusCode::kNotFound) << synced;
+  EXPECT_THAT(synced.message(), HasSubstr("data transfer of buffer"));
+  EXPECT_TRUE(session_->Synchronize(0).ok());
 }
 
 // The movers of data-path transfers, held by the test until it lets them
