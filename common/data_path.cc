@@ -59,7 +59,10 @@ absl::StatusOr<size_t> RecvFull(int fd, char* data, size_t size,
   // target, the kernel still waits for the whole low-water mark.) At
   // least once a second it takes what came meanwhile, so a slow sender
   // is seen moving; SO_RCVTIMEO still bounds a wait with nothing at all.
-  constexpr size_t kWakeBytes = 1 << 20;
+  // Half a megabyte: a whole one made a single upload's speed depend on
+  // where the scheduler put the two ends (2.3 or 3.9 GB/s between runs),
+  // a quarter cost the Ascend chain a tenth (BENCHMARKS.md).
+  constexpr size_t kWakeBytes = 512 << 10;
   constexpr int kSliceMs = 1000;
   timeval limit{};
   socklen_t limit_size = sizeof(limit);

@@ -72,7 +72,7 @@ absl::Status SendAll(int fd, const char* data, size_t size,
                      const std::function<void()>& moved = nullptr);
 
 // Reads into data[0, size) until it is full or the peer half-closed
-// (blocking; woken by the megabyte, or the rest, not by every segment,
+// (blocking; woken by the half megabyte, or the rest, not by every segment,
 // and at least once a second when bytes came). Returns the bytes read:
 // fewer than `size` only at the end of the stream. UNAVAILABLE naming the
 // OS's reason on a socket error, or "Resource temporarily unavailable"

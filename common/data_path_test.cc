@@ -87,16 +87,16 @@ int LowWater(int fd) {
   return bytes;
 }
 
-// RecvFull waits for a megabyte at a time (or the rest), never for more
+// RecvFull waits for half a megabyte at a time (or the rest), never for more
 // than the rest: a transfer whose sender then waits for an answer (as the
 // data path's kept connections do) is received whole, whatever the size
-// around the megabyte and however the sender cuts it. A receive that
+// around the mark and however the sender cuts it. A receive that
 // waited for bytes that never come would fail at the time-out instead.
 TEST(DataPathTest, RecvFullTakesEveryByteThenLetsTheAnswerThrough) {
   auto [sender, receiver] = LoopbackPair(absl::Seconds(30));
   const size_t mib = 1 << 20;
-  for (size_t size :
-       {size_t{1}, mib - 1, mib, mib + 1, 2 * mib + mib / 2, 4 * mib + 7}) {
+  for (size_t size : {size_t{1}, mib / 2 - 1, mib / 2, mib / 2 + 1, mib + 1,
+                      2 * mib + mib / 2, 4 * mib + 7}) {
     std::string sent(size, '\0');
     for (size_t i = 0; i < size; ++i) sent[i] = static_cast<char>(i * 13 + 1);
     std::thread writer([&, fd = sender.get()] {
