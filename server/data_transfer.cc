@@ -252,18 +252,13 @@ class RuntimeService::DataTransfer final
 
   void StartMovingLocked() {
     moving_ = true;
-    std::shared_ptr<DataMovers> movers = service_->movers_;
-    {
-      absl::MutexLock lock(&movers->mu);
-      ++movers->count;
-    }
     // Everything the mover touches is its own reference: it may outlive
     // the call object only until it has reported through the link.
-    std::function<void()> move(
-        [service = service_, movers = std::move(movers), link = link_,
-         connection = connection_, gate = gate_, buffer = buffer_,
-         session = session_, device_stream = device_stream_, upload = upload_,
-         keep = keep_, target = target_, size = size_]() mutable {
+    absl::Status started = service_->StartMover(
+        [service = service_, link = link_, connection = connection_,
+         gate = gate_, buffer = buffer_, session = session_,
+         device_stream = device_stream_, upload = upload_, keep = keep_,
+         target = target_, size = size_]() mutable {
           absl::Status status = MoveDataPathBytes(
               upload, keep, connection->get(), buffer->device(),
               device_stream.get(), target, size, service->limits_,
@@ -281,39 +276,16 @@ class RuntimeService::DataTransfer final
           buffer.reset();
           session.reset();
           device_stream.reset();
-          {
-            absl::MutexLock lock(&link->mu);
-            if (link->call != nullptr) {
-              static_cast<DataTransfer*>(link->call)->MovedLocked(status);
-            }
+          absl::MutexLock lock(&link->mu);
+          if (link->call != nullptr) {
+            static_cast<DataTransfer*>(link->call)->MovedLocked(status);
           }
-          if (service->limits_.after_mover_report) {
-            service->limits_.after_mover_report();
-          }
-          // Shared, so the count outlives a service that stops waiting now.
-          absl::MutexLock lock(&movers->mu);
-          --movers->count;
         });
-    // No thread (RLIMIT_NPROC, a pids limit) must fail this transfer, not
-    // the server: this runs on the listener's thread or a gate callback,
-    // where an escaping exception is std::terminate.
-    try {
-      if (service_->limits_.start_thread) {
-        service_->limits_.start_thread(std::move(move));
-      } else {
-        NewThread(std::move(move)).detach();
-      }
-    } catch (const std::system_error& e) {
-      {
-        absl::MutexLock lock(&service_->movers_->mu);
-        --service_->movers_->count;
-      }
+    if (!started.ok()) {
       // Nothing was moved: close the connection now, not when the reply
       // in flight (if any) is written.
       if (connection_ != nullptr) shutdown(connection_->get(), SHUT_RDWR);
-      MovedLocked(absl::ResourceExhaustedError(absl::StrCat(
-          "data transfer: cannot start a thread to move the bytes: ",
-          e.what())));
+      MovedLocked(started);
     }
   }
 
@@ -477,39 +449,12 @@ class RuntimeService::PipelinedTransfer
   void StartMovingLocked() {
     moving_ = true;
     DeadlineTimer::Shared().Cancel(timer_);
-    std::shared_ptr<DataMovers> movers = service_->movers_;
-    {
-      absl::MutexLock lock(&movers->mu);
-      ++movers->count;
-    }
-    std::function<void()> move(
-        [self = shared_from_this(), movers = std::move(movers)] {
-          absl::Status status = self->Move();
-          {
-            absl::MutexLock lock(&self->mu_);
-            self->EndLocked(self->abort_.ok() ? status : self->abort_);
-          }
-          if (self->service_->limits_.after_mover_report) {
-            self->service_->limits_.after_mover_report();
-          }
-          absl::MutexLock lock(&movers->mu);
-          --movers->count;
-        });
-    try {
-      if (service_->limits_.start_thread) {
-        service_->limits_.start_thread(std::move(move));
-      } else {
-        NewThread(std::move(move)).detach();
-      }
-    } catch (const std::system_error& e) {
-      {
-        absl::MutexLock lock(&service_->movers_->mu);
-        --service_->movers_->count;
-      }
-      EndLocked(absl::ResourceExhaustedError(absl::StrCat(
-          "data transfer: cannot start a thread to move the bytes: ",
-          e.what())));
-    }
+    absl::Status started = service_->StartMover([self = shared_from_this()] {
+      absl::Status status = self->Move();
+      absl::MutexLock lock(&self->mu_);
+      self->EndLocked(self->abort_.ok() ? status : self->abort_);
+    });
+    if (!started.ok()) EndLocked(started);
   }
 
   // On the mover's thread: what the connection, buffer and stream it
@@ -597,6 +542,40 @@ class RuntimeService::PipelinedTransfer
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status abort_ ABSL_GUARDED_BY(mu_);
 };
+
+absl::Status RuntimeService::StartMover(std::function<void()> move) {
+  std::shared_ptr<DataMovers> movers = movers_;
+  {
+    absl::MutexLock lock(&movers->mu);
+    ++movers->count;
+  }
+  std::function<void()> counted(
+      [this, movers, move = std::move(move)]() mutable {
+        move();
+        move = nullptr;  // What it holds goes before it is counted out.
+        // The service waits for the count, so it is still here.
+        if (limits_.after_mover_report) limits_.after_mover_report();
+        // Shared, so the count outlives a service that stops waiting now.
+        absl::MutexLock lock(&movers->mu);
+        --movers->count;
+      });
+  // No thread (RLIMIT_NPROC, a pids limit) must fail the transfer, not
+  // the server: this runs on the listener's thread, a gate callback or a
+  // pipeline's, where an escaping exception is std::terminate.
+  try {
+    if (limits_.start_thread) {
+      limits_.start_thread(std::move(counted));
+    } else {
+      NewThread(std::move(counted)).detach();
+    }
+  } catch (const std::system_error& e) {
+    absl::MutexLock lock(&movers->mu);
+    --movers->count;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "data transfer: cannot start a thread to move the bytes: ", e.what()));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status RuntimeService::Start(DataTransfers::Request request) {
   if (data_listener_ == nullptr) {

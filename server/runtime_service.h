@@ -326,6 +326,11 @@ class RuntimeService final : public RuntimeServiceBase, public DataTransfers {
     int count ABSL_GUARDED_BY(mu) = 0;
   };
   const std::shared_ptr<DataMovers> movers_ = std::make_shared<DataMovers>();
+  // Counts a data-path mover in and runs `move` on a thread of its own
+  // (TransferLimits::start_thread, if set); once it has returned (and what
+  // it holds is gone) and after_mover_report has run, counts it out.
+  // RESOURCE_EXHAUSTED, counted out, when no thread can be started.
+  absl::Status StartMover(std::function<void()> move);
   // Ends every data_transfer command's transfer in flight with `why`
   // (Shutdown: no call of theirs is cancelled by the server's shutdown).
   void AbortPipelinedTransfers(const absl::Status& why);
