@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/aclnn_status.h"
+#include "runtime/byte_range.h"
 #include "runtime/event.h"
 #include "runtime/executor.h"
 #include "runtime/graph.h"
@@ -258,28 +259,14 @@ bool CommandPipeline::CancelDataTransfer(Session& session,
 absl::Status CommandPipeline::StartDataTransfer(
     Session& session, const std::shared_ptr<Stream>& stream,
     const v1::DataTransferCommand& transfer) {
-  if (data_transfers_ == nullptr) {
-    return absl::UnimplementedError(
-        "this server has no data path (it is off with TLS and with "
-        "--data_port=-1): use Upload and Download");
-  }
-  using Request = v1::OpenDataTransferRequest;
-  if (transfer.direction() != Request::DIRECTION_HOST_TO_DEVICE &&
-      transfer.direction() != Request::DIRECTION_DEVICE_TO_HOST) {
-    return absl::InvalidArgumentError(
-        "direction: DIRECTION_HOST_TO_DEVICE or DIRECTION_DEVICE_TO_HOST");
-  }
-  const bool upload = transfer.direction() == Request::DIRECTION_HOST_TO_DEVICE;
+  if (data_transfers_ == nullptr) return NoDataPath();
+  ASSIGN_OR_RETURN(const bool upload, IsUpload(transfer.direction()));
   ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
                    session.GetBuffer(transfer.buffer()));
-  const uint64_t capacity = buffer->size();
-  if (transfer.offset() > capacity ||
-      transfer.size() > capacity - transfer.offset()) {
-    return absl::OutOfRangeError(absl::StrCat(
-        upload ? "upload" : "download", " range [", transfer.offset(), ", ",
-        transfer.offset(), " + ", transfer.size(), ") is outside buffer ",
-        transfer.buffer(), " of ", capacity, " bytes"));
-  }
+  // As OpenDataTransfer checks it: the same transfer, without its call.
+  RETURN_IF_ERROR(
+      opserver::CheckRange(transfer.offset(), transfer.size(), buffer->size(),
+                           upload ? "upload range" : "download range"));
   if (stream->device_stream() == nullptr) {
     return absl::FailedPreconditionError("the stream has no device");
   }

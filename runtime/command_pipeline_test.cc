@@ -694,7 +694,7 @@ TEST_F(DataTransferPipelineTest, RefusalsRefuseTheTicketAndDeferTheError) {
     absl::StatusCode code;
     bool session;
   } cases[] = {
-      {Transfer(b, 1, 64, "t1"), absl::StatusCode::kOutOfRange, false},
+      {Transfer(b, 1, 64, "t1"), absl::StatusCode::kInvalidArgument, false},
       {no_direction, absl::StatusCode::kInvalidArgument, false},
       {Transfer(b + 100, 0, 1, "t3"), absl::StatusCode::kNotFound, false},
       {Transfer(b, 0, 1, "refuse-me-at-start"),

@@ -11,10 +11,33 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/opserver.pb.h"
 #include "runtime/buffer.h"
 #include "runtime/stream.h"
 
 namespace opserver {
+
+// What OpenDataTransfer and the data_transfer command both answer a
+// server without a data path.
+inline absl::Status NoDataPath() {
+  return absl::UnimplementedError(
+      "this server has no data path (it is off with TLS and with "
+      "--data_port=-1): use Upload and Download");
+}
+
+// Whether `direction` is an upload (DIRECTION_HOST_TO_DEVICE) or a
+// download; INVALID_ARGUMENT for any other value (the rule both share).
+inline absl::StatusOr<bool> IsUpload(
+    v1::OpenDataTransferRequest::Direction direction) {
+  using Request = v1::OpenDataTransferRequest;
+  if (direction != Request::DIRECTION_HOST_TO_DEVICE &&
+      direction != Request::DIRECTION_DEVICE_TO_HOST) {
+    return absl::InvalidArgumentError(
+        "direction: DIRECTION_HOST_TO_DEVICE or DIRECTION_DEVICE_TO_HOST");
+  }
+  return direction == Request::DIRECTION_HOST_TO_DEVICE;
+}
 
 class DataTransfers {
  public:

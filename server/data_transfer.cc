@@ -194,18 +194,8 @@ class RuntimeService::DataTransfer final
   absl::StatusOr<std::shared_ptr<Stream>> StartLocked(
       const v1::OpenDataTransferRequest& request) {
     DataListener* listener = service_->data_listener_;
-    if (listener == nullptr) {
-      return absl::UnimplementedError(
-          "this server has no data path (it is off with TLS and with "
-          "--data_port=-1): use Upload and Download");
-    }
-    using Request = v1::OpenDataTransferRequest;
-    if (request.direction() != Request::DIRECTION_HOST_TO_DEVICE &&
-        request.direction() != Request::DIRECTION_DEVICE_TO_HOST) {
-      return absl::InvalidArgumentError(
-          "direction: DIRECTION_HOST_TO_DEVICE or DIRECTION_DEVICE_TO_HOST");
-    }
-    upload_ = request.direction() == Request::DIRECTION_HOST_TO_DEVICE;
+    if (listener == nullptr) return NoDataPath();
+    ASSIGN_OR_RETURN(upload_, IsUpload(request.direction()));
     keep_ = request.keep_connection();
     ASSIGN_OR_RETURN(TransferTarget target,
                      service_->ResolveTransfer(
@@ -578,11 +568,7 @@ absl::Status RuntimeService::StartMover(std::function<void()> move) {
 }
 
 absl::Status RuntimeService::Start(DataTransfers::Request request) {
-  if (data_listener_ == nullptr) {
-    return absl::UnimplementedError(
-        "this server has no data path (it is off with TLS and with "
-        "--data_port=-1): use Upload and Download");
-  }
+  if (data_listener_ == nullptr) return NoDataPath();
   return std::make_shared<PipelinedTransfer>(this, std::move(request))->Start();
 }
 

@@ -979,9 +979,12 @@ TEST_F(DataPathTest, ARefusedDataTransferFailsItsStreamAndClosesItsConnection) {
   std::vector<v1::PipelineCommand> commands;
   commands.push_back(DataTransferCommand(kUp, buffer, size + 1, ticket));
   v1::FenceResult fence = SendAndFence(*channel, std::move(commands));
-  EXPECT_EQ(fence.code(), static_cast<int>(grpc::StatusCode::OUT_OF_RANGE));
+  // As OpenDataTransfer refuses it.
+  EXPECT_EQ(fence.code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
   EXPECT_THAT(fence.message(), HasSubstr("data transfer of buffer"));
-  EXPECT_THAT(fence.message(), HasSubstr("outside buffer"));
+  EXPECT_THAT(fence.message(),
+              HasSubstr("upload range [0, 0 + 1048577) reaches outside the "
+                        "buffer of 1048576 bytes"));
   EXPECT_TRUE(ClosedByServer(fd.get()));
   // A malformed ticket and a missing direction are refused the same way.
   for (auto [direction, bad] : {std::pair<Direction, std::string>{kUp, "short"},
