@@ -350,8 +350,27 @@ class RuntimeService::PipelinedTransfer
   absl::Status Start() {
     DataListener* listener = service_->data_listener_;
     std::shared_ptr<PipelinedTransfer> self = shared_from_this();
-    RETURN_IF_ERROR(listener->ExpectTicket(
-        ticket_, [self](UniqueFd fd) { self->Connected(std::move(fd)); }));
+    {
+      // A gate is no task, so --max_queued_per_stream does not bound
+      // these: a session holds at most this many at once.
+      absl::MutexLock lock(&service_->pipelined_mu_);
+      size_t& held = service_->pipelined_per_owner_[owner_];
+      if (held >= kMaxPipelinedTransfersPerSession) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "data transfer: the session already has ",
+            kMaxPipelinedTransfersPerSession,
+            " data_transfer commands in flight; synchronize before sending "
+            "more"));
+      }
+      ++held;
+    }
+    if (absl::Status expected = listener->ExpectTicket(
+            ticket_, [self](UniqueFd fd) { self->Connected(std::move(fd)); });
+        !expected.ok()) {
+      absl::MutexLock lock(&service_->pipelined_mu_);
+      service_->ReleasePipelinedLocked(owner_);
+      return expected;
+    }
     {
       absl::MutexLock lock(&service_->pipelined_mu_);
       service_->pipelined_[ticket_] = self;
@@ -483,6 +502,7 @@ class RuntimeService::PipelinedTransfer
     {
       absl::MutexLock lock(&service_->pipelined_mu_);
       service_->pipelined_.erase(ticket_);
+      service_->ReleasePipelinedLocked(owner_);
     }
     if (status.ok()) {
       service_->data_path_count_.Add(size_);
@@ -574,6 +594,13 @@ absl::Status RuntimeService::Start(DataTransfers::Request request) {
 
 void RuntimeService::Refuse(const std::string& ticket) {
   if (data_listener_ != nullptr) data_listener_->Refuse(ticket);
+}
+
+void RuntimeService::ReleasePipelinedLocked(const void* owner) {
+  auto it = pipelined_per_owner_.find(owner);
+  if (it != pipelined_per_owner_.end() && --it->second == 0) {
+    pipelined_per_owner_.erase(it);
+  }
 }
 
 void RuntimeService::AbortPipelinedTransfers(const absl::Status& why) {

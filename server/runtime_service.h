@@ -122,6 +122,10 @@ class RuntimeService final : public RuntimeServiceBase, public DataTransfers {
   // OpenDataTransfer's, with the client's ticket.
   absl::Status Start(DataTransfers::Request request) override;
   void Refuse(const std::string& ticket) override;
+  // data_transfer commands one session may have in flight (queued on its
+  // streams, waiting for their connection or moving); one more is
+  // refused with RESOURCE_EXHAUSTED, its stream's error.
+  static constexpr size_t kMaxPipelinedTransfersPerSession = 64;
   void Cancel(const void* owner, const std::string& ticket) override;
 
   grpc::ServerUnaryReactor* GetDeviceInfo(
@@ -339,6 +343,13 @@ class RuntimeService final : public RuntimeServiceBase, public DataTransfers {
   absl::Mutex pipelined_mu_;
   absl::flat_hash_map<std::string, std::weak_ptr<PipelinedTransfer>> pipelined_
       ABSL_GUARDED_BY(pipelined_mu_);
+  // How many each session (DataTransfers::Request::owner) holds; at most
+  // kMaxPipelinedTransfersPerSession.
+  absl::flat_hash_map<const void*, size_t> pipelined_per_owner_
+      ABSL_GUARDED_BY(pipelined_mu_);
+  // One of `owner`'s transfers has ended (or never started).
+  void ReleasePipelinedLocked(const void* owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(pipelined_mu_);
 };
 
 }  // namespace opserver

@@ -1053,6 +1053,52 @@ TEST_F(DataPathTest, ACancelledDataTransferEndsQuietly) {
   EXPECT_EQ(Stats().data_path_transfers(), 0u);
 }
 
+// A session holds at most kMaxPipelinedTransfersPerSession data_transfer
+// commands at once (a gate is no task: the stream's queue cap does not
+// bound them): one more is refused, its stream's error, and cancelling
+// the others lets the stream go on.
+TEST_F(DataPathTest, DataTransfersInFlightAreBoundedPerSession) {
+  Options options;
+  options.transfer_limits.idle_timeout = absl::Seconds(600);
+  Start(options);
+  const uint64_t size = 1 << 20;
+  const uint64_t buffer = MustMalloc(size);
+  auto channel = OpenChannel();
+  const size_t most = RuntimeService::kMaxPipelinedTransfersPerSession;
+  std::vector<std::string> tickets;
+  std::vector<v1::PipelineCommand> commands;
+  for (size_t i = 0; i <= most; ++i) {
+    tickets.push_back(NewTicket());
+    commands.push_back(DataTransferCommand(kUp, buffer, size, tickets.back()));
+  }
+  for (const std::string& ticket : tickets) {
+    v1::PipelineCommand cancel;
+    cancel.set_cancel_data_transfer(ticket);
+    commands.push_back(std::move(cancel));
+  }
+  v1::FenceResult fence = SendAndFence(*channel, std::move(commands));
+  EXPECT_EQ(fence.code(),
+            static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED));
+  EXPECT_THAT(fence.message(),
+              HasSubstr("already has 64 data_transfer commands in flight"));
+  fence = SendAndFence(*channel, {});
+  EXPECT_EQ(fence.code(), 0) << fence.message();
+  // All ended: as many may start again.
+  commands.clear();
+  tickets.clear();
+  for (size_t i = 0; i < most; ++i) {
+    tickets.push_back(NewTicket());
+    commands.push_back(DataTransferCommand(kUp, buffer, size, tickets.back()));
+  }
+  for (const std::string& ticket : tickets) {
+    v1::PipelineCommand cancel;
+    cancel.set_cancel_data_transfer(ticket);
+    commands.push_back(std::move(cancel));
+  }
+  fence = SendAndFence(*channel, std::move(commands));
+  EXPECT_EQ(fence.code(), 0) << fence.message();
+}
+
 // A data_transfer stalled in the middle of its bytes does not hold up the
 // server's shutdown: no call of its own is cancelled then, so the server
 // ends it.
